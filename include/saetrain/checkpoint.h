@@ -1,0 +1,31 @@
+// checkpoint.h — an SAE's weights on disk (sae/<id>/final.h5 and checkpoints).
+//
+// Layout of the brief: datasets W_enc [d_model, n], W_dec [n, d_model], b_enc [n],
+// b_dec [d_model]; attributes arch, id, k, d_model, n_latents, step, tokens, config (YAML).
+// Files are written atomically: a temp file in the same directory, fsync, rename, fsync of the
+// directory, so a reader sees either the old file or the whole new one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace saetrain {
+
+struct SaeWeights {
+    int64_t d_model = 0, n_latents = 0;
+    std::vector<float> w_enc;  // [d_model, n_latents]
+    std::vector<float> w_dec;  // [n_latents, d_model]
+    std::vector<float> b_enc;  // [n_latents]
+    std::vector<float> b_dec;  // [d_model]
+};
+
+struct SaeMeta {
+    std::string arch, id, config_yaml;
+    int64_t k = 0, step = 0, tokens = 0;
+};
+
+void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& meta);
+SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta = nullptr);
+
+}  // namespace saetrain

@@ -1,0 +1,100 @@
+// config.h — the run's configuration: YAML in, typed structs out, every default explicit.
+//
+// The section and key names are the user contract of the design brief (run, data, sae, train,
+// parallel, backend, log, checkpoint). Unknown keys are errors that name the nearest valid key,
+// so a typo never silently trains with a default. Any `sae`/`train` value may be a YAML list;
+// lists expand to a sweep (the cartesian product), one SaeConfig per point.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace saetrain {
+
+enum class Arch { relu, topk };
+
+struct RunConfig {
+    std::string out_dir = "runs/default";
+    uint64_t seed = 0;
+};
+
+struct DataConfig {
+    std::string path;                      // directory or glob of .h5 shards (required)
+    int64_t batch_size = 4096;             // rows per rank per step
+    int64_t epochs = 1;
+    int64_t max_tokens = 0;                // when > 0, replaces epochs
+    int64_t shuffle_buffer_rows = 262144;  // rows held for shuffling (0: no shuffling)
+    std::string dataset = "activations";   // dataset name inside each shard
+};
+
+// One point of a sweep: everything that differs between SAEs trained in one run.
+struct SaeConfig {
+    Arch arch = Arch::topk;
+    int64_t expansion = 8;     // n_latents = expansion * d_model unless n_latents > 0
+    int64_t n_latents = 0;
+    int64_t k = 32;            // TopK: active latents per token
+    double l1_coeff = 5.0;     // ReLU: L1 penalty weight
+    // train section values (may also be swept)
+    double lr = 4.0e-4;
+    int64_t warmup_steps = 100;
+    std::string lr_decay = "cosine";  // cosine | linear | constant
+    double lr_min_ratio = 0.0;        // final lr as a fraction of lr
+    int64_t l1_warmup_steps = 0;      // L1 coefficient ramps linearly from 0 over these steps
+    double grad_clip = 1.0;           // global gradient norm; 0 disables
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1.0e-8;
+    double weight_decay = 0.0;        // decoupled (AdamW); applied to weights, not biases
+    bool normalize_decoder = true;    // unit-norm decoder rows after every step
+    int64_t dead_tokens = 10000000;   // a latent not fired for this many tokens counts as dead
+
+    int64_t resolved_latents(int64_t d_model) const {
+        return n_latents > 0 ? n_latents : expansion * d_model;
+    }
+    // Readable id, e.g. "topk-x8-k32" or "relu-x4-l1_5".
+    std::string id(int64_t d_model) const;
+};
+
+struct ParallelConfig {
+    std::string mode = "sweep";          // sweep | data_parallel | hybrid
+    std::string sweep_data = "shared";   // shared | disjoint
+    int64_t replicas = 1;
+};
+
+struct LogConfig {
+    int64_t every_steps = 50;
+};
+
+struct CheckpointConfig {
+    int64_t every_steps = 500;
+    int64_t keep = 3;
+};
+
+struct Config {
+    RunConfig run;
+    DataConfig data;
+    SaeConfig sae;                 // the first sweep point (the only one when nothing is a list)
+    std::vector<SaeConfig> sweep;  // every sweep point, in cartesian order (last key fastest)
+    ParallelConfig parallel;
+    std::string backend = "auto";  // auto | cpu | cuda
+    LogConfig log;
+    CheckpointConfig checkpoint;
+    std::string source;            // the file it was read from, for messages
+};
+
+// Reads `path`, applies `overrides` ("section.key=value", YAML values, lists allowed) and
+// validates. Throws Error naming the file and key on any problem.
+Config config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from YAML text (tests and fuzzing); `source` names it in messages.
+Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides = {},
+                    const std::string& source = "<string>");
+// The resolved config as YAML with every default written out (sweep lists kept as lists).
+std::string config_to_yaml(const Config& cfg);
+// Checks that need d_model (k <= n_latents, ...); throws Error naming the key.
+void config_validate_for_data(const Config& cfg, int64_t d_model);
+
+const char* arch_name(Arch a);
+
+}  // namespace saetrain

@@ -1,0 +1,81 @@
+// shards.h — HDF5 activation shards as one global row space.
+//
+// A dataset is a directory (or glob) of .h5 shards ordered by name; each holds a 2-D dataset
+// `activations` [rows, d_model] of float32 or float16 (bfloat16: 16-bit words with attribute
+// dtype="bfloat16"), contiguous or chunked. The rows of all shards, in name order, form one
+// global row space; each rank owns one contiguous range of it (ranges may cross shards).
+// Everything is validated on open, and a bad shard is named in the error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace saetrain {
+
+enum class DType { f32, f16, bf16 };
+const char* dtype_name(DType t);
+int dtype_size(DType t);
+
+struct ShardInfo {
+    std::string path;
+    int64_t rows = 0;
+    int64_t first_row = 0;  // global index of this shard's row 0
+};
+
+struct DatasetInfo {
+    std::string source;       // the path or glob given
+    std::string dataset;      // dataset name inside each shard
+    std::vector<ShardInfo> shards;
+    int64_t d_model = 0;
+    int64_t total_rows = 0;
+    DType dtype = DType::f32;
+    std::string model, hook;  // from attributes when present (first shard), else empty
+};
+
+// Lists and validates the shards (same d_model and dtype, 2-D, readable, non-empty). Throws
+// Error naming the offending shard or the path when nothing matches.
+DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dataset = "activations");
+
+// Half-open range [begin, end) of global rows.
+struct RowRange {
+    int64_t begin = 0;
+    int64_t end = 0;
+    int64_t size() const { return end - begin; }
+};
+
+// Rank `rank` of `world`'s contiguous share: the first (total % world) ranks get one extra row,
+// ranges are disjoint, ordered by rank and cover [0, total). Throws Error when total < world.
+RowRange partition_rows(int64_t total_rows, int rank, int world);
+
+// Sequential reader over a global row range, crossing shard boundaries seamlessly, converting
+// to float32. Not thread-safe (HDF5's default build is not); one reader per thread at most.
+class ShardReader {
+public:
+    ShardReader(const DatasetInfo& info, RowRange range);
+    ~ShardReader();
+    ShardReader(const ShardReader&) = delete;
+    ShardReader& operator=(const ShardReader&) = delete;
+
+    // Reads up to max_rows rows at the cursor into out [rows, d_model]; returns rows read
+    // (0 at the end of the range) and advances the cursor.
+    int64_t read(float* out, int64_t max_rows);
+    // Moves the cursor to global row `row` (within the range).
+    void seek(int64_t row);
+    int64_t position() const;  // global row of the cursor
+    int64_t bytes_read() const;  // bytes of shard data read so far (before conversion)
+    const RowRange& range() const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+// Element conversion shared by readers and tests.
+float half_to_float(uint16_t h);
+float bf16_to_float(uint16_t b);
+uint16_t float_to_half(float f);  // round to nearest even
+uint16_t float_to_bf16(float f);  // round to nearest even
+
+}  // namespace saetrain
