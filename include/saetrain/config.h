@@ -94,6 +94,10 @@ Config config_parse(const std::string& yaml_text, const std::vector<std::string>
 std::string config_to_yaml(const Config& cfg);
 // Checks that need d_model (k <= n_latents, ...); throws Error naming the key.
 void config_validate_for_data(const Config& cfg, int64_t d_model);
+// One id per sweep point (cfg.sweep, or cfg.sae when the sweep is empty), in sweep order:
+// SaeConfig::id, plus "-<key><value>" for the keys that tell apart points sharing an id
+// (e.g. "topk-x8-k32-lr0.001"). The ids are unique; they name sae/<id>/ in out_dir.
+std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model);
 
 const char* arch_name(Arch a);
 

@@ -1,0 +1,758 @@
+// config.cpp — YAML in, typed structs out: overrides, unknown-key suggestions, type and value
+// checks, sweep expansion, readable SAE ids and the resolved YAML written back out.
+//
+// Every key lives in one table (kFields): its section, name, kind, allowed values and the struct
+// member it fills. Parsing, overrides, suggestions, sweeps and emission all walk that table, so a
+// new key is one line there plus, if it has a constraint, one line in validate().
+#include "saetrain/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <type_traits>
+#include <variant>
+
+#include "saetrain/error.h"
+
+namespace saetrain {
+
+const char* arch_name(Arch a) {
+    switch (a) {
+        case Arch::relu:
+            return "relu";
+        case Arch::topk:
+            return "topk";
+    }
+    return "unknown";
+}
+
+namespace {
+
+// ---- values and keys ---------------------------------------------------------------------------
+
+using Value = std::variant<int64_t, uint64_t, double, bool, std::string>;
+enum class Kind { integer, unsigned_integer, number, boolean, string };
+
+const char* kind_name(Kind k) {
+    switch (k) {
+        case Kind::integer:
+            return "an integer";
+        case Kind::unsigned_integer:
+            return "a non-negative integer";
+        case Kind::number:
+            return "a number";
+        case Kind::boolean:
+            return "a boolean (true or false)";
+        case Kind::string:
+            return "a string";
+    }
+    return "a value";
+}
+
+template <class T>
+struct KindOf;
+template <>
+struct KindOf<int64_t> {
+    static constexpr Kind value = Kind::integer;
+};
+template <>
+struct KindOf<uint64_t> {
+    static constexpr Kind value = Kind::unsigned_integer;
+};
+template <>
+struct KindOf<double> {
+    static constexpr Kind value = Kind::number;
+};
+template <>
+struct KindOf<bool> {
+    static constexpr Kind value = Kind::boolean;
+};
+template <>
+struct KindOf<std::string> {
+    static constexpr Kind value = Kind::string;
+};
+template <>
+struct KindOf<Arch> {
+    static constexpr Kind value = Kind::string;
+};
+
+template <class T>
+Value to_value(const T& v) {
+    return Value(v);
+}
+Value to_value(const Arch& a) { return Value(std::string(arch_name(a))); }
+
+template <class T>
+void from_value(T& dst, const Value& v) {
+    dst = std::get<T>(v);
+}
+void from_value(Arch& dst, const Value& v) {
+    dst = std::get<std::string>(v) == "relu" ? Arch::relu : Arch::topk;
+}
+
+// Shortest text that reads back as the same double ("5", "0.5", "0.001", "1e-05").
+std::string compact(double v) { return fmt::format("{}", v); }
+
+std::string value_text(const Value& v) {
+    if (auto d = std::get_if<double>(&v)) return compact(*d);
+    if (auto b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+    if (auto s = std::get_if<std::string>(&v)) return *s;
+    if (auto i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+    return std::to_string(std::get<uint64_t>(v));
+}
+
+struct Field {
+    std::string section;
+    std::string key;  // empty for the scalar section `backend`
+    Kind kind = Kind::string;
+    std::vector<std::string> choices;  // allowed values of an enum-like string; empty: any
+    std::function<Value(const Config&, const SaeConfig&)> get;
+    std::function<void(Config&, SaeConfig&, const Value&)> set;
+
+    std::string full() const { return key.empty() ? section : section + "." + key; }
+    bool sweepable() const { return section == "sae" || section == "train"; }
+};
+
+template <class Access>
+Field make_field(const char* section, const char* key, Access access,
+                 std::vector<std::string> choices) {
+    using T = std::remove_reference_t<decltype(access(std::declval<Config&>(),
+                                                      std::declval<SaeConfig&>()))>;
+    Field f;
+    f.section = section;
+    f.key = key;
+    f.kind = KindOf<T>::value;
+    f.choices = std::move(choices);
+    // The accessor only reads here; the casts let one accessor serve both directions.
+    f.get = [access](const Config& c, const SaeConfig& s) {
+        return to_value(access(const_cast<Config&>(c), const_cast<SaeConfig&>(s)));
+    };
+    f.set = [access](Config& c, SaeConfig& s, const Value& v) { from_value(access(c, s), v); };
+    return f;
+}
+
+const std::vector<std::string> kAny;
+const std::vector<std::string> kArchChoices = {"relu", "topk"};
+const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant"};
+const std::vector<std::string> kModeChoices = {"sweep", "data_parallel", "hybrid"};
+const std::vector<std::string> kSweepDataChoices = {"shared", "disjoint"};
+const std::vector<std::string> kBackendChoices = {"auto", "cpu", "cuda"};
+// Named by the design brief but not implemented yet: a clearer message than "unknown value".
+const std::vector<std::string> kPlannedArchs = {"batchtopk", "jumprelu", "switch"};
+
+const std::vector<std::string> kSections = {"run",      "data",    "sae", "train",
+                                            "parallel", "backend", "log", "checkpoint"};
+
+#define SAE_KEY(section, name, choices) \
+    make_field(                         \
+        section, #name, [](Config&, SaeConfig & s) -> auto& { return s.name; }, choices)
+#define CFG_KEY(section, name, choices) \
+    make_field(                         \
+        #section, #name, [](Config & c, SaeConfig&) -> auto& { return c.section.name; }, choices)
+
+// Table order is emission order and sweep order (sae keys, then train keys, last fastest).
+const std::vector<Field>& fields() {
+    static const std::vector<Field> table = {
+        CFG_KEY(run, out_dir, kAny),
+        CFG_KEY(run, seed, kAny),
+        CFG_KEY(data, path, kAny),
+        CFG_KEY(data, batch_size, kAny),
+        CFG_KEY(data, epochs, kAny),
+        CFG_KEY(data, max_tokens, kAny),
+        CFG_KEY(data, shuffle_buffer_rows, kAny),
+        CFG_KEY(data, dataset, kAny),
+        SAE_KEY("sae", arch, kArchChoices),
+        SAE_KEY("sae", expansion, kAny),
+        SAE_KEY("sae", n_latents, kAny),
+        SAE_KEY("sae", k, kAny),
+        SAE_KEY("sae", l1_coeff, kAny),
+        SAE_KEY("train", lr, kAny),
+        SAE_KEY("train", warmup_steps, kAny),
+        SAE_KEY("train", lr_decay, kDecayChoices),
+        SAE_KEY("train", lr_min_ratio, kAny),
+        SAE_KEY("train", l1_warmup_steps, kAny),
+        SAE_KEY("train", grad_clip, kAny),
+        SAE_KEY("train", beta1, kAny),
+        SAE_KEY("train", beta2, kAny),
+        SAE_KEY("train", eps, kAny),
+        SAE_KEY("train", weight_decay, kAny),
+        SAE_KEY("train", normalize_decoder, kAny),
+        SAE_KEY("train", dead_tokens, kAny),
+        CFG_KEY(parallel, mode, kModeChoices),
+        CFG_KEY(parallel, sweep_data, kSweepDataChoices),
+        CFG_KEY(parallel, replicas, kAny),
+        make_field(
+            "backend", "", [](Config & c, SaeConfig&) -> auto& { return c.backend; },
+            kBackendChoices),
+        CFG_KEY(log, every_steps, kAny),
+        CFG_KEY(checkpoint, every_steps, kAny),
+        CFG_KEY(checkpoint, keep, kAny),
+    };
+    return table;
+}
+
+#undef SAE_KEY
+#undef CFG_KEY
+
+int find_field(const std::string& section, const std::string& key) {
+    const auto& fs = fields();
+    for (size_t i = 0; i < fs.size(); ++i)
+        if (fs[i].section == section && fs[i].key == key) return static_cast<int>(i);
+    return -1;
+}
+
+bool is_section(const std::string& name) {
+    return std::find(kSections.begin(), kSections.end(), name) != kSections.end();
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+    return out;
+}
+
+// ---- suggestions -------------------------------------------------------------------------------
+
+// Optimal string alignment distance: Levenshtein plus adjacent transpositions ("expnasion").
+size_t edit_distance(const std::string& a, const std::string& b) {
+    const size_t n = a.size(), m = b.size();
+    std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+    for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+    for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+    for (size_t i = 1; i <= n; ++i) {
+        for (size_t j = 1; j <= m; ++j) {
+            const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+                d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+    }
+    return d[n][m];
+}
+
+// Edits we still call a typo: 1 for short names, about a third of the name for long ones.
+size_t typo_budget(const std::string& s) { return std::max<size_t>(1, (s.size() + 1) / 3); }
+
+// The nearest valid full key for `section.key`: a typo in the same section, or the same (or a
+// near) key in another section (`train.k` -> `sae.k`). Empty when nothing is close.
+std::string suggest_key(const std::string& section, const std::string& key) {
+    size_t best = std::numeric_limits<size_t>::max();
+    std::string best_key;
+    for (int pass = 0; pass < 2; ++pass) {  // same section first, so it wins ties
+        for (const Field& f : fields()) {
+            if (f.key.empty() || (f.section == section) != (pass == 0)) continue;
+            const size_t d = edit_distance(key, f.key) + (pass == 0 ? 0 : 1);
+            if (d < best) best = d, best_key = f.full();
+        }
+    }
+    return best <= typo_budget(key) ? best_key : std::string();
+}
+
+// For an unknown top-level name: a section typo (`trian`), or a key written outside its section
+// (`lr` -> `train.lr`).
+std::string suggest_section(const std::string& name) {
+    size_t best = std::numeric_limits<size_t>::max();
+    std::string best_name;
+    for (const std::string& s : kSections) {
+        const size_t d = edit_distance(name, s);
+        if (d < best) best = d, best_name = s;
+    }
+    if (best <= typo_budget(name)) return best_name;
+    for (const Field& f : fields())
+        if (!f.key.empty() && f.key == name) return f.full();
+    return {};
+}
+
+std::string section_keys(const std::string& section) {
+    std::vector<std::string> keys;
+    for (const Field& f : fields())
+        if (f.section == section) keys.push_back(f.key);
+    return join(keys);
+}
+
+std::string unknown_key_message(const std::string& section, const std::string& key) {
+    std::string msg = fmt::format("unknown key '{}.{}'", section, key);
+    const std::string hint = suggest_key(section, key);
+    if (!hint.empty()) return msg + fmt::format(" (did you mean {}?)", hint);
+    return msg + fmt::format(" (valid keys in {}: {})", section, section_keys(section));
+}
+
+std::string unknown_section_message(const std::string& name) {
+    std::string msg = fmt::format("unknown section '{}'", name);
+    const std::string hint = suggest_section(name);
+    if (!hint.empty()) msg += fmt::format(" (did you mean {}?)", hint);
+    return msg + fmt::format("; sections are {}", join(kSections));
+}
+
+// ---- scalar conversion -------------------------------------------------------------------------
+
+std::string strip_plus(const std::string& s) {
+    return (s.size() > 1 && s[0] == '+' && s[1] != '-') ? s.substr(1) : s;
+}
+
+bool parse_double(const std::string& text, double& out) {
+    const std::string s = strip_plus(text);
+    if (s.empty()) return false;
+    const char* end = s.data() + s.size();
+    auto r = std::from_chars(s.data(), end, out);
+    return r.ec == std::errc() && r.ptr == end && std::isfinite(out);
+}
+
+template <class Int>
+bool parse_integer(const std::string& text, Int& out) {
+    const std::string s = strip_plus(text);
+    if (s.empty()) return false;
+    const char* end = s.data() + s.size();
+    auto r = std::from_chars(s.data(), end, out);
+    if (r.ec == std::errc() && r.ptr == end) return true;
+    // Accept integral numbers written as floats: `max_tokens: 1.0e9`.
+    double d = 0;
+    if (!parse_double(s, d) || d != std::floor(d)) return false;
+    if (d < static_cast<double>(std::numeric_limits<Int>::min()) ||
+        d >= static_cast<double>(std::numeric_limits<Int>::max()))
+        return false;
+    out = static_cast<Int>(d);
+    return true;
+}
+
+// ---- the parser --------------------------------------------------------------------------------
+
+class Parser {
+public:
+    explicit Parser(std::string source) : source_(std::move(source)) {}
+
+    Config run(const std::string& text, const std::vector<std::string>& overrides) {
+        YAML::Node root = load(text);
+        for (const std::string& ov : overrides) apply_override(root, ov);
+        walk(root);
+        Config cfg = build();
+        validate(cfg);
+        return cfg;
+    }
+
+private:
+    std::string source_;
+    std::map<std::string, std::string> override_of_;  // full key -> the --set that set it
+    std::map<std::string, int> line_of_;              // full key -> 1-based line in the file
+    std::map<int, std::vector<Value>> given_;         // field index -> values (several: a sweep)
+
+    // "file:12: ", "file: --set sae.k=0: " or "file: ": where a key's value came from.
+    std::string loc(const std::string& full_key) const {
+        auto o = override_of_.find(full_key);
+        if (o != override_of_.end()) return fmt::format("{}: --set {}: ", source_, o->second);
+        auto l = line_of_.find(full_key);
+        if (l != line_of_.end()) return fmt::format("{}:{}: ", source_, l->second);
+        return source_ + ": ";
+    }
+    std::string loc_mark(const YAML::Mark& m) const {
+        return m.is_null() ? source_ + ": " : fmt::format("{}:{}: ", source_, m.line + 1);
+    }
+
+    YAML::Node load(const std::string& text) const {
+        YAML::Node root;
+        try {
+            root = YAML::Load(text);
+        } catch (const YAML::Exception& e) {
+            throw Error(fmt::format("{}:{}:{}: YAML syntax error: {}", source_, e.mark.line + 1,
+                                    e.mark.column + 1, e.msg));
+        }
+        if (root.IsNull()) return YAML::Node(YAML::NodeType::Map);  // empty file: all defaults
+        SAE_ENFORCE(root.IsMap(), "{}the config must be a mapping of sections ({}), not a {}",
+                    loc_mark(root.Mark()), join(kSections), root.IsSequence() ? "list" : "scalar");
+        return root;
+    }
+
+    void apply_override(YAML::Node& root, const std::string& ov) {
+        const std::string where = fmt::format("{}: --set {}: ", source_, ov);
+        const size_t eq = ov.find('=');
+        SAE_ENFORCE(eq != std::string::npos,
+                    "{}an override must look like section.key=value (e.g. --set sae.k=64)", where);
+        const std::string lhs = ov.substr(0, eq);
+        const std::string rhs = ov.substr(eq + 1);
+        const size_t dot = lhs.find('.');
+        std::string section, key;
+        if (dot == std::string::npos) {
+            if (lhs != "backend") {
+                const std::string hint = suggest_section(lhs);
+                throw Error(fmt::format(
+                    "{}'{}' is not section.key; an override must look like section.key=value{}",
+                    where, lhs,
+                    hint.empty() ? std::string() : fmt::format(" (did you mean {}?)", hint)));
+            }
+            section = lhs;
+        } else {
+            section = lhs.substr(0, dot);
+            key = lhs.substr(dot + 1);
+            if (!is_section(section)) throw Error(where + unknown_section_message(section));
+            if (find_field(section, key) < 0) {
+                SAE_ENFORCE(section != "backend", "{}backend is a single value: use backend={}",
+                            where, rhs);
+                throw Error(where + unknown_key_message(section, key));
+            }
+        }
+        YAML::Node value;
+        try {
+            value = YAML::Load(rhs);
+        } catch (const YAML::Exception& e) {
+            throw Error(fmt::format("{}cannot read the value '{}' as YAML: {}", where, rhs, e.msg));
+        }
+        override_of_[lhs] = ov;
+        if (key.empty()) {
+            root[section] = value;
+            return;
+        }
+        const YAML::Node existing = root[section];
+        if (!existing.IsDefined() || existing.IsNull())
+            root[section] = YAML::Node(YAML::NodeType::Map);
+        YAML::Node sec = root[section];
+        SAE_ENFORCE(sec.IsMap(), "{}section '{}' must be a mapping of keys", loc_mark(sec.Mark()),
+                    section);
+        sec[key] = value;
+    }
+
+    void walk(const YAML::Node& root) {
+        std::map<std::string, int> seen_sections;
+        for (const auto& kv : root) {
+            const std::string name = kv.first.Scalar();
+            const std::string where = loc_mark(kv.first.Mark());
+            if (!seen_sections.emplace(name, kv.first.Mark().line + 1).second)
+                throw Error(fmt::format("{}section '{}' appears twice (first at line {})", where,
+                                        name, seen_sections[name]));
+            if (!is_section(name)) throw Error(where + unknown_section_message(name));
+            if (name == "backend") {
+                take(find_field("backend", ""), kv.first, kv.second);
+                continue;
+            }
+            if (kv.second.IsNull()) continue;  // `log:` with nothing under it: defaults
+            SAE_ENFORCE(kv.second.IsMap(),
+                        "{}section '{}' must be a mapping of keys (valid keys: {}), not a {}",
+                        where, name, section_keys(name),
+                        kv.second.IsSequence() ? "list" : "scalar");
+            std::map<std::string, int> seen;
+            for (const auto& item : kv.second) {
+                const std::string key = item.first.Scalar();
+                const std::string kwhere = loc_mark(item.first.Mark());
+                if (!seen.emplace(key, item.first.Mark().line + 1).second)
+                    throw Error(fmt::format("{}key '{}.{}' appears twice (first at line {})",
+                                            kwhere, name, key, seen[key]));
+                const int idx = find_field(name, key);
+                if (idx < 0) throw Error(kwhere + unknown_key_message(name, key));
+                take(idx, item.first, item.second);
+            }
+        }
+    }
+
+    // Records the value(s) of one key.
+    void take(int idx, const YAML::Node& key_node, const YAML::Node& node) {
+        const Field& f = fields()[static_cast<size_t>(idx)];
+        const std::string full = f.full();
+        if (!key_node.Mark().is_null()) line_of_[full] = key_node.Mark().line + 1;
+        std::vector<Value> values;
+        if (node.IsSequence()) {
+            SAE_ENFORCE(f.sweepable(),
+                        "{}{}: got a list, but only sae.* and train.* keys can be swept (lists "
+                        "expand to a sweep); give one value",
+                        loc(full), full);
+            SAE_ENFORCE(node.size() > 0, "{}{}: empty list; a swept key needs at least one value",
+                        loc(full), full);
+            for (const auto& item : node) {
+                Value v = convert(f, item);
+                for (const Value& prev : values)
+                    SAE_ENFORCE(!(prev == v), "{}{}: the list has {} twice", loc(full), full,
+                                value_text(v));
+                values.push_back(std::move(v));
+            }
+        } else {
+            values.push_back(convert(f, node));
+        }
+        given_[idx] = std::move(values);
+    }
+
+    Value convert(const Field& f, const YAML::Node& node) const {
+        const std::string full = f.full();
+        const std::string where = loc(full);
+        if (node.IsNull() && f.kind == Kind::string && f.choices.empty()) return std::string();
+        if (node.IsNull())
+            throw Error(fmt::format(
+                "{}{}: no value given; expected {}", where, full,
+                f.choices.empty() ? std::string(kind_name(f.kind)) : "one of " + join(f.choices)));
+        if (!node.IsScalar())
+            throw Error(fmt::format("{}{}: expected {}, got a {}", where, full, kind_name(f.kind),
+                                    node.IsSequence() ? "nested list" : "mapping"));
+        const std::string s = node.Scalar();
+        const std::string bad =
+            fmt::format("{}{}: expected {}, got '{}'", where, full, kind_name(f.kind), s);
+        switch (f.kind) {
+            case Kind::integer: {
+                int64_t v = 0;
+                SAE_ENFORCE(parse_integer(s, v), "{}", bad);
+                return v;
+            }
+            case Kind::unsigned_integer: {
+                uint64_t v = 0;
+                SAE_ENFORCE(!s.empty() && s[0] != '-' && parse_integer(s, v), "{}", bad);
+                return v;
+            }
+            case Kind::number: {
+                double v = 0;
+                SAE_ENFORCE(parse_double(s, v), "{}", bad);
+                return v;
+            }
+            case Kind::boolean: {
+                bool v = false;
+                SAE_ENFORCE(YAML::convert<bool>::decode(node, v), "{}", bad);
+                return v;
+            }
+            case Kind::string:
+                break;
+        }
+        if (!f.choices.empty() &&
+            std::find(f.choices.begin(), f.choices.end(), s) == f.choices.end()) {
+            const bool planned =
+                full == "sae.arch" &&
+                std::find(kPlannedArchs.begin(), kPlannedArchs.end(), s) != kPlannedArchs.end();
+            throw Error(fmt::format("{}{}: {} '{}'; allowed: {}", where, full,
+                                    planned ? "not implemented yet:" : "unknown value", s,
+                                    join(f.choices)));
+        }
+        return s;
+    }
+
+    Config build() const {
+        Config cfg;
+        cfg.source = source_;
+        SaeConfig base;
+        std::vector<std::pair<int, const std::vector<Value>*>> swept;  // in table order
+        for (const auto& [idx, values] : given_) {
+            const Field& f = fields()[static_cast<size_t>(idx)];
+            if (values.size() == 1)
+                f.set(cfg, base, values[0]);
+            else
+                swept.emplace_back(idx, &values);
+        }
+        size_t points = 1;
+        for (const auto& s : swept) {
+            points *= s.second->size();
+            SAE_ENFORCE(points <= 100000, "{}: the sweep has more than 100000 points", source_);
+        }
+        cfg.sweep.reserve(points);
+        for (size_t p = 0; p < points; ++p) {
+            SaeConfig point = base;
+            size_t rest = p;
+            for (auto it = swept.rbegin(); it != swept.rend(); ++it) {  // last key fastest
+                const auto& values = *it->second;
+                fields()[static_cast<size_t>(it->first)].set(cfg, point,
+                                                             values[rest % values.size()]);
+                rest /= values.size();
+            }
+            cfg.sweep.push_back(point);
+        }
+        cfg.sae = cfg.sweep.front();
+        return cfg;
+    }
+
+    template <class T>
+    void check(bool ok, const char* key, const char* rule, const T& got) const {
+        if (!ok) throw Error(fmt::format("{}{} must be {} (got {})", loc(key), key, rule, got));
+    }
+
+    void validate(const Config& c) const {
+        SAE_ENFORCE(!c.data.path.empty(),
+                    "{}data.path is required: a directory or glob of .h5 shards", loc("data.path"));
+        SAE_ENFORCE(!c.run.out_dir.empty(), "{}run.out_dir must not be empty", loc("run.out_dir"));
+        SAE_ENFORCE(!c.data.dataset.empty(), "{}data.dataset must not be empty",
+                    loc("data.dataset"));
+        check(c.data.batch_size >= 1, "data.batch_size", ">= 1", c.data.batch_size);
+        check(c.data.max_tokens >= 0, "data.max_tokens", ">= 0 (0: train for data.epochs)",
+              c.data.max_tokens);
+        check(c.data.epochs >= 1 || c.data.max_tokens > 0, "data.epochs",
+              ">= 1 unless data.max_tokens > 0", c.data.epochs);
+        check(c.data.shuffle_buffer_rows >= 0, "data.shuffle_buffer_rows", ">= 0 (0: no shuffling)",
+              c.data.shuffle_buffer_rows);
+        check(c.parallel.replicas >= 1, "parallel.replicas", ">= 1", c.parallel.replicas);
+        check(c.log.every_steps >= 1, "log.every_steps", ">= 1", c.log.every_steps);
+        check(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", ">= 1",
+              c.checkpoint.every_steps);
+        check(c.checkpoint.keep >= 1, "checkpoint.keep", ">= 1", c.checkpoint.keep);
+        SAE_ENFORCE(c.parallel.mode != "data_parallel" || c.sweep.size() == 1,
+                    "{}parallel.mode: data_parallel trains one SAE, but the config sweeps {} "
+                    "points; use mode: sweep or hybrid, or give single values",
+                    loc("parallel.mode"), c.sweep.size());
+        for (const SaeConfig& s : c.sweep) {
+            check(s.expansion >= 1, "sae.expansion", ">= 1", s.expansion);
+            check(s.n_latents >= 0, "sae.n_latents", ">= 0 (0: use sae.expansion)", s.n_latents);
+            check(s.k >= 1, "sae.k", ">= 1", s.k);
+            check(s.l1_coeff >= 0, "sae.l1_coeff", ">= 0", s.l1_coeff);
+            check(s.lr > 0, "train.lr", "> 0", s.lr);
+            check(s.warmup_steps >= 0, "train.warmup_steps", ">= 0", s.warmup_steps);
+            check(s.lr_min_ratio >= 0 && s.lr_min_ratio <= 1, "train.lr_min_ratio", "in [0, 1]",
+                  s.lr_min_ratio);
+            check(s.l1_warmup_steps >= 0, "train.l1_warmup_steps", ">= 0", s.l1_warmup_steps);
+            check(s.grad_clip >= 0, "train.grad_clip", ">= 0 (0 disables clipping)", s.grad_clip);
+            check(s.beta1 >= 0 && s.beta1 < 1, "train.beta1", "in [0, 1)", s.beta1);
+            check(s.beta2 >= 0 && s.beta2 < 1, "train.beta2", "in [0, 1)", s.beta2);
+            check(s.eps > 0, "train.eps", "> 0", s.eps);
+            check(s.weight_decay >= 0, "train.weight_decay", ">= 0", s.weight_decay);
+            check(s.dead_tokens >= 1, "train.dead_tokens", ">= 1", s.dead_tokens);
+        }
+    }
+};
+
+const std::vector<SaeConfig>& points_of(const Config& cfg, std::vector<SaeConfig>& scratch) {
+    if (!cfg.sweep.empty()) return cfg.sweep;
+    scratch = {cfg.sae};
+    return scratch;
+}
+
+// A double as YAML text that reads back exactly and is a float to YAML 1.1 readers too (PyYAML
+// wants a dot: "5.0", "0.0004", "1.0e-08").
+std::string yaml_double(double v) {
+    std::string s = compact(v);
+    if (s.find_first_of(".n") != std::string::npos) return s;
+    const size_t e = s.find('e');
+    return e == std::string::npos ? s + ".0" : s.insert(e, ".0");
+}
+
+void emit_value(YAML::Emitter& out, const Value& v) {
+    if (auto d = std::get_if<double>(&v))
+        out << yaml_double(*d);
+    else if (auto b = std::get_if<bool>(&v))
+        out << *b;
+    else if (auto s = std::get_if<std::string>(&v))
+        out << *s;
+    else if (auto i = std::get_if<int64_t>(&v))
+        out << *i;
+    else
+        out << std::get<uint64_t>(v);
+}
+
+}  // namespace
+
+// ---- public API --------------------------------------------------------------------------------
+
+std::string SaeConfig::id(int64_t /*d_model: ids use the expansion as written*/) const {
+    std::string s = arch_name(arch);
+    s += n_latents > 0 ? fmt::format("-n{}", n_latents) : fmt::format("-x{}", expansion);
+    if (arch == Arch::topk)
+        s += fmt::format("-k{}", k);
+    else
+        s += "-l1_" + compact(l1_coeff);
+    return s;
+}
+
+std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model) {
+    std::vector<SaeConfig> scratch;
+    const std::vector<SaeConfig>& points = points_of(cfg, scratch);
+    std::vector<std::string> ids;
+    for (const SaeConfig& p : points) ids.push_back(p.id(d_model));
+    const std::vector<std::string> base = ids;
+    // Points sharing a base id get every key whose value differs inside their group appended.
+    for (size_t i = 0; i < points.size(); ++i) {
+        std::vector<size_t> group;
+        for (size_t j = 0; j < points.size(); ++j)
+            if (base[j] == base[i]) group.push_back(j);
+        if (group.size() < 2) continue;
+        std::string suffix;
+        for (const Field& f : fields()) {
+            if (!f.sweepable()) continue;
+            const Value mine = f.get(cfg, points[i]);
+            bool differs = false;
+            for (size_t j : group) differs = differs || !(f.get(cfg, points[j]) == mine);
+            if (!differs) continue;
+            const bool numeric =
+                !std::holds_alternative<std::string>(mine) && !std::holds_alternative<bool>(mine);
+            suffix += fmt::format("-{}{}{}", f.key, numeric ? "" : "_", value_text(mine));
+        }
+        ids[i] = base[i] + suffix;
+    }
+    // Identical points (possible only in a hand-built Config) get their index.
+    for (size_t i = 0; i < ids.size(); ++i)
+        for (size_t j = i + 1; j < ids.size(); ++j)
+            if (ids[j] == ids[i]) ids[j] += fmt::format("-p{}", j);
+    return ids;
+}
+
+Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                    const std::string& source) {
+    return Parser(source).run(yaml_text, overrides);
+}
+
+Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
+    std::ifstream in(path, std::ios::binary);
+    SAE_ENFORCE(in.good(), "cannot read config file '{}': {}", path, std::strerror(errno));
+    std::ostringstream text;
+    text << in.rdbuf();
+    return config_parse(text.str(), overrides, path);
+}
+
+std::string config_to_yaml(const Config& cfg) {
+    std::vector<SaeConfig> scratch;
+    const std::vector<SaeConfig>& points = points_of(cfg, scratch);
+    YAML::Emitter out;
+    out << YAML::BeginMap;
+    std::string open;  // the section whose map is open
+    for (const Field& f : fields()) {
+        if (f.section != open) {
+            if (!open.empty()) out << YAML::EndMap;
+            open.clear();
+            out << YAML::Key << f.section << YAML::Value;
+            if (!f.key.empty()) {
+                out << YAML::BeginMap;
+                open = f.section;
+            }
+        }
+        if (!f.key.empty()) out << YAML::Key << f.key << YAML::Value;
+        // A swept key lists its distinct values in sweep order: parsing that list back
+        // rebuilds the same cartesian product.
+        std::vector<Value> values;
+        for (const SaeConfig& p : points) {
+            Value v = f.get(cfg, p);
+            if (std::find(values.begin(), values.end(), v) == values.end())
+                values.push_back(std::move(v));
+            if (!f.sweepable()) break;
+        }
+        if (values.size() == 1) {
+            emit_value(out, values[0]);
+        } else {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (const Value& v : values) emit_value(out, v);
+            out << YAML::EndSeq;
+        }
+    }
+    if (!open.empty()) out << YAML::EndMap;
+    out << YAML::EndMap;
+    return std::string(out.c_str()) + "\n";
+}
+
+void config_validate_for_data(const Config& cfg, int64_t d_model) {
+    SAE_ENFORCE(d_model >= 1, "{}: the data's d_model must be >= 1 (got {})", cfg.source, d_model);
+    std::vector<SaeConfig> scratch;
+    const std::vector<SaeConfig>& points = points_of(cfg, scratch);
+    for (const SaeConfig& s : points) {
+        if (s.n_latents == 0)
+            SAE_ENFORCE(s.expansion <= std::numeric_limits<int64_t>::max() / d_model,
+                        "{}: sae.expansion {} x d_model {} overflows", cfg.source, s.expansion,
+                        d_model);
+        const int64_t n = s.resolved_latents(d_model);
+        if (s.arch != Arch::topk || s.k <= n) continue;
+        const std::string size =
+            s.n_latents > 0 ? fmt::format("sae.n_latents = {}", s.n_latents)
+                            : fmt::format("sae.expansion {} x d_model {}", s.expansion, d_model);
+        throw Error(fmt::format(
+            "{}: SAE {}: sae.k = {} exceeds its {} latents ({}); lower sae.k or raise {}",
+            cfg.source, s.id(d_model), s.k, n, size,
+            s.n_latents > 0 ? "sae.n_latents" : "sae.expansion"));
+    }
+}
+
+}  // namespace saetrain

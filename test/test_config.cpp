@@ -1,0 +1,666 @@
+// test_config.cpp — the YAML config loader: defaults, every key, every error message, sweeps,
+// ids, overrides, round trip through config_to_yaml, data-dependent checks, shipped configs.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "saetrain/config.h"
+#include "saetrain/error.h"
+
+namespace saetrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kMinimal = "data: {path: data/x}\n";
+
+// The message of the Error that parsing `text` throws ("" when it does not throw).
+std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
+    try {
+        config_parse(text, overrides, "cfg.yaml");
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+#define EXPECT_HAS(haystack, needle) \
+    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
+
+void expect_same(const SaeConfig& a, const SaeConfig& b) {
+    EXPECT_EQ(a.arch, b.arch);
+    EXPECT_EQ(a.expansion, b.expansion);
+    EXPECT_EQ(a.n_latents, b.n_latents);
+    EXPECT_EQ(a.k, b.k);
+    EXPECT_EQ(a.l1_coeff, b.l1_coeff);
+    EXPECT_EQ(a.lr, b.lr);
+    EXPECT_EQ(a.warmup_steps, b.warmup_steps);
+    EXPECT_EQ(a.lr_decay, b.lr_decay);
+    EXPECT_EQ(a.lr_min_ratio, b.lr_min_ratio);
+    EXPECT_EQ(a.l1_warmup_steps, b.l1_warmup_steps);
+    EXPECT_EQ(a.grad_clip, b.grad_clip);
+    EXPECT_EQ(a.beta1, b.beta1);
+    EXPECT_EQ(a.beta2, b.beta2);
+    EXPECT_EQ(a.eps, b.eps);
+    EXPECT_EQ(a.weight_decay, b.weight_decay);
+    EXPECT_EQ(a.normalize_decoder, b.normalize_decoder);
+    EXPECT_EQ(a.dead_tokens, b.dead_tokens);
+}
+
+void expect_same(const Config& a, const Config& b) {
+    EXPECT_EQ(a.run.out_dir, b.run.out_dir);
+    EXPECT_EQ(a.run.seed, b.run.seed);
+    EXPECT_EQ(a.data.path, b.data.path);
+    EXPECT_EQ(a.data.batch_size, b.data.batch_size);
+    EXPECT_EQ(a.data.epochs, b.data.epochs);
+    EXPECT_EQ(a.data.max_tokens, b.data.max_tokens);
+    EXPECT_EQ(a.data.shuffle_buffer_rows, b.data.shuffle_buffer_rows);
+    EXPECT_EQ(a.data.dataset, b.data.dataset);
+    EXPECT_EQ(a.parallel.mode, b.parallel.mode);
+    EXPECT_EQ(a.parallel.sweep_data, b.parallel.sweep_data);
+    EXPECT_EQ(a.parallel.replicas, b.parallel.replicas);
+    EXPECT_EQ(a.backend, b.backend);
+    EXPECT_EQ(a.log.every_steps, b.log.every_steps);
+    EXPECT_EQ(a.checkpoint.every_steps, b.checkpoint.every_steps);
+    EXPECT_EQ(a.checkpoint.keep, b.checkpoint.keep);
+    expect_same(a.sae, b.sae);
+    ASSERT_EQ(a.sweep.size(), b.sweep.size());
+    for (size_t i = 0; i < a.sweep.size(); ++i) expect_same(a.sweep[i], b.sweep[i]);
+}
+
+// ---- defaults and keys -------------------------------------------------------------------------
+
+TEST(Config, MissingSectionsTakeStructDefaults) {
+    const Config c = config_parse(kMinimal);
+    Config d;
+    d.data.path = "data/x";
+    d.sweep = {d.sae};
+    expect_same(c, d);
+    EXPECT_EQ(c.sweep.size(), 1u);
+    EXPECT_EQ(c.source, "<string>");
+    // Spot-check the documented defaults so a changed default is a visible decision.
+    EXPECT_EQ(c.data.batch_size, 4096);
+    EXPECT_EQ(c.sae.arch, Arch::topk);
+    EXPECT_EQ(c.sae.k, 32);
+    EXPECT_DOUBLE_EQ(c.sae.lr, 4.0e-4);
+    EXPECT_EQ(c.backend, "auto");
+    EXPECT_EQ(c.parallel.mode, "sweep");
+    EXPECT_EQ(c.checkpoint.keep, 3);
+}
+
+TEST(Config, EmptySectionsTakeDefaults) {
+    const Config c = config_parse("data: {path: d}\nlog:\ntrain: {}\n");
+    EXPECT_EQ(c.log.every_steps, 50);
+    EXPECT_EQ(c.sae.warmup_steps, 100);
+}
+
+TEST(Config, EveryKeyIsParsed) {
+    const std::string text = R"(
+run: {out_dir: runs/all, seed: 18446744073709551615}
+data:
+  path: "shards/*.h5"
+  batch_size: 128
+  epochs: 7
+  max_tokens: 1.5e9
+  shuffle_buffer_rows: 0
+  dataset: acts
+sae: {arch: relu, expansion: 6, n_latents: 999, k: 17, l1_coeff: 0.25}
+train:
+  lr: 3e-3
+  warmup_steps: 0
+  lr_decay: linear
+  lr_min_ratio: 0.1
+  l1_warmup_steps: 250
+  grad_clip: 0
+  beta1: 0.8
+  beta2: 0.95
+  eps: 1.0e-6
+  weight_decay: 0.01
+  normalize_decoder: false
+  dead_tokens: 12345
+parallel: {mode: hybrid, sweep_data: disjoint, replicas: 4}
+backend: cpu
+log: {every_steps: 7}
+checkpoint: {every_steps: 11, keep: 2}
+)";
+    const Config c = config_parse(text);
+    EXPECT_EQ(c.run.out_dir, "runs/all");
+    EXPECT_EQ(c.run.seed, 18446744073709551615ull);
+    EXPECT_EQ(c.data.path, "shards/*.h5");
+    EXPECT_EQ(c.data.batch_size, 128);
+    EXPECT_EQ(c.data.epochs, 7);
+    EXPECT_EQ(c.data.max_tokens, 1500000000);
+    EXPECT_EQ(c.data.shuffle_buffer_rows, 0);
+    EXPECT_EQ(c.data.dataset, "acts");
+    EXPECT_EQ(c.sae.arch, Arch::relu);
+    EXPECT_EQ(c.sae.expansion, 6);
+    EXPECT_EQ(c.sae.n_latents, 999);
+    EXPECT_EQ(c.sae.k, 17);
+    EXPECT_DOUBLE_EQ(c.sae.l1_coeff, 0.25);
+    EXPECT_DOUBLE_EQ(c.sae.lr, 3e-3);
+    EXPECT_EQ(c.sae.warmup_steps, 0);
+    EXPECT_EQ(c.sae.lr_decay, "linear");
+    EXPECT_DOUBLE_EQ(c.sae.lr_min_ratio, 0.1);
+    EXPECT_EQ(c.sae.l1_warmup_steps, 250);
+    EXPECT_DOUBLE_EQ(c.sae.grad_clip, 0.0);
+    EXPECT_DOUBLE_EQ(c.sae.beta1, 0.8);
+    EXPECT_DOUBLE_EQ(c.sae.beta2, 0.95);
+    EXPECT_DOUBLE_EQ(c.sae.eps, 1e-6);
+    EXPECT_DOUBLE_EQ(c.sae.weight_decay, 0.01);
+    EXPECT_FALSE(c.sae.normalize_decoder);
+    EXPECT_EQ(c.sae.dead_tokens, 12345);
+    EXPECT_EQ(c.parallel.mode, "hybrid");
+    EXPECT_EQ(c.parallel.sweep_data, "disjoint");
+    EXPECT_EQ(c.parallel.replicas, 4);
+    EXPECT_EQ(c.backend, "cpu");
+    EXPECT_EQ(c.log.every_steps, 7);
+    EXPECT_EQ(c.checkpoint.every_steps, 11);
+    EXPECT_EQ(c.checkpoint.keep, 2);
+    ASSERT_EQ(c.sweep.size(), 1u);
+    expect_same(c.sweep[0], c.sae);
+}
+
+TEST(Config, ArchNames) {
+    EXPECT_STREQ(arch_name(Arch::relu), "relu");
+    EXPECT_STREQ(arch_name(Arch::topk), "topk");
+}
+
+// ---- unknown keys and suggestions --------------------------------------------------------------
+
+TEST(ConfigErrors, TypoSuggestsNearestKey) {
+    const std::string m = parse_error(kMinimal + "sae: {expnasion: 8}\n");
+    EXPECT_HAS(m, "cfg.yaml");
+    EXPECT_HAS(m, "sae.expnasion");
+    EXPECT_HAS(m, "did you mean sae.expansion?");
+}
+
+TEST(ConfigErrors, UnknownKeyNamesTheLine) {
+    const std::string m = parse_error(kMinimal + "train:\n  lr: 1e-3\n  warmup_stesp: 5\n");
+    EXPECT_HAS(m, "cfg.yaml:4:");
+    EXPECT_HAS(m, "train.warmup_stesp");
+    EXPECT_HAS(m, "did you mean train.warmup_steps?");
+}
+
+TEST(ConfigErrors, KeyInWrongSectionSuggestsItsSection) {
+    std::string m = parse_error(kMinimal + "train: {k: 64}\n");
+    EXPECT_HAS(m, "train.k");
+    EXPECT_HAS(m, "did you mean sae.k?");
+    m = parse_error(kMinimal + "sae: {lr: 0.1}\n");
+    EXPECT_HAS(m, "did you mean train.lr?");
+    m = parse_error("data: {path: d, seed: 3}\n");
+    EXPECT_HAS(m, "did you mean run.seed?");
+}
+
+TEST(ConfigErrors, FarOffKeyListsTheSectionsKeys) {
+    const std::string m = parse_error(kMinimal + "checkpoint: {frobnicate: 1}\n");
+    EXPECT_HAS(m, "checkpoint.frobnicate");
+    EXPECT_EQ(m.find("did you mean"), std::string::npos) << m;
+    EXPECT_HAS(m, "every_steps, keep");
+}
+
+TEST(ConfigErrors, UnknownSection) {
+    std::string m = parse_error(kMinimal + "trian: {lr: 1}\n");
+    EXPECT_HAS(m, "'trian'");
+    EXPECT_HAS(m, "did you mean train?");
+    m = parse_error(kMinimal + "lr: 0.1\n");
+    EXPECT_HAS(m, "did you mean train.lr?");
+}
+
+TEST(ConfigErrors, DuplicateKey) {
+    const std::string m = parse_error(kMinimal + "sae:\n  k: 8\n  k: 16\n");
+    EXPECT_HAS(m, "sae.k");
+    EXPECT_HAS(m, "twice");
+}
+
+TEST(ConfigErrors, SectionMustBeAMapping) {
+    EXPECT_HAS(parse_error(kMinimal + "sae: 8\n"), "section 'sae'");
+    EXPECT_HAS(parse_error("- a\n- b\n"), "mapping of sections");
+}
+
+// ---- types -------------------------------------------------------------------------------------
+
+TEST(ConfigErrors, WrongTypesNameKeyAndExpectedType) {
+    std::string m = parse_error(kMinimal + "train: {lr: fast}\n");
+    EXPECT_HAS(m, "train.lr");
+    EXPECT_HAS(m, "expected a number");
+    EXPECT_HAS(m, "'fast'");
+    m = parse_error(kMinimal + "sae: {k: 3.5}\n");
+    EXPECT_HAS(m, "sae.k");
+    EXPECT_HAS(m, "expected an integer");
+    m = parse_error("data: {path: d, batch_size: many}\n");
+    EXPECT_HAS(m, "data.batch_size");
+    EXPECT_HAS(m, "expected an integer");
+    m = parse_error(kMinimal + "train: {normalize_decoder: maybe}\n");
+    EXPECT_HAS(m, "train.normalize_decoder");
+    EXPECT_HAS(m, "boolean");
+    m = parse_error(kMinimal + "run: {seed: -1}\n");
+    EXPECT_HAS(m, "run.seed");
+    EXPECT_HAS(m, "non-negative integer");
+    m = parse_error(kMinimal + "sae: {k: {a: 1}}\n");
+    EXPECT_HAS(m, "sae.k");
+    EXPECT_HAS(m, "mapping");
+    m = parse_error(kMinimal + "train: {lr: .inf}\n");
+    EXPECT_HAS(m, "train.lr");
+    m = parse_error(kMinimal + "sae: {k: }\n");
+    EXPECT_HAS(m, "sae.k");
+    EXPECT_HAS(m, "no value");
+}
+
+// ---- values ------------------------------------------------------------------------------------
+
+struct BadValue {
+    std::string yaml;  // appended to a minimal valid config
+    std::string key;
+    std::string reason;
+};
+
+TEST(ConfigErrors, BadValuesNameKeyAndReason) {
+    const std::vector<BadValue> cases = {
+        {"train: {lr: 0}\n", "train.lr", "> 0"},
+        {"train: {lr: -1e-3}\n", "train.lr", "> 0"},
+        {"train: {warmup_steps: -1}\n", "train.warmup_steps", ">= 0"},
+        {"train: {l1_warmup_steps: -5}\n", "train.l1_warmup_steps", ">= 0"},
+        {"data: {path: d, batch_size: 0}\n", "data.batch_size", ">= 1"},
+        {"data: {path: d, epochs: 0}\n", "data.epochs", "data.max_tokens"},
+        {"data: {path: d, max_tokens: -3}\n", "data.max_tokens", ">= 0"},
+        {"data: {path: d, shuffle_buffer_rows: -1}\n", "data.shuffle_buffer_rows", ">= 0"},
+        {"sae: {k: 0}\n", "sae.k", ">= 1"},
+        {"sae: {expansion: 0}\n", "sae.expansion", ">= 1"},
+        {"sae: {n_latents: -2}\n", "sae.n_latents", ">= 0"},
+        {"sae: {l1_coeff: -0.5}\n", "sae.l1_coeff", ">= 0"},
+        {"train: {grad_clip: -1}\n", "train.grad_clip", ">= 0"},
+        {"train: {beta1: 1.0}\n", "train.beta1", "[0, 1)"},
+        {"train: {beta1: -0.1}\n", "train.beta1", "[0, 1)"},
+        {"train: {beta2: 1}\n", "train.beta2", "[0, 1)"},
+        {"train: {eps: 0}\n", "train.eps", "> 0"},
+        {"train: {lr_min_ratio: 2}\n", "train.lr_min_ratio", "[0, 1]"},
+        {"train: {weight_decay: -1}\n", "train.weight_decay", ">= 0"},
+        {"train: {dead_tokens: 0}\n", "train.dead_tokens", ">= 1"},
+        {"checkpoint: {keep: 0}\n", "checkpoint.keep", ">= 1"},
+        {"checkpoint: {every_steps: 0}\n", "checkpoint.every_steps", ">= 1"},
+        {"log: {every_steps: 0}\n", "log.every_steps", ">= 1"},
+        {"parallel: {replicas: 0}\n", "parallel.replicas", ">= 1"},
+        {"run: {out_dir: ''}\n", "run.out_dir", "empty"},
+    };
+    for (const BadValue& c : cases) {
+        // Keys in `data` replace the minimal config's data section.
+        const std::string text = c.yaml.rfind("data:", 0) == 0 ? c.yaml : kMinimal + c.yaml;
+        const std::string m = parse_error(text);
+        EXPECT_HAS(m, c.key);
+        EXPECT_HAS(m, c.reason);
+        EXPECT_HAS(m, "cfg.yaml");
+    }
+}
+
+TEST(ConfigErrors, BadValueNamesItsLine) {
+    const std::string m = parse_error("data:\n  path: d\ntrain:\n  lr: -1\n");
+    EXPECT_HAS(m, "cfg.yaml:4:");
+    EXPECT_HAS(m, "got -1");
+}
+
+TEST(Config, EpochsMayBeZeroWithATokenBudget) {
+    const Config c = config_parse("data: {path: d, epochs: 0, max_tokens: 1000000}\n");
+    EXPECT_EQ(c.data.epochs, 0);
+    EXPECT_EQ(c.data.max_tokens, 1000000);
+}
+
+TEST(ConfigErrors, UnknownEnumValuesListTheAllowedOnes) {
+    std::string m = parse_error(kMinimal + "sae: {arch: topkk}\n");
+    EXPECT_HAS(m, "sae.arch");
+    EXPECT_HAS(m, "relu, topk");
+    m = parse_error(kMinimal + "sae: {arch: switch}\n");
+    EXPECT_HAS(m, "not implemented");
+    m = parse_error(kMinimal + "train: {lr_decay: exp}\n");
+    EXPECT_HAS(m, "train.lr_decay");
+    EXPECT_HAS(m, "cosine, linear, constant");
+    m = parse_error(kMinimal + "parallel: {mode: ddp}\n");
+    EXPECT_HAS(m, "parallel.mode");
+    EXPECT_HAS(m, "sweep, data_parallel, hybrid");
+    m = parse_error(kMinimal + "parallel: {sweep_data: all}\n");
+    EXPECT_HAS(m, "parallel.sweep_data");
+    EXPECT_HAS(m, "shared, disjoint");
+    m = parse_error(kMinimal + "backend: gpu\n");
+    EXPECT_HAS(m, "backend");
+    EXPECT_HAS(m, "auto, cpu, cuda");
+}
+
+TEST(ConfigErrors, DataPathIsRequired) {
+    const std::string want = "data.path is required: a directory or glob of .h5 shards";
+    EXPECT_HAS(parse_error(""), want);
+    EXPECT_HAS(parse_error("data: {batch_size: 8}\n"), want);
+    EXPECT_HAS(parse_error("data: {path: }\n"), want);
+}
+
+// ---- sweeps ------------------------------------------------------------------------------------
+
+TEST(ConfigSweep, CartesianProductInKeyOrderLastFastest) {
+    // Written in a different order than the struct: sweep order must follow the struct
+    // (sae keys first, then train keys), not the file.
+    const Config c = config_parse(
+        "train: {lr: [1e-3, 2e-3]}\n"
+        "sae: {k: [16, 32, 64], expansion: [4, 8]}\n" +
+        kMinimal);
+    ASSERT_EQ(c.sweep.size(), 12u);
+    size_t i = 0;
+    for (int64_t e : {4, 8})
+        for (int64_t k : {16, 32, 64})
+            for (double lr : {1e-3, 2e-3}) {
+                EXPECT_EQ(c.sweep[i].expansion, e) << i;
+                EXPECT_EQ(c.sweep[i].k, k) << i;
+                EXPECT_DOUBLE_EQ(c.sweep[i].lr, lr) << i;
+                ++i;
+            }
+    expect_same(c.sae, c.sweep[0]);
+}
+
+TEST(ConfigSweep, SingleElementListIsNotASweepAxis) {
+    const Config c = config_parse(kMinimal + "sae: {k: [48]}\n");
+    ASSERT_EQ(c.sweep.size(), 1u);
+    EXPECT_EQ(c.sae.k, 48);
+}
+
+TEST(ConfigSweep, StringAndBoolKeysCanBeSwept) {
+    const Config c = config_parse(
+        kMinimal + "sae: {arch: [relu, topk]}\ntrain: {normalize_decoder: [true, false]}\n");
+    ASSERT_EQ(c.sweep.size(), 4u);
+    EXPECT_EQ(c.sweep[0].arch, Arch::relu);
+    EXPECT_TRUE(c.sweep[0].normalize_decoder);
+    EXPECT_FALSE(c.sweep[1].normalize_decoder);
+    EXPECT_EQ(c.sweep[2].arch, Arch::topk);
+}
+
+TEST(ConfigSweep, EmptyListIsAnError) {
+    const std::string m = parse_error(kMinimal + "sae: {k: []}\n");
+    EXPECT_HAS(m, "sae.k");
+    EXPECT_HAS(m, "empty list");
+}
+
+TEST(ConfigSweep, ListsOutsideSaeAndTrainAreErrors) {
+    std::string m = parse_error("data: {path: d, batch_size: [1024, 2048]}\n");
+    EXPECT_HAS(m, "data.batch_size");
+    EXPECT_HAS(m, "only sae.* and train.* keys can be swept");
+    m = parse_error(kMinimal + "backend: [cpu, cuda]\n");
+    EXPECT_HAS(m, "only sae.* and train.* keys can be swept");
+}
+
+TEST(ConfigSweep, DuplicateListValueIsAnError) {
+    const std::string m = parse_error(kMinimal + "sae: {k: [32, 32]}\n");
+    EXPECT_HAS(m, "sae.k");
+    EXPECT_HAS(m, "twice");
+}
+
+TEST(ConfigSweep, BadValueInsideAListIsReported) {
+    const std::string m = parse_error(kMinimal + "sae: {k: [32, 0]}\n");
+    EXPECT_HAS(m, "sae.k");
+    EXPECT_HAS(m, "got 0");
+    EXPECT_HAS(parse_error(kMinimal + "train: {lr: [1e-3, fast]}\n"), "'fast'");
+}
+
+TEST(ConfigSweep, DataParallelCannotSweep) {
+    const std::string m =
+        parse_error(kMinimal + "sae: {k: [1, 2]}\nparallel: {mode: data_parallel}\n");
+    EXPECT_HAS(m, "parallel.mode");
+}
+
+// ---- ids ---------------------------------------------------------------------------------------
+
+TEST(ConfigIds, ReadableIds) {
+    SaeConfig s;
+    s.arch = Arch::topk;
+    s.expansion = 8;
+    s.k = 32;
+    EXPECT_EQ(s.id(768), "topk-x8-k32");
+    s.n_latents = 6144;
+    EXPECT_EQ(s.id(768), "topk-n6144-k32");
+    s = SaeConfig{};
+    s.arch = Arch::relu;
+    s.expansion = 4;
+    s.l1_coeff = 5.0;
+    EXPECT_EQ(s.id(768), "relu-x4-l1_5");
+    s.l1_coeff = 0.5;
+    EXPECT_EQ(s.id(768), "relu-x4-l1_0.5");
+    s.l1_coeff = 1e-3;
+    EXPECT_EQ(s.id(768), "relu-x4-l1_0.001");
+}
+
+TEST(ConfigIds, SweepIdsAreUniqueAndOnlyDisambiguateWhenNeeded) {
+    Config c = config_parse(kMinimal + "sae: {expansion: [4, 8], k: [32, 64]}\n");
+    EXPECT_EQ(sweep_ids(c, 768), (std::vector<std::string>{"topk-x4-k32", "topk-x4-k64",
+                                                           "topk-x8-k32", "topk-x8-k64"}));
+
+    c = config_parse(kMinimal +
+                     "sae: {k: [32, 64]}\ntrain: {lr: [1e-3, 4e-4], beta2: [0.99, 0.999]}\n");
+    const std::vector<std::string> ids = sweep_ids(c, 768);
+    ASSERT_EQ(ids.size(), 8u);
+    EXPECT_EQ(ids[0], "topk-x8-k32-lr0.001-beta20.99");
+    EXPECT_EQ(ids[3], "topk-x8-k32-lr0.0004-beta20.999");
+    EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), ids.size());
+}
+
+TEST(ConfigIds, SweepIdsOfTheShippedSweepAreUnique) {
+    const Config c =
+        config_load(std::string(SAETRAIN_TEST_DATA) + "/../../configs/gpt2-small-sweep.yaml");
+    const std::vector<std::string> ids = sweep_ids(c, 768);
+    EXPECT_EQ(ids.size(), 8u);
+    EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), ids.size());
+    EXPECT_EQ(ids.front(), "topk-x4-k32");
+    EXPECT_EQ(ids.back(), "topk-x32-k64");
+}
+
+TEST(ConfigIds, HandBuiltIdenticalPointsStillGetUniqueIds) {
+    Config c;
+    c.sweep = {SaeConfig{}, SaeConfig{}};
+    const std::vector<std::string> ids = sweep_ids(c, 768);
+    ASSERT_EQ(ids.size(), 2u);
+    EXPECT_NE(ids[0], ids[1]);
+    Config single;
+    EXPECT_EQ(sweep_ids(single, 768), (std::vector<std::string>{"topk-x8-k32"}));
+}
+
+// ---- overrides ---------------------------------------------------------------------------------
+
+TEST(ConfigOverrides, OverrideBeatsFileAndLaterBeatsEarlier) {
+    const Config c = config_parse(kMinimal + "sae: {k: 16}\ntrain: {lr: 1e-3}\n",
+                                  {"sae.k=64", "train.lr=2e-3", "train.lr=5e-3",
+                                   "log.every_steps=9", "backend=cuda", "data.path=other"});
+    EXPECT_EQ(c.sae.k, 64);
+    EXPECT_DOUBLE_EQ(c.sae.lr, 5e-3);
+    EXPECT_EQ(c.log.every_steps, 9);  // section absent from the file
+    EXPECT_EQ(c.backend, "cuda");
+    EXPECT_EQ(c.data.path, "other");
+}
+
+TEST(ConfigOverrides, ListOverrideSweeps) {
+    const Config c = config_parse(kMinimal + "sae: {k: 16}\n", {"sae.k=[16,32]"});
+    ASSERT_EQ(c.sweep.size(), 2u);
+    EXPECT_EQ(c.sweep[0].k, 16);
+    EXPECT_EQ(c.sweep[1].k, 32);
+    // And a scalar override collapses a sweep from the file.
+    const Config d = config_parse(kMinimal + "sae: {k: [8, 16]}\n", {"sae.k=12"});
+    ASSERT_EQ(d.sweep.size(), 1u);
+    EXPECT_EQ(d.sae.k, 12);
+}
+
+TEST(ConfigOverrides, OverrideCanSupplyTheRequiredPath) {
+    const Config c = config_parse("", {"data.path=/scratch/acts"});
+    EXPECT_EQ(c.data.path, "/scratch/acts");
+}
+
+TEST(ConfigOverrides, MalformedOverridesNameTheOverride) {
+    std::string m = parse_error(kMinimal, {"sae.k"});
+    EXPECT_HAS(m, "--set sae.k");
+    EXPECT_HAS(m, "section.key=value");
+    m = parse_error(kMinimal, {"k=3"});
+    EXPECT_HAS(m, "--set k=3");
+    EXPECT_HAS(m, "did you mean sae.k?");
+    m = parse_error(kMinimal, {"sae.expnasion=4"});
+    EXPECT_HAS(m, "--set sae.expnasion=4");
+    EXPECT_HAS(m, "did you mean sae.expansion?");
+    m = parse_error(kMinimal, {"trian.lr=4"});
+    EXPECT_HAS(m, "--set trian.lr=4");
+    EXPECT_HAS(m, "did you mean train?");
+    m = parse_error(kMinimal, {"sae.k=[1,"});
+    EXPECT_HAS(m, "--set sae.k=[1,");
+}
+
+TEST(ConfigOverrides, BadOverrideValueNamesTheOverride) {
+    std::string m = parse_error(kMinimal, {"train.lr=fast"});
+    EXPECT_HAS(m, "--set train.lr=fast");
+    EXPECT_HAS(m, "expected a number");
+    m = parse_error(kMinimal, {"sae.k=0"});
+    EXPECT_HAS(m, "--set sae.k=0");
+    EXPECT_HAS(m, "sae.k must be >= 1");
+}
+
+// ---- round trip --------------------------------------------------------------------------------
+
+TEST(ConfigYaml, RoundTripReproducesTheConfig) {
+    const std::string text = R"(
+run: {out_dir: "runs/odd: name", seed: 123}
+data: {path: "null", batch_size: 256, epochs: 2, max_tokens: 77, dataset: acts}
+sae: {arch: [topk, relu], expansion: [4, 16], k: 24, l1_coeff: [0.1, 3]}
+train: {lr: [4e-4, 1e-3], lr_decay: [cosine, constant], eps: 1.0e-7, normalize_decoder: false}
+parallel: {mode: hybrid, replicas: 2}
+backend: cpu
+checkpoint: {keep: 5}
+)";
+    const Config a = config_parse(text);
+    ASSERT_EQ(a.sweep.size(), 32u);
+    const std::string yaml = config_to_yaml(a);
+    const Config b = config_parse(yaml);
+    expect_same(a, b);
+    // Every key is written out, defaults included.
+    for (const char* key :
+         {"out_dir:", "seed:", "shuffle_buffer_rows:", "n_latents:", "lr_min_ratio:",
+          "weight_decay:", "dead_tokens:", "sweep_data:", "backend:", "every_steps:", "keep:"})
+        EXPECT_HAS(yaml, key);
+    // And its own output is a fixed point.
+    EXPECT_EQ(config_to_yaml(b), yaml);
+}
+
+TEST(ConfigYaml, DefaultsRoundTripAndLookLikeNumbers) {
+    const Config a = config_parse(kMinimal);
+    const std::string yaml = config_to_yaml(a);
+    expect_same(a, config_parse(yaml));
+    EXPECT_HAS(yaml, "lr: 0.0004");
+    EXPECT_HAS(yaml, "l1_coeff: 5.0");
+    EXPECT_HAS(yaml, "normalize_decoder: true");
+    EXPECT_HAS(yaml, "eps: 1.0e-08");  // YAML 1.1 readers (PyYAML) need the dot to see a float
+}
+
+// ---- data-dependent checks ---------------------------------------------------------------------
+
+TEST(ConfigForData, KLargerThanLatentsNamesBothNumbersAndTheKey) {
+    const Config c = config_parse(kMinimal + "sae: {expansion: 2, k: [8, 64]}\n");
+    EXPECT_NO_THROW(config_validate_for_data(c, 64));  // 128 latents
+    try {
+        config_validate_for_data(c, 16);  // 32 latents: k=64 does not fit
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_HAS(m, "sae.k = 64");
+        EXPECT_HAS(m, "32 latents");
+        EXPECT_HAS(m, "sae.expansion");
+        EXPECT_HAS(m, "topk-x2-k64");
+    }
+    const Config n = config_parse(kMinimal + "sae: {n_latents: 40, k: 48}\n");
+    try {
+        config_validate_for_data(n, 16);
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_HAS(e.what(), "sae.n_latents");
+        EXPECT_HAS(e.what(), "48");
+        EXPECT_HAS(e.what(), "40");
+    }
+    // ReLU SAEs have no k constraint.
+    EXPECT_NO_THROW(
+        config_validate_for_data(config_parse(kMinimal + "sae: {arch: relu, k: 999}\n"), 4));
+    EXPECT_THROW(config_validate_for_data(c, 0), Error);
+}
+
+// ---- files -------------------------------------------------------------------------------------
+
+class TempFile {
+public:
+    explicit TempFile(const std::string& text) {
+        path_ = (fs::temp_directory_path() /
+                 ("saetrain_test_config_" +
+                  std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+                  ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".yaml"))
+                    .string();
+        std::ofstream(path_) << text;
+    }
+    ~TempFile() { std::remove(path_.c_str()); }
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+};
+
+TEST(ConfigFiles, SyntaxErrorNamesFileAndLine) {
+    TempFile f("data:\n  path: d\nsae: {k: [1, 2}\n");
+    try {
+        config_load(f.path());
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_HAS(m, f.path() + ":3:");
+        EXPECT_HAS(m, "YAML syntax error");
+    }
+}
+
+TEST(ConfigFiles, LoadSetsSourceAndAppliesOverrides) {
+    TempFile f(kMinimal + "sae: {k: 16}\n");
+    const Config c = config_load(f.path(), {"sae.k=20"});
+    EXPECT_EQ(c.source, f.path());
+    EXPECT_EQ(c.sae.k, 20);
+    EXPECT_HAS(parse_error(kMinimal + "sae: {bogus: 1}\n"), "cfg.yaml:2:");
+}
+
+TEST(ConfigFiles, MissingFileIsAnError) {
+    try {
+        config_load("/nonexistent/dir/cfg.yaml");
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_HAS(e.what(), "/nonexistent/dir/cfg.yaml");
+    }
+}
+
+TEST(ConfigFiles, EveryShippedConfigParses) {
+    const fs::path dir = fs::path(SAETRAIN_TEST_DATA) / ".." / ".." / "configs";
+    ASSERT_TRUE(fs::is_directory(dir)) << dir;
+    int n = 0;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+        if (entry.path().extension() != ".yaml") continue;
+        ++n;
+        SCOPED_TRACE(entry.path().string());
+        Config c;
+        ASSERT_NO_THROW(c = config_load(entry.path().string()));
+        EXPECT_NO_THROW(config_validate_for_data(c, 768));
+        expect_same(c, config_parse(config_to_yaml(c)));
+    }
+    EXPECT_GE(n, 3);
+}
+
+TEST(ConfigFiles, QuickstartHasTheDocumentedValues) {
+    const Config c =
+        config_load(std::string(SAETRAIN_TEST_DATA) + "/../../configs/quickstart.yaml");
+    EXPECT_EQ(c.run.out_dir, "runs/quickstart");
+    EXPECT_EQ(c.data.path, "data/quickstart");
+    EXPECT_EQ(c.data.batch_size, 1024);
+    EXPECT_EQ(c.data.epochs, 3);
+    EXPECT_EQ(c.sae.arch, Arch::topk);
+    EXPECT_EQ(c.sae.expansion, 4);
+    EXPECT_EQ(c.sae.k, 8);
+    EXPECT_DOUBLE_EQ(c.sae.lr, 2e-3);
+    EXPECT_EQ(c.sae.dead_tokens, 100000);
+    EXPECT_EQ(c.sweep.size(), 1u);
+}
+
+}  // namespace
+}  // namespace saetrain

@@ -1,0 +1,1 @@
+saetrain_add_test(test_config saetrain::core)
