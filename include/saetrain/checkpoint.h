@@ -27,5 +27,7 @@ struct SaeMeta {
 
 void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& meta);
 SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta = nullptr);
+// True when `path` is a readable HDF5 file holding W_dec (an SAE, not an activation shard).
+bool sae_is_checkpoint(const std::string& path);
 
 }  // namespace saetrain

@@ -17,6 +17,8 @@ namespace saetrain {
 enum class DType { f32, f16, bf16 };
 const char* dtype_name(DType t);
 int dtype_size(DType t);
+// Parses f32|float32, f16|float16, bf16|bfloat16; throws Error otherwise.
+DType dtype_parse(const std::string& s);
 
 struct ShardInfo {
     std::string path;

@@ -1,0 +1,139 @@
+// checkpoint.cpp — SAE weights as HDF5, written atomically (see checkpoint.h).
+#include "saetrain/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "h5.h"
+#include "saetrain/error.h"
+
+namespace fs = std::filesystem;
+
+namespace saetrain {
+
+namespace {
+
+// Flushes a file or directory to stable storage; rename is only durable once both are.
+void fsync_path(const std::string& path, bool directory) {
+    int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+    SAE_ENFORCE(fd >= 0, "file {}: cannot open for fsync ({})", path, std::strerror(errno));
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    SAE_ENFORCE(rc == 0, "file {}: fsync failed ({}); is the disk full?", path, std::strerror(err));
+}
+
+void write_file(const std::string& path, const SaeWeights& w, const SaeMeta& meta) {
+    const hsize_t d = static_cast<hsize_t>(w.d_model), n = static_cast<hsize_t>(w.n_latents);
+    h5::File f = h5::create_file(path);
+    h5::write_f32(f.get(), "W_enc", w.w_enc.data(), {d, n});
+    h5::write_f32(f.get(), "W_dec", w.w_dec.data(), {n, d});
+    h5::write_f32(f.get(), "b_enc", w.b_enc.data(), {n});
+    h5::write_f32(f.get(), "b_dec", w.b_dec.data(), {d});
+    h5::write_attr_string(f.get(), "arch", meta.arch);
+    h5::write_attr_string(f.get(), "id", meta.id);
+    h5::write_attr_string(f.get(), "config", meta.config_yaml);
+    h5::write_attr_int64(f.get(), "k", meta.k);
+    h5::write_attr_int64(f.get(), "d_model", w.d_model);
+    h5::write_attr_int64(f.get(), "n_latents", w.n_latents);
+    h5::write_attr_int64(f.get(), "step", meta.step);
+    h5::write_attr_int64(f.get(), "tokens", meta.tokens);
+    SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({}); is the disk full?", path,
+                h5::last_error());
+}
+
+}  // namespace
+
+void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& meta) {
+    const size_t d = static_cast<size_t>(w.d_model), n = static_cast<size_t>(w.n_latents);
+    SAE_ENFORCE(w.d_model > 0 && w.n_latents > 0,
+                "checkpoint {}: d_model={} and n_latents={} must be > 0", path, w.d_model,
+                w.n_latents);
+    SAE_ENFORCE(w.w_enc.size() == d * n && w.w_dec.size() == n * d && w.b_enc.size() == n &&
+                    w.b_dec.size() == d,
+                "checkpoint {}: weight sizes (W_enc {}, W_dec {}, b_enc {}, b_dec {}) do not "
+                "match d_model={} n_latents={}",
+                path, w.w_enc.size(), w.w_dec.size(), w.b_enc.size(), w.b_dec.size(), d, n);
+    h5::init();
+    fs::path target(path);
+    fs::path dir = target.parent_path();
+    if (!dir.empty()) {
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        SAE_ENFORCE(!ec, "checkpoint {}: cannot create directory {} ({})", path, dir.string(),
+                    ec.message());
+    }
+    // Temp file in the same directory, so the rename is atomic (same file system).
+    std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
+    try {
+        write_file(tmp, w, meta);
+        fsync_path(tmp, false);
+        std::error_code ec;
+        fs::rename(tmp, target, ec);
+        SAE_ENFORCE(!ec, "checkpoint {}: cannot rename {} into place ({})", path, tmp,
+                    ec.message());
+        fsync_path(dir.empty() ? "." : dir.string(), true);
+    } catch (...) {
+        std::error_code ignored;
+        fs::remove(tmp, ignored);
+        throw;
+    }
+}
+
+bool sae_is_checkpoint(const std::string& path) {
+    h5::init();
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec) || H5Fis_hdf5(path.c_str()) <= 0) return false;
+    h5::File f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    return f.valid() && h5::link_exists(f.get(), "W_dec");
+}
+
+SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
+    h5::File f = h5::open_file(path);
+    for (const char* name : {"W_enc", "W_dec", "b_enc", "b_dec"}) {
+        SAE_ENFORCE(h5::link_exists(f.get(), name),
+                    "file {}: not an SAE checkpoint (no dataset '{}'); expected W_enc, W_dec, "
+                    "b_enc and b_dec as written by saetrain",
+                    path, name);
+    }
+    SaeWeights w;
+    std::vector<hsize_t> de, dd, dbe, dbd;
+    w.w_dec = h5::read_f32(f.get(), "W_dec", path, &dd);
+    SAE_ENFORCE(dd.size() == 2, "file {}: W_dec has {} dimensions; expected [n_latents, d_model]",
+                path, dd.size());
+    w.n_latents = static_cast<int64_t>(dd[0]);
+    w.d_model = static_cast<int64_t>(dd[1]);
+    w.w_enc = h5::read_f32(f.get(), "W_enc", path, &de);
+    w.b_enc = h5::read_f32(f.get(), "b_enc", path, &dbe);
+    w.b_dec = h5::read_f32(f.get(), "b_dec", path, &dbd);
+    const hsize_t d = dd[1], n = dd[0];
+    SAE_ENFORCE(de == std::vector<hsize_t>({d, n}),
+                "file {}: W_enc shape does not match W_dec [{}, {}]; expected [{}, {}]", path, n, d,
+                d, n);
+    SAE_ENFORCE(dbe == std::vector<hsize_t>({n}), "file {}: b_enc shape is not [n_latents={}]",
+                path, n);
+    SAE_ENFORCE(dbd == std::vector<hsize_t>({d}), "file {}: b_dec shape is not [d_model={}]", path,
+                d);
+    if (auto a = h5::read_attr_int64(f.get(), "d_model"))
+        SAE_ENFORCE(*a == w.d_model, "file {}: attribute d_model={} disagrees with W_dec's {}",
+                    path, *a, w.d_model);
+    if (auto a = h5::read_attr_int64(f.get(), "n_latents"))
+        SAE_ENFORCE(*a == w.n_latents, "file {}: attribute n_latents={} disagrees with W_dec's {}",
+                    path, *a, w.n_latents);
+    if (meta) {
+        *meta = SaeMeta{};
+        meta->arch = h5::read_attr_string(f.get(), "arch").value_or("");
+        meta->id = h5::read_attr_string(f.get(), "id").value_or("");
+        meta->config_yaml = h5::read_attr_string(f.get(), "config").value_or("");
+        meta->k = h5::read_attr_int64(f.get(), "k").value_or(0);
+        meta->step = h5::read_attr_int64(f.get(), "step").value_or(0);
+        meta->tokens = h5::read_attr_int64(f.get(), "tokens").value_or(0);
+    }
+    return w;
+}
+
+}  // namespace saetrain

@@ -1,0 +1,189 @@
+// h5.cpp — RAII helpers around the HDF5 C API (see h5.h).
+#include "h5.h"
+
+#include <mutex>
+
+namespace saetrain::h5 {
+
+void init() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        H5open();
+        // Errors come out as one-line saetrain::Error messages, not HDF5's stack dumps.
+        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    });
+}
+
+std::string last_error() {
+    std::string msg;
+    // Walk upward from the innermost entry: the first has the most specific description.
+    H5Ewalk2(
+        H5E_DEFAULT, H5E_WALK_UPWARD,
+        [](unsigned n, const H5E_error2_t* e, void* out) -> herr_t {
+            if (n == 0 && e->desc) *static_cast<std::string*>(out) = e->desc;
+            return 0;
+        },
+        &msg);
+    return msg;
+}
+
+// --- files and datasets --------------------------------------------------------------------
+
+File open_file(const std::string& path) {
+    init();
+    File f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!f) {
+        std::string why = last_error();
+        throw Error(fmt::format(
+            "file {}: cannot open as HDF5{}; check that it exists and is a complete .h5 file "
+            "(re-write it if it was truncated)",
+            path, why.empty() ? "" : " (" + why + ")"));
+    }
+    return f;
+}
+
+File create_file(const std::string& path) {
+    init();
+    File f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    if (!f) {
+        std::string why = last_error();
+        throw Error(fmt::format("file {}: cannot create{}; check the directory is writable", path,
+                                why.empty() ? "" : " (" + why + ")"));
+    }
+    return f;
+}
+
+bool link_exists(hid_t loc, const std::string& name) {
+    return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0;
+}
+
+std::vector<std::string> list_root(hid_t file) {
+    std::vector<std::string> names;
+    hsize_t idx = 0;
+    H5Literate(
+        file, H5_INDEX_NAME, H5_ITER_INC, &idx,
+        [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+            static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+            return 0;
+        },
+        &names);
+    return names;
+}
+
+Dataset open_dataset(hid_t file, const std::string& name, const std::string& path, hid_t dapl) {
+    if (!link_exists(file, name)) {
+        std::string have;
+        for (const auto& n : list_root(file)) have += (have.empty() ? "" : ", ") + n;
+        throw Error(
+            fmt::format("file {}: no dataset '{}' (has: {}); write it under that name or "
+                        "choose the dataset name",
+                        path, name, have.empty() ? "nothing" : have));
+    }
+    Dataset d(H5Dopen2(file, name.c_str(), dapl));
+    SAE_ENFORCE(d.valid(), "file {}: '{}' is not a readable dataset ({})", path, name,
+                last_error());
+    return d;
+}
+
+std::vector<hsize_t> dataset_dims(hid_t dset) {
+    Space s(SAE_H5_CHECK(H5Dget_space(dset)));
+    int nd = SAE_H5_CHECK(H5Sget_simple_extent_ndims(s.get()));
+    std::vector<hsize_t> dims(static_cast<size_t>(nd));
+    SAE_H5_CHECK(H5Sget_simple_extent_dims(s.get(), dims.data(), nullptr));
+    return dims;
+}
+
+void write_f32(hid_t loc, const std::string& name, const float* data,
+               const std::vector<hsize_t>& dims) {
+    Space s(SAE_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
+    Dataset d(SAE_H5_CHECK(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, s.get(), H5P_DEFAULT,
+                                      H5P_DEFAULT, H5P_DEFAULT)));
+    SAE_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+}
+
+std::vector<float> read_f32(hid_t loc, const std::string& name, const std::string& path,
+                            std::vector<hsize_t>* dims) {
+    Dataset d = open_dataset(loc, name, path);
+    Type t(SAE_H5_CHECK(H5Dget_type(d.get())));
+    SAE_ENFORCE(H5Tget_class(t.get()) == H5T_FLOAT,
+                "file {}: dataset '{}' is not floating point; expected float32", path, name);
+    *dims = dataset_dims(d.get());
+    hsize_t n = 1;
+    for (hsize_t x : *dims) n *= x;
+    std::vector<float> out(n);
+    if (n > 0) {
+        herr_t r = H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
+        SAE_ENFORCE(r >= 0, "file {}: reading dataset '{}' failed ({}); the file may be damaged",
+                    path, name, last_error());
+    }
+    return out;
+}
+
+// --- attributes ----------------------------------------------------------------------------
+
+bool attr_exists(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
+
+void write_attr_string(hid_t obj, const std::string& name, const std::string& value) {
+    if (attr_exists(obj, name)) SAE_H5_CHECK(H5Adelete(obj, name.c_str()));
+    // Variable-length UTF-8, as h5py writes `attrs["x"] = "..."`, so Python reads back a str.
+    Type t(SAE_H5_CHECK(H5Tcopy(H5T_C_S1)));
+    SAE_H5_CHECK(H5Tset_size(t.get(), H5T_VARIABLE));
+    SAE_H5_CHECK(H5Tset_cset(t.get(), H5T_CSET_UTF8));
+    Space s(SAE_H5_CHECK(H5Screate(H5S_SCALAR)));
+    Attr a(SAE_H5_CHECK(H5Acreate2(obj, name.c_str(), t.get(), s.get(), H5P_DEFAULT, H5P_DEFAULT)));
+    const char* p = value.c_str();
+    SAE_H5_CHECK(H5Awrite(a.get(), t.get(), &p));
+}
+
+void write_attr_int64(hid_t obj, const std::string& name, int64_t value) {
+    if (attr_exists(obj, name)) SAE_H5_CHECK(H5Adelete(obj, name.c_str()));
+    Space s(SAE_H5_CHECK(H5Screate(H5S_SCALAR)));
+    Attr a(SAE_H5_CHECK(
+        H5Acreate2(obj, name.c_str(), H5T_STD_I64LE, s.get(), H5P_DEFAULT, H5P_DEFAULT)));
+    SAE_H5_CHECK(H5Awrite(a.get(), H5T_NATIVE_INT64, &value));
+}
+
+std::optional<std::string> read_attr_string(hid_t obj, const std::string& name) {
+    if (!attr_exists(obj, name)) return std::nullopt;
+    Attr a(H5Aopen(obj, name.c_str(), H5P_DEFAULT));
+    if (!a) return std::nullopt;
+    Type ft(H5Aget_type(a.get()));
+    if (!ft || H5Tget_class(ft.get()) != H5T_STRING) return std::nullopt;
+    Space s(SAE_H5_CHECK(H5Aget_space(a.get())));
+    hssize_t npts = H5Sget_simple_extent_npoints(s.get());
+    if (npts < 1) return std::nullopt;
+    Type mt(SAE_H5_CHECK(H5Tcopy(H5T_C_S1)));
+    SAE_H5_CHECK(H5Tset_cset(mt.get(), H5Tget_cset(ft.get())));
+    if (H5Tis_variable_str(ft.get()) > 0) {
+        SAE_H5_CHECK(H5Tset_size(mt.get(), H5T_VARIABLE));
+        std::vector<char*> ptrs(static_cast<size_t>(npts), nullptr);
+        if (H5Aread(a.get(), mt.get(), ptrs.data()) < 0) return std::nullopt;
+        std::string out = ptrs[0] ? ptrs[0] : "";
+        H5Dvlen_reclaim(mt.get(), s.get(), H5P_DEFAULT, ptrs.data());
+        return out;
+    }
+    size_t size = H5Tget_size(ft.get());
+    SAE_H5_CHECK(H5Tset_size(mt.get(), size));
+    SAE_H5_CHECK(H5Tset_strpad(mt.get(), H5T_STR_NULLPAD));
+    std::vector<char> buf(size * static_cast<size_t>(npts) + 1, '\0');
+    if (H5Aread(a.get(), mt.get(), buf.data()) < 0) return std::nullopt;
+    std::string out(buf.data(), size);
+    out.resize(out.find('\0') == std::string::npos ? out.size() : out.find('\0'));
+    return out;
+}
+
+std::optional<int64_t> read_attr_int64(hid_t obj, const std::string& name) {
+    if (!attr_exists(obj, name)) return std::nullopt;
+    Attr a(H5Aopen(obj, name.c_str(), H5P_DEFAULT));
+    if (!a) return std::nullopt;
+    Type ft(H5Aget_type(a.get()));
+    if (!ft || H5Tget_class(ft.get()) != H5T_INTEGER) return std::nullopt;
+    Space s(SAE_H5_CHECK(H5Aget_space(a.get())));
+    hssize_t npts = H5Sget_simple_extent_npoints(s.get());
+    if (npts < 1) return std::nullopt;
+    std::vector<int64_t> v(static_cast<size_t>(npts));
+    if (H5Aread(a.get(), H5T_NATIVE_INT64, v.data()) < 0) return std::nullopt;
+    return v[0];
+}
+
+}  // namespace saetrain::h5

@@ -1,0 +1,404 @@
+// shards.cpp — listing, validating and sequentially reading HDF5 activation shards.
+#include "saetrain/shards.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "h5.h"
+#include "saetrain/error.h"
+
+namespace fs = std::filesystem;
+
+namespace saetrain {
+
+const char* dtype_name(DType t) {
+    switch (t) {
+        case DType::f32:
+            return "float32";
+        case DType::f16:
+            return "float16";
+        case DType::bf16:
+            return "bfloat16";
+    }
+    return "?";
+}
+
+int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+
+DType dtype_parse(const std::string& s) {
+    if (s == "f32" || s == "float32") return DType::f32;
+    if (s == "f16" || s == "float16" || s == "fp16") return DType::f16;
+    if (s == "bf16" || s == "bfloat16") return DType::bf16;
+    throw Error(fmt::format("unknown dtype '{}'; use f32, f16 or bf16", s));
+}
+
+// --- element conversion --------------------------------------------------------------------
+
+namespace {
+
+uint32_t float_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+float bits_float(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+}  // namespace
+
+float half_to_float(uint16_t h) {
+    uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0) {
+        // Zero or subnormal: mant * 2^-24, exact in float32.
+        float v = std::ldexp(static_cast<float>(mant), -24);
+        return sign ? -v : v;
+    }
+    if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));  // inf, nan (payload)
+    return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));        // rebias 15 -> 127
+}
+
+float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+uint16_t float_to_half(float f) {
+    uint32_t x = float_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) {  // inf or nan; keep nan a (quiet) nan whatever its payload
+        uint32_t nan = ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0;
+        return static_cast<uint16_t>(sign | 0x7c00u | nan);
+    }
+    // 65520 = 0x477ff000 is halfway between 65504 (max half) and 2^16; the tie goes to the
+    // even 2^16, which is infinity, so everything from there up overflows.
+    if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+    if (ax < 0x38800000u) {  // below 2^-14, the smallest normal half: subnormal or zero
+        // 2^-25 (0x33000000) is half the smallest subnormal; the tie rounds to even zero.
+        if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);
+        uint32_t e = ax >> 23;                      // 102..112
+        uint32_t m = (ax & 0x7fffffu) | 0x800000u;  // value = m * 2^(e-150)
+        uint32_t shift = 126u - e;                  // in units of 2^-24: m >> shift
+        uint32_t r = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1u);
+        uint32_t halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (r & 1u))) ++r;  // may carry into 0x400: ok
+        return static_cast<uint16_t>(sign | r);
+    }
+    uint32_t r = (ax >> 13) - (112u << 10);  // rebias exponent 127 -> 15, keep 10 mantissa bits
+    uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;  // carry may bump the exponent
+    return static_cast<uint16_t>(sign | r);
+}
+
+uint16_t float_to_bf16(float f) {
+    uint32_t x = float_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+    // Round to nearest even on the low 16 bits; overflow carries to infinity as it should.
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return static_cast<uint16_t>(x >> 16);
+}
+
+// --- listing and validation ----------------------------------------------------------------
+
+namespace {
+
+bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+// ground_truth.h5 sits beside synthetic shards and holds the planted features, not rows.
+bool is_shard_name(const fs::path& p) {
+    return p.extension() == ".h5" && p.filename() != "ground_truth.h5";
+}
+
+std::vector<std::string> list_shards(const std::string& source) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    if (fs::is_directory(source, ec)) {
+        for (const auto& e : fs::directory_iterator(source, ec)) {
+            if (e.is_regular_file() && is_shard_name(e.path())) out.push_back(e.path().string());
+        }
+        SAE_ENFORCE(!ec, "dataset {}: cannot list directory ({})", source, ec.message());
+        std::sort(out.begin(), out.end());
+        SAE_ENFORCE(!out.empty(),
+                    "dataset {}: no .h5 shards in this directory; point data.path at a directory "
+                    "of .h5 shards, a glob such as 'dir/shard_*.h5', or one .h5 file",
+                    source);
+        return out;
+    }
+    if (has_glob_chars(source)) {
+        glob_t g{};
+        int rc = glob(source.c_str(), 0, nullptr, &g);  // results come sorted by name
+        if (rc == 0) {
+            for (size_t i = 0; i < g.gl_pathc; ++i) {
+                fs::path p(g.gl_pathv[i]);
+                if (fs::is_regular_file(p, ec) && is_shard_name(p)) out.push_back(p.string());
+            }
+        }
+        globfree(&g);
+        SAE_ENFORCE(rc == 0 || rc == GLOB_NOMATCH, "dataset {}: glob failed (code {})", source, rc);
+        SAE_ENFORCE(!out.empty(),
+                    "dataset {}: the glob matches no .h5 files; check the pattern and quote it "
+                    "so the shell does not expand it",
+                    source);
+        return out;
+    }
+    SAE_ENFORCE(fs::exists(source, ec),
+                "dataset {}: no such file or directory; point data.path at a directory of .h5 "
+                "shards, a glob, or one .h5 file",
+                source);
+    out.push_back(source);
+    return out;
+}
+
+// What one shard holds, as read from its metadata.
+struct ShardMeta {
+    int64_t rows = 0, d_model = 0;
+    DType dtype = DType::f32;
+    std::string model, hook;
+};
+
+std::string attr_on(hid_t dset, hid_t file, const char* name) {
+    if (auto v = h5::read_attr_string(dset, name)) return *v;
+    if (auto v = h5::read_attr_string(file, name)) return *v;
+    return "";
+}
+
+// Classifies a dataset's element type; throws naming the shard when it is not usable.
+DType classify_type(hid_t dset, hid_t file, const std::string& path, const std::string& name) {
+    h5::Type t(SAE_H5_CHECK(H5Dget_type(dset)));
+    H5T_class_t cls = H5Tget_class(t.get());
+    size_t size = H5Tget_size(t.get());
+    if (cls == H5T_FLOAT && size == 4) return DType::f32;
+    if (cls == H5T_FLOAT && size == 2) {
+        // IEEE half has 5 exponent and 10 mantissa bits; a 2-byte float type with 8 and 7 is
+        // bfloat16 declared as a custom HDF5 float, which we read the same way.
+        size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+        SAE_H5_CHECK(H5Tget_fields(t.get(), &spos, &epos, &esize, &mpos, &msize));
+        if (esize == 5 && msize == 10) return DType::f16;
+        if (esize == 8 && msize == 7) return DType::bf16;
+    }
+    if (cls == H5T_INTEGER && size == 2 && attr_on(dset, file, "dtype") == "bfloat16")
+        return DType::bf16;
+    const char* what = cls == H5T_FLOAT     ? "floating point"
+                       : cls == H5T_INTEGER ? "integer"
+                                            : "non-numeric";
+    throw Error(fmt::format(
+        "shard {}: dataset '{}' has {}-byte {} elements; expected float32, float16, or 16-bit "
+        "words with attribute dtype=\"bfloat16\" (convert the shard, e.g. arr.astype('float32'))",
+        path, name, size, what));
+}
+
+ShardMeta inspect_shard(const std::string& path, const std::string& name) {
+    h5::File f = h5::open_file(path);
+    if (!h5::link_exists(f.get(), name)) {
+        std::string have;
+        for (const auto& n : h5::list_root(f.get())) have += (have.empty() ? "" : ", ") + n;
+        throw Error(fmt::format(
+            "shard {}: no dataset '{}' (has: {}); every shard needs it, or set the dataset name",
+            path, name, have.empty() ? "nothing" : have));
+    }
+    h5::Dataset d = h5::open_dataset(f.get(), name, path);
+    std::vector<hsize_t> dims = h5::dataset_dims(d.get());
+    SAE_ENFORCE(dims.size() == 2,
+                "shard {}: dataset '{}' has {} dimensions; expected 2, [rows, d_model]", path, name,
+                dims.size());
+    ShardMeta m;
+    m.rows = static_cast<int64_t>(dims[0]);
+    m.d_model = static_cast<int64_t>(dims[1]);
+    SAE_ENFORCE(m.rows > 0, "shard {}: dataset '{}' has 0 rows; remove the empty shard", path,
+                name);
+    SAE_ENFORCE(m.d_model > 0, "shard {}: dataset '{}' has 0 columns; expected [rows, d_model]",
+                path, name);
+    m.dtype = classify_type(d.get(), f.get(), path, name);
+    if (auto a = h5::read_attr_int64(d.get(), "d_model")) {
+        SAE_ENFORCE(*a == m.d_model,
+                    "shard {}: attribute d_model={} disagrees with the dataset's {} columns; fix "
+                    "the attribute or re-write the shard",
+                    path, *a, m.d_model);
+    }
+    m.model = attr_on(d.get(), f.get(), "model");
+    m.hook = attr_on(d.get(), f.get(), "hook");
+    return m;
+}
+
+}  // namespace
+
+DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dataset) {
+    h5::init();
+    DatasetInfo info;
+    info.source = path_or_glob;
+    info.dataset = dataset;
+    std::vector<std::string> paths = list_shards(path_or_glob);
+    for (size_t i = 0; i < paths.size(); ++i) {
+        ShardMeta m = inspect_shard(paths[i], dataset);
+        if (i == 0) {
+            info.d_model = m.d_model;
+            info.dtype = m.dtype;
+            info.model = m.model;
+            info.hook = m.hook;
+        } else {
+            SAE_ENFORCE(m.d_model == info.d_model,
+                        "shard {}: d_model {} differs from {} in {}; all shards of a dataset must "
+                        "come from the same hook",
+                        paths[i], m.d_model, info.d_model, paths[0]);
+            SAE_ENFORCE(m.dtype == info.dtype,
+                        "shard {}: dtype {} differs from {} in {}; convert the shards to one dtype",
+                        paths[i], dtype_name(m.dtype), dtype_name(info.dtype), paths[0]);
+        }
+        info.shards.push_back(ShardInfo{paths[i], m.rows, info.total_rows});
+        info.total_rows += m.rows;
+    }
+    return info;
+}
+
+// --- partitioning --------------------------------------------------------------------------
+
+RowRange partition_rows(int64_t total_rows, int rank, int world) {
+    SAE_ENFORCE(world >= 1, "cannot partition rows over {} ranks; the world size must be >= 1",
+                world);
+    SAE_ENFORCE(rank >= 0 && rank < world, "rank {} is out of range for a world of {} ranks", rank,
+                world);
+    SAE_ENFORCE(total_rows >= world,
+                "cannot split {} rows over {} ranks: every rank needs at least one row; use "
+                "fewer ranks or more data",
+                total_rows, world);
+    int64_t base = total_rows / world, extra = total_rows % world;
+    int64_t begin = rank * base + std::min<int64_t>(rank, extra);
+    return RowRange{begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
+// --- sequential reader ---------------------------------------------------------------------
+
+struct ShardReader::Impl {
+    DatasetInfo info;
+    RowRange range;
+    int64_t cursor = 0;
+    int64_t bytes = 0;
+    // The shard being read stays open between calls: sequential reads reopen nothing.
+    int64_t open_index = -1;
+    h5::File file;
+    h5::Dataset dset;
+    h5::Space fspace;
+    h5::Type mem16;             // raw 16-bit element type in native byte order
+    std::vector<uint16_t> raw;  // [rows, d_model] staging for f16/bf16
+
+    size_t shard_of(int64_t row) const {
+        // Last shard whose first_row <= row.
+        auto it = std::upper_bound(info.shards.begin(), info.shards.end(), row,
+                                   [](int64_t r, const ShardInfo& s) { return r < s.first_row; });
+        return static_cast<size_t>(std::distance(info.shards.begin(), it) - 1);
+    }
+
+    void open(size_t i) {
+        if (open_index == static_cast<int64_t>(i)) return;
+        dset.reset();
+        fspace.reset();
+        mem16.reset();
+        file.reset();
+        open_index = -1;
+        const ShardInfo& s = info.shards[i];
+        file = h5::open_file(s.path);
+        // A 64 MiB chunk cache holds many row-chunks; w0=1 evicts fully read chunks first,
+        // which is exactly the sequential pattern.
+        h5::Plist dapl(SAE_H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
+        SAE_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 12421, 64u << 20, 1.0));
+        dset = h5::open_dataset(file.get(), info.dataset, s.path, dapl.get());
+        std::vector<hsize_t> dims = h5::dataset_dims(dset.get());
+        SAE_ENFORCE(dims.size() == 2 && static_cast<int64_t>(dims[0]) == s.rows &&
+                        static_cast<int64_t>(dims[1]) == info.d_model,
+                    "shard {}: its shape changed since the dataset was opened; do not modify "
+                    "shards during a run",
+                    s.path);
+        fspace = h5::Space(SAE_H5_CHECK(H5Dget_space(dset.get())));
+        if (info.dtype != DType::f32) {
+            // Read the stored 16-bit words without value conversion: same type as the file,
+            // only put into the host's byte order.
+            h5::Type ft(SAE_H5_CHECK(H5Dget_type(dset.get())));
+            mem16 = h5::Type(SAE_H5_CHECK(H5Tcopy(ft.get())));
+            SAE_H5_CHECK(H5Tset_order(mem16.get(), H5Tget_order(H5T_NATIVE_UINT16)));
+        }
+        open_index = static_cast<int64_t>(i);
+    }
+
+    // Reads n rows starting at global row `row`, all within shard i, into out.
+    void read_rows(size_t i, int64_t row, int64_t n, float* out) {
+        const ShardInfo& s = info.shards[i];
+        hsize_t start[2] = {static_cast<hsize_t>(row - s.first_row), 0};
+        hsize_t count[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(info.d_model)};
+        SAE_H5_CHECK(
+            H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
+        h5::Space mspace(SAE_H5_CHECK(H5Screate_simple(2, count, nullptr)));
+        size_t elems = static_cast<size_t>(n) * static_cast<size_t>(info.d_model);
+        herr_t r;
+        if (info.dtype == DType::f32) {
+            r = H5Dread(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, out);
+        } else {
+            raw.resize(elems);
+            r = H5Dread(dset.get(), mem16.get(), mspace.get(), fspace.get(), H5P_DEFAULT,
+                        raw.data());
+            if (r >= 0 && info.dtype == DType::f16) {
+                for (size_t k = 0; k < elems; ++k) out[k] = half_to_float(raw[k]);
+            } else if (r >= 0) {
+                for (size_t k = 0; k < elems; ++k) out[k] = bf16_to_float(raw[k]);
+            }
+        }
+        if (r < 0) {
+            std::string why = h5::last_error();
+            throw Error(fmt::format(
+                "shard {}: reading rows [{}, {}) failed{}; the file may be truncated or damaged",
+                s.path, start[0], start[0] + count[0], why.empty() ? "" : " (" + why + ")"));
+        }
+        bytes += static_cast<int64_t>(elems) * dtype_size(info.dtype);
+    }
+};
+
+ShardReader::ShardReader(const DatasetInfo& info, RowRange range) : impl_(new Impl) {
+    h5::init();
+    SAE_ENFORCE(range.begin >= 0 && range.begin <= range.end && range.end <= info.total_rows,
+                "row range [{}, {}) is outside the dataset's {} rows", range.begin, range.end,
+                info.total_rows);
+    SAE_ENFORCE(!info.shards.empty() && info.d_model > 0,
+                "dataset {}: no shards; open it with dataset_open first", info.source);
+    impl_->info = info;
+    impl_->range = range;
+    impl_->cursor = range.begin;
+}
+
+ShardReader::~ShardReader() = default;
+
+int64_t ShardReader::read(float* out, int64_t max_rows) {
+    SAE_ENFORCE(max_rows >= 0, "ShardReader::read: max_rows is {}, must be >= 0", max_rows);
+    Impl& m = *impl_;
+    int64_t n = std::min(max_rows, m.range.end - m.cursor);
+    int64_t done = 0;
+    while (done < n) {
+        size_t i = m.shard_of(m.cursor);
+        const ShardInfo& s = m.info.shards[i];
+        int64_t here = std::min(n - done, s.first_row + s.rows - m.cursor);
+        m.open(i);
+        m.read_rows(i, m.cursor, here, out + done * m.info.d_model);
+        m.cursor += here;
+        done += here;
+    }
+    return n;
+}
+
+void ShardReader::seek(int64_t row) {
+    SAE_ENFORCE(row >= impl_->range.begin && row <= impl_->range.end,
+                "ShardReader::seek: row {} is outside the reader's range [{}, {})", row,
+                impl_->range.begin, impl_->range.end);
+    impl_->cursor = row;
+}
+
+int64_t ShardReader::position() const { return impl_->cursor; }
+int64_t ShardReader::bytes_read() const { return impl_->bytes; }
+const RowRange& ShardReader::range() const { return impl_->range; }
+
+}  // namespace saetrain

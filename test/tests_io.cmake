@@ -1,0 +1,2 @@
+saetrain_add_test(test_partition saetrain::io)
+saetrain_add_test(test_shards saetrain::io)
