@@ -1,0 +1,139 @@
+// backend.h — the compute seam: memory, GEMM and the SAE ops, on a CPU or a GPU.
+//
+// The trainer is written once against this interface. Pointers returned by alloc live in the
+// backend's memory space (host for CPU, device for CUDA); upload/download cross it. Matrices
+// are row-major. Ops are coarse (one per pass over a batch) because each pass over
+// [batch, n_latents] costs memory bandwidth; fusing is the backend's job.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace saetrain {
+
+// Per-step sums an op writes into a small device array, read back by the trainer.
+enum StatSlot : int {
+    kStatSse = 0,     // sum over the batch of ||x_hat - x||^2
+    kStatSumSqX,      // sum of ||x||^2 (with kStatSse and the batch mean, gives fvu)
+    kStatL1,          // sum over tokens of sum_i z_i * ||W_dec_i||
+    kStatL0,          // number of non-zero latent activations
+    kStatCount
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+
+    // --- memory ------------------------------------------------------------------------
+    virtual void* alloc_bytes(int64_t bytes) = 0;
+    virtual void free_bytes(void* p) = 0;
+    virtual void upload(void* dst, const void* src, int64_t bytes) = 0;
+    virtual void download(void* dst, const void* src, int64_t bytes) = 0;
+    virtual void fill(float* x, int64_t n, float value) = 0;
+    virtual void synchronize() = 0;
+
+    // --- dense algebra -----------------------------------------------------------------
+    // C[m,n] = alpha * op(A) * op(B) + beta * C, row-major, op(A) is [m,k], op(B) is [k,n].
+    virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) = 0;
+    virtual double sum_squares(const float* x, int64_t n) = 0;
+
+    // --- SAE ops (B rows, d = d_model, n = n_latents) ----------------------------------
+    // out[r, :] = x[r, :] - bias (the encoder's input, centred by the decoder bias).
+    virtual void sub_rows(float* out, const float* x, const float* bias, int64_t rows,
+                          int64_t cols) = 0;
+    // out[r, :] = bias for every row r (the decoder bias before the decoder GEMM adds z W_dec).
+    virtual void broadcast_rows(float* out, const float* bias, int64_t rows, int64_t cols) = 0;
+
+    // err = x_hat - x in place of x_hat, then derr = grad_scale * err (dL/dx_hat for
+    // L = grad_scale/2 * sum ||err||^2). Adds SSE and sum ||x||^2 to stats; writes the column
+    // sums of x into x_col_sum[d] (for the batch variance) and of derr into db_dec[d].
+    virtual void residual(float* x_hat_to_derr, const float* x, int64_t rows, int64_t d,
+                          float grad_scale, float* x_col_sum, float* db_dec, float* stats) = 0;
+
+    // ReLU encoder activation in place: z = relu(pre + b_enc).
+    virtual void relu_forward(float* pre_to_z, const float* b_enc, int64_t rows, int64_t n) = 0;
+    // dz -> dpre in place: dpre = (z > 0) * (dz + l1 * norm_i). Writes column sums of dpre
+    // into db_enc[n] and of z into z_col_sum[n], per-latent firing counts into fires[n], and
+    // adds l1 sums and L0 to stats.
+    virtual void relu_backward(const float* z, float* dz_to_dpre, const float* dec_norms,
+                               float l1, int64_t rows, int64_t n, float* db_enc,
+                               float* z_col_sum, int32_t* fires, float* stats) = 0;
+
+    // TopK: for each row of pre + b_enc keep the k largest (ties: lower index), ReLU them.
+    // idx [rows, k] latent ids, val [rows, k] activations (0 where the ReLU cut).
+    virtual void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n,
+                              int64_t k, int32_t* idx, float* val) = 0;
+    // x_hat[r] += sum_j val[r,j] * w_dec[idx[r,j]] (x_hat holds b_dec already).
+    virtual void sparse_decode(const int32_t* idx, const float* val, const float* w_dec,
+                               int64_t rows, int64_t k, int64_t d, float* x_hat) = 0;
+    // Sparse backward: with derr [rows, d] and the selection, writes every row of
+    //   dw_dec[l] = sum_{(r,j): idx=l} val[r,j] * derr[r]
+    //   dw_enc[l] = sum dval[r,j] * x[r],  db_enc[l] = sum dval[r,j],
+    // where dval[r,j] = (val > 0) * derr[r] . w_dec[l]; untouched latents get zeros. w_enc and
+    // w_dec gradients are [n, d] (latent-major). fires[l] counts non-zero activations; adds L0.
+    virtual void topk_backward(const float* x, const float* derr, const int32_t* idx,
+                               const float* val, const float* w_dec, int64_t rows, int64_t n,
+                               int64_t k, int64_t d, float* dw_enc, float* dw_dec,
+                               float* db_enc, int32_t* fires, float* stats) = 0;
+
+    // norms[i] = ||w[i, :]||.
+    virtual void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) = 0;
+    // g[i] -= (g[i] . w[i]) w[i] / ||w[i]||^2: drop the part of a decoder row's gradient that
+    // only changes its norm (the rows are renormalized after the step anyway).
+    virtual void project_out_parallel(const float* w, float* g, int64_t rows, int64_t cols) = 0;
+    // w[i] /= ||w[i]|| (rows of zero norm are left alone).
+    virtual void normalize_rows(float* w, int64_t rows, int64_t cols) = 0;
+    // g[i, :] += scale * coeff[i] * w[i, :] / ||w[i]||: the gradient of
+    // scale * sum_i coeff_i ||w_i|| (the decoder-norm weighted L1 term).
+    virtual void add_norm_grad(const float* w, const float* coeff, float scale, float* g,
+                               int64_t rows, int64_t cols) = 0;
+
+    // Adam(W) over n elements; see math::adam_update.
+    virtual void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr,
+                      float beta1, float beta2, float eps, float bias_corr1, float bias_corr2,
+                      float weight_decay, float grad_scale) = 0;
+};
+
+// Typed, owning device array; frees through its backend.
+template <typename T>
+class DeviceArray {
+public:
+    DeviceArray() = default;
+    DeviceArray(Backend& be, int64_t n)
+        : be_(&be), n_(n), p_(static_cast<T*>(be.alloc_bytes(n * static_cast<int64_t>(sizeof(T))))) {}
+    ~DeviceArray() { reset(); }
+    DeviceArray(DeviceArray&& o) noexcept : be_(o.be_), n_(o.n_), p_(o.p_) { o.p_ = nullptr; }
+    DeviceArray& operator=(DeviceArray&& o) noexcept {
+        if (this != &o) {
+            reset();
+            be_ = o.be_, n_ = o.n_, p_ = o.p_;
+            o.p_ = nullptr;
+        }
+        return *this;
+    }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+
+    T* data() { return p_; }
+    const T* data() const { return p_; }
+    int64_t size() const { return n_; }
+    int64_t bytes() const { return n_ * static_cast<int64_t>(sizeof(T)); }
+    void reset() {
+        if (p_) be_->free_bytes(p_);
+        p_ = nullptr;
+    }
+
+private:
+    Backend* be_ = nullptr;
+    int64_t n_ = 0;
+    T* p_ = nullptr;
+};
+
+// Backend factories. `threads` <= 0 means all cores the process may use.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+}  // namespace saetrain

@@ -1,0 +1,35 @@
+// mpi_world.h — MPI start-up and the MPI Communicator.
+//
+// MpiScope initializes MPI once per process (threads: FUNNELED, only the main thread calls
+// MPI) and finalizes it on scope exit. world_abort ends every rank of the job after a fatal
+// error, so no rank waits forever on a peer that already gave up.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "saetrain/comm.h"
+
+namespace saetrain {
+
+class MpiScope {
+public:
+    MpiScope(int* argc, char*** argv);
+    ~MpiScope();
+    MpiScope(const MpiScope&) = delete;
+    MpiScope& operator=(const MpiScope&) = delete;
+};
+
+// MPI_COMM_WORLD as a Communicator.
+std::unique_ptr<Communicator> make_mpi_world();
+// Where this rank sits on its node (from a shared-memory split of the world).
+struct NodePlacement {
+    int local_rank = 0;
+    int local_size = 1;
+    std::string host;
+};
+NodePlacement node_placement();
+
+[[noreturn]] void world_abort(int code);
+
+}  // namespace saetrain

@@ -1,0 +1,54 @@
+// sae_math.h — per-element math shared by the CPU and CUDA backends.
+//
+// Every function here is `__host__ __device__` under nvcc and plain inline otherwise, so the
+// CPU tests exercise exactly the code the GPU kernels run: activation functions and their
+// gradients, Adam's update of one element, fp16/bf16 widening.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define SAE_HD __host__ __device__ __forceinline__
+#else
+#define SAE_HD inline
+#endif
+
+namespace saetrain::math {
+
+SAE_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
+
+// d loss / d pre for z = relu(pre) with the (decoder-norm weighted) L1 term l1 * w * z.
+SAE_HD float relu_l1_grad(float z, float dz, float l1_times_norm) {
+    return z > 0.0f ? dz + l1_times_norm : 0.0f;
+}
+
+struct AdamScalars {
+    float lr;          // this step's learning rate
+    float beta1, beta2, eps;
+    float bias_corr1;  // 1 - beta1^t
+    float bias_corr2;  // 1 - beta2^t
+    float weight_decay;  // decoupled (AdamW), already multiplied by nothing: p -= lr * wd * p
+    float grad_scale;    // multiplies the gradient first (clipping, replica averaging)
+};
+
+// One element of Adam(W). Written so CPU and GPU round identically for the same inputs when
+// the compiler does not contract to FMA differently (tests compare with a tolerance anyway).
+SAE_HD void adam_update(float& p, float& m, float& v, float g, const AdamScalars& s) {
+    g *= s.grad_scale;
+    m = s.beta1 * m + (1.0f - s.beta1) * g;
+    v = s.beta2 * v + (1.0f - s.beta2) * g * g;
+    const float m_hat = m / s.bias_corr1;
+    const float v_hat = v / s.bias_corr2;
+    p -= s.lr * (m_hat / (sqrtf(v_hat) + s.eps) + s.weight_decay * p);
+}
+
+SAE_HD float bf16_bits_to_float(uint16_t b) {
+    uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+}  // namespace saetrain::math

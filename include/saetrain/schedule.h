@@ -1,0 +1,16 @@
+// schedule.h — learning-rate and L1-coefficient schedules as pure functions of the step.
+#pragma once
+
+#include <cstdint>
+
+#include "saetrain/config.h"
+
+namespace saetrain {
+
+// Learning rate for 0-based `step` of `total_steps`: linear warmup to cfg.lr over
+// cfg.warmup_steps, then cfg.lr_decay (cosine | linear | constant) down to lr * lr_min_ratio.
+double lr_at(const SaeConfig& cfg, int64_t step, int64_t total_steps);
+// L1 coefficient for `step`: ramps linearly from 0 over cfg.l1_warmup_steps.
+double l1_at(const SaeConfig& cfg, int64_t step);
+
+}  // namespace saetrain

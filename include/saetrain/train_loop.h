@@ -1,0 +1,31 @@
+// train_loop.h — the training loop around one SaeTrainer: batches in, metrics out.
+//
+// Pulls batches from a BatchSource, steps the trainer, and every log.every_steps steps turns
+// the interval's sums into a MetricsRow handed to `report` (rank 0 writes it and the console).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "saetrain/batch_source.h"
+#include "saetrain/metrics.h"
+#include "saetrain/trainer.h"
+
+namespace saetrain {
+
+struct LoopResult {
+    MetricsRow last;        // the final interval's metrics
+    int64_t steps = 0, tokens = 0;
+    double seconds = 0, tokens_per_s = 0, wait_fraction = 0;
+};
+
+// Steps until the source is exhausted (total steps = ceil(total_rows / batch_size)).
+// The first batch also initializes the SAE (b_dec from its mean).
+LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, int64_t batch_size,
+                      int64_t log_every, const std::string& sae_id,
+                      const std::function<void(const MetricsRow&)>& report);
+
+// Steps the loop will take for a source of `rows` rows.
+int64_t total_steps_for(int64_t rows, int64_t batch_size);
+
+}  // namespace saetrain

@@ -1,0 +1,93 @@
+// trainer.h — one SAE, its optimizer state and its training step, on any Backend.
+//
+// SaeTrainer owns the parameters in one flat device buffer
+//   [W_enc (n x d, latent-major) | W_dec (n x d) | b_enc (n) | b_dec (d)]
+// with gradients and Adam moments in the same layout, so the optimizer step and the gradient
+// all-reduce are one call each. W_enc is kept latent-major (the transpose of the file layout
+// [d, n]) so the sparse TopK backward writes whole contiguous rows per latent.
+//
+// Forward: pre = (x - b_dec) W_enc^T + b_enc; z = relu(pre) or the ReLU of its top k;
+// x_hat = z W_dec + b_dec. The loss per step is
+//   L = mean_t ||x_hat_t - x_t||^2 + l1 * mean_t sum_i z_ti ||W_dec_i||
+// (the L1 term only for ReLU SAEs).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "saetrain/backend.h"
+#include "saetrain/checkpoint.h"
+#include "saetrain/comm.h"
+#include "saetrain/config.h"
+
+namespace saetrain {
+
+struct StepResult {
+    int64_t rows = 0;       // tokens in this step (all replicas)
+    double loss = 0;        // L above, averaged over replicas
+    double sse = 0;         // sum ||x_hat - x||^2
+    double sst = 0;         // sum ||x - batch mean||^2
+    double l1 = 0;          // sum_t sum_i z_ti ||W_dec_i|| (unweighted by the coefficient)
+    double l0 = 0;          // non-zero activations
+    double grad_norm = 0;   // before clipping
+    double lr = 0;
+    bool clipped = false;
+};
+
+class SaeTrainer {
+public:
+    // grad_comm: the replicas of this SAE (data-parallel); gradients are averaged over it.
+    SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
+               Backend& backend, Communicator& grad_comm);
+    ~SaeTrainer();
+
+    // Initializes the parameters: decoder rows random unit vectors (from the seed), W_enc as
+    // W_dec transposed, b_enc = 0, b_dec = the mean of x [rows, d] over all replicas.
+    void init(const float* x_host, int64_t rows);
+    // One optimizer step on x [rows, d_model] (host memory).
+    StepResult step(const float* x_host, int64_t rows);
+
+    // Forward and backward only: gradients land in the gradient buffer (not averaged across
+    // replicas); returns L. `x_dev` is in backend memory. For tests and the benchmark.
+    StepResult compute_gradients(const float* x_dev, int64_t rows);
+    // Averages gradients over replicas, clips, applies Adam and renormalizes the decoder.
+    void apply_update(StepResult& r);
+
+    // Host copies of the flat parameter and gradient buffers (layout above), and a setter.
+    std::vector<float> params_host() const;
+    std::vector<float> grads_host() const;
+    void set_params_host(const std::vector<float>& p);
+
+    SaeWeights weights() const;  // in the file layout (W_enc [d, n])
+    int64_t d_model() const { return d_; }
+    int64_t n_latents() const { return n_; }
+    int64_t step_count() const { return step_; }
+    int64_t tokens() const { return tokens_; }
+    // Fraction of latents that have not fired for cfg.dead_tokens tokens.
+    double dead_fraction() const;
+    const SaeConfig& config() const { return cfg_; }
+    Backend& backend() { return be_; }
+    DeviceArray<float>& batch_buffer() { return x_; }
+
+private:
+    struct Views;
+    void ensure_batch(int64_t rows);
+
+    SaeConfig cfg_;
+    int64_t d_, n_, total_steps_;
+    uint64_t seed_;
+    Backend& be_;
+    Communicator& comm_;
+    int64_t step_ = 0, tokens_ = 0;
+
+    int64_t n_params_;
+    DeviceArray<float> params_, grads_, m_, v_;
+    DeviceArray<float> x_, xc_, pre_, dz_, xhat_, dec_norms_, zsum_, xcol_, stats_, topk_val_;
+    DeviceArray<int32_t> topk_idx_, fires_;
+    int64_t batch_cap_ = 0;
+    std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
+    std::vector<int32_t> fires_host_;
+};
+
+}  // namespace saetrain

@@ -1,0 +1,96 @@
+// MPI implementation of Communicator (host buffers).
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "saetrain/error.h"
+#include "saetrain/mpi_world.h"
+
+namespace saetrain {
+namespace {
+
+class MpiComm final : public Communicator {
+public:
+    MpiComm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+        SAE_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+        SAE_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    }
+    ~MpiComm() override {
+        if (owned_) MPI_Comm_free(&comm_);
+    }
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    std::string name() const override { return "mpi"; }
+
+    void allreduce_sum(float* data, int64_t n) override {
+        SAE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int(n), MPI_FLOAT, MPI_SUM, comm_));
+    }
+    void allreduce_sum(double* data, int64_t n) override {
+        SAE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int(n), MPI_DOUBLE, MPI_SUM, comm_));
+    }
+    void allreduce_max(int64_t* data, int64_t n) override {
+        SAE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int(n), MPI_INT64_T, MPI_MAX, comm_));
+    }
+    void allgather(const void* send, void* recv, int64_t bytes) override {
+        SAE_MPI_CHECK(MPI_Allgather(send, to_int(bytes), MPI_BYTE, recv, to_int(bytes), MPI_BYTE,
+                                    comm_));
+    }
+    void bcast(void* data, int64_t bytes, int root) override {
+        SAE_MPI_CHECK(MPI_Bcast(data, to_int(bytes), MPI_BYTE, root, comm_));
+    }
+    void barrier() override { SAE_MPI_CHECK(MPI_Barrier(comm_)); }
+    std::unique_ptr<Communicator> split(int color, int key) override {
+        MPI_Comm out;
+        SAE_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
+        return std::make_unique<MpiComm>(out, true);
+    }
+
+private:
+    static int to_int(int64_t n) {
+        SAE_ENFORCE(n <= INT32_MAX, "MPI message of {} elements exceeds the int count limit", n);
+        return static_cast<int>(n);
+    }
+    MPI_Comm comm_;
+    bool owned_;
+    int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+MpiScope::MpiScope(int* argc, char*** argv) {
+    int provided = 0;
+    SAE_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    // Errors come back as codes and become saetrain::Error with the failing call named.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+MpiScope::~MpiScope() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+}
+
+std::unique_ptr<Communicator> make_mpi_world() {
+    return std::make_unique<MpiComm>(MPI_COMM_WORLD, false);
+}
+
+NodePlacement node_placement() {
+    MPI_Comm node;
+    SAE_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    NodePlacement p;
+    MPI_Comm_rank(node, &p.local_rank);
+    MPI_Comm_size(node, &p.local_size);
+    MPI_Comm_free(&node);
+    char name[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    p.host.assign(name, static_cast<size_t>(len));
+    return p;
+}
+
+void world_abort(int code) {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);  // not reached when MPI_Abort works
+}
+
+}  // namespace saetrain

@@ -1,0 +1,93 @@
+#include "saetrain/metrics.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "saetrain/error.h"
+
+namespace saetrain {
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+    f_ = std::fopen(path.c_str(), "a");
+    SAE_ENFORCE(f_ != nullptr, "cannot open {} for writing: {}", path, std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+    if (f_) std::fclose(f_);
+}
+
+void MetricsLog::write(const MetricsRow& row) {
+    const std::string line = metrics_json(row) + "\n";
+    SAE_ENFORCE(std::fwrite(line.data(), 1, line.size(), f_) == line.size() && std::fflush(f_) == 0,
+                "cannot write {}: {}", path_, std::strerror(errno));
+}
+
+std::string metrics_json(const MetricsRow& r) {
+    nlohmann::ordered_json j;
+    j["sae"] = r.sae;
+    j["step"] = r.step;
+    j["tokens"] = r.tokens;
+    j["lr"] = r.lr;
+    j["loss"] = r.loss;
+    j["mse"] = r.mse;
+    j["fvu"] = r.fvu;
+    j["l0"] = r.l0;
+    j["l1"] = r.l1;
+    j["dead_fraction"] = r.dead_fraction;
+    j["grad_norm"] = r.grad_norm;
+    j["tokens_per_s"] = r.tokens_per_s;
+    j["read_MBps"] = r.read_MBps;
+    j["wait_fraction"] = r.wait_fraction;
+    j["elapsed_s"] = r.elapsed_s;
+    return j.dump();
+}
+
+std::string format_count(double x) {
+    if (x >= 1e9) return fmt::format("{:.1f}G", x / 1e9);
+    if (x >= 1e6) return fmt::format("{:.1f}M", x / 1e6);
+    if (x >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
+    return fmt::format("{:.0f}", x);
+}
+
+std::string format_duration(double s) {
+    if (!std::isfinite(s) || s < 0) return "?";
+    const auto t = static_cast<int64_t>(std::llround(s));
+    if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+    if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+    return fmt::format("{}s", t);
+}
+
+std::string progress_line(const MetricsRow& r) {
+    return fmt::format(
+        "{} step {}/{} | {} tok/s | mse {:.3e} | fvu {:.4f} | l0 {:.1f} | dead {:.1f}% | "
+        "wait {:.1f}% | ETA {}",
+        r.sae, r.step, r.total_steps, format_count(r.tokens_per_s), r.mse, r.fvu, r.l0,
+        100.0 * r.dead_fraction, 100.0 * r.wait_fraction, format_duration(r.eta_s));
+}
+
+void summary_write(const std::string& path, const std::vector<std::string>& columns,
+                   const std::vector<std::map<std::string, std::string>>& rows) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp);
+        SAE_ENFORCE(out.good(), "cannot write {}", tmp);
+        for (size_t i = 0; i < columns.size(); ++i) out << (i ? "," : "") << columns[i];
+        out << "\n";
+        for (const auto& row : rows) {
+            for (size_t i = 0; i < columns.size(); ++i) {
+                const auto it = row.find(columns[i]);
+                out << (i ? "," : "") << (it == row.end() ? "" : it->second);
+            }
+            out << "\n";
+        }
+        SAE_ENFORCE(out.good(), "cannot write {}", tmp);
+    }
+    SAE_ENFORCE(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}: {}", tmp,
+                path, std::strerror(errno));
+}
+
+}  // namespace saetrain

@@ -1,0 +1,91 @@
+#include "saetrain/train_loop.h"
+
+#include <chrono>
+#include <vector>
+
+namespace saetrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Sums over one log interval.
+struct Interval {
+    int64_t steps = 0, rows = 0;
+    double loss = 0, sse = 0, sst = 0, l1 = 0, l0 = 0, grad_norm = 0, lr = 0;
+    void add(const StepResult& r) {
+        ++steps, rows += r.rows;
+        loss += r.loss, sse += r.sse, sst += r.sst, l1 += r.l1, l0 += r.l0;
+        grad_norm += r.grad_norm, lr = r.lr;
+    }
+};
+
+}  // namespace
+
+int64_t total_steps_for(int64_t rows, int64_t batch_size) {
+    return (rows + batch_size - 1) / batch_size;
+}
+
+LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, int64_t batch_size,
+                      int64_t log_every, const std::string& sae_id,
+                      const std::function<void(const MetricsRow&)>& report) {
+    const int64_t d = source.d_model();
+    const int64_t total_steps = total_steps_for(source.total_rows(), batch_size);
+    std::vector<float> batch(static_cast<size_t>(batch_size * d));
+    const auto t_start = Clock::now();
+    auto t_interval = t_start;
+    double wait_at_interval = source.wait_seconds();
+    int64_t bytes_at_interval = source.bytes_read();
+    Interval iv;
+    LoopResult res;
+
+    auto emit = [&](bool force) {
+        if (iv.steps == 0 || (!force && trainer.step_count() % log_every != 0)) return;
+        const double dt = seconds_since(t_interval), elapsed = seconds_since(t_start);
+        MetricsRow m;
+        m.sae = sae_id;
+        m.step = trainer.step_count();
+        m.total_steps = total_steps;
+        m.tokens = trainer.tokens();
+        m.lr = iv.lr;
+        m.loss = iv.loss / static_cast<double>(iv.steps);
+        m.mse = iv.sse / (static_cast<double>(iv.rows) * static_cast<double>(d));
+        m.fvu = iv.sst > 0 ? iv.sse / iv.sst : 0.0;
+        m.l0 = iv.l0 / static_cast<double>(iv.rows);
+        m.l1 = iv.l1 / static_cast<double>(iv.rows);
+        m.dead_fraction = trainer.dead_fraction();
+        m.grad_norm = iv.grad_norm / static_cast<double>(iv.steps);
+        m.tokens_per_s = dt > 0 ? static_cast<double>(iv.rows) / dt : 0.0;
+        m.read_MBps = dt > 0 ? static_cast<double>(source.bytes_read() - bytes_at_interval) / dt / 1e6 : 0.0;
+        m.wait_fraction = dt > 0 ? (source.wait_seconds() - wait_at_interval) / dt : 0.0;
+        m.elapsed_s = elapsed;
+        const double per_step = elapsed / static_cast<double>(m.step);
+        m.eta_s = per_step * static_cast<double>(total_steps - m.step);
+        report(m);
+        res.last = m;
+        iv = Interval{};
+        t_interval = Clock::now();
+        wait_at_interval = source.wait_seconds();
+        bytes_at_interval = source.bytes_read();
+    };
+
+    bool first = true;
+    for (;;) {
+        const int64_t rows = source.next(batch.data(), batch_size);
+        if (rows == 0) break;
+        if (first) trainer.init(batch.data(), rows), first = false;
+        iv.add(trainer.step(batch.data(), rows));
+        emit(false);
+    }
+    emit(true);
+    res.steps = trainer.step_count();
+    res.tokens = trainer.tokens();
+    res.seconds = seconds_since(t_start);
+    res.tokens_per_s = res.seconds > 0 ? static_cast<double>(res.tokens) / res.seconds : 0.0;
+    res.wait_fraction = res.seconds > 0 ? source.wait_seconds() / res.seconds : 0.0;
+    return res;
+}
+
+}  // namespace saetrain

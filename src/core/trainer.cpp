@@ -1,0 +1,235 @@
+#include "saetrain/trainer.h"
+
+#include <cmath>
+#include <random>
+
+#include "saetrain/error.h"
+#include "saetrain/schedule.h"
+
+namespace saetrain {
+
+// Pointers into the flat parameter-shaped buffers.
+struct SaeTrainer::Views {
+    float *w_enc, *w_dec, *b_enc, *b_dec;
+    Views(float* base, int64_t n, int64_t d)
+        : w_enc(base), w_dec(base + n * d), b_enc(base + 2 * n * d), b_dec(base + 2 * n * d + n) {}
+};
+
+SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
+                       Backend& backend, Communicator& grad_comm)
+    : cfg_(cfg),
+      d_(d_model),
+      n_(cfg.resolved_latents(d_model)),
+      total_steps_(total_steps),
+      seed_(seed),
+      be_(backend),
+      comm_(grad_comm),
+      n_params_(2 * n_ * d_ + n_ + d_),
+      params_(backend, n_params_),
+      grads_(backend, n_params_),
+      m_(backend, n_params_),
+      v_(backend, n_params_),
+      dec_norms_(backend, n_),
+      zsum_(backend, n_),
+      xcol_(backend, d_),
+      stats_(backend, kStatCount),
+      fires_(backend, n_),
+      since_fired_(static_cast<size_t>(n_), 0),
+      fires_host_(static_cast<size_t>(n_), 0) {
+    SAE_ENFORCE(cfg.arch != Arch::topk || cfg.k <= n_,
+                "sae.k = {} exceeds n_latents = {} (d_model {} x expansion {})", cfg.k, n_, d_,
+                cfg.expansion);
+    be_.fill(params_.data(), n_params_, 0.0f);
+    be_.fill(grads_.data(), n_params_, 0.0f);
+    be_.fill(m_.data(), n_params_, 0.0f);
+    be_.fill(v_.data(), n_params_, 0.0f);
+}
+
+SaeTrainer::~SaeTrainer() = default;
+
+void SaeTrainer::ensure_batch(int64_t rows) {
+    if (rows <= batch_cap_) return;
+    batch_cap_ = rows;
+    x_ = DeviceArray<float>(be_, rows * d_);
+    xc_ = DeviceArray<float>(be_, rows * d_);
+    xhat_ = DeviceArray<float>(be_, rows * d_);
+    pre_ = DeviceArray<float>(be_, rows * n_);
+    if (cfg_.arch == Arch::topk) {
+        topk_idx_ = DeviceArray<int32_t>(be_, rows * cfg_.k);
+        topk_val_ = DeviceArray<float>(be_, rows * cfg_.k);
+    } else {
+        dz_ = DeviceArray<float>(be_, rows * n_);
+    }
+}
+
+void SaeTrainer::init(const float* x, int64_t rows) {
+    std::vector<float> p(static_cast<size_t>(n_params_), 0.0f);
+    // Decoder rows: random directions, unit norm. The same seed on every replica gives the
+    // same start, so replicas begin (and, with averaged gradients, stay) identical.
+    std::mt19937_64 rng(seed_);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    float* w_dec = p.data() + n_ * d_;
+    for (int64_t i = 0; i < n_; ++i) {
+        double s = 0;
+        float* row = w_dec + i * d_;
+        for (int64_t c = 0; c < d_; ++c) row[c] = normal(rng), s += double(row[c]) * row[c];
+        const float inv = static_cast<float>(1.0 / std::sqrt(s));
+        for (int64_t c = 0; c < d_; ++c) row[c] *= inv;
+    }
+    std::copy(w_dec, w_dec + n_ * d_, p.data());  // W_enc (latent-major) = W_dec^T
+    // b_dec = mean of the data over all replicas' init batches.
+    std::vector<double> sums(static_cast<size_t>(d_) + 1, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < d_; ++c) sums[c] += x[r * d_ + c];
+    sums[d_] = static_cast<double>(rows);
+    comm_.allreduce_sum(sums.data(), d_ + 1);
+    SAE_ENFORCE(sums[d_] > 0, "cannot initialize the SAE from an empty batch");
+    float* b_dec = p.data() + 2 * n_ * d_ + n_;
+    for (int64_t c = 0; c < d_; ++c) b_dec[c] = static_cast<float>(sums[c] / sums[d_]);
+    set_params_host(p);
+}
+
+StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows) {
+    const int64_t B = rows, d = d_, n = n_;
+    ensure_batch(B);
+    Views P(params_.data(), n, d), G(grads_.data(), n, d);
+    const float grad_scale = 2.0f / static_cast<float>(B);  // d/dx_hat of mean_t ||err_t||^2
+    const double l1 = cfg_.arch == Arch::relu ? l1_at(cfg_, step_) : 0.0;
+    be_.fill(stats_.data(), kStatCount, 0.0f);
+
+    // Encoder input x - b_dec; pre = xc W_enc^T (b_enc is added by the activation op).
+    be_.sub_rows(xc_.data(), x, P.b_dec, B, d);
+    be_.gemm(false, true, B, n, d, 1.0f, xc_.data(), d, P.w_enc, d, 0.0f, pre_.data(), n);
+    be_.broadcast_rows(xhat_.data(), P.b_dec, B, d);
+
+    if (cfg_.arch == Arch::relu) {
+        float* z = pre_.data();
+        be_.relu_forward(z, P.b_enc, B, n);
+        be_.gemm(false, false, B, d, n, 1.0f, z, n, P.w_dec, d, 1.0f, xhat_.data(), d);
+        float* derr = xhat_.data();
+        be_.residual(derr, x, B, d, grad_scale, xcol_.data(), G.b_dec, stats_.data());
+        // Five dense GEMMs in all: encoder, decoder, and these three.
+        be_.gemm(true, false, n, d, B, 1.0f, z, n, derr, d, 0.0f, G.w_dec, d);
+        be_.gemm(false, true, B, n, d, 1.0f, derr, d, P.w_dec, d, 0.0f, dz_.data(), n);
+        be_.row_norms(P.w_dec, n, d, dec_norms_.data());
+        const float l1_eff = static_cast<float>(l1 / static_cast<double>(B));
+        be_.relu_backward(z, dz_.data(), dec_norms_.data(), l1_eff, B, n, G.b_enc, zsum_.data(),
+                          fires_.data(), stats_.data());
+        be_.gemm(true, false, n, d, B, 1.0f, dz_.data(), n, xc_.data(), d, 0.0f, G.w_enc, d);
+        if (l1 > 0) be_.add_norm_grad(P.w_dec, zsum_.data(), l1_eff, G.w_dec, n, d);
+    } else {
+        const int64_t k = cfg_.k;
+        be_.topk_forward(pre_.data(), P.b_enc, B, n, k, topk_idx_.data(), topk_val_.data());
+        be_.sparse_decode(topk_idx_.data(), topk_val_.data(), P.w_dec, B, k, d, xhat_.data());
+        float* derr = xhat_.data();
+        be_.residual(derr, x, B, d, grad_scale, xcol_.data(), G.b_dec, stats_.data());
+        be_.topk_backward(xc_.data(), derr, topk_idx_.data(), topk_val_.data(), P.w_dec, B, n, k,
+                          d, G.w_enc, G.w_dec, G.b_enc, fires_.data(), stats_.data());
+    }
+    // b_dec also enters through the encoder input x - b_dec: dL/db_dec -= db_enc^T W_enc.
+    be_.gemm(false, false, 1, d, n, -1.0f, G.b_enc, n, P.w_enc, d, 1.0f, G.b_dec, d);
+
+    float st[kStatCount];
+    std::vector<float> xcol(static_cast<size_t>(d));
+    be_.download(st, stats_.data(), sizeof(st));
+    be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
+    be_.download(fires_host_.data(), fires_.data(), n * static_cast<int64_t>(sizeof(int32_t)));
+    StepResult r;
+    r.rows = B;
+    r.sse = st[kStatSse];
+    double mean_sq = 0;
+    for (float v : xcol) mean_sq += double(v) * v;
+    r.sst = st[kStatSumSqX] - mean_sq / static_cast<double>(B);
+    r.l1 = st[kStatL1];
+    r.l0 = st[kStatL0];
+    r.loss = (r.sse + l1 * r.l1) / static_cast<double>(B);
+    return r;
+}
+
+void SaeTrainer::apply_update(StepResult& r) {
+    const int64_t n = n_, d = d_;
+    Views P(params_.data(), n, d), G(grads_.data(), n, d);
+    const int world = comm_.size();
+    if (world > 1) {
+        // Sum gradients (Adam sees the average through grad_scale) and the step's metrics.
+        comm_.allreduce_sum(grads_.data(), n_params_);
+        std::vector<double> m = {double(r.rows), r.loss, r.sse, r.sst, r.l1, r.l0};
+        m.insert(m.end(), fires_host_.begin(), fires_host_.end());
+        comm_.allreduce_sum(m.data(), static_cast<int64_t>(m.size()));
+        r.rows = static_cast<int64_t>(m[0]);
+        r.loss = m[1] / world, r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5];
+        for (int64_t i = 0; i < n; ++i) fires_host_[i] = static_cast<int32_t>(m[6 + i]);
+    }
+    if (cfg_.normalize_decoder) be_.project_out_parallel(P.w_dec, G.w_dec, n, d);
+
+    float grad_scale = 1.0f / static_cast<float>(world);
+    r.grad_norm = std::sqrt(be_.sum_squares(grads_.data(), n_params_)) / world;
+    if (cfg_.grad_clip > 0 && r.grad_norm > cfg_.grad_clip) {
+        grad_scale *= static_cast<float>(cfg_.grad_clip / r.grad_norm);
+        r.clipped = true;
+    }
+    r.lr = lr_at(cfg_, step_, total_steps_);
+    const int64_t t = step_ + 1;
+    const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
+    const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
+    const auto b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
+    const auto eps = static_cast<float>(cfg_.eps), lr = static_cast<float>(r.lr);
+    const int64_t n_w = 2 * n * d;  // weights get weight decay, biases do not
+    be_.adam(params_.data(), grads_.data(), m_.data(), v_.data(), n_w, lr, b1, b2, eps, bc1, bc2,
+             static_cast<float>(cfg_.weight_decay), grad_scale);
+    be_.adam(params_.data() + n_w, grads_.data() + n_w, m_.data() + n_w, v_.data() + n_w,
+             n_params_ - n_w, lr, b1, b2, eps, bc1, bc2, 0.0f, grad_scale);
+    if (cfg_.normalize_decoder) be_.normalize_rows(P.w_dec, n, d);
+
+    for (int64_t i = 0; i < n; ++i)
+        since_fired_[i] = fires_host_[i] > 0 ? 0 : since_fired_[i] + r.rows;
+    ++step_;
+    tokens_ += r.rows;
+}
+
+StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
+    ensure_batch(rows);
+    be_.upload(x_.data(), x_host, rows * d_ * static_cast<int64_t>(sizeof(float)));
+    StepResult r = compute_gradients(x_.data(), rows);
+    apply_update(r);
+    return r;
+}
+
+double SaeTrainer::dead_fraction() const {
+    int64_t dead = 0;
+    for (int64_t s : since_fired_) dead += s >= cfg_.dead_tokens;
+    return static_cast<double>(dead) / static_cast<double>(n_);
+}
+
+std::vector<float> SaeTrainer::params_host() const {
+    std::vector<float> p(static_cast<size_t>(n_params_));
+    be_.download(p.data(), params_.data(), params_.bytes());
+    return p;
+}
+
+std::vector<float> SaeTrainer::grads_host() const {
+    std::vector<float> g(static_cast<size_t>(n_params_));
+    be_.download(g.data(), grads_.data(), grads_.bytes());
+    return g;
+}
+
+void SaeTrainer::set_params_host(const std::vector<float>& p) {
+    SAE_ENFORCE(static_cast<int64_t>(p.size()) == n_params_, "parameter buffer has {} values, expected {}",
+                p.size(), n_params_);
+    be_.upload(params_.data(), p.data(), params_.bytes());
+}
+
+SaeWeights SaeTrainer::weights() const {
+    const std::vector<float> p = params_host();
+    SaeWeights w;
+    w.d_model = d_, w.n_latents = n_;
+    w.w_enc.resize(static_cast<size_t>(d_ * n_));
+    for (int64_t l = 0; l < n_; ++l)
+        for (int64_t c = 0; c < d_; ++c) w.w_enc[c * n_ + l] = p[l * d_ + c];  // to [d, n]
+    w.w_dec.assign(p.begin() + n_ * d_, p.begin() + 2 * n_ * d_);
+    w.b_enc.assign(p.begin() + 2 * n_ * d_, p.begin() + 2 * n_ * d_ + n_);
+    w.b_dec.assign(p.begin() + 2 * n_ * d_ + n_, p.end());
+    return w;
+}
+
+}  // namespace saetrain

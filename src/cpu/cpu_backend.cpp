@@ -1,0 +1,323 @@
+// CPU backend: OpenBLAS for the GEMMs, OpenMP for the passes over a batch.
+//
+// Reductions are split into fixed column blocks and summed in block order, so results do not
+// depend on the thread count or scheduling (exact resume and replica equality rely on it).
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "saetrain/backend.h"
+#include "saetrain/error.h"
+#include "saetrain/sae_math.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace saetrain {
+namespace {
+
+constexpr int64_t kColBlock = 256;  // columns per reduction block: 1 KiB of floats per row
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Keeps the k largest of a row (ties: the lower index wins) in a min-heap whose top is the
+// current worst kept element. After the heap fills, most elements fail one comparison against
+// the top, so a row costs about n comparisons plus a few heap updates.
+struct TopkHeap {
+    std::vector<std::pair<float, int32_t>> h;
+    static bool worse_first(const std::pair<float, int32_t>& a,
+                            const std::pair<float, int32_t>& b) {
+        // std heap puts the "largest" by this order on top: make that the worst element.
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    }
+    void select(const float* pre, const float* bias, int64_t n, int64_t k, int32_t* idx,
+                float* val) {
+        h.resize(static_cast<size_t>(k));
+        for (int64_t i = 0; i < k; ++i) h[i] = {pre[i] + bias[i], static_cast<int32_t>(i)};
+        std::make_heap(h.begin(), h.end(), worse_first);
+        for (int64_t i = k; i < n; ++i) {
+            const float v = pre[i] + bias[i];
+            if (v > h.front().first) {  // equal value: the kept one has the lower index
+                std::pop_heap(h.begin(), h.end(), worse_first);
+                h.back() = {v, static_cast<int32_t>(i)};
+                std::push_heap(h.begin(), h.end(), worse_first);
+            }
+        }
+        std::sort_heap(h.begin(), h.end(), worse_first);  // best first
+        for (int64_t j = 0; j < k; ++j) {
+            idx[j] = h[j].second;
+            val[j] = math::relu(h[j].first);
+        }
+    }
+};
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int threads) {
+        threads_ = threads > 0 ? threads : omp_get_max_threads();
+        omp_set_num_threads(threads_);
+        openblas_set_num_threads(threads_);
+    }
+    std::string name() const override { return fmt::format("cpu ({} threads)", threads_); }
+
+    void* alloc_bytes(int64_t bytes) override {
+        // 64-byte alignment for vector loads; round the size up as aligned_alloc requires.
+        const size_t sz = static_cast<size_t>(std::max<int64_t>(64, ceil_div(bytes, 64) * 64));
+        void* p = std::aligned_alloc(64, sz);
+        SAE_ENFORCE(p != nullptr, "out of host memory allocating {} bytes", bytes);
+        return p;
+    }
+    void free_bytes(void* p) override { std::free(p); }
+    void upload(void* dst, const void* src, int64_t bytes) override {
+        std::memcpy(dst, src, static_cast<size_t>(bytes));
+    }
+    void download(void* dst, const void* src, int64_t bytes) override {
+        std::memcpy(dst, src, static_cast<size_t>(bytes));
+    }
+    void fill(float* x, int64_t n, float value) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) x[i] = value;
+    }
+    void synchronize() override {}
+
+    void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) override {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k),
+                    alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                    static_cast<blasint>(ldc));
+    }
+
+    double sum_squares(const float* x, int64_t n) override {
+        const int64_t nb = ceil_div(n, 1 << 16);
+        std::vector<double> part(static_cast<size_t>(nb));
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nb; ++b) {
+            double s = 0;
+            for (int64_t i = b << 16; i < std::min(n, (b + 1) << 16); ++i)
+                s += static_cast<double>(x[i]) * x[i];
+            part[b] = s;
+        }
+        double s = 0;
+        for (double p : part) s += p;
+        return s;
+    }
+
+    void sub_rows(float* out, const float* x, const float* bias, int64_t rows,
+                  int64_t cols) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = x[r * cols + c] - bias[c];
+    }
+    void broadcast_rows(float* out, const float* bias, int64_t rows, int64_t cols) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * cols, bias, cols * sizeof(float));
+    }
+
+    void residual(float* xh, const float* x, int64_t rows, int64_t d, float grad_scale,
+                  float* x_col_sum, float* db_dec, float* stats) override {
+        const int64_t nb = ceil_div(d, kColBlock);
+        std::vector<double> sse(nb), sx2(nb);
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t c0 = b * kColBlock, c1 = std::min(d, c0 + kColBlock);
+            double e2 = 0, q = 0;
+            for (int64_t c = c0; c < c1; ++c) x_col_sum[c] = db_dec[c] = 0.0f;
+            for (int64_t r = 0; r < rows; ++r) {
+                float* e = xh + r * d;
+                const float* xr = x + r * d;
+                float e2r = 0, qr = 0;
+                for (int64_t c = c0; c < c1; ++c) {
+                    const float err = e[c] - xr[c];
+                    e2r += err * err;
+                    qr += xr[c] * xr[c];
+                    x_col_sum[c] += xr[c];
+                    e[c] = grad_scale * err;
+                    db_dec[c] += e[c];
+                }
+                e2 += e2r;
+                q += qr;
+            }
+            sse[b] = e2, sx2[b] = q;
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+            stats[kStatSse] += static_cast<float>(sse[b]);
+            stats[kStatSumSqX] += static_cast<float>(sx2[b]);
+        }
+    }
+
+    void relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            float* p = pre + r * n;
+            for (int64_t i = 0; i < n; ++i) p[i] = math::relu(p[i] + b_enc[i]);
+        }
+    }
+
+    void relu_backward(const float* z, float* dz, const float* norms, float l1, int64_t rows,
+                       int64_t n, float* db_enc, float* z_col_sum, int32_t* fires,
+                       float* stats) override {
+        const int64_t nb = ceil_div(n, kColBlock);
+        std::vector<double> l1s(nb), l0s(nb);
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t c0 = b * kColBlock, c1 = std::min(n, c0 + kColBlock);
+            for (int64_t c = c0; c < c1; ++c) db_enc[c] = z_col_sum[c] = 0.0f, fires[c] = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* zr = z + r * n;
+                float* g = dz + r * n;
+                for (int64_t c = c0; c < c1; ++c) {
+                    g[c] = math::relu_l1_grad(zr[c], g[c], l1 * norms[c]);
+                    db_enc[c] += g[c];
+                    z_col_sum[c] += zr[c];
+                    fires[c] += zr[c] > 0.0f;
+                }
+            }
+            double s = 0, f = 0;
+            for (int64_t c = c0; c < c1; ++c) s += double(z_col_sum[c]) * norms[c], f += fires[c];
+            l1s[b] = s, l0s[b] = f;
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+            stats[kStatL1] += static_cast<float>(l1s[b]);
+            stats[kStatL0] += static_cast<float>(l0s[b]);
+        }
+    }
+
+    void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n, int64_t k,
+                      int32_t* idx, float* val) override {
+#pragma omp parallel
+        {
+            TopkHeap heap;
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; ++r)
+                heap.select(pre + r * n, b_enc, n, k, idx + r * k, val + r * k);
+        }
+    }
+
+    void sparse_decode(const int32_t* idx, const float* val, const float* w_dec, int64_t rows,
+                       int64_t k, int64_t d, float* x_hat) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            float* out = x_hat + r * d;
+            for (int64_t j = 0; j < k; ++j) {
+                const float a = val[r * k + j];
+                if (a == 0.0f) continue;
+                const float* w = w_dec + static_cast<int64_t>(idx[r * k + j]) * d;
+                for (int64_t c = 0; c < d; ++c) out[c] += a * w[c];
+            }
+        }
+    }
+
+    void topk_backward(const float* x, const float* derr, const int32_t* idx, const float* val,
+                       const float* w_dec, int64_t rows, int64_t n, int64_t k, int64_t d,
+                       float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires,
+                       float* stats) override {
+        // Counting sort of the active (row, slot) pairs by latent: each latent's gradient rows
+        // are then written by one thread, in row order (deterministic, no atomics).
+        start_.assign(static_cast<size_t>(n) + 1, 0);
+        for (int64_t e = 0; e < rows * k; ++e)
+            if (val[e] > 0.0f) ++start_[idx[e] + 1];
+        for (int64_t l = 0; l < n; ++l) start_[l + 1] += start_[l];
+        entries_.resize(static_cast<size_t>(start_[n]));
+        cursor_.assign(start_.begin(), start_.end() - 1);
+        for (int64_t e = 0; e < rows * k; ++e)
+            if (val[e] > 0.0f) entries_[cursor_[idx[e]]++] = static_cast<int32_t>(e);
+
+#pragma omp parallel for schedule(dynamic, 64)
+        for (int64_t l = 0; l < n; ++l) {
+            float* gd = dw_dec + l * d;
+            float* ge = dw_enc + l * d;
+            const float* w = w_dec + l * d;
+            std::memset(gd, 0, d * sizeof(float));
+            std::memset(ge, 0, d * sizeof(float));
+            float gb = 0.0f;
+            for (int64_t p = start_[l]; p < start_[l + 1]; ++p) {
+                const int64_t e = entries_[p], r = e / k;
+                const float* er = derr + r * d;
+                const float* xr = x + r * d;
+                const float a = val[e];
+                float dv = 0.0f;
+                for (int64_t c = 0; c < d; ++c) {
+                    dv += er[c] * w[c];
+                    gd[c] += a * er[c];
+                }
+                for (int64_t c = 0; c < d; ++c) ge[c] += dv * xr[c];
+                gb += dv;
+            }
+            db_enc[l] = gb;
+            fires[l] = static_cast<int32_t>(start_[l + 1] - start_[l]);
+        }
+        stats[kStatL0] += static_cast<float>(start_[n]);
+    }
+
+    void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) norms[r] = std::sqrt(dot(w + r * cols, w + r * cols, cols));
+    }
+    void project_out_parallel(const float* w, float* g, int64_t rows, int64_t cols) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* wr = w + r * cols;
+            float* gr = g + r * cols;
+            const float ww = dot(wr, wr, cols);
+            if (ww <= 0.0f) continue;
+            const float s = dot(wr, gr, cols) / ww;
+            for (int64_t c = 0; c < cols; ++c) gr[c] -= s * wr[c];
+        }
+    }
+    void normalize_rows(float* w, int64_t rows, int64_t cols) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            float* wr = w + r * cols;
+            const float nrm = std::sqrt(dot(wr, wr, cols));
+            if (nrm <= 0.0f) continue;
+            const float inv = 1.0f / nrm;
+            for (int64_t c = 0; c < cols; ++c) wr[c] *= inv;
+        }
+    }
+    void add_norm_grad(const float* w, const float* coeff, float scale, float* g, int64_t rows,
+                       int64_t cols) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* wr = w + r * cols;
+            const float nrm = std::sqrt(dot(wr, wr, cols));
+            if (nrm <= 0.0f) continue;
+            const float s = scale * coeff[r] / nrm;
+            float* gr = g + r * cols;
+            for (int64_t c = 0; c < cols; ++c) gr[c] += s * wr[c];
+        }
+    }
+
+    void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+              float beta2, float eps, float bias_corr1, float bias_corr2, float weight_decay,
+              float grad_scale) override {
+        const math::AdamScalars s{lr,         beta1,      beta2,        eps,
+                                  bias_corr1, bias_corr2, weight_decay, grad_scale};
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) math::adam_update(p[i], m[i], v[i], g[i], s);
+    }
+
+private:
+    static float dot(const float* a, const float* b, int64_t n) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+        return s;
+    }
+
+    int threads_ = 1;
+    std::vector<int64_t> start_, cursor_;  // topk_backward scratch, reused across steps
+    std::vector<int32_t> entries_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+    return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace saetrain
