@@ -6,9 +6,11 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "saetrain/checkpoint.h"
 #include "saetrain/error.h"
+#include "saetrain/shards.h"
 #include "saetrain/synth.h"
 
 namespace fs = std::filesystem;
@@ -151,4 +153,46 @@ TEST(Checkpoint, NonSaeFilesAreNamedInErrors) {
     msg = error_of(missing);
     EXPECT_NE(msg.find(missing), std::string::npos) << msg;
     EXPECT_FALSE(sae_is_checkpoint(missing));
+}
+
+// The trainer writes checkpoints while a background thread streams shards; the io layer's
+// HDF5 lock must keep both correct (serial HDF5 builds are not thread-safe on their own).
+TEST(Checkpoint, WriteWhileAnotherThreadReadsShards) {
+    TempDir tmp;
+    SynthOptions o;
+    o.out_dir = tmp / "data";
+    o.d_model = 32;
+    o.rows = 4000;
+    o.shards = 4;
+    o.dtype = DType::f16;
+    o.chunked = true;
+    o.chunk_rows = 128;
+    synth_write(o);
+    DatasetInfo info = dataset_open(o.out_dir);
+    std::vector<float> ref(static_cast<size_t>(info.total_rows * info.d_model));
+    {
+        ShardReader r(info, RowRange{0, info.total_rows});
+        ASSERT_EQ(r.read(ref.data(), info.total_rows), info.total_rows);
+    }
+    bool reads_ok = true;
+    std::thread reader([&] {
+        std::vector<float> buf(ref.size());
+        for (int pass = 0; pass < 20; ++pass) {
+            ShardReader r(info, RowRange{0, info.total_rows});
+            int64_t at = 0;
+            while (int64_t n = r.read(buf.data() + at * info.d_model, 333)) at += n;
+            reads_ok = reads_ok && at == info.total_rows && buf == ref;
+        }
+    });
+    SaeMeta meta;
+    for (int i = 0; i < 20; ++i) {
+        SaeWeights w = random_weights(16, 32, static_cast<unsigned>(i));
+        meta.step = i;
+        sae_write_h5(tmp / "sae/final.h5", w, meta);
+        SaeMeta got;
+        EXPECT_EQ(sae_read_h5(tmp / "sae/final.h5", &got).w_dec, w.w_dec);
+        EXPECT_EQ(got.step, i);
+    }
+    reader.join();
+    EXPECT_TRUE(reads_ok);
 }

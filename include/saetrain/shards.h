@@ -52,7 +52,9 @@ struct RowRange {
 RowRange partition_rows(int64_t total_rows, int rank, int world);
 
 // Sequential reader over a global row range, crossing shard boundaries seamlessly, converting
-// to float32. Not thread-safe (HDF5's default build is not); one reader per thread at most.
+// to float32. One thread at a time per reader; the io layer serializes its HDF5 calls behind
+// one process-wide lock (serial HDF5 builds are not thread-safe), so a background reader may
+// run beside a checkpoint write.
 class ShardReader {
 public:
     ShardReader(const DatasetInfo& info, RowRange range);

@@ -58,6 +58,7 @@ void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& m
                 "checkpoint {}: weight sizes (W_enc {}, W_dec {}, b_enc {}, b_dec {}) do not "
                 "match d_model={} n_latents={}",
                 path, w.w_enc.size(), w.w_dec.size(), w.b_enc.size(), w.b_dec.size(), d, n);
+    auto guard = h5::lock();
     h5::init();
     fs::path target(path);
     fs::path dir = target.parent_path();
@@ -85,6 +86,7 @@ void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& m
 }
 
 bool sae_is_checkpoint(const std::string& path) {
+    auto guard = h5::lock();
     h5::init();
     std::error_code ec;
     if (!fs::is_regular_file(path, ec) || H5Fis_hdf5(path.c_str()) <= 0) return false;
@@ -93,6 +95,7 @@ bool sae_is_checkpoint(const std::string& path) {
 }
 
 SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
+    auto guard = h5::lock();
     h5::File f = h5::open_file(path);
     for (const char* name : {"W_enc", "W_dec", "b_enc", "b_dec"}) {
         SAE_ENFORCE(h5::link_exists(f.get(), name),

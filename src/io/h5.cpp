@@ -14,6 +14,11 @@ void init() {
     });
 }
 
+std::unique_lock<std::recursive_mutex> lock() {
+    static std::recursive_mutex m;
+    return std::unique_lock<std::recursive_mutex>(m);
+}
+
 std::string last_error() {
     std::string msg;
     // Walk upward from the innermost entry: the first has the most specific description.

@@ -10,6 +10,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,6 +22,12 @@ namespace saetrain::h5 {
 
 // Turns off HDF5's automatic error printing; idempotent, cheap after the first call.
 void init();
+
+// Serializes this library's HDF5 use across threads (a background reader beside a checkpoint
+// writer): thread-safe HDF5 builds lock internally, but the serial builds on many clusters do
+// not. Held for a whole public operation (opening, one read, one write); the cost is nothing
+// beside megabyte reads. Recursive, so entry points may call each other.
+std::unique_lock<std::recursive_mutex> lock();
 
 // Innermost message of HDF5's current error stack, e.g. "truncated file: eof = ...", or "".
 std::string last_error();

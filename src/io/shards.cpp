@@ -231,6 +231,7 @@ ShardMeta inspect_shard(const std::string& path, const std::string& name) {
 }  // namespace
 
 DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dataset) {
+    auto guard = h5::lock();
     h5::init();
     DatasetInfo info;
     info.source = path_or_glob;
@@ -371,10 +372,14 @@ ShardReader::ShardReader(const DatasetInfo& info, RowRange range) : impl_(new Im
     impl_->cursor = range.begin;
 }
 
-ShardReader::~ShardReader() = default;
+ShardReader::~ShardReader() {
+    auto guard = h5::lock();  // the open shard's handles close here
+    impl_.reset();
+}
 
 int64_t ShardReader::read(float* out, int64_t max_rows) {
     SAE_ENFORCE(max_rows >= 0, "ShardReader::read: max_rows is {}, must be >= 0", max_rows);
+    auto guard = h5::lock();
     Impl& m = *impl_;
     int64_t n = std::min(max_rows, m.range.end - m.cursor);
     int64_t done = 0;

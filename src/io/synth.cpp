@@ -171,6 +171,7 @@ void write_shard(const std::string& path, const SynthOptions& o, int64_t rows, R
 
 void synth_write(const SynthOptions& opt) {
     check_options(opt);
+    auto guard = h5::lock();
     h5::init();
     std::error_code ec;
     fs::create_directories(opt.out_dir, ec);
@@ -204,6 +205,7 @@ void synth_write(const SynthOptions& opt) {
 }
 
 std::vector<float> synth_read_features(const std::string& path, int64_t* m, int64_t* d) {
+    auto guard = h5::lock();
     h5::File f = h5::open_file(path);
     std::vector<hsize_t> dims;
     std::vector<float> v = h5::read_f32(f.get(), "features", path, &dims);
