@@ -4,10 +4,10 @@
 //
 // Reads top-down: parse the config, start MPI, pick the backend, open the data, train,
 // write the outputs, report.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sched.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,13 +16,16 @@
 #include "saetrain/build_config.h"  // defines: SAETRAIN_HAS_CUDA, SAETRAIN_VERSION
 #include "saetrain/checkpoint.h"    // defines: sae_write_h5
 #include "saetrain/config.h"        // defines: config_load, config_to_yaml, sweep_ids
-#include "saetrain/error.h"         // defines: saetrain::Error, SAE_ENFORCE
-#include "saetrain/loader.h"        // defines: ShardBatchSource (shards -> shuffled batches)
-#include "saetrain/metrics.h"       // defines: MetricsLog, progress_line, summary_write
-#include "saetrain/mpi_world.h"     // defines: MpiScope, make_mpi_world, node_placement
-#include "saetrain/shards.h"        // defines: dataset_open, partition_rows
-#include "saetrain/synth.h"         // defines: synth_read_features, feature_recovery
-#include "saetrain/train_loop.h"    // defines: train_loop, SaeTrainer
+#if SAETRAIN_HAS_CUDA
+#include "saetrain/cuda_device.h"  // defines: cuda_device_count, cuda_device_description
+#endif
+#include "saetrain/error.h"       // defines: saetrain::Error, SAE_ENFORCE
+#include "saetrain/loader.h"      // defines: ShardBatchSource (shards -> shuffled batches)
+#include "saetrain/metrics.h"     // defines: MetricsLog, progress_line, summary_write
+#include "saetrain/mpi_world.h"   // defines: MpiScope, make_mpi_world, node_placement
+#include "saetrain/shards.h"      // defines: dataset_open, partition_rows
+#include "saetrain/synth.h"       // defines: synth_read_features, feature_recovery
+#include "saetrain/train_loop.h"  // defines: train_loop, SaeTrainer
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -44,15 +47,28 @@ int cpu_threads_for_rank(int local_size) {
     return std::max(1, cores / std::max(1, local_size));
 }
 
+// backend: cpu | cuda | auto. The CUDA backend itself is not written yet (issue 5), so auto
+// says what it saw and runs on the CPU.
 std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, bool loud) {
-    if (choice == "cuda")
-        throw Error(SAETRAIN_HAS_CUDA
-                        ? "backend: cuda is not implemented yet in this version; use backend: cpu"
-                        : "backend: cuda requested but this build has no CUDA backend "
-                          "(reconfigure with -DSAETRAIN_CUDA=ON)");
-    auto be = make_cpu_backend(threads);
-    if (loud && choice == "auto") fmt::print("backend: auto -> {}\n", be->name());
-    return be;
+#if SAETRAIN_HAS_CUDA
+    const int devices = cuda_device_count();
+    SAE_ENFORCE(choice != "cuda",
+                "backend: cuda: {} device(s) visible, but this version has no CUDA backend yet; "
+                "use backend: cpu",
+                devices);
+    if (loud && choice == "auto")
+        fmt::print("backend: auto -> cpu ({})\n",
+                   devices > 0 ? fmt::format("{} CUDA device(s) seen, first {}; CUDA backend not "
+                                             "in this version",
+                                             devices, cuda_device_description(0))
+                               : std::string("no CUDA device visible"));
+#else
+    SAE_ENFORCE(choice != "cuda",
+                "backend: cuda requested but this build has no CUDA backend (reconfigure with "
+                "cmake --preset cuda, or set backend: cpu)");
+    if (loud && choice == "auto") fmt::print("backend: auto -> cpu (built without CUDA)\n");
+#endif
+    return make_cpu_backend(threads);
 }
 
 std::string fmt_g(double v) { return fmt::format("{:.6g}", v); }
@@ -101,10 +117,12 @@ int run(const Args& args, Communicator& world) {
     const int64_t steps = total_steps_for(source.total_rows(), cfg.data.batch_size);
     SaeTrainer trainer(sae, data.d_model, steps, cfg.run.seed, *backend, *self);
     if (root) {
-        fmt::print("saetrain {} | {} rank(s) | {}\n", SAETRAIN_VERSION, world.size(), backend->name());
-        fmt::print("data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", data.source,
-                   data.shards.size(), data.total_rows, data.d_model, dtype_name(data.dtype),
-                   static_cast<double>(data.total_rows * data.d_model * dtype_size(data.dtype)) / 1e6);
+        fmt::print("saetrain {} | {} rank(s) | {}\n", SAETRAIN_VERSION, world.size(),
+                   backend->name());
+        fmt::print(
+            "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", data.source,
+            data.shards.size(), data.total_rows, data.d_model, dtype_name(data.dtype),
+            static_cast<double>(data.total_rows * data.d_model * dtype_size(data.dtype)) / 1e6);
         fmt::print("sae {} | n_latents {} | {} steps of {} rows\n", id, trainer.n_latents(), steps,
                    cfg.data.batch_size);
     }
@@ -112,14 +130,13 @@ int run(const Args& args, Communicator& world) {
     // --- train ------------------------------------------------------------------------------
     std::unique_ptr<MetricsLog> log;
     if (root) log = std::make_unique<MetricsLog>((out / "metrics.jsonl").string());
-    const LoopResult res =
-        train_loop(trainer, source, cfg.data.batch_size, cfg.log.every_steps, id,
-                   [&](const MetricsRow& m) {
-                       if (!root) return;
-                       log->write(m);
-                       fmt::print("{}\n", progress_line(m));
-                       std::fflush(stdout);
-                   });
+    const LoopResult res = train_loop(trainer, source, cfg.data.batch_size, cfg.log.every_steps, id,
+                                      [&](const MetricsRow& m) {
+                                          if (!root) return;
+                                          log->write(m);
+                                          fmt::print("{}\n", progress_line(m));
+                                          std::fflush(stdout);
+                                      });
 
     // --- write and report -------------------------------------------------------------------
     const SaeWeights w = trainer.weights();
@@ -127,13 +144,19 @@ int run(const Args& args, Communicator& world) {
     sae_write_h5((out / "sae" / id / "final.h5").string(), w, meta);
 
     std::map<std::string, std::string> row = {
-        {"sae", id}, {"arch", arch_name(sae.arch)}, {"n_latents", std::to_string(w.n_latents)},
+        {"sae", id},
+        {"arch", arch_name(sae.arch)},
+        {"n_latents", std::to_string(w.n_latents)},
         {"k", sae.arch == Arch::topk ? std::to_string(sae.k) : ""},
         {"l1_coeff", sae.arch == Arch::relu ? fmt_g(sae.l1_coeff) : ""},
-        {"steps", std::to_string(res.steps)}, {"tokens", std::to_string(res.tokens)},
-        {"mse", fmt_g(res.last.mse)}, {"fvu", fmt_g(res.last.fvu)}, {"l0", fmt_g(res.last.l0)},
+        {"steps", std::to_string(res.steps)},
+        {"tokens", std::to_string(res.tokens)},
+        {"mse", fmt_g(res.last.mse)},
+        {"fvu", fmt_g(res.last.fvu)},
+        {"l0", fmt_g(res.last.l0)},
         {"dead_fraction", fmt_g(res.last.dead_fraction)},
-        {"tokens_per_s", fmt_g(res.tokens_per_s)}, {"wait_fraction", fmt_g(res.wait_fraction)}};
+        {"tokens_per_s", fmt_g(res.tokens_per_s)},
+        {"wait_fraction", fmt_g(res.wait_fraction)}};
     std::string recovery;
     const fs::path truth = fs::path(cfg.data.path) / "ground_truth.h5";
     if (fs::is_regular_file(truth)) {
@@ -142,7 +165,8 @@ int run(const Args& args, Communicator& world) {
         if (dt == w.d_model) {
             const double rec = feature_recovery(f.data(), m, w.w_dec.data(), w.n_latents, dt);
             row["feature_recovery"] = fmt_g(rec);
-            recovery = fmt::format(" | feature recovery {:.3f} (mean best cosine over {} planted features)", rec, m);
+            recovery = fmt::format(
+                " | feature recovery {:.3f} (mean best cosine over {} planted features)", rec, m);
         }
     }
     if (root) {
@@ -150,9 +174,9 @@ int run(const Args& args, Communicator& world) {
                       {"sae", "arch", "n_latents", "k", "l1_coeff", "steps", "tokens", "mse", "fvu",
                        "l0", "dead_fraction", "tokens_per_s", "wait_fraction", "feature_recovery"},
                       {row});
-        fmt::print("done {} | {} steps, {} tokens in {} ({} tok/s) | fvu {:.4f} | l0 {:.1f}{}\n", id,
-                   res.steps, res.tokens, format_duration(res.seconds), format_count(res.tokens_per_s),
-                   res.last.fvu, res.last.l0, recovery);
+        fmt::print("done {} | {} steps, {} tokens in {} ({} tok/s) | fvu {:.4f} | l0 {:.1f}{}\n",
+                   id, res.steps, res.tokens, format_duration(res.seconds),
+                   format_count(res.tokens_per_s), res.last.fvu, res.last.l0, recovery);
         fmt::print("wrote {}\n", (out / "sae" / id / "final.h5").string());
     }
     world.barrier();
@@ -168,7 +192,8 @@ int main(int argc, char** argv) {
     app.add_option("config", args.config, "YAML config file")->required();
     app.add_option("--set", args.sets, "override a config key: section.key=value (repeatable)");
     app.add_flag("--overwrite", args.overwrite, "replace an existing run in run.out_dir");
-    app.add_option("--threads", args.threads, "CPU threads per rank (default: cores / ranks per node)");
+    app.add_option("--threads", args.threads,
+                   "CPU threads per rank (default: cores / ranks per node)");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -180,7 +205,8 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
         std::fprintf(stderr, "saetrain: error: %s\n", e.what());
         if (world->size() > 1) {
-            std::fprintf(stderr, "saetrain: rank %d failed; stopping all %d ranks\n", world->rank(), world->size());
+            std::fprintf(stderr, "saetrain: rank %d failed; stopping all %d ranks\n", world->rank(),
+                         world->size());
             std::fflush(stderr);
             world_abort(1);
         }

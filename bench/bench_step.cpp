@@ -3,10 +3,10 @@
 //
 // FLOPs per token: dense (ReLU-L1) step = five d x n GEMMs = 10*d*n; TopK step with the sparse
 // decoder and sparse backward = 2*d*n (dense encoder) + 8*k*d (decode, dval, dW_dec, dW_enc).
-#include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -87,8 +87,8 @@ int main(int argc, char** argv) {
                be->name(), d, n, k, batch, reps);
     fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "arch", "step", "tokens/s",
                "sgemm rate", "sgemm-bound", "fraction");
-    fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "", "ms", "tok/s", "GFLOP/s",
-               "tok/s", "%");
+    fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "", "ms", "tok/s", "GFLOP/s", "tok/s",
+               "%");
 
     for (Arch arch : {Arch::topk, Arch::relu}) {
         SaeConfig cfg;
@@ -113,18 +113,17 @@ int main(int argc, char** argv) {
             flops_per_token = 10.0 * dd * dn;
         }
         const double gemm_s = time_gemms(*be, shapes, reps);
-        const double gemm_flops = 2.0 * dd * dn * static_cast<double>(batch) * static_cast<double>(shapes.size());
+        const double gemm_flops =
+            2.0 * dd * dn * static_cast<double>(batch) * static_cast<double>(shapes.size());
         const double rate = gemm_flops / gemm_s;
         const double bound = rate / flops_per_token;
         const double tps = static_cast<double>(batch) / step_s;
         fmt::print("{:<8} {:>12.1f} {:>12.0f} {:>14.1f} {:>14.0f} {:>10.1f}\n", arch_name(arch),
                    step_s * 1e3, tps, rate / 1e9, bound, 100.0 * tps / bound);
-        out[arch_name(arch)] = {{"step_ms", step_s * 1e3},
-                                {"tokens_per_s", tps},
-                                {"sgemm_GFLOPs", rate / 1e9},
-                                {"flops_per_token", flops_per_token},
-                                {"sgemm_bound_tokens_per_s", bound},
-                                {"fraction_of_bound", tps / bound}};
+        out[arch_name(arch)] = {
+            {"step_ms", step_s * 1e3},           {"tokens_per_s", tps},
+            {"sgemm_GFLOPs", rate / 1e9},        {"flops_per_token", flops_per_token},
+            {"sgemm_bound_tokens_per_s", bound}, {"fraction_of_bound", tps / bound}};
     }
     if (json) fmt::print("{}\n", out.dump());
     return 0;

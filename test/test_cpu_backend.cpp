@@ -71,8 +71,7 @@ TEST_F(CpuBackendTest, TopkSelectsLargestWithLowerIndexWinningTies) {
             std::vector<int32_t> got_sorted = got;
             std::sort(got_sorted.begin(), got_sorted.end());
             ASSERT_EQ(got_sorted, want) << "row " << r << " k " << k;
-            for (int64_t j = 0; j < k; ++j)
-                EXPECT_EQ(val[r * k + j], std::max(0.0f, v(got[j])));
+            for (int64_t j = 0; j < k; ++j) EXPECT_EQ(val[r * k + j], std::max(0.0f, v(got[j])));
         }
     }
 }
@@ -195,8 +194,8 @@ TEST_F(CpuBackendTest, AdamMatchesTextbookUpdateInDouble) {
     const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01, gs = 0.5;
     const int t = 3;
     const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
-    be->adam(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1), float(b2),
-             float(eps), float(bc1), float(bc2), float(wd), float(gs));
+    be->adam(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1), float(b2), float(eps),
+             float(bc1), float(bc2), float(wd), float(gs));
     for (int64_t i = 0; i < n; ++i) {
         const double gg = gs * g[i];
         const double mm = b1 * m0[i] + (1 - b1) * gg, vv = b2 * v0[i] + (1 - b2) * gg * gg;

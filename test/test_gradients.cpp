@@ -23,8 +23,8 @@ struct Dims {
 };
 
 // L = mean_t ||x_hat_t - x_t||^2 + l1 * mean_t sum_i z_ti ||W_dec_i||, flat layout as in trainer.h.
-double ref_loss(const std::vector<double>& p, const std::vector<float>& x, const Dims& s,
-                Arch arch, double l1) {
+double ref_loss(const std::vector<double>& p, const std::vector<float>& x, const Dims& s, Arch arch,
+                double l1) {
     const int64_t d = s.d, n = s.n;
     const double* w_enc = p.data();
     const double* w_dec = p.data() + n * d;
@@ -113,8 +113,8 @@ void check_gradients(Arch arch) {
     }
     EXPECT_LT(kinks, static_cast<int>(pd.size() / 20)) << "too many kinks to trust the check";
     EXPECT_GT(checked, 0);
-    std::printf("%s: %d gradients checked, %d kinks skipped, worst rel err %.2e\n",
-                arch_name(arch), checked, kinks, worst);
+    std::printf("%s: %d gradients checked, %d kinks skipped, worst rel err %.2e\n", arch_name(arch),
+                checked, kinks, worst);
 }
 
 TEST(Gradients, ReluL1MatchesFiniteDifferences) { check_gradients(Arch::relu); }

@@ -14,10 +14,10 @@ namespace saetrain {
 
 // Per-step sums an op writes into a small device array, read back by the trainer.
 enum StatSlot : int {
-    kStatSse = 0,     // sum over the batch of ||x_hat - x||^2
-    kStatSumSqX,      // sum of ||x||^2 (with kStatSse and the batch mean, gives fvu)
-    kStatL1,          // sum over tokens of sum_i z_i * ||W_dec_i||
-    kStatL0,          // number of non-zero latent activations
+    kStatSse = 0,  // sum over the batch of ||x_hat - x||^2
+    kStatSumSqX,   // sum of ||x||^2 (with kStatSse and the batch mean, gives fvu)
+    kStatL1,       // sum over tokens of sum_i z_i * ||W_dec_i||
+    kStatL0,       // number of non-zero latent activations
     kStatCount
 };
 
@@ -59,9 +59,9 @@ public:
     // dz -> dpre in place: dpre = (z > 0) * (dz + l1 * norm_i). Writes column sums of dpre
     // into db_enc[n] and of z into z_col_sum[n], per-latent firing counts into fires[n], and
     // adds l1 sums and L0 to stats.
-    virtual void relu_backward(const float* z, float* dz_to_dpre, const float* dec_norms,
-                               float l1, int64_t rows, int64_t n, float* db_enc,
-                               float* z_col_sum, int32_t* fires, float* stats) = 0;
+    virtual void relu_backward(const float* z, float* dz_to_dpre, const float* dec_norms, float l1,
+                               int64_t rows, int64_t n, float* db_enc, float* z_col_sum,
+                               int32_t* fires, float* stats) = 0;
 
     // TopK: for each row of pre + b_enc keep the k largest (ties: lower index), ReLU them.
     // idx [rows, k] latent ids, val [rows, k] activations (0 where the ReLU cut).
@@ -77,8 +77,8 @@ public:
     // w_dec gradients are [n, d] (latent-major). fires[l] counts non-zero activations; adds L0.
     virtual void topk_backward(const float* x, const float* derr, const int32_t* idx,
                                const float* val, const float* w_dec, int64_t rows, int64_t n,
-                               int64_t k, int64_t d, float* dw_enc, float* dw_dec,
-                               float* db_enc, int32_t* fires, float* stats) = 0;
+                               int64_t k, int64_t d, float* dw_enc, float* dw_dec, float* db_enc,
+                               int32_t* fires, float* stats) = 0;
 
     // norms[i] = ||w[i, :]||.
     virtual void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) = 0;
@@ -104,7 +104,9 @@ class DeviceArray {
 public:
     DeviceArray() = default;
     DeviceArray(Backend& be, int64_t n)
-        : be_(&be), n_(n), p_(static_cast<T*>(be.alloc_bytes(n * static_cast<int64_t>(sizeof(T))))) {}
+        : be_(&be),
+          n_(n),
+          p_(static_cast<T*>(be.alloc_bytes(n * static_cast<int64_t>(sizeof(T))))) {}
     ~DeviceArray() { reset(); }
     DeviceArray(DeviceArray&& o) noexcept : be_(o.be_), n_(o.n_), p_(o.p_) { o.p_ = nullptr; }
     DeviceArray& operator=(DeviceArray&& o) noexcept {

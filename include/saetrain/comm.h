@@ -18,9 +18,9 @@ public:
     virtual int size() const = 0;
     virtual std::string name() const = 0;
 
-    virtual void allreduce_sum(float* data, int64_t n) = 0;   // in place
-    virtual void allreduce_sum(double* data, int64_t n) = 0;  // in place
-    virtual void allreduce_max(int64_t* data, int64_t n) = 0; // in place
+    virtual void allreduce_sum(float* data, int64_t n) = 0;    // in place
+    virtual void allreduce_sum(double* data, int64_t n) = 0;   // in place
+    virtual void allreduce_max(int64_t* data, int64_t n) = 0;  // in place
     // recv holds size() * bytes, rank r's block at r * bytes.
     virtual void allgather(const void* send, void* recv, int64_t bytes) = 0;
     virtual void bcast(void* data, int64_t bytes, int root) = 0;

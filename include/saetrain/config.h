@@ -21,8 +21,8 @@ struct RunConfig {
 };
 
 struct DataConfig {
-    std::string path;                      // directory or glob of .h5 shards (required)
-    int64_t batch_size = 4096;             // rows per rank per step
+    std::string path;           // directory or glob of .h5 shards (required)
+    int64_t batch_size = 4096;  // rows per rank per step
     int64_t epochs = 1;
     int64_t max_tokens = 0;                // when > 0, replaces epochs
     int64_t shuffle_buffer_rows = 262144;  // rows held for shuffling (0: no shuffling)
@@ -32,10 +32,10 @@ struct DataConfig {
 // One point of a sweep: everything that differs between SAEs trained in one run.
 struct SaeConfig {
     Arch arch = Arch::topk;
-    int64_t expansion = 8;     // n_latents = expansion * d_model unless n_latents > 0
+    int64_t expansion = 8;  // n_latents = expansion * d_model unless n_latents > 0
     int64_t n_latents = 0;
-    int64_t k = 32;            // TopK: active latents per token
-    double l1_coeff = 5.0;     // ReLU: L1 penalty weight
+    int64_t k = 32;         // TopK: active latents per token
+    double l1_coeff = 5.0;  // ReLU: L1 penalty weight
     // train section values (may also be swept)
     double lr = 4.0e-4;
     int64_t warmup_steps = 100;
@@ -46,9 +46,9 @@ struct SaeConfig {
     double beta1 = 0.9;
     double beta2 = 0.999;
     double eps = 1.0e-8;
-    double weight_decay = 0.0;        // decoupled (AdamW); applied to weights, not biases
-    bool normalize_decoder = true;    // unit-norm decoder rows after every step
-    int64_t dead_tokens = 10000000;   // a latent not fired for this many tokens counts as dead
+    double weight_decay = 0.0;       // decoupled (AdamW); applied to weights, not biases
+    bool normalize_decoder = true;   // unit-norm decoder rows after every step
+    int64_t dead_tokens = 10000000;  // a latent not fired for this many tokens counts as dead
 
     int64_t resolved_latents(int64_t d_model) const {
         return n_latents > 0 ? n_latents : expansion * d_model;
@@ -58,8 +58,8 @@ struct SaeConfig {
 };
 
 struct ParallelConfig {
-    std::string mode = "sweep";          // sweep | data_parallel | hybrid
-    std::string sweep_data = "shared";   // shared | disjoint
+    std::string mode = "sweep";         // sweep | data_parallel | hybrid
+    std::string sweep_data = "shared";  // shared | disjoint
     int64_t replicas = 1;
 };
 
@@ -81,7 +81,7 @@ struct Config {
     std::string backend = "auto";  // auto | cpu | cuda
     LogConfig log;
     CheckpointConfig checkpoint;
-    std::string source;            // the file it was read from, for messages
+    std::string source;  // the file it was read from, for messages
 };
 
 // Reads `path`, applies `overrides` ("section.key=value", YAML values, lists allowed) and

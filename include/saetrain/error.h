@@ -26,8 +26,8 @@ public:
 }  // namespace saetrain
 
 // SAE_ENFORCE(cond, "fmt {}", args...): a user-facing precondition; the message is the error.
-#define SAE_ENFORCE(cond, ...)                                      \
-    do {                                                            \
+#define SAE_ENFORCE(cond, ...)                                          \
+    do {                                                                \
         if (!(cond)) throw ::saetrain::Error(fmt::format(__VA_ARGS__)); \
     } while (0)
 
@@ -39,10 +39,10 @@ public:
         return _r;                                                                          \
     }())
 
-#define SAE_MPI_CHECK(stmt)                                                            \
-    do {                                                                               \
-        int _rc = (stmt);                                                              \
-        if (_rc != 0)                                                                  \
-            ::saetrain::throw_check_failure("MPI", #stmt, fmt::format("code {}", _rc), \
-                                            __FILE__, __LINE__);                       \
+#define SAE_MPI_CHECK(stmt)                                                                      \
+    do {                                                                                         \
+        int _rc = (stmt);                                                                        \
+        if (_rc != 0)                                                                            \
+            ::saetrain::throw_check_failure("MPI", #stmt, fmt::format("code {}", _rc), __FILE__, \
+                                            __LINE__);                                           \
     } while (0)

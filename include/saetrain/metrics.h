@@ -13,7 +13,7 @@
 namespace saetrain {
 
 struct MetricsRow {
-    std::string sae;         // SAE id
+    std::string sae;  // SAE id
     int64_t step = 0, total_steps = 0, tokens = 0;
     double lr = 0, loss = 0, mse = 0, fvu = 0, l0 = 0, l1 = 0, dead_fraction = 0;
     double grad_norm = 0, tokens_per_s = 0, read_MBps = 0, wait_fraction = 0;

@@ -25,10 +25,10 @@ SAE_HD float relu_l1_grad(float z, float dz, float l1_times_norm) {
 }
 
 struct AdamScalars {
-    float lr;          // this step's learning rate
+    float lr;  // this step's learning rate
     float beta1, beta2, eps;
-    float bias_corr1;  // 1 - beta1^t
-    float bias_corr2;  // 1 - beta2^t
+    float bias_corr1;    // 1 - beta1^t
+    float bias_corr2;    // 1 - beta2^t
     float weight_decay;  // decoupled (AdamW), already multiplied by nothing: p -= lr * wd * p
     float grad_scale;    // multiplies the gradient first (clipping, replica averaging)
 };

@@ -27,8 +27,8 @@ struct ShardInfo {
 };
 
 struct DatasetInfo {
-    std::string source;       // the path or glob given
-    std::string dataset;      // dataset name inside each shard
+    std::string source;   // the path or glob given
+    std::string dataset;  // dataset name inside each shard
     std::vector<ShardInfo> shards;
     int64_t d_model = 0;
     int64_t total_rows = 0;
@@ -38,7 +38,8 @@ struct DatasetInfo {
 
 // Lists and validates the shards (same d_model and dtype, 2-D, readable, non-empty). Throws
 // Error naming the offending shard or the path when nothing matches.
-DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dataset = "activations");
+DatasetInfo dataset_open(const std::string& path_or_glob,
+                         const std::string& dataset = "activations");
 
 // Half-open range [begin, end) of global rows.
 struct RowRange {
@@ -67,7 +68,7 @@ public:
     int64_t read(float* out, int64_t max_rows);
     // Moves the cursor to global row `row` (within the range).
     void seek(int64_t row);
-    int64_t position() const;  // global row of the cursor
+    int64_t position() const;    // global row of the cursor
     int64_t bytes_read() const;  // bytes of shard data read so far (before conversion)
     const RowRange& range() const;
 

@@ -18,15 +18,15 @@ namespace saetrain {
 struct SynthOptions {
     std::string out_dir;
     int64_t d_model = 64;
-    int64_t n_features = 256;       // m planted features
-    double active_per_row = 4.0;    // expected active features per row
+    int64_t n_features = 256;     // m planted features
+    double active_per_row = 4.0;  // expected active features per row
     double min_scale = 0.5, max_scale = 2.0;
-    double noise_std = 0.02;        // per-dimension Gaussian noise
-    double mean_norm = 1.0;         // norm of the shared mean vector mu
-    int64_t rows = 100000;          // total rows over all shards
+    double noise_std = 0.02;  // per-dimension Gaussian noise
+    double mean_norm = 1.0;   // norm of the shared mean vector mu
+    int64_t rows = 100000;    // total rows over all shards
     int64_t shards = 4;
     DType dtype = DType::f32;
-    bool chunked = false;           // chunked by rows (else contiguous)
+    bool chunked = false;  // chunked by rows (else contiguous)
     int64_t chunk_rows = 1024;
     uint64_t seed = 0;
 };

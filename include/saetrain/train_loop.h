@@ -14,7 +14,7 @@
 namespace saetrain {
 
 struct LoopResult {
-    MetricsRow last;        // the final interval's metrics
+    MetricsRow last;  // the final interval's metrics
     int64_t steps = 0, tokens = 0;
     double seconds = 0, tokens_per_s = 0, wait_fraction = 0;
 };

@@ -24,13 +24,13 @@
 namespace saetrain {
 
 struct StepResult {
-    int64_t rows = 0;       // tokens in this step (all replicas)
-    double loss = 0;        // L above, averaged over replicas
-    double sse = 0;         // sum ||x_hat - x||^2
-    double sst = 0;         // sum ||x - batch mean||^2
-    double l1 = 0;          // sum_t sum_i z_ti ||W_dec_i|| (unweighted by the coefficient)
-    double l0 = 0;          // non-zero activations
-    double grad_norm = 0;   // before clipping
+    int64_t rows = 0;      // tokens in this step (all replicas)
+    double loss = 0;       // L above, averaged over replicas
+    double sse = 0;        // sum ||x_hat - x||^2
+    double sst = 0;        // sum ||x - batch mean||^2
+    double l1 = 0;         // sum_t sum_i z_ti ||W_dec_i|| (unweighted by the coefficient)
+    double l0 = 0;         // non-zero activations
+    double grad_norm = 0;  // before clipping
     double lr = 0;
     bool clipped = false;
 };

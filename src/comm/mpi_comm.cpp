@@ -32,8 +32,8 @@ public:
         SAE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int(n), MPI_INT64_T, MPI_MAX, comm_));
     }
     void allgather(const void* send, void* recv, int64_t bytes) override {
-        SAE_MPI_CHECK(MPI_Allgather(send, to_int(bytes), MPI_BYTE, recv, to_int(bytes), MPI_BYTE,
-                                    comm_));
+        SAE_MPI_CHECK(
+            MPI_Allgather(send, to_int(bytes), MPI_BYTE, recv, to_int(bytes), MPI_BYTE, comm_));
     }
     void bcast(void* data, int64_t bytes, int root) override {
         SAE_MPI_CHECK(MPI_Bcast(data, to_int(bytes), MPI_BYTE, root, comm_));
@@ -76,7 +76,8 @@ std::unique_ptr<Communicator> make_mpi_world() {
 
 NodePlacement node_placement() {
     MPI_Comm node;
-    SAE_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    SAE_MPI_CHECK(
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
     NodePlacement p;
     MPI_Comm_rank(node, &p.local_rank);
     MPI_Comm_size(node, &p.local_size);

@@ -1,11 +1,10 @@
 #include "saetrain/metrics.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "saetrain/error.h"
 

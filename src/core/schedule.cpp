@@ -10,9 +10,8 @@ double lr_at(const SaeConfig& cfg, int64_t step, int64_t total_steps) {
         return cfg.lr * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
     const double lo = cfg.lr * cfg.lr_min_ratio;
     const int64_t decay_steps = std::max<int64_t>(1, total_steps - cfg.warmup_steps);
-    const double t =
-        std::clamp(static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(decay_steps),
-                   0.0, 1.0);
+    const double t = std::clamp(
+        static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
     if (cfg.lr_decay == "cosine") return lo + (cfg.lr - lo) * 0.5 * (1.0 + std::cos(M_PI * t));
     if (cfg.lr_decay == "linear") return cfg.lr + (lo - cfg.lr) * t;
     return cfg.lr;  // constant

@@ -58,7 +58,8 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, int64_t batch_si
         m.dead_fraction = trainer.dead_fraction();
         m.grad_norm = iv.grad_norm / static_cast<double>(iv.steps);
         m.tokens_per_s = dt > 0 ? static_cast<double>(iv.rows) / dt : 0.0;
-        m.read_MBps = dt > 0 ? static_cast<double>(source.bytes_read() - bytes_at_interval) / dt / 1e6 : 0.0;
+        m.read_MBps =
+            dt > 0 ? static_cast<double>(source.bytes_read() - bytes_at_interval) / dt / 1e6 : 0.0;
         m.wait_fraction = dt > 0 ? (source.wait_seconds() - wait_at_interval) / dt : 0.0;
         m.elapsed_s = elapsed;
         const double per_step = elapsed / static_cast<double>(m.step);

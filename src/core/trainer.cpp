@@ -123,8 +123,8 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows) {
         be_.sparse_decode(topk_idx_.data(), topk_val_.data(), P.w_dec, B, k, d, xhat_.data());
         float* derr = xhat_.data();
         be_.residual(derr, x, B, d, grad_scale, xcol_.data(), G.b_dec, stats_.data());
-        be_.topk_backward(xc_.data(), derr, topk_idx_.data(), topk_val_.data(), P.w_dec, B, n, k,
-                          d, G.w_enc, G.w_dec, G.b_enc, fires_.data(), stats_.data());
+        be_.topk_backward(xc_.data(), derr, topk_idx_.data(), topk_val_.data(), P.w_dec, B, n, k, d,
+                          G.w_enc, G.w_dec, G.b_enc, fires_.data(), stats_.data());
     }
     // b_dec also enters through the encoder input x - b_dec: dL/db_dec -= db_enc^T W_enc.
     be_.gemm(false, false, 1, d, n, -1.0f, G.b_enc, n, P.w_enc, d, 1.0f, G.b_dec, d);
@@ -214,8 +214,8 @@ std::vector<float> SaeTrainer::grads_host() const {
 }
 
 void SaeTrainer::set_params_host(const std::vector<float>& p) {
-    SAE_ENFORCE(static_cast<int64_t>(p.size()) == n_params_, "parameter buffer has {} values, expected {}",
-                p.size(), n_params_);
+    SAE_ENFORCE(static_cast<int64_t>(p.size()) == n_params_,
+                "parameter buffer has {} values, expected {}", p.size(), n_params_);
     be_.upload(params_.data(), p.data(), params_.bytes());
 }
 

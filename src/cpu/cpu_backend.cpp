@@ -257,7 +257,8 @@ public:
 
     void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override {
 #pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) norms[r] = std::sqrt(dot(w + r * cols, w + r * cols, cols));
+        for (int64_t r = 0; r < rows; ++r)
+            norms[r] = std::sqrt(dot(w + r * cols, w + r * cols, cols));
     }
     void project_out_parallel(const float* w, float* g, int64_t rows, int64_t cols) override {
 #pragma omp parallel for schedule(static)

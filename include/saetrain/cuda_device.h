@@ -1,0 +1,16 @@
+// cuda_device.h — what CUDA devices this process can see (CUDA builds only).
+//
+// Used by `backend: auto` to choose, and by the start-up line to say which device a rank got.
+// On a machine without a driver or device these report zero devices rather than failing.
+#pragma once
+
+#include <string>
+
+namespace saetrain {
+
+// Visible devices (0 when no driver, no device, or CUDA_VISIBLE_DEVICES hides them all).
+int cuda_device_count();
+// "NVIDIA H100 80GB HBM3 (sm_90, 79.2 GiB)"; empty when the device cannot be queried.
+std::string cuda_device_description(int device);
+
+}  // namespace saetrain

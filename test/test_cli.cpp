@@ -1,0 +1,148 @@
+// The command-line programs as a user runs them: outputs of a run, and one clear line and a
+// non-zero exit for each kind of bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "saetrain/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+    int code;
+    std::string out;
+};
+
+// Runs a shell command (stderr merged into stdout) and returns its exit code and output.
+Result run(const std::string& cmd) {
+    std::array<char, 4096> buf{};
+    std::string out;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) return {-1, "popen failed"};
+    while (fgets(buf.data(), static_cast<int>(buf.size()), p)) out += buf.data();
+    const int status = pclose(p);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string bin(const std::string& name) { return std::string(SAETRAIN_BIN_DIR) + "/" + name; }
+
+class Cli : public ::testing::Test {
+protected:
+    fs::path dir;
+    void SetUp() override {
+        dir = fs::temp_directory_path() /
+              (std::string("saetrain_cli_") +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        const Result r = run(bin("sae-synth") + " --out " + (dir / "data").string() +
+                             " --d-model 16 --features 32 --rows 3000 --shards 2 --seed 3");
+        ASSERT_EQ(r.code, 0) << r.out;
+        std::ofstream(dir / "cfg.yaml") << "run: {out_dir: " << (dir / "run").string() << "}\n"
+                                        << "data: {path: " << (dir / "data").string()
+                                        << ", batch_size: 256, shuffle_buffer_rows: 1024}\n"
+                                        << "sae: {arch: topk, expansion: 2, k: 4}\n"
+                                        << "train: {lr: 0.005, warmup_steps: 2}\n"
+                                        << "log: {every_steps: 4}\n";
+    }
+    void TearDown() override { fs::remove_all(dir); }
+    Result train(const std::string& extra = "") {
+        return run(bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --threads 1 " + extra);
+    }
+};
+
+TEST_F(Cli, TrainWritesEveryOutput) {
+    const Result r = train();
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("feature recovery"), std::string::npos) << r.out;
+    const fs::path run_dir = dir / "run";
+    // config.yaml: the resolved config, defaults written out.
+    std::ifstream cfg(run_dir / "config.yaml");
+    std::stringstream cs;
+    cs << cfg.rdbuf();
+    EXPECT_NE(cs.str().find("dead_tokens"), std::string::npos);
+    // metrics.jsonl: 3000 rows / 256 = 12 steps, logged every 4 -> 3 lines with the brief's keys.
+    std::ifstream metrics(run_dir / "metrics.jsonl");
+    std::string line;
+    int lines = 0;
+    int64_t last_step = 0;
+    while (std::getline(metrics, line)) {
+        const auto j = nlohmann::json::parse(line);
+        for (const char* key : {"sae", "step", "tokens", "lr", "mse", "fvu", "l0", "dead_fraction",
+                                "tokens_per_s", "read_MBps", "loss"})
+            EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
+        EXPECT_GT(j["step"].get<int64_t>(), last_step);
+        last_step = j["step"].get<int64_t>();
+        ++lines;
+    }
+    EXPECT_EQ(lines, 3);
+    EXPECT_EQ(last_step, 12);
+    // summary.csv: header and one row for the one SAE.
+    std::ifstream summary(run_dir / "summary.csv");
+    std::string header, row, extra;
+    std::getline(summary, header);
+    std::getline(summary, row);
+    EXPECT_FALSE(std::getline(summary, extra));
+    EXPECT_EQ(header.rfind("sae,arch,n_latents,k", 0), 0u) << header;
+    EXPECT_EQ(row.rfind("topk-x2-k4,topk,32,4", 0), 0u) << row;
+    // final.h5: shapes of the brief and the step count.
+    saetrain::SaeMeta meta;
+    const auto w = saetrain::sae_read_h5((run_dir / "sae/topk-x2-k4/final.h5").string(), &meta);
+    EXPECT_EQ(w.d_model, 16);
+    EXPECT_EQ(w.n_latents, 32);
+    EXPECT_EQ(meta.step, 12);
+    EXPECT_EQ(meta.tokens, 3000);
+    EXPECT_EQ(meta.arch, "topk");
+}
+
+TEST_F(Cli, RefusesToOverwriteARunWithoutTheFlag) {
+    ASSERT_EQ(train().code, 0);
+    const Result again = train();
+    EXPECT_NE(again.code, 0);
+    EXPECT_NE(again.out.find("--overwrite"), std::string::npos) << again.out;
+    EXPECT_EQ(train("--overwrite").code, 0);
+}
+
+// Each bad input: non-zero exit and one "saetrain: error:" line naming the culprit.
+TEST_F(Cli, BadInputsFailWithOneClearLine) {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--set sae.expnasion=4", "sae.expansion"},  // typo: the nearest key is suggested
+        {"--set sae.k=64", "sae.k"},                 // k > n_latents (32)
+        {"--set train.lr=-1", "train.lr"},           // bad value
+        {"--set data.path=" + (dir / "nowhere").string(), "nowhere"},  // missing data
+        {"--set sae.k=[2,4]", "2 SAE config"},  // sweep larger than the world
+    };
+    for (const auto& [args, needle] : cases) {
+        const Result r = train(args);
+        EXPECT_NE(r.code, 0) << args;
+        EXPECT_NE(r.out.find("saetrain: error:"), std::string::npos) << args << ": " << r.out;
+        EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
+        EXPECT_FALSE(fs::exists(dir / "run" / "metrics.jsonl")) << args;
+    }
+    const Result missing = run(bin("saetrain") + " " + (dir / "absent.yaml").string());
+    EXPECT_NE(missing.code, 0);
+    EXPECT_NE(missing.out.find("absent.yaml"), std::string::npos) << missing.out;
+}
+
+TEST_F(Cli, InspectDescribesDataAndSae) {
+    Result r = run(bin("sae-inspect") + " " + (dir / "data").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("3000"), std::string::npos) << r.out;
+    ASSERT_EQ(train().code, 0);
+    r = run(bin("sae-inspect") + " " + (dir / "run/sae/topk-x2-k4/final.h5").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("topk"), std::string::npos) << r.out;
+    r = run(bin("sae-inspect") + " " + (dir / "cfg.yaml").string());
+    EXPECT_NE(r.code, 0) << r.out;
+}
+
+}  // namespace

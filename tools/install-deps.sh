@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs saetrain's build and test dependencies from Debian's packages (run as root or with
+# sudo). Nothing else is downloaded: the build and the tests need no network.
+set -euo pipefail
+pkgs=(cmake g++ make pkg-config clang-format
+      libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev libopenblas-dev
+      libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#pkgs[@]} packages present"
+    exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
