@@ -130,18 +130,31 @@ int run(const Args& args, Communicator& world) {
     // --- train ------------------------------------------------------------------------------
     std::unique_ptr<MetricsLog> log;
     if (root) log = std::make_unique<MetricsLog>((out / "metrics.jsonl").string());
-    const LoopResult res = train_loop(trainer, source, cfg.data.batch_size, cfg.log.every_steps, id,
-                                      [&](const MetricsRow& m) {
-                                          if (!root) return;
-                                          log->write(m);
-                                          fmt::print("{}\n", progress_line(m));
-                                          std::fflush(stdout);
-                                      });
+    const fs::path sae_dir = out / "sae" / id;
+    auto meta_now = [&](const SaeTrainer& t) {
+        return SaeMeta{arch_name(sae.arch), id,        config_to_yaml(cfg), sae.k,
+                       t.step_count(),      t.tokens()};
+    };
+    LoopOptions opt;
+    opt.batch_size = cfg.data.batch_size;
+    opt.log_every = cfg.log.every_steps;
+    opt.checkpoint_every = cfg.checkpoint.every_steps;
+    opt.sae_id = id;
+    opt.report = [&](const MetricsRow& m) {
+        if (!root) return;
+        log->write(m);
+        fmt::print("{}\n", progress_line(m));
+        std::fflush(stdout);
+    };
+    opt.checkpoint = [&](SaeTrainer& t) {
+        checkpoint_rotate(sae_dir.string(), t.step_count(), t.weights(), meta_now(t),
+                          cfg.checkpoint.keep);
+    };
+    const LoopResult res = train_loop(trainer, source, opt);
 
     // --- write and report -------------------------------------------------------------------
     const SaeWeights w = trainer.weights();
-    SaeMeta meta{arch_name(sae.arch), id, config_to_yaml(cfg), sae.k, res.steps, res.tokens};
-    sae_write_h5((out / "sae" / id / "final.h5").string(), w, meta);
+    sae_write_h5((sae_dir / "final.h5").string(), w, meta_now(trainer));
 
     std::map<std::string, std::string> row = {
         {"sae", id},

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
@@ -57,12 +58,100 @@ double time_gemms(Backend& be, const std::vector<Gemm>& shapes, int reps) {
     });
 }
 
+// Forwards to a backend and accumulates wall time per op, to show where a step goes.
+class TimedBackend final : public Backend {
+public:
+    explicit TimedBackend(Backend& be) : be_(be) {}
+    std::map<std::string, double> seconds;
+    std::string name() const override { return be_.name(); }
+    void* alloc_bytes(int64_t b) override { return be_.alloc_bytes(b); }
+    void free_bytes(void* p) override { be_.free_bytes(p); }
+    void upload(void* d, const void* s, int64_t b) override {
+        timed("upload", [&] { be_.upload(d, s, b); });
+    }
+    void download(void* d, const void* s, int64_t b) override {
+        timed("download", [&] { be_.download(d, s, b); });
+    }
+    void fill(float* x, int64_t n, float v) override {
+        timed("fill", [&] { be_.fill(x, n, v); });
+    }
+    void synchronize() override { be_.synchronize(); }
+    void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) override {
+        timed(fmt::format("gemm {}x{}x{}", m, n, k),
+              [&] { be_.gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+    }
+    double sum_squares(const float* x, int64_t n) override {
+        double r = 0;
+        timed("sum_squares", [&] { r = be_.sum_squares(x, n); });
+        return r;
+    }
+    void sub_rows(float* o, const float* x, const float* b, int64_t r, int64_t c) override {
+        timed("sub_rows", [&] { be_.sub_rows(o, x, b, r, c); });
+    }
+    void broadcast_rows(float* o, const float* b, int64_t r, int64_t c) override {
+        timed("broadcast_rows", [&] { be_.broadcast_rows(o, b, r, c); });
+    }
+    void residual(float* xh, const float* x, int64_t r, int64_t d, float g, float* xc, float* db,
+                  float* st) override {
+        timed("residual", [&] { be_.residual(xh, x, r, d, g, xc, db, st); });
+    }
+    void relu_forward(float* p, const float* b, int64_t r, int64_t n) override {
+        timed("relu_forward", [&] { be_.relu_forward(p, b, r, n); });
+    }
+    void relu_backward(const float* z, float* dz, const float* nr, float l1, int64_t r, int64_t n,
+                       float* db, float* zs, int32_t* f, float* st) override {
+        timed("relu_backward", [&] { be_.relu_backward(z, dz, nr, l1, r, n, db, zs, f, st); });
+    }
+    void topk_forward(const float* p, const float* b, int64_t r, int64_t n, int64_t k, int32_t* i,
+                      float* v) override {
+        timed("topk_forward", [&] { be_.topk_forward(p, b, r, n, k, i, v); });
+    }
+    void sparse_decode(const int32_t* i, const float* v, const float* w, int64_t r, int64_t k,
+                       int64_t d, float* xh) override {
+        timed("sparse_decode", [&] { be_.sparse_decode(i, v, w, r, k, d, xh); });
+    }
+    void topk_backward(const float* x, const float* de, const int32_t* i, const float* v,
+                       const float* w, int64_t r, int64_t n, int64_t k, int64_t d, float* ge,
+                       float* gd, float* gb, int32_t* f, float* st) override {
+        timed("topk_backward",
+              [&] { be_.topk_backward(x, de, i, v, w, r, n, k, d, ge, gd, gb, f, st); });
+    }
+    void row_norms(const float* w, int64_t r, int64_t c, float* o) override {
+        timed("row_norms", [&] { be_.row_norms(w, r, c, o); });
+    }
+    void project_out_parallel(const float* w, float* g, int64_t r, int64_t c) override {
+        timed("project_out_parallel", [&] { be_.project_out_parallel(w, g, r, c); });
+    }
+    void normalize_rows(float* w, int64_t r, int64_t c) override {
+        timed("normalize_rows", [&] { be_.normalize_rows(w, r, c); });
+    }
+    void add_norm_grad(const float* w, const float* co, float s, float* g, int64_t r,
+                       int64_t c) override {
+        timed("add_norm_grad", [&] { be_.add_norm_grad(w, co, s, g, r, c); });
+    }
+    void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+              float eps, float c1, float c2, float wd, float gs) override {
+        timed("adam", [&] { be_.adam(p, g, m, v, n, lr, b1, b2, eps, c1, c2, wd, gs); });
+    }
+
+private:
+    template <typename F>
+    void timed(const std::string& op, F&& f) {
+        const auto t0 = Clock::now();
+        f();
+        seconds[op] += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    Backend& be_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
     int64_t d = 768, n = 6144, k = 32, batch = 4096;
     int reps = 5, threads = 0;
-    bool json = false;
+    bool json = false, breakdown = false;
     CLI::App app{"bench_step: SAE training-step throughput vs the sgemm limit"};
     app.add_option("--d-model", d);
     app.add_option("--latents", n);
@@ -71,6 +160,7 @@ int main(int argc, char** argv) {
     app.add_option("--reps", reps, "timed repetitions (median reported)");
     app.add_option("--threads", threads, "CPU threads (default: all)");
     app.add_flag("--json", json, "also print one JSON object");
+    app.add_flag("--breakdown", breakdown, "print the time per backend op of one step");
     CLI11_PARSE(app, argc, argv);
 
     auto be = make_cpu_backend(threads);
@@ -118,6 +208,16 @@ int main(int argc, char** argv) {
         const double rate = gemm_flops / gemm_s;
         const double bound = rate / flops_per_token;
         const double tps = static_cast<double>(batch) / step_s;
+        if (breakdown) {
+            TimedBackend timed(*be);
+            SaeTrainer tt(cfg, d, 1000, 0, timed, *self);
+            tt.init(x.data(), batch);
+            tt.step(x.data(), batch);  // warm-up
+            timed.seconds.clear();
+            tt.step(x.data(), batch);
+            for (const auto& [op, sec] : timed.seconds)
+                fmt::print("    {:<28} {:>9.1f} ms\n", op, sec * 1e3);
+        }
         fmt::print("{:<8} {:>12.1f} {:>12.0f} {:>14.1f} {:>14.0f} {:>10.1f}\n", arch_name(arch),
                    step_s * 1e3, tps, rate / 1e9, bound, 100.0 * tps / bound);
         out[arch_name(arch)] = {

@@ -52,7 +52,8 @@ protected:
                                         << ", batch_size: 256, shuffle_buffer_rows: 1024}\n"
                                         << "sae: {arch: topk, expansion: 2, k: 4}\n"
                                         << "train: {lr: 0.005, warmup_steps: 2}\n"
-                                        << "log: {every_steps: 4}\n";
+                                        << "log: {every_steps: 4}\n"
+                                        << "checkpoint: {every_steps: 5, keep: 1}\n";
     }
     void TearDown() override { fs::remove_all(dir); }
     Result train(const std::string& extra = "") {
@@ -102,6 +103,11 @@ TEST_F(Cli, TrainWritesEveryOutput) {
     EXPECT_EQ(meta.step, 12);
     EXPECT_EQ(meta.tokens, 3000);
     EXPECT_EQ(meta.arch, "topk");
+    // checkpoints every 5 steps (5, 10), keeping only the newest.
+    EXPECT_EQ(saetrain::checkpoint_steps((run_dir / "sae/topk-x2-k4").string()),
+              std::vector<int64_t>{10});
+    saetrain::sae_read_h5((run_dir / "sae/topk-x2-k4/checkpoint-10.h5").string(), &meta);
+    EXPECT_EQ(meta.step, 10);
 }
 
 TEST_F(Cli, RefusesToOverwriteARunWithoutTheFlag) {

@@ -60,7 +60,10 @@ TEST(EndToEnd, TopkRecoversPlantedFeatures) {
     auto self = make_self_comm();
     const int64_t batch = 256;
     SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, *be, *self);
-    const LoopResult res = train_loop(tr, source, batch, 50, "e2e", [](const MetricsRow&) {});
+    LoopOptions opt;
+    opt.batch_size = batch;
+    opt.sae_id = "e2e";
+    const LoopResult res = train_loop(tr, source, opt);
 
     int64_t m = 0, d = 0;
     const auto truth = synth_read_features((tmp.path / "ground_truth.h5").string(), &m, &d);

@@ -3,7 +3,7 @@
 # sudo). Nothing else is downloaded: the build and the tests need no network.
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config clang-format
-      libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev libopenblas-dev
+      libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev libopenblas-openmp-dev
       libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -19,11 +19,18 @@ struct LoopResult {
     double seconds = 0, tokens_per_s = 0, wait_fraction = 0;
 };
 
+struct LoopOptions {
+    int64_t batch_size = 4096;
+    int64_t log_every = 50;
+    int64_t checkpoint_every = 0;  // 0: never
+    std::string sae_id;
+    std::function<void(const MetricsRow&)> report;  // every log interval and at the end
+    std::function<void(SaeTrainer&)> checkpoint;    // every checkpoint_every steps
+};
+
 // Steps until the source is exhausted (total steps = ceil(total_rows / batch_size)).
 // The first batch also initializes the SAE (b_dec from its mean).
-LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, int64_t batch_size,
-                      int64_t log_every, const std::string& sae_id,
-                      const std::function<void(const MetricsRow&)>& report);
+LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOptions& opt);
 
 // Steps the loop will take for a source of `rows` rows.
 int64_t total_steps_for(int64_t rows, int64_t batch_size);

@@ -28,9 +28,8 @@ int64_t total_steps_for(int64_t rows, int64_t batch_size) {
     return (rows + batch_size - 1) / batch_size;
 }
 
-LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, int64_t batch_size,
-                      int64_t log_every, const std::string& sae_id,
-                      const std::function<void(const MetricsRow&)>& report) {
+LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOptions& opt) {
+    const int64_t batch_size = opt.batch_size, log_every = opt.log_every;
     const int64_t d = source.d_model();
     const int64_t total_steps = total_steps_for(source.total_rows(), batch_size);
     std::vector<float> batch(static_cast<size_t>(batch_size * d));
@@ -45,7 +44,7 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, int64_t batch_si
         if (iv.steps == 0 || (!force && trainer.step_count() % log_every != 0)) return;
         const double dt = seconds_since(t_interval), elapsed = seconds_since(t_start);
         MetricsRow m;
-        m.sae = sae_id;
+        m.sae = opt.sae_id;
         m.step = trainer.step_count();
         m.total_steps = total_steps;
         m.tokens = trainer.tokens();
@@ -64,7 +63,7 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, int64_t batch_si
         m.elapsed_s = elapsed;
         const double per_step = elapsed / static_cast<double>(m.step);
         m.eta_s = per_step * static_cast<double>(total_steps - m.step);
-        report(m);
+        if (opt.report) opt.report(m);
         res.last = m;
         iv = Interval{};
         t_interval = Clock::now();
@@ -79,6 +78,9 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, int64_t batch_si
         if (first) trainer.init(batch.data(), rows), first = false;
         iv.add(trainer.step(batch.data(), rows));
         emit(false);
+        if (opt.checkpoint && opt.checkpoint_every > 0 &&
+            trainer.step_count() % opt.checkpoint_every == 0)
+            opt.checkpoint(trainer);
     }
     emit(true);
     res.steps = trainer.step_count();

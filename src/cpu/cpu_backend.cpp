@@ -29,24 +29,40 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // the top, so a row costs about n comparisons plus a few heap updates.
 struct TopkHeap {
     std::vector<std::pair<float, int32_t>> h;
-    static bool worse_first(const std::pair<float, int32_t>& a,
-                            const std::pair<float, int32_t>& b) {
-        // std heap puts the "largest" by this order on top: make that the worst element.
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-    }
+    // std heap puts the "largest" by this order on top: make that the worst element. A functor
+    // (not a function pointer) so the heap operations inline the comparison.
+    struct WorseFirst {
+        bool operator()(const std::pair<float, int32_t>& a,
+                        const std::pair<float, int32_t>& b) const {
+            return a.first > b.first || (a.first == b.first && a.second < b.second);
+        }
+    };
+    static constexpr WorseFirst worse_first{};
     void select(const float* pre, const float* bias, int64_t n, int64_t k, int32_t* idx,
                 float* val) {
         h.resize(static_cast<size_t>(k));
         for (int64_t i = 0; i < k; ++i) h[i] = {pre[i] + bias[i], static_cast<int32_t>(i)};
         std::make_heap(h.begin(), h.end(), worse_first);
-        for (int64_t i = k; i < n; ++i) {
+        auto consider = [&](int64_t i) {
             const float v = pre[i] + bias[i];
             if (v > h.front().first) {  // equal value: the kept one has the lower index
                 std::pop_heap(h.begin(), h.end(), worse_first);
                 h.back() = {v, static_cast<int32_t>(i)};
                 std::push_heap(h.begin(), h.end(), worse_first);
             }
+        };
+        // Once the heap holds good values almost every block of 16 falls below its worst
+        // element; one vectorized test skips the whole block.
+        constexpr int64_t kBlock = 16;
+        int64_t i = k;
+        for (; i + kBlock <= n; i += kBlock) {
+            const float thr = h.front().first;
+            int any = 0;
+            for (int64_t j = 0; j < kBlock; ++j) any |= (pre[i + j] + bias[i + j]) > thr;
+            if (!any) continue;
+            for (int64_t j = 0; j < kBlock; ++j) consider(i + j);
         }
+        for (; i < n; ++i) consider(i);
         std::sort_heap(h.begin(), h.end(), worse_first);  // best first
         for (int64_t j = 0; j < k; ++j) {
             idx[j] = h[j].second;
@@ -87,6 +103,14 @@ public:
     void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc) override {
+        if (m == 1) {  // a vector-matrix product: sgemm's packing costs more than the math
+            // c[1,n] = alpha * a[1,k] op(B) + beta * c  ==  op(B)^T a as a GEMV on B.
+            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans,
+                        static_cast<blasint>(tb ? n : k), static_cast<blasint>(tb ? k : n), alpha,
+                        b, static_cast<blasint>(ldb), a, ta ? static_cast<blasint>(lda) : 1, beta,
+                        c, 1);
+            return;
+        }
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k),
                     alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
@@ -166,21 +190,31 @@ public:
         std::vector<double> l1s(nb), l0s(nb);
 #pragma omp parallel for schedule(static)
         for (int64_t b = 0; b < nb; ++b) {
-            const int64_t c0 = b * kColBlock, c1 = std::min(n, c0 + kColBlock);
-            for (int64_t c = c0; c < c1; ++c) db_enc[c] = z_col_sum[c] = 0.0f, fires[c] = 0;
+            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
+            // Column sums in local arrays: no aliasing with the row data, so the loop vectorizes.
+            float gsum[kColBlock] = {}, zsum[kColBlock] = {}, fsum[kColBlock] = {}, l1n[kColBlock];
+            for (int64_t c = 0; c < w; ++c) l1n[c] = l1 * norms[c0 + c];
             for (int64_t r = 0; r < rows; ++r) {
-                const float* zr = z + r * n;
-                float* g = dz + r * n;
-                for (int64_t c = c0; c < c1; ++c) {
-                    g[c] = math::relu_l1_grad(zr[c], g[c], l1 * norms[c]);
-                    db_enc[c] += g[c];
-                    z_col_sum[c] += zr[c];
-                    fires[c] += zr[c] > 0.0f;
+                const float* __restrict zr = z + r * n + c0;
+                float* __restrict g = dz + r * n + c0;
+#pragma omp simd
+                for (int64_t c = 0; c < w; ++c) {
+                    const float gv = math::relu_l1_grad(zr[c], g[c], l1n[c]);
+                    g[c] = gv;
+                    gsum[c] += gv;
+                    zsum[c] += zr[c];
+                    fsum[c] += zr[c] > 0.0f ? 1.0f : 0.0f;
                 }
             }
-            double s = 0, f = 0;
-            for (int64_t c = c0; c < c1; ++c) s += double(z_col_sum[c]) * norms[c], f += fires[c];
-            l1s[b] = s, l0s[b] = f;
+            double s1 = 0, f = 0;
+            for (int64_t c = 0; c < w; ++c) {
+                db_enc[c0 + c] = gsum[c];
+                z_col_sum[c0 + c] = zsum[c];
+                fires[c0 + c] = static_cast<int32_t>(fsum[c]);  // exact: counts < 2^24 rows
+                s1 += double(zsum[c]) * norms[c0 + c];
+                f += fsum[c];
+            }
+            l1s[b] = s1, l0s[b] = f;
         }
         for (int64_t b = 0; b < nb; ++b) {
             stats[kStatL1] += static_cast<float>(l1s[b]);
@@ -242,6 +276,7 @@ public:
                 const float* xr = x + r * d;
                 const float a = val[e];
                 float dv = 0.0f;
+#pragma omp simd reduction(+ : dv)
                 for (int64_t c = 0; c < d; ++c) {
                     dv += er[c] * w[c];
                     gd[c] += a * er[c];
@@ -306,6 +341,7 @@ public:
 private:
     static float dot(const float* a, const float* b, int64_t n) {
         float s = 0.0f;
+#pragma omp simd reduction(+ : s)
         for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
         return s;
     }

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -137,6 +138,31 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
         meta->tokens = h5::read_attr_int64(f.get(), "tokens").value_or(0);
     }
     return w;
+}
+
+std::vector<int64_t> checkpoint_steps(const std::string& dir) {
+    std::vector<int64_t> steps;
+    if (!fs::is_directory(dir)) return steps;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        const std::string pre = "checkpoint-", suf = ".h5";
+        if (name.size() <= pre.size() + suf.size() || name.rfind(pre, 0) != 0 ||
+            name.compare(name.size() - suf.size(), suf.size(), suf) != 0)
+            continue;
+        const std::string num = name.substr(pre.size(), name.size() - pre.size() - suf.size());
+        if (num.find_first_not_of("0123456789") != std::string::npos) continue;
+        steps.push_back(std::stoll(num));
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+}
+
+void checkpoint_rotate(const std::string& dir, int64_t step, const SaeWeights& w,
+                       const SaeMeta& meta, int64_t keep) {
+    sae_write_h5((fs::path(dir) / fmt::format("checkpoint-{}.h5", step)).string(), w, meta);
+    const std::vector<int64_t> steps = checkpoint_steps(dir);
+    for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep, 1)) < steps.size(); ++i)
+        fs::remove(fs::path(dir) / fmt::format("checkpoint-{}.h5", steps[i]));
 }
 
 }  // namespace saetrain
