@@ -1,0 +1,147 @@
+// sae-perfmodel: predict tokens/s per GPU for an SAE configuration and name the bound.
+//
+// A paper model (include/saetrain/perfmodel.h), not a measurement: every figure it prints is a
+// prediction from peak hardware figures. Example:
+//   sae-perfmodel --gpu H100 --d-model 4096 --n-latents 131072 --k 64 --arch topk
+//                 --bytes-per-element 2 --disk-gbps 7 --mode data_parallel --ranks 8
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "saetrain/error.h"      // defines: saetrain::Error
+#include "saetrain/perfmodel.h"  // defines: gpu_peak_table, predict, PerfInputs
+
+using namespace saetrain;
+
+namespace {
+
+std::string si(double v) {  // 1234567 -> "1.23M"
+    const char* unit[] = {"", "K", "M", "G", "T"};
+    int u = 0;
+    while (v >= 1000.0 && u < 4) v /= 1000.0, ++u;
+    return fmt::format("{:.3g}{}", v, unit[u]);
+}
+
+void print_presets() {
+    fmt::print("{:<14} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n", "gpu", "bf16", "tf32", "fp32",
+               "HBM", "PCIe", "NIC");
+    fmt::print("{:<14} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n", "", "TFLOP/s", "TFLOP/s",
+               "TFLOP/s", "GB/s", "GB/s", "GB/s");
+    for (const GpuPeak& g : gpu_peak_table())
+        fmt::print("{:<14} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.0f} {:>9.0f} {:>9.2f}  {}\n", g.name,
+                   g.bf16_tflops, g.tf32_tflops, g.fp32_tflops, g.hbm_gbps, g.pcie_gbps, g.nic_gbps,
+                   g.source);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"sae-perfmodel: predicted SAE training throughput per GPU (a paper model)"};
+    PerfInputs in;
+    std::string gpu = "H100", math = "bf16", arch = "topk", mode = "sweep";
+    double tflops = 0, hbm = 0, pcie = 0, nic = 0;
+    bool list = false, json = false;
+    app.add_option("--d-model", in.d_model, "activation width d")->capture_default_str();
+    app.add_option("--n-latents", in.n_latents, "SAE latents n")->capture_default_str();
+    app.add_option("--k", in.k, "active latents per token (topk)")->capture_default_str();
+    app.add_option("--arch", arch, "relu | jumprelu (dense) | topk | batchtopk (sparse kernels)")
+        ->capture_default_str();
+    app.add_option("--batch", in.batch, "rows per rank per step")->capture_default_str();
+    app.add_option("--bytes-per-element", in.bytes_per_element,
+                   "activation bytes per value on disk and PCIe (4 fp32, 2 bf16/fp16)")
+        ->capture_default_str();
+    app.add_option("--mode", mode, "sweep | sweep_disjoint | data_parallel")->capture_default_str();
+    app.add_option("--ranks", in.ranks, "GPUs (one rank each)")->capture_default_str();
+    app.add_option("--gpu", gpu, "preset: A100, H100, H200, L40S, \"RTX 6000 Ada\", T4")
+        ->capture_default_str();
+    app.add_option("--math", math, "GEMM precision for the preset peak: bf16 | tf32 | fp32")
+        ->capture_default_str();
+    app.add_option("--tflops", tflops, "peak TFLOP/s (overrides the preset)");
+    app.add_option("--efficiency", in.compute_efficiency,
+                   "fraction of peak a step reaches (0.6 ~ 600 of 989 TF on H100)")
+        ->capture_default_str();
+    app.add_option("--hbm-gbps", hbm, "device memory GB/s (overrides the preset)");
+    app.add_option("--disk-gbps", in.disk_gbps, "read GB/s of one rank's stream")
+        ->capture_default_str();
+    app.add_option("--pcie-gbps", pcie, "host-to-device GB/s (overrides the preset)");
+    app.add_option("--nic-gbps", nic, "per-GPU all-reduce/all-gather GB/s (overrides preset)");
+    app.add_flag("--list-gpus", list, "print the preset table and exit");
+    app.add_flag("--json", json, "print one JSON object instead of the table");
+    CLI11_PARSE(app, argc, argv);
+
+    try {
+        if (list) {
+            print_presets();
+            return 0;
+        }
+        const GpuPeak* g = find_gpu_peak(gpu);
+        SAE_ENFORCE(g != nullptr, "unknown --gpu '{}'; run --list-gpus for the presets", gpu);
+        const std::map<std::string, MathMode> maths = {
+            {"bf16", MathMode::bf16}, {"tf32", MathMode::tf32}, {"fp32", MathMode::fp32}};
+        SAE_ENFORCE(maths.count(math), "--math must be bf16, tf32 or fp32, not '{}'", math);
+        in.tflops = tflops > 0 ? tflops : peak_flops(*g, maths.at(math)) / 1e12;
+        in.hbm_gbps = hbm > 0 ? hbm : g->hbm_gbps;
+        in.pcie_gbps = pcie > 0 ? pcie : g->pcie_gbps;
+        in.nic_gbps = nic > 0 ? nic : g->nic_gbps;
+        if (arch == "relu" || arch == "jumprelu") {
+            in.kind = SaeKind::dense;
+        } else {
+            SAE_ENFORCE(arch == "topk" || arch == "batchtopk",
+                        "--arch must be relu, jumprelu, topk or batchtopk, not '{}'", arch);
+            in.kind = SaeKind::topk;
+        }
+        if (mode == "sweep") {
+            in.mode = ParallelMode::sweep_shared;
+        } else if (mode == "sweep_disjoint") {
+            in.mode = ParallelMode::sweep_disjoint;
+        } else {
+            SAE_ENFORCE(mode == "data_parallel",
+                        "--mode must be sweep, sweep_disjoint or data_parallel, not '{}'", mode);
+            in.mode = ParallelMode::data_parallel;
+        }
+        const PerfPrediction p = predict(in);
+
+        if (json) {
+            std::string terms;
+            for (const auto* list_ : {&p.io_terms, &p.gpu_terms})
+                for (const PerfTerm& t : *list_)
+                    terms += fmt::format("{}\"{}\": {:.6g}", terms.empty() ? "" : ", ", t.name,
+                                         t.tokens_per_s());
+            fmt::print(
+                "{{\"kind\": \"prediction\", \"gpu\": \"{}\", \"d_model\": {}, \"n_latents\": {}, "
+                "\"k\": {}, \"arch\": \"{}\", \"mode\": \"{}\", \"ranks\": {}, "
+                "\"predicted_tokens_per_s_per_gpu\": {:.6g}, \"bound\": \"{}\", "
+                "\"predicted_tflops\": {:.4g}, \"term_tokens_per_s\": {{{}}}}}\n",
+                g->name, in.d_model, in.n_latents, in.k, arch, mode, in.ranks, p.tokens_per_s,
+                p.bound, p.achieved_tflops, terms);
+            return 0;
+        }
+        fmt::print("PREDICTION (paper model from peak figures, not a measurement)\n");
+        fmt::print(
+            "  SAE: d={} n={} {} k={} batch={} | {} x {} ({} TF x {:.2f}, HBM {:.0f} GB/s, disk "
+            "{:g} GB/s, PCIe {:g} GB/s, NIC {:g} GB/s) | mode {}\n",
+            in.d_model, in.n_latents, arch, in.k, in.batch, in.ranks, g->name, in.tflops,
+            in.compute_efficiency, in.hbm_gbps, in.disk_gbps, in.pcie_gbps, in.nic_gbps, mode);
+        fmt::print("  FLOP/token {} | bytes/token {:g} | params {} | Adam {}B/step",
+                   si(p.flops_per_token), p.bytes_per_token, si(static_cast<double>(p.params)),
+                   si(p.optimizer_bytes_per_step));
+        if (p.allreduce_bytes_per_step > 0)
+            fmt::print(" | all-reduce {}B/step/rank", si(p.allreduce_bytes_per_step));
+        fmt::print("\n\n{:<12} {:<10} {:>16} {:>14}\n", "term", "stage", "alone: tokens/s",
+                   "us per 1K tok");
+        for (const auto& [stage, terms] :
+             {std::pair{"overlapped", &p.io_terms}, std::pair{"GPU step", &p.gpu_terms}})
+            for (const PerfTerm& t : *terms)
+                fmt::print("{:<12} {:<10} {:>16} {:>14.2f}\n", t.name, stage, si(t.tokens_per_s()),
+                           t.seconds_per_token * 1e9);
+        fmt::print("\npredicted: {} tokens/s per GPU, bound: {}, {:.1f} TFLOP/s useful\n",
+                   si(p.tokens_per_s), p.bound, p.achieved_tflops);
+        return 0;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "sae-perfmodel: %s\n", e.what());
+        return 2;
+    }
+}
