@@ -51,4 +51,41 @@ SAE_HD float bf16_bits_to_float(uint16_t b) {
     return f;
 }
 
+// IEEE half (fp16) bits to float, exactly (every half is a float): normals, subnormals, zeros,
+// infinities and NaNs.
+SAE_HD float fp16_bits_to_float(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0x1fu) {
+        u = sign | 0x7f800000u | (man << 13);  // inf / NaN
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);  // rebias 15 -> 127
+    } else if (man == 0) {
+        u = sign;  // +-0
+    } else {       // subnormal half: normalize the mantissa into a float normal
+        exp = 113u;
+        while ((man & 0x400u) == 0) man <<= 1, --exp;
+        u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+// A uint32 whose unsigned order is the float order of x (a < b  <=>  key(a) < key(b)), used
+// for radix selection in the GPU top-k. -0 maps to the key of +0 so that, as in a float
+// comparison, they tie (and the lower index wins).
+SAE_HD uint32_t float_order_key(float x) {
+    if (x == 0.0f) x = 0.0f;
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+SAE_HD float float_from_order_key(uint32_t k) {
+    const uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
 }  // namespace saetrain::math

@@ -1,0 +1,190 @@
+// CudaBackend: the Backend seam on one GPU. One stream orders everything; GEMMs go through
+// cuBLASLt (lt_gemm.h), the SAE ops through the kernels in kernels.cu and topk.cu.
+#include "saetrain/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include "cuda_check.h"
+#include "handles.h"
+#include "kernels.h"
+#include "lt_gemm.h"
+#include "saetrain/cuda_device.h"
+
+namespace saetrain {
+namespace {
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+class CudaBackend final : public Backend {
+public:
+    explicit CudaBackend(const CudaBackendOptions& o)
+        : opt_(o),
+          device_(select_device(o.device)),
+          stream_(cuda::make_stream()),
+          gemm_(stream_.get(), o.tf32),
+          ws_(stream_.get()) {}
+    ~CudaBackend() override { cudaStreamSynchronize(stream_.get()); }
+
+    std::string name() const override {
+        return fmt::format("cuda:{} {}{}", device_, cuda_device_description(device_),
+                           opt_.tf32 ? " tf32" : "");
+    }
+    cudaStream_t stream() const { return stream_.get(); }
+
+    // --- memory ----------------------------------------------------------------------------
+    // Stream-ordered: no device-wide synchronization when the trainer grows its batch buffers.
+    void* alloc_bytes(int64_t bytes) override {
+        void* p = nullptr;
+        const cudaError_t e =
+            cudaMallocAsync(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), stream());
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            throw Error(fmt::format(
+                "out of GPU memory on device {}: allocating {:.1f} MiB with {:.1f} of {:.1f} MiB "
+                "free ({}); reduce data.batch_size or the SAE size",
+                device_, mib(bytes), mib(free_b), mib(total_b), cudaGetErrorString(e)));
+        }
+        return p;
+    }
+    void free_bytes(void* p) override {
+        if (p) SAE_CUDA_CHECK(cudaFreeAsync(p, stream()));
+    }
+    // The host side may be pageable and may be reused as soon as the call returns, so both
+    // copies wait for the stream (pinned-buffer double buffering belongs to the loader path).
+    void upload(void* dst, const void* src, int64_t bytes) override {
+        if (bytes <= 0) return;
+        SAE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                                       stream()));
+        SAE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    }
+    void download(void* dst, const void* src, int64_t bytes) override {
+        if (bytes <= 0) return;
+        SAE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
+                                       stream()));
+        SAE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    }
+    void fill(float* x, int64_t n, float value) override { cuda::fill(stream(), x, n, value); }
+    void synchronize() override { SAE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+    // --- dense algebra ---------------------------------------------------------------------
+    void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) override {
+        gemm_.run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    double sum_squares(const float* x, int64_t n) override {
+        return cuda::sum_squares(stream(), ws_, x, n);
+    }
+
+    // --- SAE ops ---------------------------------------------------------------------------
+    void sub_rows(float* out, const float* x, const float* bias, int64_t rows,
+                  int64_t cols) override {
+        cuda::sub_rows(stream(), out, x, bias, rows, cols);
+    }
+    void broadcast_rows(float* out, const float* bias, int64_t rows, int64_t cols) override {
+        cuda::broadcast_rows(stream(), out, bias, rows, cols);
+    }
+    void residual(float* xh, const float* x, int64_t rows, int64_t d, float grad_scale,
+                  float* x_col_sum, float* db_dec, float* stats) override {
+        cuda::residual(stream(), ws_, xh, x, rows, d, grad_scale, x_col_sum, db_dec, stats);
+    }
+    void relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) override {
+        cuda::relu_forward(stream(), pre, b_enc, rows, n);
+    }
+    void relu_backward(const float* z, float* dz, const float* norms, float l1, int64_t rows,
+                       int64_t n, float* db_enc, float* z_col_sum, int32_t* fires,
+                       float* stats) override {
+        cuda::relu_backward(stream(), ws_, z, dz, norms, l1, rows, n, db_enc, z_col_sum, fires,
+                            stats);
+    }
+    void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n, int64_t k,
+                      int32_t* idx, float* val) override {
+        cuda::topk_forward(stream(), pre, b_enc, rows, n, k, idx, val);
+    }
+    void sparse_decode(const int32_t* idx, const float* val, const float* w_dec, int64_t rows,
+                       int64_t k, int64_t d, float* x_hat) override {
+        cuda::sparse_decode(stream(), idx, val, w_dec, rows, k, d, x_hat);
+    }
+    void topk_backward(const float* x, const float* derr, const int32_t* idx, const float* val,
+                       const float* w_dec, int64_t rows, int64_t n, int64_t k, int64_t d,
+                       float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires,
+                       float* stats) override {
+        cuda::topk_backward(stream(), ws_, opt_.deterministic, x, derr, idx, val, w_dec, rows, n, k,
+                            d, dw_enc, dw_dec, db_enc, fires, stats);
+    }
+    void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override {
+        cuda::row_norms(stream(), w, rows, cols, norms);
+    }
+    void project_out_parallel(const float* w, float* g, int64_t rows, int64_t cols) override {
+        cuda::project_out_parallel(stream(), w, g, rows, cols);
+    }
+    void normalize_rows(float* w, int64_t rows, int64_t cols) override {
+        cuda::normalize_rows(stream(), w, rows, cols);
+    }
+    void add_norm_grad(const float* w, const float* coeff, float scale, float* g, int64_t rows,
+                       int64_t cols) override {
+        cuda::add_norm_grad(stream(), w, coeff, scale, g, rows, cols);
+    }
+    void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+              float beta2, float eps, float bias_corr1, float bias_corr2, float weight_decay,
+              float grad_scale) override {
+        const math::AdamScalars s{lr,         beta1,      beta2,        eps,
+                                  bias_corr1, bias_corr2, weight_decay, grad_scale};
+        cuda::adam(stream(), p, g, m, v, n, s);
+    }
+
+    void widen_16bit(const uint16_t* src, float* dst, int64_t n, bool bf16) {
+        cuda::widen_16bit(stream(), src, dst, n, bf16);
+    }
+
+private:
+    static int select_device(int device) {
+        const int count = cuda_device_count();
+        SAE_ENFORCE(count > 0,
+                    "backend cuda: no CUDA device is visible (driver missing, no GPU, "
+                    "or CUDA_VISIBLE_DEVICES empty); use backend: cpu or auto");
+        SAE_ENFORCE(device >= 0 && device < count,
+                    "backend cuda: device {} does not exist ({} visible); check the rank's local "
+                    "rank and CUDA_VISIBLE_DEVICES",
+                    device, count);
+        SAE_CUDA_CHECK(cudaSetDevice(device));
+        return device;
+    }
+
+    // Declaration order is destruction order reversed: the workspace and GEMM plans go before
+    // the stream they were ordered on.
+    CudaBackendOptions opt_;
+    int device_;
+    cuda::Stream stream_;
+    cuda::LtGemm gemm_;
+    cuda::Workspace ws_;
+};
+
+CudaBackend& as_cuda(Backend& b) {
+    auto* c = dynamic_cast<CudaBackend*>(&b);
+    SAE_ENFORCE(c != nullptr, "backend '{}' is not the CUDA backend", b.name());
+    return *c;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+    return std::make_unique<CudaBackend>(options);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+    CudaBackendOptions o;
+    o.device = device;
+    return make_cuda_backend(o);
+}
+
+void* cuda_backend_stream(Backend& backend) { return as_cuda(backend).stream(); }
+
+void cuda_widen_16bit(Backend& backend, const uint16_t* src, float* dst, int64_t n, bool bf16) {
+    as_cuda(backend).widen_16bit(src, dst, n, bf16);
+}
+
+}  // namespace saetrain

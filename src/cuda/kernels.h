@@ -1,0 +1,78 @@
+// kernels.h — launchers for the CUDA backend's kernels (internal to src/cuda).
+//
+// Each launcher queues its kernels on `stream` and returns; sizes are the Backend's (rows B,
+// d = d_model, n = n_latents). Reductions split the work the same way on every call (fixed
+// grid for a given shape, partials summed in a fixed order), so results are reproducible.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "saetrain/sae_math.h"
+
+namespace saetrain::cuda {
+
+// Growable device scratch, stream-ordered: slot i keeps its buffer across calls and is
+// reallocated (cudaFreeAsync + cudaMallocAsync on the stream) only when a call needs more.
+// Distinct slots may be used at once; one op must not ask for the same slot twice.
+class Workspace {
+public:
+    static constexpr int kSlots = 8;
+    explicit Workspace(cudaStream_t stream) : stream_(stream) {}
+    ~Workspace();
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+    void* get(int slot, size_t bytes);
+    template <typename T>
+    T* get(int slot, int64_t count) {
+        return static_cast<T*>(get(slot, static_cast<size_t>(count) * sizeof(T)));
+    }
+
+private:
+    cudaStream_t stream_;
+    void* p_[kSlots] = {};
+    size_t cap_[kSlots] = {};
+};
+
+void fill(cudaStream_t s, float* x, int64_t n, float value);
+void scale(cudaStream_t s, float* x, int64_t rows, int64_t cols, int64_t ld, float beta);
+// Blocks until the sum is on the host.
+double sum_squares(cudaStream_t s, Workspace& ws, const float* x, int64_t n);
+
+void sub_rows(cudaStream_t s, float* out, const float* x, const float* bias, int64_t rows,
+              int64_t cols);
+void broadcast_rows(cudaStream_t s, float* out, const float* bias, int64_t rows, int64_t cols);
+void residual(cudaStream_t s, Workspace& ws, float* xh, const float* x, int64_t rows, int64_t d,
+              float grad_scale, float* x_col_sum, float* db_dec, float* stats);
+void relu_forward(cudaStream_t s, float* pre, const float* b_enc, int64_t rows, int64_t n);
+void relu_backward(cudaStream_t s, Workspace& ws, const float* z, float* dz, const float* norms,
+                   float l1, int64_t rows, int64_t n, float* db_enc, float* z_col_sum,
+                   int32_t* fires, float* stats);
+
+// Largest supported k: the selection is sorted in shared memory by one block.
+constexpr int64_t kMaxTopk = 512;
+void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t rows, int64_t n,
+                  int64_t k, int32_t* idx, float* val);
+void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const float* w_dec,
+                   int64_t rows, int64_t k, int64_t d, float* x_hat);
+void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const float* x,
+                   const float* derr, const int32_t* idx, const float* val, const float* w_dec,
+                   int64_t rows, int64_t n, int64_t k, int64_t d, float* dw_enc, float* dw_dec,
+                   float* db_enc, int32_t* fires, float* stats);
+
+void row_norms(cudaStream_t s, const float* w, int64_t rows, int64_t cols, float* norms);
+void project_out_parallel(cudaStream_t s, const float* w, float* g, int64_t rows, int64_t cols);
+void normalize_rows(cudaStream_t s, float* w, int64_t rows, int64_t cols);
+void add_norm_grad(cudaStream_t s, const float* w, const float* coeff, float scale, float* g,
+                   int64_t rows, int64_t cols);
+void adam(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n,
+          const math::AdamScalars& a);
+void widen_16bit(cudaStream_t s, const uint16_t* src, float* dst, int64_t n, bool bf16);
+
+// Adds a sum of doubles (fixed-order tree) to stats[slot] as float: the Backend's stats are
+// float sums, the partials double so the order of the final few additions does not matter.
+void add_sum_to_stat(cudaStream_t s, const double* v, int64_t len, float* stat);
+
+}  // namespace saetrain::cuda
