@@ -1,14 +1,24 @@
-// loader.h — the shard-backed BatchSource: sequential reads, a shuffle buffer, epochs.
+// loader.h — the shard-backed BatchSource: a prefetching, shuffling, resumable reader.
 //
-// Randomness never comes from random small reads: rows are read sequentially in large
-// requests into a shuffle buffer of `shuffle_rows` rows, and each output row is drawn uniformly
-// from the buffer (then replaced by the next row read). Every row of the range is delivered
-// exactly once per epoch. shuffle_rows = 0 delivers rows in disk order.
+// Randomness never comes from random small reads. A rank's row range is cut into read chunks of
+// `read_bytes` (MiB-sized, sequential on disk, crossing shard boundaries). Every epoch the chunk
+// order is permuted from (seed, epoch) into windows of about `shuffle_rows` rows (each window
+// takes one chunk from every stratum of the range, so it samples all of it), read in disk order by
+// a background thread (raw pread at the offset HDF5 reports, or H5Dread when the layout is not
+// plain); a second thread emits each window's rows in a random permutation from (seed, epoch,
+// window), converting float16/bfloat16 to float32 into a ring of output blocks, while the next
+// window is read. next() only copies.
+//
+// Every row of the range is delivered exactly once per epoch, and the position is just
+// {epoch, rows delivered in the epoch} (ReaderCursor): the permutations are regenerated from
+// the seed on restore, so a cursor restores the exact remaining stream for a given seed and
+// rank count. shuffle_rows = 0 delivers disk order. See docs/reader.md.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <random>
+#include <string>
 #include <vector>
 
 #include "saetrain/batch_source.h"
@@ -19,32 +29,118 @@ namespace saetrain {
 struct LoaderOptions {
     int64_t epochs = 1;
     int64_t max_rows = 0;          // > 0: stop after this many rows instead of after epochs
-    int64_t shuffle_rows = 0;      // 0: no shuffling
-    int64_t read_bytes = 8 << 20;  // size of one sequential read request
+    int64_t shuffle_rows = 0;      // rows per shuffle window; 0: no shuffling (disk order)
+    int64_t read_bytes = 8 << 20;  // bytes of one read chunk (one sequential request)
     uint64_t seed = 0;
+    int64_t ring_bytes = 32 << 20;  // float32 output ring between the reader and next()
+    // Non-empty: copy the rank's shards into this directory first (node-local disk) and read
+    // them there; "$TMPDIR" means the environment's TMPDIR (else /tmp). Skipped per shard when
+    // a file of the same size is already there.
+    std::string stage_dir;
+    bool progress = false;  // staging progress on stderr
 };
+
+// Position in the stream: `offset` rows of epoch `epoch` have been delivered. With
+// max_rows > 0 epochs still count whole passes over the range.
+struct ReaderCursor {
+    int64_t epoch = 0;
+    int64_t offset = 0;
+};
+
+// --- shuffle plan ----------------------------------------------------------------------------
+
+// The delivery order as a pure function of (range size, chunk size, window size, seed): what
+// the reader's threads follow, and what tests and sae-iobench use to measure the shuffle.
+class ShufflePlan {
+public:
+    // rows: the range's rows; chunk_rows: rows per read chunk; window_chunks: chunks per window;
+    // shuffle false: chunks in order and rows in order (disk order).
+    ShufflePlan(int64_t rows, int64_t chunk_rows, int64_t window_chunks, bool shuffle,
+                uint64_t seed);
+    // The plan LoaderOptions imply for a range of `rows` rows of `row_bytes` bytes on disk.
+    static ShufflePlan from_options(int64_t rows, int64_t row_bytes, const LoaderOptions& opt);
+
+    int64_t rows() const { return rows_; }
+    int64_t chunk_rows() const { return chunk_rows_; }
+    int64_t window_chunks() const { return window_chunks_; }
+    int64_t n_chunks() const { return n_chunks_; }
+    int64_t n_windows() const { return (n_chunks_ + window_chunks_ - 1) / window_chunks_; }
+    bool shuffled() const { return shuffle_; }
+    int64_t chunk_size(int64_t c) const;  // rows of chunk c (the last one may be short)
+
+    // One epoch's layout: which chunks each window holds and where it starts in the stream.
+    // Windows are stratified: window w takes one chunk from each of window_chunks equal strata
+    // of the range (chosen by a per-epoch permutation), so every window samples the whole range.
+    struct Epoch {
+        int64_t epoch = 0;
+        std::vector<int64_t> chunk_order;         // [n_chunks] chunk ids, window by window
+        std::vector<int64_t> window_first_chunk;  // [n_windows + 1] index into chunk_order
+        std::vector<int64_t> window_begin;        // [n_windows + 1] stream offset of each window
+        // Window w's chunks, sorted by disk position (the order they are read and laid out).
+        std::vector<int64_t> window_chunks(int64_t w) const;
+        int64_t window_of(int64_t offset) const;  // window holding stream offset `offset`
+    };
+    Epoch epoch(int64_t e) const;
+    // Permutation of a window's rows (positions in its chunks laid out in disk order): output
+    // row i of the window is laid-out row perm[i]. Identity when not shuffled.
+    void row_permutation(int64_t e, int64_t w, int64_t rows, std::vector<uint32_t>* perm) const;
+    // Disk rows (0-based within the range) of epoch e in stream order: [rows].
+    std::vector<int64_t> epoch_order(int64_t e) const;
+
+private:
+    int64_t rows_, chunk_rows_, window_chunks_, n_chunks_;
+    bool shuffle_;
+    uint64_t seed_;
+};
+
+// How well a stream order mixes. displacement: mean |stream position - disk position| divided
+// by its expectation under a uniform random permutation (n/3): 0 for disk order, ~1 for a
+// perfect shuffle. batch_corr: lag-1 correlation of consecutive batches' means on a dataset
+// whose `groups` equal parts (shards) have different means (group g has mean g): ~1 for disk
+// order, ~0 for a perfect shuffle. batch_spread: standard deviation of those batch means over
+// a perfect shuffle's: 1 is ideal, disk order gives about sqrt(batch_rows).
+struct ShuffleQuality {
+    double displacement = 0;
+    double batch_corr = 0;
+    double batch_spread = 0;
+};
+ShuffleQuality shuffle_quality(const std::vector<int64_t>& order, int64_t batch_rows,
+                               int64_t groups);
+
+// --- reader ----------------------------------------------------------------------------------
 
 class ShardBatchSource final : public BatchSource {
 public:
     ShardBatchSource(const DatasetInfo& info, RowRange range, const LoaderOptions& opt);
-    int64_t d_model() const override { return d_; }
-    int64_t total_rows() const override { return total_; }
+    // Starts at `start` (a cursor() saved earlier with the same dataset, range and options).
+    ShardBatchSource(const DatasetInfo& info, RowRange range, const LoaderOptions& opt,
+                     ReaderCursor start);
+    ~ShardBatchSource() override;
+    ShardBatchSource(const ShardBatchSource&) = delete;
+    ShardBatchSource& operator=(const ShardBatchSource&) = delete;
+
+    int64_t d_model() const override;
+    // Rows of the whole run (all epochs, or max_rows), including any delivered before a restore.
+    int64_t total_rows() const override;
     int64_t next(float* out, int64_t rows) override;
-    int64_t bytes_read() const override;
-    double wait_seconds() const override { return wait_s_; }
+    int64_t bytes_read() const override;  // bytes read from disk
+    // Seconds next() blocked waiting for the background reader.
+    double wait_seconds() const override;
+
+    // Position after the rows next() has returned so far.
+    ReaderCursor cursor() const;
+    // Restarts the stream at `c` (drops what was prefetched).
+    void restore(ReaderCursor c);
+    // Bytes of buffers the reader holds (windows, output ring, permutations); constant once the
+    // first window is planned.
+    int64_t buffer_bytes() const;
+    const ShufflePlan& plan() const;
+    // The dataset actually read: after staging, its shard paths point at the staged copies.
+    const DatasetInfo& dataset() const;
 
 private:
-    int64_t read_stream(float* out, int64_t rows);  // sequential rows, wrapping epochs
-    void refill();
-
-    ShardReader reader_;
-    int64_t d_, total_, delivered_ = 0, streamed_ = 0, per_epoch_;
-    LoaderOptions opt_;
-    std::vector<float> buf_;  // [shuffle_rows, d]
-    int64_t held_ = 0;        // rows currently in buf_
-    int64_t read_rows_;       // rows per read request
-    std::mt19937_64 rng_;
-    double wait_s_ = 0;
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace saetrain

@@ -1,70 +1,350 @@
+// loader.cpp — the prefetching, shuffling reader behind ShardBatchSource (see loader.h).
+//
+// Three parties, two queues of buffer indices between them:
+//   reader thread  : reads a window's chunks (raw stored bytes) into one of two window buffers;
+//                    the only thread that touches the files (and HDF5, for fallback shards).
+//   emitter thread : takes a filled window, permutes its rows, converts them to float32 into
+//                    a ring of output blocks, and gives the window buffer back.
+//   next()         : copies rows out of ready blocks (the one copy the trainer sees); the time
+//                    it blocks on an empty ring is wait_seconds().
+// Memory: two windows of stored bytes, the output ring, one permutation; all allocated once.
 #include "saetrain/loader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 
+#include "raw_shards.h"
 #include "saetrain/error.h"
+#include "saetrain/stage.h"
 
 namespace saetrain {
 
+namespace {
+
+// A closable blocking queue of small integers (buffer indices).
+class Channel {
+public:
+    void push(int v) {
+        {
+            std::lock_guard<std::mutex> g(m_);
+            if (closed_) return;
+            q_.push_back(v);
+        }
+        cv_.notify_one();
+    }
+    // Blocks until a value or close; after close, drains what is queued, then returns false.
+    bool pop(int* v) {
+        std::unique_lock<std::mutex> g(m_);
+        cv_.wait(g, [&] { return closed_ || !q_.empty(); });
+        if (q_.empty()) return false;
+        *v = q_.front();
+        q_.pop_front();
+        return true;
+    }
+    bool try_pop(int* v) {
+        std::lock_guard<std::mutex> g(m_);
+        if (q_.empty()) return false;
+        *v = q_.front();
+        q_.pop_front();
+        return true;
+    }
+    void close() {
+        {
+            std::lock_guard<std::mutex> g(m_);
+            closed_ = true;
+        }
+        cv_.notify_all();
+    }
+
+private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<int> q_;
+    bool closed_ = false;
+};
+
+int64_t rows_of_run(const LoaderOptions& opt, int64_t per_epoch) {
+    return opt.max_rows > 0 ? opt.max_rows : per_epoch * std::max<int64_t>(1, opt.epochs);
+}
+
+}  // namespace
+
+// --- pipeline ------------------------------------------------------------------------------
+
+struct ShardBatchSource::Impl {
+    DatasetInfo info;
+    RowRange range;
+    LoaderOptions opt;
+    ShufflePlan plan;
+    int64_t d = 0, per_epoch = 0, total = 0, disk_row_bytes = 0;
+
+    // Consumer state (the caller's thread).
+    int64_t delivered = 0;  // rows returned by next(), counted over the whole run
+    int cur = -1;           // output block being drained, or -1
+    int64_t cur_pos = 0;
+    double wait_s = 0;
+
+    // Window buffers: stored bytes of up to chunk_rows * window_chunks rows each.
+    struct Window {
+        std::vector<char> bytes;
+        int64_t epoch = 0, index = 0, rows = 0;
+    };
+    Window windows[2];
+    Channel free_windows, full_windows;
+
+    // Output ring: n_blocks blocks of block_rows float32 rows.
+    int64_t block_rows = 0;
+    int n_blocks = 0;
+    std::vector<float> blocks;       // [n_blocks, block_rows, d]
+    std::vector<int64_t> block_len;  // rows in each block
+    Channel free_blocks, ready_blocks;
+    std::vector<uint32_t> perm;  // emitter's permutation of the current window
+
+    std::unique_ptr<io::RawRowReader> reader;
+    std::atomic<int64_t> bytes{0};
+    std::atomic<int64_t> buffer_bytes{0};
+    std::mutex err_m;
+    std::exception_ptr err;
+    std::atomic<bool> stop{false};
+    std::thread read_thread, emit_thread;
+
+    Impl(const DatasetInfo& in, RowRange r, const LoaderOptions& o)
+        : info(in),
+          range(r),
+          opt(o),
+          plan(ShufflePlan::from_options(std::max<int64_t>(1, r.size()),
+                                         in.d_model * dtype_size(in.dtype), o)) {
+        d = info.d_model;
+        per_epoch = range.size();
+        total = rows_of_run(opt, per_epoch);
+        disk_row_bytes = d * dtype_size(info.dtype);
+    }
+
+    ~Impl() { shutdown(); }
+
+    void shutdown() {
+        stop = true;
+        free_windows.close(), full_windows.close(), free_blocks.close(), ready_blocks.close();
+        if (read_thread.joinable()) read_thread.join();
+        if (emit_thread.joinable()) emit_thread.join();
+    }
+
+    void fail(std::exception_ptr e) {
+        {
+            std::lock_guard<std::mutex> g(err_m);
+            if (!err) err = e;
+        }
+        free_windows.close(), full_windows.close(), free_blocks.close(), ready_blocks.close();
+    }
+
+    void start(ReaderCursor c) {
+        SAE_ENFORCE(c.epoch >= 0 && c.offset >= 0 && c.offset < per_epoch,
+                    "reader cursor (epoch {}, offset {}) is invalid for a range of {} rows; the "
+                    "checkpoint comes from another dataset or rank count",
+                    c.epoch, c.offset, per_epoch);
+        delivered = c.epoch * per_epoch + c.offset;
+        SAE_ENFORCE(delivered <= total,
+                    "reader cursor (epoch {}, offset {}) lies beyond the run's {} rows", c.epoch,
+                    c.offset, total);
+        if (!reader) reader = std::make_unique<io::RawRowReader>(info, range);
+        const int64_t window_rows = plan.chunk_rows() * plan.window_chunks();
+        for (Window& w : windows) w.bytes.resize(static_cast<size_t>(window_rows * disk_row_bytes));
+        // Output blocks of about read_bytes/4 of float32 (>= 1 row); the ring is ring_bytes.
+        block_rows = std::max<int64_t>(1, std::min<int64_t>(opt.read_bytes / 4, 4 << 20) / (d * 4));
+        n_blocks = static_cast<int>(std::max<int64_t>(2, opt.ring_bytes / (block_rows * d * 4)));
+        blocks.assign(static_cast<size_t>(n_blocks * block_rows * d), 0.0f);
+        block_len.assign(static_cast<size_t>(n_blocks), 0);
+        perm.reserve(static_cast<size_t>(window_rows));
+        buffer_bytes = static_cast<int64_t>(2 * windows[0].bytes.capacity() +
+                                            blocks.capacity() * sizeof(float) +
+                                            perm.capacity() * sizeof(uint32_t));
+        free_windows.push(0), free_windows.push(1);
+        for (int b = 0; b < n_blocks; ++b) free_blocks.push(b);
+        if (delivered == total) {
+            ready_blocks.close();
+            return;
+        }
+        read_thread = std::thread([this, c] {
+            try {
+                read_loop(c);
+            } catch (...) {
+                fail(std::current_exception());
+            }
+        });
+        emit_thread = std::thread([this, c, from = delivered] {
+            try {
+                emit_loop(c, from);
+            } catch (...) {
+                fail(std::current_exception());
+            }
+        });
+    }
+
+    // Reads windows from the one holding cursor c until the run's last row.
+    void read_loop(ReaderCursor c) {
+        ShufflePlan::Epoch ep = plan.epoch(c.epoch);
+        int64_t w = ep.window_of(c.offset);
+        for (;;) {
+            const int64_t begin = ep.epoch * per_epoch + ep.window_begin[static_cast<size_t>(w)];
+            if (begin >= total || stop) break;
+            int idx = 0;
+            if (!free_windows.pop(&idx)) return;
+            Window& win = windows[idx];
+            win.epoch = ep.epoch, win.index = w, win.rows = 0;
+            const std::vector<int64_t> chunks = ep.window_chunks(w);
+            // Coalesce chunks adjacent on disk into one request (disk order within a window).
+            for (size_t k = 0; k < chunks.size();) {
+                size_t j = k + 1;
+                while (j < chunks.size() && chunks[j] == chunks[j - 1] + 1) ++j;
+                const int64_t row0 = chunks[k] * plan.chunk_rows();
+                int64_t rows = 0;
+                for (size_t q = k; q < j; ++q) rows += plan.chunk_size(chunks[q]);
+                // Requests of at most a few chunks keep stop responsive and the cache friendly.
+                for (int64_t r = 0; r < rows;) {
+                    const int64_t n = std::min(rows - r, 4 * plan.chunk_rows());
+                    reader->read(range.begin + row0 + r, n,
+                                 win.bytes.data() + (win.rows + r) * disk_row_bytes);
+                    bytes += n * disk_row_bytes;
+                    r += n;
+                    if (stop) return;
+                }
+                win.rows += rows;
+                k = j;
+            }
+            full_windows.push(idx);
+            if (++w == plan.n_windows()) ep = plan.epoch(ep.epoch + 1), w = 0;
+        }
+    }
+
+    // Emits rows from the window holding cursor c (skipping what was delivered) to the end.
+    void emit_loop(ReaderCursor c, int64_t global) {
+        bool first = true;
+        ShufflePlan::Epoch ep = plan.epoch(c.epoch);
+        for (;;) {
+            int idx = 0;
+            if (!full_windows.pop(&idx)) return;
+            Window& win = windows[idx];
+            if (win.epoch != ep.epoch) ep = plan.epoch(win.epoch);
+            const int64_t wbegin = ep.window_begin[static_cast<size_t>(win.index)];
+            if (plan.shuffled()) plan.row_permutation(win.epoch, win.index, win.rows, &perm);
+            int64_t p = first ? c.offset - wbegin : 0;
+            first = false;
+            while (p < win.rows && global < total) {
+                int b = 0;
+                if (!free_blocks.pop(&b)) return;
+                const int64_t n = std::min({block_rows, win.rows - p, total - global});
+                float* dst = blocks.data() + static_cast<size_t>(b) * block_rows * d;
+                if (!plan.shuffled()) {
+                    io::convert_to_f32(info.dtype, win.bytes.data() + p * disk_row_bytes, dst,
+                                       n * d);
+                } else {
+                    for (int64_t i = 0; i < n; ++i)
+                        io::convert_to_f32(
+                            info.dtype,
+                            win.bytes.data() + static_cast<int64_t>(perm[p + i]) * disk_row_bytes,
+                            dst + i * d, d);
+                }
+                block_len[static_cast<size_t>(b)] = n;
+                ready_blocks.push(b);
+                p += n, global += n;
+            }
+            free_windows.push(idx);
+            if (global >= total) break;
+        }
+        ready_blocks.close();  // consumers drain what is queued, then see the end
+    }
+};
+
+// --- ShardBatchSource ----------------------------------------------------------------------
+
+namespace {
+
+DatasetInfo staged(const DatasetInfo& info, RowRange range, const LoaderOptions& opt) {
+    if (opt.stage_dir.empty()) return info;
+    return stage_shards(info, range, opt.stage_dir, opt.progress);
+}
+
+}  // namespace
+
 ShardBatchSource::ShardBatchSource(const DatasetInfo& info, RowRange range,
                                    const LoaderOptions& opt)
-    : reader_(info, range), d_(info.d_model), per_epoch_(range.size()), opt_(opt), rng_(opt.seed) {
-    SAE_ENFORCE(per_epoch_ > 0, "dataset {}: this rank's row range is empty", info.source);
-    total_ = opt.max_rows > 0 ? opt.max_rows : per_epoch_ * std::max<int64_t>(1, opt.epochs);
-    read_rows_ = std::max<int64_t>(1, opt.read_bytes / (d_ * 4));
-    if (opt_.shuffle_rows > 0) {
-        opt_.shuffle_rows = std::min(opt_.shuffle_rows, total_);
-        buf_.resize(static_cast<size_t>(opt_.shuffle_rows * d_));
-    }
+    : ShardBatchSource(info, range, opt, ReaderCursor{}) {}
+
+ShardBatchSource::ShardBatchSource(const DatasetInfo& info, RowRange range,
+                                   const LoaderOptions& opt, ReaderCursor start) {
+    SAE_ENFORCE(range.begin >= 0 && range.begin < range.end && range.end <= info.total_rows,
+                "dataset {}: this rank's row range [{}, {}) is empty or outside the dataset's {} "
+                "rows",
+                info.source, range.begin, range.end, info.total_rows);
+    SAE_ENFORCE(opt.max_rows >= 0 && opt.epochs >= 0 && opt.ring_bytes > 0,
+                "loader: max_rows {} and epochs {} must be >= 0, ring_bytes {} > 0", opt.max_rows,
+                opt.epochs, opt.ring_bytes);
+    impl_ = std::make_unique<Impl>(staged(info, range, opt), range, opt);
+    impl_->start(start);
 }
 
-int64_t ShardBatchSource::bytes_read() const { return reader_.bytes_read(); }
+ShardBatchSource::~ShardBatchSource() = default;
 
-int64_t ShardBatchSource::read_stream(float* out, int64_t rows) {
-    const auto t0 = std::chrono::steady_clock::now();
-    int64_t done = 0;
-    rows = std::min(rows, total_ - streamed_);
-    while (done < rows) {
-        if (reader_.position() == reader_.range().end) reader_.seek(reader_.range().begin);
-        const int64_t got = reader_.read(out + done * d_, rows - done);
-        SAE_ENFORCE(got > 0, "shard reader made no progress at row {}", reader_.position());
-        done += got;
-    }
-    streamed_ += done;
-    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return done;
+int64_t ShardBatchSource::d_model() const { return impl_->d; }
+int64_t ShardBatchSource::total_rows() const { return impl_->total; }
+int64_t ShardBatchSource::bytes_read() const { return impl_->bytes.load(); }
+double ShardBatchSource::wait_seconds() const { return impl_->wait_s; }
+int64_t ShardBatchSource::buffer_bytes() const { return impl_->buffer_bytes.load(); }
+const ShufflePlan& ShardBatchSource::plan() const { return impl_->plan; }
+const DatasetInfo& ShardBatchSource::dataset() const { return impl_->info; }
+
+ReaderCursor ShardBatchSource::cursor() const {
+    const Impl& m = *impl_;
+    return ReaderCursor{m.delivered / m.per_epoch, m.delivered % m.per_epoch};
 }
 
-void ShardBatchSource::refill() {
-    const int64_t cap = opt_.shuffle_rows;
-    while (held_ < cap && streamed_ < total_) {
-        const int64_t want = std::min(cap - held_, read_rows_);
-        held_ += read_stream(buf_.data() + held_ * d_, want);
-    }
+void ShardBatchSource::restore(ReaderCursor c) {
+    // A fresh pipeline over the same (already staged) dataset; byte and wait counters carry on.
+    auto fresh = std::make_unique<Impl>(impl_->info, impl_->range, impl_->opt);
+    fresh->bytes = impl_->bytes.load();
+    fresh->wait_s = impl_->wait_s;
+    impl_ = std::move(fresh);
+    impl_->start(c);
 }
 
 int64_t ShardBatchSource::next(float* out, int64_t rows) {
-    rows = std::min(rows, total_ - delivered_);
-    if (rows <= 0) return 0;
-    if (opt_.shuffle_rows == 0) {
-        read_stream(out, rows);
-    } else {
-        // Top the buffer up only when a read request's worth has drained, so reads stay large.
-        if (opt_.shuffle_rows - held_ >= read_rows_ || held_ < rows) refill();
-        for (int64_t i = 0; i < rows; ++i) {
-            if (held_ == 0) refill();
-            std::uniform_int_distribution<int64_t> pick(0, held_ - 1);
-            const int64_t j = pick(rng_);
-            std::memcpy(out + i * d_, buf_.data() + j * d_, static_cast<size_t>(d_) * 4);
-            --held_;
-            if (j != held_)
-                std::memcpy(buf_.data() + j * d_, buf_.data() + held_ * d_,
-                            static_cast<size_t>(d_) * 4);
+    Impl& m = *impl_;
+    rows = std::min(rows, m.total - m.delivered);
+    int64_t done = 0;
+    while (done < rows) {
+        if (m.cur < 0) {
+            int b = 0;
+            bool ok = m.ready_blocks.try_pop(&b);
+            if (!ok) {
+                const auto t0 = std::chrono::steady_clock::now();
+                ok = m.ready_blocks.pop(&b);
+                m.wait_s +=
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            }
+            if (!ok) {
+                std::lock_guard<std::mutex> g(m.err_m);
+                if (m.err) std::rethrow_exception(m.err);
+                throw Error(fmt::format("dataset {}: the reader ended after {} of {} rows",
+                                        m.info.source, m.delivered + done, m.total));
+            }
+            m.cur = b, m.cur_pos = 0;
         }
+        const size_t b = static_cast<size_t>(m.cur);
+        const int64_t n = std::min(rows - done, m.block_len[b] - m.cur_pos);
+        std::memcpy(out + done * m.d,
+                    m.blocks.data() + (static_cast<int64_t>(b) * m.block_rows + m.cur_pos) * m.d,
+                    static_cast<size_t>(n * m.d) * sizeof(float));
+        m.cur_pos += n, done += n;
+        if (m.cur_pos == m.block_len[b]) m.free_blocks.push(m.cur), m.cur = -1;
     }
-    delivered_ += rows;
+    m.delivered += rows;
     return rows;
 }
 

@@ -1,0 +1,339 @@
+// raw_shards.cpp — layout probing, pread of stored rows, H5Dread fallback, conversion.
+#include "raw_shards.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "h5.h"
+#include "saetrain/error.h"
+
+namespace saetrain::io {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "raw shard reads assume a little-endian host (the stored order of every shard seen)");
+
+// --- layout --------------------------------------------------------------------------------
+
+namespace {
+
+// True when the stored element type is exactly what convert_to_f32 expects for `t`, in
+// little-endian order; else *why says what differs.
+bool plain_type(hid_t dset, DType t, std::string* why) {
+    h5::Type ft(SAE_H5_CHECK(H5Dget_type(dset)));
+    if (H5Tget_order(ft.get()) != H5T_ORDER_LE) {
+        *why = "elements are not little-endian";
+        return false;
+    }
+    const H5T_class_t cls = H5Tget_class(ft.get());
+    const size_t size = H5Tget_size(ft.get());
+    if (t == DType::bf16 && cls == H5T_INTEGER && size == 2) return true;  // raw 16-bit words
+    if (cls != H5T_FLOAT || size != static_cast<size_t>(dtype_size(t))) {
+        *why = "element type is not a plain IEEE float";
+        return false;
+    }
+    size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+    SAE_H5_CHECK(H5Tget_fields(ft.get(), &spos, &epos, &esize, &mpos, &msize));
+    const size_t want[3][5] = {{31, 23, 8, 0, 23}, {15, 10, 5, 0, 10}, {15, 7, 8, 0, 7}};
+    const size_t* w = want[t == DType::f32 ? 0 : t == DType::f16 ? 1 : 2];
+    if (spos != w[0] || epos != w[1] || esize != w[2] || mpos != w[3] || msize != w[4] ||
+        H5Tget_offset(ft.get()) != 0 || H5Tget_precision(ft.get()) != size * 8) {
+        *why = "float fields differ from IEEE";
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info) {
+    auto guard = h5::lock();
+    h5::init();
+    ShardLayout out;
+    h5::File f = h5::open_file(shard.path);
+    h5::Dataset d = h5::open_dataset(f.get(), info.dataset, shard.path);
+    if (!plain_type(d.get(), info.dtype, &out.why)) return out;
+    {
+        // HDF5 addresses are relative to the end of a user block; only trust them without one.
+        h5::Plist fcpl(SAE_H5_CHECK(H5Fget_create_plist(f.get())));
+        hsize_t ub = 0;
+        SAE_H5_CHECK(H5Pget_userblock(fcpl.get(), &ub));
+        if (ub != 0) {
+            out.why = "file has a user block";
+            return out;
+        }
+    }
+    const int64_t row_bytes = info.d_model * dtype_size(info.dtype);
+    h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(d.get())));
+    const H5D_layout_t lay = H5Pget_layout(dcpl.get());
+    if (lay == H5D_CONTIGUOUS) {
+        const haddr_t a = H5Dget_offset(d.get());
+        if (a == HADDR_UNDEF) {
+            out.why = "storage not allocated";
+            return out;
+        }
+        out.extents.push_back(Extent{0, shard.rows, static_cast<int64_t>(a)});
+    } else if (lay == H5D_CHUNKED) {
+        if (H5Pget_nfilters(dcpl.get()) > 0) {
+            out.why = "chunks are filtered (compressed)";
+            return out;
+        }
+        hsize_t cdims[2] = {0, 0};
+        if (H5Pget_chunk(dcpl.get(), 2, cdims) != 2 ||
+            static_cast<int64_t>(cdims[1]) != info.d_model) {
+            out.why = "chunks do not span whole rows";
+            return out;
+        }
+        const int64_t cr = static_cast<int64_t>(cdims[0]);
+        for (int64_t r = 0; r < shard.rows; r += cr) {
+            hsize_t coord[2] = {static_cast<hsize_t>(r), 0};
+            unsigned mask = 0;
+            haddr_t a = HADDR_UNDEF;
+            hsize_t size = 0;
+            if (H5Dget_chunk_info_by_coord(d.get(), coord, &mask, &a, &size) < 0 ||
+                a == HADDR_UNDEF) {
+                out.why = "a chunk is not allocated";
+                out.extents.clear();
+                return out;
+            }
+            const int64_t n = std::min(cr, shard.rows - r);
+            Extent e{r, n, static_cast<int64_t>(a)};
+            Extent* last = out.extents.empty() ? nullptr : &out.extents.back();
+            // Merge when this chunk starts where the previous full chunk's bytes end.
+            if (last && last->rows % cr == 0 && last->offset + last->rows * row_bytes == e.offset)
+                last->rows += n;
+            else
+                out.extents.push_back(e);
+        }
+    } else {
+        out.why = "compact layout";
+        return out;
+    }
+    struct stat st {};
+    SAE_ENFORCE(::stat(shard.path.c_str(), &st) == 0, "shard {}: cannot stat ({})", shard.path,
+                std::strerror(errno));
+    for (const Extent& e : out.extents) {
+        SAE_ENFORCE(e.offset + e.rows * row_bytes <= static_cast<int64_t>(st.st_size),
+                    "shard {}: rows [{}, {}) lie beyond the end of the file ({} bytes); the file "
+                    "is truncated, re-write or re-copy it",
+                    shard.path, e.row, e.row + e.rows, st.st_size);
+    }
+    out.raw = true;
+    return out;
+}
+
+// --- reader --------------------------------------------------------------------------------
+
+struct RawRowReader::Impl {
+    DatasetInfo info;
+    RowRange range;
+    int64_t row_bytes = 0;
+    size_t first = 0, last = 0;  // shards overlapping the range: [first, last)
+    std::vector<ShardLayout> layouts;
+    std::vector<int> fds;  // per shard, -1 until opened
+    int open_fds = 0;
+    // The shard read through HDF5 stays open between calls.
+    int64_t h5_index = -1;
+    h5::File file;
+    h5::Dataset dset;
+    h5::Space fspace;
+    h5::Type mtype;
+
+    ~Impl() {
+        for (int fd : fds)
+            if (fd >= 0) ::close(fd);
+        auto guard = h5::lock();
+        dset.reset();
+        fspace.reset();
+        mtype.reset();
+        file.reset();
+    }
+
+    int fd_of(size_t i) {
+        if (fds[i] >= 0) return fds[i];
+        if (open_fds >= 256) {  // stay well below descriptor limits on huge ranges
+            for (int& fd : fds)
+                if (fd >= 0) ::close(fd), fd = -1;
+            open_fds = 0;
+        }
+        const std::string& p = info.shards[i].path;
+        int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+        SAE_ENFORCE(fd >= 0, "shard {}: cannot open for reading ({})", p, std::strerror(errno));
+        fds[i] = fd;
+        ++open_fds;
+        return fd;
+    }
+
+    void pread_all(size_t i, int64_t offset, int64_t bytes, char* out) {
+        const int fd = fd_of(i);
+        int64_t done = 0;
+        while (done < bytes) {
+            const ssize_t r = ::pread(fd, out + done, static_cast<size_t>(bytes - done),
+                                      static_cast<off_t>(offset + done));
+            if (r < 0 && errno == EINTR) continue;
+            SAE_ENFORCE(r > 0,
+                        "shard {}: read of {} bytes at offset {} failed ({}); the file may be "
+                        "truncated or the storage failing",
+                        info.shards[i].path, bytes - done, offset + done,
+                        r == 0 ? "unexpected end of file" : std::strerror(errno));
+            done += r;
+        }
+    }
+
+    void h5_open(size_t i) {
+        if (h5_index == static_cast<int64_t>(i)) return;
+        dset.reset(), fspace.reset(), mtype.reset(), file.reset();
+        h5_index = -1;
+        const ShardInfo& s = info.shards[i];
+        file = h5::open_file(s.path);
+        // Chunk cache large enough for many row chunks; w0 = 1 evicts fully read chunks first.
+        h5::Plist dapl(SAE_H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
+        SAE_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 12421, 64u << 20, 1.0));
+        dset = h5::open_dataset(file.get(), info.dataset, s.path, dapl.get());
+        fspace = h5::Space(SAE_H5_CHECK(H5Dget_space(dset.get())));
+        if (info.dtype == DType::f32) {
+            mtype = h5::Type(SAE_H5_CHECK(H5Tcopy(H5T_IEEE_F32LE)));
+        } else {
+            // The stored 16-bit words without value conversion, in little-endian order.
+            h5::Type ft(SAE_H5_CHECK(H5Dget_type(dset.get())));
+            mtype = h5::Type(SAE_H5_CHECK(H5Tcopy(ft.get())));
+            SAE_H5_CHECK(H5Tset_order(mtype.get(), H5T_ORDER_LE));
+        }
+        h5_index = static_cast<int64_t>(i);
+    }
+
+    void h5_read(size_t i, int64_t shard_row, int64_t rows, char* out) {
+        auto guard = h5::lock();
+        h5_open(i);
+        hsize_t start[2] = {static_cast<hsize_t>(shard_row), 0};
+        hsize_t count[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(info.d_model)};
+        SAE_H5_CHECK(
+            H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
+        h5::Space mspace(SAE_H5_CHECK(H5Screate_simple(2, count, nullptr)));
+        if (H5Dread(dset.get(), mtype.get(), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
+            std::string why = h5::last_error();
+            throw Error(fmt::format(
+                "shard {}: reading rows [{}, {}) failed{}; the file may be truncated or damaged",
+                info.shards[i].path, shard_row, shard_row + rows,
+                why.empty() ? "" : " (" + why + ")"));
+        }
+    }
+
+    // Rows [r, r + n) of shard i (shard-relative) into out.
+    void read_shard(size_t i, int64_t r, int64_t n, char* out) {
+        const ShardLayout& L = layouts[i];
+        if (!L.raw) return h5_read(i, r, n, out);
+        auto it = std::upper_bound(L.extents.begin(), L.extents.end(), r,
+                                   [](int64_t v, const Extent& e) { return v < e.row; });
+        --it;  // extents start at row 0 and tile the shard
+        while (n > 0) {
+            const int64_t here = std::min(n, it->row + it->rows - r);
+            pread_all(i, it->offset + (r - it->row) * row_bytes, here * row_bytes, out);
+            out += here * row_bytes, r += here, n -= here;
+            ++it;
+        }
+    }
+};
+
+RawRowReader::RawRowReader(const DatasetInfo& info, RowRange range) : impl_(new Impl) {
+    SAE_ENFORCE(range.begin >= 0 && range.begin <= range.end && range.end <= info.total_rows,
+                "row range [{}, {}) is outside the dataset's {} rows", range.begin, range.end,
+                info.total_rows);
+    Impl& m = *impl_;
+    m.info = info;
+    m.range = range;
+    m.row_bytes = info.d_model * dtype_size(info.dtype);
+    m.layouts.resize(info.shards.size());
+    m.fds.assign(info.shards.size(), -1);
+    m.first = info.shards.size(), m.last = 0;
+    for (size_t i = 0; i < info.shards.size(); ++i) {
+        const ShardInfo& s = info.shards[i];
+        if (s.first_row + s.rows <= range.begin || s.first_row >= range.end) continue;
+        m.first = std::min(m.first, i), m.last = i + 1;
+        m.layouts[i] = layout_probe(s, info);
+    }
+}
+
+RawRowReader::~RawRowReader() = default;
+
+void RawRowReader::read(int64_t row, int64_t rows, void* out) {
+    Impl& m = *impl_;
+    SAE_ENFORCE(row >= m.range.begin && rows >= 0 && row + rows <= m.range.end,
+                "RawRowReader::read: rows [{}, {}) outside the range [{}, {})", row, row + rows,
+                m.range.begin, m.range.end);
+    char* dst = static_cast<char*>(out);
+    while (rows > 0) {
+        auto it = std::upper_bound(m.info.shards.begin(), m.info.shards.end(), row,
+                                   [](int64_t r, const ShardInfo& s) { return r < s.first_row; });
+        const size_t i = static_cast<size_t>(std::distance(m.info.shards.begin(), it) - 1);
+        const ShardInfo& s = m.info.shards[i];
+        const int64_t here = std::min(rows, s.first_row + s.rows - row);
+        m.read_shard(i, row - s.first_row, here, dst);
+        dst += here * m.row_bytes, row += here, rows -= here;
+    }
+}
+
+int64_t RawRowReader::row_bytes() const { return impl_->row_bytes; }
+
+int RawRowReader::raw_shards() const {
+    int n = 0;
+    for (size_t i = impl_->first; i < impl_->last; ++i) n += impl_->layouts[i].raw ? 1 : 0;
+    return n;
+}
+
+int RawRowReader::hdf5_shards() const {
+    return static_cast<int>(impl_->last - impl_->first) - raw_shards();
+}
+
+const ShardLayout& RawRowReader::layout(size_t shard) const { return impl_->layouts[shard]; }
+
+// --- conversion ----------------------------------------------------------------------------
+
+namespace {
+
+inline uint32_t bits_of(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+inline float float_of(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// Branch-free IEEE half -> float (exact, NaN payloads kept): move exponent and mantissa into
+// place and rebias; inf/nan get the rest of the float exponent range; subnormals are
+// renormalised by one float subtraction, which is exact. Written with selects so the compiler
+// vectorises the loop; the tests check all 65536 inputs against half_to_float.
+inline float half_fast(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t o = static_cast<uint32_t>(h & 0x7fffu) << 13;
+    const uint32_t e = o & 0x0f800000u;
+    o += 0x38000000u;                                                     // rebias 15 -> 127
+    o += e == 0x0f800000u ? 0x38000000u : 0u;                             // inf/nan: exponent 255
+    const float sub = float_of(o + 0x00800000u) - float_of(0x38800000u);  // 2^-14 * 1.m - 2^-14
+    const uint32_t mag = e == 0 ? bits_of(sub) : o;
+    return float_of(mag | sign);
+}
+
+}  // namespace
+
+void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
+    if (t == DType::f32) {
+        std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+        return;
+    }
+    const auto* s = static_cast<const uint16_t*>(src);
+    if (t == DType::f16) {
+        for (int64_t i = 0; i < n; ++i) dst[i] = half_fast(s[i]);
+    } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = float_of(static_cast<uint32_t>(s[i]) << 16);
+    }
+}
+
+}  // namespace saetrain::io

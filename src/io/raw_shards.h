@@ -1,0 +1,60 @@
+// raw_shards.h — reading shard rows as raw stored bytes, mostly without HDF5 (internal).
+//
+// A contiguous dataset of little-endian IEEE elements is one run of bytes at the offset HDF5
+// reports (H5Dget_offset); an unfiltered chunked dataset whose chunks span whole rows is a list
+// of such runs (H5Dget_chunk_info_by_coord), usually back to back. For those, rows are read
+// with pread: no HDF5 call, no library lock and no per-call overhead on the hot path. Anything
+// else (filters, big-endian, user blocks, unallocated storage, partial-width chunks) falls back
+// to H5Dread of the stored type, under the io layer's HDF5 lock.
+// Internal to saetrain_io.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "saetrain/shards.h"
+
+namespace saetrain::io {
+
+// Rows [row, row + rows) of a shard stored at byte `offset` of its file.
+struct Extent {
+    int64_t row = 0, rows = 0, offset = 0;
+};
+
+struct ShardLayout {
+    bool raw = false;             // extents are valid: pread works
+    std::string why;              // when !raw: why HDF5 reads are used
+    std::vector<Extent> extents;  // sorted by row, merged when adjacent on disk
+};
+
+// Inspects one shard's storage (opens it with HDF5 under the lock). Throws naming the file.
+ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info);
+
+// Reads raw stored rows of a global row range into a byte buffer ([rows, d_model] elements of
+// dtype_size bytes, little-endian). One thread at a time.
+class RawRowReader {
+public:
+    RawRowReader(const DatasetInfo& info, RowRange range);
+    ~RawRowReader();
+    RawRowReader(const RawRowReader&) = delete;
+    RawRowReader& operator=(const RawRowReader&) = delete;
+
+    // Reads global rows [row, row + rows) (inside the range) into out.
+    void read(int64_t row, int64_t rows, void* out);
+    int64_t row_bytes() const;
+    // Shards of the range that are read with pread / with H5Dread.
+    int raw_shards() const;
+    int hdf5_shards() const;
+    const ShardLayout& layout(size_t shard) const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+// Converts n stored elements to float32 (bit-identical to half_to_float / bf16_to_float).
+void convert_to_f32(DType t, const void* src, float* dst, int64_t n);
+
+}  // namespace saetrain::io

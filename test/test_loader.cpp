@@ -1,0 +1,433 @@
+// test_loader — the prefetching, shuffling reader: exactly-once delivery over epochs and ranks,
+// determinism, restore at a cursor, agreement with ShardReader on every storage layout, shuffle
+// quality, staging, bounded buffers and errors that name the file.
+//
+// Rows are identified by content: synthetic rows are random, so a hash of a row's bits maps it
+// back to its global row in the ShardReader read of the whole dataset (the oracle), and a match
+// also proves the values are bit-identical.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../src/io/raw_shards.h"
+#include "saetrain/error.h"
+#include "saetrain/loader.h"
+#include "saetrain/shards.h"
+#include "saetrain/stage.h"
+#include "saetrain/synth.h"
+
+namespace fs = std::filesystem;
+using namespace saetrain;
+
+namespace {
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        std::random_device rd;
+        path = fs::temp_directory_path() /
+               ("saetrain_test_loader_" + std::to_string(rd()) + std::to_string(rd()));
+        fs::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+    std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+template <class F>
+std::string error_of(F f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    ADD_FAILURE() << "expected saetrain::Error";
+    return "";
+}
+
+uint64_t row_hash(const float* r, int64_t d) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t j = 0; j < d; ++j) {
+        uint32_t u;
+        std::memcpy(&u, r + j, 4);
+        h = (h ^ u) * 1099511628211ull;
+    }
+    return h;
+}
+
+// A synthetic dataset and its oracle: every row as ShardReader reads it, and a row -> id map.
+struct Fixture {
+    TempDir dir;
+    DatasetInfo info;
+    std::vector<float> ref;  // [total_rows, d]
+    std::unordered_map<uint64_t, int64_t> id_of;
+
+    explicit Fixture(DType t, bool chunked, int64_t rows = 3001, int64_t shards = 3) {
+        SynthOptions o;
+        o.out_dir = dir / "data";
+        o.d_model = 16;
+        o.n_features = 32;
+        o.rows = rows;
+        o.shards = shards;
+        o.dtype = t;
+        o.chunked = chunked;
+        o.chunk_rows = 50;  // does not divide the shard sizes
+        o.noise_std = 0.5;  // rows distinct even in 16-bit types
+        o.seed = 7;
+        synth_write(o);
+        init(dataset_open(o.out_dir));
+    }
+    explicit Fixture(const std::string& path) { init(dataset_open(path)); }
+
+    void init(const DatasetInfo& i) {
+        info = i;
+        ref.resize(static_cast<size_t>(info.total_rows * info.d_model));
+        ShardReader r(info, RowRange{0, info.total_rows});
+        EXPECT_EQ(r.read(ref.data(), info.total_rows), info.total_rows);
+        for (int64_t k = 0; k < info.total_rows; ++k)
+            id_of[row_hash(ref.data() + k * info.d_model, info.d_model)] = k;
+    }
+
+    // Global row ids of a batch; fails the test on a row that is not bit-identical to its match.
+    std::vector<int64_t> ids(const std::vector<float>& batch, int64_t rows) const {
+        const int64_t d = info.d_model;
+        std::vector<int64_t> out;
+        for (int64_t k = 0; k < rows; ++k) {
+            const float* r = batch.data() + k * d;
+            auto it = id_of.find(row_hash(r, d));
+            if (it == id_of.end() ||
+                std::memcmp(r, ref.data() + it->second * d, static_cast<size_t>(d) * 4) != 0) {
+                ADD_FAILURE() << "delivered row " << k << " matches no row of the dataset";
+                out.push_back(-1);
+            } else {
+                out.push_back(it->second);
+            }
+        }
+        return out;
+    }
+
+    // Every id the source delivers, in batches of `batch` rows.
+    std::vector<int64_t> drain(ShardBatchSource& s, int64_t batch, int64_t limit = -1) const {
+        std::vector<float> buf(static_cast<size_t>(batch * info.d_model));
+        std::vector<int64_t> all;
+        for (;;) {
+            int64_t want = batch;
+            if (limit >= 0) want = std::min(want, limit - static_cast<int64_t>(all.size()));
+            if (want == 0) break;
+            const int64_t got = s.next(buf.data(), want);
+            if (got == 0) break;
+            for (int64_t id : ids(buf, got)) all.push_back(id);
+        }
+        return all;
+    }
+};
+
+LoaderOptions opts(int64_t shuffle, int64_t epochs, uint64_t seed = 1) {
+    LoaderOptions o;
+    o.epochs = epochs;
+    o.shuffle_rows = shuffle;
+    o.seed = seed;
+    o.read_bytes = 16 * 4 * 40;  // 40-row chunks of f32 (80 rows of 16-bit): many windows
+    o.ring_bytes = 16 * 4 * 64;  // a small ring: the threads hand over often
+    return o;
+}
+
+void expect_exactly_once(const std::vector<int64_t>& ids, RowRange r, int64_t epochs) {
+    ASSERT_EQ(static_cast<int64_t>(ids.size()), r.size() * epochs);
+    for (int64_t e = 0; e < epochs; ++e) {
+        std::vector<int> seen(static_cast<size_t>(r.size()), 0);
+        for (int64_t k = 0; k < r.size(); ++k) {
+            const int64_t id = ids[static_cast<size_t>(e * r.size() + k)];
+            ASSERT_TRUE(id >= r.begin && id < r.end) << "row " << id << " is not in the range";
+            ASSERT_EQ(++seen[static_cast<size_t>(id - r.begin)], 1)
+                << "row " << id << " delivered twice in epoch " << e;
+        }
+    }
+}
+
+}  // namespace
+
+// --- exactly once, determinism ---------------------------------------------------------------
+
+TEST(Loader, ExactlyOncePerEpochOverRanksLayoutsAndShuffles) {
+    struct Case {
+        DType t;
+        bool chunked;
+    };
+    for (Case c : {Case{DType::f32, false}, Case{DType::f16, true}, Case{DType::bf16, false},
+                   Case{DType::f32, true}}) {
+        Fixture fx(c.t, c.chunked);
+        for (int world : {1, 3}) {
+            for (int64_t shuffle : {int64_t{0}, int64_t{300}, int64_t{100000}}) {
+                for (int rank = 0; rank < world; ++rank) {
+                    SCOPED_TRACE(::testing::Message()
+                                 << dtype_name(c.t) << " chunked " << c.chunked << " world "
+                                 << world << " rank " << rank << " shuffle " << shuffle);
+                    const RowRange r = partition_rows(fx.info.total_rows, rank, world);
+                    ShardBatchSource s(fx.info, r, opts(shuffle, 3));
+                    EXPECT_EQ(s.total_rows(), 3 * r.size());
+                    const auto ids = fx.drain(s, 97);
+                    expect_exactly_once(ids, r, 3);
+                    if (shuffle == 0) {
+                        for (size_t k = 0; k < ids.size(); ++k)
+                            ASSERT_EQ(ids[k], r.begin + static_cast<int64_t>(k) % r.size());
+                    }
+                    // The stream is exactly what the plan says.
+                    for (int64_t e = 0; e < 3; ++e) {
+                        const auto order = s.plan().epoch_order(e);
+                        for (int64_t k = 0; k < r.size(); ++k)
+                            ASSERT_EQ(ids[static_cast<size_t>(e * r.size() + k)],
+                                      r.begin + order[static_cast<size_t>(k)]);
+                    }
+                    EXPECT_EQ(s.bytes_read(), 3 * r.size() * 16 * dtype_size(c.t));
+                }
+            }
+        }
+    }
+}
+
+TEST(Loader, DeterministicForASeedAndDifferentAcrossSeedsAndEpochs) {
+    Fixture fx(DType::f32, false);
+    const RowRange r{0, fx.info.total_rows};
+    auto run = [&](uint64_t seed) {
+        ShardBatchSource s(fx.info, r, opts(500, 2, seed));
+        return fx.drain(s, 128);
+    };
+    const auto a = run(11), b = run(11), c = run(12);
+    EXPECT_EQ(a, b);
+    EXPECT_NE(a, c);
+    const std::vector<int64_t> e0(a.begin(), a.begin() + r.size()),
+        e1(a.begin() + r.size(), a.end());
+    EXPECT_NE(e0, e1);  // each epoch has its own order
+}
+
+TEST(Loader, MaxRowsStopsMidEpoch) {
+    Fixture fx(DType::f16, false);
+    LoaderOptions o = opts(400, 1);
+    o.max_rows = fx.info.total_rows + 777;
+    ShardBatchSource s(fx.info, RowRange{0, fx.info.total_rows}, o);
+    const auto ids = fx.drain(s, 100);
+    ASSERT_EQ(static_cast<int64_t>(ids.size()), o.max_rows);
+    const auto order1 = s.plan().epoch_order(1);
+    for (int64_t k = 0; k < 777; ++k)
+        EXPECT_EQ(ids[static_cast<size_t>(fx.info.total_rows + k)], order1[static_cast<size_t>(k)]);
+    std::vector<float> buf(16);
+    EXPECT_EQ(s.next(buf.data(), 1), 0);
+}
+
+// --- resume ----------------------------------------------------------------------------------
+
+TEST(Loader, RestoreAtCursorDeliversExactlyTheRemainingStream) {
+    Fixture fx(DType::f16, true);
+    const RowRange r = partition_rows(fx.info.total_rows, 1, 2);
+    const LoaderOptions o = opts(300, 3, 5);
+    ShardBatchSource full(fx.info, r, o);
+    const auto stream = fx.drain(full, 64);
+    ASSERT_EQ(static_cast<int64_t>(stream.size()), 3 * r.size());
+    const auto ep = full.plan().epoch(1);
+    const int64_t n = r.size();
+    // Start, inside the first window, a window boundary, mid-window, an epoch boundary, the
+    // last row of an epoch, deep in the last epoch, and the very end.
+    const int64_t w1 = ep.window_begin[1], w2 = ep.window_begin[2];
+    for (int64_t at : {int64_t{0}, int64_t{1}, w1, (w1 + w2) / 2, n, n + w1 + 3, 2 * n - 1,
+                       2 * n + 5, 3 * n - 1, 3 * n}) {
+        SCOPED_TRACE(::testing::Message() << "cursor at row " << at);
+        // Reach the cursor by reading (batches of 37), then restore from it in a new source.
+        ShardBatchSource first(fx.info, r, o);
+        const auto head = fx.drain(first, 37, at);
+        ASSERT_EQ(static_cast<int64_t>(head.size()), at);
+        const ReaderCursor c = first.cursor();
+        EXPECT_EQ(c.epoch * n + c.offset, at);
+        ShardBatchSource resumed(fx.info, r, o, c);
+        const auto tail = fx.drain(resumed, 50);
+        std::vector<int64_t> joined = head;
+        joined.insert(joined.end(), tail.begin(), tail.end());
+        EXPECT_EQ(joined, stream);
+        // restore() on a live source does the same.
+        if (at < 3 * n) {
+            first.restore(ReaderCursor{0, 0});
+            EXPECT_EQ(fx.drain(first, 41), stream);
+            first.restore(c);
+            EXPECT_EQ(fx.drain(first, 29), tail);
+        }
+    }
+}
+
+TEST(Loader, RejectsCursorsOutsideTheRun) {
+    Fixture fx(DType::f32, false, 500, 1);
+    const RowRange r{0, 500};
+    EXPECT_NE(error_of([&] {
+                  ShardBatchSource s(fx.info, r, opts(0, 1), ReaderCursor{0, 500});
+              }).find("invalid"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  ShardBatchSource s(fx.info, r, opts(0, 1), ReaderCursor{2, 0});
+              }).find("beyond"),
+              std::string::npos);
+}
+
+// --- layouts and values ----------------------------------------------------------------------
+
+TEST(Loader, H5pyFixturesMatchShardReader) {
+    for (const char* name : {"/h5py_plain.h5", "/h5py_f16_chunked.h5"}) {
+        Fixture fx(std::string(SAETRAIN_TEST_DATA) + name);
+        for (int64_t shuffle : {int64_t{0}, int64_t{10}}) {
+            LoaderOptions o = opts(shuffle, 2);
+            o.read_bytes = 16 * 4 * 5;
+            ShardBatchSource s(fx.info, RowRange{0, fx.info.total_rows}, o);
+            expect_exactly_once(fx.drain(s, 6), RowRange{0, fx.info.total_rows}, 2);
+        }
+        // Formula of tools/make_h5py_fixture.py, read through the loader in disk order.
+        ShardBatchSource s(fx.info, RowRange{0, 37}, opts(0, 1));
+        std::vector<float> all(37 * 16);
+        ASSERT_EQ(s.next(all.data(), 37), 37);
+        for (int i = 0; i < 37; ++i)
+            for (int j = 0; j < 16; ++j)
+                ASSERT_EQ(all[static_cast<size_t>(i * 16 + j)],
+                          static_cast<float>(i) * 0.5f - static_cast<float>(j));
+    }
+}
+
+TEST(Loader, PlainLayoutsAreReadWithPread) {
+    for (bool chunked : {false, true}) {
+        Fixture fx(DType::f16, chunked);
+        io::RawRowReader rr(fx.info, RowRange{0, fx.info.total_rows});
+        EXPECT_EQ(rr.raw_shards(), 3) << "chunked " << chunked << ": " << rr.layout(0).why;
+        EXPECT_EQ(rr.hdf5_shards(), 0);
+    }
+    Fixture h(std::string(SAETRAIN_TEST_DATA) + "/h5py_f16_chunked.h5");
+    io::RawRowReader rr(h.info, RowRange{0, 37});
+    EXPECT_EQ(rr.raw_shards(), 1) << rr.layout(0).why;
+}
+
+TEST(Loader, HalfConversionMatchesTheReferenceForEveryValue) {
+    std::vector<uint16_t> all(65536);
+    for (uint32_t k = 0; k < 65536; ++k) all[k] = static_cast<uint16_t>(k);
+    std::vector<float> got(65536), got_bf(65536);
+    io::convert_to_f32(DType::f16, all.data(), got.data(), 65536);
+    io::convert_to_f32(DType::bf16, all.data(), got_bf.data(), 65536);
+    for (uint32_t k = 0; k < 65536; ++k) {
+        const float want = half_to_float(static_cast<uint16_t>(k));
+        const float want_bf = bf16_to_float(static_cast<uint16_t>(k));
+        ASSERT_EQ(std::memcmp(&got[k], &want, 4), 0) << "half 0x" << std::hex << k;
+        ASSERT_EQ(std::memcmp(&got_bf[k], &want_bf, 4), 0) << "bf16 0x" << std::hex << k;
+    }
+}
+
+// --- errors ----------------------------------------------------------------------------------
+
+TEST(Loader, TruncatedShardIsNamed) {
+    Fixture fx(DType::f32, false);
+    const std::string victim = fx.info.shards[1].path;
+    fs::resize_file(victim, fs::file_size(victim) / 2);
+    const std::string msg = error_of([&] {
+        ShardBatchSource s(fx.info, RowRange{0, fx.info.total_rows}, opts(0, 1));
+    });
+    EXPECT_NE(msg.find(victim), std::string::npos) << msg;
+    EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+}
+
+TEST(Loader, ReadErrorInTheBackgroundSurfacesInNextNamingTheFile) {
+    Fixture fx(DType::f32, false);
+    const std::string victim = fx.info.shards[2].path;
+    LoaderOptions o = opts(0, 1);
+    ShardBatchSource s(fx.info, RowRange{0, fx.info.total_rows}, o);
+    fs::resize_file(victim, 4096);  // after the layout check: the pread itself comes up short
+    const std::string msg = error_of([&] { fx.drain(s, 100); });
+    EXPECT_NE(msg.find(victim), std::string::npos) << msg;
+}
+
+// --- shuffle quality -------------------------------------------------------------------------
+
+TEST(Loader, ShuffleQualityFarBetterThanDiskOrder) {
+    const int64_t n = 200000, batch = 1024, groups = 8;
+    LoaderOptions o;
+    o.read_bytes = 1000 * 4;  // 1000-row chunks of 1-float rows
+    o.shuffle_rows = 20000;   // windows of 20 chunks: 10% of the range
+    const auto shuffled = ShufflePlan::from_options(n, 4, o).epoch_order(0);
+    o.shuffle_rows = 0;
+    const auto disk = ShufflePlan::from_options(n, 4, o).epoch_order(0);
+    const ShuffleQuality qs = shuffle_quality(shuffled, batch, groups);
+    const ShuffleQuality qd = shuffle_quality(disk, batch, groups);
+    // A uniform permutation scores displacement 1 and batch correlation 0 (+- a few
+    // 1/sqrt(#batches)).
+    EXPECT_NEAR(qd.displacement, 0.0, 1e-12);
+    EXPECT_GT(qd.batch_corr, 0.95);
+    EXPECT_GT(qd.batch_spread, 10.0);
+    EXPECT_GT(qs.displacement, 0.9);
+    // Stratified windows: a window holds one chunk of every 1/20 of the range, so batch means
+    // barely depend on the window; what remains comes from strata that straddle two groups.
+    EXPECT_LT(std::abs(qs.batch_corr), 0.5);
+    EXPECT_LT(qs.batch_spread, 1.5);
+    // Within one window the rows really are mixed: neighbours in the stream are far apart.
+    int64_t close = 0;
+    for (size_t k = 1; k < shuffled.size(); ++k)
+        close += std::abs(shuffled[k] - shuffled[k - 1]) < 1000;
+    EXPECT_LT(close, n / 10);
+}
+
+// --- staging ---------------------------------------------------------------------------------
+
+TEST(Loader, StagingCopiesOnceAndReadsTheCopies) {
+    Fixture fx(DType::f16, true);
+    TempDir stage;
+    const RowRange r = partition_rows(fx.info.total_rows, 0, 2);  // shards 0 and 1 only
+    StageStats st;
+    DatasetInfo local = stage_shards(fx.info, r, stage.path.string(), false, &st);
+    EXPECT_EQ(st.copied, 2);
+    EXPECT_EQ(st.skipped, 0);
+    EXPECT_NE(local.shards[0].path, fx.info.shards[0].path);
+    EXPECT_EQ(local.shards[2].path, fx.info.shards[2].path);  // not in the range: not copied
+    EXPECT_EQ(fs::file_size(local.shards[1].path), fs::file_size(fx.info.shards[1].path));
+    stage_shards(fx.info, r, stage.path.string(), false, &st);
+    EXPECT_EQ(st.copied, 0);
+    EXPECT_EQ(st.skipped, 2);
+    fs::resize_file(local.shards[1].path, 100);  // a wrong size is copied again
+    stage_shards(fx.info, r, stage.path.string(), false, &st);
+    EXPECT_EQ(st.copied, 1);
+    // The loader stages by itself and delivers the same rows.
+    LoaderOptions o = opts(200, 1);
+    o.stage_dir = stage.path.string();
+    ShardBatchSource s(fx.info, r, o);
+    EXPECT_EQ(s.dataset().shards[0].path, local.shards[0].path);
+    expect_exactly_once(fx.drain(s, 64), r, 1);
+}
+
+TEST(Loader, StageDirExpandsTmpdir) {
+    const char* old = std::getenv("TMPDIR");
+    const std::string keep = old ? old : "";
+    setenv("TMPDIR", "/scratch/job7", 1);
+    EXPECT_EQ(stage_dir_resolve("$TMPDIR/sae"), "/scratch/job7/sae");
+    EXPECT_EQ(stage_dir_resolve("/local"), "/local");
+    if (old)
+        setenv("TMPDIR", keep.c_str(), 1);
+    else
+        unsetenv("TMPDIR");
+}
+
+// --- memory ----------------------------------------------------------------------------------
+
+TEST(Loader, BuffersDoNotGrowOverEpochs) {
+    Fixture fx(DType::f16, false);
+    LoaderOptions o = opts(500, 4);
+    ShardBatchSource s(fx.info, RowRange{0, fx.info.total_rows}, o);
+    std::vector<float> buf(100 * 16);
+    ASSERT_EQ(s.next(buf.data(), 100), 100);
+    const int64_t at_start = s.buffer_bytes();
+    // Two windows of stored rows, the ring, and one permutation: nothing proportional to the
+    // range or to the epochs.
+    const int64_t window = s.plan().chunk_rows() * s.plan().window_chunks();
+    EXPECT_LE(at_start, 2 * window * 16 * 2 + o.ring_bytes + 16 * 4 * 64 + window * 4 + 4096);
+    while (s.next(buf.data(), 100) > 0) {
+        ASSERT_EQ(s.buffer_bytes(), at_start);
+    }
+}
