@@ -2,8 +2,9 @@
 //
 //   saetrain CONFIG.yaml [--set key=value ...]      (mpirun/srun: one rank per device)
 //
-// Reads top-down: parse the config, start MPI, pick the backend, open the data, train,
-// write the outputs, report.
+// Reads top-down: start MPI, set up everything that can fail locally (config, layout, data,
+// backend) and agree that it worked, then split the communicators, train, write the outputs
+// and report. Only rank 0 writes the run's shared files and the console.
 #include <fmt/format.h>
 #include <sched.h>
 
@@ -11,21 +12,24 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "saetrain/backend.h"       // defines: Backend, make_cpu_backend
 #include "saetrain/build_config.h"  // defines: SAETRAIN_HAS_CUDA, SAETRAIN_VERSION
-#include "saetrain/checkpoint.h"    // defines: sae_write_h5
+#include "saetrain/checkpoint.h"    // defines: sae_write_h5, checkpoint_rotate
 #include "saetrain/config.h"        // defines: config_load, config_to_yaml, sweep_ids
 #if SAETRAIN_HAS_CUDA
 #include "saetrain/cuda_device.h"  // defines: cuda_device_count, cuda_device_description
 #endif
-#include "saetrain/error.h"       // defines: saetrain::Error, SAE_ENFORCE
-#include "saetrain/loader.h"      // defines: ShardBatchSource (shards -> shuffled batches)
-#include "saetrain/metrics.h"     // defines: MetricsLog, progress_line, summary_write
-#include "saetrain/mpi_world.h"   // defines: MpiScope, make_mpi_world, node_placement
-#include "saetrain/shards.h"      // defines: dataset_open, partition_rows
-#include "saetrain/synth.h"       // defines: synth_read_features, feature_recovery
-#include "saetrain/train_loop.h"  // defines: train_loop, SaeTrainer
+#include "saetrain/error.h"          // defines: saetrain::Error, SAE_ENFORCE
+#include "saetrain/layout.h"         // defines: layout_for (which SAE / replica this rank is)
+#include "saetrain/loader.h"         // defines: ShardBatchSource (a rank's slice, shuffled)
+#include "saetrain/mpi_world.h"      // defines: MpiScope, make_mpi_world, node_placement
+#include "saetrain/report.h"         // defines: RunReporter (rank 0 gathers metrics)
+#include "saetrain/shards.h"         // defines: dataset_open, partition_rows
+#include "saetrain/shared_source.h"  // defines: SharedBatchSource (slices -> one stream)
+#include "saetrain/synth.h"          // defines: synth_read_features, feature_recovery
+#include "saetrain/train_loop.h"     // defines: train_loop, SaeTrainer
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -47,151 +51,206 @@ int cpu_threads_for_rank(int local_size) {
     return std::max(1, cores / std::max(1, local_size));
 }
 
-// backend: cpu | cuda | auto. The CUDA backend itself is not written yet (issue 5), so auto
+// backend: cpu | cuda | auto. The CUDA backend itself is not wired in yet (issue 5), so auto
 // says what it saw and runs on the CPU.
-std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, bool loud) {
+std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, std::string* note) {
 #if SAETRAIN_HAS_CUDA
     const int devices = cuda_device_count();
     SAE_ENFORCE(choice != "cuda",
                 "backend: cuda: {} device(s) visible, but this version has no CUDA backend yet; "
                 "use backend: cpu",
                 devices);
-    if (loud && choice == "auto")
-        fmt::print("backend: auto -> cpu ({})\n",
-                   devices > 0 ? fmt::format("{} CUDA device(s) seen, first {}; CUDA backend not "
-                                             "in this version",
-                                             devices, cuda_device_description(0))
-                               : std::string("no CUDA device visible"));
+    if (choice == "auto")
+        *note = devices > 0 ? fmt::format(
+                                  "auto -> cpu ({} CUDA device(s) seen, first {}; the CUDA "
+                                  "backend is not in this version)",
+                                  devices, cuda_device_description(0))
+                            : "auto -> cpu (no CUDA device visible)";
 #else
     SAE_ENFORCE(choice != "cuda",
                 "backend: cuda requested but this build has no CUDA backend (reconfigure with "
                 "cmake --preset cuda, or set backend: cpu)");
-    if (loud && choice == "auto") fmt::print("backend: auto -> cpu (built without CUDA)\n");
+    if (choice == "auto") *note = "auto -> cpu (built without CUDA)";
 #endif
     return make_cpu_backend(threads);
 }
 
-std::string fmt_g(double v) { return fmt::format("{:.6g}", v); }
+// Everything a rank sets up before the first collective. Any failure here is agreed on by all
+// ranks (see agree_on_startup) so that the job ends with one message, not a hang.
+struct Setup {
+    Config cfg;
+    RankLayout layout;
+    DatasetInfo data;
+    std::vector<std::string> ids;
+    std::unique_ptr<Backend> backend;
+    std::string backend_note;
+    std::unique_ptr<ShardBatchSource> local;  // this rank's slice
+    int threads = 1;
+};
 
-int run(const Args& args, Communicator& world) {
-    const bool root = world.rank() == 0;
-    // --- config --------------------------------------------------------------------------
-    Config cfg = config_load(args.config, args.sets);
-    SAE_ENFORCE(static_cast<int64_t>(cfg.sweep.size()) == world.size(),
-                "{}: the sweep has {} SAE config(s) but the job has {} rank(s); run with "
-                "{} rank(s) (one SAE per rank)",
-                cfg.source, cfg.sweep.size(), world.size(), cfg.sweep.size());
-    const SaeConfig& sae = cfg.sweep[static_cast<size_t>(world.rank())];
-
-    // --- data -----------------------------------------------------------------------------
-    const DatasetInfo data = dataset_open(cfg.data.path, cfg.data.dataset);
-    config_validate_for_data(cfg, data.d_model);
-    const std::string id = sweep_ids(cfg, data.d_model)[static_cast<size_t>(world.rank())];
-    // Issue 3 adds shared sweeps; for now every SAE reads the whole dataset.
-    const RowRange range{0, data.total_rows};
-    LoaderOptions lo;
-    lo.epochs = cfg.data.epochs;
-    lo.max_rows = cfg.data.max_tokens;
-    lo.shuffle_rows = cfg.data.shuffle_buffer_rows;
-    lo.seed = cfg.run.seed * 1000003u + static_cast<uint64_t>(world.rank());
-    ShardBatchSource source(data, range, lo);
-
-    // --- outputs --------------------------------------------------------------------------
-    const fs::path out = cfg.run.out_dir;
-    if (root) {
+Setup set_up(const Args& args, int rank, int world, int local_size) {
+    Setup s;
+    s.cfg = config_load(args.config, args.sets);
+    s.layout = layout_for(s.cfg, world, rank);
+    s.data = dataset_open(s.cfg.data.path, s.cfg.data.dataset);
+    config_validate_for_data(s.cfg, s.data.d_model);
+    s.ids = sweep_ids(s.cfg, s.data.d_model);
+    const fs::path out = s.cfg.run.out_dir;
+    if (rank == 0)
         SAE_ENFORCE(args.overwrite || !fs::exists(out / "metrics.jsonl"),
                     "{} already holds a run (metrics.jsonl); choose another run.out_dir or pass "
                     "--overwrite to replace it",
                     out.string());
+
+    // Each rank reads its own disjoint, contiguous slice of the global row space.
+    const RowRange range = partition_rows(s.data.total_rows, rank, world);
+    LoaderOptions lo;
+    lo.epochs = s.cfg.data.epochs;
+    lo.shuffle_rows = s.cfg.data.shuffle_buffer_rows;
+    lo.seed = s.cfg.run.seed * 1000003u + static_cast<uint64_t>(rank);
+    if (s.cfg.data.max_tokens > 0) {
+        // max_tokens counts one SAE's tokens: split over the ranks that feed that SAE.
+        lo.max_rows =
+            s.layout.shared
+                ? partition_rows(s.cfg.data.max_tokens, rank, world).size()
+                : partition_rows(s.cfg.data.max_tokens, s.layout.replica, s.layout.replicas).size();
+    }
+    s.local = std::make_unique<ShardBatchSource>(s.data, range, lo);
+    s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(local_size);
+    s.backend = make_backend(s.cfg.backend, s.threads, &s.backend_note);
+    return s;
+}
+
+// Every rank reports whether its set-up worked; if any failed, the lowest failing rank prints
+// its message (once for the job) and every rank returns false.
+bool agree_on_startup(Communicator& world, const std::string& error) {
+    int64_t failed = error.empty() ? 0 : world.size() - world.rank();  // max -> lowest rank
+    world.allreduce_max(&failed, 1);
+    if (failed == 0) return true;
+    if (world.size() - world.rank() == failed) {
+        if (world.size() > 1)
+            std::fprintf(stderr, "saetrain: error: rank %d: %s\n", world.rank(), error.c_str());
+        else
+            std::fprintf(stderr, "saetrain: error: %s\n", error.c_str());
+    }
+    return false;
+}
+
+// One line per node: ranks, cores, threads.
+void print_placement(Communicator& world, const NodePlacement& place, int threads) {
+    struct Rec {
+        char host[64];
+        int32_t local_rank, local_size, threads;
+    } mine{};
+    std::snprintf(mine.host, sizeof(mine.host), "%s", place.host.c_str());
+    mine.local_rank = place.local_rank, mine.local_size = place.local_size, mine.threads = threads;
+    std::vector<Rec> all(static_cast<size_t>(world.size()));
+    world.allgather(&mine, all.data(), sizeof(Rec));
+    if (world.rank() != 0) return;
+    for (const Rec& r : all)
+        if (r.local_rank == 0)
+            fmt::print("node {}: {} rank(s), {} CPU thread(s) each\n", r.host, r.local_size,
+                       r.threads);
+}
+
+int run(const Args& args, Communicator& world) {
+    const bool root = world.rank() == 0;
+    const NodePlacement place = node_placement();
+
+    // --- set up (local), then agree ----------------------------------------------------------
+    std::optional<Setup> setup;
+    std::string error;
+    try {
+        setup.emplace(set_up(args, world.rank(), world.size(), place.local_size));
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    if (!agree_on_startup(world, error)) return 1;
+    Setup& s = *setup;
+    const Config& cfg = s.cfg;
+    const SaeConfig& sae = cfg.sweep[static_cast<size_t>(s.layout.config)];
+    const std::string& id = s.ids[static_cast<size_t>(s.layout.config)];
+    const fs::path out = cfg.run.out_dir;
+
+    // --- communicators: replicas of one SAE; ranks that share a stream ------------------------
+    auto grads = world.split(s.layout.config, s.layout.replica);
+    auto stream = world.split(s.layout.replica, s.layout.config);
+    std::unique_ptr<SharedBatchSource> shared;
+    if (s.layout.shared)
+        shared = std::make_unique<SharedBatchSource>(*s.local, *stream, cfg.data.batch_size);
+    BatchSource& source = shared ? static_cast<BatchSource&>(*shared) : *s.local;
+    // One SAE consumes replicas x batch_size rows a step, from its whole stream.
+    double stream_rows = static_cast<double>(s.local->total_rows());
+    (s.layout.shared ? world : *grads).allreduce_sum(&stream_rows, 1);
+    const int64_t steps =
+        total_steps_for(static_cast<int64_t>(stream_rows), cfg.data.batch_size * s.layout.replicas);
+
+    if (root) {
         fs::create_directories(out);
         fs::remove(out / "metrics.jsonl");
         std::ofstream(out / "config.yaml") << config_to_yaml(cfg);
-    }
-    world.barrier();
-
-    // --- backend and model ----------------------------------------------------------------
-    const NodePlacement place = node_placement();
-    const int threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
-    auto backend = make_backend(cfg.backend, threads, root);
-    auto self = make_self_comm();  // gradient group: this rank alone (data-parallel: issue 3)
-    const int64_t steps = total_steps_for(source.total_rows(), cfg.data.batch_size);
-    SaeTrainer trainer(sae, data.d_model, steps, cfg.run.seed, *backend, *self);
-    if (root) {
-        fmt::print("saetrain {} | {} rank(s) | {}\n", SAETRAIN_VERSION, world.size(),
-                   backend->name());
+        fmt::print("saetrain {} | {} rank(s): {} | backend {}{}\n", SAETRAIN_VERSION, world.size(),
+                   s.layout.describe(), s.backend->name(),
+                   s.backend_note.empty() ? "" : " | " + s.backend_note);
         fmt::print(
-            "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", data.source,
-            data.shards.size(), data.total_rows, data.d_model, dtype_name(data.dtype),
-            static_cast<double>(data.total_rows * data.d_model * dtype_size(data.dtype)) / 1e6);
-        fmt::print("sae {} | n_latents {} | {} steps of {} rows\n", id, trainer.n_latents(), steps,
-                   cfg.data.batch_size);
+            "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", s.data.source,
+            s.data.shards.size(), s.data.total_rows, s.data.d_model, dtype_name(s.data.dtype),
+            static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) /
+                1e6);
+        fmt::print("{} step(s) of {} rows per SAE replica\n", steps, cfg.data.batch_size);
     }
+    print_placement(world, place, s.threads);
+    world.barrier();  // out_dir exists before anyone writes into it
 
-    // --- train ------------------------------------------------------------------------------
-    std::unique_ptr<MetricsLog> log;
-    if (root) log = std::make_unique<MetricsLog>((out / "metrics.jsonl").string());
+    // --- train ---------------------------------------------------------------------------------
+    SaeTrainer trainer(sae, s.data.d_model, steps, cfg.run.seed, *s.backend, *grads);
+    RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string());
     const fs::path sae_dir = out / "sae" / id;
+    const bool writer = s.layout.replica == 0;  // replicas are identical: one writes
     auto meta_now = [&](const SaeTrainer& t) {
         return SaeMeta{arch_name(sae.arch), id,        config_to_yaml(cfg), sae.k,
                        t.step_count(),      t.tokens()};
     };
     LoopOptions opt;
+    opt.world = &world;
     opt.batch_size = cfg.data.batch_size;
     opt.log_every = cfg.log.every_steps;
     opt.checkpoint_every = cfg.checkpoint.every_steps;
     opt.sae_id = id;
-    opt.report = [&](const MetricsRow& m) {
-        if (!root) return;
-        log->write(m);
-        fmt::print("{}\n", progress_line(m));
-        std::fflush(stdout);
-    };
+    opt.report = [&](const MetricsRow& m) { reporter.gather(m); };
     opt.checkpoint = [&](SaeTrainer& t) {
-        checkpoint_rotate(sae_dir.string(), t.step_count(), t.weights(), meta_now(t),
-                          cfg.checkpoint.keep);
+        if (writer)
+            checkpoint_rotate(sae_dir.string(), t.step_count(), t.weights(), meta_now(t),
+                              cfg.checkpoint.keep);
     };
     const LoopResult res = train_loop(trainer, source, opt);
 
-    // --- write and report -------------------------------------------------------------------
-    const SaeWeights w = trainer.weights();
-    sae_write_h5((sae_dir / "final.h5").string(), w, meta_now(trainer));
-
-    std::map<std::string, std::string> row = {
-        {"sae", id},
-        {"arch", arch_name(sae.arch)},
-        {"n_latents", std::to_string(w.n_latents)},
-        {"k", sae.arch == Arch::topk ? std::to_string(sae.k) : ""},
-        {"l1_coeff", sae.arch == Arch::relu ? fmt_g(sae.l1_coeff) : ""},
-        {"steps", std::to_string(res.steps)},
-        {"tokens", std::to_string(res.tokens)},
-        {"mse", fmt_g(res.last.mse)},
-        {"fvu", fmt_g(res.last.fvu)},
-        {"l0", fmt_g(res.last.l0)},
-        {"dead_fraction", fmt_g(res.last.dead_fraction)},
-        {"tokens_per_s", fmt_g(res.tokens_per_s)},
-        {"wait_fraction", fmt_g(res.wait_fraction)}};
-    std::string recovery;
-    const fs::path truth = fs::path(cfg.data.path) / "ground_truth.h5";
-    if (fs::is_regular_file(truth)) {
-        int64_t m = 0, dt = 0;
-        const std::vector<float> f = synth_read_features(truth.string(), &m, &dt);
-        if (dt == w.d_model) {
-            const double rec = feature_recovery(f.data(), m, w.w_dec.data(), w.n_latents, dt);
-            row["feature_recovery"] = fmt_g(rec);
-            recovery = fmt::format(
-                " | feature recovery {:.3f} (mean best cosine over {} planted features)", rec, m);
+    // --- write and report ----------------------------------------------------------------------
+    SaeSummary mine{s.layout.config,  res.last,          res.steps, res.tokens,
+                    res.tokens_per_s, res.wait_fraction, -1.0};
+    if (writer) {
+        const SaeWeights w = trainer.weights();
+        sae_write_h5((sae_dir / "final.h5").string(), w, meta_now(trainer));
+        const fs::path truth = fs::path(cfg.data.path) / "ground_truth.h5";
+        if (fs::is_regular_file(truth)) {
+            int64_t m = 0, dt = 0;
+            const std::vector<float> f = synth_read_features(truth.string(), &m, &dt);
+            if (dt == w.d_model)
+                mine.feature_recovery =
+                    feature_recovery(f.data(), m, w.w_dec.data(), w.n_latents, dt);
         }
     }
-    if (root) {
-        summary_write((out / "summary.csv").string(),
-                      {"sae", "arch", "n_latents", "k", "l1_coeff", "steps", "tokens", "mse", "fvu",
-                       "l0", "dead_fraction", "tokens_per_s", "wait_fraction", "feature_recovery"},
-                      {row});
-        fmt::print("done {} | {} steps, {} tokens in {} ({} tok/s) | fvu {:.4f} | l0 {:.1f}{}\n",
-                   id, res.steps, res.tokens, format_duration(res.seconds),
-                   format_count(res.tokens_per_s), res.last.fvu, res.last.l0, recovery);
-        fmt::print("wrote {}\n", (out / "sae" / id / "final.h5").string());
-    }
+    std::vector<std::map<std::string, std::string>> columns;
+    for (const SaeConfig& c : cfg.sweep)
+        columns.push_back(
+            {{"arch", arch_name(c.arch)},
+             {"n_latents", std::to_string(c.resolved_latents(s.data.d_model))},
+             {"k", c.arch == Arch::topk ? std::to_string(c.k) : ""},
+             {"l1_coeff", c.arch == Arch::relu ? fmt::format("{:g}", c.l1_coeff) : ""},
+             {"lr", fmt::format("{:g}", c.lr)}});
+    reporter.finish(mine, (out / "summary.csv").string(),
+                    {"arch", "n_latents", "k", "l1_coeff", "lr"}, columns);
+    if (root) fmt::print("wrote {}/summary.csv and sae/<id>/final.h5\n", out.string());
     world.barrier();
     return 0;
 }
@@ -206,7 +265,7 @@ int main(int argc, char** argv) {
     app.add_option("--set", args.sets, "override a config key: section.key=value (repeatable)");
     app.add_flag("--overwrite", args.overwrite, "replace an existing run in run.out_dir");
     app.add_option("--threads", args.threads,
-                   "CPU threads per rank (default: cores / ranks per node)");
+                   "CPU threads per rank (default: the rank's cores / ranks on its node)");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -216,13 +275,15 @@ int main(int argc, char** argv) {
     try {
         return run(args, *world);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "saetrain: error: %s\n", e.what());
+        // A failure after start-up: the other ranks may be waiting in a collective, so this
+        // rank's message is the one printed and the whole job is aborted.
         if (world->size() > 1) {
-            std::fprintf(stderr, "saetrain: rank %d failed; stopping all %d ranks\n", world->rank(),
-                         world->size());
+            std::fprintf(stderr, "saetrain: error: rank %d: %s; stopping all %d ranks\n",
+                         world->rank(), e.what(), world->size());
             std::fflush(stderr);
             world_abort(1);
         }
+        std::fprintf(stderr, "saetrain: error: %s\n", e.what());
         return 1;
     }
 }

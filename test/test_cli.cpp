@@ -2,6 +2,7 @@
 // non-zero exit for each kind of bad input.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -39,8 +40,9 @@ class Cli : public ::testing::Test {
 protected:
     fs::path dir;
     void SetUp() override {
+        // The pid keeps concurrent runs of the suite (several build trees) apart.
         dir = fs::temp_directory_path() /
-              (std::string("saetrain_cli_") +
+              (std::string("saetrain_cli_") + std::to_string(getpid()) + "_" +
                ::testing::UnitTest::GetInstance()->current_test_info()->name());
         fs::remove_all(dir);
         fs::create_directories(dir);
@@ -55,7 +57,10 @@ protected:
                                         << "log: {every_steps: 4}\n"
                                         << "checkpoint: {every_steps: 5, keep: 1}\n";
     }
-    void TearDown() override { fs::remove_all(dir); }
+    void TearDown() override {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+    }
     Result train(const std::string& extra = "") {
         return run(bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --threads 1 " + extra);
     }
@@ -64,7 +69,7 @@ protected:
 TEST_F(Cli, TrainWritesEveryOutput) {
     const Result r = train();
     ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("feature recovery"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("recovery"), std::string::npos) << r.out;
     const fs::path run_dir = dir / "run";
     // config.yaml: the resolved config, defaults written out.
     std::ifstream cfg(run_dir / "config.yaml");
@@ -94,7 +99,8 @@ TEST_F(Cli, TrainWritesEveryOutput) {
     std::getline(summary, row);
     EXPECT_FALSE(std::getline(summary, extra));
     EXPECT_EQ(header.rfind("sae,arch,n_latents,k", 0), 0u) << header;
-    EXPECT_EQ(row.rfind("topk-x2-k4,topk,32,4", 0), 0u) << row;
+    EXPECT_EQ(row.rfind("topk-x2-k4,topk,32,4,,0.005,12,3000,", 0), 0u) << row;
+    EXPECT_NE(header.find("feature_recovery"), std::string::npos) << header;
     // final.h5: shapes of the brief and the step count.
     saetrain::SaeMeta meta;
     const auto w = saetrain::sae_read_h5((run_dir / "sae/topk-x2-k4/final.h5").string(), &meta);
@@ -137,6 +143,70 @@ TEST_F(Cli, BadInputsFailWithOneClearLine) {
     const Result missing = run(bin("saetrain") + " " + (dir / "absent.yaml").string());
     EXPECT_NE(missing.code, 0);
     EXPECT_NE(missing.out.find("absent.yaml"), std::string::npos) << missing.out;
+}
+
+std::string mpirun(int np) {
+    return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " SAETRAIN_MPIEXEC
+           " --oversubscribe -np " +
+           std::to_string(np) + " ";
+}
+
+size_t count(const std::string& hay, const std::string& needle) {
+    size_t n = 0;
+    for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+    return n;
+}
+
+std::vector<std::string> lines_of(const fs::path& p) {
+    std::ifstream in(p);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+}
+
+TEST_F(Cli, MpiSweepTrainsOneSaePerRank) {
+    const Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+                         " --set 'sae.k=[2,4]'");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto summary = lines_of(dir / "run/summary.csv");
+    ASSERT_EQ(summary.size(), 3u) << r.out;  // header + one row per SAE, sorted by l0
+    EXPECT_EQ(summary[1].rfind("topk-x2-k2,", 0), 0u) << summary[1];
+    EXPECT_EQ(summary[2].rfind("topk-x2-k4,", 0), 0u) << summary[2];
+    // Both SAEs see the whole dataset once (shared stream): 3000 tokens each.
+    EXPECT_NE(summary[1].find(",12,3000,"), std::string::npos) << summary[1];
+    EXPECT_NE(summary[2].find(",12,3000,"), std::string::npos) << summary[2];
+    const auto metrics = lines_of(dir / "run/metrics.jsonl");
+    EXPECT_EQ(metrics.size(), 6u);  // 3 log intervals x 2 SAEs
+    EXPECT_TRUE(fs::exists(dir / "run/sae/topk-x2-k2/final.h5"));
+    EXPECT_TRUE(fs::exists(dir / "run/sae/topk-x2-k4/final.h5"));
+    EXPECT_EQ(count(r.out, "sae (sorted by l0)"), 1u) << "only rank 0 prints";
+}
+
+TEST_F(Cli, MpiDataParallelTrainsOneSaeOnAllSlices) {
+    const Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+                         " --set parallel.mode=data_parallel");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto summary = lines_of(dir / "run/summary.csv");
+    ASSERT_EQ(summary.size(), 2u);
+    // Two replicas x 256 rows a step over 3000 rows: 6 steps, every row once.
+    EXPECT_NE(summary[1].find(",6,3000,"), std::string::npos) << summary[1];
+}
+
+// A failure during start-up on any rank ends every rank, with the message printed once.
+TEST_F(Cli, MpiStartupFailuresEndAllRanksWithOneMessage) {
+    // World size that does not fit the sweep.
+    Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string());
+    EXPECT_NE(r.code, 0);
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    EXPECT_NE(r.out.find("run with 1 rank(s)"), std::string::npos) << r.out;
+    // A truncated shard, seen by every rank: still one message, naming the file.
+    const fs::path shard = dir / "data" / "shard_00001.h5";
+    fs::resize_file(shard, fs::file_size(shard) / 2);
+    r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+            " --set 'sae.k=[2,4]'");
+    EXPECT_NE(r.code, 0);
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    EXPECT_NE(r.out.find("shard_00001.h5"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, InspectDescribesDataAndSae) {

@@ -1,6 +1,7 @@
 // test_config.cpp — the YAML config loader: defaults, every key, every error message, sweeps,
 // ids, overrides, round trip through config_to_yaml, data-dependent checks, shipped configs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -589,8 +590,7 @@ class TempFile {
 public:
     explicit TempFile(const std::string& text) {
         path_ = (fs::temp_directory_path() /
-                 ("saetrain_test_config_" +
-                  std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+                 ("saetrain_test_config_" + std::to_string(getpid()) + "_" +
                   ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".yaml"))
                     .string();
         std::ofstream(path_) << text;

@@ -1,6 +1,7 @@
 // End to end on the library: sae-synth data with planted features -> shuffled shard loader ->
 // TopK SAE -> the decoder must recover the planted features.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -18,10 +19,9 @@ namespace {
 struct TempDir {
     fs::path path;
     TempDir() {
-        path =
-            fs::temp_directory_path() /
-            ("saetrain_e2e_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-             "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        path = fs::temp_directory_path() /
+               ("saetrain_e2e_" + std::to_string(getpid()) + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
         fs::remove_all(path);
         fs::create_directories(path);
     }

@@ -20,6 +20,10 @@ struct LoopResult {
 };
 
 struct LoopOptions {
+    // All ranks of the job: every iteration they agree (one small all-reduce) whether any of
+    // them still has data, so all leave the loop together and every collective inside it
+    // (gradient all-reduce, metrics gather) is reached by every rank. nullptr: one process.
+    Communicator* world = nullptr;
     int64_t batch_size = 4096;
     int64_t log_every = 50;
     int64_t checkpoint_every = 0;  // 0: never
@@ -28,8 +32,10 @@ struct LoopOptions {
     std::function<void(SaeTrainer&)> checkpoint;    // every checkpoint_every steps
 };
 
-// Steps until the source is exhausted (total steps = ceil(total_rows / batch_size)).
-// The first batch also initializes the SAE (b_dec from its mean).
+// Steps until no rank has data left. Logging and checkpoints happen on iterations that are
+// multiples of their interval (the same iterations on every rank, so the report and
+// checkpoint callbacks may use collectives). The first batch initializes the SAE (b_dec from
+// its mean over replicas).
 LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOptions& opt);
 
 // Steps the loop will take for a source of `rows` rows.

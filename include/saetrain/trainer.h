@@ -45,14 +45,15 @@ public:
     // Initializes the parameters: decoder rows random unit vectors (from the seed), W_enc as
     // W_dec transposed, b_enc = 0, b_dec = the mean of x [rows, d] over all replicas.
     void init(const float* x_host, int64_t rows);
-    // One optimizer step on x [rows, d_model] (host memory).
+    // One optimizer step on x [rows, d_model] (host memory) of this replica. Replicas may hold
+    // different row counts (even 0): the step minimizes the mean loss over all their rows.
+    // Returns rows = 0 (and changes nothing) when no replica had any row.
     StepResult step(const float* x_host, int64_t rows);
 
-    // Forward and backward only: gradients land in the gradient buffer (not averaged across
-    // replicas); returns L. `x_dev` is in backend memory. For tests and the benchmark.
-    StepResult compute_gradients(const float* x_dev, int64_t rows);
-    // Averages gradients over replicas, clips, applies Adam and renormalizes the decoder.
-    void apply_update(StepResult& r);
+    // Forward and backward only, for tests and the benchmark: gradients of
+    // L * rows / norm_rows (norm_rows = rows: the mean loss L; 1: the summed loss) land in the
+    // gradient buffer; returns L. `x_dev` is in backend memory.
+    StepResult compute_gradients(const float* x_dev, int64_t rows, int64_t norm_rows = 0);
 
     // Host copies of the flat parameter and gradient buffers (layout above), and a setter.
     std::vector<float> params_host() const;
@@ -63,6 +64,7 @@ public:
     int64_t d_model() const { return d_; }
     int64_t n_latents() const { return n_; }
     int64_t step_count() const { return step_; }
+    int64_t total_steps() const { return total_steps_; }
     int64_t tokens() const { return tokens_; }
     // Fraction of latents that have not fired for cfg.dead_tokens tokens.
     double dead_fraction() const;
@@ -73,6 +75,8 @@ public:
 private:
     struct Views;
     void ensure_batch(int64_t rows);
+    // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
+    void apply_update(StepResult& r);
 
     SaeConfig cfg_;
     int64_t d_, n_, total_steps_;

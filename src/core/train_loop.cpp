@@ -1,5 +1,6 @@
 #include "saetrain/train_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -29,9 +30,8 @@ int64_t total_steps_for(int64_t rows, int64_t batch_size) {
 }
 
 LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOptions& opt) {
-    const int64_t batch_size = opt.batch_size, log_every = opt.log_every;
-    const int64_t d = source.d_model();
-    const int64_t total_steps = total_steps_for(source.total_rows(), batch_size);
+    const int64_t batch_size = opt.batch_size, d = source.d_model();
+    const int64_t total_steps = trainer.total_steps();
     std::vector<float> batch(static_cast<size_t>(batch_size * d));
     const auto t_start = Clock::now();
     auto t_interval = t_start;
@@ -40,29 +40,30 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
     Interval iv;
     LoopResult res;
 
-    auto emit = [&](bool force) {
-        if (iv.steps == 0 || (!force && trainer.step_count() % log_every != 0)) return;
+    auto emit = [&] {
         const double dt = seconds_since(t_interval), elapsed = seconds_since(t_start);
+        const double rows = static_cast<double>(std::max<int64_t>(iv.rows, 1));
+        const double steps = static_cast<double>(std::max<int64_t>(iv.steps, 1));
         MetricsRow m;
         m.sae = opt.sae_id;
         m.step = trainer.step_count();
         m.total_steps = total_steps;
         m.tokens = trainer.tokens();
         m.lr = iv.lr;
-        m.loss = iv.loss / static_cast<double>(iv.steps);
-        m.mse = iv.sse / (static_cast<double>(iv.rows) * static_cast<double>(d));
+        m.loss = iv.loss / steps;
+        m.mse = iv.sse / (rows * static_cast<double>(d));
         m.fvu = iv.sst > 0 ? iv.sse / iv.sst : 0.0;
-        m.l0 = iv.l0 / static_cast<double>(iv.rows);
-        m.l1 = iv.l1 / static_cast<double>(iv.rows);
+        m.l0 = iv.l0 / rows;
+        m.l1 = iv.l1 / rows;
         m.dead_fraction = trainer.dead_fraction();
-        m.grad_norm = iv.grad_norm / static_cast<double>(iv.steps);
+        m.grad_norm = iv.grad_norm / steps;
         m.tokens_per_s = dt > 0 ? static_cast<double>(iv.rows) / dt : 0.0;
         m.read_MBps =
             dt > 0 ? static_cast<double>(source.bytes_read() - bytes_at_interval) / dt / 1e6 : 0.0;
         m.wait_fraction = dt > 0 ? (source.wait_seconds() - wait_at_interval) / dt : 0.0;
         m.elapsed_s = elapsed;
-        const double per_step = elapsed / static_cast<double>(m.step);
-        m.eta_s = per_step * static_cast<double>(total_steps - m.step);
+        const double per_step = m.step > 0 ? elapsed / static_cast<double>(m.step) : 0.0;
+        m.eta_s = per_step * static_cast<double>(std::max<int64_t>(total_steps - m.step, 0));
         if (opt.report) opt.report(m);
         res.last = m;
         iv = Interval{};
@@ -71,18 +72,20 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         bytes_at_interval = source.bytes_read();
     };
 
-    bool first = true;
-    for (;;) {
+    int64_t iter = 0;
+    for (;; ++iter) {
         const int64_t rows = source.next(batch.data(), batch_size);
-        if (rows == 0) break;
-        if (first) trainer.init(batch.data(), rows), first = false;
-        iv.add(trainer.step(batch.data(), rows));
-        emit(false);
-        if (opt.checkpoint && opt.checkpoint_every > 0 &&
-            trainer.step_count() % opt.checkpoint_every == 0)
+        int64_t any = rows > 0 ? 1 : 0;
+        if (opt.world) opt.world->allreduce_max(&any, 1);
+        if (!any) break;
+        if (iter == 0) trainer.init(batch.data(), rows);
+        const StepResult r = trainer.step(batch.data(), rows);
+        if (r.rows > 0) iv.add(r);
+        if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) emit();
+        if (opt.checkpoint && opt.checkpoint_every > 0 && (iter + 1) % opt.checkpoint_every == 0)
             opt.checkpoint(trainer);
     }
-    emit(true);
+    if (opt.log_every <= 0 || iter % opt.log_every != 0) emit();  // the final partial interval
     res.steps = trainer.step_count();
     res.tokens = trainer.tokens();
     res.seconds = seconds_since(t_start);

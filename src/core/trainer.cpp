@@ -89,11 +89,13 @@ void SaeTrainer::init(const float* x, int64_t rows) {
     set_params_host(p);
 }
 
-StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows) {
+StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t norm_rows) {
     const int64_t B = rows, d = d_, n = n_;
+    if (norm_rows <= 0) norm_rows = rows;
     ensure_batch(B);
     Views P(params_.data(), n, d), G(grads_.data(), n, d);
-    const float grad_scale = 2.0f / static_cast<float>(B);  // d/dx_hat of mean_t ||err_t||^2
+    // d/dx_hat of sum_t ||err_t||^2 / norm_rows
+    const float grad_scale = 2.0f / static_cast<float>(norm_rows);
     const double l1 = cfg_.arch == Arch::relu ? l1_at(cfg_, step_) : 0.0;
     be_.fill(stats_.data(), kStatCount, 0.0f);
 
@@ -112,7 +114,7 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows) {
         be_.gemm(true, false, n, d, B, 1.0f, z, n, derr, d, 0.0f, G.w_dec, d);
         be_.gemm(false, true, B, n, d, 1.0f, derr, d, P.w_dec, d, 0.0f, dz_.data(), n);
         be_.row_norms(P.w_dec, n, d, dec_norms_.data());
-        const float l1_eff = static_cast<float>(l1 / static_cast<double>(B));
+        const float l1_eff = static_cast<float>(l1 / static_cast<double>(norm_rows));
         be_.relu_backward(z, dz_.data(), dec_norms_.data(), l1_eff, B, n, G.b_enc, zsum_.data(),
                           fires_.data(), stats_.data());
         be_.gemm(true, false, n, d, B, 1.0f, dz_.data(), n, xc_.data(), d, 0.0f, G.w_enc, d);
@@ -149,21 +151,23 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows) {
 void SaeTrainer::apply_update(StepResult& r) {
     const int64_t n = n_, d = d_;
     Views P(params_.data(), n, d), G(grads_.data(), n, d);
-    const int world = comm_.size();
-    if (world > 1) {
-        // Sum gradients (Adam sees the average through grad_scale) and the step's metrics.
+    // Gradients are of the summed loss (see step): sum them, and the step's metrics, over the
+    // replicas, then divide by the rows of all replicas through Adam's grad_scale.
+    if (comm_.size() > 1) {
         comm_.allreduce_sum(grads_.data(), n_params_);
-        std::vector<double> m = {double(r.rows), r.loss, r.sse, r.sst, r.l1, r.l0};
+        std::vector<double> m = {double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0};
         m.insert(m.end(), fires_host_.begin(), fires_host_.end());
         comm_.allreduce_sum(m.data(), static_cast<int64_t>(m.size()));
         r.rows = static_cast<int64_t>(m[0]);
-        r.loss = m[1] / world, r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5];
+        r.loss = m[1] / m[0], r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5];
         for (int64_t i = 0; i < n; ++i) fires_host_[i] = static_cast<int32_t>(m[6 + i]);
     }
+    if (r.rows == 0) return;  // no replica had data: nothing to learn from
+    const double rows_all = static_cast<double>(r.rows);
     if (cfg_.normalize_decoder) be_.project_out_parallel(P.w_dec, G.w_dec, n, d);
 
-    float grad_scale = 1.0f / static_cast<float>(world);
-    r.grad_norm = std::sqrt(be_.sum_squares(grads_.data(), n_params_)) / world;
+    float grad_scale = static_cast<float>(1.0 / rows_all);
+    r.grad_norm = std::sqrt(be_.sum_squares(grads_.data(), n_params_)) / rows_all;
     if (cfg_.grad_clip > 0 && r.grad_norm > cfg_.grad_clip) {
         grad_scale *= static_cast<float>(cfg_.grad_clip / r.grad_norm);
         r.clipped = true;
@@ -188,9 +192,18 @@ void SaeTrainer::apply_update(StepResult& r) {
 }
 
 StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
-    ensure_batch(rows);
-    be_.upload(x_.data(), x_host, rows * d_ * static_cast<int64_t>(sizeof(float)));
-    StepResult r = compute_gradients(x_.data(), rows);
+    StepResult r;
+    if (rows > 0) {
+        ensure_batch(rows);
+        be_.upload(x_.data(), x_host, rows * d_ * static_cast<int64_t>(sizeof(float)));
+        // Gradient of the summed loss: replicas with different row counts then add up to the
+        // gradient of the mean over all rows once apply_update divides by the total.
+        r = compute_gradients(x_.data(), rows, 1);
+    } else {
+        be_.fill(grads_.data(), n_params_, 0.0f);  // an idle replica still joins the all-reduce
+        std::fill(fires_host_.begin(), fires_host_.end(), 0);
+    }
+    if (comm_.size() == 1 && rows == 0) return r;
     apply_update(r);
     return r;
 }

@@ -1,0 +1,52 @@
+// report.h — rank 0's view of a run: every SAE's metrics gathered, one log, one console.
+//
+// Every rank calls gather() at the same log iterations with its own MetricsRow; rank 0 keeps
+// the row of replica 0 of each SAE (replicas report identical, already all-reduced metrics),
+// appends them to metrics.jsonl and prints one compact block for the whole sweep, plus the
+// aggregate token rate and the read bandwidth summed over all ranks. finish() gathers the final
+// results and writes summary.csv and the sweep table sorted by l0.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "saetrain/comm.h"
+#include "saetrain/layout.h"
+#include "saetrain/metrics.h"
+
+namespace saetrain {
+
+struct SaeSummary {
+    int config = 0;   // index into the sweep
+    MetricsRow last;  // the final interval's metrics
+    int64_t steps = 0, tokens = 0;
+    double tokens_per_s = 0, wait_fraction = 0;
+    double feature_recovery = -1;  // < 0: no ground truth
+};
+
+class RunReporter {
+public:
+    // ids: one per SAE (config index order). metrics_path: "" to keep no log (tests).
+    RunReporter(Communicator& world, const RankLayout& layout, std::vector<std::string> ids,
+                const std::string& metrics_path);
+    ~RunReporter();
+    // Collective over the world.
+    void gather(const MetricsRow& mine);
+    // Collective. Rank 0 writes summary.csv at summary_path (if not empty) and prints the table;
+    // returns every SAE's summary on rank 0 (empty elsewhere). config_columns[c] holds columns
+    // describing SAE c (arch, n_latents, ...), written in config_column_names order after "sae".
+    std::vector<SaeSummary> finish(
+        const SaeSummary& mine, const std::string& summary_path,
+        const std::vector<std::string>& config_column_names,
+        const std::vector<std::map<std::string, std::string>>& config_columns);
+
+private:
+    Communicator& world_;
+    RankLayout layout_;
+    std::vector<std::string> ids_;
+    std::unique_ptr<MetricsLog> log_;
+};
+
+}  // namespace saetrain

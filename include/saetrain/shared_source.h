@@ -1,0 +1,38 @@
+// shared_source.h — one pass of disk I/O feeding a whole sweep.
+//
+// In a shared sweep every SAE must train on the same stream in the same order, yet each rank
+// may read only its own disjoint slice. SharedBatchSource forms that stream: for every step of
+// `batch_rows` rows, rank r of the group reads its share (batch_rows / G rows, the first
+// batch_rows % G ranks one more) from its own slice, and the shares are all-gathered in rank
+// order. The step's batch is therefore [rank 0's share | rank 1's share | ...], identical on
+// every rank of the group; over an epoch each row of each slice appears exactly once. When a
+// slice runs out its share is simply empty, so the last batches may be smaller.
+#pragma once
+
+#include <vector>
+
+#include "saetrain/batch_source.h"
+#include "saetrain/comm.h"
+
+namespace saetrain {
+
+class SharedBatchSource final : public BatchSource {
+public:
+    // Collective: every rank of `group` constructs it together.
+    SharedBatchSource(BatchSource& local, Communicator& group, int64_t batch_rows);
+    int64_t d_model() const override { return local_.d_model(); }
+    int64_t total_rows() const override { return total_; }
+    // Collective. `rows` must be the batch_rows given at construction.
+    int64_t next(float* out, int64_t rows) override;
+    int64_t bytes_read() const override { return local_.bytes_read(); }
+    double wait_seconds() const override { return local_.wait_seconds() + exchange_s_; }
+
+private:
+    BatchSource& local_;
+    Communicator& group_;
+    int64_t batch_rows_, share_, max_share_, total_ = 0;
+    std::vector<float> send_, recv_;  // [1 + max_share * d] per rank: count, then rows
+    double exchange_s_ = 0;
+};
+
+}  // namespace saetrain

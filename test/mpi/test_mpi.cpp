@@ -1,0 +1,249 @@
+// Tests that need several ranks: run by ctest under mpirun at 2 and 4 ranks.
+//
+// Collectives, the shared-sweep stream (identical batches on every rank, every row exactly
+// once), data-parallel replicas (bitwise equal, and equal to a one-process reference), and the
+// hybrid layout. Every rank runs every test; gtest output comes from rank 0 only.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "saetrain/backend.h"
+#include "saetrain/layout.h"
+#include "saetrain/loader.h"
+#include "saetrain/mpi_world.h"
+#include "saetrain/shared_source.h"
+#include "saetrain/synth.h"
+#include "saetrain/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace saetrain;
+
+namespace {
+
+std::unique_ptr<Communicator> g_world;
+
+uint64_t fnv1a(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+// Synthetic shards written once by rank 0 into a directory every rank sees.
+std::string shared_dataset(const std::string& name, int64_t rows, int64_t d) {
+    // Rank 0's pid, broadcast, keeps concurrent runs of the suite apart.
+    int64_t pid = getpid();
+    g_world->bcast(&pid, sizeof(pid), 0);
+    const fs::path dir =
+        fs::temp_directory_path() / ("saetrain_mpi_" + name + "_" + std::to_string(pid));
+    if (g_world->rank() == 0) {
+        fs::remove_all(dir);
+        SynthOptions so;
+        so.out_dir = dir.string();
+        so.d_model = d;
+        so.n_features = 4 * d;
+        so.rows = rows;
+        so.shards = 3;
+        so.seed = 11;
+        synth_write(so);
+    }
+    g_world->barrier();
+    return dir.string();
+}
+
+TEST(Mpi, Collectives) {
+    Communicator& w = *g_world;
+    const int r = w.rank(), n = w.size();
+    std::vector<float> f = {float(r), 1.0f};
+    w.allreduce_sum(f.data(), 2);
+    EXPECT_EQ(f[0], float(n * (n - 1) / 2));
+    EXPECT_EQ(f[1], float(n));
+    int64_t mx = 10 * r;
+    w.allreduce_max(&mx, 1);
+    EXPECT_EQ(mx, 10 * (n - 1));
+    std::vector<int32_t> all(n);
+    const int32_t mine = 100 + r;
+    w.allgather(&mine, all.data(), sizeof(int32_t));
+    for (int p = 0; p < n; ++p) EXPECT_EQ(all[p], 100 + p);  // rank order
+    int64_t b = r == n - 1 ? 42 : 0;
+    w.bcast(&b, sizeof(b), n - 1);
+    EXPECT_EQ(b, 42);
+    // Split into even/odd ranks, ordered by descending key.
+    auto sub = w.split(r % 2, -r);
+    const int members = (n + 1 - r % 2) / 2;
+    EXPECT_EQ(sub->size(), members);
+    double one = 1.0;
+    sub->allreduce_sum(&one, 1);
+    EXPECT_EQ(one, double(members));
+    int32_t top = -1;
+    if (sub->rank() == 0) top = r;
+    sub->bcast(&top, sizeof(top), 0);
+    EXPECT_EQ(top % 2, r % 2);
+    EXPECT_GE(top, r);  // key -r: the highest rank of the group is its rank 0
+}
+
+// Shared sweep: every rank gets bitwise-identical batches in the same order, and one epoch of
+// the global stream holds every row of the dataset exactly once.
+TEST(Mpi, SharedStreamIsIdenticalAndExactlyOnce) {
+    Communicator& w = *g_world;
+    const int64_t d = 8, total = 5003, batch = 256;  // rows not divisible by ranks or batch
+    const DatasetInfo data = dataset_open(shared_dataset("shared", total, d));
+    LoaderOptions lo;
+    lo.shuffle_rows = 700;
+    lo.seed = 5 + static_cast<uint64_t>(w.rank());
+    ShardBatchSource local(data, partition_rows(total, w.rank(), w.size()), lo);
+    SharedBatchSource stream(local, w, batch);
+    EXPECT_EQ(stream.total_rows(), total);
+    std::vector<float> buf(batch * d), seen;
+    int64_t steps = 0;
+    for (;;) {
+        const int64_t rows = stream.next(buf.data(), batch);
+        int64_t any = rows > 0;
+        w.allreduce_max(&any, 1);
+        if (!any) break;
+        ++steps;
+        const uint64_t h = fnv1a(buf.data(), static_cast<size_t>(rows * d) * 4, uint64_t(rows));
+        std::vector<uint64_t> hs(w.size());
+        w.allgather(&h, hs.data(), sizeof(h));
+        for (int p = 0; p < w.size(); ++p) ASSERT_EQ(hs[p], hs[0]) << "step " << steps;
+        seen.insert(seen.end(), buf.begin(), buf.begin() + rows * d);
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), total * d);
+    // Same multiset of rows as the dataset read in order.
+    std::vector<float> disk(total * d);
+    ShardReader reader(data, {0, total});
+    ASSERT_EQ(reader.read(disk.data(), total), total);
+    auto sorted_rows = [d](const std::vector<float>& v) {
+        std::vector<std::vector<float>> rows;
+        for (size_t i = 0; i < v.size(); i += d)
+            rows.emplace_back(v.begin() + i, v.begin() + i + d);
+        std::sort(rows.begin(), rows.end());
+        return rows;
+    };
+    EXPECT_TRUE(sorted_rows(seen) == sorted_rows(disk));
+    EXPECT_NE(std::vector<float>(seen.begin(), seen.begin() + d * 50),
+              std::vector<float>(disk.begin(), disk.begin() + d * 50))
+        << "the stream should be shuffled";
+}
+
+SaeConfig small_sae(Arch arch) {
+    SaeConfig c;
+    c.arch = arch;
+    c.n_latents = 32;
+    c.k = 4;
+    c.l1_coeff = 0.5;
+    c.lr = 1e-2;
+    c.warmup_steps = 0;
+    c.normalize_decoder = false;  // keep the raw summed gradient in the buffer for comparison
+    return c;
+}
+
+// Data parallel: replicas that see different rows stay bitwise identical, and their averaged
+// gradient equals the one computed in one process from the same rows.
+TEST(Mpi, DataParallelReplicasAgreeWithOneProcessReference) {
+    Communicator& w = *g_world;
+    const int64_t d = 16, rows = 64;
+    for (Arch arch : {Arch::topk, Arch::relu}) {
+        auto be = make_cpu_backend(1);
+        SaeTrainer tr(small_sae(arch), d, 20, 3, *be, w);
+        std::mt19937 rng(100 + w.rank());  // each replica its own rows
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        std::vector<float> x(rows * d);
+        for (float& v : x) v = normal(rng);
+        tr.init(x.data(), rows);
+        for (int s = 0; s < 5; ++s) {
+            for (float& v : x) v = normal(rng);
+            // Reference, on every rank: the concatenated batch of all replicas in one process.
+            std::vector<float> all(x.size() * w.size());
+            w.allgather(x.data(), all.data(), static_cast<int64_t>(x.size() * 4));
+            auto self = make_self_comm();
+            SaeTrainer ref(small_sae(arch), d, 20, 3, *be, *self);
+            ref.set_params_host(tr.params_host());
+            ref.compute_gradients(all.data(), rows * w.size(), 1);
+            const std::vector<float> want = ref.grads_host();
+
+            tr.step(x.data(), rows);
+            const std::vector<float> got = tr.grads_host();  // summed over replicas
+            double worst = 0, scale = 0;
+            for (size_t i = 0; i < want.size(); ++i) {
+                worst = std::max(worst, double(std::abs(got[i] - want[i])));
+                scale = std::max(scale, double(std::abs(want[i])));
+            }
+            // Same sums in another order (per-replica GEMMs, then the all-reduce): float
+            // round-off of ~1e-6 relative; a missing or doubled replica is off by O(1).
+            EXPECT_LT(worst, 1e-5 * scale) << arch_name(arch) << " step " << s;
+        }
+        const std::vector<float> p = tr.params_host();
+        const uint64_t h = fnv1a(p.data(), p.size() * 4);
+        std::vector<uint64_t> hs(w.size());
+        w.allgather(&h, hs.data(), sizeof(h));
+        for (int q = 0; q < w.size(); ++q)
+            EXPECT_EQ(hs[q], hs[0]) << arch_name(arch) << ": replica " << q << " drifted";
+    }
+}
+
+// Hybrid: 2 configs x (world / 2) replicas. Replicas of a config stay equal; the two configs
+// (different k) train on the same shared stream and so differ only through k.
+TEST(Mpi, HybridSplitsConfigsAndReplicas) {
+    Communicator& w = *g_world;
+    if (w.size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+    Config cfg;
+    cfg.parallel.mode = "hybrid";
+    cfg.parallel.replicas = w.size() / 2;
+    cfg.sweep = {small_sae(Arch::topk), small_sae(Arch::topk)};
+    cfg.sweep[1].k = 6;
+    const RankLayout l = layout_for(cfg, w.size(), w.rank());
+    EXPECT_EQ(l.configs, 2);
+    EXPECT_EQ(l.config, w.rank() / (w.size() / 2));
+    auto grads = w.split(l.config, l.replica);
+    auto stream = w.split(l.replica, l.config);
+    EXPECT_EQ(grads->size(), w.size() / 2);
+    EXPECT_EQ(stream->size(), 2);
+
+    const int64_t d = 8, batch = 128;
+    const DatasetInfo data = dataset_open(shared_dataset("hybrid", 3001, d));
+    ShardBatchSource local(data, partition_rows(data.total_rows, w.rank(), w.size()), {});
+    SharedBatchSource src(local, *stream, batch);
+    auto be = make_cpu_backend(1);
+    SaeTrainer tr(cfg.sweep[l.config], d, 30, 0, *be, *grads);
+    std::vector<float> x(batch * d);
+    for (int s = 0; s < 6; ++s) {
+        const int64_t rows = src.next(x.data(), batch);
+        ASSERT_EQ(rows, batch);
+        // The replica's batch is the same for both configs.
+        const uint64_t h = fnv1a(x.data(), x.size() * 4);
+        std::vector<uint64_t> hs(2);
+        stream->allgather(&h, hs.data(), sizeof(h));
+        EXPECT_EQ(hs[0], hs[1]);
+        if (s == 0) tr.init(x.data(), rows);
+        tr.step(x.data(), rows);
+    }
+    const std::vector<float> p = tr.params_host();
+    const uint64_t h = fnv1a(p.data(), p.size() * 4);
+    std::vector<uint64_t> hs(grads->size());
+    grads->allgather(&h, hs.data(), sizeof(h));
+    for (uint64_t v : hs) EXPECT_EQ(v, hs[0]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    MpiScope mpi(&argc, &argv);
+    g_world = make_mpi_world();
+    ::testing::InitGoogleTest(&argc, argv);
+    if (g_world->rank() != 0) {
+        auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+        delete listeners.Release(listeners.default_result_printer());
+    }
+    const int rc = RUN_ALL_TESTS();
+    // A failure on any rank fails the job.
+    int64_t worst = rc;
+    g_world->allreduce_max(&worst, 1);
+    g_world.reset();
+    return static_cast<int>(worst);
+}
