@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -19,7 +20,11 @@
 #include "saetrain/checkpoint.h"    // defines: sae_write_h5, checkpoint_rotate
 #include "saetrain/config.h"        // defines: config_load, config_to_yaml, sweep_ids
 #if SAETRAIN_HAS_CUDA
-#include "saetrain/cuda_device.h"  // defines: cuda_device_count, cuda_device_description
+#include "saetrain/cuda_backend.h"  // defines: make_cuda_backend, cuda_backend_stream
+#include "saetrain/cuda_device.h"   // defines: cuda_device_count, cuda_device_description
+#if SAETRAIN_HAVE_NCCL
+#include "saetrain/nccl_comm.h"  // defines: make_nccl_comm (gradients on the GPU)
+#endif
 #endif
 #include "saetrain/error.h"          // defines: saetrain::Error, SAE_ENFORCE
 #include "saetrain/layout.h"         // defines: layout_for (which SAE / replica this rank is)
@@ -51,28 +56,63 @@ int cpu_threads_for_rank(int local_size) {
     return std::max(1, cores / std::max(1, local_size));
 }
 
-// backend: cpu | cuda | auto. The CUDA backend itself is not wired in yet (issue 5), so auto
-// says what it saw and runs on the CPU.
-std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, std::string* note) {
+// backend: cpu | cuda | auto (CUDA when this rank sees a device). A rank's GPU is its local
+// rank on the node modulo the devices it sees, so `srun --gpus-per-task=1` (one visible
+// device) and one rank per GPU of a whole node both work.
+std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, int local_rank,
+                                      std::string* note, bool* on_gpu) {
+    *on_gpu = false;
 #if SAETRAIN_HAS_CUDA
     const int devices = cuda_device_count();
-    SAE_ENFORCE(choice != "cuda",
-                "backend: cuda: {} device(s) visible, but this version has no CUDA backend yet; "
-                "use backend: cpu",
-                devices);
-    if (choice == "auto")
-        *note = devices > 0 ? fmt::format(
-                                  "auto -> cpu ({} CUDA device(s) seen, first {}; the CUDA "
-                                  "backend is not in this version)",
-                                  devices, cuda_device_description(0))
-                            : "auto -> cpu (no CUDA device visible)";
+    SAE_ENFORCE(choice != "cuda" || devices > 0,
+                "backend: cuda, but this rank sees no CUDA device (check CUDA_VISIBLE_DEVICES "
+                "and the job's GPU request), or set backend: cpu");
+    if (choice == "cuda" || (choice == "auto" && devices > 0)) {
+        CudaBackendOptions o;
+        o.device = local_rank % devices;
+        *note = fmt::format("{}GPU {}: {}", choice == "auto" ? "auto -> cuda, " : "", o.device,
+                            cuda_device_description(o.device));
+        *on_gpu = true;
+        return make_cuda_backend(o);
+    }
+    if (choice == "auto") *note = "auto -> cpu (no CUDA device visible)";
 #else
+    (void)local_rank;
     SAE_ENFORCE(choice != "cuda",
                 "backend: cuda requested but this build has no CUDA backend (reconfigure with "
                 "cmake --preset cuda, or set backend: cpu)");
     if (choice == "auto") *note = "auto -> cpu (built without CUDA)";
 #endif
     return make_cpu_backend(threads);
+}
+
+// The replicas of one SAE exchange gradients through NCCL when they live on GPUs (and the
+// build has it), else through MPI.
+std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> mpi_group,
+                                            Backend& backend, bool on_gpu, int local_rank) {
+#if SAETRAIN_HAS_CUDA && SAETRAIN_HAVE_NCCL
+    if (on_gpu && mpi_group->size() > 1) {
+        NcclOptions o;
+        o.compute_stream = cuda_backend_stream(backend);
+        return make_nccl_comm(mpi_comm_handle(*mpi_group), local_rank % cuda_device_count(), o);
+    }
+#else
+    (void)backend, (void)on_gpu, (void)local_rank;
+#endif
+    return mpi_group;
+}
+
+// Test hook: SAETRAIN_FAULT="rank:iteration" makes that rank throw at that iteration, to check
+// that a failure mid-run ends every rank (see test_cli). Unset in normal runs.
+struct Fault {
+    int rank = -1;
+    int64_t iteration = -1;
+};
+Fault fault_from_env() {
+    Fault f;
+    if (const char* v = std::getenv("SAETRAIN_FAULT"))
+        if (std::sscanf(v, "%d:%ld", &f.rank, &f.iteration) != 2) f = Fault{};
+    return f;
 }
 
 // Everything a rank sets up before the first collective. Any failure here is agreed on by all
@@ -84,11 +124,12 @@ struct Setup {
     std::vector<std::string> ids;
     std::unique_ptr<Backend> backend;
     std::string backend_note;
+    bool on_gpu = false;
     std::unique_ptr<ShardBatchSource> local;  // this rank's slice
     int threads = 1;
 };
 
-Setup set_up(const Args& args, int rank, int world, int local_size) {
+Setup set_up(const Args& args, int rank, int world, const NodePlacement& place) {
     Setup s;
     s.cfg = config_load(args.config, args.sets);
     s.layout = layout_for(s.cfg, world, rank);
@@ -108,6 +149,10 @@ Setup set_up(const Args& args, int rank, int world, int local_size) {
     lo.epochs = s.cfg.data.epochs;
     lo.shuffle_rows = s.cfg.data.shuffle_buffer_rows;
     lo.seed = s.cfg.run.seed * 1000003u + static_cast<uint64_t>(rank);
+    lo.read_bytes = s.cfg.data.read_bytes;
+    lo.ring_bytes = s.cfg.data.prefetch_bytes;
+    lo.stage_dir = s.cfg.data.stage_dir;
+    lo.progress = rank == 0;
     if (s.cfg.data.max_tokens > 0) {
         // max_tokens counts one SAE's tokens: split over the ranks that feed that SAE.
         lo.max_rows =
@@ -116,8 +161,9 @@ Setup set_up(const Args& args, int rank, int world, int local_size) {
                 : partition_rows(s.cfg.data.max_tokens, s.layout.replica, s.layout.replicas).size();
     }
     s.local = std::make_unique<ShardBatchSource>(s.data, range, lo);
-    s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(local_size);
-    s.backend = make_backend(s.cfg.backend, s.threads, &s.backend_note);
+    s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
+    s.backend =
+        make_backend(s.cfg.backend, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
     return s;
 }
 
@@ -161,7 +207,7 @@ int run(const Args& args, Communicator& world) {
     std::optional<Setup> setup;
     std::string error;
     try {
-        setup.emplace(set_up(args, world.rank(), world.size(), place.local_size));
+        setup.emplace(set_up(args, world.rank(), world.size(), place));
     } catch (const std::exception& e) {
         error = e.what();
     }
@@ -173,7 +219,8 @@ int run(const Args& args, Communicator& world) {
     const fs::path out = cfg.run.out_dir;
 
     // --- communicators: replicas of one SAE; ranks that share a stream ------------------------
-    auto grads = world.split(s.layout.config, s.layout.replica);
+    auto grads = gradient_comm(world.split(s.layout.config, s.layout.replica), *s.backend, s.on_gpu,
+                               place.local_rank);
     auto stream = world.split(s.layout.replica, s.layout.config);
     std::unique_ptr<SharedBatchSource> shared;
     if (s.layout.shared)
@@ -218,6 +265,11 @@ int run(const Args& args, Communicator& world) {
     opt.checkpoint_every = cfg.checkpoint.every_steps;
     opt.sae_id = id;
     opt.report = [&](const MetricsRow& m) { reporter.gather(m); };
+    const Fault fault = fault_from_env();
+    opt.on_iteration = [&](int64_t iter) {
+        SAE_ENFORCE(!(fault.rank == world.rank() && fault.iteration == iter),
+                    "injected fault at iteration {} (SAETRAIN_FAULT)", iter);
+    };
     opt.checkpoint = [&](SaeTrainer& t) {
         if (writer)
             checkpoint_rotate(sae_dir.string(), t.step_count(), t.weights(), meta_now(t),

@@ -146,7 +146,8 @@ TEST_F(Cli, BadInputsFailWithOneClearLine) {
 }
 
 std::string mpirun(int np) {
-    return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " SAETRAIN_MPIEXEC
+    // `timeout` turns a hung job into exit code 124 instead of a stuck test.
+    return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " SAETRAIN_MPIEXEC
            " --oversubscribe -np " +
            std::to_string(np) + " ";
 }
@@ -207,6 +208,18 @@ TEST_F(Cli, MpiStartupFailuresEndAllRanksWithOneMessage) {
     EXPECT_NE(r.code, 0);
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
     EXPECT_NE(r.out.find("shard_00001.h5"), std::string::npos) << r.out;
+}
+
+// A rank failing mid-run (injected through SAETRAIN_FAULT) ends the whole job instead of leaving
+// its peer waiting in a collective.
+TEST_F(Cli, MpiFailureMidRunEndsEveryRank) {
+    const Result r = run("SAETRAIN_FAULT=1:5 " + mpirun(2) + bin("saetrain") + " " +
+                         (dir / "cfg.yaml").string() + " --set 'sae.k=[2,4]'");
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.code, 124) << "the job hung: " << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    EXPECT_NE(r.out.find("rank 1: injected fault at iteration 5"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "run/summary.csv"));
 }
 
 TEST_F(Cli, InspectDescribesDataAndSae) {

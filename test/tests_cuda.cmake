@@ -10,11 +10,15 @@ if(SAETRAIN_CUDA)
     set_tests_properties(test_cuda_backend PROPERTIES LABELS gpu)
 endif()
 
-# NCCL against MPI: an MPI program (own main), built here; the mpirun wiring (2 and 4 ranks,
-# label gpu) is added beside the other MPI tests, e.g.
-#   mpirun -np 2 test_cuda_nccl
+# NCCL against MPI: an MPI program (own main) run under mpirun at 2 ranks (label gpu; all
+# ranks skip when any sees no device).
 if(SAETRAIN_CUDA AND SAETRAIN_NCCL)
     add_executable(test_cuda_nccl test_cuda_nccl.cpp)
     target_link_libraries(test_cuda_nccl PRIVATE saetrain::cuda saetrain::comm GTest::gtest)
     saetrain_set_warnings(test_cuda_nccl)
+    add_test(NAME test_cuda_nccl_np2
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+                $<TARGET_FILE:test_cuda_nccl>)
+    set_tests_properties(test_cuda_nccl_np2 PROPERTIES LABELS gpu TIMEOUT 300 PROCESSORS 2
+        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 endif()

@@ -27,6 +27,10 @@ struct DataConfig {
     int64_t max_tokens = 0;                // when > 0, replaces epochs
     int64_t shuffle_buffer_rows = 262144;  // rows held for shuffling (0: no shuffling)
     std::string dataset = "activations";   // dataset name inside each shard
+    std::string stage_dir;                 // non-empty: copy the rank's shards here first
+                                           // (node-local disk; "$TMPDIR" allowed)
+    int64_t read_bytes = 8 << 20;          // size of one sequential read request
+    int64_t prefetch_bytes = 32 << 20;     // converted rows buffered ahead of the trainer
 };
 
 // One point of a sweep: everything that differs between SAEs trained in one run.

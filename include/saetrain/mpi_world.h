@@ -5,6 +5,8 @@
 // error, so no rank waits forever on a peer that already gave up.
 #pragma once
 
+#include <mpi.h>
+
 #include <memory>
 #include <string>
 
@@ -22,6 +24,9 @@ public:
 
 // MPI_COMM_WORLD as a Communicator.
 std::unique_ptr<Communicator> make_mpi_world();
+// The MPI communicator behind a Communicator made by make_mpi_world (or split from one), e.g.
+// to bootstrap NCCL over the same group. Throws Error for any other Communicator.
+MPI_Comm mpi_comm_handle(Communicator& comm);
 // Where this rank sits on its node (from a shared-memory split of the world).
 struct NodePlacement {
     int local_rank = 0;

@@ -30,6 +30,7 @@ struct LoopOptions {
     std::string sae_id;
     std::function<void(const MetricsRow&)> report;  // every log interval and at the end
     std::function<void(SaeTrainer&)> checkpoint;    // every checkpoint_every steps
+    std::function<void(int64_t)> on_iteration;      // before each iteration's batch
 };
 
 // Steps until no rank has data left. Logging and checkpoints happen on iterations that are

@@ -45,6 +45,8 @@ public:
         return std::make_unique<MpiComm>(out, true);
     }
 
+    MPI_Comm handle() const { return comm_; }
+
 private:
     static int to_int(int64_t n) {
         SAE_ENFORCE(n <= INT32_MAX, "MPI message of {} elements exceeds the int count limit", n);
@@ -72,6 +74,12 @@ MpiScope::~MpiScope() {
 
 std::unique_ptr<Communicator> make_mpi_world() {
     return std::make_unique<MpiComm>(MPI_COMM_WORLD, false);
+}
+
+MPI_Comm mpi_comm_handle(Communicator& comm) {
+    auto* m = dynamic_cast<MpiComm*>(&comm);
+    SAE_ENFORCE(m != nullptr, "communicator '{}' is not an MPI communicator", comm.name());
+    return m->handle();
 }
 
 NodePlacement node_placement() {

@@ -171,6 +171,9 @@ const std::vector<Field>& fields() {
         CFG_KEY(data, max_tokens, kAny),
         CFG_KEY(data, shuffle_buffer_rows, kAny),
         CFG_KEY(data, dataset, kAny),
+        CFG_KEY(data, stage_dir, kAny),
+        CFG_KEY(data, read_bytes, kAny),
+        CFG_KEY(data, prefetch_bytes, kAny),
         SAE_KEY("sae", arch, kArchChoices),
         SAE_KEY("sae", expansion, kAny),
         SAE_KEY("sae", n_latents, kAny),
@@ -579,6 +582,10 @@ private:
               ">= 1 unless data.max_tokens > 0", c.data.epochs);
         check(c.data.shuffle_buffer_rows >= 0, "data.shuffle_buffer_rows", ">= 0 (0: no shuffling)",
               c.data.shuffle_buffer_rows);
+        check(c.data.read_bytes >= 4096, "data.read_bytes", ">= 4096 (one sequential request)",
+              c.data.read_bytes);
+        check(c.data.prefetch_bytes >= 1 << 20, "data.prefetch_bytes", ">= 1048576",
+              c.data.prefetch_bytes);
         check(c.parallel.replicas >= 1, "parallel.replicas", ">= 1", c.parallel.replicas);
         check(c.log.every_steps >= 1, "log.every_steps", ">= 1", c.log.every_steps);
         check(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", ">= 1",

@@ -74,6 +74,7 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
 
     int64_t iter = 0;
     for (;; ++iter) {
+        if (opt.on_iteration) opt.on_iteration(iter);
         const int64_t rows = source.next(batch.data(), batch_size);
         int64_t any = rows > 0 ? 1 : 0;
         if (opt.world) opt.world->allreduce_max(&any, 1);

@@ -1,0 +1,106 @@
+// bench_scaling — run under mpirun: data-parallel weak scaling and shared-sweep I/O.
+//
+//   mpirun -np 1 bench_scaling ...; mpirun -np 2 bench_scaling ...   (bench/scaling.sh does both)
+//
+// 1. Data parallel: every rank a replica with its own in-memory rows (no disk), one thread
+//    each; prints the job's tokens/s, to compare with N x the 1-rank figure (weak scaling).
+// 2. Shared sweep (with --data): every rank reads only its slice of the shards and the slices
+//    are all-gathered, as saetrain does; prints the bytes each rank read beside the dataset size,
+//    showing that one pass of disk I/O feeds every SAE of the sweep.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <random>
+
+#include "saetrain/backend.h"
+#include "saetrain/loader.h"
+#include "saetrain/mpi_world.h"
+#include "saetrain/shared_source.h"
+#include "saetrain/trainer.h"
+
+using namespace saetrain;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+    MpiScope mpi(&argc, &argv);
+    auto world = make_mpi_world();
+    int64_t d = 768, n = 6144, k = 32, batch = 1024, steps = 6;
+    std::string arch = "topk", data;
+    CLI::App app{"bench_scaling: data-parallel weak scaling and shared-sweep bytes read"};
+    app.add_option("--d-model", d);
+    app.add_option("--latents", n);
+    app.add_option("--k", k);
+    app.add_option("--batch", batch, "rows per rank per step");
+    app.add_option("--steps", steps, "timed steps (after one warm-up step)");
+    app.add_option("--arch", arch, "topk | relu");
+    app.add_option("--data", data, "shards for the shared-sweep I/O check (optional)");
+    CLI11_PARSE(app, argc, argv);
+    const bool root = world->rank() == 0;
+
+    // --- 1. data-parallel weak scaling -----------------------------------------------------
+    auto be = make_cpu_backend(1);
+    SaeConfig cfg;
+    cfg.arch = arch == "relu" ? Arch::relu : Arch::topk;
+    cfg.n_latents = n;
+    cfg.k = k;
+    cfg.warmup_steps = 0;
+    SaeTrainer tr(cfg, d, steps + 1, 0, *be, *world);
+    std::mt19937 rng(static_cast<uint32_t>(world->rank()));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(batch * d));
+    for (float& v : x) v = normal(rng);
+    tr.init(x.data(), batch);
+    tr.step(x.data(), batch);  // warm-up
+    world->barrier();
+    const auto t0 = Clock::now();
+    for (int64_t s = 0; s < steps; ++s) tr.step(x.data(), batch);
+    world->barrier();
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double tps = static_cast<double>(batch * steps * world->size()) / sec;
+    if (root) {
+        fmt::print(
+            "data_parallel {} | d_model {} n_latents {} k {} | {} rank(s) x 1 thread, {} "
+            "rows/rank/step\n",
+            arch, d, n, k, world->size(), batch);
+        fmt::print("{:>8} {:>14} {:>18}\n", "ranks", "tokens/s", "tokens/s per rank");
+        fmt::print("{:>8} {:>14.0f} {:>18.0f}\n", world->size(), tps, tps / world->size());
+        fmt::print("RESULT dp_tokens_per_s={:.1f} ranks={}\n", tps, world->size());
+    }
+
+    // --- 2. shared sweep: bytes read per rank -------------------------------------------------
+    if (!data.empty()) {
+        const DatasetInfo info = dataset_open(data);
+        ShardBatchSource local(info, partition_rows(info.total_rows, world->rank(), world->size()),
+                               {});
+        SharedBatchSource stream(local, *world, batch);
+        std::vector<float> buf(static_cast<size_t>(batch * info.d_model));
+        int64_t rows = 0;
+        for (;;) {
+            const int64_t got = stream.next(buf.data(), batch);
+            int64_t any = got > 0;
+            world->allreduce_max(&any, 1);
+            if (!any) break;
+            rows += got;
+        }
+        std::vector<int64_t> bytes(static_cast<size_t>(world->size()));
+        const int64_t mine = local.bytes_read();
+        world->allgather(&mine, bytes.data(), sizeof(int64_t));
+        if (root) {
+            const double size =
+                static_cast<double>(info.total_rows * info.d_model * dtype_size(info.dtype));
+            double sum = 0;
+            fmt::print(
+                "\nshared sweep over {} | {} rows, {:.1f} MB | every rank trained on {} rows\n",
+                data, info.total_rows, size / 1e6, rows);
+            fmt::print("{:>8} {:>14}\n", "rank", "MB read");
+            for (int r = 0; r < world->size(); ++r) {
+                fmt::print("{:>8} {:>14.2f}\n", r, static_cast<double>(bytes[r]) / 1e6);
+                sum += static_cast<double>(bytes[r]);
+            }
+            fmt::print("{:>8} {:>14.2f}   = {:.3f} x the dataset for {} SAEs\n", "all", sum / 1e6,
+                       sum / size, world->size());
+        }
+    }
+    return 0;
+}
