@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     auto world = make_mpi_world();
     int64_t d = 768, n = 6144, k = 32, batch = 1024, steps = 6;
     std::string arch = "topk", data;
+    bool independent = false;
     CLI::App app{"bench_scaling: data-parallel weak scaling and shared-sweep bytes read"};
     app.add_option("--d-model", d);
     app.add_option("--latents", n);
@@ -35,6 +36,9 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps, "timed steps (after one warm-up step)");
     app.add_option("--arch", arch, "topk | relu");
     app.add_option("--data", data, "shards for the shared-sweep I/O check (optional)");
+    app.add_flag("--independent", independent,
+                 "no gradient all-reduce (each rank its own SAE): separates the cost of the "
+                 "all-reduce from contention between ranks");
     CLI11_PARSE(app, argc, argv);
     const bool root = world->rank() == 0;
 
@@ -45,7 +49,8 @@ int main(int argc, char** argv) {
     cfg.n_latents = n;
     cfg.k = k;
     cfg.warmup_steps = 0;
-    SaeTrainer tr(cfg, d, steps + 1, 0, *be, *world);
+    auto self = make_self_comm();
+    SaeTrainer tr(cfg, d, steps + 1, 0, *be, independent ? *self : *world);
     std::mt19937 rng(static_cast<uint32_t>(world->rank()));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(batch * d));
