@@ -1,3 +1,16 @@
+# SAETRAIN_FUZZ (clang only, test/fuzz): every target gets ASan and UBSan (UB aborts, so libFuzzer
+# sees it) and libFuzzer's coverage instrumentation, so the fuzzers see and sanitize the library
+# code they call. Link options are PUBLIC: a static library passes them to what links it.
+function(saetrain_set_sanitizers target)
+    if(NOT SAETRAIN_FUZZ)
+        return()
+    endif()
+    set(_san -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+    target_compile_options(${target} PRIVATE
+        $<$<COMPILE_LANGUAGE:C,CXX>:${_san} -fsanitize=fuzzer-no-link -g>)
+    target_link_options(${target} PUBLIC ${_san})
+endfunction()
+
 # Per-target warning flags; never global CMAKE_CXX_FLAGS.
 function(saetrain_set_warnings target)
     set(_cxx -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion)
@@ -8,6 +21,7 @@ function(saetrain_set_warnings target)
         list(APPEND _cxx -march=native)
     endif()
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${_cxx}>)
+    saetrain_set_sanitizers(${target})
     if(SAETRAIN_CUDA)
         set(_cu -Xcompiler=-Wall,-Wextra)
         if(SAETRAIN_WERROR)

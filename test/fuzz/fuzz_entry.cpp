@@ -1,0 +1,190 @@
+// fuzz_entry.cpp — the per-target "one input" functions (see fuzz_entry.h).
+#include "fuzz_entry.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "saetrain/checkpoint.h"  // defines: sae_read_h5, sae_is_checkpoint
+#include "saetrain/config.h"      // defines: config_parse, config_to_yaml
+#include "saetrain/error.h"       // defines: Error (the one correct way to reject input)
+#include "saetrain/loader.h"      // defines: ShardBatchSource, LoaderOptions
+#include "saetrain/shards.h"      // defines: dataset_open, ShardReader
+
+namespace fs = std::filesystem;
+
+namespace saetrain::fuzz {
+
+namespace {
+
+// The input written to a fresh file, removed on scope exit. A new name per input: HDF5 shares
+// an already-open file by inode, and a unique name keeps one input from seeing another's.
+class TempFile {
+public:
+    TempFile(const uint8_t* data, size_t size) {
+        static std::atomic<uint64_t> counter{0};
+        const char* dir = std::getenv("TMPDIR");
+        path_ = (fs::path(dir && *dir ? dir : "/tmp") /
+                 ("saetrain_fuzz_" + std::to_string(::getpid()) + "_" +
+                  std::to_string(counter++) + ".h5"))
+                    .string();
+        std::ofstream out(path_, std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+        out.close();
+        if (!out) throw std::runtime_error("fuzz harness: cannot write temp file " + path_);
+    }
+    ~TempFile() {
+        std::error_code ec;
+        fs::remove(path_, ec);
+    }
+    TempFile(const TempFile&) = delete;
+    TempFile& operator=(const TempFile&) = delete;
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+};
+
+bool same_float(float a, float b) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+    uint32_t x, y;
+    std::memcpy(&x, &a, 4);
+    std::memcpy(&y, &b, 4);
+    return x == y;
+}
+
+}  // namespace
+
+// --- config ----------------------------------------------------------------------------------
+
+Outcome config_one(const uint8_t* data, size_t size) {
+    std::string text(reinterpret_cast<const char*>(data), size);
+    std::vector<std::string> overrides;
+    const std::string marker = "#--set\n";
+    const size_t at = text.find(marker);
+    if (at != std::string::npos) {
+        std::string rest = text.substr(at + marker.size());
+        text.resize(at);
+        size_t b = 0;
+        while (b <= rest.size()) {
+            size_t e = rest.find('\n', b);
+            if (e == std::string::npos) e = rest.size();
+            if (e > b) overrides.push_back(rest.substr(b, e - b));
+            b = e + 1;
+        }
+    }
+    Config cfg;
+    try {
+        cfg = config_parse(text, overrides, "<fuzz>");
+    } catch (const Error&) {
+        return Outcome::rejected;
+    }
+    // The resolved config is what out_dir/config.yaml holds and what a resume reads back: it
+    // must load again and resolve to itself.
+    const std::string resolved = config_to_yaml(cfg);
+    std::string again;
+    try {
+        again = config_to_yaml(config_parse(resolved, {}, "<resolved>"));
+    } catch (const Error& e) {
+        throw HarnessBug(std::string("the resolved config does not load again: ") + e.what() +
+                         "\n--- resolved ---\n" + resolved);
+    }
+    if (again != resolved)
+        throw HarnessBug("the resolved config changes when loaded again:\n--- first ---\n" +
+                         resolved + "\n--- second ---\n" + again);
+    return Outcome::accepted;
+}
+
+// --- shard -----------------------------------------------------------------------------------
+
+Outcome shard_one(const uint8_t* data, size_t size) {
+    TempFile file(data, size);
+    DatasetInfo info;
+    try {
+        info = dataset_open(file.path());
+    } catch (const Error&) {
+        return Outcome::rejected;
+    }
+    if (info.shards.size() != 1 || info.d_model <= 0 || info.total_rows <= 0)
+        throw HarnessBug("dataset_open accepted a shard with no rows or columns");
+    // Read at most kMaxShardElems elements: the first rows that fit (none when one row is
+    // already too wide). The reader's own allocations follow what it is asked to read.
+    const int64_t rows = std::min(info.total_rows, kMaxShardElems / info.d_model);
+    if (rows == 0) return Outcome::accepted;
+    const int64_t d = info.d_model;
+    std::vector<float> direct(static_cast<size_t>(rows * d));
+    try {
+        ShardReader reader(info, RowRange{0, rows});
+        int64_t done = 0;
+        while (done < rows) {
+            const int64_t n = reader.read(direct.data() + done * d, std::min<int64_t>(64, rows - done));
+            if (n <= 0) throw HarnessBug("ShardReader::read stopped before the end of its range");
+            done += n;
+        }
+        if (reader.read(direct.data(), 1) != 0)
+            throw HarnessBug("ShardReader::read returned rows past the end of its range");
+    } catch (const Error&) {
+        return Outcome::rejected;
+    }
+    // The prefetching reader (pread at HDF5's offsets, or H5Dread) in disk order must deliver
+    // the same values; then shuffled, it must deliver every row once.
+    LoaderOptions opt;
+    opt.read_bytes = 4096;
+    opt.ring_bytes = 64 << 10;
+    std::vector<float> loaded(static_cast<size_t>(rows * d));
+    try {
+        ShardBatchSource src(info, RowRange{0, rows}, opt);
+        if (src.total_rows() != rows) throw HarnessBug("ShardBatchSource: wrong total_rows");
+        int64_t done = 0;
+        while (done < rows) {
+            const int64_t n = src.next(loaded.data() + done * d, std::min<int64_t>(7, rows - done));
+            if (n <= 0) throw HarnessBug("ShardBatchSource::next stopped early");
+            done += n;
+        }
+        for (size_t i = 0; i < loaded.size(); ++i) {
+            if (!same_float(loaded[i], direct[i]))
+                throw HarnessBug("ShardBatchSource and ShardReader disagree at element " +
+                                 std::to_string(i));
+        }
+        opt.shuffle_rows = 5;
+        opt.seed = 1;
+        ShardBatchSource shuffled(info, RowRange{0, rows}, opt);
+        done = 0;
+        while (done < rows) {
+            const int64_t n = shuffled.next(loaded.data() + done * d, rows - done);
+            if (n <= 0) throw HarnessBug("shuffled ShardBatchSource::next stopped early");
+            done += n;
+        }
+    } catch (const Error&) {
+        return Outcome::rejected;
+    }
+    return Outcome::accepted;
+}
+
+// --- checkpoint ------------------------------------------------------------------------------
+
+Outcome checkpoint_one(const uint8_t* data, size_t size) {
+    TempFile file(data, size);
+    try {
+        (void)sae_is_checkpoint(file.path());
+        SaeMeta meta;
+        SaeWeights w = sae_read_h5(file.path(), &meta);
+        const size_t dm = static_cast<size_t>(w.d_model), n = static_cast<size_t>(w.n_latents);
+        if (w.d_model < 0 || w.n_latents < 0 || w.w_enc.size() != dm * n ||
+            w.w_dec.size() != n * dm || w.b_enc.size() != n || w.b_dec.size() != dm)
+            throw HarnessBug("sae_read_h5 accepted weights whose sizes disagree with their shape");
+    } catch (const Error&) {
+        return Outcome::rejected;
+    }
+    return Outcome::accepted;
+}
+
+}  // namespace saetrain::fuzz
