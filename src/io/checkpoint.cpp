@@ -111,6 +111,9 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
                 path, dd.size());
     w.n_latents = static_cast<int64_t>(dd[0]);
     w.d_model = static_cast<int64_t>(dd[1]);
+    SAE_ENFORCE(w.d_model > 0 && w.n_latents > 0,
+                "file {}: W_dec is [{}, {}]; an SAE needs n_latents > 0 and d_model > 0", path,
+                w.n_latents, w.d_model);
     w.w_enc = h5::read_f32(f.get(), "W_enc", path, &de);
     w.b_enc = h5::read_f32(f.get(), "b_enc", path, &dbe);
     w.b_dec = h5::read_f32(f.get(), "b_dec", path, &dbd);

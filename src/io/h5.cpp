@@ -113,8 +113,24 @@ std::vector<float> read_f32(hid_t loc, const std::string& name, const std::strin
     SAE_ENFORCE(H5Tget_class(t.get()) == H5T_FLOAT,
                 "file {}: dataset '{}' is not floating point; expected float32", path, name);
     *dims = dataset_dims(d.get());
+    // The element count comes from the file's header: before allocating for it, check that the
+    // file actually stores that much data, so a damaged or hostile header (a [2^20, 2^20]
+    // dataset with no chunks written) is an error, not a terabyte allocation. Unfiltered
+    // storage holds every element; deflate, the strongest common filter, compresses at most
+    // ~1032:1, so filtered storage may hold 1032x fewer bytes than the elements.
     hsize_t n = 1;
-    for (hsize_t x : *dims) n *= x;
+    bool overflow = false;
+    for (hsize_t x : *dims) overflow = overflow || __builtin_mul_overflow(n, x, &n);
+    const hsize_t elem = H5Tget_size(t.get());
+    hsize_t want = 0;
+    overflow = overflow || __builtin_mul_overflow(n, elem, &want);
+    Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(d.get())));
+    const hsize_t ratio = H5Pget_nfilters(dcpl.get()) > 0 ? 1032 : 1;
+    const hsize_t stored = H5Dget_storage_size(d.get());
+    SAE_ENFORCE(!overflow && want / ratio <= stored,
+                "file {}: dataset '{}' declares {} elements but stores only {} bytes; the file "
+                "is truncated, damaged or was not completely written",
+                path, name, overflow ? std::string("too many") : std::to_string(n), stored);
     std::vector<float> out(n);
     if (n > 0) {
         herr_t r = H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
