@@ -9,6 +9,8 @@
 #include <sched.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,7 +19,8 @@
 
 #include "saetrain/backend.h"       // defines: Backend, make_cpu_backend
 #include "saetrain/build_config.h"  // defines: SAETRAIN_HAS_CUDA, SAETRAIN_VERSION
-#include "saetrain/checkpoint.h"    // defines: sae_write_h5, checkpoint_rotate
+#include "saetrain/checkpoint.h"    // defines: sae_write_h5
+#include "saetrain/checkpointer.h"  // defines: Checkpointer (committed checkpoints, resume)
 #include "saetrain/config.h"        // defines: config_load, config_to_yaml, sweep_ids
 #if SAETRAIN_HAS_CUDA
 #include "saetrain/cuda_backend.h"  // defines: make_cuda_backend, cuda_backend_stream
@@ -45,8 +48,17 @@ struct Args {
     std::string config;
     std::vector<std::string> sets;
     bool overwrite = false;
+    bool allow_config_change = false;
     int threads = 0;
 };
+
+// Exit codes (README "Faults"): 0 done, 1 error, 75 stopped by SIGTERM/SIGUSR1 after writing a
+// checkpoint (EX_TEMPFAIL: run the same command again, or let Slurm's --requeue do it).
+constexpr int kExitStopped = 75;
+
+// Set by SIGTERM / SIGUSR1 (Slurm's time limit and --signal); read once per iteration.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 // Cores this process may run on, shared fairly among the ranks of its node.
 int cpu_threads_for_rank(int local_size) {
@@ -115,6 +127,20 @@ Fault fault_from_env() {
     return f;
 }
 
+// On resume, metrics logged after the checkpoint will be logged again: drop them.
+void drop_metrics_after(const fs::path& path, int64_t step) {
+    std::ifstream in(path);
+    if (!in) return;
+    std::vector<std::string> keep;
+    for (std::string line; std::getline(in, line);) {
+        const size_t p = line.find("\"step\":");
+        if (p == std::string::npos || std::stoll(line.substr(p + 7)) <= step) keep.push_back(line);
+    }
+    in.close();
+    std::ofstream out(path, std::ios::trunc);
+    for (const std::string& l : keep) out << l << "\n";
+}
+
 // Everything a rank sets up before the first collective. Any failure here is agreed on by all
 // ranks (see agree_on_startup) so that the job ends with one message, not a hang.
 struct Setup {
@@ -127,6 +153,8 @@ struct Setup {
     bool on_gpu = false;
     std::unique_ptr<ShardBatchSource> local;  // this rank's slice
     int threads = 1;
+    bool resume = false;    // out_dir has committed checkpoints
+    bool complete = false;  // out_dir holds a finished run
 };
 
 Setup set_up(const Args& args, int rank, int world, const NodePlacement& place) {
@@ -137,10 +165,12 @@ Setup set_up(const Args& args, int rank, int world, const NodePlacement& place) 
     config_validate_for_data(s.cfg, s.data.d_model);
     s.ids = sweep_ids(s.cfg, s.data.d_model);
     const fs::path out = s.cfg.run.out_dir;
-    if (rank == 0)
+    s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
+    s.complete = !args.overwrite && fs::exists(out / "COMPLETE");
+    if (rank == 0 && !s.resume && !s.complete)
         SAE_ENFORCE(args.overwrite || !fs::exists(out / "metrics.jsonl"),
-                    "{} already holds a run (metrics.jsonl); choose another run.out_dir or pass "
-                    "--overwrite to replace it",
+                    "{} already holds a run with no committed checkpoint to resume from; choose "
+                    "another run.out_dir or pass --overwrite to replace it",
                     out.string());
 
     // Each rank reads its own disjoint, contiguous slice of the global row space.
@@ -214,6 +244,14 @@ int run(const Args& args, Communicator& world) {
     if (!agree_on_startup(world, error)) return 1;
     Setup& s = *setup;
     const Config& cfg = s.cfg;
+    if (s.complete) {
+        if (root)
+            fmt::print(
+                "{} holds a finished run (COMPLETE); nothing to do. Pass --overwrite to "
+                "train it again.\n",
+                cfg.run.out_dir);
+        return 0;
+    }
     const SaeConfig& sae = cfg.sweep[static_cast<size_t>(s.layout.config)];
     const std::string& id = s.ids[static_cast<size_t>(s.layout.config)];
     const fs::path out = cfg.run.out_dir;
@@ -233,8 +271,10 @@ int run(const Args& args, Communicator& world) {
         total_steps_for(static_cast<int64_t>(stream_rows), cfg.data.batch_size * s.layout.replicas);
 
     if (root) {
+        if (args.overwrite)  // only what saetrain writes; anything else in out_dir stays
+            for (const char* f : {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae"})
+                fs::remove_all(out / f);
         fs::create_directories(out);
-        fs::remove(out / "metrics.jsonl");
         std::ofstream(out / "config.yaml") << config_to_yaml(cfg);
         fmt::print("saetrain {} | {} rank(s): {} | backend {}{}\n", SAETRAIN_VERSION, world.size(),
                    s.layout.describe(), s.backend->name(),
@@ -249,33 +289,65 @@ int run(const Args& args, Communicator& world) {
     print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it
 
-    // --- train ---------------------------------------------------------------------------------
+    // --- model, resume ------------------------------------------------------------------------
     SaeTrainer trainer(sae, s.data.d_model, steps, cfg.run.seed, *s.backend, *grads);
-    RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string());
     const fs::path sae_dir = out / "sae" / id;
     const bool writer = s.layout.replica == 0;  // replicas are identical: one writes
     auto meta_now = [&](const SaeTrainer& t) {
         return SaeMeta{arch_name(sae.arch), id,        config_to_yaml(cfg), sae.k,
                        t.step_count(),      t.tokens()};
     };
+    Checkpointer checkpoints(world, *grads, out.string(), sae_dir.string(), meta_now(trainer),
+                             cfg.checkpoint.keep);
     LoopOptions opt;
+    if (s.resume) {
+        const auto at = checkpoints.resume(trainer, config_to_yaml(cfg), args.allow_config_change);
+        SAE_ENFORCE(at.has_value(),
+                    "{}: no committed checkpoint could be loaded (see the warnings above); pass "
+                    "--overwrite to start over",
+                    out.string());
+        s.local->restore(ReaderCursor{at->epoch, at->offset});
+        opt.start_iteration = at->iteration;
+        opt.initialized = true;
+        if (root) {
+            drop_metrics_after(out / "metrics.jsonl", at->step);
+            fmt::print("resumed from the checkpoint at step {} ({} iterations done)\n", at->step,
+                       at->iteration);
+        }
+    }
+
+    // --- train ---------------------------------------------------------------------------------
+    RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string());
     opt.world = &world;
     opt.batch_size = cfg.data.batch_size;
     opt.log_every = cfg.log.every_steps;
     opt.checkpoint_every = cfg.checkpoint.every_steps;
     opt.sae_id = id;
     opt.report = [&](const MetricsRow& m) { reporter.gather(m); };
+    opt.checkpoint = [&](SaeTrainer& t, int64_t iteration) {
+        const ReaderCursor c = s.local->cursor();
+        checkpoints.save(t, iteration, c.epoch, c.offset, /*wait=*/false);
+    };
+    opt.stop_requested = [] { return g_stop_signal.load() != 0; };
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGUSR1, on_stop_signal);
     const Fault fault = fault_from_env();
     opt.on_iteration = [&](int64_t iter) {
         SAE_ENFORCE(!(fault.rank == world.rank() && fault.iteration == iter),
                     "injected fault at iteration {} (SAETRAIN_FAULT)", iter);
     };
-    opt.checkpoint = [&](SaeTrainer& t) {
-        if (writer)
-            checkpoint_rotate(sae_dir.string(), t.step_count(), t.weights(), meta_now(t),
-                              cfg.checkpoint.keep);
-    };
     const LoopResult res = train_loop(trainer, source, opt);
+    // The last checkpoint: committed before anything else is written.
+    const ReaderCursor end_cursor = s.local->cursor();
+    checkpoints.save(trainer, res.iterations, end_cursor.epoch, end_cursor.offset, /*wait=*/true);
+    if (res.stopped) {
+        if (root)
+            fmt::print(stderr,
+                       "saetrain: stopped by a signal after {} steps; checkpoint committed in {}. "
+                       "Run the same command to continue (exit code {}).\n",
+                       trainer.step_count(), (out / "checkpoints").string(), kExitStopped);
+        return kExitStopped;
+    }
 
     // --- write and report ----------------------------------------------------------------------
     SaeSummary mine{s.layout.config,  res.last,          res.steps, res.tokens,
@@ -302,8 +374,11 @@ int run(const Args& args, Communicator& world) {
              {"lr", fmt::format("{:g}", c.lr)}});
     reporter.finish(mine, (out / "summary.csv").string(),
                     {"arch", "n_latents", "k", "l1_coeff", "lr"}, columns);
-    if (root) fmt::print("wrote {}/summary.csv and sae/<id>/final.h5\n", out.string());
     world.barrier();
+    if (root) {
+        std::ofstream(out / "COMPLETE") << trainer.step_count() << "\n";
+        fmt::print("wrote {}/summary.csv and sae/<id>/final.h5\n", out.string());
+    }
     return 0;
 }
 
@@ -315,7 +390,10 @@ int main(int argc, char** argv) {
     CLI::App app{"saetrain: train sparse autoencoders on cached activations"};
     app.add_option("config", args.config, "YAML config file")->required();
     app.add_option("--set", args.sets, "override a config key: section.key=value (repeatable)");
-    app.add_flag("--overwrite", args.overwrite, "replace an existing run in run.out_dir");
+    app.add_flag("--overwrite", args.overwrite,
+                 "start over: replace the run in run.out_dir instead of resuming it");
+    app.add_flag("--allow-config-change", args.allow_config_change,
+                 "resume even though the config changed in keys that change the result");
     app.add_option("--threads", args.threads,
                    "CPU threads per rank (default: the rank's cores / ranks on its node)");
     try {

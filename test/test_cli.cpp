@@ -109,19 +109,33 @@ TEST_F(Cli, TrainWritesEveryOutput) {
     EXPECT_EQ(meta.step, 12);
     EXPECT_EQ(meta.tokens, 3000);
     EXPECT_EQ(meta.arch, "topk");
-    // checkpoints every 5 steps (5, 10), keeping only the newest.
+    // checkpoints at steps 5, 10 and the end (12), keeping only the newest, committed.
     EXPECT_EQ(saetrain::checkpoint_steps((run_dir / "sae/topk-x2-k4").string()),
-              std::vector<int64_t>{10});
-    saetrain::sae_read_h5((run_dir / "sae/topk-x2-k4/checkpoint-10.h5").string(), &meta);
-    EXPECT_EQ(meta.step, 10);
+              std::vector<int64_t>{12});
+    EXPECT_TRUE(fs::exists(run_dir / "checkpoints/step-12.commit"));
+    EXPECT_FALSE(fs::exists(run_dir / "checkpoints/step-10.commit"));
+    EXPECT_TRUE(fs::exists(run_dir / "sae/topk-x2-k4/checkpoint-12.state.h5"));
+    saetrain::sae_read_h5((run_dir / "sae/topk-x2-k4/checkpoint-12.h5").string(), &meta);
+    EXPECT_EQ(meta.step, 12);
+    EXPECT_TRUE(fs::exists(run_dir / "COMPLETE"));
 }
 
-TEST_F(Cli, RefusesToOverwriteARunWithoutTheFlag) {
+TEST_F(Cli, FinishedRunsAreKeptAndForeignRunsRefused) {
     ASSERT_EQ(train().code, 0);
-    const Result again = train();
+    // A finished run: nothing to do, nothing overwritten.
+    const auto before = fs::last_write_time(dir / "run/sae/topk-x2-k4/final.h5");
+    Result again = train();
+    EXPECT_EQ(again.code, 0) << again.out;
+    EXPECT_NE(again.out.find("nothing to do"), std::string::npos) << again.out;
+    EXPECT_EQ(fs::last_write_time(dir / "run/sae/topk-x2-k4/final.h5"), before);
+    // A run with no committed checkpoint (e.g. from another tool): refused, not clobbered.
+    fs::remove_all(dir / "run/checkpoints");
+    fs::remove(dir / "run/COMPLETE");
+    again = train();
     EXPECT_NE(again.code, 0);
     EXPECT_NE(again.out.find("--overwrite"), std::string::npos) << again.out;
     EXPECT_EQ(train("--overwrite").code, 0);
+    EXPECT_TRUE(fs::exists(dir / "run/COMPLETE"));
 }
 
 // Each bad input: non-zero exit and one "saetrain: error:" line naming the culprit.

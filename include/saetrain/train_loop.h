@@ -16,6 +16,8 @@ namespace saetrain {
 struct LoopResult {
     MetricsRow last;  // the final interval's metrics
     int64_t steps = 0, tokens = 0;
+    int64_t iterations = 0;  // loop iterations done, counting those before a resume
+    bool stopped = false;    // left early because some rank asked to stop (a signal)
     double seconds = 0, tokens_per_s = 0, wait_fraction = 0;
 };
 
@@ -29,8 +31,15 @@ struct LoopOptions {
     int64_t checkpoint_every = 0;  // 0: never
     std::string sae_id;
     std::function<void(const MetricsRow&)> report;  // every log interval and at the end
-    std::function<void(SaeTrainer&)> checkpoint;    // every checkpoint_every steps
-    std::function<void(int64_t)> on_iteration;      // before each iteration's batch
+    // every checkpoint_every iterations, with the number of iterations done
+    std::function<void(SaeTrainer&, int64_t)> checkpoint;
+    std::function<void(int64_t)> on_iteration;  // before each iteration's batch
+    // Polled every iteration on every rank; if any rank says yes, all stop together after the
+    // current step (the decision rides on the per-iteration all-reduce).
+    std::function<bool()> stop_requested;
+    // Resuming: iterations already done, and the SAE is already initialized.
+    int64_t start_iteration = 0;
+    bool initialized = false;
 };
 
 // Steps until no rank has data left. Logging and checkpoints happen on iterations that are

@@ -20,6 +20,7 @@
 #include "saetrain/checkpoint.h"
 #include "saetrain/comm.h"
 #include "saetrain/config.h"
+#include "saetrain/train_state.h"
 
 namespace saetrain {
 
@@ -61,6 +62,11 @@ public:
     void set_params_host(const std::vector<float>& p);
 
     SaeWeights weights() const;  // in the file layout (W_enc [d, n])
+    // Optimizer state and counters for a checkpoint (cursors and iteration are the caller's).
+    TrainState state() const;
+    // Continues from a checkpoint: weights in the file layout, and its state. Bitwise: the
+    // next step is the one the uninterrupted run would have taken.
+    void restore(const SaeWeights& w, const TrainState& s);
     int64_t d_model() const { return d_; }
     int64_t n_latents() const { return n_; }
     int64_t step_count() const { return step_; }

@@ -72,21 +72,32 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         bytes_at_interval = source.bytes_read();
     };
 
-    int64_t iter = 0;
+    int64_t iter = opt.start_iteration;
+    bool initialized = opt.initialized;
     for (;; ++iter) {
         if (opt.on_iteration) opt.on_iteration(iter);
+        // [any rank has data, any rank wants to stop]: one all-reduce, same decision everywhere
+        int64_t flags[2] = {0, opt.stop_requested && opt.stop_requested() ? 1 : 0};
+        if (opt.world) opt.world->allreduce_max(&flags[1], 1);
+        if (flags[1]) {
+            res.stopped = true;
+            break;
+        }
         const int64_t rows = source.next(batch.data(), batch_size);
-        int64_t any = rows > 0 ? 1 : 0;
-        if (opt.world) opt.world->allreduce_max(&any, 1);
-        if (!any) break;
-        if (iter == 0) trainer.init(batch.data(), rows);
+        flags[0] = rows > 0 ? 1 : 0;
+        if (opt.world) opt.world->allreduce_max(&flags[0], 1);
+        if (!flags[0]) break;
+        if (!initialized) trainer.init(batch.data(), rows), initialized = true;
         const StepResult r = trainer.step(batch.data(), rows);
         if (r.rows > 0) iv.add(r);
         if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) emit();
         if (opt.checkpoint && opt.checkpoint_every > 0 && (iter + 1) % opt.checkpoint_every == 0)
-            opt.checkpoint(trainer);
+            opt.checkpoint(trainer, iter + 1);
     }
-    if (opt.log_every <= 0 || iter % opt.log_every != 0) emit();  // the final partial interval
+    // The final partial interval; the condition depends only on iteration counts, which every
+    // rank shares, because emit() may be collective.
+    if (iter > opt.start_iteration && (opt.log_every <= 0 || iter % opt.log_every != 0)) emit();
+    res.iterations = iter;
     res.steps = trainer.step_count();
     res.tokens = trainer.tokens();
     res.seconds = seconds_since(t_start);

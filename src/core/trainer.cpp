@@ -232,6 +232,39 @@ void SaeTrainer::set_params_host(const std::vector<float>& p) {
     be_.upload(params_.data(), p.data(), params_.bytes());
 }
 
+TrainState SaeTrainer::state() const {
+    TrainState s;
+    s.step = step_;
+    s.tokens = tokens_;
+    s.adam_m.resize(static_cast<size_t>(n_params_));
+    s.adam_v.resize(static_cast<size_t>(n_params_));
+    be_.download(s.adam_m.data(), m_.data(), m_.bytes());
+    be_.download(s.adam_v.data(), v_.data(), v_.bytes());
+    s.since_fired = since_fired_;
+    return s;
+}
+
+void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
+    SAE_ENFORCE(w.d_model == d_ && w.n_latents == n_,
+                "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}", w.d_model,
+                w.n_latents, d_, n_);
+    SAE_ENFORCE(static_cast<int64_t>(s.adam_m.size()) == n_params_ &&
+                    static_cast<int64_t>(s.since_fired.size()) == n_,
+                "checkpoint state does not match an SAE of {} latents", n_);
+    std::vector<float> p(static_cast<size_t>(n_params_));
+    for (int64_t l = 0; l < n_; ++l)
+        for (int64_t c = 0; c < d_; ++c) p[l * d_ + c] = w.w_enc[c * n_ + l];  // from [d, n]
+    std::copy(w.w_dec.begin(), w.w_dec.end(), p.begin() + n_ * d_);
+    std::copy(w.b_enc.begin(), w.b_enc.end(), p.begin() + 2 * n_ * d_);
+    std::copy(w.b_dec.begin(), w.b_dec.end(), p.begin() + 2 * n_ * d_ + n_);
+    set_params_host(p);
+    be_.upload(m_.data(), s.adam_m.data(), m_.bytes());
+    be_.upload(v_.data(), s.adam_v.data(), v_.bytes());
+    since_fired_ = s.since_fired;
+    step_ = s.step;
+    tokens_ = s.tokens;
+}
+
 SaeWeights SaeTrainer::weights() const {
     const std::vector<float> p = params_host();
     SaeWeights w;

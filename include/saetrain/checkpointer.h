@@ -1,0 +1,74 @@
+// checkpointer.h — committed checkpoints for a run of many ranks, and resume from them.
+//
+// Every checkpoint.every_steps iterations (and at a stop or the end) each SAE's replica 0 writes
+// its pair of files (train_state.h) on a background thread while training continues; at most
+// one write is in flight. At the next checkpoint (or at finish) every rank waits for its write,
+// all ranks agree it succeeded, and only then rank 0 writes checkpoints/step-S.commit. Resume
+// considers committed steps only, newest first, and uses the first one whose files every rank
+// can load and verify: a torn or damaged checkpoint falls back to the one before. The newest
+// checkpoint.keep committed checkpoints are kept.
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "saetrain/comm.h"
+#include "saetrain/trainer.h"
+
+namespace saetrain {
+
+struct ResumePoint {
+    int64_t step = 0, iteration = 0;
+    int64_t epoch = 0, offset = 0;  // this rank's reader cursor
+};
+
+class Checkpointer {
+public:
+    // world: every rank; replicas: this SAE's replicas (replica 0 writes); sae_dir: out/sae/<id>.
+    Checkpointer(Communicator& world, Communicator& replicas, std::string out_dir,
+                 std::string sae_dir, SaeMeta meta, int64_t keep);
+    ~Checkpointer();
+    Checkpointer(const Checkpointer&) = delete;
+    Checkpointer& operator=(const Checkpointer&) = delete;
+
+    // Collective over the world. Commits the previous checkpoint once every rank's write of it
+    // succeeded, then snapshots the trainer and writes this one (in the background unless
+    // `wait`, which also commits it before returning).
+    void save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, int64_t offset, bool wait);
+    // Collective: waits for the write in flight and commits it.
+    void finish();
+
+    // Committed steps in out_dir, newest first (rank-local file listing).
+    static std::vector<int64_t> committed_steps(const std::string& out_dir);
+    // Collective. Restores `trainer` from the newest committed checkpoint every rank can load;
+    // nullopt when there is none. `config_yaml` is the current resolved config: a checkpoint
+    // written under a config that differs in keys that change the result is refused with the
+    // keys listed, unless allow_config_change.
+    std::optional<ResumePoint> resume(SaeTrainer& trainer, const std::string& config_yaml,
+                                      bool allow_config_change);
+
+private:
+    void join_and_commit();
+    void commit(int64_t step, int64_t iteration);
+
+    Communicator& world_;
+    Communicator& replicas_;
+    std::string out_dir_, sae_dir_;
+    SaeMeta meta_;
+    int64_t keep_;
+    std::thread writer_;
+    std::exception_ptr write_error_;
+    int64_t pending_step_ = -1, pending_iteration_ = 0;
+    std::vector<int64_t> committed_;  // ascending
+};
+
+// Keys whose values differ between two resolved configs (YAML from config_to_yaml), ignoring
+// those that cannot change the trained weights (logging, checkpoint cadence, staging).
+std::vector<std::string> config_result_differences(const std::string& old_yaml,
+                                                   const std::string& new_yaml);
+
+}  // namespace saetrain

@@ -1,0 +1,254 @@
+#include "saetrain/checkpointer.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "saetrain/error.h"
+
+namespace fs = std::filesystem;
+
+namespace saetrain {
+namespace {
+
+fs::path commit_path(const std::string& out_dir, int64_t step) {
+    return fs::path(out_dir) / "checkpoints" / fmt::format("step-{}.commit", step);
+}
+
+// "section.key: value" for every leaf of the block-style YAML config_to_yaml writes.
+std::map<std::string, std::string> flatten(const std::string& yaml) {
+    std::map<std::string, std::string> out;
+    std::istringstream in(yaml);
+    std::string line, section;
+    while (std::getline(in, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        const size_t colon = line.find(':');
+        if (colon == std::string::npos) continue;
+        const bool nested = line[0] == ' ';
+        std::string key = line.substr(0, colon);
+        key.erase(0, key.find_first_not_of(' '));
+        std::string value = colon + 1 < line.size() ? line.substr(colon + 1) : "";
+        value.erase(0, value.find_first_not_of(' '));
+        if (!nested) {
+            section = key;
+            if (!value.empty()) out[key] = value;
+        } else {
+            out[section + "." + key] = value;
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+std::vector<std::string> config_result_differences(const std::string& old_yaml,
+                                                   const std::string& new_yaml) {
+    static const std::vector<std::string> harmless = {
+        "run.out_dir",     "log.every_steps", "checkpoint.every_steps",
+        "checkpoint.keep", "data.stage_dir",  "data.prefetch_bytes",
+        "backend"};
+    const auto a = flatten(old_yaml), b = flatten(new_yaml);
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : a) keys.push_back(k);
+    for (const auto& [k, v] : b) keys.push_back(k);
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    std::vector<std::string> diff;
+    for (const std::string& k : keys) {
+        if (std::find(harmless.begin(), harmless.end(), k) != harmless.end()) continue;
+        const auto ia = a.find(k), ib = b.find(k);
+        const std::string va = ia == a.end() ? "(absent)" : ia->second;
+        const std::string vb = ib == b.end() ? "(absent)" : ib->second;
+        if (va != vb) diff.push_back(fmt::format("{}: {} -> {}", k, va, vb));
+    }
+    return diff;
+}
+
+Checkpointer::Checkpointer(Communicator& world, Communicator& replicas, std::string out_dir,
+                           std::string sae_dir, SaeMeta meta, int64_t keep)
+    : world_(world),
+      replicas_(replicas),
+      out_dir_(std::move(out_dir)),
+      sae_dir_(std::move(sae_dir)),
+      meta_(std::move(meta)),
+      keep_(std::max<int64_t>(keep, 1)) {
+    committed_ = committed_steps(out_dir_);
+    std::reverse(committed_.begin(), committed_.end());
+}
+
+Checkpointer::~Checkpointer() {
+    if (writer_.joinable()) writer_.join();
+}
+
+std::vector<int64_t> Checkpointer::committed_steps(const std::string& out_dir) {
+    std::vector<int64_t> steps;
+    const fs::path dir = fs::path(out_dir) / "checkpoints";
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return steps;
+    static const std::regex name(R"(step-(\d+)\.commit)");
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        std::smatch m;
+        const std::string f = e.path().filename().string();
+        if (std::regex_match(f, m, name)) steps.push_back(std::stoll(m[1].str()));
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    return steps;
+}
+
+void Checkpointer::commit(int64_t step, int64_t iteration) {
+    if (world_.rank() == 0) {
+        const fs::path p = commit_path(out_dir_, step);
+        fs::create_directories(p.parent_path());
+        const fs::path tmp = p.string() + ".tmp";
+        {
+            std::ofstream f(tmp);
+            f << fmt::format("{{\"step\": {}, \"iteration\": {}, \"world\": {}}}\n", step,
+                             iteration, world_.size());
+            SAE_ENFORCE(f.good(), "cannot write {}", tmp.string());
+        }
+        fs::rename(tmp, p);
+    }
+    // A resumed run that had nothing left to do saves its restored step again.
+    if (std::find(committed_.begin(), committed_.end(), step) == committed_.end())
+        committed_.push_back(step);
+    // Keep the newest `keep`: commit markers go first, so an interrupted clean-up never leaves a
+    // marker pointing at deleted files.
+    while (static_cast<int64_t>(committed_.size()) > keep_) {
+        const int64_t old = committed_.front();
+        committed_.erase(committed_.begin());
+        std::error_code ec;
+        if (world_.rank() == 0) fs::remove(commit_path(out_dir_, old), ec);
+        if (replicas_.rank() == 0) {
+            fs::remove(checkpoint_weights_path(sae_dir_, old), ec);
+            fs::remove(checkpoint_state_path(sae_dir_, old), ec);
+        }
+    }
+}
+
+void Checkpointer::join_and_commit() {
+    if (pending_step_ < 0) return;
+    if (writer_.joinable()) writer_.join();
+    std::string error;
+    if (write_error_) {
+        try {
+            std::rethrow_exception(write_error_);
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        write_error_ = nullptr;
+    }
+    int64_t failed = error.empty() ? 0 : 1;
+    world_.allreduce_max(&failed, 1);
+    SAE_ENFORCE(failed == 0, "checkpoint at step {} failed{}{}; the previous one stays valid",
+                pending_step_, error.empty() ? " on another rank" : ": ", error);
+    commit(pending_step_, pending_iteration_);
+    pending_step_ = -1;
+}
+
+void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, int64_t offset,
+                        bool wait) {
+    join_and_commit();
+    // Every replica's reader position goes into the SAE's checkpoint.
+    const int64_t mine[2] = {epoch, offset};
+    std::vector<int64_t> cursors(static_cast<size_t>(2 * replicas_.size()));
+    replicas_.allgather(mine, cursors.data(), sizeof(mine));
+    pending_step_ = trainer.step_count();
+    pending_iteration_ = iteration;
+    if (replicas_.rank() == 0) {
+        // Snapshot now (device -> host); the files are written while training goes on.
+        SaeWeights w = trainer.weights();
+        TrainState s = trainer.state();
+        s.iteration = iteration;
+        s.cursors = std::move(cursors);
+        SaeMeta meta = meta_;
+        meta.step = s.step;
+        meta.tokens = s.tokens;
+        const std::string dir = sae_dir_;
+        writer_ = std::thread([this, w = std::move(w), s = std::move(s), meta, dir] {
+            try {
+                sae_write_h5(checkpoint_weights_path(dir, s.step), w, meta);
+                train_state_write(checkpoint_state_path(dir, s.step), w, s);
+            } catch (...) {
+                write_error_ = std::current_exception();
+            }
+        });
+    }
+    if (wait) join_and_commit();
+}
+
+void Checkpointer::finish() { join_and_commit(); }
+
+std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::string& config_yaml,
+                                                bool allow_config_change) {
+    // Rank 0's listing decides the candidates, so every rank tries the same ones.
+    std::vector<int64_t> steps = committed_steps(out_dir_);
+    int64_t count = static_cast<int64_t>(steps.size());
+    world_.bcast(&count, sizeof(count), 0);
+    steps.resize(static_cast<size_t>(count));
+    if (count > 0) world_.bcast(steps.data(), count * static_cast<int64_t>(sizeof(int64_t)), 0);
+    for (int64_t step : steps) {
+        std::string error;
+        SaeWeights w;
+        TrainState s;
+        SaeMeta meta;
+        try {
+            w = sae_read_h5(checkpoint_weights_path(sae_dir_, step), &meta);
+            s = train_state_read(checkpoint_state_path(sae_dir_, step), w);
+            SAE_ENFORCE(static_cast<int64_t>(s.cursors.size()) == 2 * replicas_.size(),
+                        "checkpoint {} was written by {} replica(s) of this SAE, the job has {}; "
+                        "resume with the same number of ranks",
+                        checkpoint_state_path(sae_dir_, step), s.cursors.size() / 2,
+                        replicas_.size());
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        int64_t failed = error.empty() ? 0 : world_.size() - world_.rank();
+        world_.allreduce_max(&failed, 1);
+        if (failed != 0) {
+            if (world_.size() - world_.rank() == failed)
+                std::fprintf(stderr,
+                             "saetrain: warning: rank %d: checkpoint at step %lld unusable (%s); "
+                             "trying an older one\n",
+                             world_.rank(), static_cast<long long>(step), error.c_str());
+            continue;
+        }
+        const std::vector<std::string> diff =
+            config_result_differences(meta.config_yaml, config_yaml);
+        int64_t differs = diff.empty() ? 0 : 1;
+        world_.allreduce_max(&differs, 1);
+        if (differs && !allow_config_change) {
+            std::string keys;
+            for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
+            throw Error(fmt::format(
+                "{}: the checkpoint at step {} was trained with a different config ({}); "
+                "resuming would change the result. Restore those values, pass "
+                "--allow-config-change to resume anyway, or --overwrite to start over",
+                out_dir_, step, keys.empty() ? "on another SAE" : keys));
+        }
+        trainer.restore(w, s);
+        // Newer markers whose files failed to load are useless: drop them so they are not
+        // tried (and reported) again.
+        if (world_.rank() == 0)
+            for (int64_t newer : steps) {
+                if (newer <= step) break;
+                std::error_code ec;
+                fs::remove(commit_path(out_dir_, newer), ec);
+            }
+        ResumePoint p;
+        p.step = step;
+        p.iteration = s.iteration;
+        p.epoch = s.cursors[static_cast<size_t>(2 * replicas_.rank())];
+        p.offset = s.cursors[static_cast<size_t>(2 * replicas_.rank() + 1)];
+        committed_ = steps;
+        std::sort(committed_.begin(), committed_.end());
+        committed_.erase(std::upper_bound(committed_.begin(), committed_.end(), step),
+                         committed_.end());
+        return p;
+    }
+    return std::nullopt;
+}
+
+}  // namespace saetrain

@@ -1,0 +1,143 @@
+#include "saetrain/train_state.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "h5.h"
+#include "saetrain/error.h"
+
+namespace fs = std::filesystem;
+
+namespace saetrain {
+namespace {
+
+uint64_t fnv1a(const void* p, size_t bytes, uint64_t h) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+template <typename T>
+uint64_t mix(const std::vector<T>& v, uint64_t h) {
+    h = fnv1a(&h, 0, h);
+    const uint64_t n = v.size();
+    h = fnv1a(&n, sizeof(n), h);
+    return fnv1a(v.data(), v.size() * sizeof(T), h);
+}
+
+void fsync_or_throw(const std::string& path, bool directory) {
+    const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+    SAE_ENFORCE(fd >= 0, "file {}: cannot open for fsync ({})", path, std::strerror(errno));
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    SAE_ENFORCE(rc == 0, "file {}: fsync failed ({}); is the disk full?", path, std::strerror(err));
+}
+
+void write_i64(hid_t loc, const std::string& name, const std::vector<int64_t>& v) {
+    const hsize_t n = v.size();
+    h5::Space s(SAE_H5_CHECK(H5Screate_simple(1, &n, nullptr)));
+    h5::Dataset d(SAE_H5_CHECK(H5Dcreate2(loc, name.c_str(), H5T_STD_I64LE, s.get(), H5P_DEFAULT,
+                                          H5P_DEFAULT, H5P_DEFAULT)));
+    if (n > 0)
+        SAE_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()));
+}
+
+std::vector<int64_t> read_i64(hid_t loc, const std::string& name, const std::string& path,
+                              size_t max_elements) {
+    h5::Dataset d = h5::open_dataset(loc, name, path);
+    const std::vector<hsize_t> dims = h5::dataset_dims(d.get());
+    SAE_ENFORCE(dims.size() == 1 && dims[0] <= max_elements,
+                "checkpoint state {}: dataset '{}' has an unexpected shape", path, name);
+    std::vector<int64_t> v(dims[0]);
+    if (!v.empty())
+        SAE_H5_CHECK(H5Dread(d.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()));
+    return v;
+}
+
+int64_t attr_or_throw(hid_t f, const std::string& name, const std::string& path) {
+    const auto v = h5::read_attr_int64(f, name);
+    SAE_ENFORCE(v.has_value(), "checkpoint state {}: attribute '{}' is missing", path, name);
+    return *v;
+}
+
+}  // namespace
+
+uint64_t train_state_checksum(const SaeWeights& w, const TrainState& s) {
+    uint64_t h = 1469598103934665603ull;
+    for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec, &s.adam_m, &s.adam_v})
+        h = mix(*v, h);
+    h = mix(s.since_fired, h);
+    h = mix(s.cursors, h);
+    for (int64_t x : {s.step, s.tokens, s.iteration}) h = fnv1a(&x, sizeof(x), h);
+    return h;
+}
+
+std::string checkpoint_weights_path(const std::string& sae_dir, int64_t step) {
+    return (fs::path(sae_dir) / fmt::format("checkpoint-{}.h5", step)).string();
+}
+
+std::string checkpoint_state_path(const std::string& sae_dir, int64_t step) {
+    return (fs::path(sae_dir) / fmt::format("checkpoint-{}.state.h5", step)).string();
+}
+
+void train_state_write(const std::string& path, const SaeWeights& w, const TrainState& s) {
+    auto guard = h5::lock();
+    h5::init();
+    const fs::path target(path);
+    const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+    fs::create_directories(dir);
+    const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
+    try {
+        {
+            h5::File f = h5::create_file(tmp);
+            h5::write_f32(f.get(), "adam_m", s.adam_m.data(), {s.adam_m.size()});
+            h5::write_f32(f.get(), "adam_v", s.adam_v.data(), {s.adam_v.size()});
+            write_i64(f.get(), "since_fired", s.since_fired);
+            write_i64(f.get(), "data_cursors", s.cursors);
+            h5::write_attr_int64(f.get(), "step", s.step);
+            h5::write_attr_int64(f.get(), "tokens", s.tokens);
+            h5::write_attr_int64(f.get(), "iteration", s.iteration);
+            h5::write_attr_string(f.get(), "checksum",
+                                  fmt::format("{:016x}", train_state_checksum(w, s)));
+            SAE_ENFORCE(f.close() >= 0, "file {}: closing failed; is the disk full?", tmp);
+        }
+        fsync_or_throw(tmp, false);
+        fs::rename(tmp, target);
+        fsync_or_throw(dir.string(), true);
+    } catch (...) {
+        std::error_code ignored;
+        fs::remove(tmp, ignored);
+        throw;
+    }
+}
+
+TrainState train_state_read(const std::string& path, const SaeWeights& w) {
+    auto guard = h5::lock();
+    h5::File f = h5::open_file(path);
+    TrainState s;
+    const size_t params = w.w_enc.size() + w.w_dec.size() + w.b_enc.size() + w.b_dec.size();
+    std::vector<hsize_t> dims;
+    s.adam_m = h5::read_f32(f.get(), "adam_m", path, &dims);
+    s.adam_v = h5::read_f32(f.get(), "adam_v", path, &dims);
+    SAE_ENFORCE(s.adam_m.size() == params && s.adam_v.size() == params,
+                "checkpoint state {}: Adam moments hold {} values, the weights {}", path,
+                s.adam_m.size(), params);
+    s.since_fired = read_i64(f.get(), "since_fired", path, w.b_enc.size());
+    s.cursors = read_i64(f.get(), "data_cursors", path, 2 << 20);
+    s.step = attr_or_throw(f.get(), "step", path);
+    s.tokens = attr_or_throw(f.get(), "tokens", path);
+    s.iteration = attr_or_throw(f.get(), "iteration", path);
+    const auto sum = h5::read_attr_string(f.get(), "checksum");
+    SAE_ENFORCE(sum.has_value() && *sum == fmt::format("{:016x}", train_state_checksum(w, s)),
+                "checkpoint {}: checksum mismatch: the checkpoint is damaged or its weights "
+                "file does not belong to it",
+                path);
+    return s;
+}
+
+}  // namespace saetrain
