@@ -1,0 +1,199 @@
+// Kill-and-resume equivalence: a run killed with SIGKILL at random points and resumed (the
+// same command again) ends with weights bitwise identical to an uninterrupted run, on one rank
+// and under mpirun in sweep and data-parallel modes. Also: a signal stops all ranks with a
+// committed checkpoint, a damaged newest checkpoint falls back to the previous one, and a
+// changed config is refused.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "saetrain/checkpoint.h"
+#include "saetrain/checkpointer.h"
+
+namespace fs = std::filesystem;
+using namespace saetrain;
+
+namespace {
+
+struct Result {
+    int code;
+    std::string out;
+};
+
+Result run(const std::string& cmd) {
+    std::array<char, 4096> buf{};
+    std::string out;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) return {-1, "popen failed"};
+    while (fgets(buf.data(), static_cast<int>(buf.size()), p)) out += buf.data();
+    const int status = pclose(p);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string bin(const std::string& name) { return std::string(SAETRAIN_BIN_DIR) + "/" + name; }
+
+const char* kMpi =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " SAETRAIN_MPIEXEC
+    " --oversubscribe -np 2 ";
+
+class Resume : public ::testing::Test {
+protected:
+    fs::path dir;
+    void SetUp() override {
+        dir = fs::temp_directory_path() /
+              (std::string("saetrain_resume_") + std::to_string(getpid()) + "_" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        const Result r = run(bin("sae-synth") + " --out " + (dir / "data").string() +
+                             " --d-model 64 --features 128 --rows 12000 --shards 3 --seed 5");
+        ASSERT_EQ(r.code, 0) << r.out;
+    }
+    void TearDown() override {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+    }
+    // A config whose run lasts long enough to be killed at many points: 3 epochs of 12000 rows
+    // in steps of 64 rows (563 steps, 1-2 s here), a checkpoint every 7 steps.
+    std::string config(const std::string& name, const std::string& extra = "") {
+        const fs::path p = dir / (name + ".yaml");
+        std::ofstream(p) << "run: {out_dir: " << (dir / name).string() << ", seed: 3}\n"
+                         << "data: {path: " << (dir / "data").string()
+                         << ", batch_size: 64, epochs: 3, shuffle_buffer_rows: 1500}\n"
+                         << "sae: {arch: topk, expansion: 4, k: 6}\n"
+                         << "train: {lr: 0.003, warmup_steps: 10}\n"
+                         << "log: {every_steps: 10}\n"
+                         << "checkpoint: {every_steps: 7, keep: 2}\n"
+                         << extra;
+        return p.string();
+    }
+    static SaeWeights final_of(const fs::path& run_dir, const std::string& id) {
+        return sae_read_h5((run_dir / "sae" / id / "final.h5").string());
+    }
+};
+
+void expect_bitwise(const SaeWeights& a, const SaeWeights& b, const std::string& what) {
+    EXPECT_TRUE(a.w_enc == b.w_enc && a.w_dec == b.w_dec && a.b_enc == b.b_enc &&
+                a.b_dec == b.b_dec)
+        << what << ": weights differ from the uninterrupted run";
+}
+
+// Starts `cmd` and kills every process whose command line contains `marker` after a random
+// delay, again and again (each start resumes from the last committed checkpoint) until `kills`
+// kills have landed before the run completed; then lets it finish. Returns the kills landed.
+int kill_and_resume(const std::string& cmd, const std::string& marker, const fs::path& run_dir,
+                    std::mt19937& rng, int kills, double max_delay_s) {
+    int landed = 0;
+    std::uniform_real_distribution<double> delay(0.05, max_delay_s);
+    for (int i = 0; landed < kills && i < 3 * kills && !fs::exists(run_dir / "COMPLETE"); ++i) {
+        run(cmd + " > /dev/null 2>&1 &");
+        std::this_thread::sleep_for(std::chrono::duration<double>(delay(rng)));
+        run("pkill -KILL -f -- '" + marker + "'");
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the job die
+        landed += fs::exists(run_dir / "COMPLETE") ? 0 : 1;
+    }
+    // Finish: the same command, uninterrupted.
+    for (int i = 0; i < 3 && !fs::exists(run_dir / "COMPLETE"); ++i) run(cmd);
+    return landed;
+}
+
+TEST_F(Resume, KilledSingleRankRunResumesBitwise) {
+    const std::string ref_cfg = config("ref"), cfg = config("killed");
+    ASSERT_EQ(run(bin("saetrain") + " " + ref_cfg + " --threads 1").code, 0);
+    std::mt19937 rng(12345);
+    const std::string cmd = bin("saetrain") + " " + cfg + " --threads 1";
+    const int landed = kill_and_resume(cmd, cfg, dir / "killed", rng, 8, 0.4);
+    ASSERT_TRUE(fs::exists(dir / "killed" / "COMPLETE"));
+    std::printf("single rank: %d kills landed mid-run\n", landed);
+    EXPECT_GE(landed, 1);
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "killed", "topk-x4-k6"),
+                   "single rank");
+}
+
+TEST_F(Resume, KilledMpiSweepAndDataParallelRunsResumeBitwise) {
+    for (const std::string mode : {"sweep", "data_parallel"}) {
+        const std::string extra =
+            mode == "sweep" ? "parallel: {mode: sweep}\n" : "parallel: {mode: data_parallel}\n";
+        const std::string sets = mode == "sweep" ? " --set 'sae.k=[4,6]'" : "";
+        const std::string ref_cfg = config("ref-" + mode, extra),
+                          cfg = config("killed-" + mode, extra);
+        ASSERT_EQ(
+            run(std::string(kMpi) + bin("saetrain") + " " + ref_cfg + " --threads 1" + sets).code,
+            0);
+        std::mt19937 rng(mode == "sweep" ? 7 : 8);
+        const std::string cmd =
+            std::string(kMpi) + bin("saetrain") + " " + cfg + " --threads 1" + sets;
+        const int landed = kill_and_resume(cmd, cfg, dir / ("killed-" + mode), rng, 6, 0.8);
+        ASSERT_TRUE(fs::exists(dir / ("killed-" + mode) / "COMPLETE")) << mode;
+        std::printf("%s: %d kills landed mid-run\n", mode.c_str(), landed);
+        EXPECT_GE(landed, 1) << mode;
+        const std::vector<std::string> ids =
+            mode == "sweep" ? std::vector<std::string>{"topk-x4-k4", "topk-x4-k6"}
+                            : std::vector<std::string>{"topk-x4-k6"};
+        for (const std::string& id : ids)
+            expect_bitwise(final_of(dir / ("ref-" + mode), id),
+                           final_of(dir / ("killed-" + mode), id), mode + " " + id);
+    }
+}
+
+TEST_F(Resume, SignalStopsAllRanksWithACommittedCheckpoint) {
+    const std::string cfg = config("sig", "parallel: {mode: data_parallel}\n");
+    const std::string cmd = std::string(kMpi) + bin("saetrain") + " " + cfg + " --threads 1";
+    // SIGUSR1 to one rank only (as Slurm's --signal may reach ranks at different times): the
+    // newest process whose command line starts with the binary, i.e. a rank, not mpirun.
+    std::ofstream(dir / "sig.sh") << "( " << cmd << " > " << (dir / "sig.log").string()
+                                  << " 2>&1; echo $? > " << (dir / "sig.code").string()
+                                  << " ) &\nsleep 0.4\npkill -USR1 -n -f -- '^" << bin("saetrain")
+                                  << " " << cfg << "'\nwait\n";
+    run("bash " + (dir / "sig.sh").string());
+    std::ifstream code_in(dir / "sig.code");
+    int code = -1;
+    code_in >> code;
+    std::ifstream log_in(dir / "sig.log");
+    const std::string log((std::istreambuf_iterator<char>(log_in)), {});
+    if (fs::exists(dir / "sig" / "COMPLETE")) GTEST_SKIP() << "the run finished before the signal";
+    EXPECT_EQ(code, 75) << log;
+    EXPECT_NE(log.find("stopped by a signal"), std::string::npos) << log;
+    EXPECT_FALSE(Checkpointer::committed_steps((dir / "sig").string()).empty());
+    // Running the same command again continues and completes.
+    EXPECT_EQ(run(cmd).code, 0);
+    EXPECT_TRUE(fs::exists(dir / "sig" / "COMPLETE"));
+}
+
+TEST_F(Resume, DamagedNewestCheckpointFallsBackAndConfigChangesAreRefused) {
+    const std::string cfg = config("dmg");
+    const std::string cmd = bin("saetrain") + " " + cfg + " --threads 1";
+    ASSERT_EQ(run(cmd + " --set data.epochs=1").code, 0);  // keeps the newest 2 committed
+    fs::remove(dir / "dmg" / "COMPLETE");
+    const auto steps = Checkpointer::committed_steps((dir / "dmg").string());
+    ASSERT_EQ(steps.size(), 2u);
+    // Flip bytes in the middle of the newest weights file: the checksum must catch it.
+    const fs::path newest = dir / "dmg/sae/topk-x4-k6" / fmt::format("checkpoint-{}.h5", steps[0]);
+    {
+        std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(static_cast<std::streamoff>(fs::file_size(newest) / 2));
+        f.write("\x13\x37\x13\x37", 4);
+    }
+    // A changed result-affecting key is refused, naming it.
+    Result r = run(cmd + " --set train.lr=0.01");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("train.lr"), std::string::npos) << r.out;
+    r = run(cmd + " --set data.epochs=1");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("unusable"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(fmt::format("resumed from the checkpoint at step {}", steps[1])),
+              std::string::npos)
+        << r.out;
+}
+
+}  // namespace
