@@ -329,6 +329,7 @@ int run(const Args& args, Communicator& world) {
         checkpoints.save(t, iteration, c.epoch, c.offset, /*wait=*/false);
     };
     opt.stop_requested = [] { return g_stop_signal.load() != 0; };
+    opt.stop_on_nonfinite = cfg.data.nonfinite == "stop";
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGUSR1, on_stop_signal);
     const Fault fault = fault_from_env();
@@ -337,6 +338,11 @@ int run(const Args& args, Communicator& world) {
                     "injected fault at iteration {} (SAETRAIN_FAULT)", iter);
     };
     const LoopResult res = train_loop(trainer, source, opt);
+    if (res.nonfinite_batches > 0 || res.skipped_steps > 0)
+        fmt::print(stderr,
+                   "saetrain: warning: rank {}: skipped {} batch(es) holding NaN/Inf "
+                   "(data.nonfinite: skip) and {} step(s) with a non-finite loss or gradient\n",
+                   world.rank(), res.nonfinite_batches, res.skipped_steps);
     // The last checkpoint: committed before anything else is written.
     const ReaderCursor end_cursor = s.local->cursor();
     checkpoints.save(trainer, res.iterations, end_cursor.epoch, end_cursor.offset, /*wait=*/true);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -234,6 +235,25 @@ TEST_F(Cli, MpiFailureMidRunEndsEveryRank) {
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
     EXPECT_NE(r.out.find("rank 1: injected fault at iteration 5"), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(dir / "run/summary.csv"));
+}
+
+// NaN in the data: skipped and reported by default, a clear stop with data.nonfinite: stop.
+TEST_F(Cli, NonFiniteDataIsSkippedOrStops) {
+    // The last float of a contiguous float32 shard is the last bytes of its file.
+    const fs::path shard = dir / "data" / "shard_00001.h5";
+    {
+        std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(static_cast<std::streamoff>(fs::file_size(shard) - 4));
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        f.write(reinterpret_cast<const char*>(&nan), 4);
+    }
+    Result r = train();
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("skipped 1 batch(es) holding NaN/Inf"), std::string::npos) << r.out;
+    r = train("--overwrite --set data.nonfinite=stop");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("NaN or Inf"), std::string::npos) << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
 }
 
 TEST_F(Cli, InspectDescribesDataAndSae) {

@@ -12,6 +12,7 @@
 
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
+#include "saetrain/error.h"
 #include "saetrain/trainer.h"
 
 using namespace saetrain;
@@ -118,6 +119,31 @@ void check_gradients(Arch arch) {
 }
 
 TEST(Gradients, ReluL1MatchesFiniteDifferences) { check_gradients(Arch::relu); }
+
+// A non-finite loss (here from values so large their squares overflow) leaves the parameters
+// untouched, and max_bad_steps of them in a row stop training with an error.
+TEST(Gradients, NonFiniteStepsAreSkippedThenStop) {
+    SaeConfig cfg;
+    cfg.arch = Arch::topk;
+    cfg.n_latents = 16;
+    cfg.k = 2;
+    cfg.max_bad_steps = 3;
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    SaeTrainer tr(cfg, 4, 10, 0, *be, *self);
+    std::vector<float> ok(8 * 4, 0.5f), huge(8 * 4, 3e38f);
+    tr.init(ok.data(), 8);
+    tr.step(ok.data(), 8);
+    const std::vector<float> before = tr.params_host();
+    EXPECT_TRUE(tr.step(huge.data(), 8).skipped);
+    EXPECT_TRUE(tr.step(huge.data(), 8).skipped);
+    EXPECT_EQ(tr.params_host(), before);
+    EXPECT_EQ(tr.step_count(), 1);
+    EXPECT_FALSE(tr.step(ok.data(), 8).skipped);  // a good step resets the count
+    EXPECT_TRUE(tr.step(huge.data(), 8).skipped);
+    EXPECT_TRUE(tr.step(huge.data(), 8).skipped);
+    EXPECT_THROW(tr.step(huge.data(), 8), Error);
+}
 TEST(Gradients, TopkMatchesFiniteDifferences) { check_gradients(Arch::topk); }
 
 }  // namespace

@@ -31,6 +31,7 @@ struct DataConfig {
                                            // (node-local disk; "$TMPDIR" allowed)
     int64_t read_bytes = 8 << 20;          // size of one sequential read request
     int64_t prefetch_bytes = 32 << 20;     // converted rows buffered ahead of the trainer
+    std::string nonfinite = "skip";        // a batch holding NaN/Inf: skip (and count) | stop
 };
 
 // One point of a sweep: everything that differs between SAEs trained in one run.
@@ -53,6 +54,7 @@ struct SaeConfig {
     double weight_decay = 0.0;       // decoupled (AdamW); applied to weights, not biases
     bool normalize_decoder = true;   // unit-norm decoder rows after every step
     int64_t dead_tokens = 10000000;  // a latent not fired for this many tokens counts as dead
+    int64_t max_bad_steps = 10;      // stop after this many non-finite losses/gradients in a row
 
     int64_t resolved_latents(int64_t d_model) const {
         return n_latents > 0 ? n_latents : expansion * d_model;

@@ -16,8 +16,10 @@ namespace saetrain {
 struct LoopResult {
     MetricsRow last;  // the final interval's metrics
     int64_t steps = 0, tokens = 0;
-    int64_t iterations = 0;  // loop iterations done, counting those before a resume
-    bool stopped = false;    // left early because some rank asked to stop (a signal)
+    int64_t iterations = 0;         // loop iterations done, counting those before a resume
+    bool stopped = false;           // left early because some rank asked to stop (a signal)
+    int64_t nonfinite_batches = 0;  // batches skipped for NaN/Inf in the data (this rank)
+    int64_t skipped_steps = 0;      // steps not applied for a non-finite loss or gradient
     double seconds = 0, tokens_per_s = 0, wait_fraction = 0;
 };
 
@@ -40,6 +42,8 @@ struct LoopOptions {
     // Resuming: iterations already done, and the SAE is already initialized.
     int64_t start_iteration = 0;
     bool initialized = false;
+    // A batch holding NaN or Inf: false skips it (counted), true stops the run with an error.
+    bool stop_on_nonfinite = false;
 };
 
 // Steps until no rank has data left. Logging and checkpoints happen on iterations that are

@@ -34,6 +34,7 @@ struct StepResult {
     double grad_norm = 0;  // before clipping
     double lr = 0;
     bool clipped = false;
+    bool skipped = false;  // the loss or gradient was not finite: no update was applied
 };
 
 class SaeTrainer {
@@ -90,6 +91,7 @@ private:
     Backend& be_;
     Communicator& comm_;
     int64_t step_ = 0, tokens_ = 0;
+    int64_t bad_in_a_row_ = 0;
 
     int64_t n_params_;
     DeviceArray<float> params_, grads_, m_, v_;

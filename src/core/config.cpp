@@ -144,6 +144,7 @@ Field make_field(const char* section, const char* key, Access access,
 const std::vector<std::string> kAny;
 const std::vector<std::string> kArchChoices = {"relu", "topk"};
 const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant"};
+const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
 const std::vector<std::string> kModeChoices = {"sweep", "data_parallel", "hybrid"};
 const std::vector<std::string> kSweepDataChoices = {"shared", "disjoint"};
 const std::vector<std::string> kBackendChoices = {"auto", "cpu", "cuda"};
@@ -174,6 +175,7 @@ const std::vector<Field>& fields() {
         CFG_KEY(data, stage_dir, kAny),
         CFG_KEY(data, read_bytes, kAny),
         CFG_KEY(data, prefetch_bytes, kAny),
+        CFG_KEY(data, nonfinite, kNonfiniteChoices),
         SAE_KEY("sae", arch, kArchChoices),
         SAE_KEY("sae", expansion, kAny),
         SAE_KEY("sae", n_latents, kAny),
@@ -191,6 +193,7 @@ const std::vector<Field>& fields() {
         SAE_KEY("train", weight_decay, kAny),
         SAE_KEY("train", normalize_decoder, kAny),
         SAE_KEY("train", dead_tokens, kAny),
+        SAE_KEY("train", max_bad_steps, kAny),
         CFG_KEY(parallel, mode, kModeChoices),
         CFG_KEY(parallel, sweep_data, kSweepDataChoices),
         CFG_KEY(parallel, replicas, kAny),
@@ -611,6 +614,7 @@ private:
             check(s.eps > 0, "train.eps", "> 0", s.eps);
             check(s.weight_decay >= 0, "train.weight_decay", ">= 0", s.weight_decay);
             check(s.dead_tokens >= 1, "train.dead_tokens", ">= 1", s.dead_tokens);
+            check(s.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", s.max_bad_steps);
         }
     }
 };

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <vector>
+
+#include "saetrain/error.h"
 
 namespace saetrain {
 namespace {
@@ -22,6 +25,18 @@ struct Interval {
         grad_norm += r.grad_norm, lr = r.lr;
     }
 };
+
+bool all_finite(const float* x, int64_t n) {
+    // NaN and Inf are the floats whose exponent bits are all ones. An integer OR-reduction over
+    // the bits vectorizes (a float reduction would not, without -ffast-math).
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        uint32_t b;
+        std::memcpy(&b, x + i, sizeof(b));
+        bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad == 0;
+}
 
 }  // namespace
 
@@ -87,9 +102,19 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         flags[0] = rows > 0 ? 1 : 0;
         if (opt.world) opt.world->allreduce_max(&flags[0], 1);
         if (!flags[0]) break;
-        if (!initialized) trainer.init(batch.data(), rows), initialized = true;
-        const StepResult r = trainer.step(batch.data(), rows);
-        if (r.rows > 0) iv.add(r);
+        int64_t use = rows;
+        if (rows > 0 && !all_finite(batch.data(), rows * d)) {
+            SAE_ENFORCE(!opt.stop_on_nonfinite,
+                        "the batch of iteration {} holds NaN or Inf values (data.nonfinite: stop); "
+                        "inspect the shards with sae-inspect or set data.nonfinite: skip",
+                        iter);
+            ++res.nonfinite_batches;
+            use = 0;  // still joins the step's collectives, with no rows
+        }
+        if (!initialized) trainer.init(batch.data(), use), initialized = true;
+        const StepResult r = trainer.step(batch.data(), use);
+        res.skipped_steps += r.skipped ? 1 : 0;
+        if (r.rows > 0 && !r.skipped) iv.add(r);
         if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) emit();
         if (opt.checkpoint && opt.checkpoint_every > 0 && (iter + 1) % opt.checkpoint_every == 0)
             opt.checkpoint(trainer, iter + 1);

@@ -172,6 +172,19 @@ void SaeTrainer::apply_update(StepResult& r) {
         grad_scale *= static_cast<float>(cfg_.grad_clip / r.grad_norm);
         r.clipped = true;
     }
+    // A non-finite gradient (every replica sees the same all-reduced value, so all decide
+    // alike): apply nothing, count it, and give up after max_bad_steps in a row.
+    if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) {
+        r.skipped = true;
+        ++bad_in_a_row_;
+        SAE_ENFORCE(bad_in_a_row_ < cfg_.max_bad_steps,
+                    "the loss or gradient was not finite for {} steps in a row (at step {}; "
+                    "train.max_bad_steps); lower train.lr or check the data. The last committed "
+                    "checkpoint predates the problem",
+                    bad_in_a_row_, step_);
+        return;
+    }
+    bad_in_a_row_ = 0;
     r.lr = lr_at(cfg_, step_, total_steps_);
     const int64_t t = step_ + 1;
     const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
