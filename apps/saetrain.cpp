@@ -241,6 +241,8 @@ int run(const Args& args, Communicator& world) {
     } catch (const std::exception& e) {
         error = e.what();
     }
+    // Bound every collective from the first one on (the start-up agreement included).
+    set_collective_timeout(setup ? setup->cfg.parallel.timeout_s : ParallelConfig{}.timeout_s);
     if (!agree_on_startup(world, error)) return 1;
     Setup& s = *setup;
     const Config& cfg = s.cfg;

@@ -170,6 +170,45 @@ TEST_F(Resume, SignalStopsAllRanksWithACommittedCheckpoint) {
     EXPECT_TRUE(fs::exists(dir / "sig" / "COMPLETE"));
 }
 
+// A rank that stops answering (SIGSTOP) or dies (SIGKILL) must not leave the others waiting: the
+// watchdog (parallel.timeout_s) or the launcher ends the job. `timeout 120` inside kMpi turns a
+// hang into exit code 124, which fails the test.
+TEST_F(Resume, StoppedOrKilledRankEndsTheJob) {
+    const std::string cfg = config("hang", "parallel: {mode: data_parallel, timeout_s: 3}\n");
+    for (const std::string sig : {"STOP", "KILL"}) {
+        for (const int np : {2, 4}) {
+            std::string mpi = kMpi;
+            mpi.replace(mpi.find("-np 2"), 5, "-np " + std::to_string(np));
+            std::ofstream(dir / "hang.sh")
+                << "( " << mpi << bin("saetrain") << " " << cfg << " --overwrite --threads 1 > "
+                << (dir / "hang.log").string() << " 2>&1; echo $? > "
+                << (dir / "hang.code").string()
+                << " ) &\n"
+                // Signal once training has started (the per-node line is printed after start-up).
+                << "for i in $(seq 100); do grep -q '^node ' " << (dir / "hang.log").string()
+                << " 2>/dev/null && break; sleep 0.1; done\nsleep 0.2\npkill -" << sig
+                << " -n -f -- '^" << bin("saetrain") << " " << cfg << "'\nwait\n";
+            const auto t0 = std::chrono::steady_clock::now();
+            run("bash " + (dir / "hang.sh").string());
+            const double secs =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            std::ifstream code_in(dir / "hang.code");
+            int code = -1;
+            code_in >> code;
+            std::ifstream log_in(dir / "hang.log");
+            const std::string log((std::istreambuf_iterator<char>(log_in)), {});
+            if (fs::exists(dir / "hang" / "COMPLETE")) continue;  // finished before the signal
+            EXPECT_NE(code, 0) << sig << " np " << np << ": " << log;
+            EXPECT_NE(code, 124) << sig << " np " << np << ": the job hung\n" << log;
+            if (sig == "STOP") {
+                EXPECT_NE(log.find("has waited"), std::string::npos) << log;
+            }
+            std::printf("SIG%s to one of %d ranks: job ended after %.1f s (exit %d)\n", sig.c_str(),
+                        np, secs, code);
+        }
+    }
+}
+
 TEST_F(Resume, DamagedNewestCheckpointFallsBackAndConfigChangesAreRefused) {
     const std::string cfg = config("dmg");
     const std::string cmd = bin("saetrain") + " " + cfg + " --threads 1";

@@ -67,6 +67,7 @@ struct ParallelConfig {
     std::string mode = "sweep";         // sweep | data_parallel | hybrid
     std::string sweep_data = "shared";  // shared | disjoint
     int64_t replicas = 1;
+    double timeout_s = 600;  // a collective waiting longer than this ends the job (0: never)
 };
 
 struct LogConfig {

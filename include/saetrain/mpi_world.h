@@ -37,4 +37,9 @@ NodePlacement node_placement();
 
 [[noreturn]] void world_abort(int code);
 
+// Bounds every MPI collective of this process: when one has waited `seconds` for its peers (a
+// rank died, hangs or was stopped), a watchdog thread prints one line naming this rank, its host
+// and the collective, and aborts the job. 0 turns the watchdog off. Set once after start-up.
+void set_collective_timeout(double seconds);
+
 }  // namespace saetrain

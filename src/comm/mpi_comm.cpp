@@ -1,13 +1,67 @@
 // MPI implementation of Communicator (host buffers).
 #include <mpi.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 
 #include "saetrain/error.h"
 #include "saetrain/mpi_world.h"
 
 namespace saetrain {
 namespace {
+
+// --- watchdog --------------------------------------------------------------------------------
+// MPI has no timeout on collectives (ULFM aside), and a peer that hangs or was SIGSTOPped
+// leaves the others blocked forever. Every collective marks its start; a thread checks the mark
+// and ends the job when one has waited too long.
+using Clock = std::chrono::steady_clock;
+std::atomic<int64_t> g_wait_start_ns{0};  // 0: not inside a collective
+std::atomic<const char*> g_wait_what{""};
+std::atomic<double> g_timeout_s{0.0};
+std::atomic<int> g_rank{-1};
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+        .count();
+}
+
+void watchdog_loop() {
+    for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        const double timeout = g_timeout_s.load();
+        const int64_t start = g_wait_start_ns.load();
+        if (timeout <= 0 || start == 0) continue;
+        const double waited = static_cast<double>(now_ns() - start) * 1e-9;
+        if (waited < timeout) continue;
+        char host[256] = {0};
+        gethostname(host, sizeof(host) - 1);
+        std::fprintf(stderr,
+                     "saetrain: error: rank %d (%s): %s has waited %.0f s for its peers; a rank "
+                     "died, hangs or was stopped (parallel.timeout_s = %.0f). Aborting the job; "
+                     "rerun the same command to resume from the last checkpoint\n",
+                     g_rank.load(), host, g_wait_what.load(), waited, timeout);
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        std::_Exit(1);
+    }
+}
+
+// Marks one collective for the watchdog.
+class Watch {
+public:
+    explicit Watch(const char* what) {
+        g_wait_what.store(what);
+        g_wait_start_ns.store(now_ns());
+    }
+    ~Watch() { g_wait_start_ns.store(0); }
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+};
 
 class MpiComm final : public Communicator {
 public:
@@ -23,22 +77,30 @@ public:
     std::string name() const override { return "mpi"; }
 
     void allreduce_sum(float* data, int64_t n) override {
+        Watch w("MPI all-reduce");
         SAE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int(n), MPI_FLOAT, MPI_SUM, comm_));
     }
     void allreduce_sum(double* data, int64_t n) override {
+        Watch w("MPI all-reduce");
         SAE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int(n), MPI_DOUBLE, MPI_SUM, comm_));
     }
     void allreduce_max(int64_t* data, int64_t n) override {
+        Watch w("MPI all-reduce (max)");
         SAE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, to_int(n), MPI_INT64_T, MPI_MAX, comm_));
     }
     void allgather(const void* send, void* recv, int64_t bytes) override {
+        Watch w("MPI all-gather");
         SAE_MPI_CHECK(
             MPI_Allgather(send, to_int(bytes), MPI_BYTE, recv, to_int(bytes), MPI_BYTE, comm_));
     }
     void bcast(void* data, int64_t bytes, int root) override {
+        Watch w("MPI broadcast");
         SAE_MPI_CHECK(MPI_Bcast(data, to_int(bytes), MPI_BYTE, root, comm_));
     }
-    void barrier() override { SAE_MPI_CHECK(MPI_Barrier(comm_)); }
+    void barrier() override {
+        Watch w("MPI barrier");
+        SAE_MPI_CHECK(MPI_Barrier(comm_));
+    }
     std::unique_ptr<Communicator> split(int color, int key) override {
         MPI_Comm out;
         SAE_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
@@ -70,6 +132,15 @@ MpiScope::~MpiScope() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
+}
+
+void set_collective_timeout(double seconds) {
+    static std::once_flag started;
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    g_rank.store(rank);
+    g_timeout_s.store(seconds);
+    if (seconds > 0) std::call_once(started, [] { std::thread(watchdog_loop).detach(); });
 }
 
 std::unique_ptr<Communicator> make_mpi_world() {

@@ -197,6 +197,7 @@ const std::vector<Field>& fields() {
         CFG_KEY(parallel, mode, kModeChoices),
         CFG_KEY(parallel, sweep_data, kSweepDataChoices),
         CFG_KEY(parallel, replicas, kAny),
+        CFG_KEY(parallel, timeout_s, kAny),
         make_field(
             "backend", "", [](Config & c, SaeConfig&) -> auto& { return c.backend; },
             kBackendChoices),
@@ -590,6 +591,8 @@ private:
         check(c.data.prefetch_bytes >= 1 << 20, "data.prefetch_bytes", ">= 1048576",
               c.data.prefetch_bytes);
         check(c.parallel.replicas >= 1, "parallel.replicas", ">= 1", c.parallel.replicas);
+        check(c.parallel.timeout_s >= 0, "parallel.timeout_s", ">= 0 (0: no watchdog)",
+              c.parallel.timeout_s);
         check(c.log.every_steps >= 1, "log.every_steps", ">= 1", c.log.every_steps);
         check(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", ">= 1",
               c.checkpoint.every_steps);
