@@ -167,11 +167,22 @@ Setup set_up(const Args& args, int rank, int world, const NodePlacement& place) 
     const fs::path out = s.cfg.run.out_dir;
     s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
     s.complete = !args.overwrite && fs::exists(out / "COMPLETE");
-    if (rank == 0 && !s.resume && !s.complete)
-        SAE_ENFORCE(args.overwrite || !fs::exists(out / "metrics.jsonl"),
-                    "{} already holds a run with no committed checkpoint to resume from; choose "
+    if (rank == 0 && !s.resume && !s.complete && !args.overwrite &&
+        fs::exists(out / "metrics.jsonl")) {
+        // A run that died before its first checkpoint restarts, if it is this same run (its
+        // config.yaml agrees on every key that changes the result); anything else is kept.
+        std::ifstream in(out / "config.yaml");
+        const std::string old((std::istreambuf_iterator<char>(in)), {});
+        const std::vector<std::string> diff =
+            old.empty() ? std::vector<std::string>{"no config.yaml"}
+                        : config_result_differences(old, config_to_yaml(s.cfg));
+        std::string keys;
+        for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
+        SAE_ENFORCE(diff.empty(),
+                    "{} already holds another run with no committed checkpoint ({}); choose "
                     "another run.out_dir or pass --overwrite to replace it",
-                    out.string());
+                    out.string(), keys);
+    }
 
     // Each rank reads its own disjoint, contiguous slice of the global row space.
     const RowRange range = partition_rows(s.data.total_rows, rank, world);
@@ -273,7 +284,7 @@ int run(const Args& args, Communicator& world) {
         total_steps_for(static_cast<int64_t>(stream_rows), cfg.data.batch_size * s.layout.replicas);
 
     if (root) {
-        if (args.overwrite)  // only what saetrain writes; anything else in out_dir stays
+        if (!s.resume)  // a fresh start: only what saetrain writes; anything else stays
             for (const char* f : {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae"})
                 fs::remove_all(out / f);
         fs::create_directories(out);

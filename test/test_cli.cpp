@@ -37,6 +37,13 @@ Result run(const std::string& cmd) {
 
 std::string bin(const std::string& name) { return std::string(SAETRAIN_BIN_DIR) + "/" + name; }
 
+std::vector<std::string> lines_of(const fs::path& p) {
+    std::ifstream in(p);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+}
+
 class Cli : public ::testing::Test {
 protected:
     fs::path dir;
@@ -129,14 +136,19 @@ TEST_F(Cli, FinishedRunsAreKeptAndForeignRunsRefused) {
     EXPECT_EQ(again.code, 0) << again.out;
     EXPECT_NE(again.out.find("nothing to do"), std::string::npos) << again.out;
     EXPECT_EQ(fs::last_write_time(dir / "run/sae/topk-x2-k4/final.h5"), before);
-    // A run with no committed checkpoint (e.g. from another tool): refused, not clobbered.
+    // A run that died before its first checkpoint: another config's run is refused, not
+    // clobbered; the same run starts again.
     fs::remove_all(dir / "run/checkpoints");
     fs::remove(dir / "run/COMPLETE");
-    again = train();
+    again = train("--set train.lr=0.01");
     EXPECT_NE(again.code, 0);
     EXPECT_NE(again.out.find("--overwrite"), std::string::npos) << again.out;
-    EXPECT_EQ(train("--overwrite").code, 0);
+    EXPECT_NE(again.out.find("train.lr"), std::string::npos) << again.out;
+    again = train();
+    EXPECT_EQ(again.code, 0) << again.out;
     EXPECT_TRUE(fs::exists(dir / "run/COMPLETE"));
+    EXPECT_EQ(lines_of(dir / "run/metrics.jsonl").size(), 3u) << "the dead run's log is replaced";
+    EXPECT_EQ(train("--overwrite --set train.lr=0.01").code, 0);
 }
 
 // Each bad input: non-zero exit and one "saetrain: error:" line naming the culprit.
@@ -171,13 +183,6 @@ size_t count(const std::string& hay, const std::string& needle) {
     size_t n = 0;
     for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
     return n;
-}
-
-std::vector<std::string> lines_of(const fs::path& p) {
-    std::ifstream in(p);
-    std::vector<std::string> out;
-    for (std::string l; std::getline(in, l);) out.push_back(l);
-    return out;
 }
 
 TEST_F(Cli, MpiSweepTrainsOneSaePerRank) {
