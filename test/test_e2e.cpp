@@ -10,22 +10,15 @@
 #include "saetrain/loader.h"
 #include "saetrain/synth.h"
 #include "saetrain/train_loop.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace saetrain;
 
 namespace {
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() /
-               ("saetrain_e2e_" + std::to_string(getpid()) + "_" +
-                ::testing::UnitTest::GetInstance()->current_test_info()->name());
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
+struct TempDir : saetrain::testing::TempDir {
+    TempDir() : saetrain::testing::TempDir("saetrain_e2e") {}
 };
 
 TEST(EndToEnd, TopkRecoversPlantedFeatures) {

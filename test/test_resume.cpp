@@ -19,26 +19,15 @@
 
 #include "saetrain/checkpoint.h"
 #include "saetrain/checkpointer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace saetrain;
 
 namespace {
 
-struct Result {
-    int code;
-    std::string out;
-};
-
-Result run(const std::string& cmd) {
-    std::array<char, 4096> buf{};
-    std::string out;
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    if (!p) return {-1, "popen failed"};
-    while (fgets(buf.data(), static_cast<int>(buf.size()), p)) out += buf.data();
-    const int status = pclose(p);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using Result = saetrain::testing::CommandResult;
+Result run(const std::string& cmd) { return saetrain::testing::run_command(cmd); }
 
 std::string bin(const std::string& name) { return std::string(SAETRAIN_BIN_DIR) + "/" + name; }
 

@@ -13,26 +13,15 @@
 #include "saetrain/error.h"
 #include "saetrain/shards.h"
 #include "saetrain/synth.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace saetrain;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        std::random_device rd;
-        path = fs::temp_directory_path() /
-               ("saetrain_test_shards_" + std::to_string(rd()) + std::to_string(rd()));
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string operator/(const std::string& name) const { return (path / name).string(); }
+struct TempDir : saetrain::testing::TempDir {
+    TempDir() : saetrain::testing::TempDir("saetrain_test_shards") {}
 };
 
 float f_of(uint32_t u) {
