@@ -76,7 +76,7 @@ ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info) {
     const H5D_layout_t lay = H5Pget_layout(dcpl.get());
     if (lay == H5D_CONTIGUOUS) {
         const haddr_t a = H5Dget_offset(d.get());
-        if (a == HADDR_UNDEF) {
+        if (a == HADDR_UNDEF || a == 0) {  // address 0 is the superblock, never data
             out.why = "storage not allocated";
             return out;
         }
@@ -98,9 +98,18 @@ ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info) {
             unsigned mask = 0;
             haddr_t a = HADDR_UNDEF;
             hsize_t size = 0;
+            // H5Dget_chunk_info_by_coord and H5Dread can disagree on a damaged chunk index
+            // (found by fuzzing: a record listed by the first is not found by the lookup the
+            // second uses, which then returns fill values; or a record at address 0, the
+            // superblock). So the chunk must also be found, at its full size, by the lookup
+            // behind H5Dread (H5Dget_chunk_storage_size); else H5Dread is used, and the raw
+            // path never delivers other bytes than it would.
+            hsize_t looked_up = 0;
             if (H5Dget_chunk_info_by_coord(d.get(), coord, &mask, &a, &size) < 0 ||
-                a == HADDR_UNDEF) {
-                out.why = "a chunk is not allocated";
+                a == HADDR_UNDEF || a == 0 ||
+                H5Dget_chunk_storage_size(d.get(), coord, &looked_up) < 0 ||
+                looked_up != static_cast<hsize_t>(cr * row_bytes)) {
+                out.why = "a chunk is not allocated or the chunk index is inconsistent";
                 out.extents.clear();
                 return out;
             }

@@ -209,6 +209,19 @@ ShardMeta inspect_shard(const std::string& path, const std::string& name) {
     SAE_ENFORCE(dims.size() == 2,
                 "shard {}: dataset '{}' has {} dimensions; expected 2, [rows, d_model]", path, name,
                 dims.size());
+    {
+        // A shape beyond the dataset's maximum shape is a damaged header (HDF5 1.14 refuses to
+        // open it; 1.10 does not, and then reads such a dataset inconsistently: found by
+        // fuzzing, docs/fuzzing.md).
+        h5::Space s(SAE_H5_CHECK(H5Dget_space(d.get())));
+        hsize_t cur[2] = {0, 0}, max[2] = {0, 0};
+        SAE_H5_CHECK(H5Sget_simple_extent_dims(s.get(), cur, max));
+        for (int i = 0; i < 2; ++i)
+            SAE_ENFORCE(max[i] == H5S_UNLIMITED || cur[i] <= max[i],
+                        "shard {}: dataset '{}' is [{}, {}] but its maximum shape is [{}, {}]; "
+                        "the file's header is damaged, re-write or re-copy it",
+                        path, name, cur[0], cur[1], max[0], max[1]);
+    }
     ShardMeta m;
     m.rows = static_cast<int64_t>(dims[0]);
     m.d_model = static_cast<int64_t>(dims[1]);
