@@ -1,6 +1,7 @@
 // h5.cpp — RAII helpers around the HDF5 C API (see h5.h).
 #include "h5.h"
 
+#include <algorithm>
 #include <mutex>
 
 namespace saetrain::h5 {
@@ -121,12 +122,22 @@ std::vector<float> read_f32(hid_t loc, const std::string& name, const std::strin
     hsize_t n = 1;
     bool overflow = false;
     for (hsize_t x : *dims) overflow = overflow || __builtin_mul_overflow(n, x, &n);
-    const hsize_t elem = H5Tget_size(t.get());
+    const hsize_t elem = H5Tget_size(t.get());  // 0 when the stored type is unreadable
+    SAE_ENFORCE(elem > 0,
+                "file {}: dataset '{}' has an unreadable element type; the file is damaged", path,
+                name);
     hsize_t want = 0;
     overflow = overflow || __builtin_mul_overflow(n, elem, &want);
     Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(d.get())));
     const hsize_t ratio = H5Pget_nfilters(dcpl.get()) > 0 ? 1032 : 1;
-    const hsize_t stored = H5Dget_storage_size(d.get());
+    // The storage size comes from the header too (a contiguous layout's size field): the bytes
+    // can be no more than the file holds.
+    hsize_t file_bytes = 0;
+    {
+        File fh(SAE_H5_CHECK(H5Iget_file_id(loc)));
+        SAE_H5_CHECK(H5Fget_filesize(fh.get(), &file_bytes));
+    }
+    const hsize_t stored = std::min<hsize_t>(H5Dget_storage_size(d.get()), file_bytes);
     SAE_ENFORCE(!overflow && want / ratio <= stored,
                 "file {}: dataset '{}' declares {} elements but stores only {} bytes; the file "
                 "is truncated, damaged or was not completely written",
