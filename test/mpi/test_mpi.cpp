@@ -87,6 +87,28 @@ TEST(Mpi, Collectives) {
     EXPECT_GE(top, r);  // key -r: the highest rank of the group is its rank 0
 }
 
+// Large float all-reduces take the node-local shared-memory path (all ranks of the test share
+// a node), across more than one pass of its window: the sums must be exact and identical.
+TEST(Mpi, LargeAllReduceIsExactOnEveryRank) {
+    Communicator& w = *g_world;
+    const int64_t n = (int64_t{1} << 24) + 1000;  // more than one 2^24-float pass
+    const int r = w.rank(), p = w.size();
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1000) * 0.5f + float(r);
+    w.allreduce_sum(x.data(), n);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float want = static_cast<float>(p) * static_cast<float>(i % 1000) * 0.5f +
+                           static_cast<float>(p * (p - 1) / 2);
+        wrong += x[i] != want;
+    }
+    EXPECT_EQ(wrong, 0);
+    const uint64_t h = fnv1a(x.data(), x.size() * 4);
+    std::vector<uint64_t> hs(p);
+    w.allgather(&h, hs.data(), sizeof(h));
+    for (int q = 0; q < p; ++q) EXPECT_EQ(hs[q], hs[0]);
+}
+
 // Shared sweep: every rank gets bitwise-identical batches in the same order, and one epoch of
 // the global stream holds every row of the dataset exactly once.
 TEST(Mpi, SharedStreamIsIdenticalAndExactlyOnce) {
