@@ -45,8 +45,7 @@ void replay(const std::string& target, Entry entry) {
         const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                                       std::istreambuf_iterator<char>());
         try {
-            const Outcome o =
-                entry(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+            const Outcome o = entry(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
             (o == Outcome::accepted ? accepted : rejected)++;
         } catch (const std::exception& e) {
             ADD_FAILURE() << "not a saetrain::Error: " << e.what();
@@ -54,8 +53,8 @@ void replay(const std::string& target, Entry entry) {
             ADD_FAILURE() << "threw something that is not a std::exception";
         }
     }
-    std::printf("%s: %zu inputs, %d accepted, %d rejected with saetrain::Error\n",
-                target.c_str(), files.size(), accepted, rejected);
+    std::printf("%s: %zu inputs, %d accepted, %d rejected with saetrain::Error\n", target.c_str(),
+                files.size(), accepted, rejected);
 }
 
 }  // namespace

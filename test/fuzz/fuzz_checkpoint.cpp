@@ -1,5 +1,6 @@
-// fuzz_checkpoint.cpp — libFuzzer target: bytes -> checkpoint_one (see fuzz_entry.h). A saetrain::Error is a
-// correct rejection; a crash, another exception, a hang or a sanitizer report is a finding.
+// fuzz_checkpoint.cpp — libFuzzer target: bytes -> checkpoint_one (see fuzz_entry.h). A
+// saetrain::Error is a correct rejection; a crash, another exception, a hang or a sanitizer report
+// is a finding.
 #include <cstddef>
 #include <cstdint>
 

@@ -1,5 +1,5 @@
-// fuzz_config.cpp — libFuzzer target: bytes -> config_one (see fuzz_entry.h). A saetrain::Error is a
-// correct rejection; a crash, another exception, a hang or a sanitizer report is a finding.
+// fuzz_config.cpp — libFuzzer target: bytes -> config_one (see fuzz_entry.h). A saetrain::Error is
+// a correct rejection; a crash, another exception, a hang or a sanitizer report is a finding.
 #include <cstddef>
 #include <cstdint>
 
