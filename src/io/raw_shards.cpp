@@ -155,6 +155,7 @@ struct RawRowReader::Impl {
     h5::Dataset dset;
     h5::Space fspace;
     h5::Type mtype;
+    bool zero_fill = false;  // no fill value: H5Dread leaves unstored chunks' bytes untouched
 
     ~Impl() {
         for (int fd : fds)
@@ -208,6 +209,12 @@ struct RawRowReader::Impl {
         SAE_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 12421, 64u << 20, 1.0));
         dset = h5::open_dataset(file.get(), info.dataset, s.path, dapl.get());
         fspace = h5::Space(SAE_H5_CHECK(H5Dget_space(dset.get())));
+        {
+            h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(dset.get())));
+            H5D_fill_value_t fill = H5D_FILL_VALUE_DEFAULT;
+            SAE_H5_CHECK(H5Pfill_value_defined(dcpl.get(), &fill));
+            zero_fill = fill == H5D_FILL_VALUE_UNDEFINED;
+        }
         if (info.dtype == DType::f32) {
             mtype = h5::Type(SAE_H5_CHECK(H5Tcopy(H5T_IEEE_F32LE)));
         } else {
@@ -227,6 +234,9 @@ struct RawRowReader::Impl {
         SAE_H5_CHECK(
             H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
         h5::Space mspace(SAE_H5_CHECK(H5Screate_simple(2, count, nullptr)));
+        // The window buffers are not initialised: without a fill value, rows of unstored chunks
+        // would otherwise be whatever the buffer held (found by fuzzing).
+        if (zero_fill) std::memset(out, 0, static_cast<size_t>(rows * row_bytes));
         if (H5Dread(dset.get(), mtype.get(), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
             std::string why = h5::last_error();
             throw Error(fmt::format(

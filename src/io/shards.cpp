@@ -300,7 +300,10 @@ struct ShardReader::Impl {
     h5::File file;
     h5::Dataset dset;
     h5::Space fspace;
-    h5::Type mem16;             // raw 16-bit element type in native byte order
+    h5::Type mem16;  // raw 16-bit element type in native byte order
+    // The dataset has no fill value: H5Dread then leaves the buffer as it was where no chunk is
+    // stored (found by fuzzing), so such reads start from zeros, never from stale memory.
+    bool zero_fill = false;
     std::vector<uint16_t> raw;  // [rows, d_model] staging for f16/bf16
 
     size_t shard_of(int64_t row) const {
@@ -331,6 +334,12 @@ struct ShardReader::Impl {
                     "shards during a run",
                     s.path);
         fspace = h5::Space(SAE_H5_CHECK(H5Dget_space(dset.get())));
+        {
+            h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(dset.get())));
+            H5D_fill_value_t fill = H5D_FILL_VALUE_DEFAULT;
+            SAE_H5_CHECK(H5Pfill_value_defined(dcpl.get(), &fill));
+            zero_fill = fill == H5D_FILL_VALUE_UNDEFINED;
+        }
         if (info.dtype != DType::f32) {
             // Read the stored 16-bit words without value conversion: same type as the file,
             // only put into the host's byte order.
@@ -352,9 +361,11 @@ struct ShardReader::Impl {
         size_t elems = static_cast<size_t>(n) * static_cast<size_t>(info.d_model);
         herr_t r;
         if (info.dtype == DType::f32) {
+            if (zero_fill) std::memset(out, 0, elems * sizeof(float));
             r = H5Dread(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, out);
         } else {
             raw.resize(elems);
+            if (zero_fill) std::fill(raw.begin(), raw.end(), uint16_t{0});
             r = H5Dread(dset.get(), mem16.get(), mspace.get(), fspace.get(), H5P_DEFAULT,
                         raw.data());
             if (r >= 0 && info.dtype == DType::f16) {

@@ -143,7 +143,9 @@ Outcome shard_read(const std::string& path) {
     const int64_t rows = std::min(info.total_rows, kMaxShardElems / info.d_model);
     if (rows == 0) return Outcome::accepted;
     const int64_t d = info.d_model;
-    std::vector<float> direct(static_cast<size_t>(rows * d));
+    // Not zeros: a reader that leaves part of its output unwritten must not look right.
+    constexpr float kUnwritten = -1234.5f;
+    std::vector<float> direct(static_cast<size_t>(rows * d), kUnwritten);
     try {
         ShardReader reader(info, RowRange{0, rows});
         int64_t done = 0;
@@ -163,7 +165,7 @@ Outcome shard_read(const std::string& path) {
     LoaderOptions opt;
     opt.read_bytes = 4096;
     opt.ring_bytes = 64 << 10;
-    std::vector<float> loaded(static_cast<size_t>(rows * d));
+    std::vector<float> loaded(static_cast<size_t>(rows * d), kUnwritten);
     try {
         ShardBatchSource src(info, RowRange{0, rows}, opt);
         if (src.total_rows() != rows) throw HarnessBug("ShardBatchSource: wrong total_rows");
