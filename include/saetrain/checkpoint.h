@@ -27,9 +27,6 @@ struct SaeMeta {
 
 void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& meta);
 SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta = nullptr);
-// Writes dir/checkpoint-<step>.h5 and deletes all but the newest `keep` checkpoint files there.
-void checkpoint_rotate(const std::string& dir, int64_t step, const SaeWeights& w,
-                       const SaeMeta& meta, int64_t keep);
 // Steps of the checkpoint-<step>.h5 files in dir, ascending.
 std::vector<int64_t> checkpoint_steps(const std::string& dir);
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "atomic_file.h"
 #include "h5.h"
 #include "saetrain/error.h"
 
@@ -17,16 +18,6 @@ namespace fs = std::filesystem;
 namespace saetrain {
 
 namespace {
-
-// Flushes a file or directory to stable storage; rename is only durable once both are.
-void fsync_path(const std::string& path, bool directory) {
-    int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-    SAE_ENFORCE(fd >= 0, "file {}: cannot open for fsync ({})", path, std::strerror(errno));
-    int rc = ::fsync(fd);
-    int err = errno;
-    ::close(fd);
-    SAE_ENFORCE(rc == 0, "file {}: fsync failed ({}); is the disk full?", path, std::strerror(err));
-}
 
 void write_file(const std::string& path, const SaeWeights& w, const SaeMeta& meta) {
     const hsize_t d = static_cast<hsize_t>(w.d_model), n = static_cast<hsize_t>(w.n_latents);
@@ -61,29 +52,7 @@ void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& m
                 path, w.w_enc.size(), w.w_dec.size(), w.b_enc.size(), w.b_dec.size(), d, n);
     auto guard = h5::lock();
     h5::init();
-    fs::path target(path);
-    fs::path dir = target.parent_path();
-    if (!dir.empty()) {
-        std::error_code ec;
-        fs::create_directories(dir, ec);
-        SAE_ENFORCE(!ec, "checkpoint {}: cannot create directory {} ({})", path, dir.string(),
-                    ec.message());
-    }
-    // Temp file in the same directory, so the rename is atomic (same file system).
-    std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
-    try {
-        write_file(tmp, w, meta);
-        fsync_path(tmp, false);
-        std::error_code ec;
-        fs::rename(tmp, target, ec);
-        SAE_ENFORCE(!ec, "checkpoint {}: cannot rename {} into place ({})", path, tmp,
-                    ec.message());
-        fsync_path(dir.empty() ? "." : dir.string(), true);
-    } catch (...) {
-        std::error_code ignored;
-        fs::remove(tmp, ignored);
-        throw;
-    }
+    atomic_write(path, [&](const std::string& tmp) { write_file(tmp, w, meta); });
 }
 
 bool sae_is_checkpoint(const std::string& path) {
@@ -158,14 +127,6 @@ std::vector<int64_t> checkpoint_steps(const std::string& dir) {
     }
     std::sort(steps.begin(), steps.end());
     return steps;
-}
-
-void checkpoint_rotate(const std::string& dir, int64_t step, const SaeWeights& w,
-                       const SaeMeta& meta, int64_t keep) {
-    sae_write_h5((fs::path(dir) / fmt::format("checkpoint-{}.h5", step)).string(), w, meta);
-    const std::vector<int64_t> steps = checkpoint_steps(dir);
-    for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep, 1)) < steps.size(); ++i)
-        fs::remove(fs::path(dir) / fmt::format("checkpoint-{}.h5", steps[i]));
 }
 
 }  // namespace saetrain

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "atomic_file.h"
 #include "h5.h"
 #include "saetrain/error.h"
 
@@ -27,15 +28,6 @@ uint64_t mix(const std::vector<T>& v, uint64_t h) {
     const uint64_t n = v.size();
     h = fnv1a(&n, sizeof(n), h);
     return fnv1a(v.data(), v.size() * sizeof(T), h);
-}
-
-void fsync_or_throw(const std::string& path, bool directory) {
-    const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-    SAE_ENFORCE(fd >= 0, "file {}: cannot open for fsync ({})", path, std::strerror(errno));
-    const int rc = ::fsync(fd);
-    const int err = errno;
-    ::close(fd);
-    SAE_ENFORCE(rc == 0, "file {}: fsync failed ({}); is the disk full?", path, std::strerror(err));
 }
 
 void write_i64(hid_t loc, const std::string& name, const std::vector<int64_t>& v) {
@@ -88,32 +80,19 @@ std::string checkpoint_state_path(const std::string& sae_dir, int64_t step) {
 void train_state_write(const std::string& path, const SaeWeights& w, const TrainState& s) {
     auto guard = h5::lock();
     h5::init();
-    const fs::path target(path);
-    const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-    fs::create_directories(dir);
-    const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
-    try {
-        {
-            h5::File f = h5::create_file(tmp);
-            h5::write_f32(f.get(), "adam_m", s.adam_m.data(), {s.adam_m.size()});
-            h5::write_f32(f.get(), "adam_v", s.adam_v.data(), {s.adam_v.size()});
-            write_i64(f.get(), "since_fired", s.since_fired);
-            write_i64(f.get(), "data_cursors", s.cursors);
-            h5::write_attr_int64(f.get(), "step", s.step);
-            h5::write_attr_int64(f.get(), "tokens", s.tokens);
-            h5::write_attr_int64(f.get(), "iteration", s.iteration);
-            h5::write_attr_string(f.get(), "checksum",
-                                  fmt::format("{:016x}", train_state_checksum(w, s)));
-            SAE_ENFORCE(f.close() >= 0, "file {}: closing failed; is the disk full?", tmp);
-        }
-        fsync_or_throw(tmp, false);
-        fs::rename(tmp, target);
-        fsync_or_throw(dir.string(), true);
-    } catch (...) {
-        std::error_code ignored;
-        fs::remove(tmp, ignored);
-        throw;
-    }
+    atomic_write(path, [&](const std::string& tmp) {
+        h5::File f = h5::create_file(tmp);
+        h5::write_f32(f.get(), "adam_m", s.adam_m.data(), {s.adam_m.size()});
+        h5::write_f32(f.get(), "adam_v", s.adam_v.data(), {s.adam_v.size()});
+        write_i64(f.get(), "since_fired", s.since_fired);
+        write_i64(f.get(), "data_cursors", s.cursors);
+        h5::write_attr_int64(f.get(), "step", s.step);
+        h5::write_attr_int64(f.get(), "tokens", s.tokens);
+        h5::write_attr_int64(f.get(), "iteration", s.iteration);
+        h5::write_attr_string(f.get(), "checksum",
+                              fmt::format("{:016x}", train_state_checksum(w, s)));
+        SAE_ENFORCE(f.close() >= 0, "file {}: closing failed; is the disk full?", tmp);
+    });
 }
 
 TrainState train_state_read(const std::string& path, const SaeWeights& w) {
