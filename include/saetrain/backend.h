@@ -33,6 +33,9 @@ public:
     virtual void download(void* dst, const void* src, int64_t bytes) = 0;
     virtual void fill(float* x, int64_t n, float value) = 0;
     virtual void synchronize() = 0;
+    // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer
+    // may place parameters in memory shared with other ranks of the node.
+    virtual bool host_memory() const { return false; }
 
     // --- dense algebra -----------------------------------------------------------------
     // C[m,n] = alpha * op(A) * op(B) + beta * C, row-major, op(A) is [m,k], op(B) is [k,n].

@@ -79,6 +79,7 @@ public:
         openblas_set_num_threads(threads_);
     }
     std::string name() const override { return fmt::format("cpu ({} threads)", threads_); }
+    bool host_memory() const override { return true; }
 
     void* alloc_bytes(int64_t bytes) override {
         // 64-byte alignment for vector loads; round the size up as aligned_alloc requires.
