@@ -8,7 +8,6 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <map>
 #include <string>
 
 #include "saetrain/error.h"      // defines: saetrain::Error
@@ -26,12 +25,12 @@ std::string si(double v) {  // 1234567 -> "1.23M"
 }
 
 void print_presets() {
-    fmt::print("{:<14} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n", "gpu", "bf16", "tf32", "fp32",
+    fmt::print("{:<16} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n", "gpu", "bf16", "tf32", "fp32",
                "HBM", "PCIe", "NIC");
-    fmt::print("{:<14} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n", "", "TFLOP/s", "TFLOP/s",
+    fmt::print("{:<16} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n", "", "TFLOP/s", "TFLOP/s",
                "TFLOP/s", "GB/s", "GB/s", "GB/s");
     for (const GpuPeak& g : gpu_peak_table())
-        fmt::print("{:<14} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.0f} {:>9.0f} {:>9.2f}  {}\n", g.name,
+        fmt::print("{:<16} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.0f} {:>9.0f} {:>9.2f}  {}\n", g.name,
                    g.bf16_tflops, g.tf32_tflops, g.fp32_tflops, g.hbm_gbps, g.pcie_gbps, g.nic_gbps,
                    g.source);
 }
@@ -55,7 +54,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--mode", mode, "sweep | sweep_disjoint | data_parallel")->capture_default_str();
     app.add_option("--ranks", in.ranks, "GPUs (one rank each)")->capture_default_str();
-    app.add_option("--gpu", gpu, "preset: A100, H100, H200, L40S, \"RTX 6000 Ada\", T4")
+    app.add_option("--gpu", gpu,
+                   "preset or device name: A100, \"H100 PCIe\", H100, H200, L40S, \"RTX 6000 "
+                   "Ada\", T4 (--list-gpus)")
         ->capture_default_str();
     app.add_option("--math", math, "GEMM precision for the preset peak: bf16 | tf32 | fp32")
         ->capture_default_str();
@@ -79,10 +80,9 @@ int main(int argc, char** argv) {
         }
         const GpuPeak* g = find_gpu_peak(gpu);
         SAE_ENFORCE(g != nullptr, "unknown --gpu '{}'; run --list-gpus for the presets", gpu);
-        const std::map<std::string, MathMode> maths = {
-            {"bf16", MathMode::bf16}, {"tf32", MathMode::tf32}, {"fp32", MathMode::fp32}};
-        SAE_ENFORCE(maths.count(math), "--math must be bf16, tf32 or fp32, not '{}'", math);
-        in.tflops = tflops > 0 ? tflops : peak_flops(*g, maths.at(math)) / 1e12;
+        SAE_ENFORCE(math == "bf16" || math == "tf32" || math == "fp32",
+                    "--math must be bf16, tf32 or fp32, not '{}'", math);
+        in.tflops = tflops > 0 ? tflops : peak_flops(*g, math_mode_parse(math)) / 1e12;
         in.hbm_gbps = hbm > 0 ? hbm : g->hbm_gbps;
         in.pcie_gbps = pcie > 0 ? pcie : g->pcie_gbps;
         in.nic_gbps = nic > 0 ? nic : g->nic_gbps;

@@ -1,5 +1,10 @@
-// The paper performance model on hand-computed cases: FLOPs, bytes, each term and the bound.
+// The paper performance model on hand-computed cases: FLOPs, bytes, each term and the bound;
+// the peak table MFU is measured against and its lookup by device name.
 #include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
@@ -96,17 +101,75 @@ TEST(PerfModel, SharedSweepSplitsTheReadsAndAllGathers) {
 }
 
 TEST(PerfModel, PeakTableAndLookup) {
-    ASSERT_EQ(gpu_peak_table().size(), 6u);
+    ASSERT_EQ(gpu_peak_table().size(), 12u);
     const GpuPeak* h100 = find_gpu_peak("NVIDIA H100 80GB HBM3");
     ASSERT_NE(h100, nullptr);
-    EXPECT_STREQ(h100->name, "H100");
+    EXPECT_STREQ(h100->name, "H100 SXM");
     EXPECT_DOUBLE_EQ(peak_flops(*h100, MathMode::bf16), 989.4e12);
     EXPECT_DOUBLE_EQ(peak_flops(*h100, MathMode::tf32), 494.7e12);
+    EXPECT_DOUBLE_EQ(peak_flops(*h100, MathMode::fp32), 66.9e12);
     const GpuPeak* t4 = find_gpu_peak("Tesla T4");
     ASSERT_NE(t4, nullptr);
     EXPECT_DOUBLE_EQ(peak_flops(*t4, MathMode::tf32), 8.1e12);  // no TF32: CUDA-core fp32
-    EXPECT_NE(find_gpu_peak("NVIDIA RTX 6000 Ada Generation"), nullptr);
     EXPECT_EQ(find_gpu_peak("Radeon"), nullptr);
+}
+
+// Device names as the CUDA driver reports them (cudaDeviceProp::name), and the preset names
+// sae-perfmodel --gpu takes, each to the row with its own figures.
+TEST(PerfModel, PeakLookupByDeviceName) {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"NVIDIA A100-SXM4-40GB", "A100 SXM 40GB"},
+        {"NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"},
+        {"NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB"},
+        {"NVIDIA A100 80GB PCIe", "A100 PCIe 80GB"},
+        {"A100", "A100 SXM 80GB"},
+        {"NVIDIA H100 80GB HBM3", "H100 SXM"},
+        {"NVIDIA H100 PCIe", "H100 PCIe"},
+        {"NVIDIA H100 NVL", "H100 NVL"},
+        {"H100", "H100 SXM"},
+        {"NVIDIA H200", "H200 SXM"},
+        {"NVIDIA H200 NVL", "H200 NVL"},
+        {"NVIDIA L40S", "L40S"},
+        {"NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"},
+        {"Tesla T4", "T4"},
+    };
+    for (const auto& [device, row] : cases) {
+        const GpuPeak* g = find_gpu_peak(device);
+        ASSERT_NE(g, nullptr) << device;
+        EXPECT_EQ(std::string(g->name), row) << device;
+    }
+    // Whole words only: other GPUs whose names contain a listed one are not mistaken for it.
+    for (const char* other : {"NVIDIA GH200 480GB", "NVIDIA L40", "Quadro RTX 6000",
+                              "NVIDIA GeForce RTX 4090", "NVIDIA H800", ""})
+        EXPECT_EQ(find_gpu_peak(other), nullptr) << other;
+    // Variants differ where their datasheets do.
+    EXPECT_DOUBLE_EQ(find_gpu_peak("NVIDIA H100 PCIe")->bf16_tflops, 756.5);
+    EXPECT_DOUBLE_EQ(find_gpu_peak("NVIDIA A100-SXM4-40GB")->hbm_gbps, 1555);
+    EXPECT_DOUBLE_EQ(find_gpu_peak("NVIDIA A100-SXM4-80GB")->hbm_gbps, 2039);
+}
+
+TEST(PerfModel, MfuPeakFromTableOrOverride) {
+    // The table, in the precision the GEMMs run in.
+    MfuPeak p = mfu_peak(0, "NVIDIA H100 80GB HBM3", MathMode::fp32);
+    EXPECT_DOUBLE_EQ(p.flops, 66.9e12);
+    EXPECT_EQ(p.source, "H100 SXM fp32 (table)");
+    EXPECT_DOUBLE_EQ(mfu_peak(0, "NVIDIA A100-SXM4-80GB", MathMode::tf32).flops, 156e12);
+    // The override wins over the table, and gives the CPU backend a peak.
+    p = mfu_peak(312, "NVIDIA H100 80GB HBM3", MathMode::fp32);
+    EXPECT_DOUBLE_EQ(p.flops, 312e12);
+    EXPECT_EQ(p.source, "log.peak_tflops");
+    EXPECT_DOUBLE_EQ(mfu_peak(0.5, "", MathMode::fp32).flops, 0.5e12);
+    // Neither: no peak, and the reason names the key that would give one.
+    p = mfu_peak(0, "", MathMode::fp32);
+    EXPECT_EQ(p.flops, 0);
+    EXPECT_NE(p.source.find("log.peak_tflops"), std::string::npos) << p.source;
+    p = mfu_peak(0, "NVIDIA GH200 480GB", MathMode::bf16);
+    EXPECT_EQ(p.flops, 0);
+    EXPECT_NE(p.source.find("GH200"), std::string::npos) << p.source;
+    EXPECT_THROW(mfu_peak(-1, "", MathMode::fp32), Error);
+    EXPECT_EQ(math_mode_parse("tf32"), MathMode::tf32);
+    EXPECT_STREQ(math_mode_name(MathMode::bf16), "bf16");
+    EXPECT_THROW(math_mode_parse("fp16"), Error);
 }
 
 TEST(PerfModel, RejectsNonsense) {

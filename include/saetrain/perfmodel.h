@@ -26,7 +26,8 @@ namespace saetrain {
 
 // --- peak table (dense, no 2:4 sparsity), for MFU and the model's presets -------------------
 struct GpuPeak {
-    const char* name;    // short name matched against the device name ("H100")
+    const char* name;    // preset name ("H100 SXM"); also what --gpu matches
+    const char* match;   // words that must all occur in a device name, most specific rows first
     double bf16_tflops;  // tensor cores, 16-bit inputs, fp32 accumulate
     double tf32_tflops;  // tensor cores, TF32 (0: no TF32 on this GPU)
     double fp32_tflops;  // CUDA cores, plain fp32
@@ -36,14 +37,29 @@ struct GpuPeak {
     const char* source;  // where the figures come from
 };
 
-// A100 SXM 80GB, H100 SXM, H200 SXM, L40S, RTX 6000 Ada, T4.
+// A100 (SXM 40/80 GB, PCIe 40/80 GB), H100 (SXM, PCIe, NVL), H200 (SXM, NVL), L40S,
+// RTX 6000 Ada, T4.
 const std::vector<GpuPeak>& gpu_peak_table();
-// The entry whose name occurs in `device_name` (case-insensitive; "NVIDIA H100 80GB HBM3"
-// finds H100), or nullptr.
+// The first entry whose `match` words all occur among the words of `device_name` (split at
+// anything not a letter or digit, case-insensitive): "NVIDIA H100 80GB HBM3" and "H100" find
+// H100 SXM, "NVIDIA H100 PCIe" finds H100 PCIe, "NVIDIA A100-SXM4-40GB" finds A100 SXM 40GB.
+// nullptr when nothing matches ("NVIDIA GH200 480GB", "NVIDIA L40": not in the table).
 const GpuPeak* find_gpu_peak(const std::string& device_name);
 // Peak FLOP/s for fp32 GEMMs with or without TF32, or bf16: what MFU divides by.
 enum class MathMode { fp32, tf32, bf16 };
 double peak_flops(const GpuPeak& gpu, MathMode mode);
+// "fp32" | "tf32" | "bf16"; throws Error naming the value otherwise.
+MathMode math_mode_parse(const std::string& name);
+const char* math_mode_name(MathMode mode);
+
+// What MFU is measured against on one device: the config's log.peak_tflops when > 0, else
+// the table's peak for the device and the precision its GEMMs run in. flops = 0 when neither
+// is known (the CPU backend, a GPU missing from the table): then no MFU is reported.
+struct MfuPeak {
+    double flops = 0;    // FLOP/s of one device
+    std::string source;  // "log.peak_tflops", "H100 SXM fp32 (table)", or why there is none
+};
+MfuPeak mfu_peak(double override_tflops, const std::string& device_name, MathMode math);
 
 // --- the model -----------------------------------------------------------------------------
 enum class SaeKind { dense, topk };  // dense: ReLU/JumpReLU; topk: TopK/BatchTopK, sparse kernels
@@ -88,6 +104,9 @@ struct PerfPrediction {
 };
 
 int64_t sae_params(int64_t d_model, int64_t n_latents);
+// Model FLOPs of one training token (forward and backward): 10*d*n dense, 2*d*n + 8*k*d TopK
+// with sparse kernels. The one formula behind the predictions and the TFLOP/s and MFU a run
+// reports.
 double sae_flops_per_token(SaeKind kind, int64_t d_model, int64_t n_latents, int64_t k);
 PerfPrediction predict(const PerfInputs& in);
 
