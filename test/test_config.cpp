@@ -67,6 +67,7 @@ void expect_same(const Config& a, const Config& b) {
     EXPECT_EQ(a.parallel.replicas, b.parallel.replicas);
     EXPECT_EQ(a.backend, b.backend);
     EXPECT_EQ(a.log.every_steps, b.log.every_steps);
+    EXPECT_EQ(a.log.peak_tflops, b.log.peak_tflops);
     EXPECT_EQ(a.checkpoint.every_steps, b.checkpoint.every_steps);
     EXPECT_EQ(a.checkpoint.keep, b.checkpoint.keep);
     expect_same(a.sae, b.sae);
@@ -92,6 +93,20 @@ TEST(Config, MissingSectionsTakeStructDefaults) {
     EXPECT_EQ(c.backend, "auto");
     EXPECT_EQ(c.parallel.mode, "sweep");
     EXPECT_EQ(c.checkpoint.keep, 3);
+    EXPECT_EQ(c.log.peak_tflops, 0.0);  // 0: the peak table by GPU name
+}
+
+// log.peak_tflops: the per-device peak MFU is reported against, for a GPU missing from the
+// table or for the CPU backend (which has none).
+TEST(Config, PeakTflopsOverride) {
+    const Config c = config_parse("data: {path: d}\nlog: {peak_tflops: 312}\n");
+    EXPECT_DOUBLE_EQ(c.log.peak_tflops, 312.0);
+    EXPECT_DOUBLE_EQ(config_parse("data: {path: d}\n", {"log.peak_tflops=0.25"}).log.peak_tflops,
+                     0.25);
+    EXPECT_HAS(config_to_yaml(c), "peak_tflops: 312.0");
+    const std::string m = parse_error("data: {path: d}\nlog: {peak_tflops: fast}\n");
+    EXPECT_HAS(m, "log.peak_tflops");
+    EXPECT_HAS(m, "a number");
 }
 
 TEST(Config, EmptySectionsTakeDefaults) {
@@ -285,6 +300,7 @@ TEST(ConfigErrors, BadValuesNameKeyAndReason) {
         {"checkpoint: {keep: 0}\n", "checkpoint.keep", ">= 1"},
         {"checkpoint: {every_steps: 0}\n", "checkpoint.every_steps", ">= 1"},
         {"log: {every_steps: 0}\n", "log.every_steps", ">= 1"},
+        {"log: {peak_tflops: -1}\n", "log.peak_tflops", ">= 0"},
         {"parallel: {replicas: 0}\n", "parallel.replicas", ">= 1"},
         {"run: {out_dir: ''}\n", "run.out_dir", "empty"},
     };
@@ -536,9 +552,9 @@ checkpoint: {keep: 5}
     const Config b = config_parse(yaml);
     expect_same(a, b);
     // Every key is written out, defaults included.
-    for (const char* key :
-         {"out_dir:", "seed:", "shuffle_buffer_rows:", "n_latents:", "lr_min_ratio:",
-          "weight_decay:", "dead_tokens:", "sweep_data:", "backend:", "every_steps:", "keep:"})
+    for (const char* key : {"out_dir:", "seed:", "shuffle_buffer_rows:", "n_latents:",
+                            "lr_min_ratio:", "weight_decay:", "dead_tokens:", "sweep_data:",
+                            "backend:", "every_steps:", "keep:", "peak_tflops:"})
         EXPECT_HAS(yaml, key);
     // And its own output is a fixed point.
     EXPECT_EQ(config_to_yaml(b), yaml);

@@ -72,6 +72,10 @@ struct ParallelConfig {
 
 struct LogConfig {
     int64_t every_steps = 50;
+    // Peak TFLOP/s of one device that MFU is reported against, for the precision its GEMMs
+    // run in. 0: the built-in table (perfmodel.h) by the GPU's name; none on the CPU backend,
+    // so no MFU there unless this is set.
+    double peak_tflops = 0;
 };
 
 struct CheckpointConfig {

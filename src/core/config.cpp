@@ -202,6 +202,7 @@ const std::vector<Field>& fields() {
             "backend", "", [](Config & c, SaeConfig&) -> auto& { return c.backend; },
             kBackendChoices),
         CFG_KEY(log, every_steps, kAny),
+        CFG_KEY(log, peak_tflops, kAny),
         CFG_KEY(checkpoint, every_steps, kAny),
         CFG_KEY(checkpoint, keep, kAny),
     };
@@ -594,6 +595,8 @@ private:
         check(c.parallel.timeout_s >= 0, "parallel.timeout_s", ">= 0 (0: no watchdog)",
               c.parallel.timeout_s);
         check(c.log.every_steps >= 1, "log.every_steps", ">= 1", c.log.every_steps);
+        check(c.log.peak_tflops >= 0, "log.peak_tflops",
+              ">= 0 (TFLOP/s of one device; 0: the peak table by GPU name)", c.log.peak_tflops);
         check(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", ">= 1",
               c.checkpoint.every_steps);
         check(c.checkpoint.keep >= 1, "checkpoint.keep", ">= 1", c.checkpoint.keep);
