@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "saetrain/batch_source.h"
+#include "saetrain/host_alloc.h"
 #include "saetrain/shards.h"
 
 namespace saetrain {
@@ -38,6 +39,10 @@ struct LoaderOptions {
     // a file of the same size is already there.
     std::string stage_dir;
     bool progress = false;  // staging progress on stderr
+    // Where the window buffers and the output ring come from; empty: host_allocator_default().
+    // The CUDA backend passes pinned memory (cuda_pinned.h). Called on the constructing thread
+    // only; buffers are kept across restore() and freed by the destructor.
+    HostAllocator allocator;
 };
 
 // Position in the stream: `offset` rows of epoch `epoch` have been delivered. With
@@ -65,6 +70,10 @@ public:
     int64_t window_chunks() const { return window_chunks_; }
     int64_t n_chunks() const { return n_chunks_; }
     int64_t n_windows() const { return (n_chunks_ + window_chunks_ - 1) / window_chunks_; }
+    // Most rows any window of any epoch holds (what a window buffer must fit): a shuffled window
+    // takes one chunk per stratum, and there are ceil(n_chunks / n_windows) strata, which can be
+    // fewer than window_chunks.
+    int64_t window_capacity() const;
     bool shuffled() const { return shuffle_; }
     int64_t chunk_size(int64_t c) const;  // rows of chunk c (the last one may be short)
 
@@ -88,6 +97,8 @@ public:
     std::vector<int64_t> epoch_order(int64_t e) const;
 
 private:
+    int64_t strata_count() const;  // strata of the range (chunks per window, at most)
+
     int64_t rows_, chunk_rows_, window_chunks_, n_chunks_;
     bool shuffle_;
     uint64_t seed_;

@@ -7,8 +7,11 @@
 //                    a ring of output blocks, and gives the window buffer back.
 //   next()         : copies rows out of ready blocks (the one copy the trainer sees); the time
 //                    it blocks on an empty ring is wait_seconds().
-// Memory: two windows of stored bytes, the output ring, one permutation; all allocated once.
+// Memory: two windows of stored bytes, the output ring, one permutation; all allocated once
+// (from LoaderOptions::allocator) and kept across restore().
 #include "saetrain/loader.h"
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +23,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "raw_shards.h"
 #include "saetrain/error.h"
@@ -71,29 +75,62 @@ private:
     bool closed_ = false;
 };
 
-// A large buffer, left uninitialised: zero-filling a window of hundreds of MB costs more than
-// reading it from the page cache (a third of a warm pass, measured with perf).
+// A large buffer from the options' allocator, left uninitialised: zero-filling a window of
+// hundreds of MB costs more than reading it from the page cache (a third of a warm pass,
+// measured with perf).
 class BigBuffer {
 public:
-    void allocate(size_t bytes) {
-        constexpr size_t page = 4096;
-        bytes_ = (bytes + page - 1) / page * page;
-        p_.reset(static_cast<char*>(std::aligned_alloc(page, bytes_)));
-        SAE_ENFORCE(p_ != nullptr,
-                    "reader: cannot allocate {} MB of buffers; lower "
-                    "data.shuffle_buffer_rows",
-                    bytes_ >> 20);
+    BigBuffer() = default;
+    BigBuffer(const BigBuffer&) = delete;
+    BigBuffer& operator=(const BigBuffer&) = delete;
+    BigBuffer(BigBuffer&& o) noexcept { *this = std::move(o); }
+    BigBuffer& operator=(BigBuffer&& o) noexcept {
+        if (this != &o) {
+            release();
+            p_ = o.p_, bytes_ = o.bytes_, a_ = std::move(o.a_);
+            o.p_ = nullptr, o.bytes_ = 0;
+        }
+        return *this;
     }
-    char* data() const { return p_.get(); }
+    ~BigBuffer() { release(); }
+
+    // Keeps the current memory when it already has exactly `bytes` (a restore).
+    void allocate(size_t bytes, const HostAllocator& a) {
+        constexpr size_t page = 4096;
+        bytes = (bytes + page - 1) / page * page;
+        if (p_ != nullptr && bytes == bytes_) return;
+        release();
+        a_ = a;
+        p_ = static_cast<char*>(a_.alloc(bytes));
+        SAE_ENFORCE(p_ != nullptr,
+                    "reader: the {} allocator cannot provide {} MB of buffers; lower "
+                    "data.shuffle_buffer_rows",
+                    a_.name, bytes >> 20);
+        bytes_ = bytes;
+    }
+    char* data() const { return p_; }
     size_t bytes() const { return bytes_; }
 
 private:
-    struct Free {
-        void operator()(char* p) const { std::free(p); }
-    };
-    std::unique_ptr<char, Free> p_;
+    void release() {
+        if (p_ != nullptr) a_.free(p_, bytes_);
+        p_ = nullptr, bytes_ = 0;
+    }
+    char* p_ = nullptr;
     size_t bytes_ = 0;
+    HostAllocator a_;
 };
+
+// Maps every page of [p, p + bytes) now, so that later writes (the reader's pread) take no page
+// faults: on the development VM first-touch faults cost about 1 s per GB, as much as the disk
+// read. MADV_POPULATE_WRITE (Linux 5.14) does it without touching the bytes; else one write per
+// page (the caller owns the memory).
+void populate(char* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    if (::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    for (size_t k = 0; k < bytes; k += 4096) p[k] = 0;
+}
 
 int64_t rows_of_run(const LoaderOptions& opt, int64_t per_epoch) {
     return opt.max_rows > 0 ? opt.max_rows : per_epoch * std::max<int64_t>(1, opt.epochs);
@@ -122,6 +159,7 @@ struct ShardBatchSource::Impl {
         int64_t epoch = 0, index = 0, rows = 0;
     };
     Window windows[2];
+    bool populated = false;  // window 1's pages are mapped (emit_loop did it before a restore)
     Channel free_windows, full_windows;
 
     // Output ring: n_blocks blocks of block_rows float32 rows.
@@ -151,6 +189,7 @@ struct ShardBatchSource::Impl {
         per_epoch = range.size();
         total = rows_of_run(opt, per_epoch);
         disk_row_bytes = d * dtype_size(info.dtype);
+        if (!opt.allocator.alloc || !opt.allocator.free) opt.allocator = host_allocator_default();
     }
 
     ~Impl() { shutdown(); }
@@ -180,19 +219,22 @@ struct ShardBatchSource::Impl {
                     "reader cursor (epoch {}, offset {}) lies beyond the run's {} rows", c.epoch,
                     c.offset, total);
         if (!reader) reader = std::make_unique<io::RawRowReader>(info, range);
-        const int64_t window_rows = plan.chunk_rows() * plan.window_chunks();
+        const int64_t window_rows = plan.window_capacity();
         for (Window& w : windows)
-            w.bytes.allocate(static_cast<size_t>(window_rows * disk_row_bytes));
+            w.bytes.allocate(static_cast<size_t>(window_rows * disk_row_bytes), opt.allocator);
         // Output blocks of about read_bytes/4 of float32 (>= 1 row); the ring is ring_bytes.
         block_rows = std::max<int64_t>(1, std::min<int64_t>(opt.read_bytes / 4, 4 << 20) / (d * 4));
         n_blocks = static_cast<int>(std::max<int64_t>(2, opt.ring_bytes / (block_rows * d * 4)));
-        block_mem.allocate(static_cast<size_t>(n_blocks * block_rows * d) * sizeof(float));
+        block_mem.allocate(static_cast<size_t>(n_blocks * block_rows * d) * sizeof(float),
+                           opt.allocator);
         blocks = reinterpret_cast<float*>(block_mem.data());
         block_len.assign(static_cast<size_t>(n_blocks), 0);
         perm.reserve(static_cast<size_t>(window_rows));
         buffer_bytes = static_cast<int64_t>(2 * windows[0].bytes.bytes() + block_mem.bytes() +
                                             perm.capacity() * sizeof(uint32_t));
-        free_windows.push(0), free_windows.push(1);
+        // Window 1 is handed to the reader only after the emitter has mapped its pages, which
+        // it does while the reader fills window 0 (see emit_loop).
+        free_windows.push(0);
         for (int b = 0; b < n_blocks; ++b) free_blocks.push(b);
         if (delivered == total) {
             ready_blocks.close();
@@ -252,6 +294,10 @@ struct ShardBatchSource::Impl {
 
     // Emits rows from the window holding cursor c (skipping what was delivered) to the end.
     void emit_loop(ReaderCursor c, int64_t global) {
+        // Off the reader's path: first-touch faults of window 1 overlap the reading of window 0.
+        if (!populated) populate(windows[1].bytes.data(), windows[1].bytes.bytes());
+        populated = true;
+        free_windows.push(1);
         bool first = true;
         ShufflePlan::Epoch ep = plan.epoch(c.epoch);
         for (;;) {
@@ -342,10 +388,17 @@ ReaderCursor ShardBatchSource::cursor() const {
 }
 
 void ShardBatchSource::restore(ReaderCursor c) {
-    // A fresh pipeline over the same (already staged) dataset; byte and wait counters carry on.
+    // A fresh pipeline over the same (already staged) dataset, in the same buffers (peak memory
+    // stays buffer_bytes()); byte and wait counters carry on.
+    impl_->shutdown();
     auto fresh = std::make_unique<Impl>(impl_->info, impl_->range, impl_->opt);
     fresh->bytes = impl_->bytes.load();
     fresh->wait_s = impl_->wait_s;
+    fresh->reader = std::move(impl_->reader);
+    for (int k = 0; k < 2; ++k) fresh->windows[k].bytes = std::move(impl_->windows[k].bytes);
+    fresh->block_mem = std::move(impl_->block_mem);
+    fresh->perm = std::move(impl_->perm);
+    fresh->populated = impl_->populated;
     impl_ = std::move(fresh);
     impl_->start(c);
 }

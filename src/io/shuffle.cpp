@@ -89,6 +89,19 @@ ShufflePlan ShufflePlan::from_options(int64_t rows, int64_t row_bytes, const Loa
     return ShufflePlan(rows, chunk, window, true, opt.seed);
 }
 
+int64_t ShufflePlan::strata_count() const {
+    // Disk order: window w is chunks [w * window_chunks, (w + 1) * window_chunks), one "stratum"
+    // per position in the window (ceil(n_chunks / n_windows) would drop chunks: 5 chunks in
+    // windows of 4 gave 3 strata, and chunk 3 was never delivered).
+    if (!shuffle_) return window_chunks_;
+    const int64_t nw = n_windows();
+    return (n_chunks_ + nw - 1) / nw;
+}
+
+int64_t ShufflePlan::window_capacity() const {
+    return std::min(rows_, std::min(window_chunks_, strata_count()) * chunk_rows_);
+}
+
 int64_t ShufflePlan::chunk_size(int64_t c) const {
     return std::min(chunk_rows_, rows_ - c * chunk_rows_);
 }
@@ -103,7 +116,7 @@ ShufflePlan::Epoch ShufflePlan::epoch(int64_t e) const {
     Epoch ep;
     ep.epoch = e;
     const int64_t nw = n_windows();
-    const int64_t strata = (n_chunks_ + nw - 1) / nw;
+    const int64_t strata = strata_count();
     std::vector<std::vector<int64_t>> pick(static_cast<size_t>(strata));
     for (int64_t st = 0; st < strata; ++st) {
         auto& p = pick[static_cast<size_t>(st)];
