@@ -25,6 +25,7 @@
 #if SAETRAIN_HAS_CUDA
 #include "saetrain/cuda_backend.h"  // defines: make_cuda_backend, cuda_backend_stream
 #include "saetrain/cuda_device.h"   // defines: cuda_device_count, cuda_device_description
+#include "saetrain/cuda_pinned.h"   // defines: cuda_pinned_allocator (the reader's buffers)
 #if SAETRAIN_HAVE_NCCL
 #include "saetrain/nccl_comm.h"  // defines: make_nccl_comm (gradients on the GPU)
 #endif
@@ -201,10 +202,14 @@ Setup set_up(const Args& args, int rank, int world, const NodePlacement& place) 
                 ? partition_rows(s.cfg.data.max_tokens, rank, world).size()
                 : partition_rows(s.cfg.data.max_tokens, s.layout.replica, s.layout.replicas).size();
     }
-    s.local = std::make_unique<ShardBatchSource>(s.data, range, lo);
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     s.backend =
         make_backend(s.cfg.backend, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
+#if SAETRAIN_HAS_CUDA
+    // After the backend has chosen the rank's device: batches upload from pinned memory.
+    if (s.on_gpu) lo.allocator = cuda_pinned_allocator();
+#endif
+    s.local = std::make_unique<ShardBatchSource>(s.data, range, lo);
     return s;
 }
 
