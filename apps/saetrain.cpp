@@ -34,6 +34,7 @@
 #include "saetrain/layout.h"         // defines: layout_for (which SAE / replica this rank is)
 #include "saetrain/loader.h"         // defines: ShardBatchSource (a rank's slice, shuffled)
 #include "saetrain/mpi_world.h"      // defines: MpiScope, make_mpi_world, node_placement
+#include "saetrain/perfmodel.h"      // defines: mfu_peak (the peak MFU is measured against)
 #include "saetrain/report.h"         // defines: RunReporter (rank 0 gathers metrics)
 #include "saetrain/shards.h"         // defines: dataset_open, partition_rows
 #include "saetrain/shared_source.h"  // defines: SharedBatchSource (slices -> one stream)
@@ -335,7 +336,16 @@ int run(const Args& args, Communicator& world) {
     }
 
     // --- train ---------------------------------------------------------------------------------
-    RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string());
+    // MFU: against log.peak_tflops, or the table's peak for this rank's GPU and GEMM precision.
+    const MfuPeak peak = mfu_peak(cfg.log.peak_tflops, s.backend->device_name(),
+                                  math_mode_parse(s.backend->gemm_precision()));
+    if (root)
+        fmt::print("{}\n",
+                   peak.flops > 0
+                       ? fmt::format("MFU against {:.4g} TFLOP/s per device ({})",
+                                     peak.flops / 1e12, peak.source)
+                       : fmt::format("TFLOP/s counted as model FLOPs; no MFU: {}", peak.source));
+    RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string(), peak.flops);
     opt.world = &world;
     opt.batch_size = cfg.data.batch_size;
     opt.log_every = cfg.log.every_steps;
@@ -374,8 +384,12 @@ int run(const Args& args, Communicator& world) {
     }
 
     // --- write and report ----------------------------------------------------------------------
-    SaeSummary mine{s.layout.config,  res.last,          res.steps, res.tokens,
-                    res.tokens_per_s, res.wait_fraction, -1.0};
+    SaeSummary mine;
+    mine.config = s.layout.config;
+    mine.last = res.last;
+    mine.steps = res.steps, mine.tokens = res.tokens;
+    mine.tokens_per_s = res.tokens_per_s, mine.wait_fraction = res.wait_fraction;
+    mine.tflops = res.tflops;
     if (writer) {
         const SaeWeights w = trainer.weights();
         sae_write_h5((sae_dir / "final.h5").string(), w, meta_now(trainer));

@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "saetrain/checkpoint.h"
 #include "test_util.h"
@@ -116,6 +118,87 @@ TEST_F(Cli, TrainWritesEveryOutput) {
     EXPECT_TRUE(fs::exists(run_dir / "COMPLETE"));
 }
 
+// summary.csv as column -> value, one map per row.
+std::vector<std::map<std::string, std::string>> csv_rows(const fs::path& p) {
+    auto split = [](const std::string& line) {
+        std::vector<std::string> cells;
+        std::stringstream ss(line);
+        for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+        if (!line.empty() && line.back() == ',') cells.emplace_back();
+        return cells;
+    };
+    const auto lines = lines_of(p);
+    std::vector<std::map<std::string, std::string>> rows;
+    if (lines.empty()) return rows;
+    const auto header = split(lines[0]);
+    for (size_t i = 1; i < lines.size(); ++i) {
+        const auto cells = split(lines[i]);
+        std::map<std::string, std::string> r;
+        for (size_t c = 0; c < header.size() && c < cells.size(); ++c) r[header[c]] = cells[c];
+        rows.push_back(r);
+    }
+    return rows;
+}
+
+// Model FLOPs per token of the fixture's SAE (TopK, d = 16, n = 32, k = 4, sparse kernels):
+// 2*d*n + 8*k*d, computed here by hand rather than through perfmodel.h.
+constexpr double kFixtureFlopsPerToken = 2.0 * 16 * 32 + 8.0 * 4 * 16;
+
+// Throughput and memory as a benchmark reports them: TFLOP/s from the model FLOPs and the
+// measured tokens/s, the process's peak RSS as host memory, and MFU only against a known peak.
+TEST_F(Cli, MetricsReportTflopsMemoryAndMfuOnlyWithAPeak) {
+    Result r = train("--set backend=cpu");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("no MFU"), std::string::npos) << r.out;
+    const auto metrics = lines_of(dir / "run/metrics.jsonl");
+    ASSERT_EQ(metrics.size(), 3u);
+    for (const std::string& line : metrics) {
+        const auto j = nlohmann::json::parse(line);
+        const double tflops = j["tflops"].get<double>();
+        EXPECT_GT(tflops, 0) << line;
+        EXPECT_NEAR(tflops, kFixtureFlopsPerToken * j["tokens_per_s"].get<double>() / 1e12,
+                    1e-9 * tflops)
+            << line;
+        // A process that mapped the shards, OpenBLAS and the SAE holds more than 1 MB and
+        // less than this machine's memory.
+        ASSERT_TRUE(j.contains("host_mem_peak_GB")) << line;
+        EXPECT_GT(j["host_mem_peak_GB"].get<double>(), 1e-3) << line;
+        EXPECT_LT(j["host_mem_peak_GB"].get<double>(), 1024.0) << line;
+        EXPECT_FALSE(j.contains("mfu")) << "no peak is known for the CPU: " << line;
+        EXPECT_FALSE(j.contains("gpu_mem_peak_GB")) << line;
+    }
+    auto summary = csv_rows(dir / "run/summary.csv");
+    ASSERT_EQ(summary.size(), 1u);
+    EXPECT_NEAR(std::stod(summary[0]["tflops"]),
+                kFixtureFlopsPerToken * std::stod(summary[0]["tokens_per_s"]) / 1e12,
+                1e-5 * std::stod(summary[0]["tflops"]));
+    EXPECT_GT(std::stod(summary[0]["host_mem_peak_GB"]), 1e-3);
+    EXPECT_EQ(summary[0].count("mfu"), 0u);
+    EXPECT_EQ(summary[0].count("gpu_mem_peak_GB"), 0u);
+    EXPECT_NE(r.out.find("TFLOP/s"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("host mem GB"), std::string::npos) << r.out;
+
+    // With a configured peak: mfu = tflops / peak, in the log, the summary and the console.
+    r = train("--overwrite --set backend=cpu --set log.peak_tflops=0.001");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("MFU against 0.001 TFLOP/s per device (log.peak_tflops)"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("MFU %"), std::string::npos) << r.out;
+    for (const std::string& line : lines_of(dir / "run/metrics.jsonl")) {
+        const auto j = nlohmann::json::parse(line);
+        ASSERT_TRUE(j.contains("mfu")) << line;
+        EXPECT_NEAR(j["mfu"].get<double>(), j["tflops"].get<double>() / 0.001,
+                    1e-9 * j["mfu"].get<double>())
+            << line;
+    }
+    summary = csv_rows(dir / "run/summary.csv");
+    ASSERT_EQ(summary.size(), 1u);
+    ASSERT_EQ(summary[0].count("mfu"), 1u);
+    EXPECT_NEAR(std::stod(summary[0]["mfu"]), std::stod(summary[0]["tflops"]) / 0.001,
+                1e-5 * std::stod(summary[0]["mfu"]));
+}
+
 TEST_F(Cli, FinishedRunsAreKeptAndForeignRunsRefused) {
     ASSERT_EQ(train().code, 0);
     // A finished run: nothing to do, nothing overwritten.
@@ -199,6 +282,31 @@ TEST_F(Cli, MpiDataParallelTrainsOneSaeOnAllSlices) {
     ASSERT_EQ(summary.size(), 2u);
     // Two replicas x 256 rows a step over 3000 rows: 6 steps, every row once.
     EXPECT_NE(summary[1].find(",6,3000,"), std::string::npos) << summary[1];
+}
+
+// Two replicas of one SAE: its TFLOP/s count every replica's tokens, and its MFU divides by
+// both devices' peaks.
+TEST_F(Cli, MpiDataParallelMfuCountsEveryReplicasPeak) {
+    const Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+                         " --set parallel.mode=data_parallel --set backend=cpu"
+                         " --set log.peak_tflops=0.001");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto metrics = lines_of(dir / "run/metrics.jsonl");
+    ASSERT_FALSE(metrics.empty());
+    for (const std::string& line : metrics) {
+        const auto j = nlohmann::json::parse(line);
+        EXPECT_NEAR(j["tflops"].get<double>(),
+                    kFixtureFlopsPerToken * j["tokens_per_s"].get<double>() / 1e12,
+                    1e-9 * j["tflops"].get<double>())
+            << line;
+        ASSERT_TRUE(j.contains("mfu")) << line;
+        EXPECT_NEAR(j["mfu"].get<double>(), j["tflops"].get<double>() / (2 * 0.001),
+                    1e-9 * j["mfu"].get<double>())
+            << line;
+        EXPECT_GT(j["host_mem_peak_GB"].get<double>(), 1e-3) << line;
+    }
+    EXPECT_NE(r.out.find("all 1 SAE(s) on 2 rank(s)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("host mem max"), std::string::npos) << r.out;
 }
 
 // A failure during start-up on any rank ends every rank, with the message printed once.

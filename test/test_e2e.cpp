@@ -73,6 +73,18 @@ TEST(EndToEnd, TopkRecoversPlantedFeatures) {
     EXPECT_LT(res.last.fvu, 0.15);
     EXPECT_NEAR(res.last.l0, 6.0, 0.5);
     EXPECT_EQ(res.tokens, 3 * so.rows);
+
+    // Throughput and memory: model FLOPs of a TopK SAE with sparse kernels, 2*d*n + 8*k*d
+    // (d = 48, n = 192, k = 6), times the measured rates; host memory only on the CPU, and no
+    // MFU from the loop (the reporter adds it when a peak is known).
+    const double flops_per_token = 2.0 * 48 * 192 + 8.0 * 6 * 48;
+    EXPECT_GT(res.tflops, 0);
+    EXPECT_NEAR(res.tflops, flops_per_token * res.tokens_per_s / 1e12, 1e-9 * res.tflops);
+    EXPECT_NEAR(res.last.tflops, flops_per_token * res.last.tokens_per_s / 1e12,
+                1e-9 * res.last.tflops);
+    EXPECT_GT(res.last.host_mem_peak_GB, 1e-3);
+    EXPECT_EQ(res.last.gpu_mem_peak_GB, 0.0);
+    EXPECT_LT(res.last.mfu, 0.0);
 }
 
 }  // namespace

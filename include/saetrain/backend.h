@@ -99,6 +99,16 @@ public:
     virtual void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr,
                       float beta1, float beta2, float eps, float bias_corr1, float bias_corr2,
                       float weight_decay, float grad_scale) = 0;
+
+    // --- for reports (metrics.jsonl, the sweep table); the defaults describe the host CPU ---
+    // The accelerator's name as its driver reports it ("NVIDIA H100 80GB HBM3"), which selects
+    // the peak MFU is measured against (perfmodel.h); empty: the host CPU, no table peak.
+    virtual std::string device_name() const { return {}; }
+    // Precision the GEMMs run in: "fp32", "tf32" or "bf16" (the peak depends on it).
+    virtual std::string gemm_precision() const { return "fp32"; }
+    // High-water mark of the device memory this backend has allocated, in bytes; 0 when its
+    // memory is the host's (the process's peak RSS covers it then).
+    virtual int64_t device_memory_peak_bytes() const { return 0; }
 };
 
 // Typed, owning device array; frees through its backend.

@@ -12,5 +12,8 @@ namespace saetrain {
 int cuda_device_count();
 // "NVIDIA H100 80GB HBM3 (sm_90, 79.2 GiB)"; empty when the device cannot be queried.
 std::string cuda_device_description(int device);
+// The name alone, "NVIDIA H100 80GB HBM3" (what the MFU peak table matches); empty when the
+// device cannot be queried.
+std::string cuda_device_name(int device);
 
 }  // namespace saetrain

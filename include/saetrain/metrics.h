@@ -2,6 +2,12 @@
 //
 // One MetricsRow per SAE per log interval. Rates are over the interval, fvu over the interval
 // (sum of squared errors / sum of squared deviations from each batch's mean).
+//
+// Throughput as a benchmark reports it: tflops = model FLOPs per token (sae_flops_per_token,
+// perfmodel.h) x tokens/s, for the SAE over all its replicas; mfu = tflops / the summed peak
+// of the devices it ran on, only when that peak is known (the table by GPU name, or
+// log.peak_tflops). Memory high-water marks are the largest over the SAE's replicas: the
+// device's for GPU backends, the process's peak resident set on the host always.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +24,10 @@ struct MetricsRow {
     double lr = 0, loss = 0, mse = 0, fvu = 0, l0 = 0, l1 = 0, dead_fraction = 0;
     double grad_norm = 0, tokens_per_s = 0, read_MBps = 0, wait_fraction = 0;
     double elapsed_s = 0, eta_s = 0;
+    double tflops = 0;            // achieved model TFLOP/s (see above)
+    double mfu = -1;              // fraction of peak; < 0: no peak known, not reported
+    double gpu_mem_peak_GB = 0;   // device memory high-water mark, 1e9 bytes; 0: not on a GPU
+    double host_mem_peak_GB = 0;  // peak RSS of the process, 1e9 bytes; 0: unknown
 };
 
 // Appends one JSON object per line; flushed after each write so a killed run keeps its log.
@@ -35,10 +45,15 @@ private:
 };
 
 std::string metrics_json(const MetricsRow& row);
-// "step 150/1000 | 12.3K tok/s | mse 1.2e-02 | fvu 0.045 | l0 32.0 | dead 0.0% | ETA 1m23s"
+// "<sae> step 150/1000 | 12.3K tok/s | mse 1.2e-02 | fvu 0.045 | l0 32.0 | dead 0.0% |
+//  wait 0.0% | 0.19 TFLOP/s [| MFU 12.0%] [| GPU mem 3.20 GB] | host mem 0.50 GB | ETA 1m23s"
 std::string progress_line(const MetricsRow& row);
 std::string format_duration(double seconds);
-std::string format_count(double x);  // 12345 -> "12.3K"
+std::string format_count(double x);   // 12345 -> "12.3K"
+std::string format_tflops(double x);  // 3 significant digits: "0.194", "412"
+// Peak resident set size of this process (VmHWM in /proc/self/status), bytes; 0 where that
+// cannot be read.
+int64_t host_peak_rss_bytes();
 
 // summary.csv: one row per SAE, columns in the given order (values already formatted).
 void summary_write(const std::string& path, const std::vector<std::string>& columns,

@@ -3,8 +3,10 @@
 // Every rank calls gather() at the same log iterations with its own MetricsRow; rank 0 keeps
 // the row of replica 0 of each SAE (replicas report identical, already all-reduced metrics),
 // appends them to metrics.jsonl and prints one compact block for the whole sweep, plus the
-// aggregate token rate and the read bandwidth summed over all ranks. finish() gathers the final
-// results and writes summary.csv and the sweep table sorted by l0.
+// aggregate token rate, TFLOP/s (and MFU) and the read bandwidth summed over all ranks.
+// Replicas differ in two things, which rank 0 combines: their devices' peaks (summed, for the
+// SAE's MFU) and their memory high-water marks (the largest is the SAE's). finish() gathers
+// the final results and writes summary.csv and the sweep table sorted by l0.
 #pragma once
 
 #include <map>
@@ -23,14 +25,18 @@ struct SaeSummary {
     MetricsRow last;  // the final interval's metrics
     int64_t steps = 0, tokens = 0;
     double tokens_per_s = 0, wait_fraction = 0;
+    double tflops = 0;             // whole run, model FLOPs (metrics.h)
+    double mfu = -1;               // whole run; < 0: no peak known (set by finish on rank 0)
     double feature_recovery = -1;  // < 0: no ground truth
 };
 
 class RunReporter {
 public:
     // ids: one per SAE (config index order). metrics_path: "" to keep no log (tests).
+    // peak_flops: this rank's device peak FLOP/s for MFU (mfu_peak, perfmodel.h); 0: unknown,
+    // and then no MFU is reported for the SAEs this rank trains.
     RunReporter(Communicator& world, const RankLayout& layout, std::vector<std::string> ids,
-                const std::string& metrics_path);
+                const std::string& metrics_path, double peak_flops = 0);
     ~RunReporter();
     // Collective over the world.
     void gather(const MetricsRow& mine);
@@ -46,6 +52,7 @@ private:
     Communicator& world_;
     RankLayout layout_;
     std::vector<std::string> ids_;
+    double peak_flops_ = 0;
     std::unique_ptr<MetricsLog> log_;
 };
 

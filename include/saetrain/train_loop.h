@@ -1,7 +1,9 @@
 // train_loop.h — the training loop around one SaeTrainer: batches in, metrics out.
 //
 // Pulls batches from a BatchSource, steps the trainer, and every log.every_steps steps turns
-// the interval's sums into a MetricsRow handed to `report` (rank 0 writes it and the console).
+// the interval's sums into a MetricsRow handed to `report` (rank 0 writes it and the console):
+// the loss terms, tokens/s, model TFLOP/s and this rank's memory high-water marks (MFU, which
+// needs every replica's peak, is the reporter's).
 #pragma once
 
 #include <functional>
@@ -20,7 +22,9 @@ struct LoopResult {
     bool stopped = false;           // left early because some rank asked to stop (a signal)
     int64_t nonfinite_batches = 0;  // batches skipped for NaN/Inf in the data (this rank)
     int64_t skipped_steps = 0;      // steps not applied for a non-finite loss or gradient
-    double seconds = 0, tokens_per_s = 0, wait_fraction = 0;
+    // Over this process's part of the run (a resumed run's earlier tokens are not counted):
+    // seconds, tokens/s and model TFLOP/s of the SAE (all replicas), the loader's wait fraction.
+    double seconds = 0, tokens_per_s = 0, wait_fraction = 0, tflops = 0;
 };
 
 struct LoopOptions {

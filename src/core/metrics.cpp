@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -42,6 +43,10 @@ std::string metrics_json(const MetricsRow& r) {
     j["read_MBps"] = r.read_MBps;
     j["wait_fraction"] = r.wait_fraction;
     j["elapsed_s"] = r.elapsed_s;
+    j["tflops"] = r.tflops;
+    if (r.mfu >= 0) j["mfu"] = r.mfu;  // absent, never a guess, when no peak is known
+    if (r.gpu_mem_peak_GB > 0) j["gpu_mem_peak_GB"] = r.gpu_mem_peak_GB;
+    if (r.host_mem_peak_GB > 0) j["host_mem_peak_GB"] = r.host_mem_peak_GB;
     return j.dump();
 }
 
@@ -60,12 +65,29 @@ std::string format_duration(double s) {
     return fmt::format("{}s", t);
 }
 
+std::string format_tflops(double tflops) { return fmt::format("{:.3g}", tflops); }
+
 std::string progress_line(const MetricsRow& r) {
+    std::string perf = fmt::format("{} TFLOP/s", format_tflops(r.tflops));
+    if (r.mfu >= 0) perf += fmt::format(" | MFU {:.1f}%", 100.0 * r.mfu);
+    if (r.gpu_mem_peak_GB > 0) perf += fmt::format(" | GPU mem {:.2f} GB", r.gpu_mem_peak_GB);
+    if (r.host_mem_peak_GB > 0) perf += fmt::format(" | host mem {:.2f} GB", r.host_mem_peak_GB);
     return fmt::format(
         "{} step {}/{} | {} tok/s | mse {:.3e} | fvu {:.4f} | l0 {:.1f} | dead {:.1f}% | "
-        "wait {:.1f}% | ETA {}",
+        "wait {:.1f}% | {} | ETA {}",
         r.sae, r.step, r.total_steps, format_count(r.tokens_per_s), r.mse, r.fvu, r.l0,
-        100.0 * r.dead_fraction, 100.0 * r.wait_fraction, format_duration(r.eta_s));
+        100.0 * r.dead_fraction, 100.0 * r.wait_fraction, perf, format_duration(r.eta_s));
+}
+
+int64_t host_peak_rss_bytes() {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("VmHWM:", 0) != 0) continue;
+        long long kib = 0;  // "VmHWM:     123456 kB"
+        if (std::sscanf(line.c_str() + 6, "%lld", &kib) == 1 && kib > 0) return kib * 1024;
+        break;
+    }
+    return 0;
 }
 
 void summary_write(const std::string& path, const std::vector<std::string>& columns,

@@ -9,41 +9,82 @@ namespace saetrain {
 namespace {
 
 // MetricsRow <-> a fixed block of doubles, so one all-gather moves every rank's row.
-constexpr int kFields = 20;
+enum Field : int {
+    kConfig = 0,
+    kReplica,
+    kStep,
+    kTotalSteps,
+    kTokens,
+    kLr,
+    kLoss,
+    kMse,
+    kFvu,
+    kL0,
+    kL1,
+    kDead,
+    kGradNorm,
+    kTokensPerS,
+    kReadMBps,
+    kWait,
+    kElapsed,
+    kEta,
+    kTflops,
+    kGpuMem,
+    kHostMem,
+    kPeakFlops,  // this rank's device peak (0: unknown); MFU divides by the replicas' sum
+    kRecovery,   // finish() only
+    kFields
+};
 
-std::vector<double> pack(const MetricsRow& m, int config, int replica) {
-    return {double(config),
-            double(replica),
-            double(m.step),
-            double(m.total_steps),
-            double(m.tokens),
-            m.lr,
-            m.loss,
-            m.mse,
-            m.fvu,
-            m.l0,
-            m.l1,
-            m.dead_fraction,
-            m.grad_norm,
-            m.tokens_per_s,
-            m.read_MBps,
-            m.wait_fraction,
-            m.elapsed_s,
-            m.eta_s,
-            0.0,
-            0.0};
+std::vector<double> pack(const MetricsRow& m, int config, int replica, double peak_flops) {
+    std::vector<double> v(kFields, 0.0);
+    v[kConfig] = config, v[kReplica] = replica;
+    v[kStep] = double(m.step), v[kTotalSteps] = double(m.total_steps);
+    v[kTokens] = double(m.tokens);
+    v[kLr] = m.lr, v[kLoss] = m.loss, v[kMse] = m.mse, v[kFvu] = m.fvu, v[kL0] = m.l0;
+    v[kL1] = m.l1, v[kDead] = m.dead_fraction, v[kGradNorm] = m.grad_norm;
+    v[kTokensPerS] = m.tokens_per_s, v[kReadMBps] = m.read_MBps, v[kWait] = m.wait_fraction;
+    v[kElapsed] = m.elapsed_s, v[kEta] = m.eta_s, v[kTflops] = m.tflops;
+    v[kGpuMem] = m.gpu_mem_peak_GB, v[kHostMem] = m.host_mem_peak_GB, v[kPeakFlops] = peak_flops;
+    return v;
 }
 
 MetricsRow unpack(const double* v, const std::string& id) {
     MetricsRow m;
     m.sae = id;
-    m.step = static_cast<int64_t>(v[2]);
-    m.total_steps = static_cast<int64_t>(v[3]);
-    m.tokens = static_cast<int64_t>(v[4]);
-    m.lr = v[5], m.loss = v[6], m.mse = v[7], m.fvu = v[8], m.l0 = v[9], m.l1 = v[10];
-    m.dead_fraction = v[11], m.grad_norm = v[12], m.tokens_per_s = v[13], m.read_MBps = v[14];
-    m.wait_fraction = v[15], m.elapsed_s = v[16], m.eta_s = v[17];
+    m.step = static_cast<int64_t>(v[kStep]);
+    m.total_steps = static_cast<int64_t>(v[kTotalSteps]);
+    m.tokens = static_cast<int64_t>(v[kTokens]);
+    m.lr = v[kLr], m.loss = v[kLoss], m.mse = v[kMse], m.fvu = v[kFvu], m.l0 = v[kL0];
+    m.l1 = v[kL1], m.dead_fraction = v[kDead], m.grad_norm = v[kGradNorm];
+    m.tokens_per_s = v[kTokensPerS], m.read_MBps = v[kReadMBps], m.wait_fraction = v[kWait];
+    m.elapsed_s = v[kElapsed], m.eta_s = v[kEta], m.tflops = v[kTflops];
+    m.gpu_mem_peak_GB = v[kGpuMem], m.host_mem_peak_GB = v[kHostMem];
     return m;
+}
+
+// What replicas of one SAE share: the sum of their devices' peaks (0 if any is unknown) and
+// the largest memory high-water marks.
+struct ConfigTotals {
+    double peak_flops = 0;
+    bool peak_known = true;
+    double gpu_mem = 0, host_mem = 0;
+    double mfu(double tflops) const {
+        return peak_known && peak_flops > 0 ? tflops * 1e12 / peak_flops : -1.0;
+    }
+};
+
+std::map<int, ConfigTotals> config_totals(const std::vector<double>& all, int ranks, int stride) {
+    std::map<int, ConfigTotals> t;
+    for (int p = 0; p < ranks; ++p) {
+        const double* b = all.data() + static_cast<size_t>(p) * static_cast<size_t>(stride);
+        ConfigTotals& c = t[static_cast<int>(b[kConfig])];
+        c.peak_flops += b[kPeakFlops];
+        c.peak_known = c.peak_known && b[kPeakFlops] > 0;
+        c.gpu_mem = std::max(c.gpu_mem, b[kGpuMem]);
+        c.host_mem = std::max(c.host_mem, b[kHostMem]);
+    }
+    return t;
 }
 
 std::string fmt_g(double v) { return fmt::format("{:.6g}", v); }
@@ -51,8 +92,9 @@ std::string fmt_g(double v) { return fmt::format("{:.6g}", v); }
 }  // namespace
 
 RunReporter::RunReporter(Communicator& world, const RankLayout& layout,
-                         std::vector<std::string> ids, const std::string& metrics_path)
-    : world_(world), layout_(layout), ids_(std::move(ids)) {
+                         std::vector<std::string> ids, const std::string& metrics_path,
+                         double peak_flops)
+    : world_(world), layout_(layout), ids_(std::move(ids)), peak_flops_(peak_flops) {
     if (world_.rank() == 0 && !metrics_path.empty())
         log_ = std::make_unique<MetricsLog>(metrics_path);
 }
@@ -60,27 +102,42 @@ RunReporter::RunReporter(Communicator& world, const RankLayout& layout,
 RunReporter::~RunReporter() = default;
 
 void RunReporter::gather(const MetricsRow& mine) {
-    const std::vector<double> v = pack(mine, layout_.config, layout_.replica);
+    const std::vector<double> v = pack(mine, layout_.config, layout_.replica, peak_flops_);
     std::vector<double> all(static_cast<size_t>(kFields * world_.size()));
     world_.allgather(v.data(), all.data(), kFields * static_cast<int64_t>(sizeof(double)));
     if (world_.rank() != 0) return;
-    double read_all = 0, wait_sum = 0;
+    const std::map<int, ConfigTotals> totals = config_totals(all, world_.size(), kFields);
+    double read_all = 0, wait_sum = 0, peak_all = 0, gpu_max = 0, host_max = 0;
+    bool peak_known = true;
     std::vector<MetricsRow> rows;
     for (int p = 0; p < world_.size(); ++p) {
         const double* b = all.data() + static_cast<size_t>(p) * kFields;
-        read_all += b[14], wait_sum += b[15];
-        if (static_cast<int>(b[1]) == 0) rows.push_back(unpack(b, ids_[static_cast<size_t>(b[0])]));
+        read_all += b[kReadMBps], wait_sum += b[kWait], peak_all += b[kPeakFlops];
+        peak_known = peak_known && b[kPeakFlops] > 0;
+        gpu_max = std::max(gpu_max, b[kGpuMem]), host_max = std::max(host_max, b[kHostMem]);
+        if (static_cast<int>(b[kReplica]) != 0) continue;
+        MetricsRow m = unpack(b, ids_[static_cast<size_t>(b[kConfig])]);
+        const ConfigTotals& t = totals.at(static_cast<int>(b[kConfig]));
+        m.mfu = t.mfu(m.tflops);
+        m.gpu_mem_peak_GB = t.gpu_mem, m.host_mem_peak_GB = t.host_mem;
+        rows.push_back(m);
     }
     for (const MetricsRow& m : rows) {
         if (log_) log_->write(m);
         fmt::print("{}\n", progress_line(m));
     }
     if (rows.size() > 1 || world_.size() > 1) {
-        double tok = 0;
-        for (const MetricsRow& m : rows) tok += m.tokens_per_s;
+        double tok = 0, tflops = 0;
+        for (const MetricsRow& m : rows) tok += m.tokens_per_s, tflops += m.tflops;
+        std::string perf = fmt::format("{} TFLOP/s", format_tflops(tflops));
+        if (peak_known && peak_all > 0)
+            perf += fmt::format(" | MFU {:.1f}%", 100.0 * tflops * 1e12 / peak_all);
+        if (gpu_max > 0) perf += fmt::format(" | GPU mem max {:.2f} GB", gpu_max);
+        if (host_max > 0) perf += fmt::format(" | host mem max {:.2f} GB", host_max);
         fmt::print(
-            "all {} SAE(s) on {} rank(s) | {} tok/s trained | read {:.1f} MB/s | wait {:.1f}%\n",
-            rows.size(), world_.size(), format_count(tok), read_all,
+            "all {} SAE(s) on {} rank(s) | {} tok/s trained | {} | read {:.1f} MB/s | wait "
+            "{:.1f}%\n",
+            rows.size(), world_.size(), format_count(tok), perf, read_all,
             100.0 * wait_sum / world_.size());
     }
     std::fflush(stdout);
@@ -90,40 +147,53 @@ std::vector<SaeSummary> RunReporter::finish(
     const SaeSummary& mine, const std::string& summary_path,
     const std::vector<std::string>& config_column_names,
     const std::vector<std::map<std::string, std::string>>& config_columns) {
-    std::vector<double> v = pack(mine.last, layout_.config, layout_.replica);
-    v[18] = mine.feature_recovery;
+    // The row block, then the whole-run figures.
+    enum : int { kSteps = kFields, kTokensAll, kRate, kWaitAll, kTflopsAll, kStride };
+    std::vector<double> v = pack(mine.last, layout_.config, layout_.replica, peak_flops_);
+    v[kRecovery] = mine.feature_recovery;
     v.push_back(double(mine.steps));
     v.push_back(double(mine.tokens));
     v.push_back(mine.tokens_per_s);
     v.push_back(mine.wait_fraction);
-    const int f = kFields + 4;
-    std::vector<double> all(static_cast<size_t>(f * world_.size()));
-    world_.allgather(v.data(), all.data(), f * static_cast<int64_t>(sizeof(double)));
+    v.push_back(mine.tflops);
+    std::vector<double> all(static_cast<size_t>(kStride * world_.size()));
+    world_.allgather(v.data(), all.data(), kStride * static_cast<int64_t>(sizeof(double)));
     std::vector<SaeSummary> out;
     if (world_.rank() != 0) return out;
+    const std::map<int, ConfigTotals> totals = config_totals(all, world_.size(), kStride);
     for (int p = 0; p < world_.size(); ++p) {
-        const double* b = all.data() + static_cast<size_t>(p) * f;
-        if (static_cast<int>(b[1]) != 0) continue;
+        const double* b = all.data() + static_cast<size_t>(p) * kStride;
+        if (static_cast<int>(b[kReplica]) != 0) continue;
         SaeSummary s;
-        s.config = static_cast<int>(b[0]);
-        s.last = unpack(b, ids_[static_cast<size_t>(b[0])]);
-        s.feature_recovery = b[18];
-        s.steps = static_cast<int64_t>(b[kFields]);
-        s.tokens = static_cast<int64_t>(b[kFields + 1]);
-        s.tokens_per_s = b[kFields + 2];
-        s.wait_fraction = b[kFields + 3];
+        s.config = static_cast<int>(b[kConfig]);
+        s.last = unpack(b, ids_[static_cast<size_t>(b[kConfig])]);
+        const ConfigTotals& t = totals.at(s.config);
+        s.last.mfu = t.mfu(s.last.tflops);
+        s.last.gpu_mem_peak_GB = t.gpu_mem, s.last.host_mem_peak_GB = t.host_mem;
+        s.feature_recovery = b[kRecovery];
+        s.steps = static_cast<int64_t>(b[kSteps]);
+        s.tokens = static_cast<int64_t>(b[kTokensAll]);
+        s.tokens_per_s = b[kRate];
+        s.wait_fraction = b[kWaitAll];
+        s.tflops = b[kTflopsAll];
+        s.mfu = t.mfu(s.tflops);
         out.push_back(s);
     }
     std::sort(out.begin(), out.end(),
               [](const SaeSummary& a, const SaeSummary& b) { return a.last.l0 < b.last.l0; });
-    const bool any_recovery = std::any_of(
-        out.begin(), out.end(), [](const SaeSummary& s) { return s.feature_recovery >= 0; });
+    auto any = [&](auto pred) { return std::any_of(out.begin(), out.end(), pred); };
+    const bool any_recovery = any([](const SaeSummary& s) { return s.feature_recovery >= 0; });
+    const bool any_mfu = any([](const SaeSummary& s) { return s.mfu >= 0; });
+    const bool any_gpu = any([](const SaeSummary& s) { return s.last.gpu_mem_peak_GB > 0; });
     if (!summary_path.empty()) {
         std::vector<std::string> cols = {"sae"};
         cols.insert(cols.end(), config_column_names.begin(), config_column_names.end());
         for (const char* c : {"steps", "tokens", "mse", "fvu", "l0", "dead_fraction",
-                              "tokens_per_s", "wait_fraction"})
+                              "tokens_per_s", "wait_fraction", "tflops"})
             cols.push_back(c);
+        if (any_mfu) cols.push_back("mfu");
+        if (any_gpu) cols.push_back("gpu_mem_peak_GB");
+        cols.push_back("host_mem_peak_GB");
         if (any_recovery) cols.push_back("feature_recovery");
         std::vector<std::map<std::string, std::string>> rows;
         for (const SaeSummary& s : out) {
@@ -139,18 +209,31 @@ std::vector<SaeSummary> RunReporter::finish(
             r["dead_fraction"] = fmt_g(s.last.dead_fraction);
             r["tokens_per_s"] = fmt_g(s.tokens_per_s);
             r["wait_fraction"] = fmt_g(s.wait_fraction);
+            r["tflops"] = fmt_g(s.tflops);
+            if (s.mfu >= 0) r["mfu"] = fmt_g(s.mfu);  // empty cell: no peak known
+            if (s.last.gpu_mem_peak_GB > 0) r["gpu_mem_peak_GB"] = fmt_g(s.last.gpu_mem_peak_GB);
+            if (s.last.host_mem_peak_GB > 0) r["host_mem_peak_GB"] = fmt_g(s.last.host_mem_peak_GB);
             if (s.feature_recovery >= 0) r["feature_recovery"] = fmt_g(s.feature_recovery);
             rows.push_back(std::move(r));
         }
         summary_write(summary_path, cols, rows);
     }
-    fmt::print("\n{:<28} {:>8} {:>10} {:>8} {:>8} {:>7} {:>10}{}\n", "sae (sorted by l0)", "steps",
-               "fvu", "l0", "dead %", "wait %", "tok/s", any_recovery ? "   recovery" : "");
-    for (const SaeSummary& s : out)
-        fmt::print("{:<28} {:>8} {:>10.4f} {:>8.1f} {:>8.1f} {:>7.1f} {:>10}{}\n", s.last.sae,
-                   s.steps, s.last.fvu, s.last.l0, 100 * s.last.dead_fraction,
-                   100 * s.wait_fraction, format_count(s.tokens_per_s),
+    // Memory per SAE: the device's on GPUs, else the process's resident set on the host.
+    fmt::print("\n{:<28} {:>8} {:>10} {:>8} {:>8} {:>7} {:>10} {:>9}{} {:>11}{}\n",
+               "sae (sorted by l0)", "steps", "fvu", "l0", "dead %", "wait %", "tok/s", "TFLOP/s",
+               any_mfu ? fmt::format(" {:>6}", "MFU %") : "",
+               any_gpu ? "GPU mem GB" : "host mem GB", any_recovery ? "   recovery" : "");
+    for (const SaeSummary& s : out) {
+        const double mem = any_gpu ? s.last.gpu_mem_peak_GB : s.last.host_mem_peak_GB;
+        fmt::print("{:<28} {:>8} {:>10.4f} {:>8.1f} {:>8.1f} {:>7.1f} {:>10} {:>9}{} {:>11}{}\n",
+                   s.last.sae, s.steps, s.last.fvu, s.last.l0, 100 * s.last.dead_fraction,
+                   100 * s.wait_fraction, format_count(s.tokens_per_s), format_tflops(s.tflops),
+                   any_mfu ? fmt::format(" {:>6}", s.mfu >= 0 ? fmt::format("{:.1f}", 100 * s.mfu)
+                                                              : std::string("-"))
+                           : "",
+                   mem > 0 ? fmt::format("{:.2f}", mem) : "-",
                    s.feature_recovery >= 0 ? fmt::format("   {:>8.3f}", s.feature_recovery) : "");
+    }
     std::fflush(stdout);
     return out;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "saetrain/error.h"
+#include "saetrain/perfmodel.h"
 
 namespace saetrain {
 namespace {
@@ -54,6 +55,12 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
     int64_t bytes_at_interval = source.bytes_read();
     Interval iv;
     LoopResult res;
+    // Model FLOPs per token (perfmodel.h): what TFLOP/s and MFU count. TopK runs sparse kernels
+    // on every backend, so its count is 2*d*n + 8*k*d.
+    const SaeConfig& sc = trainer.config();
+    const double flops_per_token = sae_flops_per_token(
+        sc.arch == Arch::relu ? SaeKind::dense : SaeKind::topk, d, trainer.n_latents(), sc.k);
+    const int64_t tokens_at_start = trainer.tokens();  // > 0 when resuming
 
     auto emit = [&] {
         const double dt = seconds_since(t_interval), elapsed = seconds_since(t_start);
@@ -77,6 +84,9 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
             dt > 0 ? static_cast<double>(source.bytes_read() - bytes_at_interval) / dt / 1e6 : 0.0;
         m.wait_fraction = dt > 0 ? (source.wait_seconds() - wait_at_interval) / dt : 0.0;
         m.elapsed_s = elapsed;
+        m.tflops = flops_per_token * m.tokens_per_s / 1e12;
+        m.gpu_mem_peak_GB = static_cast<double>(trainer.backend().device_memory_peak_bytes()) / 1e9;
+        m.host_mem_peak_GB = static_cast<double>(host_peak_rss_bytes()) / 1e9;
         const double per_step = m.step > 0 ? elapsed / static_cast<double>(m.step) : 0.0;
         m.eta_s = per_step * static_cast<double>(std::max<int64_t>(total_steps - m.step, 0));
         if (opt.report) opt.report(m);
@@ -126,7 +136,10 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
     res.steps = trainer.step_count();
     res.tokens = trainer.tokens();
     res.seconds = seconds_since(t_start);
-    res.tokens_per_s = res.seconds > 0 ? static_cast<double>(res.tokens) / res.seconds : 0.0;
+    // Tokens trained by this process: a resumed run's earlier tokens took no time here.
+    res.tokens_per_s =
+        res.seconds > 0 ? static_cast<double>(res.tokens - tokens_at_start) / res.seconds : 0.0;
+    res.tflops = flops_per_token * res.tokens_per_s / 1e12;
     res.wait_fraction = res.seconds > 0 ? source.wait_seconds() / res.seconds : 0.0;
     return res;
 }

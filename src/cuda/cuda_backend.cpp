@@ -136,6 +136,24 @@ public:
         cuda::adam(stream(), p, g, m, v, n, s);
     }
 
+    // --- for reports ------------------------------------------------------------------------
+    std::string device_name() const override { return cuda_device_name(device_); }
+    std::string gemm_precision() const override { return opt_.tf32 ? "tf32" : "fp32"; }
+    // Every buffer the trainer and the kernels' scratch space allocate comes from the device's
+    // stream-ordered pool (cudaMallocAsync), whose high-water mark of bytes in use the driver
+    // keeps; the cuBLASLt workspace is the one cudaMalloc beside it. Not counted: the CUDA
+    // context and NCCL's own buffers (as in other frameworks' "max allocated" figures).
+    int64_t device_memory_peak_bytes() const override {
+        cudaMemPool_t pool = nullptr;
+        uint64_t high = 0;  // the attribute is a cuuint64_t
+        if (cudaDeviceGetMemPool(&pool, device_) != cudaSuccess ||
+            cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess) {
+            cudaGetLastError();  // a report must not fail the run; 0 reads as "unknown"
+            return 0;
+        }
+        return static_cast<int64_t>(high) + static_cast<int64_t>(cuda::LtGemm::kWorkspaceBytes);
+    }
+
     void widen_16bit(const uint16_t* src, float* dst, int64_t n, bool bf16) {
         cuda::widen_16bit(stream(), src, dst, n, bf16);
     }

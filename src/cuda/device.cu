@@ -21,4 +21,10 @@ std::string cuda_device_description(int device) {
                        static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
 }
 
+std::string cuda_device_name(int device) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return {};
+    return p.name;
+}
+
 }  // namespace saetrain
