@@ -172,6 +172,10 @@ struct ShardBatchSource::Impl {
     std::vector<uint32_t> perm;  // emitter's permutation of the current window
 
     std::unique_ptr<io::RawRowReader> reader;
+    struct Piece {
+        int64_t row, rows;  // range-relative first row, rows
+    };
+    std::vector<Piece> pieces;  // reader thread: the current window's read requests
     std::atomic<int64_t> bytes{0};
     std::atomic<int64_t> buffer_bytes{0};
     std::mutex err_m;
@@ -267,25 +271,41 @@ struct ShardBatchSource::Impl {
             if (!free_windows.pop(&idx)) return;
             Window& win = windows[idx];
             win.epoch = ep.epoch, win.index = w, win.rows = 0;
+            // The window's requests in disk order: chunks adjacent on disk coalesced, at most
+            // 4 chunks per request (keeps stop responsive and the cache friendly).
             const std::vector<int64_t> chunks = ep.window_chunks(w);
-            // Coalesce chunks adjacent on disk into one request (disk order within a window).
+            pieces.clear();
             for (size_t k = 0; k < chunks.size();) {
                 size_t j = k + 1;
                 while (j < chunks.size() && chunks[j] == chunks[j - 1] + 1) ++j;
                 const int64_t row0 = chunks[k] * plan.chunk_rows();
                 int64_t rows = 0;
                 for (size_t q = k; q < j; ++q) rows += plan.chunk_size(chunks[q]);
-                // Requests of at most a few chunks keep stop responsive and the cache friendly.
-                for (int64_t r = 0; r < rows;) {
-                    const int64_t n = std::min(rows - r, 4 * plan.chunk_rows());
-                    reader->read(range.begin + row0 + r, n,
-                                 win.bytes.data() + (win.rows + r) * disk_row_bytes);
-                    bytes += n * disk_row_bytes;
-                    r += n;
-                    if (stop) return;
-                }
-                win.rows += rows;
+                for (int64_t r = 0; r < rows; r += 4 * plan.chunk_rows())
+                    pieces.push_back({row0 + r, std::min(rows - r, 4 * plan.chunk_rows())});
                 k = j;
+            }
+            // Keep about two read chunks hinted beyond the one being read: the requests jump
+            // from stratum to stratum, and without the hint the disk idles at every jump while
+            // the kernel restarts its readahead (+40-80% on strided 8 MiB reads here).
+            const int64_t ahead_bytes = 2 * plan.chunk_rows() * disk_row_bytes;
+            size_t hinted = 0;   // pieces [i + 1, hinted) are hinted
+            int64_t queued = 0;  // their bytes
+            for (size_t i = 0; i < pieces.size(); ++i) {
+                if (hinted <= i)
+                    hinted = i + 1, queued = 0;
+                else
+                    queued -= pieces[i].rows * disk_row_bytes;
+                for (; hinted < pieces.size() && queued < ahead_bytes; ++hinted) {
+                    reader->will_need(range.begin + pieces[hinted].row, pieces[hinted].rows);
+                    queued += pieces[hinted].rows * disk_row_bytes;
+                }
+                const Piece& pc = pieces[i];
+                reader->read(range.begin + pc.row, pc.rows,
+                             win.bytes.data() + win.rows * disk_row_bytes);
+                bytes += pc.rows * disk_row_bytes;
+                win.rows += pc.rows;
+                if (stop) return;
             }
             full_windows.push(idx);
             if (++w == plan.n_windows()) ep = plan.epoch(ep.epoch + 1), w = 0;

@@ -300,6 +300,36 @@ void RawRowReader::read(int64_t row, int64_t rows, void* out) {
     }
 }
 
+void RawRowReader::will_need(int64_t row, int64_t rows) {
+    Impl& m = *impl_;
+    row = std::max(row, m.range.begin);
+    rows = std::min(rows, m.range.end - row);
+    while (rows > 0) {
+        auto it = std::upper_bound(m.info.shards.begin(), m.info.shards.end(), row,
+                                   [](int64_t r, const ShardInfo& s) { return r < s.first_row; });
+        const size_t i = static_cast<size_t>(std::distance(m.info.shards.begin(), it) - 1);
+        const ShardInfo& s = m.info.shards[i];
+        const int64_t here = std::min(rows, s.first_row + s.rows - row);
+        const ShardLayout& L = m.layouts[i];
+        if (L.raw) {
+            const int fd = m.fd_of(i);
+            int64_t r = row - s.first_row, n = here;
+            auto e = std::upper_bound(L.extents.begin(), L.extents.end(), r,
+                                      [](int64_t v, const Extent& x) { return v < x.row; });
+            --e;  // extents start at row 0 and tile the shard
+            while (n > 0) {
+                const int64_t k = std::min(n, e->row + e->rows - r);
+                // Advice only: an error (say, a file system without readahead) changes nothing.
+                ::posix_fadvise(fd, static_cast<off_t>(e->offset + (r - e->row) * m.row_bytes),
+                                static_cast<off_t>(k * m.row_bytes), POSIX_FADV_WILLNEED);
+                r += k, n -= k;
+                ++e;
+            }
+        }
+        row += here, rows -= here;
+    }
+}
+
 int64_t RawRowReader::row_bytes() const { return impl_->row_bytes; }
 
 int RawRowReader::raw_shards() const {

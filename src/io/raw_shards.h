@@ -43,6 +43,12 @@ public:
 
     // Reads global rows [row, row + rows) (inside the range) into out.
     void read(int64_t row, int64_t rows, void* out);
+    // Asks the kernel to start reading global rows [row, row + rows) into the page cache now
+    // (posix_fadvise WILLNEED; no-op for shards read with H5Dread). The loader hints the next
+    // requests of a window before it reads the current one: its requests are sequential but
+    // strided (one chunk per stratum), and each jump otherwise restarts the kernel's readahead
+    // with the disk idle.
+    void will_need(int64_t row, int64_t rows);
     int64_t row_bytes() const;
     // Shards of the range that are read with pread / with H5Dread.
     int raw_shards() const;
