@@ -11,6 +11,22 @@
 
 namespace saetrain {
 
+// Memory that every rank of a group on one node maps (an MPI-3 shared window): one `common`
+// area for the group and one segment per rank. Writes are ordered only by fence().
+class NodeSharedMemory {
+public:
+    virtual ~NodeSharedMemory() = default;
+    virtual float* common() = 0;
+    virtual float* segment(int rank) = 0;
+    // Collective over the group: every rank's writes before it are visible to every rank's
+    // reads after it.
+    virtual void fence() = 0;
+    // segment(me)[i] = segment(0)[i] + segment(1)[i] + ... in rank order, for i in
+    // [offset, offset + count): a reduce-scatter when each rank sums its own range between two
+    // fences. Every rank's sum has the same bits as MPI-free serial addition in rank order.
+    virtual void sum_segments(int64_t offset, int64_t count) = 0;
+};
+
 class Communicator {
 public:
     virtual ~Communicator() = default;
@@ -27,6 +43,13 @@ public:
     virtual void barrier() = 0;
     // Ranks with the same color form a new group, ordered by key (then by rank).
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+    // Collective. Node-shared memory of `common_floats` + size() x `segment_floats`, or nullptr
+    // when the group's ranks do not all share one node (or SAETRAIN_NO_SHM is set,
+    // or the implementation has none). Every rank gets the same answer.
+    virtual std::unique_ptr<NodeSharedMemory> share_node_memory(int64_t /*common_floats*/,
+                                                                int64_t /*segment_floats*/) {
+        return nullptr;
+    }
 };
 
 // A group of one: every collective is a copy or nothing.

@@ -6,6 +6,14 @@
 // all-reduce are one call each. W_enc is kept latent-major (the transpose of the file layout
 // [d, n]) so the sparse TopK backward writes whole contiguous rows per latent.
 //
+// Data-parallel replicas that share one node and host memory (the CPU backend) keep one copy of
+// the parameters and Adam moments per node, in node-shared memory, and split the optimizer
+// step: each replica owns a contiguous range of latents (their W_enc and W_dec rows and b_enc
+// entries; the last one also b_dec), sums that range of every replica's gradient (in rank
+// order), and updates it alone. Nothing is copied back: every replica reads the same
+// parameters. Elsewhere (GPUs, several nodes) the gradients are all-reduced and every replica
+// applies the same full update.
+//
 // Forward: pre = (x - b_dec) W_enc^T + b_enc; z = relu(pre) or the ReLU of its top k;
 // x_hat = z W_dec + b_dec. The loss per step is
 //   L = mean_t ||x_hat_t - x_t||^2 + l1 * mean_t sum_i z_ti ||W_dec_i||
@@ -58,6 +66,8 @@ public:
     StepResult compute_gradients(const float* x_dev, int64_t rows, int64_t norm_rows = 0);
 
     // Host copies of the flat parameter and gradient buffers (layout above), and a setter.
+    // After step() the gradients are the ones summed over replicas. set_params_host, init and
+    // restore are collective over the replicas, which must pass the same values.
     std::vector<float> params_host() const;
     std::vector<float> grads_host() const;
     void set_params_host(const std::vector<float>& p);
@@ -77,6 +87,8 @@ public:
     double dead_fraction() const;
     const SaeConfig& config() const { return cfg_; }
     Backend& backend() { return be_; }
+    // Parameters and optimizer are in node-shared memory, the step split across replicas.
+    bool sharded() const { return shared_ != nullptr; }
     DeviceArray<float>& batch_buffer() { return x_; }
 
 private:
@@ -84,6 +96,15 @@ private:
     void ensure_batch(int64_t rows);
     // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
     void apply_update(StepResult& r);
+    // The optimizer step on latent rows [lo, hi) (and b_dec when `with_b_dec`) of the reduced
+    // gradient; returns nothing, the metrics are decided before.
+    void update_range(int64_t lo, int64_t hi, bool with_b_dec, float grad_scale, float lr,
+                      int64_t t);
+    // Sum of squares of the gradient over the same range.
+    double sum_squares_range(int64_t lo, int64_t hi, bool with_b_dec);
+    // Writes the parameter-shaped host vector `src` into `dst` (collective when sharded: each
+    // replica writes its own range, then a fence).
+    void write_shared(float* dst, const std::vector<float>& src);
 
     SaeConfig cfg_;
     int64_t d_, n_, total_steps_;
@@ -94,7 +115,13 @@ private:
     int64_t bad_in_a_row_ = 0;
 
     int64_t n_params_;
-    DeviceArray<float> params_, grads_, m_, v_;
+    // Node-shared parameters, moments and per-replica gradients, or null; see above.
+    std::unique_ptr<NodeSharedMemory> shared_;
+    int64_t shard_lo_ = 0, shard_hi_ = 0;  // this replica's latent rows when sharded
+    bool shard_b_dec_ = true;
+    bool reduced_ = false;  // the gradient buffer holds this replica's range summed
+    DeviceArray<float> own_params_, own_grads_, own_m_, own_v_;  // when not sharded
+    float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
     DeviceArray<float> x_, xc_, pre_, dz_, xhat_, dec_norms_, zsum_, xcol_, stats_, topk_val_;
     DeviceArray<int32_t> topk_idx_, fires_;
     int64_t batch_cap_ = 0;

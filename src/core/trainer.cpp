@@ -25,10 +25,6 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       be_(backend),
       comm_(grad_comm),
       n_params_(2 * n_ * d_ + n_ + d_),
-      params_(backend, n_params_),
-      grads_(backend, n_params_),
-      m_(backend, n_params_),
-      v_(backend, n_params_),
       dec_norms_(backend, n_),
       zsum_(backend, n_),
       xcol_(backend, d_),
@@ -39,10 +35,26 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
     SAE_ENFORCE(cfg.arch != Arch::topk || cfg.k <= n_,
                 "sae.k = {} exceeds n_latents = {} (d_model {} x expansion {})", cfg.k, n_, d_,
                 cfg.expansion);
-    be_.fill(params_.data(), n_params_, 0.0f);
-    be_.fill(grads_.data(), n_params_, 0.0f);
-    be_.fill(m_.data(), n_params_, 0.0f);
-    be_.fill(v_.data(), n_params_, 0.0f);
+    if (comm_.size() > 1 && be_.host_memory())
+        shared_ = comm_.share_node_memory(3 * n_params_, n_params_);
+    if (shared_) {  // zeroed by the owners of its pages
+        params_ = shared_->common();
+        m_ = params_ + n_params_;
+        v_ = m_ + n_params_;
+        grads_ = shared_->segment(comm_.rank());
+        const int64_t r = comm_.rank(), R = comm_.size();
+        shard_lo_ = n_ * r / R, shard_hi_ = n_ * (r + 1) / R;
+        shard_b_dec_ = r == R - 1;
+    } else {
+        own_params_ = DeviceArray<float>(backend, n_params_);
+        own_grads_ = DeviceArray<float>(backend, n_params_);
+        own_m_ = DeviceArray<float>(backend, n_params_);
+        own_v_ = DeviceArray<float>(backend, n_params_);
+        params_ = own_params_.data(), grads_ = own_grads_.data();
+        m_ = own_m_.data(), v_ = own_v_.data();
+        for (float* a : {params_, grads_, m_, v_}) be_.fill(a, n_params_, 0.0f);
+        shard_lo_ = 0, shard_hi_ = n_, shard_b_dec_ = true;
+    }
 }
 
 SaeTrainer::~SaeTrainer() = default;
@@ -93,7 +105,8 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t n
     const int64_t B = rows, d = d_, n = n_;
     if (norm_rows <= 0) norm_rows = rows;
     ensure_batch(B);
-    Views P(params_.data(), n, d), G(grads_.data(), n, d);
+    reduced_ = false;
+    Views P(params_, n, d), G(grads_, n, d);
     // d/dx_hat of sum_t ||err_t||^2 / norm_rows
     const float grad_scale = 2.0f / static_cast<float>(norm_rows);
     const double l1 = cfg_.arch == Arch::relu ? l1_at(cfg_, step_) : 0.0;
@@ -150,24 +163,45 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t n
 
 void SaeTrainer::apply_update(StepResult& r) {
     const int64_t n = n_, d = d_;
-    Views P(params_.data(), n, d), G(grads_.data(), n, d);
+    Views P(params_, n, d), G(grads_, n, d);
     // Gradients are of the summed loss (see step): sum them, and the step's metrics, over the
     // replicas, then divide by the rows of all replicas through Adam's grad_scale.
+    double sum_sq = 0;
     if (comm_.size() > 1) {
-        comm_.allreduce_sum(grads_.data(), n_params_);
         std::vector<double> m = {double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0};
+        if (sharded()) {
+            // Reduce-scatter in shared memory: this replica's range, summed over replicas.
+            shared_->fence();  // every replica's gradient is complete
+            shared_->sum_segments(shard_lo_ * d, (shard_hi_ - shard_lo_) * d);
+            shared_->sum_segments(n * d + shard_lo_ * d, (shard_hi_ - shard_lo_) * d);
+            shared_->sum_segments(2 * n * d + shard_lo_, shard_hi_ - shard_lo_);
+            if (shard_b_dec_) shared_->sum_segments(2 * n * d + n, d);
+            reduced_ = true;
+            if (cfg_.normalize_decoder)
+                be_.project_out_parallel(P.w_dec + shard_lo_ * d, G.w_dec + shard_lo_ * d,
+                                         shard_hi_ - shard_lo_, d);
+            m.push_back(sum_squares_range(shard_lo_, shard_hi_, shard_b_dec_));
+        } else {
+            comm_.allreduce_sum(grads_, n_params_);
+            reduced_ = true;
+        }
         m.insert(m.end(), fires_host_.begin(), fires_host_.end());
         comm_.allreduce_sum(m.data(), static_cast<int64_t>(m.size()));
         r.rows = static_cast<int64_t>(m[0]);
         r.loss = m[1] / m[0], r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5];
-        for (int64_t i = 0; i < n; ++i) fires_host_[i] = static_cast<int32_t>(m[6 + i]);
+        const size_t f0 = sharded() ? 7 : 6;
+        if (sharded()) sum_sq = m[6];
+        for (int64_t i = 0; i < n; ++i) fires_host_[i] = static_cast<int32_t>(m[f0 + i]);
     }
     if (r.rows == 0) return;  // no replica had data: nothing to learn from
     const double rows_all = static_cast<double>(r.rows);
-    if (cfg_.normalize_decoder) be_.project_out_parallel(P.w_dec, G.w_dec, n, d);
+    if (!sharded()) {
+        if (cfg_.normalize_decoder) be_.project_out_parallel(P.w_dec, G.w_dec, n, d);
+        sum_sq = be_.sum_squares(grads_, n_params_);
+    }
 
     float grad_scale = static_cast<float>(1.0 / rows_all);
-    r.grad_norm = std::sqrt(be_.sum_squares(grads_.data(), n_params_)) / rows_all;
+    r.grad_norm = std::sqrt(sum_sq) / rows_all;
     if (cfg_.grad_clip > 0 && r.grad_norm > cfg_.grad_clip) {
         grad_scale *= static_cast<float>(cfg_.grad_clip / r.grad_norm);
         r.clipped = true;
@@ -186,22 +220,52 @@ void SaeTrainer::apply_update(StepResult& r) {
     }
     bad_in_a_row_ = 0;
     r.lr = lr_at(cfg_, step_, total_steps_);
-    const int64_t t = step_ + 1;
-    const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
-    const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
-    const auto b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
-    const auto eps = static_cast<float>(cfg_.eps), lr = static_cast<float>(r.lr);
-    const int64_t n_w = 2 * n * d;  // weights get weight decay, biases do not
-    be_.adam(params_.data(), grads_.data(), m_.data(), v_.data(), n_w, lr, b1, b2, eps, bc1, bc2,
-             static_cast<float>(cfg_.weight_decay), grad_scale);
-    be_.adam(params_.data() + n_w, grads_.data() + n_w, m_.data() + n_w, v_.data() + n_w,
-             n_params_ - n_w, lr, b1, b2, eps, bc1, bc2, 0.0f, grad_scale);
-    if (cfg_.normalize_decoder) be_.normalize_rows(P.w_dec, n, d);
+    update_range(shard_lo_, shard_hi_, shard_b_dec_, grad_scale, static_cast<float>(r.lr),
+                 step_ + 1);
+    if (sharded()) shared_->fence();  // every range updated before anyone reads parameters
 
     for (int64_t i = 0; i < n; ++i)
         since_fired_[i] = fires_host_[i] > 0 ? 0 : since_fired_[i] + r.rows;
     ++step_;
     tokens_ += r.rows;
+}
+
+void SaeTrainer::update_range(int64_t lo, int64_t hi, bool with_b_dec, float grad_scale, float lr,
+                              int64_t t) {
+    const int64_t n = n_, d = d_;
+    const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
+    const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
+    const auto b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
+    const auto eps = static_cast<float>(cfg_.eps);
+    const auto wd = static_cast<float>(cfg_.weight_decay);
+    auto adam = [&](int64_t off, int64_t len, float decay) {
+        if (len > 0)
+            be_.adam(params_ + off, grads_ + off, m_ + off, v_ + off, len, lr, b1, b2, eps, bc1,
+                     bc2, decay, grad_scale);
+    };
+    // Weights get weight decay, biases do not. The whole model is two contiguous calls.
+    if (lo == 0 && hi == n) {
+        adam(0, 2 * n * d, wd);
+    } else {
+        adam(lo * d, (hi - lo) * d, wd);
+        adam(n * d + lo * d, (hi - lo) * d, wd);
+    }
+    if (with_b_dec && lo == 0 && hi == n) {
+        adam(2 * n * d, n + d, 0.0f);
+    } else {
+        adam(2 * n * d + lo, hi - lo, 0.0f);
+        if (with_b_dec) adam(2 * n * d + n, d, 0.0f);
+    }
+    if (cfg_.normalize_decoder) be_.normalize_rows(params_ + n * d + lo * d, hi - lo, d);
+}
+
+double SaeTrainer::sum_squares_range(int64_t lo, int64_t hi, bool with_b_dec) {
+    const int64_t n = n_, d = d_;
+    double s = be_.sum_squares(grads_ + lo * d, (hi - lo) * d) +
+               be_.sum_squares(grads_ + n * d + lo * d, (hi - lo) * d) +
+               be_.sum_squares(grads_ + 2 * n * d + lo, hi - lo);
+    if (with_b_dec) s += be_.sum_squares(grads_ + 2 * n * d + n, d);
+    return s;
 }
 
 StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
@@ -213,7 +277,7 @@ StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
         // gradient of the mean over all rows once apply_update divides by the total.
         r = compute_gradients(x_.data(), rows, 1);
     } else {
-        be_.fill(grads_.data(), n_params_, 0.0f);  // an idle replica still joins the all-reduce
+        be_.fill(grads_, n_params_, 0.0f);  // an idle replica still joins the all-reduce
         std::fill(fires_host_.begin(), fires_host_.end(), 0);
     }
     if (comm_.size() == 1 && rows == 0) return r;
@@ -229,21 +293,45 @@ double SaeTrainer::dead_fraction() const {
 
 std::vector<float> SaeTrainer::params_host() const {
     std::vector<float> p(static_cast<size_t>(n_params_));
-    be_.download(p.data(), params_.data(), params_.bytes());
+    be_.download(p.data(), params_, n_params_ * static_cast<int64_t>(sizeof(float)));
     return p;
 }
 
 std::vector<float> SaeTrainer::grads_host() const {
     std::vector<float> g(static_cast<size_t>(n_params_));
-    be_.download(g.data(), grads_.data(), grads_.bytes());
+    if (!(sharded() && reduced_)) {
+        be_.download(g.data(), grads_, n_params_ * static_cast<int64_t>(sizeof(float)));
+        return g;
+    }
+    // Each replica's range of the summed gradient sits in that replica's segment.
+    const int64_t n = n_, d = d_, R = comm_.size();
+    for (int64_t q = 0; q < R; ++q) {
+        const float* seg = shared_->segment(static_cast<int>(q));
+        const int64_t lo = n * q / R, hi = n * (q + 1) / R;
+        for (int64_t off : {lo * d, n * d + lo * d})
+            std::copy(seg + off, seg + off + (hi - lo) * d, g.begin() + off);
+        std::copy(seg + 2 * n * d + lo, seg + 2 * n * d + hi, g.begin() + 2 * n * d + lo);
+        if (q == R - 1) std::copy(seg + 2 * n * d + n, seg + n_params_, g.begin() + 2 * n * d + n);
+    }
     return g;
 }
 
-void SaeTrainer::set_params_host(const std::vector<float>& p) {
-    SAE_ENFORCE(static_cast<int64_t>(p.size()) == n_params_,
-                "parameter buffer has {} values, expected {}", p.size(), n_params_);
-    be_.upload(params_.data(), p.data(), params_.bytes());
+void SaeTrainer::write_shared(float* dst, const std::vector<float>& src) {
+    SAE_ENFORCE(static_cast<int64_t>(src.size()) == n_params_,
+                "parameter buffer has {} values, expected {}", src.size(), n_params_);
+    if (!sharded()) {
+        be_.upload(dst, src.data(), n_params_ * static_cast<int64_t>(sizeof(float)));
+        return;
+    }
+    const int64_t n = n_, d = d_, lo = shard_lo_, hi = shard_hi_;
+    for (int64_t off : {lo * d, n * d + lo * d})
+        std::copy(src.begin() + off, src.begin() + off + (hi - lo) * d, dst + off);
+    std::copy(src.begin() + 2 * n * d + lo, src.begin() + 2 * n * d + hi, dst + 2 * n * d + lo);
+    if (shard_b_dec_) std::copy(src.begin() + 2 * n * d + n, src.end(), dst + 2 * n * d + n);
+    shared_->fence();
 }
+
+void SaeTrainer::set_params_host(const std::vector<float>& p) { write_shared(params_, p); }
 
 TrainState SaeTrainer::state() const {
     TrainState s;
@@ -251,8 +339,9 @@ TrainState SaeTrainer::state() const {
     s.tokens = tokens_;
     s.adam_m.resize(static_cast<size_t>(n_params_));
     s.adam_v.resize(static_cast<size_t>(n_params_));
-    be_.download(s.adam_m.data(), m_.data(), m_.bytes());
-    be_.download(s.adam_v.data(), v_.data(), v_.bytes());
+    const int64_t bytes = n_params_ * static_cast<int64_t>(sizeof(float));
+    be_.download(s.adam_m.data(), m_, bytes);
+    be_.download(s.adam_v.data(), v_, bytes);
     s.since_fired = since_fired_;
     return s;
 }
@@ -262,6 +351,7 @@ void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
                 "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}", w.d_model,
                 w.n_latents, d_, n_);
     SAE_ENFORCE(static_cast<int64_t>(s.adam_m.size()) == n_params_ &&
+                    static_cast<int64_t>(s.adam_v.size()) == n_params_ &&
                     static_cast<int64_t>(s.since_fired.size()) == n_,
                 "checkpoint state does not match an SAE of {} latents", n_);
     std::vector<float> p(static_cast<size_t>(n_params_));
@@ -270,9 +360,9 @@ void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
     std::copy(w.w_dec.begin(), w.w_dec.end(), p.begin() + n_ * d_);
     std::copy(w.b_enc.begin(), w.b_enc.end(), p.begin() + 2 * n_ * d_);
     std::copy(w.b_dec.begin(), w.b_dec.end(), p.begin() + 2 * n_ * d_ + n_);
-    set_params_host(p);
-    be_.upload(m_.data(), s.adam_m.data(), m_.bytes());
-    be_.upload(v_.data(), s.adam_v.data(), v_.bytes());
+    write_shared(params_, p);
+    write_shared(m_, s.adam_m);
+    write_shared(v_, s.adam_v);
     since_fired_ = s.since_fired;
     step_ = s.step;
     tokens_ = s.tokens;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -173,6 +174,9 @@ TEST(Mpi, DataParallelReplicasAgreeWithOneProcessReference) {
     for (Arch arch : {Arch::topk, Arch::relu}) {
         auto be = make_cpu_backend(1);
         SaeTrainer tr(small_sae(arch), d, 20, 3, *be, w);
+        // One node: the optimizer is split over node-shared memory unless the environment
+        // asks for message passing (the test_mpi_np2_messages run).
+        EXPECT_EQ(tr.sharded(), std::getenv("SAETRAIN_NO_SHM") == nullptr);
         std::mt19937 rng(100 + w.rank());  // each replica its own rows
         std::normal_distribution<float> normal(0.0f, 1.0f);
         std::vector<float> x(rows * d);
