@@ -205,6 +205,21 @@ TEST_F(Resume, StoppedOrKilledRankEndsTheJob) {
     }
 }
 
+// A replica that fails mid-run in data-parallel mode (its peers wait in the shared-memory
+// optimizer's fence) ends the job at once with its message, not after the watchdog's timeout:
+// the failing rank must not block in a collective (freeing the shared window) on its way out.
+TEST_F(Resume, DataParallelFailureEndsTheJobAtOnce) {
+    const std::string cfg = config("fault", "parallel: {mode: data_parallel, timeout_s: 20}\n");
+    const Result r = run(std::string("SAETRAIN_FAULT=1:5 ") + kMpi + bin("saetrain") + " " + cfg +
+                         " --overwrite --threads 1");
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
+    EXPECT_NE(r.out.find("rank 1: injected fault at iteration 5"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("has waited"), std::string::npos)
+        << "the job was ended by the watchdog, not by the failing rank:\n"
+        << r.out;
+}
+
 TEST_F(Resume, DamagedNewestCheckpointFallsBackAndConfigChangesAreRefused) {
     const std::string cfg = config("dmg");
     const std::string cmd = bin("saetrain") + " " + cfg + " --threads 1";

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -99,6 +100,9 @@ public:
         fence();
     }
     ~NodeShared() override {
+        // MPI_Win_free is collective: while an exception unwinds (this rank is about to abort
+        // the job) peers may be waiting elsewhere, so leave the window to the abort.
+        if (std::uncaught_exceptions() > 0) return;
         MPI_Win_unlock_all(win_);
         MPI_Win_free(&win_);
     }
