@@ -358,8 +358,6 @@ int run(const Args& args, Communicator& world) {
     };
     opt.stop_requested = [] { return g_stop_signal.load() != 0; };
     opt.stop_on_nonfinite = cfg.data.nonfinite == "stop";
-    std::signal(SIGTERM, on_stop_signal);
-    std::signal(SIGUSR1, on_stop_signal);
     const Fault fault = fault_from_env();
     opt.on_iteration = [&](int64_t iter) {
         SAE_ENFORCE(!(fault.rank == world.rank() && fault.iteration == iter),
@@ -439,6 +437,10 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         return app.exit(e);
     }
+    // From here on a stop signal is a request: honoured at the first iteration if it arrives
+    // during start-up (the default action would kill the rank and leave its peers waiting).
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGUSR1, on_stop_signal);
     auto world = make_mpi_world();
     try {
         return run(args, *world);

@@ -146,8 +146,14 @@ TEST_F(Resume, SignalStopsAllRanksWithACommittedCheckpoint) {
     // newest process whose command line starts with the binary, i.e. a rank, not mpirun.
     std::ofstream(dir / "sig.sh") << "( " << cmd << " > " << (dir / "sig.log").string()
                                   << " 2>&1; echo $? > " << (dir / "sig.code").string()
-                                  << " ) &\nsleep 0.4\npkill -USR1 -n -f -- '^" << bin("saetrain")
-                                  << " " << cfg << "'\nwait\n";
+                                  << " ) &\n"
+                                  // Once training has started (the per-node line is printed
+                                  // after start-up), as Slurm's --signal=USR1@T would.
+                                  << "for i in $(seq 100); do grep -q '^node ' "
+                                  << (dir / "sig.log").string()
+                                  << " 2>/dev/null && break; sleep 0.1; done\nsleep 0.2\n"
+                                  << "pkill -USR1 -n -f -- '^" << bin("saetrain") << " " << cfg
+                                  << "'\nwait\n";
     run("bash " + (dir / "sig.sh").string());
     std::ifstream code_in(dir / "sig.code");
     int code = -1;
