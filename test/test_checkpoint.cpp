@@ -5,10 +5,13 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include "saetrain/checkpoint.h"
+#include "saetrain/checkpointer.h"
+#include "saetrain/config.h"
 #include "saetrain/error.h"
 #include "saetrain/shards.h"
 #include "saetrain/synth.h"
@@ -185,4 +188,40 @@ TEST(Checkpoint, WriteWhileAnotherThreadReadsShards) {
     }
     reader.join();
     EXPECT_TRUE(reads_ok);
+}
+
+namespace {
+
+// Drops the line of `key` (indented, inside its section) from a config_to_yaml text.
+std::string without_key(const std::string& yaml, const std::string& key) {
+    std::string out;
+    std::istringstream in(yaml);
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind("  " + key + ":", 0) != 0) out += line + "\n";
+    return out;
+}
+
+}  // namespace
+
+// Resume compares the checkpoint's config with the new one on the keys that change the result.
+TEST(Checkpoint, ConfigDifferencesIgnoreHarmlessKeysAndNewDefaults) {
+    auto yaml = [](const std::vector<std::string>& sets) {
+        return config_to_yaml(config_parse("data: {path: data}\n", sets));
+    };
+    const std::string base = yaml({});
+    EXPECT_TRUE(config_result_differences(base, base).empty());
+    EXPECT_TRUE(config_result_differences(base, yaml({"log.every_steps=7", "log.peak_tflops=989",
+                                                      "parallel.timeout_s=30"}))
+                    .empty());
+
+    const auto d = config_result_differences(base, yaml({"train.lr=0.0008"}));
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_NE(d[0].find("train.lr"), std::string::npos) << d[0];
+
+    // A run written before a key existed: absent equals the default, not a change...
+    const std::string old = without_key(base, "max_bad_steps");
+    ASSERT_NE(old, base) << "the test's key is not in the YAML";
+    EXPECT_TRUE(config_result_differences(old, base).empty());
+    // ... but a non-default value for it is one.
+    EXPECT_EQ(config_result_differences(old, yaml({"train.max_bad_steps=3"})).size(), 1u);
 }

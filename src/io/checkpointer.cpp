@@ -7,6 +7,7 @@
 #include <regex>
 #include <sstream>
 
+#include "saetrain/config.h"
 #include "saetrain/error.h"
 
 namespace fs = std::filesystem;
@@ -47,9 +48,12 @@ std::map<std::string, std::string> flatten(const std::string& yaml) {
 std::vector<std::string> config_result_differences(const std::string& old_yaml,
                                                    const std::string& new_yaml) {
     static const std::vector<std::string> harmless = {
-        "run.out_dir",     "log.every_steps", "checkpoint.every_steps",
-        "checkpoint.keep", "data.stage_dir",  "data.prefetch_bytes",
-        "backend"};
+        "run.out_dir",       "log.every_steps", "log.peak_tflops",     "checkpoint.every_steps",
+        "checkpoint.keep",   "data.stage_dir",  "data.prefetch_bytes", "backend",
+        "parallel.timeout_s"};
+    // A key one side lacks (a run from a version without it) counts as its default value.
+    static const Config default_config;
+    static const auto defaults = flatten(config_to_yaml(default_config));
     const auto a = flatten(old_yaml), b = flatten(new_yaml);
     std::vector<std::string> keys;
     for (const auto& [k, v] : a) keys.push_back(k);
@@ -59,9 +63,12 @@ std::vector<std::string> config_result_differences(const std::string& old_yaml,
     std::vector<std::string> diff;
     for (const std::string& k : keys) {
         if (std::find(harmless.begin(), harmless.end(), k) != harmless.end()) continue;
-        const auto ia = a.find(k), ib = b.find(k);
-        const std::string va = ia == a.end() ? "(absent)" : ia->second;
-        const std::string vb = ib == b.end() ? "(absent)" : ib->second;
+        auto value = [&](const auto& side) -> std::string {
+            if (auto i = side.find(k); i != side.end()) return i->second;
+            if (auto i = defaults.find(k); i != defaults.end()) return i->second;
+            return "(absent)";
+        };
+        const std::string va = value(a), vb = value(b);
         if (va != vb) diff.push_back(fmt::format("{}: {} -> {}", k, va, vb));
     }
     return diff;
