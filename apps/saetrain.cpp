@@ -36,7 +36,7 @@
 #include "saetrain/mpi_world.h"      // defines: MpiScope, make_mpi_world, node_placement
 #include "saetrain/perfmodel.h"      // defines: mfu_peak (the peak MFU is measured against)
 #include "saetrain/report.h"         // defines: RunReporter (rank 0 gathers metrics)
-#include "saetrain/shards.h"         // defines: dataset_open, partition_rows
+#include "saetrain/shards.h"         // defines: dataset_open, dataset_info_pack, partition_rows
 #include "saetrain/shared_source.h"  // defines: SharedBatchSource (slices -> one stream)
 #include "saetrain/synth.h"          // defines: synth_read_features, feature_recovery
 #include "saetrain/train_loop.h"     // defines: train_loop, SaeTrainer
@@ -159,11 +159,13 @@ struct Setup {
     bool complete = false;  // out_dir holds a finished run
 };
 
-Setup set_up(const Args& args, int rank, int world, const NodePlacement& place) {
+// `data`: the dataset as rank 0 validated it.
+Setup set_up(const Args& args, Config cfg, DatasetInfo data, int rank, int world,
+             const NodePlacement& place) {
     Setup s;
-    s.cfg = config_load(args.config, args.sets);
+    s.cfg = std::move(cfg);
     s.layout = layout_for(s.cfg, world, rank);
-    s.data = dataset_open(s.cfg.data.path, s.cfg.data.dataset);
+    s.data = std::move(data);
     config_validate_for_data(s.cfg, s.data.d_model);
     s.ids = sweep_ids(s.cfg, s.data.d_model);
     const fs::path out = s.cfg.run.out_dir;
@@ -250,16 +252,32 @@ int run(const Args& args, Communicator& world) {
     const bool root = world.rank() == 0;
     const NodePlacement place = node_placement();
 
-    // --- set up (local), then agree ----------------------------------------------------------
-    std::optional<Setup> setup;
-    std::string error;
+    // --- set up, agreeing on failures -------------------------------------------------------
+    // Every rank reads the config; rank 0 alone lists and validates the shards and broadcasts
+    // what it found (one metadata pass over a parallel file system per job, not one per rank);
+    // then every rank sets up locally (its loader opens only the shards of its own slice).
+    std::optional<Config> config;
+    std::string error, packed;
     try {
-        setup.emplace(set_up(args, world.rank(), world.size(), place));
+        config = config_load(args.config, args.sets);
+        if (root) packed = dataset_info_pack(dataset_open(config->data.path, config->data.dataset));
     } catch (const std::exception& e) {
         error = e.what();
     }
     // Bound every collective from the first one on (the start-up agreement included).
-    set_collective_timeout(setup ? setup->cfg.parallel.timeout_s : ParallelConfig{}.timeout_s);
+    set_collective_timeout(config ? config->parallel.timeout_s : ParallelConfig{}.timeout_s);
+    if (!agree_on_startup(world, error)) return 1;
+    int64_t packed_size = static_cast<int64_t>(packed.size());
+    world.bcast(&packed_size, sizeof(packed_size), 0);
+    packed.resize(static_cast<size_t>(packed_size));
+    world.bcast(packed.data(), packed_size, 0);
+    std::optional<Setup> setup;
+    try {
+        setup.emplace(set_up(args, std::move(*config), dataset_info_unpack(packed), world.rank(),
+                             world.size(), place));
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
     if (!agree_on_startup(world, error)) return 1;
     Setup& s = *setup;
     const Config& cfg = s.cfg;

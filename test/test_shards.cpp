@@ -295,6 +295,38 @@ TEST(Shards, ListingGlobAndSingleFile) {
 
 // --- validation errors ----------------------------------------------------------------------
 
+// Rank 0 validates a dataset and broadcasts it packed; the other ranks read from the unpacked
+// description exactly what they would from their own dataset_open.
+TEST(Shards, PackedDescriptionRoundTrips) {
+    TempDir tmp;
+    synth_write(small_opts(tmp.path.string(), DType::f16, true));
+    const DatasetInfo info = dataset_open(tmp.path.string());
+    const std::string bytes = dataset_info_pack(info);
+    const DatasetInfo back = dataset_info_unpack(bytes);
+    EXPECT_EQ(back.source, info.source);
+    EXPECT_EQ(back.dataset, info.dataset);
+    EXPECT_EQ(back.model, info.model);
+    EXPECT_EQ(back.hook, info.hook);
+    EXPECT_EQ(back.d_model, info.d_model);
+    EXPECT_EQ(back.total_rows, info.total_rows);
+    EXPECT_EQ(back.dtype, info.dtype);
+    ASSERT_EQ(back.shards.size(), info.shards.size());
+    for (size_t i = 0; i < info.shards.size(); ++i) {
+        EXPECT_EQ(back.shards[i].path, info.shards[i].path);
+        EXPECT_EQ(back.shards[i].rows, info.shards[i].rows);
+        EXPECT_EQ(back.shards[i].first_row, info.shards[i].first_row);
+    }
+    EXPECT_EQ(read_all_odd(back), read_all_odd(info));
+    // Damaged bytes are an error, never a wrong description.
+    EXPECT_NE(
+        error_of([&] { dataset_info_unpack(bytes.substr(0, bytes.size() - 3)); }).find("truncated"),
+        std::string::npos);
+    EXPECT_NE(error_of([&] { dataset_info_unpack(bytes + "x"); }).find("trailing"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { dataset_info_unpack("not a description at all"); }).find("packed"),
+              std::string::npos);
+}
+
 TEST(ShardsValidation, MismatchedDModelNamesTheShard) {
     TempDir tmp;
     SynthOptions a = small_opts(tmp / "a", DType::f32, false);

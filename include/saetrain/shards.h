@@ -41,6 +41,12 @@ struct DatasetInfo {
 DatasetInfo dataset_open(const std::string& path_or_glob,
                          const std::string& dataset = "activations");
 
+// DatasetInfo as bytes and back: one rank validates a dataset and broadcasts the result, so a
+// job of R ranks opens every shard's metadata once instead of R times. unpack throws Error on
+// bytes that pack did not produce.
+std::string dataset_info_pack(const DatasetInfo& info);
+DatasetInfo dataset_info_unpack(const std::string& bytes);
+
 // Half-open range [begin, end) of global rows.
 struct RowRange {
     int64_t begin = 0;

@@ -272,6 +272,83 @@ DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dat
     return info;
 }
 
+// --- packing ------------------------------------------------------------------------------
+
+namespace {
+
+class Packer {
+public:
+    void i64(int64_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+    void str(const std::string& v) {
+        i64(static_cast<int64_t>(v.size()));
+        out += v;
+    }
+    std::string out;
+};
+
+class Unpacker {
+public:
+    explicit Unpacker(const std::string& b) : bytes(b) {}
+    int64_t i64() {
+        need(sizeof(int64_t));
+        int64_t v = 0;
+        std::memcpy(&v, bytes.data() + pos, sizeof(v));
+        pos += sizeof(v);
+        return v;
+    }
+    std::string str() {
+        const int64_t n = i64();
+        SAE_ENFORCE(n >= 0, "dataset description is damaged (negative length)");
+        need(static_cast<size_t>(n));
+        std::string v = bytes.substr(pos, static_cast<size_t>(n));
+        pos += static_cast<size_t>(n);
+        return v;
+    }
+    bool done() const { return pos == bytes.size(); }
+
+private:
+    void need(size_t n) const {
+        SAE_ENFORCE(n <= bytes.size() - pos, "dataset description is truncated");
+    }
+    const std::string& bytes;
+    size_t pos = 0;
+};
+
+constexpr int64_t kPackMagic = 0x5341454453493031;  // "SAEDSI01"
+
+}  // namespace
+
+std::string dataset_info_pack(const DatasetInfo& info) {
+    Packer p;
+    p.i64(kPackMagic);
+    p.str(info.source), p.str(info.dataset), p.str(info.model), p.str(info.hook);
+    p.i64(info.d_model), p.i64(info.total_rows), p.i64(static_cast<int64_t>(info.dtype));
+    p.i64(static_cast<int64_t>(info.shards.size()));
+    for (const ShardInfo& s : info.shards) p.str(s.path), p.i64(s.rows), p.i64(s.first_row);
+    return p.out;
+}
+
+DatasetInfo dataset_info_unpack(const std::string& bytes) {
+    Unpacker u(bytes);
+    SAE_ENFORCE(u.i64() == kPackMagic, "not a packed dataset description");
+    DatasetInfo info;
+    info.source = u.str(), info.dataset = u.str(), info.model = u.str(), info.hook = u.str();
+    info.d_model = u.i64(), info.total_rows = u.i64();
+    const int64_t t = u.i64();
+    SAE_ENFORCE(t >= 0 && t <= static_cast<int64_t>(DType::bf16),
+                "dataset description is damaged (dtype {})", t);
+    info.dtype = static_cast<DType>(t);
+    const int64_t n = u.i64();
+    SAE_ENFORCE(n >= 0, "dataset description is damaged ({} shards)", n);
+    for (int64_t i = 0; i < n; ++i) {
+        ShardInfo s;
+        s.path = u.str(), s.rows = u.i64(), s.first_row = u.i64();
+        info.shards.push_back(std::move(s));
+    }
+    SAE_ENFORCE(u.done(), "dataset description has trailing bytes");
+    return info;
+}
+
 // --- partitioning --------------------------------------------------------------------------
 
 RowRange partition_rows(int64_t total_rows, int rank, int world) {
