@@ -33,6 +33,7 @@
 #include "saetrain/error.h"          // defines: saetrain::Error, SAE_ENFORCE
 #include "saetrain/layout.h"         // defines: layout_for (which SAE / replica this rank is)
 #include "saetrain/loader.h"         // defines: ShardBatchSource (a rank's slice, shuffled)
+#include "saetrain/metrics.h"        // defines: metrics_last_row
 #include "saetrain/mpi_world.h"      // defines: MpiScope, make_mpi_world, node_placement
 #include "saetrain/perfmodel.h"      // defines: mfu_peak (the peak MFU is measured against)
 #include "saetrain/report.h"         // defines: RunReporter (rank 0 gathers metrics)
@@ -406,6 +407,16 @@ int run(const Args& args, Communicator& world) {
     mine.steps = res.steps, mine.tokens = res.tokens;
     mine.tokens_per_s = res.tokens_per_s, mine.wait_fraction = res.wait_fraction;
     mine.tflops = res.tflops;
+    if (res.last.sae.empty()) {
+        // Resumed with nothing left to train (stopped between the final checkpoint and
+        // COMPLETE): report the SAE as the log last saw it, with that interval's rates, rather
+        // than an empty interval of zeros.
+        if (auto logged = metrics_last_row((out / "metrics.jsonl").string(), id)) {
+            mine.last = *logged;
+            mine.tokens_per_s = logged->tokens_per_s, mine.wait_fraction = logged->wait_fraction;
+            mine.tflops = logged->tflops;
+        }
+    }
     if (writer) {
         const SaeWeights w = trainer.weights();
         sae_write_h5((sae_dir / "final.h5").string(), w, meta_now(trainer));

@@ -199,6 +199,24 @@ TEST_F(Cli, MetricsReportTflopsMemoryAndMfuOnlyWithAPeak) {
                 1e-5 * std::stod(summary[0]["mfu"]));
 }
 
+// A run stopped between its final checkpoint and COMPLETE resumes with nothing left to train:
+// its summary must still describe the SAE (from the log), not an empty interval of zeros.
+TEST_F(Cli, ResumedAtTheEndKeepsTheSummary) {
+    ASSERT_EQ(train().code, 0);
+    const auto before = csv_rows(dir / "run/summary.csv");
+    ASSERT_EQ(before.size(), 1u);
+    fs::remove(dir / "run/COMPLETE");
+    const Result r = train();
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from the checkpoint"), std::string::npos) << r.out;
+    const auto after = csv_rows(dir / "run/summary.csv");
+    ASSERT_EQ(after.size(), 1u);
+    for (const char* key : {"steps", "tokens", "mse", "fvu", "l0", "dead_fraction"})
+        EXPECT_EQ(after[0].at(key), before[0].at(key)) << key;
+    EXPECT_GT(std::stod(after[0].at("fvu")), 0.0);
+    EXPECT_GT(std::stod(after[0].at("tokens_per_s")), 0.0);
+}
+
 TEST_F(Cli, FinishedRunsAreKeptAndForeignRunsRefused) {
     ASSERT_EQ(train().code, 0);
     // A finished run: nothing to do, nothing overwritten.

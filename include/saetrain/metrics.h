@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ private:
 };
 
 std::string metrics_json(const MetricsRow& row);
+// The last row metrics_json wrote for SAE `sae` in the metrics.jsonl at `path`, or nullopt (no
+// file, no row for it). Lines that are not such rows are skipped.
+std::optional<MetricsRow> metrics_last_row(const std::string& path, const std::string& sae);
 // "<sae> step 150/1000 | 12.3K tok/s | mse 1.2e-02 | fvu 0.045 | l0 32.0 | dead 0.0% |
 //  wait 0.0% | 0.19 TFLOP/s [| MFU 12.0%] [| GPU mem 3.20 GB] | host mem 0.50 GB | ETA 1m23s"
 std::string progress_line(const MetricsRow& row);
