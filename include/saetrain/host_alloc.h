@@ -1,10 +1,9 @@
 // host_alloc.h — how the reader allocates its large host buffers (windows and output ring).
 //
-// The reader's buffers are hundreds of MB. On the CPU backend they come from the default
-// allocator here (2 MiB-aligned, with transparent huge pages requested: first-touch page faults
-// on 4 KiB pages cost ~1 s per GB on the development VM, more than reading the bytes from
-// disk). With the CUDA backend they must be pinned (page-locked) host memory so that uploads
-// are true DMA transfers: apps/saetrain passes cuda_pinned_allocator() (cuda_pinned.h).
+// The reader's buffers are hundreds of MB, allocated once per reader. On the CPU backend they
+// come from the default allocator here (page-aligned heap memory). With the CUDA backend they
+// must be pinned (page-locked) host memory so that uploads of batches are true DMA transfers:
+// apps/saetrain passes cuda_pinned_allocator() (cuda_pinned.h). Tests pass counting allocators.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +20,7 @@ struct HostAllocator {
     std::string name;  // in error messages: "default", "CUDA pinned", ...
 };
 
-// Aligned heap memory with transparent huge pages requested (madvise, where supported).
+// std::aligned_alloc(4096, ...) / std::free.
 HostAllocator host_allocator_default();
 
 }  // namespace saetrain

@@ -314,15 +314,24 @@ struct ShardBatchSource::Impl {
 
     // Emits rows from the window holding cursor c (skipping what was delivered) to the end.
     void emit_loop(ReaderCursor c, int64_t global) {
-        // Off the reader's path: first-touch faults of window 1 overlap the reading of window 0.
-        if (!populated) populate(windows[1].bytes.data(), windows[1].bytes.bytes());
-        populated = true;
+        // Off the reader's path: first-touch faults of window 1 overlap the reading of window 0,
+        // in steps, until window 0 is full (emitting it must not wait; what is left of window 1
+        // is then faulted by the reader's pread, as without this).
+        int ready = -1;
+        if (!populated) {
+            char* p = windows[1].bytes.data();
+            const size_t n = windows[1].bytes.bytes(), step = size_t{32} << 20;
+            for (size_t off = 0; off < n && !full_windows.try_pop(&ready); off += step)
+                populate(p + off, std::min(step, n - off));
+            populated = true;
+        }
         free_windows.push(1);
         bool first = true;
         ShufflePlan::Epoch ep = plan.epoch(c.epoch);
         for (;;) {
-            int idx = 0;
-            if (!full_windows.pop(&idx)) return;
+            int idx = ready;
+            ready = -1;
+            if (idx < 0 && !full_windows.pop(&idx)) return;
             Window& win = windows[idx];
             if (win.epoch != ep.epoch) ep = plan.epoch(win.epoch);
             const int64_t wbegin = ep.window_begin[static_cast<size_t>(win.index)];
