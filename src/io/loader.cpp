@@ -132,6 +132,17 @@ void populate(char* p, size_t bytes) {
     for (size_t k = 0; k < bytes; k += 4096) p[k] = 0;
 }
 
+// The same without writing, for memory another thread may be writing into; false when the
+// kernel cannot (before Linux 5.14).
+bool populate_shared(char* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    return ::madvise(p, bytes, MADV_POPULATE_WRITE) == 0;
+#else
+    (void)p, (void)bytes;
+    return false;
+#endif
+}
+
 int64_t rows_of_run(const LoaderOptions& opt, int64_t per_epoch) {
     return opt.max_rows > 0 ? opt.max_rows : per_epoch * std::max<int64_t>(1, opt.epochs);
 }
@@ -159,7 +170,8 @@ struct ShardBatchSource::Impl {
         int64_t epoch = 0, index = 0, rows = 0;
     };
     Window windows[2];
-    bool populated = false;  // window 1's pages are mapped (emit_loop did it before a restore)
+    bool populated = false;  // the windows' pages are mapped (emit_loop did it before a restore)
+    std::atomic<int64_t> reader_at{0};  // bytes of the first window read so far
     Channel free_windows, full_windows;
 
     // Output ring: n_blocks blocks of block_rows float32 rows.
@@ -305,6 +317,7 @@ struct ShardBatchSource::Impl {
                              win.bytes.data() + win.rows * disk_row_bytes);
                 bytes += pc.rows * disk_row_bytes;
                 win.rows += pc.rows;
+                reader_at.store(win.rows * disk_row_bytes, std::memory_order_relaxed);
                 if (stop) return;
             }
             full_windows.push(idx);
@@ -314,15 +327,25 @@ struct ShardBatchSource::Impl {
 
     // Emits rows from the window holding cursor c (skipping what was delivered) to the end.
     void emit_loop(ReaderCursor c, int64_t global) {
-        // Off the reader's path: first-touch faults of window 1 overlap the reading of window 0,
-        // in steps, until window 0 is full (emitting it must not wait; what is left of window 1
-        // is then faulted by the reader's pread, as without this).
+        // Off the reader's path, while window 0 is read: map window 0 from its end down to
+        // where the reader has got to (the two threads share its first-touch faults), then
+        // window 1, in steps, until window 0 is full (emitting it must not wait; what is left
+        // is faulted by the reader's pread, as without this).
         int ready = -1;
         if (!populated) {
-            char* p = windows[1].bytes.data();
-            const size_t n = windows[1].bytes.bytes(), step = size_t{32} << 20;
-            for (size_t off = 0; off < n && !full_windows.try_pop(&ready); off += step)
-                populate(p + off, std::min(step, n - off));
+            const size_t step = size_t{32} << 20;
+            char* p0 = windows[0].bytes.data();
+            for (size_t end = windows[0].bytes.bytes(); !full_windows.try_pop(&ready);) {
+                const size_t begin = end > step ? end - step : 0;
+                if (static_cast<int64_t>(begin) <= reader_at.load(std::memory_order_relaxed) ||
+                    !populate_shared(p0 + begin, end - begin))
+                    break;
+                end = begin;
+            }
+            char* p1 = windows[1].bytes.data();
+            const size_t n = windows[1].bytes.bytes();
+            for (size_t off = 0; off < n && ready < 0 && !full_windows.try_pop(&ready); off += step)
+                populate(p1 + off, std::min(step, n - off));
             populated = true;
         }
         free_windows.push(1);
