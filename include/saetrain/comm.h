@@ -43,11 +43,13 @@ public:
     virtual void barrier() = 0;
     // Ranks with the same color form a new group, ordered by key (then by rank).
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
-    // Collective. Node-shared memory of `common_floats` + size() x `segment_floats`, or nullptr
-    // when the group's ranks do not all share one node (or SAETRAIN_NO_SHM is set,
-    // or the implementation has none). Every rank gets the same answer.
+    // Collective over every rank of the group (each calls it, wanting it or not). Node-shared
+    // memory of `common_floats` + size() x `segment_floats` (zeroed segments; the common area
+    // is the caller's to initialize), or nullptr on every rank unless every rank wants it, all
+    // share one node, the node has room for it and SAETRAIN_NO_SHM is not set.
     virtual std::unique_ptr<NodeSharedMemory> share_node_memory(int64_t /*common_floats*/,
-                                                                int64_t /*segment_floats*/) {
+                                                                int64_t /*segment_floats*/,
+                                                                bool /*want*/) {
         return nullptr;
     }
 };

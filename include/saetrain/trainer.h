@@ -20,6 +20,7 @@
 // (the L1 term only for ReLU SAEs).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -67,7 +68,8 @@ public:
 
     // Host copies of the flat parameter and gradient buffers (layout above), and a setter.
     // After step() the gradients are the ones summed over replicas. set_params_host, init and
-    // restore are collective over the replicas, which must pass the same values.
+    // restore are collective over the replicas, which must pass the same values; so is
+    // grads_host after a step when sharded().
     std::vector<float> params_host() const;
     std::vector<float> grads_host() const;
     void set_params_host(const std::vector<float>& p);
@@ -100,8 +102,12 @@ private:
     // gradient; returns nothing, the metrics are decided before.
     void update_range(int64_t lo, int64_t hi, bool with_b_dec, float grad_scale, float lr,
                       int64_t t);
-    // Sum of squares of the gradient over the same range.
-    double sum_squares_range(int64_t lo, int64_t hi, bool with_b_dec);
+    // The flat-buffer ranges {offset, count} replica q owns when sharded: its W_enc and W_dec
+    // rows, its b_enc entries and (the last replica) b_dec; some counts may be 0.
+    struct Range {
+        int64_t offset, count;
+    };
+    std::array<Range, 4> ranges_of(int64_t q) const;
     // Writes the parameter-shaped host vector `src` into `dst` (collective when sharded: each
     // replica writes its own range, then a fence).
     void write_shared(float* dst, const std::vector<float>& src);

@@ -1,5 +1,6 @@
 // MPI implementation of Communicator (host buffers).
 #include <mpi.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -67,10 +69,22 @@ public:
     Watch& operator=(const Watch&) = delete;
 };
 
+// Where Open MPI backs shared windows (its osc_sm_backing_directory, else /dev/shm), and its free
+// bytes; < 0 when unknown.
+std::string shm_dir() {
+    const char* d = std::getenv("OMPI_MCA_osc_sm_backing_directory");
+    return d && *d ? d : "/dev/shm";
+}
+double shm_room_bytes() {
+    struct statvfs st {};
+    if (statvfs(shm_dir().c_str(), &st) != 0) return -1;
+    return static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
+}
+
 // --- node-shared memory ----------------------------------------------------------------------
 // One MPI-3 shared window: rank 0's part holds the common area, then every rank its segment.
-// Each rank first touches its own segment and its own share of the common area, so on a
-// multi-socket node the pages a rank updates sit on its socket.
+// Each rank zeroes (first-touches) its own segment; the caller initializes the common area, so
+// the pages a rank updates can sit on its own socket.
 class NodeShared final : public NodeSharedMemory {
 public:
     NodeShared(MPI_Comm comm, int64_t common_floats, int64_t segment_floats)
@@ -84,8 +98,13 @@ public:
         float* base = nullptr;
         {
             Watch w("node-shared memory allocation");
-            SAE_MPI_CHECK(MPI_Win_allocate_shared(static_cast<MPI_Aint>(mine) * 4, sizeof(float),
-                                                  MPI_INFO_NULL, comm_, &base, &win_));
+            const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(mine) * 4, sizeof(float),
+                                                   MPI_INFO_NULL, comm_, &base, &win_);
+            SAE_ENFORCE(rc == MPI_SUCCESS,
+                        "MPI_Win_allocate_shared of {:.2f} GB for the data-parallel optimizer "
+                        "failed (MPI error {}); make room in /dev/shm (e.g. docker --shm-size) or "
+                        "set SAETRAIN_NO_SHM=1 to exchange gradients by messages",
+                        bytes(common_floats_, segment_floats_, size_) / 1e9, rc);
         }
         MPI_Aint sz = 0;
         int disp = 0;
@@ -93,16 +112,19 @@ public:
         SAE_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
         common_ = base_;
         segments_ = base_ + common_pad;
-        const int64_t lo = common_floats_ * rank_ / size_,
-                      hi = common_floats_ * (rank_ + 1) / size_;
-        std::fill(common_ + lo, common_ + hi, 0.0f);
         std::fill(segment(rank_), segment(rank_) + segment_floats_, 0.0f);
         fence();
+    }
+    // The window's size for these arguments.
+    static double bytes(int64_t common_floats, int64_t segment_floats, int ranks) {
+        return 4.0 * static_cast<double>((common_floats + 63) / 64 * 64 +
+                                         (segment_floats + 63) / 64 * 64 * ranks);
     }
     ~NodeShared() override {
         // MPI_Win_free is collective: while an exception unwinds (this rank is about to abort
         // the job) peers may be waiting elsewhere, so leave the window to the abort.
         if (std::uncaught_exceptions() > 0) return;
+        Watch w("node-shared memory release");
         MPI_Win_unlock_all(win_);
         MPI_Win_free(&win_);
     }
@@ -151,7 +173,8 @@ public:
         SAE_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
         int node_size = 0;
         MPI_Comm_size(node, &node_size);
-        if (node_size == size_ && size_ > 1 && !std::getenv("SAETRAIN_NO_SHM"))
+        if (node_size == size_ && size_ > 1 && !std::getenv("SAETRAIN_NO_SHM") &&
+            !std::getenv("SAETRAIN_NO_SHM_ALLREDUCE"))  // its name before 2026-11
             node_comm_ = node;
         else
             MPI_Comm_free(&node);
@@ -196,8 +219,26 @@ public:
     }
 
     std::unique_ptr<NodeSharedMemory> share_node_memory(int64_t common_floats,
-                                                        int64_t segment_floats) override {
-        if (node_comm_ == MPI_COMM_NULL) return nullptr;
+                                                        int64_t segment_floats,
+                                                        bool want) override {
+        // Every rank must agree: the window is allocated collectively.
+        const double need = NodeShared::bytes(common_floats, segment_floats, size_);
+        int64_t cannot = want && node_comm_ != MPI_COMM_NULL ? 0 : 1;
+        if (!cannot) {
+            const double room = shm_room_bytes();
+            if (room >= 0 && room < need * 1.05) {
+                cannot = 2;
+                if (rank_ == 0)
+                    std::fprintf(stderr,
+                                 "saetrain: warning: %s has %.1f MB free; the data-parallel "
+                                 "optimizer's shared memory needs %.1f MB, so replicas exchange "
+                                 "gradients by messages instead (slower; enlarge it, e.g. docker "
+                                 "--shm-size)\n",
+                                 shm_dir().c_str(), room / 1e6, need / 1e6);
+            }
+        }
+        allreduce_max(&cannot, 1);
+        if (cannot) return nullptr;
         return std::make_unique<NodeShared>(node_comm_, common_floats, segment_floats);
     }
 

@@ -58,15 +58,21 @@ std::optional<MetricsRow> metrics_last_row(const std::string& path, const std::s
         if (!j.is_object() || j.value("sae", std::string()) != sae) continue;
         MetricsRow r;
         r.sae = sae;
-        r.step = j.value("step", int64_t{0}), r.tokens = j.value("tokens", int64_t{0});
-        r.lr = j.value("lr", 0.0), r.loss = j.value("loss", 0.0), r.mse = j.value("mse", 0.0);
-        r.fvu = j.value("fvu", 0.0), r.l0 = j.value("l0", 0.0), r.l1 = j.value("l1", 0.0);
-        r.dead_fraction = j.value("dead_fraction", 0.0), r.grad_norm = j.value("grad_norm", 0.0);
-        r.tokens_per_s = j.value("tokens_per_s", 0.0), r.read_MBps = j.value("read_MBps", 0.0);
-        r.wait_fraction = j.value("wait_fraction", 0.0), r.elapsed_s = j.value("elapsed_s", 0.0);
-        r.tflops = j.value("tflops", 0.0), r.mfu = j.value("mfu", -1.0);
-        r.gpu_mem_peak_GB = j.value("gpu_mem_peak_GB", 0.0);
-        r.host_mem_peak_GB = j.value("host_mem_peak_GB", 0.0);
+        try {  // a field of another type (null for NaN) skips the row
+            r.step = j.value("step", int64_t{0}), r.tokens = j.value("tokens", int64_t{0});
+            r.lr = j.value("lr", 0.0), r.loss = j.value("loss", 0.0), r.mse = j.value("mse", 0.0);
+            r.fvu = j.value("fvu", 0.0), r.l0 = j.value("l0", 0.0), r.l1 = j.value("l1", 0.0);
+            r.dead_fraction = j.value("dead_fraction", 0.0),
+            r.grad_norm = j.value("grad_norm", 0.0);
+            r.tokens_per_s = j.value("tokens_per_s", 0.0), r.read_MBps = j.value("read_MBps", 0.0);
+            r.wait_fraction = j.value("wait_fraction", 0.0),
+            r.elapsed_s = j.value("elapsed_s", 0.0);
+            r.tflops = j.value("tflops", 0.0), r.mfu = j.value("mfu", -1.0);
+            r.gpu_mem_peak_GB = j.value("gpu_mem_peak_GB", 0.0);
+            r.host_mem_peak_GB = j.value("host_mem_peak_GB", 0.0);
+        } catch (const nlohmann::json::exception&) {
+            continue;
+        }
         last = r;
     }
     return last;

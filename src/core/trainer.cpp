@@ -35,9 +35,9 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
     SAE_ENFORCE(cfg.arch != Arch::topk || cfg.k <= n_,
                 "sae.k = {} exceeds n_latents = {} (d_model {} x expansion {})", cfg.k, n_, d_,
                 cfg.expansion);
-    if (comm_.size() > 1 && be_.host_memory())
-        shared_ = comm_.share_node_memory(3 * n_params_, n_params_);
-    if (shared_) {  // zeroed by the owners of its pages
+    if (comm_.size() > 1)
+        shared_ = comm_.share_node_memory(3 * n_params_, n_params_, be_.host_memory());
+    if (shared_) {
         params_ = shared_->common();
         m_ = params_ + n_params_;
         v_ = m_ + n_params_;
@@ -45,6 +45,11 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
         const int64_t r = comm_.rank(), R = comm_.size();
         shard_lo_ = n_ * r / R, shard_hi_ = n_ * (r + 1) / R;
         shard_b_dec_ = r == R - 1;
+        // Each replica zeroes (first-touches) the ranges it will update.
+        for (float* a : {params_, m_, v_})
+            for (const Range& g : ranges_of(r))
+                std::fill(a + g.offset, a + g.offset + g.count, 0.0f);
+        shared_->fence();
     } else {
         own_params_ = DeviceArray<float>(backend, n_params_);
         own_grads_ = DeviceArray<float>(backend, n_params_);
@@ -172,15 +177,15 @@ void SaeTrainer::apply_update(StepResult& r) {
         if (sharded()) {
             // Reduce-scatter in shared memory: this replica's range, summed over replicas.
             shared_->fence();  // every replica's gradient is complete
-            shared_->sum_segments(shard_lo_ * d, (shard_hi_ - shard_lo_) * d);
-            shared_->sum_segments(n * d + shard_lo_ * d, (shard_hi_ - shard_lo_) * d);
-            shared_->sum_segments(2 * n * d + shard_lo_, shard_hi_ - shard_lo_);
-            if (shard_b_dec_) shared_->sum_segments(2 * n * d + n, d);
+            const auto mine = ranges_of(comm_.rank());
+            for (const Range& g : mine) shared_->sum_segments(g.offset, g.count);
             reduced_ = true;
             if (cfg_.normalize_decoder)
                 be_.project_out_parallel(P.w_dec + shard_lo_ * d, G.w_dec + shard_lo_ * d,
                                          shard_hi_ - shard_lo_, d);
-            m.push_back(sum_squares_range(shard_lo_, shard_hi_, shard_b_dec_));
+            double partial = 0;
+            for (const Range& g : mine) partial += be_.sum_squares(grads_ + g.offset, g.count);
+            m.push_back(partial);
         } else {
             comm_.allreduce_sum(grads_, n_params_);
             reduced_ = true;
@@ -259,13 +264,11 @@ void SaeTrainer::update_range(int64_t lo, int64_t hi, bool with_b_dec, float gra
     if (cfg_.normalize_decoder) be_.normalize_rows(params_ + n * d + lo * d, hi - lo, d);
 }
 
-double SaeTrainer::sum_squares_range(int64_t lo, int64_t hi, bool with_b_dec) {
-    const int64_t n = n_, d = d_;
-    double s = be_.sum_squares(grads_ + lo * d, (hi - lo) * d) +
-               be_.sum_squares(grads_ + n * d + lo * d, (hi - lo) * d) +
-               be_.sum_squares(grads_ + 2 * n * d + lo, hi - lo);
-    if (with_b_dec) s += be_.sum_squares(grads_ + 2 * n * d + n, d);
-    return s;
+std::array<SaeTrainer::Range, 4> SaeTrainer::ranges_of(int64_t q) const {
+    const int64_t n = n_, d = d_, R = comm_.size();
+    const int64_t lo = n * q / R, hi = n * (q + 1) / R;
+    return {Range{lo * d, (hi - lo) * d}, Range{n * d + lo * d, (hi - lo) * d},
+            Range{2 * n * d + lo, hi - lo}, Range{2 * n * d + n, q == R - 1 ? d : 0}};
 }
 
 StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
@@ -303,16 +306,15 @@ std::vector<float> SaeTrainer::grads_host() const {
         be_.download(g.data(), grads_, n_params_ * static_cast<int64_t>(sizeof(float)));
         return g;
     }
-    // Each replica's range of the summed gradient sits in that replica's segment.
-    const int64_t n = n_, d = d_, R = comm_.size();
-    for (int64_t q = 0; q < R; ++q) {
+    // Each replica's range of the summed gradient sits in that replica's segment; the fences
+    // keep every replica out of its next step (which overwrites its segment) meanwhile.
+    shared_->fence();
+    for (int64_t q = 0; q < comm_.size(); ++q) {
         const float* seg = shared_->segment(static_cast<int>(q));
-        const int64_t lo = n * q / R, hi = n * (q + 1) / R;
-        for (int64_t off : {lo * d, n * d + lo * d})
-            std::copy(seg + off, seg + off + (hi - lo) * d, g.begin() + off);
-        std::copy(seg + 2 * n * d + lo, seg + 2 * n * d + hi, g.begin() + 2 * n * d + lo);
-        if (q == R - 1) std::copy(seg + 2 * n * d + n, seg + n_params_, g.begin() + 2 * n * d + n);
+        for (const Range& r : ranges_of(q))
+            std::copy(seg + r.offset, seg + r.offset + r.count, g.begin() + r.offset);
     }
+    shared_->fence();
     return g;
 }
 
@@ -323,11 +325,8 @@ void SaeTrainer::write_shared(float* dst, const std::vector<float>& src) {
         be_.upload(dst, src.data(), n_params_ * static_cast<int64_t>(sizeof(float)));
         return;
     }
-    const int64_t n = n_, d = d_, lo = shard_lo_, hi = shard_hi_;
-    for (int64_t off : {lo * d, n * d + lo * d})
-        std::copy(src.begin() + off, src.begin() + off + (hi - lo) * d, dst + off);
-    std::copy(src.begin() + 2 * n * d + lo, src.begin() + 2 * n * d + hi, dst + 2 * n * d + lo);
-    if (shard_b_dec_) std::copy(src.begin() + 2 * n * d + n, src.end(), dst + 2 * n * d + n);
+    for (const Range& r : ranges_of(comm_.rank()))
+        std::copy(src.begin() + r.offset, src.begin() + r.offset + r.count, dst + r.offset);
     shared_->fence();
 }
 
