@@ -2,7 +2,7 @@
 //
 // The reader's buffers are hundreds of MB, allocated once per reader. On the CPU backend they
 // come from the default allocator here (page-aligned heap memory). With the CUDA backend they
-// must be pinned (page-locked) host memory so that uploads of batches are true DMA transfers:
+// are pinned (page-locked) host memory, which batches can be uploaded from by DMA:
 // apps/saetrain passes cuda_pinned_allocator() (cuda_pinned.h). Tests pass counting allocators.
 #pragma once
 
