@@ -25,7 +25,7 @@
 #if SAETRAIN_HAS_CUDA
 #include "saetrain/cuda_backend.h"  // defines: make_cuda_backend, cuda_backend_stream
 #include "saetrain/cuda_device.h"   // defines: cuda_device_count, cuda_device_description
-#include "saetrain/cuda_pinned.h"   // defines: cuda_pinned_allocator (the reader's buffers)
+#include "saetrain/cuda_pinned.h"   // defines: cuda_pinned_allocator (reader and batch)
 #if SAETRAIN_HAVE_NCCL
 #include "saetrain/nccl_comm.h"  // defines: make_nccl_comm (gradients on the GPU)
 #endif
@@ -366,6 +366,9 @@ int run(const Args& args, Communicator& world) {
                        : fmt::format("TFLOP/s counted as model FLOPs; no MFU: {}", peak.source));
     RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string(), peak.flops);
     opt.world = &world;
+#if SAETRAIN_HAS_CUDA
+    if (s.on_gpu) opt.batch_allocator = cuda_pinned_allocator();  // the upload is then a DMA
+#endif
     opt.batch_size = cfg.data.batch_size;
     opt.log_every = cfg.log.every_steps;
     opt.checkpoint_every = cfg.checkpoint.every_steps;

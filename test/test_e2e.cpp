@@ -87,4 +87,56 @@ TEST(EndToEnd, TopkRecoversPlantedFeatures) {
     EXPECT_LT(res.last.mfu, 0.0);
 }
 
+// The loop's batch comes from LoopOptions::batch_allocator when one is given (pinned memory on
+// a CUDA rank): one buffer of batch x d floats, freed once, and the same training as without.
+TEST(EndToEnd, BatchBufferFromTheGivenAllocator) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = tmp.path.string();
+    so.d_model = 16;
+    so.n_features = 32;
+    so.rows = 3000;
+    so.shards = 2;
+    so.seed = 3;
+    synth_write(so);
+    const DatasetInfo data = dataset_open(so.out_dir);
+    auto train = [&](const HostAllocator& alloc) {
+        LoaderOptions lo;
+        lo.shuffle_rows = 1024;
+        ShardBatchSource source(data, {0, data.total_rows}, lo);
+        SaeConfig cfg;
+        cfg.arch = Arch::topk;
+        cfg.expansion = 2;
+        cfg.k = 4;
+        auto be = make_cpu_backend(1);
+        auto self = make_self_comm();
+        SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), 100), 0, *be, *self);
+        LoopOptions opt;
+        opt.batch_size = 100;
+        opt.batch_allocator = alloc;
+        train_loop(tr, source, opt);
+        return tr.params_host();
+    };
+    int allocs = 0, frees = 0;
+    size_t bytes_seen = 0;
+    std::vector<char> arena;
+    HostAllocator counting;
+    counting.name = "counting";
+    counting.alloc = [&](size_t bytes) -> void* {
+        ++allocs, bytes_seen = bytes;
+        arena.assign(bytes + 4096, 0);
+        return arena.data();
+    };
+    counting.free = [&](void* p, size_t bytes) {
+        ++frees;
+        EXPECT_EQ(p, arena.data());
+        EXPECT_EQ(bytes, bytes_seen);
+    };
+    const std::vector<float> with = train(counting);
+    EXPECT_EQ(allocs, 1);
+    EXPECT_EQ(frees, 1);
+    EXPECT_EQ(bytes_seen, size_t{100} * 16 * sizeof(float));
+    EXPECT_EQ(with, train(HostAllocator{}));
+}
+
 }  // namespace

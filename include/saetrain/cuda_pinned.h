@@ -1,10 +1,10 @@
-// cuda_pinned.h — pinned (page-locked) host memory for the reader's buffers (CUDA builds only).
+// cuda_pinned.h — pinned (page-locked) host memory for the reader's buffers and the training
+// loop's batch (CUDA builds only).
 //
-// With the CUDA backend the reader's window buffers and output ring are allocated with
-// cudaHostAlloc, so that batches can be uploaded from them by DMA instead of being staged
-// through a driver bounce buffer (the training loop does not do that yet: it copies rows into a
-// pageable batch first; see docs/reader.md). apps/saetrain passes this allocator in
-// LoaderOptions when a rank's backend is CUDA.
+// With the CUDA backend the reader's window buffers and output ring, and the batch the trainer
+// uploads, are allocated with cudaHostAlloc, so the upload is a DMA instead of being staged
+// through a driver bounce buffer. apps/saetrain passes this allocator in LoaderOptions and
+// LoopOptions::batch_allocator when a rank's backend is CUDA.
 #pragma once
 
 #include "saetrain/host_alloc.h"

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "saetrain/batch_source.h"
+#include "saetrain/host_alloc.h"
 #include "saetrain/metrics.h"
 #include "saetrain/trainer.h"
 
@@ -48,6 +49,9 @@ struct LoopOptions {
     bool initialized = false;
     // A batch holding NaN or Inf: false skips it (counted), true stops the run with an error.
     bool stop_on_nonfinite = false;
+    // Where the batch the trainer uploads lives: pinned memory on a CUDA rank makes the
+    // upload a DMA. Empty: ordinary heap memory.
+    HostAllocator batch_allocator;
 };
 
 // Steps until no rank has data left. Logging and checkpoints happen on iterations that are

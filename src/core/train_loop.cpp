@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "saetrain/error.h"
@@ -48,7 +50,22 @@ int64_t total_steps_for(int64_t rows, int64_t batch_size) {
 LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOptions& opt) {
     const int64_t batch_size = opt.batch_size, d = source.d_model();
     const int64_t total_steps = trainer.total_steps();
-    std::vector<float> batch(static_cast<size_t>(batch_size * d));
+    // The batch buffer, from opt.batch_allocator when one is given.
+    const size_t batch_bytes = static_cast<size_t>(batch_size * d) * sizeof(float);
+    std::vector<float> heap_batch;
+    std::unique_ptr<float, std::function<void(float*)>> owned_batch;
+    float* batch = nullptr;
+    if (opt.batch_allocator.alloc) {
+        void* p = opt.batch_allocator.alloc(batch_bytes);
+        SAE_ENFORCE(p != nullptr, "cannot allocate the {:.1f} MB batch buffer ({} memory)",
+                    static_cast<double>(batch_bytes) / 1e6, opt.batch_allocator.name);
+        owned_batch = {static_cast<float*>(p), [free = opt.batch_allocator.free,
+                                                batch_bytes](float* q) { free(q, batch_bytes); }};
+        batch = owned_batch.get();
+    } else {
+        heap_batch.resize(static_cast<size_t>(batch_size * d));
+        batch = heap_batch.data();
+    }
     const auto t_start = Clock::now();
     auto t_interval = t_start;
     double wait_at_interval = source.wait_seconds();
@@ -108,12 +125,12 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
             res.stopped = true;
             break;
         }
-        const int64_t rows = source.next(batch.data(), batch_size);
+        const int64_t rows = source.next(batch, batch_size);
         flags[0] = rows > 0 ? 1 : 0;
         if (opt.world) opt.world->allreduce_max(&flags[0], 1);
         if (!flags[0]) break;
         int64_t use = rows;
-        if (rows > 0 && !all_finite(batch.data(), rows * d)) {
+        if (rows > 0 && !all_finite(batch, rows * d)) {
             SAE_ENFORCE(!opt.stop_on_nonfinite,
                         "the batch of iteration {} holds NaN or Inf values (data.nonfinite: stop); "
                         "inspect the shards with sae-inspect or set data.nonfinite: skip",
@@ -121,8 +138,8 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
             ++res.nonfinite_batches;
             use = 0;  // still joins the step's collectives, with no rows
         }
-        if (!initialized) trainer.init(batch.data(), use), initialized = true;
-        const StepResult r = trainer.step(batch.data(), use);
+        if (!initialized) trainer.init(batch, use), initialized = true;
+        const StepResult r = trainer.step(batch, use);
         res.skipped_steps += r.skipped ? 1 : 0;
         if (r.rows > 0 && !r.skipped) iv.add(r);
         if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) emit();
