@@ -12,6 +12,9 @@
 #include "saetrain/loader.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -257,6 +260,7 @@ struct ShardBatchSource::Impl {
             return;
         }
         read_thread = std::thread([this, c] {
+            lower_priority();
             try {
                 read_loop(c);
             } catch (...) {
@@ -264,12 +268,20 @@ struct ShardBatchSource::Impl {
             }
         });
         emit_thread = std::thread([this, c, from = delivered] {
+            lower_priority();
             try {
                 emit_loop(c, from);
             } catch (...) {
                 fail(std::current_exception());
             }
         });
+    }
+
+    // The reader's threads yield to the training threads when they compete for cores (a CPU
+    // rank that uses every core): a preempted OpenMP worker stalls its whole parallel region,
+    // while the reader has a window of slack. On an idle core the nice value changes nothing.
+    static void lower_priority() {
+        setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
     }
 
     // Reads windows from the one holding cursor c until the run's last row.
