@@ -1,0 +1,135 @@
+#include "saetrain/export.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "atomic_file.h"
+#include "saetrain/build_config.h"
+#include "saetrain/config.h"
+#include "saetrain/error.h"
+#include "saetrain/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace saetrain {
+namespace {
+
+void write_json(const std::string& path, const nlohmann::ordered_json& j) {
+    atomic_write(path, [&](const std::string& tmp) {
+        std::ofstream out(tmp);
+        out << j.dump(2) << "\n";
+        out.flush();
+        SAE_ENFORCE(out.good(), "cannot write {}", tmp);
+    });
+}
+
+// The SAE's own training settings from the run config stored in its file (the sweep point
+// whose id matches), or the defaults when the file predates that or does not say.
+SaeConfig sae_config_of(const SaeMeta& meta, int64_t d_model) {
+    try {
+        const Config cfg = config_parse(meta.config_yaml, {}, "the SAE file's config");
+        const std::vector<std::string> ids = sweep_ids(cfg, d_model);
+        for (size_t i = 0; i < ids.size() && i < cfg.sweep.size(); ++i)
+            if (ids[i] == meta.id) return cfg.sweep[i];
+        return cfg.sae;
+    } catch (const Error&) {
+        return SaeConfig{};
+    }
+}
+
+std::vector<float> transpose(const std::vector<float>& a, int64_t rows, int64_t cols) {
+    std::vector<float> t(a.size());
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = a[r * cols + c];
+    return t;
+}
+
+}  // namespace
+
+ExportFormat export_format_parse(const std::string& s) {
+    if (s == "saelens") return ExportFormat::saelens;
+    if (s == "sparsify") return ExportFormat::sparsify;
+    throw Error(fmt::format("unknown export format '{}': use saelens or sparsify", s));
+}
+
+std::vector<std::string> sae_export(const SaeWeights& w, const SaeMeta& meta, ExportFormat format,
+                                    const std::string& dir, const ExportSource& source) {
+    const int64_t d = w.d_model, n = w.n_latents;
+    SAE_ENFORCE(meta.arch == "topk" || meta.arch == "relu",
+                "cannot export an SAE of architecture '{}' (this version exports relu and topk)",
+                meta.arch);
+    const bool topk = meta.arch == "topk";
+    const SaeConfig sc = sae_config_of(meta, d);
+    fs::create_directories(dir);
+    const std::map<std::string, std::string> st_meta = {
+        {"format", "pt"}, {"saetrain_version", SAETRAIN_VERSION}, {"saetrain_id", meta.id}};
+    std::vector<std::string> written;
+    if (format == ExportFormat::saelens) {
+        const std::string weights = (fs::path(dir) / "sae_weights.safetensors").string();
+        safetensors_write(weights,
+                          {{"W_enc", {d, n}, w.w_enc.data()},
+                           {"b_enc", {n}, w.b_enc.data()},
+                           {"W_dec", {n, d}, w.w_dec.data()},
+                           {"b_dec", {d}, w.b_dec.data()}},
+                          st_meta);
+        nlohmann::ordered_json cfg;
+        cfg["architecture"] = topk ? "topk" : "standard";
+        cfg["d_in"] = d;
+        cfg["d_sae"] = n;
+        cfg["dtype"] = "float32";
+        cfg["device"] = "cpu";
+        cfg["apply_b_dec_to_input"] = true;
+        cfg["normalize_activations"] = "none";
+        cfg["reshape_activations"] = "none";
+        if (topk) {
+            cfg["k"] = meta.k;
+            cfg["rescale_acts_by_decoder_norm"] = false;
+        }
+        nlohmann::ordered_json md;
+        // The layout this file follows (SAELens reads older layouts through a converter).
+        md["sae_lens_version"] = "6.0.0";
+        md["sae_lens_training_version"] = nullptr;
+        md["model_name"] = source.model_name;
+        md["hook_name"] = source.hook_name;
+        md["hook_head_index"] = nullptr;
+        md["dataset_path"] = source.dataset_path;
+        md["saetrain_version"] = SAETRAIN_VERSION;
+        md["saetrain_id"] = meta.id;
+        md["saetrain_step"] = meta.step;
+        md["saetrain_tokens"] = meta.tokens;
+        cfg["metadata"] = md;
+        const std::string cfg_path = (fs::path(dir) / "cfg.json").string();
+        write_json(cfg_path, cfg);
+        written = {cfg_path, weights};
+    } else {
+        SAE_ENFORCE(topk,
+                    "sparsify has no ReLU-L1 SAE (its activations are topk and groupmax): export "
+                    "'{}' with --format saelens",
+                    meta.id);
+        const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
+        const std::string weights = (fs::path(dir) / "sae.safetensors").string();
+        safetensors_write(weights,
+                          {{"encoder.weight", {n, d}, enc.data()},
+                           {"encoder.bias", {n}, w.b_enc.data()},
+                           {"W_dec", {n, d}, w.w_dec.data()},
+                           {"b_dec", {d}, w.b_dec.data()}},
+                          st_meta);
+        nlohmann::ordered_json cfg;
+        cfg["activation"] = "topk";
+        cfg["expansion_factor"] = n % d == 0 ? n / d : 0;
+        cfg["normalize_decoder"] = sc.normalize_decoder;
+        cfg["num_latents"] = n;
+        cfg["k"] = meta.k;
+        cfg["multi_topk"] = false;
+        cfg["skip_connection"] = false;
+        cfg["transcode"] = false;
+        cfg["d_in"] = d;
+        const std::string cfg_path = (fs::path(dir) / "cfg.json").string();
+        write_json(cfg_path, cfg);
+        written = {cfg_path, weights};
+    }
+    return written;
+}
+
+}  // namespace saetrain
