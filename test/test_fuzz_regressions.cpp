@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "fuzz_entry.h"  // defines: config_one, shard_one, checkpoint_one
+#include "fuzz_entry.h"  // defines: config_one, shard_one, checkpoint_one, safetensors_one
 
 namespace fs = std::filesystem;
 using saetrain::fuzz::Outcome;
@@ -62,3 +62,4 @@ void replay(const std::string& target, Entry entry) {
 TEST(FuzzRegressions, Config) { replay("config", saetrain::fuzz::config_one); }
 TEST(FuzzRegressions, Shard) { replay("shard", saetrain::fuzz::shard_one); }
 TEST(FuzzRegressions, Checkpoint) { replay("checkpoint", saetrain::fuzz::checkpoint_one); }
+TEST(FuzzRegressions, Safetensors) { replay("safetensors", saetrain::fuzz::safetensors_one); }

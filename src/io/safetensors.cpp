@@ -55,9 +55,10 @@ void safetensors_write(const std::string& path, const std::vector<TensorView>& t
         out.write(reinterpret_cast<const char*>(&n), sizeof(n));
         out.write(text.data(), static_cast<std::streamsize>(text.size()));
         for (const TensorView* t : order)
-            out.write(reinterpret_cast<const char*>(t->data),
-                      static_cast<std::streamsize>(elements(t->shape)) *
-                          static_cast<std::streamsize>(sizeof(float)));
+            if (elements(t->shape) > 0)
+                out.write(reinterpret_cast<const char*>(t->data),
+                          static_cast<std::streamsize>(elements(t->shape)) *
+                              static_cast<std::streamsize>(sizeof(float)));
         out.flush();
         SAE_ENFORCE(out.good(), "cannot write {}", tmp);
     });
@@ -120,9 +121,12 @@ std::map<std::string, Tensor> safetensors_read(const std::string& path,
                     path, name, begin, end, count, buffer);
         spans.emplace_back(begin, end);
         t.data.resize(count);
-        in.seekg(static_cast<std::streamoff>(8 + n + begin));
-        in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin));
-        SAE_ENFORCE(in.good(), "{}: cannot read tensor '{}'", path, name);
+        if (count > 0) {
+            in.seekg(static_cast<std::streamoff>(8 + n + begin));
+            in.read(reinterpret_cast<char*>(t.data.data()),
+                    static_cast<std::streamsize>(end - begin));
+            SAE_ENFORCE(in.good(), "{}: cannot read tensor '{}'", path, name);
+        }
         out.emplace(name, std::move(t));
     }
     // The tensors must tile the buffer exactly: no overlap, no hole, nothing after the last.

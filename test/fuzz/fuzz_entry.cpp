@@ -14,11 +14,12 @@
 #include <fstream>
 #include <vector>
 
-#include "saetrain/checkpoint.h"  // defines: sae_read_h5, sae_is_checkpoint
-#include "saetrain/config.h"      // defines: config_parse, config_to_yaml
-#include "saetrain/error.h"       // defines: Error (the one correct way to reject input)
-#include "saetrain/loader.h"      // defines: ShardBatchSource, LoaderOptions
-#include "saetrain/shards.h"      // defines: dataset_open, ShardReader
+#include "saetrain/checkpoint.h"   // defines: sae_read_h5, sae_is_checkpoint
+#include "saetrain/config.h"       // defines: config_parse, config_to_yaml
+#include "saetrain/error.h"        // defines: Error (the one correct way to reject input)
+#include "saetrain/loader.h"       // defines: ShardBatchSource, LoaderOptions
+#include "saetrain/safetensors.h"  // defines: safetensors_read, safetensors_write
+#include "saetrain/shards.h"       // defines: dataset_open, ShardReader
 
 namespace fs = std::filesystem;
 
@@ -234,6 +235,48 @@ Outcome checkpoint_one(const uint8_t* data, size_t size) {
     }
     check_no_open_ids("sae_read_h5");
     return o;
+}
+
+Outcome safetensors_one(const uint8_t* data, size_t size) {
+    TempFile file(data, size);
+    std::map<std::string, std::string> meta;
+    std::map<std::string, Tensor> t;
+    try {
+        t = safetensors_read(file.path(), &meta);
+    } catch (const Error&) {
+        return Outcome::rejected;
+    }
+    std::vector<TensorView> views;
+    for (const auto& [name, tensor] : t) {
+        int64_t n = 1;
+        for (int64_t s : tensor.shape) n *= s;
+        if (n != static_cast<int64_t>(tensor.data.size()))
+            throw HarnessBug("tensor '" + name + "' holds " + std::to_string(tensor.data.size()) +
+                             " values for its shape");
+        views.push_back({name, tensor.shape, tensor.data.data()});
+    }
+    const std::string again = file.path() + ".again";
+    try {
+        safetensors_write(again, views, meta);
+    } catch (const Error& e) {  // names the writer refuses (e.g. empty) are not in its output
+        std::error_code ec;
+        fs::remove(again, ec);
+        return Outcome::accepted;
+    }
+    std::map<std::string, std::string> meta2;
+    const auto t2 = safetensors_read(again, &meta2);
+    std::error_code ec;
+    fs::remove(again, ec);
+    if (meta2 != meta || t2.size() != t.size())
+        throw HarnessBug("write -> read changed the metadata or the tensor count");
+    for (const auto& [name, tensor] : t) {
+        const Tensor& u = t2.at(name);
+        if (u.shape != tensor.shape || u.data.size() != tensor.data.size() ||
+            (!tensor.data.empty() && std::memcmp(u.data.data(), tensor.data.data(),
+                                                 tensor.data.size() * sizeof(float)) != 0))
+            throw HarnessBug("write -> read changed tensor '" + name + "'");
+    }
+    return Outcome::accepted;
 }
 
 }  // namespace saetrain::fuzz

@@ -2,11 +2,11 @@
 // regression test share.
 //
 // Each *_one function feeds raw bytes to one entry point (the config loader, the shard readers,
-// the SAE checkpoint reader). A saetrain::Error is a correct rejection and comes back as
-// Outcome::rejected; anything else (another exception, a crash, a hang, a sanitizer report) is
-// a bug. Exceptions other than Error propagate: libFuzzer reports them as crashes (uncaught ->
-// abort) and the regression test as failures. Extra oracles throw HarnessBug, which is not an
-// Error on purpose.
+// the SAE checkpoint reader, the safetensors reader). A saetrain::Error is a correct rejection and
+// comes back as Outcome::rejected; anything else (another exception, a crash, a hang, a sanitizer
+// report) is a bug. Exceptions other than Error propagate: libFuzzer reports them as crashes
+// (uncaught -> abort) and the regression test as failures. Extra oracles throw HarnessBug, which is
+// not an Error on purpose.
 #pragma once
 
 #include <cstddef>
@@ -41,5 +41,9 @@ Outcome shard_one(const uint8_t* data, size_t size);
 // Bytes as an SAE checkpoint in a temp file: sae_is_checkpoint, then sae_read_h5 with meta; an
 // accepted checkpoint's vectors must match the shapes it reports.
 Outcome checkpoint_one(const uint8_t* data, size_t size);
+
+// Bytes as a .safetensors file (sae-export's format): safetensors_read with metadata; an
+// accepted file's tensors must match their shapes and survive write -> read unchanged.
+Outcome safetensors_one(const uint8_t* data, size_t size);
 
 }  // namespace saetrain::fuzz
