@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
             fmt::print(stderr,
                        "sae-export: note: {} unknown (the shards carry no such attribute or are "
                        "gone); pass --model-name / --hook-name for tools that need them\n",
-                       src.model_name.empty() ? "model_name" : "hook_name");
+                       src.model_name.empty() && src.hook_name.empty() ? "model_name and hook_name"
+                       : src.model_name.empty()                        ? "model_name"
+                                                                       : "hook_name");
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "sae-export: error: %s\n", e.what());

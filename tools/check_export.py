@@ -35,7 +35,13 @@ def main() -> int:
     if len(sys.argv) > 3 and sys.argv[2] == "--sae-file":
         import h5py
         with h5py.File(sys.argv[3], "r") as f:
-            if not (np.array_equal(f["W_enc"][:], enc) and np.array_equal(f["W_dec"][:], t["W_dec"])):
+            b_enc = t["b_enc"] if "b_enc" in t else t["encoder.bias"]
+            same = (np.array_equal(f["W_enc"][:], enc) and np.array_equal(f["W_dec"][:], t["W_dec"])
+                    and np.array_equal(f["b_enc"][:], b_enc) and np.array_equal(f["b_dec"][:], t["b_dec"]))
+            k = cfg.get("k")
+            if k is not None and int(f.attrs["k"]) != k:
+                same = False
+            if not same:
                 print(f"{d}: weights differ from {sys.argv[3]}")
                 return 1
     norms = np.linalg.norm(t["W_dec"], axis=1)

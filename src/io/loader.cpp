@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -280,8 +281,14 @@ struct ShardBatchSource::Impl {
     // The reader's threads yield to the training threads when they compete for cores (a CPU
     // rank that uses every core): a preempted OpenMP worker stalls its whole parallel region,
     // while the reader has a window of slack. On an idle core the nice value changes nothing.
+    // Ten nice levels below the process (capped at 19); only ever lowered. A failure (a policy
+    // that forbids it) leaves the thread as it was.
     static void lower_priority() {
-        setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+        const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+        errno = 0;
+        const int now = getpriority(PRIO_PROCESS, tid);
+        if (now == -1 && errno != 0) return;
+        if (now < 19) setpriority(PRIO_PROCESS, tid, std::min(19, now + 10));
     }
 
     // Reads windows from the one holding cursor c until the run's last row.

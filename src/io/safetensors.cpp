@@ -17,10 +17,20 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 constexpr uint64_t kMaxHeader = 100u << 20;  // the reference implementation's limit
 
+constexpr uint64_t kMaxElements = uint64_t{1} << 40;
+
+// Elements of a shape, or -1 when a dimension is negative or the product exceeds kMaxElements
+// (checked before each multiplication, so it cannot wrap). A zero dimension makes 0.
 int64_t elements(const std::vector<int64_t>& shape) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    return n;
+    uint64_t n = 1;
+    for (int64_t s : shape)
+        if (s < 0) return -1;
+    for (int64_t s : shape) {
+        if (s == 0) return 0;
+        if (n > kMaxElements / static_cast<uint64_t>(s)) return -1;
+        n *= static_cast<uint64_t>(s);
+    }
+    return static_cast<int64_t>(n);
 }
 
 }  // namespace
@@ -40,8 +50,8 @@ void safetensors_write(const std::string& path, const std::vector<TensorView>& t
                     path, t.name);
         SAE_ENFORCE(i == 0 || order[i - 1]->name != t.name, "{}: tensor '{}' given twice", path,
                     t.name);
-        for (int64_t s : t.shape)
-            SAE_ENFORCE(s >= 0, "{}: tensor '{}' has a negative dim", path, t.name);
+        SAE_ENFORCE(elements(t.shape) >= 0, "{}: tensor '{}' has a negative or too large shape",
+                    path, t.name);
         const uint64_t bytes = static_cast<uint64_t>(elements(t.shape)) * sizeof(float);
         header[t.name] = {
             {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
@@ -106,14 +116,14 @@ std::map<std::string, Tensor> safetensors_read(const std::string& path,
                         offs[0].is_number_unsigned() && offs[1].is_number_unsigned(),
                     "{}: tensor '{}' has a malformed shape or data_offsets", path, name);
         Tensor t;
-        uint64_t count = 1;
         for (const auto& s : shape) {
-            SAE_ENFORCE(s.is_number_unsigned() && s.get<uint64_t>() < (uint64_t{1} << 40),
+            SAE_ENFORCE(s.is_number_unsigned() && s.get<uint64_t>() < kMaxElements,
                         "{}: tensor '{}' has a bad dimension {}", path, name, s.dump());
             t.shape.push_back(s.get<int64_t>());
-            count *= s.get<uint64_t>();
-            SAE_ENFORCE(count < (uint64_t{1} << 40), "{}: tensor '{}' is too large", path, name);
         }
+        const int64_t elems = elements(t.shape);
+        SAE_ENFORCE(elems >= 0, "{}: tensor '{}' is too large (over 2^40 elements)", path, name);
+        const auto count = static_cast<uint64_t>(elems);
         const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
         SAE_ENFORCE(begin <= end && end <= buffer && end - begin == count * sizeof(float),
                     "{}: tensor '{}' has data_offsets [{}, {}] that do not hold its {} floats in "

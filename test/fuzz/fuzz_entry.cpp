@@ -248,9 +248,12 @@ Outcome safetensors_one(const uint8_t* data, size_t size) {
     }
     std::vector<TensorView> views;
     for (const auto& [name, tensor] : t) {
-        int64_t n = 1;
-        for (int64_t s : tensor.shape) n *= s;
-        if (n != static_cast<int64_t>(tensor.data.size()))
+        // An accepted shape whose element count wraps is a bug too.
+        uint64_t n = 1;
+        bool wrapped = false;
+        for (int64_t s : tensor.shape)
+            wrapped |= __builtin_mul_overflow(n, static_cast<uint64_t>(s), &n);
+        if (wrapped || n != tensor.data.size())
             throw HarnessBug("tensor '" + name + "' holds " + std::to_string(tensor.data.size()) +
                              " values for its shape");
         views.push_back({name, tensor.shape, tensor.data.data()});
