@@ -22,16 +22,7 @@ struct TempDir : saetrain::testing::TempDir {
     TempDir() : saetrain::testing::TempDir("saetrain_export") {}
 };
 
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    ADD_FAILURE() << "expected saetrain::Error";
-    return "";
-}
+using saetrain::testing::error_of;
 
 std::string slurp(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);

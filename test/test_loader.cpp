@@ -35,16 +35,7 @@ struct TempDir : saetrain::testing::TempDir {
     TempDir() : saetrain::testing::TempDir("saetrain_test_loader") {}
 };
 
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    ADD_FAILURE() << "expected saetrain::Error";
-    return "";
-}
+using saetrain::testing::error_of;
 
 uint64_t row_hash(const float* r, int64_t d) {
     uint64_t h = 1469598103934665603ull;

@@ -30,17 +30,7 @@ float f_of(uint32_t u) {
     return f;
 }
 
-// Message of the Error thrown by f, or "" (and a test failure) when none is thrown.
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    ADD_FAILURE() << "expected saetrain::Error";
-    return "";
-}
+using saetrain::testing::error_of;
 
 SynthOptions small_opts(const std::string& dir, DType t, bool chunked) {
     SynthOptions o;

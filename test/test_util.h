@@ -1,7 +1,8 @@
-// test_util.h — helpers shared by the test programs: a private temp directory and running a
-// command line the way a user would.
+// test_util.h — helpers shared by the test programs: a private temp directory, running a
+// command line the way a user would, and the message of an expected saetrain::Error.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <filesystem>
 #include <random>
 #include <string>
+
+#include "saetrain/error.h"
 
 namespace saetrain::testing {
 
@@ -47,6 +50,18 @@ inline CommandResult run_command(const std::string& cmd) {
     while (fgets(buf.data(), static_cast<int>(buf.size()), p)) out += buf.data();
     const int status = pclose(p);
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Message of the saetrain::Error thrown by f, or "" (and a test failure) when none is thrown.
+template <class F>
+std::string error_of(F f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    ADD_FAILURE() << "expected saetrain::Error";
+    return "";
 }
 
 }  // namespace saetrain::testing

@@ -98,15 +98,16 @@ private:
     void ensure_batch(int64_t rows);
     // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
     void apply_update(StepResult& r);
-    // The optimizer step on latent rows [lo, hi) (and b_dec when `with_b_dec`) of the reduced
-    // gradient; returns nothing, the metrics are decided before.
-    void update_range(int64_t lo, int64_t hi, bool with_b_dec, float grad_scale, float lr,
-                      int64_t t);
-    // The flat-buffer ranges {offset, count} replica q owns when sharded: its W_enc and W_dec
-    // rows, its b_enc entries and (the last replica) b_dec; some counts may be 0.
+    // Adam and decoder renormalization on this replica's ranges (all of them when not
+    // sharded) of the reduced gradient; the metrics are decided before.
+    void optimizer_step(float grad_scale, float lr, int64_t t);
+    // Flat-buffer ranges {offset, count} of latent rows [lo, hi): their W_enc rows, W_dec rows
+    // and b_enc entries, then b_dec when `with_b_dec`; some counts may be 0. ranges_of(q): the
+    // ones replica q owns when sharded (the last replica also owns b_dec).
     struct Range {
         int64_t offset, count;
     };
+    std::array<Range, 4> ranges(int64_t lo, int64_t hi, bool with_b_dec) const;
     std::array<Range, 4> ranges_of(int64_t q) const;
     // Writes the parameter-shaped host vector `src` into `dst` (collective when sharded: each
     // replica writes its own range, then a fence).

@@ -86,14 +86,16 @@ double shm_room_bytes() {
 // Each rank zeroes (first-touches) its own segment; the caller initializes the common area, so
 // the pages a rank updates can sit on its own socket.
 class NodeShared final : public NodeSharedMemory {
+    static int64_t pad64(int64_t floats) { return (floats + 63) / 64 * 64; }
+
 public:
     NodeShared(MPI_Comm comm, int64_t common_floats, int64_t segment_floats)
         : comm_(comm), common_floats_(common_floats), segment_floats_(segment_floats) {
         MPI_Comm_rank(comm_, &rank_);
         MPI_Comm_size(comm_, &size_);
         // Segments padded to 64 floats keep every rank's segment cache-line aligned.
-        stride_ = (segment_floats_ + 63) / 64 * 64;
-        const int64_t common_pad = (common_floats_ + 63) / 64 * 64;
+        stride_ = pad64(segment_floats_);
+        const int64_t common_pad = pad64(common_floats_);
         const int64_t mine = rank_ == 0 ? common_pad + stride_ * size_ : 0;
         float* base = nullptr;
         {
@@ -117,8 +119,7 @@ public:
     }
     // The window's size for these arguments.
     static double bytes(int64_t common_floats, int64_t segment_floats, int ranks) {
-        return 4.0 * static_cast<double>((common_floats + 63) / 64 * 64 +
-                                         (segment_floats + 63) / 64 * 64 * ranks);
+        return 4.0 * static_cast<double>(pad64(common_floats) + pad64(segment_floats) * ranks);
     }
     ~NodeShared() override {
         // MPI_Win_free is collective: while an exception unwinds (this rank is about to abort

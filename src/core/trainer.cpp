@@ -225,8 +225,7 @@ void SaeTrainer::apply_update(StepResult& r) {
     }
     bad_in_a_row_ = 0;
     r.lr = lr_at(cfg_, step_, total_steps_);
-    update_range(shard_lo_, shard_hi_, shard_b_dec_, grad_scale, static_cast<float>(r.lr),
-                 step_ + 1);
+    optimizer_step(grad_scale, static_cast<float>(r.lr), step_ + 1);
     if (sharded()) shared_->fence();  // every range updated before anyone reads parameters
 
     for (int64_t i = 0; i < n; ++i)
@@ -235,40 +234,33 @@ void SaeTrainer::apply_update(StepResult& r) {
     tokens_ += r.rows;
 }
 
-void SaeTrainer::update_range(int64_t lo, int64_t hi, bool with_b_dec, float grad_scale, float lr,
-                              int64_t t) {
-    const int64_t n = n_, d = d_;
+void SaeTrainer::optimizer_step(float grad_scale, float lr, int64_t t) {
     const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
     const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
     const auto b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
     const auto eps = static_cast<float>(cfg_.eps);
     const auto wd = static_cast<float>(cfg_.weight_decay);
-    auto adam = [&](int64_t off, int64_t len, float decay) {
-        if (len > 0)
-            be_.adam(params_ + off, grads_ + off, m_ + off, v_ + off, len, lr, b1, b2, eps, bc1,
-                     bc2, decay, grad_scale);
-    };
-    // Weights get weight decay, biases do not. The whole model is two contiguous calls.
-    if (lo == 0 && hi == n) {
-        adam(0, 2 * n * d, wd);
-    } else {
-        adam(lo * d, (hi - lo) * d, wd);
-        adam(n * d + lo * d, (hi - lo) * d, wd);
+    const auto mine = ranges(shard_lo_, shard_hi_, shard_b_dec_);
+    for (size_t i = 0; i < mine.size(); ++i) {
+        const auto [off, len] = mine[i];
+        if (len == 0) continue;
+        // Weights (W_enc, W_dec: the first two ranges) get weight decay, biases do not.
+        be_.adam(params_ + off, grads_ + off, m_ + off, v_ + off, len, lr, b1, b2, eps, bc1, bc2,
+                 i < 2 ? wd : 0.0f, grad_scale);
     }
-    if (with_b_dec && lo == 0 && hi == n) {
-        adam(2 * n * d, n + d, 0.0f);
-    } else {
-        adam(2 * n * d + lo, hi - lo, 0.0f);
-        if (with_b_dec) adam(2 * n * d + n, d, 0.0f);
-    }
-    if (cfg_.normalize_decoder) be_.normalize_rows(params_ + n * d + lo * d, hi - lo, d);
+    if (cfg_.normalize_decoder)
+        be_.normalize_rows(params_ + n_ * d_ + shard_lo_ * d_, shard_hi_ - shard_lo_, d_);
+}
+
+std::array<SaeTrainer::Range, 4> SaeTrainer::ranges(int64_t lo, int64_t hi, bool with_b_dec) const {
+    const int64_t n = n_, d = d_;
+    return {Range{lo * d, (hi - lo) * d}, Range{n * d + lo * d, (hi - lo) * d},
+            Range{2 * n * d + lo, hi - lo}, Range{2 * n * d + n, with_b_dec ? d : 0}};
 }
 
 std::array<SaeTrainer::Range, 4> SaeTrainer::ranges_of(int64_t q) const {
-    const int64_t n = n_, d = d_, R = comm_.size();
-    const int64_t lo = n * q / R, hi = n * (q + 1) / R;
-    return {Range{lo * d, (hi - lo) * d}, Range{n * d + lo * d, (hi - lo) * d},
-            Range{2 * n * d + lo, hi - lo}, Range{2 * n * d + n, q == R - 1 ? d : 0}};
+    const int64_t R = comm_.size();
+    return ranges(n_ * q / R, n_ * (q + 1) / R, q == R - 1);
 }
 
 StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
