@@ -179,14 +179,21 @@ TEST_F(Resume, StoppedOrKilledRankEndsTheJob) {
             std::string mpi = kMpi;
             mpi.replace(mpi.find("-np 2"), 5, "-np " + std::to_string(np));
             std::ofstream(dir / "hang.sh")
-                << "( " << mpi << bin("saetrain") << " " << cfg << " --overwrite --threads 1 > "
-                << (dir / "hang.log").string() << " 2>&1; echo $? > "
-                << (dir / "hang.code").string()
+                // 30 epochs (several seconds) so that the signal lands mid-run.
+                << "( " << mpi << bin("saetrain") << " " << cfg
+                << " --overwrite --threads 1 --set data.epochs=30 > " << (dir / "hang.log").string()
+                << " 2>&1; echo $? > " << (dir / "hang.code").string()
                 << " ) &\n"
                 // Signal once training has started (the per-node line is printed after start-up).
                 << "for i in $(seq 100); do grep -q '^node ' " << (dir / "hang.log").string()
                 << " 2>/dev/null && break; sleep 0.1; done\nsleep 0.2\npkill -" << sig
-                << " -n -f -- '^" << bin("saetrain") << " " << cfg << "'\nwait\n";
+                << " -n -f -- '^" << bin("saetrain") << " " << cfg
+                << "'\n"
+                // A SIGSTOP that landed after the run finished leaves a stopped process the
+                // launcher waits for until `timeout`: release it (the case is then skipped).
+                << "for i in $(seq 300); do jobs -r | grep -q . || break; [ -f "
+                << (dir / "hang" / "COMPLETE").string() << " ] && pkill -CONT -f -- '^"
+                << bin("saetrain") << " " << cfg << "'; sleep 0.1; done\nwait\n";
             const auto t0 = std::chrono::steady_clock::now();
             run("bash " + (dir / "hang.sh").string());
             const double secs =
