@@ -26,6 +26,7 @@
 #include "saetrain/cuda_backend.h"  // defines: make_cuda_backend, cuda_backend_stream
 #include "saetrain/cuda_device.h"   // defines: cuda_device_count, cuda_device_description
 #include "saetrain/cuda_pinned.h"   // defines: cuda_pinned_allocator (reader and batch)
+#include "saetrain/cuda_staged_comm.h"  // defines: make_cuda_staged_comm
 #if SAETRAIN_HAVE_NCCL
 #include "saetrain/nccl_comm.h"  // defines: make_nccl_comm (gradients on the GPU)
 #endif
@@ -101,20 +102,30 @@ std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, in
     return make_cpu_backend(threads);
 }
 
-// The replicas of one SAE exchange gradients through NCCL when they live on GPUs (and the
-// build has it), else through MPI.
+// The replicas of one SAE exchange gradients through NCCL when they live on GPUs of their own
+// (and the build has it); through MPI on host copies when they share GPUs (NCCL refuses two
+// ranks on one device) or the build has no NCCL, unless the MPI library is CUDA-aware; through
+// MPI on the CPU backend.
 std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> mpi_group,
-                                            Backend& backend, bool on_gpu, int local_rank) {
-#if SAETRAIN_HAS_CUDA && SAETRAIN_HAVE_NCCL
-    if (on_gpu && mpi_group->size() > 1) {
+                                            Backend& backend, bool on_gpu,
+                                            const NodePlacement& place, double timeout_s) {
+#if SAETRAIN_HAS_CUDA
+    if (!on_gpu || mpi_group->size() == 1) return mpi_group;
+#if SAETRAIN_HAVE_NCCL
+    if (place.local_size <= cuda_device_count()) {
         NcclOptions o;
         o.compute_stream = cuda_backend_stream(backend);
-        return make_nccl_comm(mpi_comm_handle(*mpi_group), local_rank % cuda_device_count(), o);
+        o.timeout_seconds = timeout_s;
+        return make_nccl_comm(mpi_comm_handle(*mpi_group), place.local_rank % cuda_device_count(),
+                              o);
     }
-#else
-    (void)backend, (void)on_gpu, (void)local_rank;
 #endif
+    if (mpi_cuda_aware()) return mpi_group;
+    return make_cuda_staged_comm(std::move(mpi_group), cuda_backend_stream(backend));
+#else
+    (void)backend, (void)on_gpu, (void)place, (void)timeout_s;
     return mpi_group;
+#endif
 }
 
 // Test hook: SAETRAIN_FAULT="rank:iteration" makes that rank throw at that iteration, to check
@@ -296,7 +307,7 @@ int run(const Args& args, Communicator& world) {
 
     // --- communicators: replicas of one SAE; ranks that share a stream ------------------------
     auto grads = gradient_comm(world.split(s.layout.config, s.layout.replica), *s.backend, s.on_gpu,
-                               place.local_rank);
+                               place, cfg.parallel.timeout_s);
     auto stream = world.split(s.layout.replica, s.layout.config);
     std::unique_ptr<SharedBatchSource> shared;
     if (s.layout.shared)

@@ -1,5 +1,7 @@
-// bench_step — tokens/s of one SAE training step on the CPU backend, beside the limit that
-// OpenBLAS's sgemm rate sets for the same FLOPs on the same shapes, measured in the same run.
+// bench_step — tokens/s of one SAE training step on a backend (CPU, or CUDA with --backend cuda),
+// beside the limit that the backend's own GEMM rate (OpenBLAS sgemm, cuBLASLt) sets for the same
+// FLOPs on the same shapes, measured in the same run. Device work is synchronized before each
+// clock read, so GPU figures are whole-step times, not launch times.
 //
 // FLOPs per token: dense (ReLU-L1) step = five d x n GEMMs = 10*d*n; TopK step with the sparse
 // decoder and sparse backward = 2*d*n (dense encoder) + 8*k*d (decode, dval, dW_dec, dW_enc).
@@ -15,8 +17,13 @@
 #include <vector>
 
 #include "saetrain/backend.h"
+#include "saetrain/build_config.h"
 #include "saetrain/comm.h"
 #include "saetrain/trainer.h"
+#if SAETRAIN_HAS_CUDA
+#include "saetrain/cuda_backend.h"
+#include "saetrain/cuda_device.h"
+#endif
 
 using namespace saetrain;
 using Clock = std::chrono::steady_clock;
@@ -27,14 +34,17 @@ double seconds(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Median seconds of `reps` calls of f after one warm-up call.
+// Median seconds of `reps` calls of f after two warm-up calls, each call's device work
+// included (the backend is synchronized before each clock read).
 template <typename F>
-double time_median(int reps, F&& f) {
-    f();
+double time_median(Backend& be, int reps, F&& f) {
+    for (int w = 0; w < 2; ++w) f();
+    be.synchronize();
     std::vector<double> t;
     for (int i = 0; i < reps; ++i) {
         const auto t0 = Clock::now();
         f();
+        be.synchronize();
         t.push_back(seconds(t0));
     }
     std::sort(t.begin(), t.end());
@@ -46,19 +56,27 @@ struct Gemm {
     int64_t m, n, k;
 };
 
-// Seconds for the given row-major GEMMs, called exactly as the trainer calls them.
+// Seconds for the given row-major GEMMs, called exactly as the trainer calls them, on random
+// operands in the backend's memory (never zeros: they can run faster than real data).
 double time_gemms(Backend& be, const std::vector<Gemm>& shapes, int reps) {
     int64_t most = 0;
     for (const Gemm& g : shapes) most = std::max({most, g.m * g.k, g.k * g.n, g.m * g.n});
-    std::vector<float> a(most, 0.01f), b(most, 0.02f), c(most, 0.0f);
-    return time_median(reps, [&] {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    std::vector<float> host(static_cast<size_t>(most));
+    for (float& v : host) v = normal(rng);
+    DeviceArray<float> a(be, most), b(be, most), c(be, most);
+    be.upload(a.data(), host.data(), a.bytes());
+    be.upload(b.data(), host.data(), b.bytes());
+    return time_median(be, reps, [&] {
         for (const Gemm& g : shapes)
             be.gemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), g.ta ? g.m : g.k, b.data(),
                     g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
     });
 }
 
-// Forwards to a backend and accumulates wall time per op, to show where a step goes.
+// Forwards to a backend and accumulates wall time per op, to show where a step goes (the
+// backend is synchronized after each op, so a GPU op's time is its own execution).
 class TimedBackend final : public Backend {
 public:
     explicit TimedBackend(Backend& be) : be_(be) {}
@@ -139,8 +157,10 @@ public:
 private:
     template <typename F>
     void timed(const std::string& op, F&& f) {
+        be_.synchronize();
         const auto t0 = Clock::now();
         f();
+        be_.synchronize();
         seconds[op] += std::chrono::duration<double>(Clock::now() - t0).count();
     }
     Backend& be_;
@@ -150,9 +170,10 @@ private:
 
 int main(int argc, char** argv) {
     int64_t d = 768, n = 6144, k = 32, batch = 4096;
-    int reps = 5, threads = 0;
-    bool json = false, breakdown = false;
-    CLI::App app{"bench_step: SAE training-step throughput vs the sgemm limit"};
+    int reps = 5, threads = 0, device = 0;
+    bool json = false, breakdown = false, tf32 = false;
+    std::string backend = "cpu";
+    CLI::App app{"bench_step: SAE training-step throughput vs the GEMM-rate limit"};
     app.add_option("--d-model", d);
     app.add_option("--latents", n);
     app.add_option("--k", k);
@@ -161,9 +182,29 @@ int main(int argc, char** argv) {
     app.add_option("--threads", threads, "CPU threads (default: all)");
     app.add_flag("--json", json, "also print one JSON object");
     app.add_flag("--breakdown", breakdown, "print the time per backend op of one step");
+    app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("--device", device, "CUDA device (--backend cuda)");
+    app.add_flag("--tf32", tf32, "CUDA GEMMs in TF32 (--backend cuda)");
     CLI11_PARSE(app, argc, argv);
 
-    auto be = make_cpu_backend(threads);
+    std::unique_ptr<Backend> be;
+    if (backend == "cuda") {
+#if SAETRAIN_HAS_CUDA
+        if (cuda_device_count() == 0) {
+            fmt::print(stderr, "bench_step: --backend cuda, but no CUDA device is visible\n");
+            return 1;
+        }
+        CudaBackendOptions o;
+        o.device = device;
+        o.tf32 = tf32;
+        be = make_cuda_backend(o);
+#else
+        fmt::print(stderr, "bench_step: built without the CUDA backend\n");
+        return 1;
+#endif
+    } else {
+        be = make_cpu_backend(threads);
+    }
     auto self = make_self_comm();
     std::mt19937 rng(1);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -176,7 +217,7 @@ int main(int argc, char** argv) {
     fmt::print("bench_step | {} | d_model {} n_latents {} k {} batch {} | median of {}\n",
                be->name(), d, n, k, batch, reps);
     fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "arch", "step", "tokens/s",
-               "sgemm rate", "sgemm-bound", "fraction");
+               "GEMM rate", "GEMM-bound", "fraction");
     fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "", "ms", "tok/s", "GFLOP/s", "tok/s",
                "%");
 
@@ -189,7 +230,7 @@ int main(int argc, char** argv) {
         cfg.warmup_steps = 0;
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
         tr.init(x.data(), batch);
-        const double step_s = time_median(reps, [&] { tr.step(x.data(), batch); });
+        const double step_s = time_median(*be, reps, [&] { tr.step(x.data(), batch); });
 
         // The GEMMs whose FLOPs the formula counts, at the trainer's shapes and transposes.
         std::vector<Gemm> shapes = {{false, true, batch, n, d}};  // encoder
@@ -222,8 +263,8 @@ int main(int argc, char** argv) {
                    step_s * 1e3, tps, rate / 1e9, bound, 100.0 * tps / bound);
         out[arch_name(arch)] = {
             {"step_ms", step_s * 1e3},           {"tokens_per_s", tps},
-            {"sgemm_GFLOPs", rate / 1e9},        {"flops_per_token", flops_per_token},
-            {"sgemm_bound_tokens_per_s", bound}, {"fraction_of_bound", tps / bound}};
+            {"gemm_GFLOPs", rate / 1e9},        {"flops_per_token", flops_per_token},
+            {"gemm_bound_tokens_per_s", bound}, {"fraction_of_bound", tps / bound}};
     }
     if (json) fmt::print("{}\n", out.dump());
     return 0;

@@ -277,6 +277,36 @@ TEST_F(CudaParity, SparseDecodeAndBackwardBothModes) {
     }
 }
 
+// rows * k above 2^23 entries: more than one warp per entry fits in the dval kernel's capped
+// grid (2^20 blocks of 8 warps), so the warps must stride. Before they did, every entry past
+// 8,388,608 kept whatever the workspace held and its latents' encoder gradients were wrong.
+TEST_F(CudaParity, TopkBackwardBeyondOneGridOfWarps) {
+    const int64_t rows = 131072, k = 65, n = 128, d = 8;  // 8,519,680 entries
+    std::mt19937 rng(31);
+    std::uniform_int_distribution<int32_t> latent(0, static_cast<int32_t>(n - 1));
+    std::uniform_real_distribution<float> act(0.1f, 1.0f);
+    std::vector<int32_t> idx(rows * k);
+    std::vector<float> val(rows * k);
+    for (int64_t e = 0; e < rows * k; ++e) idx[e] = latent(rng), val[e] = act(rng);
+    auto x = randn(rows * d, 32), derr = randn(rows * d, 33), w = randn(n * d, 34, 0.3f);
+    std::vector<float> de(n * d), dd(n * d), db(n), st(kStatCount, 0.0f);
+    std::vector<int32_t> fires(n);
+    cpu->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
+                       de.data(), dd.data(), db.data(), fires.data(), st.data());
+    const std::vector<float> junk(n * d, 9.0f), junkb(n, 9.0f), st0(kStatCount, 0.0f);
+    Buf<int32_t> gidx(*gpu, idx), gf(*gpu, std::vector<int32_t>(n, 9));
+    Buf<float> gval(*gpu, val), gw(*gpu, w), gx(*gpu, x), ge(*gpu, derr), gde(*gpu, junk),
+        gdd(*gpu, junk), gdb(*gpu, junkb), gst(*gpu, st0);
+    gpu->topk_backward(gx.p(), ge.p(), gidx.p(), gval.p(), gw.p(), rows, n, k, d, gde.p(), gdd.p(),
+                       gdb.p(), gf.p(), gst.p());
+    // Each latent sums ~66,000 entries: sqrt(K) * eps ~ 1.5e-5 of the sum of |terms|, with
+    // random signs; a missed 1.5% of the entries is an error of order 1e-1.
+    EXPECT_LE(norm_err(gde.get(), de), 1e-4);
+    EXPECT_LE(norm_err(gdd.get(), dd), 1e-4);
+    EXPECT_LE(norm_err(gdb.get(), db), 1e-4);
+    EXPECT_EQ(gf.get(), fires);
+}
+
 TEST_F(CudaParity, RowOpsAndAdam) {
     const int64_t rows = 300, cols = 129;
     auto w = randn(rows * cols, 17), g = randn(rows * cols, 18), coeff = randn(rows, 19);

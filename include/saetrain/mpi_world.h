@@ -37,6 +37,10 @@ NodePlacement node_placement();
 
 [[noreturn]] void world_abort(int code);
 
+// True when the MPI library reports, at compile time and at run time, that it reads and writes
+// CUDA device memory (Open MPI's MPIX_Query_cuda_support); false for any other MPI.
+bool mpi_cuda_aware();
+
 // Bounds every MPI collective of this process: when one has waited `seconds` for its peers (a
 // rank died, hangs or was stopped), a watchdog thread prints one line naming this rank, its host
 // and the collective, and aborts the job. 0 turns the watchdog off. Set once after start-up.

@@ -21,7 +21,8 @@
 namespace saetrain {
 
 struct NcclOptions {
-    // Seconds a collective (or the initialization) may take before the run is declared hung.
+    // Seconds a collective (or the initialization) may take before the run is declared hung;
+    // <= 0 waits for ever. saetrain passes parallel.timeout_s.
     double timeout_seconds = 600;
     // cudaStream_t the gradients are produced on; nullptr: synchronize the device instead.
     void* compute_stream = nullptr;

@@ -1,5 +1,8 @@
 // MPI implementation of Communicator (host buffers).
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI: MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#endif
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -278,6 +281,14 @@ void set_collective_timeout(double seconds) {
     g_rank.store(rank);
     g_timeout_s.store(seconds);
     if (seconds > 0) std::call_once(started, [] { std::thread(watchdog_loop).detach(); });
+}
+
+bool mpi_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+    return MPIX_Query_cuda_support() == 1;
+#else
+    return false;
+#endif
 }
 
 std::unique_ptr<Communicator> make_mpi_world() {

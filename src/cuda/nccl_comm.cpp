@@ -10,6 +10,7 @@
 
 #include "cuda_check.h"
 #include "handles.h"
+#include "saetrain/cuda_staged_comm.h"
 
 #define SAE_NCCL_CHECK(stmt)                                                                   \
     do {                                                                                       \
@@ -30,15 +31,6 @@ std::string host_name() {
     char h[256] = {0};
     gethostname(h, sizeof(h) - 1);
     return h;
-}
-
-bool is_device_pointer(const void* p) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        cudaGetLastError();  // plain host memory on some drivers: clear the error
-        return false;
-    }
-    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
 ncclConfig_t nonblocking_config() {
@@ -67,7 +59,7 @@ public:
         if (ncclCommFinalize(comm_) == ncclInProgress) {
             const auto t0 = Clock::now();
             ncclResult_t st = ncclInProgress;
-            while (st == ncclInProgress && seconds_since(t0) < opt_.timeout_seconds) {
+            while (st == ncclInProgress && !expired(t0)) {
                 ncclCommGetAsyncError(comm_, &st);
                 std::this_thread::yield();
             }
@@ -101,7 +93,7 @@ public:
     void allgather(const void* send, void* recv, int64_t bytes) override {
         const int64_t total = bytes * size_;
         if (total == 0) return;
-        const bool dev = is_device_pointer(send) && is_device_pointer(recv);
+        const bool dev = cuda_is_device_pointer(send) && cuda_is_device_pointer(recv);
         if (dev) {
             order_after_compute();
             enqueue("all-gather", ncclAllGather(send, recv, static_cast<size_t>(bytes), ncclInt8,
@@ -150,7 +142,7 @@ private:
     template <typename Op>
     void collective(const char* what, void* data, int64_t bytes, Op op) {
         if (bytes == 0) return;
-        if (is_device_pointer(data)) {
+        if (cuda_is_device_pointer(data)) {
             order_after_compute();
             enqueue(what, op(data, stream_.get()));
             finish(what);
@@ -195,7 +187,7 @@ private:
             if (st == ncclSuccess) return;
             if (st != ncclInProgress)
                 fail(what, fmt::format("{} ({})", ncclGetErrorString(st), static_cast<int>(st)));
-            if (seconds_since(t0) > opt_.timeout_seconds) fail_timeout(what);
+            if (expired(t0)) fail_timeout(what);
             std::this_thread::yield();
         }
     }
@@ -216,9 +208,14 @@ private:
             ncclCommGetAsyncError(comm_, &st);
             if (st != ncclSuccess && st != ncclInProgress)
                 fail(what, fmt::format("{} ({})", ncclGetErrorString(st), static_cast<int>(st)));
-            if (seconds_since(t0) > opt_.timeout_seconds) fail_timeout(what);
+            if (expired(t0)) fail_timeout(what);
             if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
+    }
+
+    // timeout_seconds <= 0: wait for ever (parallel.timeout_s: 0 turns the watchdog off).
+    bool expired(Clock::time_point t0) const {
+        return opt_.timeout_seconds > 0 && seconds_since(t0) > opt_.timeout_seconds;
     }
 
     [[noreturn]] void fail(const char* what, const std::string& why) {
@@ -232,7 +229,7 @@ private:
     [[noreturn]] void fail_timeout(const char* what) {
         abort_comm();
         throw Error(fmt::format(
-            "NCCL {} did not complete within {:.0f} s on rank {} of {} (host {}, GPU {}): a peer "
+            "NCCL {} did not complete within {:.0f} s (parallel.timeout_s) on rank {} of {} (host {}, GPU {}): a peer "
             "rank has probably died or hung (the rank(s) that did not report this error are the "
             "suspects). The communicator was aborted; raise the timeout only if steps are "
             "legitimately that slow.",

@@ -152,23 +152,27 @@ __global__ void topk_entries_kernel(const int32_t* idx, const float* val, int64_
     }
 }
 
-// dval[e] = (val > 0) * derr[r] . w_dec[idx]: one warp per entry, fixed butterfly order.
+// dval[e] = (val > 0) * derr[r] . w_dec[idx]: one warp per entry, fixed butterfly order. The
+// warps stride over the entries: the grid is capped (grid_for), and rows * k can exceed what
+// one warp per entry in a capped grid covers (2^20 blocks x 8 warps = 8,388,608 entries).
 __global__ void topk_dval_kernel(const float* derr, const int32_t* idx, const float* val,
                                  const float* w_dec, int64_t entries, int64_t k, int64_t d,
                                  float* dval) {
-    const int64_t e = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
-    if (e >= entries) return;
+    const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
-    if (!(val[e] > 0.0f)) {
-        if (lane == 0) dval[e] = 0.0f;
-        return;
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; e < entries;
+         e += warps) {
+        if (!(val[e] > 0.0f)) {  // uniform across the warp: one entry per warp
+            if (lane == 0) dval[e] = 0.0f;
+            continue;
+        }
+        const float* er = derr + (e / k) * d;
+        const float* w = w_dec + static_cast<int64_t>(idx[e]) * d;
+        float s = 0;
+        for (int64_t c = lane; c < d; c += 32) s += er[c] * w[c];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) dval[e] = s;
     }
-    const float* er = derr + (e / k) * d;
-    const float* w = w_dec + static_cast<int64_t>(idx[e]) * d;
-    float s = 0;
-    for (int64_t c = lane; c < d; c += 32) s += er[c] * w[c];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) dval[e] = s;
 }
 
 // One block per latent: its gradient rows from its entries, in row order.

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# gpu-run.sh — run on a lent GPU machine: unpack the bundle from tools/gpu-bundle.sh, then the
+# GPU tests (ctest -L gpu), the step benchmarks (saetrain's CUDA backend, its cuBLASLt GEMM bound,
+# PyTorch's implementations of the same step), end-to-end training from bf16 shards in page
+# cache, two ranks sharing the GPU in a sweep, and the perf model's predictions. Every result
+# goes under $OUT (summary.txt last lines = the table; logs.tar.gz = everything).
+#
+# Usage (from the repository root on the GPU machine):
+#   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,bench,torch,e2e,sweep2,model
+#                                     (default: all of them, in that order)
+# Environment: OUT (results folder; default ./gpu-out), BUNDLE (default
+# .gpu-bundle/saetrain-gpu.tar.gz), E2E_ROWS (default 1000000), E2E_EPOCHS (default 3),
+# BENCH_ARGS (extra bench_step arguments), RUN_BACKEND (default cuda; cpu for a dry run of the
+# script on a machine without a GPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+OUT=${OUT:-$repo/gpu-out}
+BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.gz}
+steps=${1:-env,test,bench,torch,e2e,sweep2,model}
+mkdir -p "$OUT"
+logs=$(mktemp -d)
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+want() { [[ ",$steps," == *",$1,"* ]]; }
+
+# run NAME TIMEOUT CMD...: output to $logs/NAME.log (and the terminal), status into the summary.
+run() {
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    echo "=== $name: $*" | tee "$logs/$name.log"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$logs/$name.log"
+    local rc=${PIPESTATUS[0]}
+    note "step $name: exit $rc in $((SECONDS - t0)) s"
+    return "$rc"
+}
+
+finish() {
+    tar -C "$logs" -czf "$OUT/logs.tar.gz" . 2>/dev/null
+    echo
+    echo "===== summary ($summary) ====="
+    cat "$summary"
+}
+trap finish EXIT
+
+# --- unpack; find what the machine provides ---------------------------------------------------
+B=/tmp/saetrain-gpu
+rm -rf "$B" && mkdir -p "$B"
+if ! tar -xzf "$BUNDLE" -C "$B"; then
+    note "cannot unpack $BUNDLE: run tools/gpu-bundle.sh here first and carry .gpu-bundle"
+    exit 1
+fi
+note "bundle built from $(head -1 "$B/COMMIT") ($(($(wc -l < "$B/COMMIT") - 1)) uncommitted changes)"
+
+# Directory holding the first file named $1 among the usual places (CUDA toolkit, PyTorch's
+# nvidia-* wheels, the loader cache).
+lib_dir() {
+    local name=$1 hit
+    hit=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
+    if [ -z "$hit" ]; then
+        hit=$(find /usr/local/cuda/lib64/ /usr/local/cuda/targets/x86_64-linux/lib/ \
+            /usr/local/cuda*/lib64/ /opt /usr/lib/python3*/ /usr/local/lib/python3*/ \
+            -name "$name" 2>/dev/null | head -1)
+    fi
+    [ -n "$hit" ] && dirname "$hit"
+}
+cublas=$(lib_dir libcublasLt.so.13)
+nccl=$(lib_dir libnccl.so.2)
+note "libcublasLt.so.13: ${cublas:-NOT FOUND}; libnccl.so.2: ${nccl:-NOT FOUND}"
+export LD_LIBRARY_PATH="$B/lib:$B/usr/lib/x86_64-linux-gnu:$B/usr/lib/x86_64-linux-gnu/pmix2/lib${cublas:+:$cublas}${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export OPAL_PREFIX=$B/usr
+export PMIX_INSTALL_PREFIX=$B/usr/lib/x86_64-linux-gnu/pmix2
+export PATH=$B/bin:$B/usr/bin:$PATH
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# One node, no remote launcher: Open MPI still insists that ssh exists unless told otherwise.
+export OMPI_MCA_plm_rsh_agent=false
+for b in "$B"/bin/*; do
+    missing=$(ldd "$b" 2>&1 | grep "not found" | awk '{print $1}' | sort -u | tr '\n' ' ')
+    [ -n "$missing" ] && note "$(basename "$b"): missing libraries: $missing"
+done
+
+# --- env: the machine as found ------------------------------------------------------------------
+if want env; then
+    {
+        nvidia-smi
+        nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,power.limit \
+            --format=csv
+        uname -a
+        ldd --version | head -1
+        nproc
+        free -g
+        python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+    } > "$logs/env.log" 2>&1
+    note "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+fi
+
+# --- test: ctest -L gpu over the bundle's test file ---------------------------------------------
+if want test; then
+    run ctest 420 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 300
+    "$B/bin/test_cuda_backend" --gtest_output="xml:$logs/test_cuda_backend.xml" \
+        --gtest_filter='*HundredTraining*' > /dev/null 2>&1  # for the recorded worst losses
+    grep -o 'worst_rel_loss="[^"]*"' "$logs/test_cuda_backend.xml" 2>/dev/null |
+        sed 's/^/100-step parity: /' | tee -a "$summary"
+fi
+
+# --- bench: saetrain's step on the GPU beside the cuBLASLt bound --------------------------------
+shape="--d-model 768 --latents 24576 --k 32 --batch 4096"  # bench_step's and the torch script's
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+if want bench; then
+    for mode in fp32 tf32; do
+        flag=""
+        [ "$mode" = tf32 ] && flag="--tf32"
+        run "bench_step_$mode" 300 bench_step --backend cuda $shape --reps 30 --breakdown --json \
+            $flag ${BENCH_ARGS:-}
+        grep -E '^(topk|relu) ' "$logs/bench_step_$mode.log" | sed "s/^/bench $mode: /" |
+            tee -a "$summary"
+    done
+fi
+
+# --- torch: the same steps written as PyTorch users write them ---------------------------------
+if want torch; then
+    PYTHONUNBUFFERED=1 run torch 420 python3 tools/bench_torch_sae.py $shape --reps 30
+    grep -E '^torch ' "$logs/torch.log" | tee -a "$summary"
+fi
+
+# --- e2e: saetrain end to end from bf16 shards in page cache -------------------------------------
+data=/tmp/saetrain-data
+if want e2e || want sweep2; then
+    rows=${E2E_ROWS:-1000000}
+    if [ ! -d "$data" ]; then
+        t0=$SECONDS
+        for p in 0 1 2 3; do  # four writers in parallel, one folder each (one glob reads all)
+            sae-synth --out "$data/p$p" --d-model 768 --features 8192 --active 16 \
+                --rows $((rows / 4)) --shards 2 --dtype bf16 --seed $p > "$logs/synth$p.log" 2>&1 &
+        done
+        wait
+        note "synthetic data: $rows rows, d_model 768, bf16 in $((SECONDS - t0)) s"
+    fi
+    cat "$data"/p*/shard_*.h5 > /dev/null  # into page cache
+fi
+e2e_config() {  # OUT_DIR EPOCHS [extra yaml lines]
+    cat <<EOF
+run: {out_dir: $1, seed: 0}
+data: {path: "$data/p*/shard_*.h5", batch_size: 4096, epochs: $2, shuffle_buffer_rows: 262144}
+sae: {arch: topk, n_latents: 24576, k: 32}
+train: {lr: 4.0e-4, warmup_steps: 100, lr_decay: cosine, grad_clip: 1.0, dead_tokens: 1000000}
+backend: ${RUN_BACKEND:-cuda}
+log: {every_steps: 100}
+checkpoint: {every_steps: 100000, keep: 1}
+EOF
+}
+if want e2e; then
+    e2e_config /tmp/run-topk "${E2E_EPOCHS:-3}" > /tmp/e2e-topk.yaml
+    run e2e_topk 420 saetrain /tmp/e2e-topk.yaml --overwrite
+    tail -4 "$logs/e2e_topk.log" | sed 's/^/e2e topk: /' >> "$summary"
+    cp /tmp/run-topk/metrics.jsonl "$logs/e2e_topk_metrics.jsonl" 2>/dev/null
+    e2e_config /tmp/run-relu 1 > /tmp/e2e-relu.yaml
+    run e2e_relu 300 saetrain /tmp/e2e-relu.yaml --overwrite --set sae.arch=relu --set sae.l1_coeff=5
+    tail -4 "$logs/e2e_relu.log" | sed 's/^/e2e relu: /' >> "$summary"
+fi
+
+# --- sweep2: two ranks on the one GPU, one shared data stream (batch all-gathered over MPI) -----
+if want sweep2; then
+    e2e_config /tmp/run-sweep 1 > /tmp/e2e-sweep.yaml
+    run sweep2 300 mpirun -np 2 saetrain /tmp/e2e-sweep.yaml --overwrite --set 'sae.k=[16,32]'
+    tail -5 "$logs/sweep2.log" | sed 's/^/sweep2: /' >> "$summary"
+fi
+
+# --- model: the paper model's predictions for the measured shapes -------------------------------
+if want model; then
+    for m in fp32 tf32 bf16; do
+        for a in topk relu; do
+            run "model_${a}_$m" 30 sae-perfmodel --gpu "${gpu_name:-H100}" --math $m --arch $a \
+                --d-model 768 --n-latents 24576 --k 32 --batch 4096 --bytes-per-element 2 \
+                --disk-gbps 20
+        done
+    done
+fi
