@@ -75,8 +75,10 @@ int cpu_threads_for_rank(int local_size) {
 // backend: cpu | cuda | auto (CUDA when this rank sees a device). A rank's GPU is its local
 // rank on the node modulo the devices it sees, so `srun --gpus-per-task=1` (one visible
 // device) and one rank per GPU of a whole node both work.
-std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, int local_rank,
+// gpu.* sets the CUDA backend's numerics; the CPU backend computes in fp32 and says so.
+std::unique_ptr<Backend> make_backend(const Config& cfg, int threads, int local_rank,
                                       std::string* note, bool* on_gpu) {
+    const std::string& choice = cfg.backend;
     *on_gpu = false;
 #if SAETRAIN_HAS_CUDA
     const int devices = cuda_device_count();
@@ -86,8 +88,9 @@ std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, in
     if (choice == "cuda" || (choice == "auto" && devices > 0)) {
         CudaBackendOptions o;
         o.device = local_rank % devices;
-        *note = fmt::format("{}GPU {}: {}", choice == "auto" ? "auto -> cuda, " : "", o.device,
-                            cuda_device_description(o.device));
+        o.gemm = math_mode_parse(cfg.gpu.gemm);
+        o.deterministic = cfg.gpu.deterministic;
+        if (choice == "auto") *note = "auto -> cuda";
         *on_gpu = true;
         return make_cuda_backend(o);
     }
@@ -99,6 +102,9 @@ std::unique_ptr<Backend> make_backend(const std::string& choice, int threads, in
                 "cmake --preset cuda, or set backend: cpu)");
     if (choice == "auto") *note = "auto -> cpu (built without CUDA)";
 #endif
+    if (cfg.gpu.gemm != "fp32")
+        *note += fmt::format("{}gpu.gemm: {} does not apply: the CPU backend computes in fp32",
+                             note->empty() ? "" : "; ", cfg.gpu.gemm);
     return make_cpu_backend(threads);
 }
 
@@ -219,7 +225,7 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, int rank, int world
     }
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     s.backend =
-        make_backend(s.cfg.backend, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
+        make_backend(s.cfg, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
 #if SAETRAIN_HAS_CUDA
     // After the backend has chosen the rank's device: batches upload from pinned memory.
     if (s.on_gpu) lo.allocator = cuda_pinned_allocator();

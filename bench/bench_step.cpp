@@ -11,6 +11,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -23,6 +25,7 @@
 #if SAETRAIN_HAS_CUDA
 #include "saetrain/cuda_backend.h"
 #include "saetrain/cuda_device.h"
+#include "saetrain/cuda_pinned.h"
 #endif
 
 using namespace saetrain;
@@ -171,8 +174,8 @@ private:
 int main(int argc, char** argv) {
     int64_t d = 768, n = 6144, k = 32, batch = 4096;
     int reps = 5, threads = 0, device = 0;
-    bool json = false, breakdown = false, tf32 = false;
-    std::string backend = "cpu";
+    bool json = false, breakdown = false, pinned = true;
+    std::string backend = "cpu", gemm = "fp32";
     CLI::App app{"bench_step: SAE training-step throughput vs the GEMM-rate limit"};
     app.add_option("--d-model", d);
     app.add_option("--latents", n);
@@ -184,7 +187,10 @@ int main(int argc, char** argv) {
     app.add_flag("--breakdown", breakdown, "print the time per backend op of one step");
     app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--device", device, "CUDA device (--backend cuda)");
-    app.add_flag("--tf32", tf32, "CUDA GEMMs in TF32 (--backend cuda)");
+    app.add_option("--gemm", gemm, "CUDA GEMM operands: fp32 | tf32 | bf16 (--backend cuda)")
+        ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+    app.add_flag("!--pageable", pinned,
+                 "CUDA: upload the batch from pageable memory (default: pinned, as saetrain)");
     CLI11_PARSE(app, argc, argv);
 
     std::unique_ptr<Backend> be;
@@ -196,7 +202,7 @@ int main(int argc, char** argv) {
         }
         CudaBackendOptions o;
         o.device = device;
-        o.tf32 = tf32;
+        o.gemm = math_mode_parse(gemm);
         be = make_cuda_backend(o);
 #else
         fmt::print(stderr, "bench_step: built without the CUDA backend\n");
@@ -208,14 +214,30 @@ int main(int argc, char** argv) {
     auto self = make_self_comm();
     std::mt19937 rng(1);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(batch * d));
-    for (float& v : x) v = normal(rng);
+    std::vector<float> x_heap(static_cast<size_t>(batch * d));
+    for (float& v : x_heap) v = normal(rng);
+    // The batch as saetrain holds it: pinned host memory on a CUDA rank (the upload is a DMA).
+    float* x = x_heap.data();
+    std::unique_ptr<void, std::function<void(void*)>> x_pinned;
+#if SAETRAIN_HAS_CUDA
+    if (backend == "cuda" && pinned) {
+        const HostAllocator al = cuda_pinned_allocator();
+        const size_t bytes = x_heap.size() * sizeof(float);
+        x_pinned = {al.alloc(bytes), [al, bytes](void* p) { al.free(p, bytes); }};
+        if (!x_pinned) {
+            fmt::print(stderr, "bench_step: cannot allocate {} bytes of pinned memory\n", bytes);
+            return 1;
+        }
+        x = static_cast<float*>(std::memcpy(x_pinned.get(), x_heap.data(), bytes));
+    }
+#endif
 
     nlohmann::ordered_json out;
     out["backend"] = be->name();
+    out["batch_memory"] = x_pinned ? "pinned" : "pageable";
     out["shape"] = {{"d_model", d}, {"n_latents", n}, {"k", k}, {"batch", batch}};
-    fmt::print("bench_step | {} | d_model {} n_latents {} k {} batch {} | median of {}\n",
-               be->name(), d, n, k, batch, reps);
+    fmt::print("bench_step | {} | d_model {} n_latents {} k {} batch {} | {} batch | median of {}\n",
+               be->name(), d, n, k, batch, x_pinned ? "pinned" : "pageable", reps);
     fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "arch", "step", "tokens/s",
                "GEMM rate", "GEMM-bound", "fraction");
     fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "", "ms", "tok/s", "GFLOP/s", "tok/s",
@@ -229,8 +251,8 @@ int main(int argc, char** argv) {
         cfg.l1_coeff = 1.0;
         cfg.warmup_steps = 0;
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
-        tr.init(x.data(), batch);
-        const double step_s = time_median(*be, reps, [&] { tr.step(x.data(), batch); });
+        tr.init(x, batch);
+        const double step_s = time_median(*be, reps, [&] { tr.step(x, batch); });
 
         // The GEMMs whose FLOPs the formula counts, at the trainer's shapes and transposes.
         std::vector<Gemm> shapes = {{false, true, batch, n, d}};  // encoder
@@ -252,10 +274,10 @@ int main(int argc, char** argv) {
         if (breakdown) {
             TimedBackend timed(*be);
             SaeTrainer tt(cfg, d, 1000, 0, timed, *self);
-            tt.init(x.data(), batch);
-            tt.step(x.data(), batch);  // warm-up
+            tt.init(x, batch);
+            tt.step(x, batch);  // warm-up
             timed.seconds.clear();
-            tt.step(x.data(), batch);
+            tt.step(x, batch);
             for (const auto& [op, sec] : timed.seconds)
                 fmt::print("    {:<28} {:>9.1f} ms\n", op, sec * 1e3);
         }

@@ -66,6 +66,8 @@ void expect_same(const Config& a, const Config& b) {
     EXPECT_EQ(a.parallel.sweep_data, b.parallel.sweep_data);
     EXPECT_EQ(a.parallel.replicas, b.parallel.replicas);
     EXPECT_EQ(a.backend, b.backend);
+    EXPECT_EQ(a.gpu.gemm, b.gpu.gemm);
+    EXPECT_EQ(a.gpu.deterministic, b.gpu.deterministic);
     EXPECT_EQ(a.log.every_steps, b.log.every_steps);
     EXPECT_EQ(a.log.peak_tflops, b.log.peak_tflops);
     EXPECT_EQ(a.checkpoint.every_steps, b.checkpoint.every_steps);
@@ -141,6 +143,7 @@ train:
   dead_tokens: 12345
 parallel: {mode: hybrid, sweep_data: disjoint, replicas: 4}
 backend: cpu
+gpu: {gemm: bf16, deterministic: false}
 log: {every_steps: 7}
 checkpoint: {every_steps: 11, keep: 2}
 )";
@@ -174,6 +177,8 @@ checkpoint: {every_steps: 11, keep: 2}
     EXPECT_EQ(c.parallel.sweep_data, "disjoint");
     EXPECT_EQ(c.parallel.replicas, 4);
     EXPECT_EQ(c.backend, "cpu");
+    EXPECT_EQ(c.gpu.gemm, "bf16");
+    EXPECT_FALSE(c.gpu.deterministic);
     EXPECT_EQ(c.log.every_steps, 7);
     EXPECT_EQ(c.checkpoint.every_steps, 11);
     EXPECT_EQ(c.checkpoint.keep, 2);
@@ -344,6 +349,9 @@ TEST(ConfigErrors, UnknownEnumValuesListTheAllowedOnes) {
     m = parse_error(kMinimal + "backend: gpu\n");
     EXPECT_HAS(m, "backend");
     EXPECT_HAS(m, "auto, cpu, cuda");
+    m = parse_error(kMinimal + "gpu: {gemm: fp16}\n");
+    EXPECT_HAS(m, "gpu.gemm");
+    EXPECT_HAS(m, "fp32, tf32, bf16");
 }
 
 TEST(ConfigErrors, DataPathIsRequired) {

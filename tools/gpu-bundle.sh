@@ -65,18 +65,18 @@ done | sort -u | while read -r name path; do
     fi
 done
 
-# ctest's view of the bundle: the gpu tests as test/tests_cuda.cmake declares them.
-cat > "$stage/CTestTestfile.cmake" <<'EOF'
-# The GPU tests of saetrain, relative to the unpacked bundle (written by tools/gpu-bundle.sh).
+# ctest's view of the bundle: the gpu tests as test/tests_cuda.cmake declares them. @B@ is the
+# folder the bundle is unpacked into (tools/gpu-run.sh substitutes it).
+cat > "$stage/CTestTestfile.cmake.in" <<'EOF'
+# The GPU tests of saetrain in the unpacked bundle (written by tools/gpu-bundle.sh).
 set(_skip "\\[  SKIPPED \\]")
-add_test(test_cuda_backend "bin/test_cuda_backend")
-set_tests_properties(test_cuda_backend PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "${_skip}"
-    WORKING_DIRECTORY "${CMAKE_CURRENT_LIST_DIR}")
+add_test(test_cuda_backend "@B@/bin/test_cuda_backend")
+set_tests_properties(test_cuda_backend PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "${_skip}")
 foreach(np 1 2)
-    add_test(test_cuda_comm_np${np} "usr/bin/mpirun" "-np" "${np}" "--oversubscribe"
-        "bin/test_cuda_comm")
+    add_test(test_cuda_comm_np${np} "@B@/usr/bin/mpirun" "-np" "${np}" "--oversubscribe"
+        "@B@/bin/test_cuda_comm")
     set_tests_properties(test_cuda_comm_np${np} PROPERTIES LABELS gpu TIMEOUT 300
-        SKIP_REGULAR_EXPRESSION "${_skip}" WORKING_DIRECTORY "${CMAKE_CURRENT_LIST_DIR}")
+        SKIP_REGULAR_EXPRESSION "${_skip}")
 endforeach()
 EOF
 git rev-parse HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"

@@ -5,7 +5,8 @@
 # cache, two ranks sharing the GPU in a sweep, and the perf model's predictions. Every result
 # goes under $OUT (summary.txt last lines = the table; logs.tar.gz = everything).
 #
-# Usage (from the repository root on the GPU machine):
+# Usage (from the repository root on the GPU machine; the device tool: carry .gpu-bundle and
+# run `OUT=$OUT bash tools/gpu-run.sh`):
 #   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,bench,torch,e2e,sweep2,model
 #                                     (default: all of them, in that order)
 # Environment: OUT (results folder; default ./gpu-out), BUNDLE (default
@@ -52,6 +53,7 @@ if ! tar -xzf "$BUNDLE" -C "$B"; then
     note "cannot unpack $BUNDLE: run tools/gpu-bundle.sh here first and carry .gpu-bundle"
     exit 1
 fi
+sed "s|@B@|$B|g" "$B/CTestTestfile.cmake.in" > "$B/CTestTestfile.cmake"
 note "bundle built from $(head -1 "$B/COMMIT") ($(($(wc -l < "$B/COMMIT") - 1)) uncommitted changes)"
 
 # Directory holding the first file named $1 among the usual places (CUDA toolkit, PyTorch's
@@ -78,6 +80,9 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_m
 export OMPI_MCA_rmaps_base_oversubscribe=1
 # One node, no remote launcher: Open MPI still insists that ssh exists unless told otherwise.
 export OMPI_MCA_plm_rsh_agent=false
+# PMIx looks for its plugins where Debian installed them; ours are in the bundle.
+export PMIX_MCA_mca_base_component_path=$PMIX_INSTALL_PREFIX/lib/pmix
+export PMIX_MCA_pcompress_base_silence_warning=1
 for b in "$B"/bin/*; do
     missing=$(ldd "$b" 2>&1 | grep "not found" | awk '{print $1}' | sort -u | tr '\n' ' ')
     [ -n "$missing" ] && note "$(basename "$b"): missing libraries: $missing"
@@ -111,13 +116,17 @@ fi
 shape="--d-model 768 --latents 24576 --k 32 --batch 4096"  # bench_step's and the torch script's
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 if want bench; then
-    for mode in fp32 tf32; do
-        flag=""
-        [ "$mode" = tf32 ] && flag="--tf32"
+    for mode in fp32 tf32 bf16; do
         run "bench_step_$mode" 300 bench_step --backend cuda $shape --reps 30 --breakdown --json \
-            $flag ${BENCH_ARGS:-}
+            --gemm $mode ${BENCH_ARGS:-}
         grep -E '^(topk|relu) ' "$logs/bench_step_$mode.log" | sed "s/^/bench $mode: /" |
             tee -a "$summary"
+    done
+    for mode in fp32 bf16; do  # a larger batch spreads the Adam step over more tokens
+        run "bench_step_${mode}_b16k" 300 bench_step --backend cuda --d-model 768 \
+            --latents 24576 --k 32 --batch 16384 --reps 20 --json --gemm $mode ${BENCH_ARGS:-}
+        grep -E '^(topk|relu) ' "$logs/bench_step_${mode}_b16k.log" |
+            sed "s/^/bench $mode batch 16384: /" | tee -a "$summary"
     done
 fi
 
@@ -158,6 +167,8 @@ if want e2e; then
     run e2e_topk 420 saetrain /tmp/e2e-topk.yaml --overwrite
     tail -4 "$logs/e2e_topk.log" | sed 's/^/e2e topk: /' >> "$summary"
     cp /tmp/run-topk/metrics.jsonl "$logs/e2e_topk_metrics.jsonl" 2>/dev/null
+    run e2e_topk_bf16 420 saetrain /tmp/e2e-topk.yaml --overwrite --set gpu.gemm=bf16
+    tail -4 "$logs/e2e_topk_bf16.log" | sed 's/^/e2e topk bf16: /' >> "$summary"
     e2e_config /tmp/run-relu 1 > /tmp/e2e-relu.yaml
     run e2e_relu 300 saetrain /tmp/e2e-relu.yaml --overwrite --set sae.arch=relu --set sae.l1_coeff=5
     tail -4 "$logs/e2e_relu.log" | sed 's/^/e2e relu: /' >> "$summary"

@@ -70,6 +70,15 @@ struct ParallelConfig {
     double timeout_s = 600;  // a collective waiting longer than this ends the job (0: never)
 };
 
+// Numerics of the CUDA backend (the CPU backend computes in fp32 and ignores these).
+struct GpuConfig {
+    // GEMM operand precision, fp32 accumulation in every mode: fp32 | tf32 | bf16
+    // (CudaBackendOptions::gemm says what each costs and gains).
+    std::string gemm = "fp32";
+    // TopK backward without float atomics, bit-reproducible run to run (false: atomics).
+    bool deterministic = true;
+};
+
 struct LogConfig {
     int64_t every_steps = 50;
     // Peak TFLOP/s of one device that MFU is reported against, for the precision its GEMMs
@@ -90,6 +99,7 @@ struct Config {
     std::vector<SaeConfig> sweep;  // every sweep point, in cartesian order (last key fastest)
     ParallelConfig parallel;
     std::string backend = "auto";  // auto | cpu | cuda
+    GpuConfig gpu;
     LogConfig log;
     CheckpointConfig checkpoint;
     std::string source;  // the file it was read from, for messages

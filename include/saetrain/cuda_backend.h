@@ -13,14 +13,21 @@
 #include <memory>
 
 #include "saetrain/backend.h"
+#include "saetrain/perfmodel.h"  // MathMode
 
 namespace saetrain {
 
 struct CudaBackendOptions {
     int device = 0;
-    // GEMMs in TF32 (CUBLAS_COMPUTE_32F_FAST_TF32): ~8x the fp32 peak on A100/H100, with a
-    // 10-bit mantissa in the products. Off by default, so results track the CPU backend.
-    bool tf32 = false;
+    // Precision of the GEMM operands (config gpu.gemm); products accumulate in fp32 and the
+    // outputs stay fp32 in every mode.
+    //   fp32: CUDA cores, results track the CPU backend (the default).
+    //   tf32: tensor cores on fp32 operands (CUBLAS_COMPUTE_32F_FAST_TF32), 10-bit mantissas in
+    //         the products; ~7x the fp32 rate on H100.
+    //   bf16: operands rounded to bf16 (math::float_to_bf16_bits) into scratch copies before
+    //         each GEMM, 8-bit mantissas; ~2x the tf32 rate. GEMMs with a dimension under 64
+    //         (the b_dec correction) are memory-bound and stay fp32.
+    MathMode gemm = MathMode::fp32;
     // Sparse TopK backward by sorting entries per latent (no float atomics): bit-reproducible.
     // Off: scatter with atomicAdd (fewer passes, run-to-run differences in the last bits).
     bool deterministic = true;

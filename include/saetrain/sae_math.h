@@ -2,7 +2,7 @@
 //
 // Every function here is `__host__ __device__` under nvcc and plain inline otherwise, so the
 // CPU tests exercise exactly the code the GPU kernels run: activation functions and their
-// gradients, Adam's update of one element, fp16/bf16 widening.
+// gradients, Adam's update of one element, fp16/bf16 widening and rounding to bf16.
 #pragma once
 
 #include <cmath>
@@ -49,6 +49,16 @@ SAE_HD float bf16_bits_to_float(uint16_t b) {
     float f;
     memcpy(&f, &u, sizeof(f));
     return f;
+}
+
+// Float to bf16 bits, rounded to nearest (ties to even), as the GPU's bf16 GEMM operands are:
+// values past the largest bf16 become infinities, NaNs stay (quiet) NaNs.
+SAE_HD uint16_t float_to_bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
 }
 
 // IEEE half (fp16) bits to float, exactly (every half is a float): normals, subnormals, zeros,

@@ -148,11 +148,12 @@ const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
 const std::vector<std::string> kModeChoices = {"sweep", "data_parallel", "hybrid"};
 const std::vector<std::string> kSweepDataChoices = {"shared", "disjoint"};
 const std::vector<std::string> kBackendChoices = {"auto", "cpu", "cuda"};
+const std::vector<std::string> kGemmChoices = {"fp32", "tf32", "bf16"};
 // Named by the design brief but not implemented yet: a clearer message than "unknown value".
 const std::vector<std::string> kPlannedArchs = {"batchtopk", "jumprelu", "switch"};
 
-const std::vector<std::string> kSections = {"run",      "data",    "sae", "train",
-                                            "parallel", "backend", "log", "checkpoint"};
+const std::vector<std::string> kSections = {"run",     "data", "sae", "train",      "parallel",
+                                            "backend", "gpu",  "log", "checkpoint"};
 
 #define SAE_KEY(section, name, choices) \
     make_field(                         \
@@ -201,6 +202,8 @@ const std::vector<Field>& fields() {
         make_field(
             "backend", "", [](Config & c, SaeConfig&) -> auto& { return c.backend; },
             kBackendChoices),
+        CFG_KEY(gpu, gemm, kGemmChoices),
+        CFG_KEY(gpu, deterministic, kAny),
         CFG_KEY(log, every_steps, kAny),
         CFG_KEY(log, peak_tflops, kAny),
         CFG_KEY(checkpoint, every_steps, kAny),

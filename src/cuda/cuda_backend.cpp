@@ -22,13 +22,15 @@ public:
         : opt_(o),
           device_(select_device(o.device)),
           stream_(cuda::make_stream()),
-          gemm_(stream_.get(), o.tf32),
+          gemm_(stream_.get(), o.gemm),
           ws_(stream_.get()) {}
     ~CudaBackend() override { cudaStreamSynchronize(stream_.get()); }
 
     std::string name() const override {
         return fmt::format("cuda:{} {}{}", device_, cuda_device_description(device_),
-                           opt_.tf32 ? " tf32" : "");
+                           opt_.gemm == MathMode::fp32
+                               ? ""
+                               : fmt::format(" {} GEMMs", math_mode_name(opt_.gemm)));
     }
     cudaStream_t stream() const { return stream_.get(); }
 
@@ -138,7 +140,7 @@ public:
 
     // --- for reports ------------------------------------------------------------------------
     std::string device_name() const override { return cuda_device_name(device_); }
-    std::string gemm_precision() const override { return opt_.tf32 ? "tf32" : "fp32"; }
+    std::string gemm_precision() const override { return math_mode_name(opt_.gemm); }
     // Every buffer the trainer and the kernels' scratch space allocate comes from the device's
     // stream-ordered pool (cudaMallocAsync), whose high-water mark of bytes in use the driver
     // keeps; the cuBLASLt workspace is the one cudaMalloc beside it. Not counted: the CUDA

@@ -85,6 +85,13 @@ __global__ void widen_kernel(const uint16_t* src, float* dst, int64_t n, bool bf
         dst[i] = bf16 ? math::bf16_bits_to_float(src[i]) : math::fp16_bits_to_float(src[i]);
 }
 
+__global__ void round_to_bf16_kernel(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                                     uint16_t* dst) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols;
+         i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] = math::float_to_bf16_bits(x[(i / cols) * ld + i % cols]);
+}
+
 // --- reductions ----------------------------------------------------------------------------
 __global__ void sum_squares_kernel(const float* x, int64_t n, double* partial) {
     __shared__ double sh[kThreads];
@@ -440,6 +447,17 @@ void adam(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t 
 void widen_16bit(cudaStream_t s, const uint16_t* src, float* dst, int64_t n, bool bf16) {
     if (n <= 0) return;
     widen_kernel<<<grid_for(n), kThreads, 0, s>>>(src, dst, n, bf16);
+    SAE_CUDA_LAUNCH_CHECK();
+}
+
+void round_to_bf16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ld,
+                   uint16_t* dst) {
+    if (rows * cols <= 0) return;
+    if (ld == cols) {  // packed: one flat pass, no index arithmetic
+        cols = ld = rows * cols;
+        rows = 1;
+    }
+    round_to_bf16_kernel<<<grid_for(rows * cols), kThreads, 0, s>>>(x, rows, cols, ld, dst);
     SAE_CUDA_LAUNCH_CHECK();
 }
 

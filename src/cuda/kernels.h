@@ -70,6 +70,9 @@ void add_norm_grad(cudaStream_t s, const float* w, const float* coeff, float sca
 void adam(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n,
           const math::AdamScalars& a);
 void widen_16bit(cudaStream_t s, const uint16_t* src, float* dst, int64_t n, bool bf16);
+// dst [rows, cols] packed = bf16(x [rows, cols] with leading dimension ld), rounded to nearest.
+void round_to_bf16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ld,
+                   uint16_t* dst);
 
 // Adds a sum of doubles (fixed-order tree) to stats[slot] as float: the Backend's stats are
 // float sums, the partials double so the order of the final few additions does not matter.

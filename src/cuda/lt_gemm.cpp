@@ -1,5 +1,7 @@
 #include "lt_gemm.h"
 
+#include <algorithm>
+
 #include "kernels.h"
 #include "saetrain/gemm_layout.h"
 
@@ -14,32 +16,55 @@ unsigned alignment_of(const void* p) {
     return a;
 }
 
-LtLayout make_layout(const ColMajorLayout& l) {
+LtLayout make_layout(const ColMajorLayout& l, cudaDataType_t type) {
     cublasLtMatrixLayout_t h = nullptr;
-    SAE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&h, CUDA_R_32F, static_cast<uint64_t>(l.rows),
+    SAE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&h, type, static_cast<uint64_t>(l.rows),
                                                 static_cast<uint64_t>(l.cols), l.ld));
     return LtLayout(h);
 }
 
+// Below this size in any dimension a GEMM is memory-bound: rounding its operands to bf16
+// would add passes over them and save nothing.
+constexpr int64_t kBf16MinDim = 64;
+
 }  // namespace
 
-LtGemm::LtGemm(cudaStream_t stream, bool tf32)
-    : stream_(stream), tf32_(tf32), workspace_(make_device_buffer(kWorkspaceBytes)) {
+LtGemm::LtGemm(cudaStream_t stream, MathMode math)
+    : stream_(stream), math_(math), workspace_(make_device_buffer(kWorkspaceBytes)) {
     cublasLtHandle_t h = nullptr;
     SAE_CUBLAS_CHECK(cublasLtCreate(&h));
     handle_.reset(h);
 }
 
+LtGemm::~LtGemm() {
+    for (void* p : bf16_)
+        if (p) cudaFreeAsync(p, stream_);
+}
+
+const void* LtGemm::to_bf16(int slot, const float* x, int64_t rows, int64_t cols, int64_t ld) {
+    const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(uint16_t);
+    if (bytes > bf16_cap_[slot]) {
+        if (bf16_[slot]) SAE_CUDA_CHECK(cudaFreeAsync(bf16_[slot], stream_));
+        bf16_[slot] = nullptr;
+        bf16_cap_[slot] = 0;
+        SAE_CUDA_CHECK(cudaMallocAsync(&bf16_[slot], bytes, stream_));
+        bf16_cap_[slot] = bytes;
+    }
+    round_to_bf16(stream_, x, rows, cols, ld, static_cast<uint16_t*>(bf16_[slot]));
+    return bf16_[slot];
+}
+
 LtGemm::Plan& LtGemm::plan_for(const Key& key) {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
-    const auto [ta, tb, m, n, k, lda, ldb, ldc, al_a, al_b, al_c] = key;
+    const auto [ta, tb, m, n, k, lda, ldb, ldc, al_a, al_b, al_c, bf16] = key;
     const ColMajorGemm g = to_col_major_gemm(ta, tb, m, n, k, lda, ldb, ldc);
 
     Plan p{};
     cublasLtMatmulDesc_t op = nullptr;
+    const bool tf32 = math_ == MathMode::tf32 && !bf16;
     SAE_CUBLAS_CHECK(cublasLtMatmulDescCreate(
-        &op, tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        &op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
     p.op.reset(op);
     const cublasOperation_t opa = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t opb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -47,9 +72,10 @@ LtGemm::Plan& LtGemm::plan_for(const Key& key) {
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     SAE_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    p.a = make_layout(g.a);
-    p.b = make_layout(g.b);
-    p.c = make_layout(g.c);
+    const cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    p.a = make_layout(g.a, ab);
+    p.b = make_layout(g.b, ab);
+    p.c = make_layout(g.c, CUDA_R_32F);
 
     cublasLtMatmulPreference_t pref_h = nullptr;
     SAE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_h));
@@ -87,13 +113,22 @@ void LtGemm::run(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
         scale(stream_, c, m, n, ldc, beta);
         return;
     }
-    const Key key{
-        ta, tb, m, n, k, lda, ldb, ldc, alignment_of(a), alignment_of(b), alignment_of(c)};
+    const void* a_op = a;
+    const void* b_op = b;
+    const bool bf16 = math_ == MathMode::bf16 && std::min({m, n, k}) >= kBf16MinDim;
+    if (bf16) {  // packed bf16 copies of the operands as stored (op applied by cuBLASLt)
+        const int64_t a_cols = ta ? m : k, b_cols = tb ? k : n;
+        a_op = to_bf16(0, a, ta ? k : m, a_cols, lda);
+        b_op = to_bf16(1, b, tb ? n : k, b_cols, ldb);
+        lda = a_cols, ldb = b_cols;
+    }
+    const Key key{ta, tb, m, n, k, lda, ldb, ldc, alignment_of(a_op), alignment_of(b_op),
+                  alignment_of(c), bf16};
     Plan& p = plan_for(key);
     // Column-major call: C^T = op(B)^T op(A)^T, so the first operand is the row-major b.
-    SAE_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), p.op.get(), &alpha, b, p.a.get(), a, p.b.get(),
-                                    &beta, c, p.c.get(), c, p.c.get(), &p.algo, workspace_.get(),
-                                    kWorkspaceBytes, stream_));
+    SAE_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), p.op.get(), &alpha, b_op, p.a.get(), a_op,
+                                    p.b.get(), &beta, c, p.c.get(), c, p.c.get(), &p.algo,
+                                    workspace_.get(), kWorkspaceBytes, stream_));
 }
 
 }  // namespace saetrain::cuda

@@ -11,17 +11,19 @@
 #include <tuple>
 
 #include "handles.h"
+#include "saetrain/perfmodel.h"  // MathMode
 
 namespace saetrain::cuda {
 
 class LtGemm {
 public:
     static constexpr size_t kWorkspaceBytes = 32u << 20;  // Hopper wants 32 MiB, others 4
-    LtGemm(cudaStream_t stream, bool tf32);
+    LtGemm(cudaStream_t stream, MathMode math);
     // Row-major, as Backend::gemm.
     void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
              int64_t ldc);
+    ~LtGemm();
     size_t cached_plans() const { return plans_.size(); }
 
 private:
@@ -30,12 +32,17 @@ private:
         LtLayout a, b, c;
         cublasLtMatmulAlgo_t algo;
     };
+    // (trans_a, trans_b, m, n, k, lda, ldb, ldc, alignments of a, b, c, bf16 operands)
     using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           unsigned, unsigned, unsigned>;
+                           unsigned, unsigned, unsigned, bool>;
     Plan& plan_for(const Key& key);
+    // A stored row-major [rows, cols] (leading dimension ld) as packed bf16 in scratch slot.
+    const void* to_bf16(int slot, const float* x, int64_t rows, int64_t cols, int64_t ld);
 
     cudaStream_t stream_;
-    bool tf32_;
+    MathMode math_;
+    void* bf16_[2] = {};
+    size_t bf16_cap_[2] = {};
     LtHandle handle_;
     DeviceBuffer workspace_;
     std::map<Key, Plan> plans_;

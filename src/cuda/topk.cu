@@ -1,11 +1,15 @@
 // TopK kernels: per-row selection, sparse decode and the sparse backward.
 //
 // Selection (one block per row): a 4-pass radix select over order-preserving 32-bit keys of
-// pre + b_enc finds the k-th largest key T; one ordered pass then takes every element above T
-// and the lowest-index elements equal to T (a block scan keeps the index order), and a bitonic
-// sort of the k picks by (value desc, index asc) gives exactly the CPU backend's output,
-// including its tie rule (the lower index wins). Rows of up to 2^17 floats are read 5 times;
-// the row stays in L2 on A100/H100 for a block's lifetime, so this is bandwidth-bound reading.
+// pre + b_enc finds the k-th largest key T; one pass then takes every element above T (shared
+// atomics: order does not matter, the picks are sorted next) and the elements equal to T, all
+// of them when all are needed, else the lowest-index ones (an ordered block scan), and a
+// bitonic sort of the k picks by (value desc, index asc) gives exactly the CPU backend's
+// output, including its tie rule (the lower index wins). A row that fits in shared memory
+// (n up to ~50K on H100) is read from device memory once and the passes run on the copy;
+// wider rows are re-read from L2 each pass. Histogram increments are aggregated per warp and
+// bin: the first pass sees few distinct exponents, and 512 threads hitting one counter would
+// serialize.
 //
 // Backward, deterministic: entries (row, slot) are sorted by latent with a stable radix sort
 // (cub::DeviceRadixSort), so each latent's gradient row is summed by one block in row order,
@@ -23,44 +27,91 @@ namespace saetrain::cuda {
 namespace {
 
 constexpr int kSelectThreads = 512;  // >= kMaxTopk / 2 comparators for the bitonic sort
+// Sub-histograms per block: warps 2h and 2h+1 share one, so 16 warps' increments of the same
+// bin (the first pass sees mostly one exponent) do not all queue on one shared-memory word,
+// while two blocks of a 24,576-latent row cache still fit an SM (2 x ~110 KB).
+constexpr int kHists = kSelectThreads / 64;
 
 // Composite sort key: value order in the high word, then lower index first in the low word.
 __device__ __forceinline__ unsigned long long pick_key(uint32_t key, uint32_t i) {
     return (static_cast<unsigned long long>(key) << 32) | (0xffffffffu - i);
 }
 
+// Adds 1 to hist[bin] for every lane with `active`, one atomic per distinct bin in the warp.
+__device__ __forceinline__ void warp_count(unsigned* hist, uint32_t bin, bool active) {
+    const unsigned lanes = __ballot_sync(0xffffffffu, active);
+    if (!active) return;
+    const unsigned same = __match_any_sync(lanes, bin);
+    if ((threadIdx.x % 32) == static_cast<unsigned>(__ffs(same) - 1))
+        atomicAdd(&hist[bin], static_cast<unsigned>(__popc(same)));
+}
+
+// Selection of one row per block (see the file comment). kCached: the row's keys are first
+// copied to shared memory (n floats fit), so the five passes read shared memory, not L2.
+template <bool kCached>
 __global__ void __launch_bounds__(kSelectThreads)
     topk_select_kernel(const float* pre, const float* bias, int n, int k, int k_pad,
                        int32_t* idx_out, float* val_out) {
+    extern __shared__ uint32_t row_keys[];  // [n] when kCached
     using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
     __shared__ typename Scan::TempStorage scan_tmp;
-    __shared__ unsigned hist[256];
+    __shared__ unsigned hist[kHists][256];
     __shared__ unsigned long long picks[kMaxTopk];
     __shared__ uint32_t s_prefix;
-    __shared__ int s_remaining, s_gt_base, s_eq_base;
-    const int tid = threadIdx.x;
+    __shared__ int s_remaining, s_eq_total, s_gt_base, s_eq_base;
+    const int tid = threadIdx.x, lane = tid % 32;
     const float* p = pre + static_cast<int64_t>(blockIdx.x) * n;
+    unsigned* my_hist = hist[tid / 64];
+    auto key_at = [&](int i) -> uint32_t {
+        if constexpr (kCached) return row_keys[i];
+        return math::float_order_key(p[i] + bias[i]);
+    };
+    if constexpr (kCached) {
+        for (int i = tid; i < n; i += kSelectThreads)
+            row_keys[i] = math::float_order_key(p[i] + bias[i]);
+    }
 
     // 1. Radix select, 8 bits per pass from the top: after pass j, `prefix` holds the top
     //    8(j+1) bits of T and `remaining` how many of the elements matching it must be taken.
     uint32_t prefix = 0, mask = 0;
     int remaining = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += kSelectThreads) hist[i] = 0;
+        for (int i = tid; i < kHists * 256; i += kSelectThreads) (&hist[0][0])[i] = 0;
         __syncthreads();
-        for (int i = tid; i < n; i += kSelectThreads) {
-            const uint32_t key = math::float_order_key(p[i] + bias[i]);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+        // Every lane of a warp runs the same number of iterations (warp_count is collective).
+        for (int base = 0; base < n; base += kSelectThreads) {
+            const int i = base + tid;
+            const uint32_t key = i < n ? key_at(i) : 0u;
+            warp_count(my_hist, (key >> shift) & 0xffu, i < n && (key & mask) == prefix);
         }
         __syncthreads();
-        if (tid == 0) {
-            int above = 0, b = 255;
-            for (; b > 0; --b) {
-                if (above + static_cast<int>(hist[b]) >= remaining) break;
-                above += static_cast<int>(hist[b]);
+        for (int b = tid; b < 256; b += kSelectThreads)
+            for (int h = 1; h < kHists; ++h) hist[0][b] += hist[h][b];
+        __syncthreads();
+        // The bin b where the count from the top first reaches `remaining` (0 if never): warp 0,
+        // lane l holding bins 255 - 8l down to 248 - 8l.
+        if (tid < 32) {
+            unsigned chunk = 0;
+            for (int j = 0; j < 8; ++j) chunk += hist[0][255 - 8 * lane - j];
+            unsigned before = chunk;  // inclusive prefix over lanes, lane 0 = the top bins
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned v = __shfl_up_sync(0xffffffffu, before, o);
+                if (lane >= o) before += v;
             }
-            s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-            s_remaining = remaining - above;
+            before -= chunk;
+            const unsigned hit =
+                __ballot_sync(0xffffffffu, static_cast<int>(before + chunk) >= remaining);
+            const int owner = hit ? __ffs(hit) - 1 : 31;
+            if (lane == owner) {
+                int above = static_cast<int>(before), b = 255 - 8 * lane;
+                for (int stop = b - 7; b > stop; --b) {
+                    if (above + static_cast<int>(hist[0][b]) >= remaining) break;
+                    above += static_cast<int>(hist[0][b]);
+                }
+                s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+                s_remaining = remaining - above;
+                s_eq_total = static_cast<int>(hist[0][b]);
+            }
         }
         __syncthreads();
         prefix = s_prefix;
@@ -69,34 +120,34 @@ __global__ void __launch_bounds__(kSelectThreads)
     }
     const uint32_t T = prefix;
     const int need_eq = remaining, n_gt = k - remaining;
+    // After the last pass the chosen bin counts the keys equal to T exactly.
+    const bool take_all_eq = s_eq_total == need_eq;
 
-    // 2. Ordered compaction: keys > T all go in; keys == T in index order until need_eq.
+    // 2. Compaction. Keys > T all go in, in any order (the sort below orders them); keys == T
+    //    too when all of them are needed (no tie to break: the usual case for real data).
     if (tid == 0) s_gt_base = 0, s_eq_base = 0;
     for (int i = k + tid; i < k_pad; i += kSelectThreads) picks[i] = 0;  // sorts last
     __syncthreads();
-    for (int base = 0; base < n; base += kSelectThreads) {
-        const int i = base + tid;
-        uint32_t key = 0;
-        bool gt = false, eq = false;
-        if (i < n) {
-            key = math::float_order_key(p[i] + bias[i]);
-            gt = key > T;
-            eq = key == T;
+    for (int i = tid; i < n; i += kSelectThreads) {
+        const uint32_t key = key_at(i);
+        if (key > T || (take_all_eq && key == T))
+            picks[atomicAdd(&s_gt_base, 1)] = pick_key(key, static_cast<uint32_t>(i));
+    }
+    __syncthreads();
+    if (!take_all_eq) {
+        // Ties at T: the need_eq lowest indices among them, found by an ordered block scan.
+        for (int base = 0; base < n; base += kSelectThreads) {
+            const int i = base + tid;
+            const bool eq = i < n && key_at(i) == T;
+            unsigned long long before, total;
+            Scan(scan_tmp).ExclusiveSum(static_cast<unsigned long long>(eq), before, total);
+            const int eq_pos = s_eq_base + static_cast<int>(before);
+            if (eq && eq_pos < need_eq) picks[n_gt + eq_pos] = pick_key(T, static_cast<uint32_t>(i));
+            __syncthreads();  // everyone read the base (and scan_tmp is free again)
+            if (tid == 0) s_eq_base += static_cast<int>(total);
+            __syncthreads();
+            if (s_eq_base >= need_eq) break;  // uniform across the block
         }
-        const unsigned long long flag = (static_cast<unsigned long long>(gt) << 32) | eq;
-        unsigned long long before, total;
-        Scan(scan_tmp).ExclusiveSum(flag, before, total);
-        const int gt_pos = s_gt_base + static_cast<int>(before >> 32);
-        const int eq_pos = s_eq_base + static_cast<int>(before & 0xffffffffu);
-        if (gt) picks[gt_pos] = pick_key(key, static_cast<uint32_t>(i));
-        if (eq && eq_pos < need_eq) picks[n_gt + eq_pos] = pick_key(key, static_cast<uint32_t>(i));
-        __syncthreads();  // everyone read the bases (and scan_tmp is free again)
-        if (tid == 0) {
-            s_gt_base += static_cast<int>(total >> 32);
-            s_eq_base += static_cast<int>(total & 0xffffffffu);
-        }
-        __syncthreads();
-        if (s_gt_base >= n_gt && s_eq_base >= need_eq) break;  // uniform across the block
     }
 
     // 3. Bitonic sort of the k_pad picks, descending: value desc, then index asc.
@@ -246,8 +297,34 @@ void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t 
     if (rows <= 0) return;
     int k_pad = 1;
     while (k_pad < k) k_pad <<= 1;
-    topk_select_kernel<<<static_cast<unsigned>(rows), kSelectThreads, 0, s>>>(
-        pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, idx, val);
+    // Cache the row in shared memory when it fits beside the kernel's static arrays.
+    static const int optin = [] {
+        int dev = 0, v = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+            cudaGetLastError(), v = 48 << 10;
+        return v;
+    }();
+    static const size_t static_bytes = [] {
+        cudaFuncAttributes attr{};
+        SAE_CUDA_CHECK(cudaFuncGetAttributes(&attr, topk_select_kernel<true>));
+        return attr.sharedSizeBytes;
+    }();
+    static size_t raised_to = 0;  // the dynamic shared-memory limit is raised once per size
+    const size_t row_bytes = static_cast<size_t>(n) * sizeof(uint32_t);
+    if (static_bytes + row_bytes <= static_cast<size_t>(optin)) {
+        if (row_bytes > raised_to) {
+            SAE_CUDA_CHECK(cudaFuncSetAttribute(topk_select_kernel<true>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(row_bytes)));
+            raised_to = row_bytes;
+        }
+        topk_select_kernel<true><<<static_cast<unsigned>(rows), kSelectThreads, row_bytes, s>>>(
+            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, idx, val);
+    } else {
+        topk_select_kernel<false><<<static_cast<unsigned>(rows), kSelectThreads, 0, s>>>(
+            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, idx, val);
+    }
     SAE_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,85 @@
+// sae_math.h on the host: the per-element functions the CUDA kernels share with the CPU backend
+// (16-bit widening and rounding, the order keys of the GPU top-k). No GPU needed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "saetrain/sae_math.h"
+
+using namespace saetrain;
+
+namespace {
+
+std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+float from_bits(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+}  // namespace
+
+TEST(SaeMath, Fp16WideningIsExact) {
+    EXPECT_EQ(math::fp16_bits_to_float(0x3c00), 1.0f);
+    EXPECT_EQ(math::fp16_bits_to_float(0xc000), -2.0f);
+    EXPECT_EQ(math::fp16_bits_to_float(0x7bff), 65504.0f);
+    EXPECT_EQ(math::fp16_bits_to_float(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+    EXPECT_EQ(math::fp16_bits_to_float(0x03ff), std::ldexp(1023.0f, -24));
+    EXPECT_TRUE(std::signbit(math::fp16_bits_to_float(0x8000)));
+    EXPECT_TRUE(std::isinf(math::fp16_bits_to_float(0x7c00)));
+    EXPECT_TRUE(std::isnan(math::fp16_bits_to_float(0x7e00)));
+    EXPECT_EQ(math::bf16_bits_to_float(0x3f80), 1.0f);
+}
+
+TEST(SaeMath, OrderKeyPreservesFloatOrderAndRoundTrips) {
+    auto v = randn(2000, 7, 10.0f);
+    v.insert(v.end(), {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY, 3.0f, 3.0f});
+    for (size_t i = 0; i < v.size(); ++i) {
+        const float back = math::float_from_order_key(math::float_order_key(v[i]));
+        EXPECT_EQ(back, v[i]);
+        for (size_t j = i; j < std::min(v.size(), i + 40); ++j) {
+            const uint32_t a = math::float_order_key(v[i]), b = math::float_order_key(v[j]);
+            EXPECT_EQ(v[i] < v[j], a < b) << v[i] << " " << v[j];
+            EXPECT_EQ(v[i] == v[j], a == b) << v[i] << " " << v[j];  // -0 ties +0
+        }
+    }
+}
+
+TEST(SaeMath, Bf16RoundingIsNearestEven) {
+    // Exactly representable values round-trip.
+    for (float x : {1.0f, -2.0f, 0.0f, 0.5f, 3.0f, 65536.0f, -0.0f})
+        EXPECT_EQ(math::bf16_bits_to_float(math::float_to_bf16_bits(x)), x) << x;
+    EXPECT_TRUE(std::signbit(math::bf16_bits_to_float(math::float_to_bf16_bits(-0.0f))));
+    // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1).
+    EXPECT_EQ(math::float_to_bf16_bits(from_bits(0x3f808000u)), 0x3f80);
+    // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 (odd) and 1 + 2^-6: rounds up to even.
+    EXPECT_EQ(math::float_to_bf16_bits(from_bits(0x3f818000u)), 0x3f82);
+    // Just above / below a halfway point.
+    EXPECT_EQ(math::float_to_bf16_bits(from_bits(0x3f808001u)), 0x3f81);
+    EXPECT_EQ(math::float_to_bf16_bits(from_bits(0x3f807fffu)), 0x3f80);
+    // Past the largest bf16 (0x7f7f) the value rounds to infinity; NaN stays NaN.
+    EXPECT_EQ(math::float_to_bf16_bits(from_bits(0x7f7fffffu)), 0x7f80);
+    EXPECT_EQ(math::float_to_bf16_bits(INFINITY), 0x7f80);
+    EXPECT_TRUE(std::isnan(math::bf16_bits_to_float(math::float_to_bf16_bits(NAN))));
+    EXPECT_TRUE(std::isnan(math::bf16_bits_to_float(math::float_to_bf16_bits(from_bits(0x7f800001u)))));
+    // Against the definition on random values: the nearest of the two bf16 neighbours.
+    for (float x : randn(20000, 3, 100.0f)) {
+        const float r = math::bf16_bits_to_float(math::float_to_bf16_bits(x));
+        uint32_t u;
+        std::memcpy(&u, &x, sizeof(u));
+        const float lo = from_bits(u & 0xffff0000u), hi = from_bits((u & 0xffff0000u) + 0x10000u);
+        const float dlo = std::abs(x - lo), dhi = std::abs(hi - x);
+        EXPECT_EQ(r, dlo < dhi ? lo : dhi < dlo ? hi : ((u >> 16) & 1u ? hi : lo)) << x;
+    }
+}
