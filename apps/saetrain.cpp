@@ -224,6 +224,7 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, int rank, int world
                 : partition_rows(s.cfg.data.max_tokens, s.layout.replica, s.layout.replicas).size();
     }
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
+    lo.copy_threads = s.threads;
     s.backend =
         make_backend(s.cfg, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
 #if SAETRAIN_HAS_CUDA
@@ -355,6 +356,7 @@ int run(const Args& args, Communicator& world) {
     Checkpointer checkpoints(world, *grads, out.string(), sae_dir.string(), meta_now(trainer),
                              cfg.checkpoint.keep);
     LoopOptions opt;
+    opt.threads = s.threads;
     if (s.resume) {
         const auto at = checkpoints.resume(trainer, config_to_yaml(cfg), args.allow_config_change);
         SAE_ENFORCE(at.has_value(),

@@ -417,12 +417,14 @@ TEST_F(CudaParity, HundredTrainingStepsMatchTheCpuLoss) {
         }
     // fp32 GEMMs: per-op differences of ~1e-6 stay within 1e-3 relative in the loss. tf32 and
     // bf16 GEMMs (against the CPU's fp32): their per-GEMM errors (~5e-4, ~2e-3 normalized, see
-    // GemmInTf32AndBf16) enter every step; bounds 10x those.
+    // GemmInTf32AndBf16) enter every step and move the top-k selection at the margin. Measured
+    // on an H100 (2026-11-23): worst over 100 steps 3.5e-3 (TopK, tf32), 3.0e-3 (TopK, bf16),
+    // 1.1e-4 and 9.1e-4 (ReLU); the bounds leave 3x and 7x.
     struct Mode {
         MathMode math;
         double bound;
     };
-    for (const Mode mode : {Mode{MathMode::fp32, 1e-3}, Mode{MathMode::tf32, 5e-3},
+    for (const Mode mode : {Mode{MathMode::fp32, 1e-3}, Mode{MathMode::tf32, 1e-2},
                             Mode{MathMode::bf16, 2e-2}}) {
         CudaBackendOptions o;
         o.gemm = mode.math;

@@ -193,6 +193,22 @@ TEST(Loader, DeterministicForASeedAndDifferentAcrossSeedsAndEpochs) {
     EXPECT_NE(e0, e1);  // each epoch has its own order
 }
 
+// next() copies a batch out of the ring on copy_threads threads, in rounds of half the ring
+// (here a 97-row batch over 10-row blocks and a 6-block ring: ten rounds per batch).
+TEST(Loader, ParallelCopyDeliversTheSameStream) {
+    Fixture fx(DType::bf16, true);
+    const RowRange r{0, fx.info.total_rows};
+    auto run = [&](int threads) {
+        LoaderOptions o = opts(500, 2, 5);
+        o.copy_threads = threads;
+        ShardBatchSource s(fx.info, r, o);
+        return fx.drain(s, 97);
+    };
+    const auto one = run(1), four = run(4);
+    expect_exactly_once(four, r, 2);
+    EXPECT_EQ(four, one);
+}
+
 TEST(Loader, MaxRowsStopsMidEpoch) {
     Fixture fx(DType::f16, false);
     LoaderOptions o = opts(400, 1);

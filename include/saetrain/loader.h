@@ -39,6 +39,10 @@ struct LoaderOptions {
     // a file of the same size is already there.
     std::string stage_dir;
     bool progress = false;  // staging progress on stderr
+    // Threads that copy a batch out of the ring in next() (OpenMP, on the caller's side): one
+    // core copies ~5-10 GB/s, so a 12.6 MB float32 batch costs milliseconds on one thread,
+    // longer than a GPU step. saetrain passes its CPU threads per rank.
+    int copy_threads = 1;
     // Where the window buffers and the output ring come from; empty: host_allocator_default().
     // The CUDA backend passes pinned memory (cuda_pinned.h). Called on the constructing thread
     // only; buffers are kept across restore() and freed by the destructor.

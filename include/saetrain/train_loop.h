@@ -52,6 +52,8 @@ struct LoopOptions {
     // Where the batch the trainer uploads lives: pinned memory on a CUDA rank makes the
     // upload a DMA. Empty: ordinary heap memory.
     HostAllocator batch_allocator;
+    // CPU threads for the loop's own passes over a batch (the NaN/Inf check).
+    int threads = 1;
 };
 
 // Steps until no rank has data left. Logging and checkpoints happen on iterations that are

@@ -29,10 +29,13 @@ struct Interval {
     }
 };
 
-bool all_finite(const float* x, int64_t n) {
+bool all_finite(const float* x, int64_t n, int threads) {
     // NaN and Inf are the floats whose exponent bits are all ones. An integer OR-reduction over
-    // the bits vectorizes (a float reduction would not, without -ffast-math).
+    // the bits vectorizes (a float reduction would not, without -ffast-math). On several
+    // threads: one core reads a 12.6 MB batch in about a millisecond, a GPU step's worth.
     uint32_t bad = 0;
+#pragma omp parallel for simd schedule(static) num_threads(threads) reduction(| : bad) \
+    if (n > (1 << 18))
     for (int64_t i = 0; i < n; ++i) {
         uint32_t b;
         std::memcpy(&b, x + i, sizeof(b));
@@ -130,7 +133,7 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         if (opt.world) opt.world->allreduce_max(&flags[0], 1);
         if (!flags[0]) break;
         int64_t use = rows;
-        if (rows > 0 && !all_finite(batch, rows * d)) {
+        if (rows > 0 && !all_finite(batch, rows * d, std::max(1, opt.threads))) {
             SAE_ENFORCE(!opt.stop_on_nonfinite,
                         "the batch of iteration {} holds NaN or Inf values (data.nonfinite: stop); "
                         "inspect the shards with sae-inspect or set data.nonfinite: skip",

@@ -477,6 +477,26 @@ void ShardBatchSource::restore(ReaderCursor c) {
 int64_t ShardBatchSource::next(float* out, int64_t rows) {
     Impl& m = *impl_;
     rows = std::min(rows, m.total - m.delivered);
+    // Blocks are taken from the ring and copied out in rounds of at most half the ring (the
+    // reader keeps the other half to fill); a round's copies run on copy_threads threads, in
+    // pieces of about 1 MB.
+    struct Piece {
+        const float* src;
+        float* dst;
+        int64_t n;  // floats
+    };
+    std::vector<Piece> pieces;
+    std::vector<int> held;
+    const size_t max_held = static_cast<size_t>(std::max(1, m.n_blocks / 2));
+    const int64_t piece_floats = std::max<int64_t>(m.d, (1 << 20) / 4 / m.d * m.d);
+    auto flush = [&] {
+        const auto np = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(static) num_threads(m.opt.copy_threads) if (np > 1)
+        for (int64_t i = 0; i < np; ++i)
+            std::memcpy(pieces[i].dst, pieces[i].src, static_cast<size_t>(pieces[i].n) * 4);
+        for (int b : held) m.free_blocks.push(b);
+        pieces.clear(), held.clear();
+    };
     int64_t done = 0;
     while (done < rows) {
         if (m.cur < 0) {
@@ -498,12 +518,17 @@ int64_t ShardBatchSource::next(float* out, int64_t rows) {
         }
         const size_t b = static_cast<size_t>(m.cur);
         const int64_t n = std::min(rows - done, m.block_len[b] - m.cur_pos);
-        std::memcpy(out + done * m.d,
-                    m.blocks + (static_cast<int64_t>(b) * m.block_rows + m.cur_pos) * m.d,
-                    static_cast<size_t>(n * m.d) * sizeof(float));
+        const float* src = m.blocks + (static_cast<int64_t>(b) * m.block_rows + m.cur_pos) * m.d;
+        float* dst = out + done * m.d;
+        for (int64_t f = 0; f < n * m.d; f += piece_floats)
+            pieces.push_back({src + f, dst + f, std::min(piece_floats, n * m.d - f)});
         m.cur_pos += n, done += n;
-        if (m.cur_pos == m.block_len[b]) m.free_blocks.push(m.cur), m.cur = -1;
+        if (m.cur_pos == m.block_len[b]) {
+            held.push_back(m.cur), m.cur = -1;
+            if (held.size() >= max_held) flush();
+        }
     }
+    flush();
     m.delivered += rows;
     return rows;
 }
