@@ -405,6 +405,11 @@ int run(const Args& args, Communicator& world) {
                     "injected fault at iteration {} (SAETRAIN_FAULT)", iter);
     };
     const LoopResult res = train_loop(trainer, source, opt);
+    if (root && res.seconds > 0)
+        fmt::print("rank 0 time: {:.2f} s | batches {:.2f} s (waiting for the reader {:.2f} s) | "
+                   "NaN/Inf check {:.2f} s | steps {:.2f} s | other {:.2f} s\n",
+                   res.seconds, res.data_s, res.wait_fraction * res.seconds, res.check_s,
+                   res.step_s, res.seconds - res.data_s - res.check_s - res.step_s);
     if (res.nonfinite_batches > 0 || res.skipped_steps > 0)
         fmt::print(stderr,
                    "saetrain: warning: rank {}: skipped {} batch(es) holding NaN/Inf "

@@ -165,20 +165,25 @@ EOF
 if want e2e; then
     e2e_config /tmp/run-topk "${E2E_EPOCHS:-3}" > /tmp/e2e-topk.yaml
     run e2e_topk 420 saetrain /tmp/e2e-topk.yaml --overwrite
-    tail -4 "$logs/e2e_topk.log" | sed 's/^/e2e topk: /' >> "$summary"
+    grep -A3 -E "^(rank 0 time|sae \(sorted)" "$logs/e2e_topk.log" | sed 's/^/e2e topk: /' >> "$summary"
     cp /tmp/run-topk/metrics.jsonl "$logs/e2e_topk_metrics.jsonl" 2>/dev/null
     run e2e_topk_bf16 420 saetrain /tmp/e2e-topk.yaml --overwrite --set gpu.gemm=bf16
-    tail -4 "$logs/e2e_topk_bf16.log" | sed 's/^/e2e topk bf16: /' >> "$summary"
+    grep -A3 -E "^(rank 0 time|sae \(sorted)" "$logs/e2e_topk_bf16.log" | sed 's/^/e2e topk bf16: /' >> "$summary"
+    # The same with OpenMP's idle threads sleeping instead of spinning (they share the cores
+    # with the reader's threads).
+    OMP_WAIT_POLICY=passive run e2e_topk_passive 420 saetrain /tmp/e2e-topk.yaml --overwrite
+    grep -A3 -E "^(rank 0 time|sae \(sorted)" "$logs/e2e_topk_passive.log" |
+        sed 's/^/e2e topk OMP passive: /' >> "$summary"
     e2e_config /tmp/run-relu 1 > /tmp/e2e-relu.yaml
     run e2e_relu 300 saetrain /tmp/e2e-relu.yaml --overwrite --set sae.arch=relu --set sae.l1_coeff=5
-    tail -4 "$logs/e2e_relu.log" | sed 's/^/e2e relu: /' >> "$summary"
+    grep -A3 -E "^(rank 0 time|sae \(sorted)" "$logs/e2e_relu.log" | sed 's/^/e2e relu: /' >> "$summary"
 fi
 
 # --- sweep2: two ranks on the one GPU, one shared data stream (batch all-gathered over MPI) -----
 if want sweep2; then
     e2e_config /tmp/run-sweep 1 > /tmp/e2e-sweep.yaml
     run sweep2 300 mpirun -np 2 saetrain /tmp/e2e-sweep.yaml --overwrite --set 'sae.k=[16,32]'
-    tail -5 "$logs/sweep2.log" | sed 's/^/sweep2: /' >> "$summary"
+    grep -A4 -E "^(rank 0 time|sae \(sorted)" "$logs/sweep2.log" | sed 's/^/sweep2: /' >> "$summary"
 fi
 
 # --- model: the paper model's predictions for the measured shapes -------------------------------

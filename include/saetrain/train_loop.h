@@ -26,6 +26,10 @@ struct LoopResult {
     // Over this process's part of the run (a resumed run's earlier tokens are not counted):
     // seconds, tokens/s and model TFLOP/s of the SAE (all replicas), the loader's wait fraction.
     double seconds = 0, tokens_per_s = 0, wait_fraction = 0, tflops = 0;
+    // Where this rank's seconds went: getting batches (the source's wait for the reader
+    // included), the NaN/Inf check, trainer steps (upload, compute, gradient exchange), and
+    // the rest (agreement, logging, checkpoints).
+    double data_s = 0, check_s = 0, step_s = 0;
 };
 
 struct LoopOptions {
@@ -54,6 +58,11 @@ struct LoopOptions {
     HostAllocator batch_allocator;
     // CPU threads for the loop's own passes over a batch (the NaN/Inf check).
     int threads = 1;
+    // Fetch (and check) the next batch while the device computes the current step
+    // (SaeTrainer::step_begin / step_end), so the host's share of an iteration hides behind
+    // the GPU's. The batches and the results are the same either way; a step followed by a
+    // checkpoint, or by a stop, does not fetch ahead, so cursors count trained batches only.
+    bool overlap = true;
 };
 
 // Steps until no rank has data left. Logging and checkpoints happen on iterations that are

@@ -60,6 +60,12 @@ public:
     // different row counts (even 0): the step minimizes the mean loss over all their rows.
     // Returns rows = 0 (and changes nothing) when no replica had any row.
     StepResult step(const float* x_host, int64_t rows);
+    // step() in two halves, for overlapping the host's work with the device's: step_begin
+    // uploads x and queues the forward and backward pass (on the CUDA backend it returns while
+    // the GPU computes; x_host may be reused once it returns), step_end waits for the gradients,
+    // exchanges them and applies the update. step(x, rows) == step_begin(x, rows); step_end().
+    void step_begin(const float* x_host, int64_t rows);
+    StepResult step_end();
 
     // Forward and backward only, for tests and the benchmark: gradients of
     // L * rows / norm_rows (norm_rows = rows: the mean loss L; 1: the summed loss) land in the
@@ -96,6 +102,9 @@ public:
 private:
     struct Views;
     void ensure_batch(int64_t rows);
+    // compute_gradients in two halves: queue the passes; then read the step's sums back.
+    void launch_gradients(const float* x_dev, int64_t rows, int64_t norm_rows);
+    StepResult collect_gradients();
     // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
     void apply_update(StepResult& r);
     // Adam and decoder renormalization on this replica's ranges (all of them when not
@@ -132,6 +141,8 @@ private:
     DeviceArray<float> x_, xc_, pre_, dz_, xhat_, dec_norms_, zsum_, xcol_, stats_, topk_val_;
     DeviceArray<int32_t> topk_idx_, fires_;
     int64_t batch_cap_ = 0;
+    int64_t pending_rows_ = -1;  // rows of the step begun and not yet ended (-1: none)
+    double pending_l1_ = 0;      // that step's L1 coefficient
     std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
     std::vector<int32_t> fires_host_;
 };

@@ -119,21 +119,40 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
 
     int64_t iter = opt.start_iteration;
     bool initialized = opt.initialized;
+    const int threads = std::max(1, opt.threads);
+    // The batch in `batch`: its rows and whether every value is finite. `held`: it was fetched
+    // during the previous step (LoopOptions::overlap) and is not trained yet.
+    int64_t rows = 0;
+    bool finite = true, held = false, stopping = false;
+    auto fetch = [&] {
+        auto t = Clock::now();
+        rows = source.next(batch, batch_size);
+        res.data_s += seconds_since(t);
+        t = Clock::now();
+        finite = rows == 0 || all_finite(batch, rows * d, threads);
+        res.check_s += seconds_since(t);
+    };
     for (;; ++iter) {
         if (opt.on_iteration) opt.on_iteration(iter);
         // [any rank has data, any rank wants to stop]: one all-reduce, same decision everywhere
         int64_t flags[2] = {0, opt.stop_requested && opt.stop_requested() ? 1 : 0};
         if (opt.world) opt.world->allreduce_max(&flags[1], 1);
-        if (flags[1]) {
-            res.stopped = true;
-            break;
+        stopping = stopping || flags[1] != 0;
+        // A held batch is trained before stopping: the source has delivered it, and the
+        // checkpoint that follows a stop must not count it as consumed.
+        if (!held) {
+            if (stopping) {
+                res.stopped = true;
+                break;
+            }
+            fetch();
         }
-        const int64_t rows = source.next(batch, batch_size);
+        held = false;
         flags[0] = rows > 0 ? 1 : 0;
         if (opt.world) opt.world->allreduce_max(&flags[0], 1);
         if (!flags[0]) break;
         int64_t use = rows;
-        if (rows > 0 && !all_finite(batch, rows * d, std::max(1, opt.threads))) {
+        if (!finite) {
             SAE_ENFORCE(!opt.stop_on_nonfinite,
                         "the batch of iteration {} holds NaN or Inf values (data.nonfinite: stop); "
                         "inspect the shards with sae-inspect or set data.nonfinite: skip",
@@ -142,12 +161,26 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
             use = 0;  // still joins the step's collectives, with no rows
         }
         if (!initialized) trainer.init(batch, use), initialized = true;
-        const StepResult r = trainer.step(batch, use);
+        // Fetch the next batch while the device computes this step, unless a checkpoint follows
+        // the step (its cursor must count trained batches only) or the ranks are stopping; the
+        // conditions are the same on every rank, so a collective source stays in step.
+        const bool checkpoint_after = opt.checkpoint && opt.checkpoint_every > 0 &&
+                                      (iter + 1) % opt.checkpoint_every == 0;
+        const bool ahead = opt.overlap && !stopping && !checkpoint_after;
+        auto t_step = Clock::now();
+        trainer.step_begin(batch, use);  // the batch is uploaded: `batch` is free again
+        if (ahead) {
+            res.step_s += seconds_since(t_step);
+            fetch();
+            held = true;
+            t_step = Clock::now();
+        }
+        const StepResult r = trainer.step_end();
+        res.step_s += seconds_since(t_step);
         res.skipped_steps += r.skipped ? 1 : 0;
         if (r.rows > 0 && !r.skipped) iv.add(r);
         if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) emit();
-        if (opt.checkpoint && opt.checkpoint_every > 0 && (iter + 1) % opt.checkpoint_every == 0)
-            opt.checkpoint(trainer, iter + 1);
+        if (checkpoint_after) opt.checkpoint(trainer, iter + 1);
     }
     // The final partial interval; the condition depends only on iteration counts, which every
     // rank shares, because emit() may be collective.

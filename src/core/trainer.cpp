@@ -107,6 +107,11 @@ void SaeTrainer::init(const float* x, int64_t rows) {
 }
 
 StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t norm_rows) {
+    launch_gradients(x, rows, norm_rows);
+    return collect_gradients();
+}
+
+void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
     const int64_t B = rows, d = d_, n = n_;
     if (norm_rows <= 0) norm_rows = rows;
     ensure_batch(B);
@@ -115,6 +120,7 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t n
     // d/dx_hat of sum_t ||err_t||^2 / norm_rows
     const float grad_scale = 2.0f / static_cast<float>(norm_rows);
     const double l1 = cfg_.arch == Arch::relu ? l1_at(cfg_, step_) : 0.0;
+    pending_rows_ = rows, pending_l1_ = l1;
     be_.fill(stats_.data(), kStatCount, 0.0f);
 
     // Encoder input x - b_dec; pre = xc W_enc^T (b_enc is added by the activation op).
@@ -148,7 +154,12 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t n
     }
     // b_dec also enters through the encoder input x - b_dec: dL/db_dec -= db_enc^T W_enc.
     be_.gemm(false, false, 1, d, n, -1.0f, G.b_enc, n, P.w_enc, d, 1.0f, G.b_dec, d);
+}
 
+StepResult SaeTrainer::collect_gradients() {
+    const int64_t B = pending_rows_, d = d_, n = n_;
+    const double l1 = pending_l1_;
+    pending_rows_ = -1;
     float st[kStatCount];
     std::vector<float> xcol(static_cast<size_t>(d));
     be_.download(st, stats_.data(), sizeof(st));
@@ -264,18 +275,34 @@ std::array<SaeTrainer::Range, 4> SaeTrainer::ranges_of(int64_t q) const {
 }
 
 StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
-    StepResult r;
+    step_begin(x_host, rows);
+    return step_end();
+}
+
+void SaeTrainer::step_begin(const float* x_host, int64_t rows) {
+    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::step_begin: the previous step has not ended");
     if (rows > 0) {
         ensure_batch(rows);
         be_.upload(x_.data(), x_host, rows * d_ * static_cast<int64_t>(sizeof(float)));
         // Gradient of the summed loss: replicas with different row counts then add up to the
         // gradient of the mean over all rows once apply_update divides by the total.
-        r = compute_gradients(x_.data(), rows, 1);
+        launch_gradients(x_.data(), rows, 1);
     } else {
         be_.fill(grads_, n_params_, 0.0f);  // an idle replica still joins the all-reduce
         std::fill(fires_host_.begin(), fires_host_.end(), 0);
+        pending_rows_ = 0;
     }
-    if (comm_.size() == 1 && rows == 0) return r;
+}
+
+StepResult SaeTrainer::step_end() {
+    SAE_ENFORCE(pending_rows_ >= 0, "SaeTrainer::step_end without step_begin");
+    StepResult r;
+    if (pending_rows_ > 0) {
+        r = collect_gradients();
+    } else {
+        pending_rows_ = -1;
+        if (comm_.size() == 1) return r;
+    }
     apply_update(r);
     return r;
 }
