@@ -230,6 +230,7 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, int rank, int world
 #if SAETRAIN_HAS_CUDA
     // After the backend has chosen the rank's device: batches upload from pinned memory.
     if (s.on_gpu) lo.allocator = cuda_pinned_allocator();
+    if (s.on_gpu) lo.convert_threads = s.threads;
 #endif
     s.local = std::make_unique<ShardBatchSource>(s.data, range, lo);
     return s;

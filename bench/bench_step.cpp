@@ -21,6 +21,8 @@
 #include "saetrain/backend.h"
 #include "saetrain/build_config.h"
 #include "saetrain/comm.h"
+#include "saetrain/loader.h"
+#include "saetrain/shards.h"
 #include "saetrain/trainer.h"
 #if SAETRAIN_HAS_CUDA
 #include "saetrain/cuda_backend.h"
@@ -84,6 +86,7 @@ class TimedBackend final : public Backend {
 public:
     explicit TimedBackend(Backend& be) : be_(be) {}
     std::map<std::string, double> seconds;
+    bool active = true;  // false: pass every call through untimed and unsynchronized
     std::string name() const override { return be_.name(); }
     void* alloc_bytes(int64_t b) override { return be_.alloc_bytes(b); }
     void free_bytes(void* p) override { be_.free_bytes(p); }
@@ -160,6 +163,7 @@ public:
 private:
     template <typename F>
     void timed(const std::string& op, F&& f) {
+        if (!active) return f();
         be_.synchronize();
         const auto t0 = Clock::now();
         f();
@@ -168,6 +172,68 @@ private:
     }
     Backend& be_;
 };
+
+// Steps on real batches: the SAE first trains `train_steps` steps on the stream (so latent
+// statistics, e.g. how unevenly latents fire, are those of training), then `reps` steps are
+// timed one by one (the batch is fetched outside the timed region), then one step is broken
+// down by op. `x` is a pinned (or heap) buffer of x_floats floats for the batch.
+int bench_on_data(Backend& be, const std::string& path, int64_t n, int64_t k, int64_t batch,
+                  int64_t train_steps, int reps, float* x, int64_t x_floats, bool breakdown) {
+    const DatasetInfo info = dataset_open(path);
+    const int64_t d = info.d_model;
+    LoaderOptions lo;
+    lo.epochs = 1000;
+    lo.shuffle_rows = 262144;
+    lo.copy_threads = 4;
+    lo.convert_threads = 4;
+    ShardBatchSource source(info, {0, info.total_rows}, lo);
+    std::vector<float> buf;
+    auto self = make_self_comm();
+    fmt::print("bench_step | {} | data {} (d_model {}) | n_latents {} k {} batch {} | {} "
+               "training steps, then median of {}\n",
+               be.name(), path, d, n, k, batch, train_steps, reps);
+    for (Arch arch : {Arch::topk, Arch::relu}) {
+        SaeConfig cfg;
+        cfg.arch = arch;
+        cfg.n_latents = n;
+        cfg.k = k;
+        cfg.l1_coeff = 5.0;
+        TimedBackend timed(be);
+        timed.active = false;
+        SaeTrainer tr(cfg, d, train_steps + reps + 2, 0, timed, *self);
+        // x (pinned on a CUDA rank) when it is large enough for this dataset's rows.
+        if (batch * d > x_floats) buf.resize(static_cast<size_t>(batch * d));
+        float* batch_mem = batch * d <= x_floats ? x : buf.data();
+        source.next(batch_mem, batch);
+        tr.init(batch_mem, batch);
+        for (int64_t s = 0; s < train_steps; ++s) {
+            source.next(batch_mem, batch);
+            tr.step(batch_mem, batch);
+        }
+        std::vector<double> t;
+        for (int i = 0; i < reps; ++i) {
+            source.next(batch_mem, batch);
+            be.synchronize();
+            const auto t0 = Clock::now();
+            tr.step(batch_mem, batch);
+            be.synchronize();
+            t.push_back(seconds(t0));
+        }
+        std::sort(t.begin(), t.end());
+        if (breakdown) {
+            source.next(batch_mem, batch);
+            timed.active = true;
+            tr.step(batch_mem, batch);
+            for (const auto& [op, sec] : timed.seconds)
+                fmt::print("    {:<28} {:>9.1f} ms\n", op, sec * 1e3);
+        }
+        const double step_s = t[t.size() / 2];
+        fmt::print("{:<8} step {:.2f} ms, {:.0f} tokens/s after {} steps (dead {:.1f}%)\n",
+                   arch_name(arch), step_s * 1e3, static_cast<double>(batch) / step_s,
+                   train_steps, 100.0 * tr.dead_fraction());
+    }
+    return 0;
+}
 
 }  // namespace
 
@@ -185,6 +251,12 @@ int main(int argc, char** argv) {
     app.add_option("--threads", threads, "CPU threads (default: all)");
     app.add_flag("--json", json, "also print one JSON object");
     app.add_flag("--breakdown", breakdown, "print the time per backend op of one step");
+    std::string data;
+    int64_t train_steps = 200;
+    app.add_option("--data", data,
+                   "time steps on batches from these shards (a directory or glob), after "
+                   "--train-steps steps of training on them, instead of on one random batch");
+    app.add_option("--train-steps", train_steps, "with --data: steps before timing");
     app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--device", device, "CUDA device (--backend cuda)");
     app.add_option("--gemm", gemm, "CUDA GEMM operands: fp32 | tf32 | bf16 (--backend cuda)")
@@ -231,6 +303,10 @@ int main(int argc, char** argv) {
         x = static_cast<float*>(std::memcpy(x_pinned.get(), x_heap.data(), bytes));
     }
 #endif
+
+    if (!data.empty())
+        return bench_on_data(*be, data, n, k, batch, train_steps, reps, x,
+                             static_cast<int64_t>(x_heap.size()), breakdown);
 
     nlohmann::ordered_json out;
     out["backend"] = be->name();

@@ -194,19 +194,34 @@ TEST(Loader, DeterministicForASeedAndDifferentAcrossSeedsAndEpochs) {
 }
 
 // next() copies a batch out of the ring on copy_threads threads, in rounds of half the ring
-// (here a 97-row batch over 10-row blocks and a 6-block ring: ten rounds per batch).
+// (here a 97-row batch over 10-row blocks and a 6-block ring: ten rounds per batch), and the
+// reader converts blocks on convert_threads threads.
 TEST(Loader, ParallelCopyDeliversTheSameStream) {
     Fixture fx(DType::bf16, true);
     const RowRange r{0, fx.info.total_rows};
     auto run = [&](int threads) {
         LoaderOptions o = opts(500, 2, 5);
         o.copy_threads = threads;
+        o.convert_threads = threads;
         ShardBatchSource s(fx.info, r, o);
         return fx.drain(s, 97);
     };
     const auto one = run(1), four = run(4);
     expect_exactly_once(four, r, 2);
     EXPECT_EQ(four, one);
+    // Blocks of whole windows (one 3001-row window, 1 MB reads): large enough to be converted
+    // on several threads.
+    auto run_big = [&](int threads) {
+        LoaderOptions o = opts(100000, 2, 5);
+        o.read_bytes = 1 << 20;
+        o.ring_bytes = 4 << 20;
+        o.copy_threads = o.convert_threads = threads;
+        ShardBatchSource s(fx.info, r, o);
+        return fx.drain(s, 1000);
+    };
+    const auto big_one = run_big(1), big_four = run_big(4);
+    expect_exactly_once(big_four, r, 2);
+    EXPECT_EQ(big_four, big_one);
 }
 
 TEST(Loader, MaxRowsStopsMidEpoch) {

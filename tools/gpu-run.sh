@@ -7,7 +7,8 @@
 #
 # Usage (from the repository root on the GPU machine; the device tool: carry .gpu-bundle and
 # run `OUT=$OUT bash tools/gpu-run.sh`):
-#   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,bench,torch,e2e,sweep2,model
+#   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,bench,torch,databench,e2e,
+#                                     sweep2,model
 #                                     (default: all of them, in that order)
 # Environment: OUT (results folder; default ./gpu-out), BUNDLE (default
 # .gpu-bundle/saetrain-gpu.tar.gz), E2E_ROWS (default 1000000), E2E_EPOCHS (default 3),
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu-out}
 BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.gz}
-steps=${1:-env,test,bench,torch,e2e,sweep2,model}
+steps=${1:-env,test,bench,torch,databench,e2e,sweep2,model}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
 summary="$OUT/summary.txt"
@@ -138,7 +139,7 @@ fi
 
 # --- e2e: saetrain end to end from bf16 shards in page cache -------------------------------------
 data=/tmp/saetrain-data
-if want e2e || want sweep2; then
+if want e2e || want sweep2 || want databench; then
     rows=${E2E_ROWS:-1000000}
     if [ ! -d "$data" ]; then
         t0=$SECONDS
@@ -162,6 +163,17 @@ log: {every_steps: 100}
 checkpoint: {every_steps: 100000, keep: 1}
 EOF
 }
+# --- databench: the step on batches of those shards, after training on them, op by op -------
+if want databench; then
+    for mode in fp32 bf16; do
+        run "databench_$mode" 300 bench_step --backend cuda --data "$data/p*/shard_*.h5" \
+            --latents 24576 --k 32 --batch 4096 --train-steps 300 --reps 20 --breakdown \
+            --gemm $mode
+        grep -E "^(topk|relu) " "$logs/databench_$mode.log" | sed "s/^/databench $mode: /" |
+            tee -a "$summary"
+    done
+fi
+
 if want e2e; then
     e2e_config /tmp/run-topk "${E2E_EPOCHS:-3}" > /tmp/e2e-topk.yaml
     run e2e_topk 420 saetrain /tmp/e2e-topk.yaml --overwrite

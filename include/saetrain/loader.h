@@ -40,9 +40,14 @@ struct LoaderOptions {
     std::string stage_dir;
     bool progress = false;  // staging progress on stderr
     // Threads that copy a batch out of the ring in next() (OpenMP, on the caller's side): one
-    // core copies ~5-10 GB/s, so a 12.6 MB float32 batch costs milliseconds on one thread,
+    // core copies ~5-10 GB/s, so a 12.6 MB float32 batch takes milliseconds on one thread,
     // longer than a GPU step. saetrain passes its CPU threads per rank.
     int copy_threads = 1;
+    // Threads that gather and convert a block of rows to float32 on the reader's side (at the
+    // reader's lowered priority): one core widens ~0.5M shuffled 16-bit rows of d 768 a
+    // second, less than a GPU trains. saetrain uses its CPU threads on a GPU rank and 1 on a
+    // CPU rank, whose cores the trainer keeps busy.
+    int convert_threads = 1;
     // Where the window buffers and the output ring come from; empty: host_allocator_default().
     // The CUDA backend passes pinned memory (cuda_pinned.h). Called on the constructing thread
     // only; buffers are kept across restore() and freed by the destructor.
