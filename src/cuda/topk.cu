@@ -226,13 +226,48 @@ __global__ void topk_dval_kernel(const float* derr, const int32_t* idx, const fl
     }
 }
 
-// One block per latent: its gradient rows from its entries, in row order.
-__global__ void topk_grad_rows_kernel(const float* x, const float* derr, const float* val,
-                                      const float* dval, const int32_t* start,
-                                      const int32_t* sorted_ids, int64_t k, int64_t d,
-                                      float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires) {
-    const int64_t l = blockIdx.x;
-    const int32_t s = start[l], t = start[l + 1];
+// The deterministic backward sums each latent's entries in chunks of `chunk` entries, one block
+// per chunk: a latent that fires on most tokens (common once training has shaped the
+// dictionary) would otherwise be summed by one block while the rest of the GPU idles (measured:
+// 2.7 ms instead of 0.5 ms per step on synthetic data after 300 steps, H100). A latent of one
+// chunk is written directly; the chunks of a longer one go to partial rows that a second
+// kernel adds in chunk order. Fixed order throughout: bit-reproducible.
+
+// nch[l] = chunks of latent l; multi[l] = nch[l] when > 1 (partial rows it needs), else 0.
+__global__ void topk_chunk_counts_kernel(const int32_t* start, int32_t n, int32_t chunk,
+                                         int32_t* nch, int32_t* multi) {
+    for (int32_t l = blockIdx.x * blockDim.x + threadIdx.x; l <= n; l += gridDim.x * blockDim.x) {
+        const int32_t c = l < n ? (start[l + 1] - start[l] + chunk - 1) / chunk : 0;
+        nch[l] = c;
+        multi[l] = c > 1 ? c : 0;
+    }
+}
+
+// One block per chunk (blocks past the last chunk return): its entries' contributions in
+// entry (row) order.
+__global__ void topk_grad_chunks_kernel(const float* x, const float* derr, const float* val,
+                                        const float* dval, const int32_t* start,
+                                        const int32_t* sorted_ids, const int32_t* chunk_start,
+                                        const int32_t* slot_start, int32_t n, int32_t chunk,
+                                        int64_t k, int64_t d, float* dw_enc, float* dw_dec,
+                                        float* db_enc, float* part_enc, float* part_dec,
+                                        float* part_b) {
+    const int32_t b = blockIdx.x;
+    if (b >= chunk_start[n]) return;
+    int32_t lo = 0, hi = n - 1;  // the latent l with chunk_start[l] <= b < chunk_start[l + 1]
+    while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) / 2;
+        if (chunk_start[mid] <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const int32_t l = lo, j = b - chunk_start[l];
+    const bool whole = chunk_start[l + 1] - chunk_start[l] == 1;
+    const int32_t s = start[l] + j * chunk, t = min(start[l + 1], s + chunk);
+    const int64_t slot = whole ? 0 : slot_start[l] + j;
+    float* out_enc = whole ? dw_enc + l * d : part_enc + slot * d;
+    float* out_dec = whole ? dw_dec + l * d : part_dec + slot * d;
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
         float gd = 0, ge = 0;
         for (int32_t q = s; q < t; ++q) {
@@ -240,14 +275,42 @@ __global__ void topk_grad_rows_kernel(const float* x, const float* derr, const f
             gd += val[e] * derr[r * d + c];
             ge += dval[e] * x[r * d + c];
         }
-        dw_dec[l * d + c] = gd;
-        dw_enc[l * d + c] = ge;
+        out_dec[c] = gd;
+        out_enc[c] = ge;
     }
     if (threadIdx.x == 0) {
         float gb = 0;
         for (int32_t q = s; q < t; ++q) gb += dval[sorted_ids[q]];
+        if (whole)
+            db_enc[l] = gb;
+        else
+            part_b[slot] = gb;
+    }
+}
+
+// One block per latent: zeros for a latent nobody selected, the sum of its partial rows in
+// chunk order for a latent of several chunks; the firing count for every latent.
+__global__ void topk_grad_finish_kernel(const int32_t* start, const int32_t* nch,
+                                        const int32_t* slot_start, int64_t d, float* dw_enc,
+                                        float* dw_dec, float* db_enc, int32_t* fires,
+                                        const float* part_enc, const float* part_dec,
+                                        const float* part_b) {
+    const int64_t l = blockIdx.x;
+    const int32_t c = nch[l];
+    if (threadIdx.x == 0) fires[l] = start[l + 1] - start[l];
+    if (c == 1) return;
+    const int64_t s0 = slot_start[l];
+    for (int64_t col = threadIdx.x; col < d; col += blockDim.x) {
+        float ge = 0, gd = 0;
+        for (int32_t j = 0; j < c; ++j)
+            ge += part_enc[(s0 + j) * d + col], gd += part_dec[(s0 + j) * d + col];
+        dw_enc[l * d + col] = ge;
+        dw_dec[l * d + col] = gd;
+    }
+    if (threadIdx.x == 0) {
+        float gb = 0;
+        for (int32_t j = 0; j < c; ++j) gb += part_b[s0 + j];
         db_enc[l] = gb;
-        fires[l] = t - s;
     }
 }
 
@@ -392,8 +455,32 @@ void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const floa
         SAE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, sort_bytes, keys, keys_sorted, ids,
                                                        ids_sorted, e32, 0, end_bit, s));
     if (n > 0) {
-        topk_grad_rows_kernel<<<static_cast<unsigned>(n), d >= 256 ? 256 : 128, 0, s>>>(
-            x, derr, val, dval, start, ids_sorted, k, d, dw_enc, dw_dec, db_enc, fires);
+        // Chunks of at least 32 entries, and at most ~4096 partial rows in all (a latent with
+        // c > chunk entries needs ceil(c / chunk) <= 2c / chunk of them).
+        const int64_t chunk = std::max<int64_t>(32, (entries + 2047) / 2048);
+        const int64_t max_slots = 2 * entries / chunk + 1;
+        const int64_t max_chunks = (entries + chunk - 1) / chunk + n;
+        SAE_ENFORCE(max_chunks < (int64_t(1) << 31), "topk_backward: {} chunks", max_chunks);
+        auto* meta = ws.get<int32_t>(6, 4 * (n + 1));
+        int32_t *nch = meta, *multi = meta + (n + 1), *chunk_start = meta + 2 * (n + 1),
+                *slot_start = meta + 3 * (n + 1);
+        auto* part = ws.get<float>(7, max_slots * (2 * d + 1));
+        float *part_enc = part, *part_dec = part + max_slots * d, *part_b = part + 2 * max_slots * d;
+        const int c32 = static_cast<int>(chunk);
+        topk_chunk_counts_kernel<<<grid_for(n + 1, 256), 256, 0, s>>>(start, n32, c32, nch, multi);
+        SAE_CUDA_LAUNCH_CHECK();
+        // Same length as the counts scan above: the same temporary storage serves.
+        SAE_CUDA_CHECK(
+            cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, nch, chunk_start, n32 + 1, s));
+        SAE_CUDA_CHECK(
+            cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, multi, slot_start, n32 + 1, s));
+        const int threads = d >= 256 ? 256 : 128;
+        topk_grad_chunks_kernel<<<static_cast<unsigned>(max_chunks), threads, 0, s>>>(
+            x, derr, val, dval, start, ids_sorted, chunk_start, slot_start, n32, c32, k, d, dw_enc,
+            dw_dec, db_enc, part_enc, part_dec, part_b);
+        SAE_CUDA_LAUNCH_CHECK();
+        topk_grad_finish_kernel<<<static_cast<unsigned>(n), threads, 0, s>>>(
+            start, nch, slot_start, d, dw_enc, dw_dec, db_enc, fires, part_enc, part_dec, part_b);
         SAE_CUDA_LAUNCH_CHECK();
     }
     add_int_to_stat_kernel<<<1, 1, 0, s>>>(start + n, stats + kStatL0);
