@@ -73,10 +73,12 @@ set(_skip "\\[  SKIPPED \\]")
 add_test(test_cuda_backend "@B@/bin/test_cuda_backend")
 set_tests_properties(test_cuda_backend PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "${_skip}")
 foreach(np 1 2)
-    add_test(test_cuda_comm_np${np} "@B@/usr/bin/mpirun" "-np" "${np}" "--oversubscribe"
-        "@B@/bin/test_cuda_comm")
-    set_tests_properties(test_cuda_comm_np${np} PROPERTIES LABELS gpu TIMEOUT 300
-        SKIP_REGULAR_EXPRESSION "${_skip}")
+    foreach(comm nccl staged)
+        add_test(test_cuda_comm_${comm}_np${np} "@B@/usr/bin/mpirun" "-np" "${np}"
+            "--oversubscribe" "@B@/bin/test_cuda_comm" "--gtest_filter=*/${comm}")
+        set_tests_properties(test_cuda_comm_${comm}_np${np} PROPERTIES LABELS gpu TIMEOUT 300
+            SKIP_REGULAR_EXPRESSION "${_skip}")
+    endforeach()
 endforeach()
 EOF
 git rev-parse HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"

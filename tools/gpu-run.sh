@@ -107,6 +107,7 @@ fi
 # --- test: ctest -L gpu over the bundle's test file ---------------------------------------------
 if want test; then
     run ctest 420 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 300
+    grep -E "Test +#" "$logs/ctest.log" | sed 's/^ */ctest: /' | tee -a "$summary"
     "$B/bin/test_cuda_backend" --gtest_output="xml:$logs/test_cuda_backend.xml" \
         --gtest_filter='*HundredTraining*' > /dev/null 2>&1  # for the recorded worst losses
     grep -o 'worst_rel_loss="[^"]*"' "$logs/test_cuda_backend.xml" 2>/dev/null |
