@@ -23,9 +23,9 @@
 #include "saetrain/checkpointer.h"  // defines: Checkpointer (committed checkpoints, resume)
 #include "saetrain/config.h"        // defines: config_load, config_to_yaml, sweep_ids
 #if SAETRAIN_HAS_CUDA
-#include "saetrain/cuda_backend.h"  // defines: make_cuda_backend, cuda_backend_stream
-#include "saetrain/cuda_device.h"   // defines: cuda_device_count, cuda_device_description
-#include "saetrain/cuda_pinned.h"   // defines: cuda_pinned_allocator (reader and batch)
+#include "saetrain/cuda_backend.h"      // defines: make_cuda_backend, cuda_backend_stream
+#include "saetrain/cuda_device.h"       // defines: cuda_device_count, cuda_device_description
+#include "saetrain/cuda_pinned.h"       // defines: cuda_pinned_allocator (reader and batch)
 #include "saetrain/cuda_staged_comm.h"  // defines: make_cuda_staged_comm
 #if SAETRAIN_HAVE_NCCL
 #include "saetrain/nccl_comm.h"  // defines: make_nccl_comm (gradients on the GPU)
@@ -225,8 +225,7 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, int rank, int world
     }
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     lo.copy_threads = s.threads;
-    s.backend =
-        make_backend(s.cfg, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
+    s.backend = make_backend(s.cfg, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
 #if SAETRAIN_HAS_CUDA
     // After the backend has chosen the rank's device: batches upload from pinned memory.
     if (s.on_gpu) lo.allocator = cuda_pinned_allocator();
@@ -407,10 +406,11 @@ int run(const Args& args, Communicator& world) {
     };
     const LoopResult res = train_loop(trainer, source, opt);
     if (root && res.seconds > 0)
-        fmt::print("rank 0 time: {:.2f} s | batches {:.2f} s (waiting for the reader {:.2f} s) | "
-                   "NaN/Inf check {:.2f} s | steps {:.2f} s | other {:.2f} s\n",
-                   res.seconds, res.data_s, res.wait_fraction * res.seconds, res.check_s,
-                   res.step_s, res.seconds - res.data_s - res.check_s - res.step_s);
+        fmt::print(
+            "rank 0 time: {:.2f} s | batches {:.2f} s (waiting for the reader {:.2f} s) | "
+            "NaN/Inf check {:.2f} s | steps {:.2f} s | other {:.2f} s\n",
+            res.seconds, res.data_s, res.wait_fraction * res.seconds, res.check_s, res.step_s,
+            res.seconds - res.data_s - res.check_s - res.step_s);
     if (res.nonfinite_batches > 0 || res.skipped_steps > 0)
         fmt::print(stderr,
                    "saetrain: warning: rank {}: skipped {} batch(es) holding NaN/Inf "

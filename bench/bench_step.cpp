@@ -189,9 +189,10 @@ int bench_on_data(Backend& be, const std::string& path, int64_t n, int64_t k, in
     ShardBatchSource source(info, {0, info.total_rows}, lo);
     std::vector<float> buf;
     auto self = make_self_comm();
-    fmt::print("bench_step | {} | data {} (d_model {}) | n_latents {} k {} batch {} | {} "
-               "training steps, then median of {}\n",
-               be.name(), path, d, n, k, batch, train_steps, reps);
+    fmt::print(
+        "bench_step | {} | data {} (d_model {}) | n_latents {} k {} batch {} | {} "
+        "training steps, then median of {}\n",
+        be.name(), path, d, n, k, batch, train_steps, reps);
     for (Arch arch : {Arch::topk, Arch::relu}) {
         SaeConfig cfg;
         cfg.arch = arch;
@@ -229,8 +230,8 @@ int bench_on_data(Backend& be, const std::string& path, int64_t n, int64_t k, in
         }
         const double step_s = t[t.size() / 2];
         fmt::print("{:<8} step {:.2f} ms, {:.0f} tokens/s after {} steps (dead {:.1f}%)\n",
-                   arch_name(arch), step_s * 1e3, static_cast<double>(batch) / step_s,
-                   train_steps, 100.0 * tr.dead_fraction());
+                   arch_name(arch), step_s * 1e3, static_cast<double>(batch) / step_s, train_steps,
+                   100.0 * tr.dead_fraction());
     }
     return 0;
 }
@@ -312,8 +313,9 @@ int main(int argc, char** argv) {
     out["backend"] = be->name();
     out["batch_memory"] = x_pinned ? "pinned" : "pageable";
     out["shape"] = {{"d_model", d}, {"n_latents", n}, {"k", k}, {"batch", batch}};
-    fmt::print("bench_step | {} | d_model {} n_latents {} k {} batch {} | {} batch | median of {}\n",
-               be->name(), d, n, k, batch, x_pinned ? "pinned" : "pageable", reps);
+    fmt::print(
+        "bench_step | {} | d_model {} n_latents {} k {} batch {} | {} batch | median of {}\n",
+        be->name(), d, n, k, batch, x_pinned ? "pinned" : "pageable", reps);
     fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "arch", "step", "tokens/s",
                "GEMM rate", "GEMM-bound", "fraction");
     fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "", "ms", "tok/s", "GFLOP/s", "tok/s",
@@ -360,7 +362,7 @@ int main(int argc, char** argv) {
         fmt::print("{:<8} {:>12.1f} {:>12.0f} {:>14.1f} {:>14.0f} {:>10.1f}\n", arch_name(arch),
                    step_s * 1e3, tps, rate / 1e9, bound, 100.0 * tps / bound);
         out[arch_name(arch)] = {
-            {"step_ms", step_s * 1e3},           {"tokens_per_s", tps},
+            {"step_ms", step_s * 1e3},          {"tokens_per_s", tps},
             {"gemm_GFLOPs", rate / 1e9},        {"flops_per_token", flops_per_token},
             {"gemm_bound_tokens_per_s", bound}, {"fraction_of_bound", tps / bound}};
     }

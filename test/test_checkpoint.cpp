@@ -214,9 +214,8 @@ TEST(Checkpoint, ConfigDifferencesIgnoreHarmlessKeysAndNewDefaults) {
                                                       "parallel.timeout_s=30"}))
                     .empty());
     // Like the backend itself, GPU numerics may change between a run and its resumption.
-    EXPECT_TRUE(
-        config_result_differences(base, yaml({"gpu.gemm=bf16", "gpu.deterministic=false"}))
-            .empty());
+    EXPECT_TRUE(config_result_differences(base, yaml({"gpu.gemm=bf16", "gpu.deterministic=false"}))
+                    .empty());
 
     const auto d = config_result_differences(base, yaml({"train.lr=0.0008"}));
     ASSERT_EQ(d.size(), 1u);

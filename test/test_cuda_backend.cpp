@@ -17,8 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "saetrain/backend.h"
@@ -148,9 +148,9 @@ TEST_F(CudaParity, GemmInTf32AndBf16) {
         EXPECT_EQ(g->gemm_precision(), math_mode_name(mode));
         uint32_t seed = 40;
         for (const Call& c : calls) {
-            SCOPED_TRACE(::testing::Message() << math_mode_name(mode) << " ta=" << c.ta
-                                              << " tb=" << c.tb << " m=" << c.m << " n=" << c.n
-                                              << " k=" << c.k);
+            SCOPED_TRACE(::testing::Message()
+                         << math_mode_name(mode) << " ta=" << c.ta << " tb=" << c.tb << " m=" << c.m
+                         << " n=" << c.n << " k=" << c.k);
             const int64_t a_rows = c.ta ? c.k : c.m, b_rows = c.tb ? c.n : c.k;
             const auto a = randn(a_rows * c.lda, seed++), b = randn(b_rows * c.ldb, seed++);
             const auto c0 = randn(c.m * c.ldc, seed++);
@@ -424,8 +424,8 @@ TEST_F(CudaParity, HundredTrainingStepsMatchTheCpuLoss) {
         MathMode math;
         double bound;
     };
-    for (const Mode mode : {Mode{MathMode::fp32, 1e-3}, Mode{MathMode::tf32, 1e-2},
-                            Mode{MathMode::bf16, 2e-2}}) {
+    for (const Mode mode :
+         {Mode{MathMode::fp32, 1e-3}, Mode{MathMode::tf32, 1e-2}, Mode{MathMode::bf16, 2e-2}}) {
         CudaBackendOptions o;
         o.gemm = mode.math;
         auto g = make_cuda_backend(o);

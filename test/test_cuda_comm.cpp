@@ -55,8 +55,7 @@ protected:
 #if SAETRAIN_HAVE_NCCL
         int own_gpu = place.local_size <= devices ? 1 : 0, all_own = 0;
         MPI_Allreduce(&own_gpu, &all_own, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (!all_own)
-            GTEST_SKIP() << "ranks share a GPU on some node: NCCL needs one GPU per rank";
+        if (!all_own) GTEST_SKIP() << "ranks share a GPU on some node: NCCL needs one GPU per rank";
         NcclOptions o;
         o.timeout_seconds = 120;
         o.compute_stream = cuda_backend_stream(*be);
@@ -143,7 +142,7 @@ TEST_P(GpuCommVsMpi, SplitMatchesMpiSplit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Comm, GpuCommVsMpi, ::testing::Values("nccl", "staged"),
-                         [](const auto& info) { return std::string(info.param); });
+                         [](const auto& p) { return std::string(p.param); });
 
 int main(int argc, char** argv) {
     MpiScope mpi(&argc, &argv);

@@ -72,7 +72,8 @@ TEST(SaeMath, Bf16RoundingIsNearestEven) {
     EXPECT_EQ(math::float_to_bf16_bits(from_bits(0x7f7fffffu)), 0x7f80);
     EXPECT_EQ(math::float_to_bf16_bits(INFINITY), 0x7f80);
     EXPECT_TRUE(std::isnan(math::bf16_bits_to_float(math::float_to_bf16_bits(NAN))));
-    EXPECT_TRUE(std::isnan(math::bf16_bits_to_float(math::float_to_bf16_bits(from_bits(0x7f800001u)))));
+    EXPECT_TRUE(
+        std::isnan(math::bf16_bits_to_float(math::float_to_bf16_bits(from_bits(0x7f800001u)))));
     // Against the definition on random values: the nearest of the two bf16 neighbours.
     for (float x : randn(20000, 3, 100.0f)) {
         const float r = math::bf16_bits_to_float(math::float_to_bf16_bits(x));

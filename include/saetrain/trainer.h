@@ -141,8 +141,8 @@ private:
     DeviceArray<float> x_, xc_, pre_, dz_, xhat_, dec_norms_, zsum_, xcol_, stats_, topk_val_;
     DeviceArray<int32_t> topk_idx_, fires_;
     int64_t batch_cap_ = 0;
-    int64_t pending_rows_ = -1;  // rows of the step begun and not yet ended (-1: none)
-    double pending_l1_ = 0;      // that step's L1 coefficient
+    int64_t pending_rows_ = -1;         // rows of the step begun and not yet ended (-1: none)
+    double pending_l1_ = 0;             // that step's L1 coefficient
     std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
     std::vector<int32_t> fires_host_;
 };

@@ -152,7 +152,7 @@ const std::vector<std::string> kGemmChoices = {"fp32", "tf32", "bf16"};
 // Named by the design brief but not implemented yet: a clearer message than "unknown value".
 const std::vector<std::string> kPlannedArchs = {"batchtopk", "jumprelu", "switch"};
 
-const std::vector<std::string> kSections = {"run",     "data", "sae", "train",      "parallel",
+const std::vector<std::string> kSections = {"run",     "data", "sae", "train",     "parallel",
                                             "backend", "gpu",  "log", "checkpoint"};
 
 #define SAE_KEY(section, name, choices) \

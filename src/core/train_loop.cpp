@@ -34,8 +34,10 @@ bool all_finite(const float* x, int64_t n, int threads) {
     // the bits vectorizes (a float reduction would not, without -ffast-math). On several
     // threads: one core reads a 12.6 MB batch in about a millisecond, a GPU step's worth.
     uint32_t bad = 0;
-#pragma omp parallel for simd schedule(static) num_threads(threads) reduction(| : bad) \
-    if (n > (1 << 18))
+    const bool parallel = n > (1 << 18);
+    // clang-format off
+#pragma omp parallel for simd schedule(static) num_threads(threads) reduction(|: bad) if (parallel)
+    // clang-format on
     for (int64_t i = 0; i < n; ++i) {
         uint32_t b;
         std::memcpy(&b, x + i, sizeof(b));
@@ -164,8 +166,8 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         // Fetch the next batch while the device computes this step, unless a checkpoint follows
         // the step (its cursor must count trained batches only) or the ranks are stopping; the
         // conditions are the same on every rank, so a collective source stays in step.
-        const bool checkpoint_after = opt.checkpoint && opt.checkpoint_every > 0 &&
-                                      (iter + 1) % opt.checkpoint_every == 0;
+        const bool checkpoint_after =
+            opt.checkpoint && opt.checkpoint_every > 0 && (iter + 1) % opt.checkpoint_every == 0;
         const bool ahead = opt.overlap && !stopping && !checkpoint_after;
         auto t_step = Clock::now();
         trainer.step_begin(batch, use);  // the batch is uploaded: `batch` is free again

@@ -27,10 +27,9 @@ public:
     ~CudaBackend() override { cudaStreamSynchronize(stream_.get()); }
 
     std::string name() const override {
-        return fmt::format("cuda:{} {}{}", device_, cuda_device_description(device_),
-                           opt_.gemm == MathMode::fp32
-                               ? ""
-                               : fmt::format(" {} GEMMs", math_mode_name(opt_.gemm)));
+        return fmt::format(
+            "cuda:{} {}{}", device_, cuda_device_description(device_),
+            opt_.gemm == MathMode::fp32 ? "" : fmt::format(" {} GEMMs", math_mode_name(opt_.gemm)));
     }
     cudaStream_t stream() const { return stream_.get(); }
 

@@ -122,8 +122,9 @@ void LtGemm::run(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
         b_op = to_bf16(1, b, tb ? n : k, b_cols, ldb);
         lda = a_cols, ldb = b_cols;
     }
-    const Key key{ta, tb, m, n, k, lda, ldb, ldc, alignment_of(a_op), alignment_of(b_op),
-                  alignment_of(c), bf16};
+    const Key key{
+        ta,  tb, m, n, k, lda, ldb, ldc, alignment_of(a_op), alignment_of(b_op), alignment_of(c),
+        bf16};
     Plan& p = plan_for(key);
     // Column-major call: C^T = op(B)^T op(A)^T, so the first operand is the row-major b.
     SAE_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), p.op.get(), &alpha, b_op, p.a.get(), a_op,

@@ -19,15 +19,15 @@ public:
     int size() const override { return inner_->size(); }
     std::string name() const override { return inner_->name() + " (GPU buffers staged on host)"; }
 
-    void allreduce_sum(float* data, int64_t n) override { staged(data, n, [&](float* h) {
-        inner_->allreduce_sum(h, n);
-    }); }
-    void allreduce_sum(double* data, int64_t n) override { staged(data, n, [&](double* h) {
-        inner_->allreduce_sum(h, n);
-    }); }
-    void allreduce_max(int64_t* data, int64_t n) override { staged(data, n, [&](int64_t* h) {
-        inner_->allreduce_max(h, n);
-    }); }
+    void allreduce_sum(float* data, int64_t n) override {
+        staged(data, n, [&](float* h) { inner_->allreduce_sum(h, n); });
+    }
+    void allreduce_sum(double* data, int64_t n) override {
+        staged(data, n, [&](double* h) { inner_->allreduce_sum(h, n); });
+    }
+    void allreduce_max(int64_t* data, int64_t n) override {
+        staged(data, n, [&](int64_t* h) { inner_->allreduce_max(h, n); });
+    }
     void allgather(const void* send, void* recv, int64_t bytes) override {
         const bool dev_send = cuda_is_device_pointer(send), dev_recv = cuda_is_device_pointer(recv);
         if (!dev_send && !dev_recv) return inner_->allgather(send, recv, bytes);

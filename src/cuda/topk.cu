@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(kSelectThreads)
             unsigned long long before, total;
             Scan(scan_tmp).ExclusiveSum(static_cast<unsigned long long>(eq), before, total);
             const int eq_pos = s_eq_base + static_cast<int>(before);
-            if (eq && eq_pos < need_eq) picks[n_gt + eq_pos] = pick_key(T, static_cast<uint32_t>(i));
+            if (eq && eq_pos < need_eq)
+                picks[n_gt + eq_pos] = pick_key(T, static_cast<uint32_t>(i));
             __syncthreads();  // everyone read the base (and scan_tmp is free again)
             if (tid == 0) s_eq_base += static_cast<int>(total);
             __syncthreads();
@@ -465,7 +466,8 @@ void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const floa
         int32_t *nch = meta, *multi = meta + (n + 1), *chunk_start = meta + 2 * (n + 1),
                 *slot_start = meta + 3 * (n + 1);
         auto* part = ws.get<float>(7, max_slots * (2 * d + 1));
-        float *part_enc = part, *part_dec = part + max_slots * d, *part_b = part + 2 * max_slots * d;
+        float *part_enc = part, *part_dec = part + max_slots * d,
+              *part_b = part + 2 * max_slots * d;
         const int c32 = static_cast<int>(chunk);
         topk_chunk_counts_kernel<<<grid_for(n + 1, 256), 256, 0, s>>>(start, n32, c32, nch, multi);
         SAE_CUDA_LAUNCH_CHECK();

@@ -391,8 +391,7 @@ struct ShardBatchSource::Impl {
                 if (!plan.shuffled()) {
 #pragma omp parallel for schedule(static) num_threads(nt)
                     for (int64_t i = 0; i < n; ++i)
-                        io::convert_to_f32(info.dtype,
-                                           win.bytes.data() + (p + i) * disk_row_bytes,
+                        io::convert_to_f32(info.dtype, win.bytes.data() + (p + i) * disk_row_bytes,
                                            dst + i * d, d);
                 } else {
                     const char* base = win.bytes.data();
