@@ -28,6 +28,7 @@
 #include "saetrain/cuda_device.h"
 #include "saetrain/sae_math.h"
 #include "saetrain/trainer.h"
+#include "test_util.h"
 
 using namespace saetrain;
 
@@ -35,13 +36,7 @@ namespace {
 
 constexpr double kExact = 0.0, kElem = 1e-6, kSum = 2e-5, kGemm = 1e-4;
 
-std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, scale);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = d(rng);
-    return v;
-}
+using saetrain::testing::randn;
 
 template <typename T>
 double norm_err(const std::vector<T>& got, const std::vector<T>& want) {

@@ -17,6 +17,7 @@
 #include "saetrain/cuda_device.h"
 #include "saetrain/cuda_staged_comm.h"
 #include "saetrain/mpi_world.h"
+#include "test_util.h"
 #if SAETRAIN_HAVE_NCCL
 #include "saetrain/nccl_comm.h"
 #endif
@@ -25,13 +26,7 @@ using namespace saetrain;
 
 namespace {
 
-std::vector<float> randn(int64_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = d(rng);
-    return v;
-}
+using saetrain::testing::randn;
 
 // GetParam(): "nccl" or "staged".
 class GpuCommVsMpi : public ::testing::TestWithParam<const char*> {

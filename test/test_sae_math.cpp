@@ -9,18 +9,13 @@
 #include <vector>
 
 #include "saetrain/sae_math.h"
+#include "test_util.h"
 
 using namespace saetrain;
 
 namespace {
 
-std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, scale);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = d(rng);
-    return v;
-}
+using saetrain::testing::randn;
 
 float from_bits(uint32_t u) {
     float f;

@@ -1,5 +1,6 @@
 // test_util.h — helpers shared by the test programs: a private temp directory, running a
-// command line the way a user would, and the message of an expected saetrain::Error.
+// command line the way a user would, the message of an expected saetrain::Error, and seeded
+// random inputs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,14 +8,25 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "saetrain/error.h"
 
 namespace saetrain::testing {
+
+// n draws of N(0, scale^2) from a seeded generator: the same values on every run.
+inline std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = d(rng);
+    return v;
+}
 
 // A fresh directory under the system temp dir, removed with everything in it. The pid and a
 // random suffix keep concurrent runs of the suites (several build trees, CI) apart.

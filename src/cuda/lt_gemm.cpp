@@ -30,28 +30,16 @@ constexpr int64_t kBf16MinDim = 64;
 }  // namespace
 
 LtGemm::LtGemm(cudaStream_t stream, MathMode math)
-    : stream_(stream), math_(math), workspace_(make_device_buffer(kWorkspaceBytes)) {
+    : stream_(stream), math_(math), bf16_(stream), workspace_(make_device_buffer(kWorkspaceBytes)) {
     cublasLtHandle_t h = nullptr;
     SAE_CUBLAS_CHECK(cublasLtCreate(&h));
     handle_.reset(h);
 }
 
-LtGemm::~LtGemm() {
-    for (void* p : bf16_)
-        if (p) cudaFreeAsync(p, stream_);
-}
-
 const void* LtGemm::to_bf16(int slot, const float* x, int64_t rows, int64_t cols, int64_t ld) {
-    const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(uint16_t);
-    if (bytes > bf16_cap_[slot]) {
-        if (bf16_[slot]) SAE_CUDA_CHECK(cudaFreeAsync(bf16_[slot], stream_));
-        bf16_[slot] = nullptr;
-        bf16_cap_[slot] = 0;
-        SAE_CUDA_CHECK(cudaMallocAsync(&bf16_[slot], bytes, stream_));
-        bf16_cap_[slot] = bytes;
-    }
-    round_to_bf16(stream_, x, rows, cols, ld, static_cast<uint16_t*>(bf16_[slot]));
-    return bf16_[slot];
+    auto* dst = bf16_.get<uint16_t>(slot, rows * cols);
+    round_to_bf16(stream_, x, rows, cols, ld, dst);
+    return dst;
 }
 
 LtGemm::Plan& LtGemm::plan_for(const Key& key) {

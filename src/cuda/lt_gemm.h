@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "handles.h"
+#include "kernels.h"             // Workspace
 #include "saetrain/perfmodel.h"  // MathMode
 
 namespace saetrain::cuda {
@@ -23,7 +24,6 @@ public:
     void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
              int64_t ldc);
-    ~LtGemm();
     size_t cached_plans() const { return plans_.size(); }
 
 private:
@@ -41,8 +41,7 @@ private:
 
     cudaStream_t stream_;
     MathMode math_;
-    void* bf16_[2] = {};
-    size_t bf16_cap_[2] = {};
+    Workspace bf16_;  // slots 0 and 1: the operands' bf16 copies
     LtHandle handle_;
     DeviceBuffer workspace_;
     std::map<Key, Plan> plans_;
