@@ -228,8 +228,10 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, int rank, int world
     s.backend = make_backend(s.cfg, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
 #if SAETRAIN_HAS_CUDA
     // After the backend has chosen the rank's device: batches upload from pinned memory.
-    if (s.on_gpu) lo.allocator = cuda_pinned_allocator();
-    if (s.on_gpu) lo.convert_threads = s.threads;
+    if (s.on_gpu) {
+        lo.allocator = cuda_pinned_allocator();
+        lo.convert_threads = s.threads;  // the reader's conversion may use the rank's cores
+    }
 #endif
     s.local = std::make_unique<ShardBatchSource>(s.data, range, lo);
     return s;

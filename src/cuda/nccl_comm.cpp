@@ -229,9 +229,9 @@ private:
     [[noreturn]] void fail_timeout(const char* what) {
         abort_comm();
         throw Error(fmt::format(
-            "NCCL {} did not complete within {:.0f} s (parallel.timeout_s) on rank {} of {} (host "
-            "{}, GPU {}): a peer "
-            "rank has probably died or hung (the rank(s) that did not report this error are the "
+            "NCCL {} did not complete within {:.0f} s (parallel.timeout_s) on rank {} of {} "
+            "(host {}, GPU {}): a peer rank has probably died or hung (the rank(s) that did not "
+            "report this error are the "
             "suspects). The communicator was aborted; raise the timeout only if steps are "
             "legitimately that slow.",
             what, opt_.timeout_seconds, rank_, size_, host_, device_));
