@@ -231,9 +231,8 @@ private:
         throw Error(fmt::format(
             "NCCL {} did not complete within {:.0f} s (parallel.timeout_s) on rank {} of {} "
             "(host {}, GPU {}): a peer rank has probably died or hung (the rank(s) that did not "
-            "report this error are the "
-            "suspects). The communicator was aborted; raise the timeout only if steps are "
-            "legitimately that slow.",
+            "report this error are the suspects). The communicator was aborted; raise the "
+            "timeout only if steps are legitimately that slow.",
             what, opt_.timeout_seconds, rank_, size_, host_, device_));
     }
     void abort_comm() {
