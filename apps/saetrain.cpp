@@ -172,14 +172,47 @@ struct Setup {
     std::string backend_note;
     bool on_gpu = false;
     std::unique_ptr<ShardBatchSource> local;  // this rank's slice
+    // Held-out rows: this replica's share of them, [eval_local_rows, d_model] (see
+    // load_eval_rows); eval_rows is the whole set's size (0: no evaluation).
+    std::vector<float> eval_x;
+    int64_t eval_local_rows = 0, eval_rows = 0;
+    std::string eval_source;
     int threads = 1;
     bool resume = false;    // out_dir has committed checkpoints
     bool complete = false;  // out_dir holds a finished run
 };
 
-// `data`: the dataset as rank 0 validated it.
-Setup set_up(const Args& args, Config cfg, DatasetInfo data, int rank, int world,
-             const NodePlacement& place) {
+// The held-out rows (data.eval_path, or the last data.eval_rows rows of data.path, which
+// are then not trained on): replica q of R holds its contiguous share of them in memory.
+void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
+    const DataConfig& dc = s.cfg.data;
+    const DatasetInfo& src = eval_data ? *eval_data : s.data;
+    RowRange all;
+    if (eval_data) {
+        all = {0, dc.eval_rows > 0 ? std::min(dc.eval_rows, src.total_rows) : src.total_rows};
+    } else {
+        if (dc.eval_rows == 0) return;
+        all = {src.total_rows - dc.eval_rows, src.total_rows};
+    }
+    s.eval_rows = all.size();
+    s.eval_source = eval_data ? src.source : fmt::format("the last rows of {}", src.source);
+    const RowRange part = partition_rows(all.size(), s.layout.replica, s.layout.replicas);
+    const RowRange mine{all.begin + part.begin, all.begin + part.end};
+    s.eval_local_rows = mine.size();
+    s.eval_x.resize(static_cast<size_t>(mine.size() * src.d_model));
+    ShardReader reader(src, mine);
+    for (int64_t got = 0; got < mine.size();) {
+        const int64_t n = reader.read(s.eval_x.data() + got * src.d_model, mine.size() - got);
+        SAE_ENFORCE(n > 0, "{}: held-out rows ended early at row {}", src.source,
+                    mine.begin + got);
+        got += n;
+    }
+}
+
+// `data` (and `eval_data`, the held-out shards when data.eval_path is set): the datasets as
+// rank 0 validated them.
+Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* eval_data,
+             int rank, int world, const NodePlacement& place) {
     Setup s;
     s.cfg = std::move(cfg);
     s.layout = layout_for(s.cfg, world, rank);
@@ -206,8 +239,19 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, int rank, int world
                     out.string(), keys);
     }
 
-    // Each rank reads its own disjoint, contiguous slice of the global row space.
-    const RowRange range = partition_rows(s.data.total_rows, rank, world);
+    // Each rank reads its own disjoint, contiguous slice of the global row space, less the
+    // held-out rows at its end when they come from the same data.
+    const DataConfig& dc = s.cfg.data;
+    int64_t train_rows = s.data.total_rows;
+    if (dc.eval_path.empty() && dc.eval_rows > 0) {
+        SAE_ENFORCE(dc.eval_rows + world <= s.data.total_rows,
+                    "data.eval_rows = {} leaves too few of the {} rows of {} to train {} rank(s) "
+                    "on; hold out fewer rows or give data.eval_path",
+                    dc.eval_rows, s.data.total_rows, s.data.source, world);
+        train_rows -= dc.eval_rows;
+    }
+    load_eval_rows(s, eval_data);
+    const RowRange range = partition_rows(train_rows, rank, world);
     LoaderOptions lo;
     lo.epochs = s.cfg.data.epochs;
     lo.shuffle_rows = s.cfg.data.shuffle_buffer_rows;
@@ -278,24 +322,40 @@ int run(const Args& args, Communicator& world) {
     // what it found (one metadata pass over a parallel file system per job, not one per rank);
     // then every rank sets up locally (its loader opens only the shards of its own slice).
     std::optional<Config> config;
-    std::string error, packed;
+    std::string error, packed, packed_eval;
     try {
         config = config_load(args.config, args.sets);
-        if (root) packed = dataset_info_pack(dataset_open(config->data.path, config->data.dataset));
+        if (root) {
+            const DatasetInfo data = dataset_open(config->data.path, config->data.dataset);
+            packed = dataset_info_pack(data);
+            if (!config->data.eval_path.empty()) {
+                const DatasetInfo ev = dataset_open(config->data.eval_path, config->data.dataset);
+                SAE_ENFORCE(ev.d_model == data.d_model,
+                            "data.eval_path {}: d_model {} differs from the training data's {} "
+                            "({}); held-out rows must come from the same hook",
+                            ev.source, ev.d_model, data.d_model, data.source);
+                packed_eval = dataset_info_pack(ev);
+            }
+        }
     } catch (const std::exception& e) {
         error = e.what();
     }
     // Bound every collective from the first one on (the start-up agreement included).
     set_collective_timeout(config ? config->parallel.timeout_s : ParallelConfig{}.timeout_s);
     if (!agree_on_startup(world, error)) return 1;
-    int64_t packed_size = static_cast<int64_t>(packed.size());
-    world.bcast(&packed_size, sizeof(packed_size), 0);
-    packed.resize(static_cast<size_t>(packed_size));
-    world.bcast(packed.data(), packed_size, 0);
+    for (std::string* p : {&packed, &packed_eval}) {
+        int64_t size = static_cast<int64_t>(p->size());
+        world.bcast(&size, sizeof(size), 0);
+        p->resize(static_cast<size_t>(size));
+        world.bcast(p->data(), size, 0);
+    }
     std::optional<Setup> setup;
     try {
-        setup.emplace(set_up(args, std::move(*config), dataset_info_unpack(packed), world.rank(),
-                             world.size(), place));
+        std::optional<DatasetInfo> eval_data;
+        if (!packed_eval.empty()) eval_data = dataset_info_unpack(packed_eval);
+        setup.emplace(set_up(args, std::move(*config), dataset_info_unpack(packed),
+                             eval_data ? &*eval_data : nullptr, world.rank(), world.size(),
+                             place));
     } catch (const std::exception& e) {
         error = e.what();
     }
@@ -343,6 +403,10 @@ int run(const Args& args, Communicator& world) {
             static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) /
                 1e6);
         fmt::print("{} step(s) of {} rows per SAE replica\n", steps, cfg.data.batch_size);
+        if (s.eval_rows > 0)
+            fmt::print("held-out: {} rows from {}, never trained on ({:.1f} MB in memory per SAE)\n",
+                       s.eval_rows, s.eval_source,
+                       static_cast<double>(s.eval_rows * s.data.d_model * 4) / 1e6);
     }
     print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it
@@ -401,6 +465,12 @@ int run(const Args& args, Communicator& world) {
     };
     opt.stop_requested = [] { return g_stop_signal.load() != 0; };
     opt.stop_on_nonfinite = cfg.data.nonfinite == "stop";
+    if (s.eval_rows > 0) {
+        opt.evaluate = [&](SaeTrainer& t) {
+            return t.evaluate(s.eval_x.data(), s.eval_local_rows, cfg.data.batch_size);
+        };
+        opt.eval_every = cfg.log.eval_every_steps;
+    }
     const Fault fault = fault_from_env();
     opt.on_iteration = [&](int64_t iter) {
         SAE_ENFORCE(!(fault.rank == world.rank() && fault.iteration == iter),
@@ -445,6 +515,11 @@ int run(const Args& args, Communicator& world) {
             mine.last = *logged;
             mine.tokens_per_s = logged->tokens_per_s, mine.wait_fraction = logged->wait_fraction;
             mine.tflops = logged->tflops;
+        }
+        if (res.eval.rows > 0) {
+            mine.last.eval_rows = res.eval.rows, mine.last.eval_fvu = res.eval.fvu;
+            mine.last.eval_l0 = res.eval.l0, mine.last.eval_dead_fraction = res.eval.dead_fraction;
+            mine.last.eval_dense_fraction = res.eval.dense_fraction;
         }
     }
     if (writer) {

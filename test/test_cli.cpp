@@ -292,6 +292,73 @@ TEST_F(Cli, MpiSweepTrainsOneSaePerRank) {
     EXPECT_EQ(count(r.out, "sae (sorted by l0)"), 1u) << "only rank 0 prints";
 }
 
+// Held-out rows: the last data.eval_rows rows are never trained on, or data.eval_path gives
+// shards of their own; the held-out FVU, L0, dead and dense fractions reach the console,
+// metrics.jsonl and summary.csv, labelled as held-out. Two data-parallel replicas split the
+// held-out rows and report the whole set.
+TEST_F(Cli, HeldOutRowsAreNeverTrainedAndReported) {
+    auto summary_row = [&] {
+        const auto lines = lines_of(dir / "run/summary.csv");
+        std::map<std::string, std::string> row;
+        if (lines.size() != 2) return row;
+        std::stringstream h(lines[0]), v(lines[1]);
+        for (std::string k, x; std::getline(h, k, ',') && std::getline(v, x, ',');) row[k] = x;
+        return row;
+    };
+    Result r = train("--set data.eval_rows=1000 --set log.eval_every_steps=4");
+    ASSERT_EQ(r.code, 0) << r.out;
+    auto row = summary_row();
+    EXPECT_EQ(row["tokens"], "2000");  // 3000 rows less the 1000 held out
+    EXPECT_EQ(row["eval_rows"], "1000");
+    const double fvu = std::stod(row["eval_fvu"]);
+    EXPECT_GT(fvu, 0.0);
+    EXPECT_LT(fvu, 1.0);
+    EXPECT_NE(r.out.find("held-out: 1000 rows from the last rows of"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("held-out (1000 rows): fvu"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("held-out fvu"), std::string::npos) << r.out;
+    // 8 steps, logged every 4 with an evaluation each: the last line carries the end's.
+    const auto metrics = lines_of(dir / "run/metrics.jsonl");
+    ASSERT_EQ(metrics.size(), 2u);
+    for (const std::string& m : metrics) {
+        const auto j = nlohmann::json::parse(m);
+        EXPECT_EQ(j.value("eval_rows", 0), 1000) << m;
+    }
+    EXPECT_NEAR(nlohmann::json::parse(metrics.back())["eval_fvu"].get<double>(), fvu, 1e-6);
+
+    // Shards of their own: all of them, every training row trained; then with two replicas.
+    const Result synth = run(bin("sae-synth") + " --out " + (dir / "held").string() +
+                             " --d-model 16 --features 32 --rows 700 --shards 1 --seed 9");
+    ASSERT_EQ(synth.code, 0) << synth.out;
+    const std::string eval_path = " --set data.eval_path=" + (dir / "held").string();
+    r = train("--overwrite" + eval_path);
+    ASSERT_EQ(r.code, 0) << r.out;
+    row = summary_row();
+    EXPECT_EQ(row["tokens"], "3000");
+    EXPECT_EQ(row["eval_rows"], "700");
+    r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --overwrite" +
+            eval_path + " --set data.eval_rows=500 --set parallel.mode=data_parallel");
+    ASSERT_EQ(r.code, 0) << r.out;
+    row = summary_row();
+    EXPECT_EQ(row["tokens"], "3000");
+    EXPECT_EQ(row["eval_rows"], "500");
+
+    // Held-out rows that cannot be: one line naming the key or the path.
+    const Result wide = run(bin("sae-synth") + " --out " + (dir / "wide").string() +
+                            " --d-model 8 --features 16 --rows 100 --shards 1");
+    ASSERT_EQ(wide.code, 0) << wide.out;
+    for (const auto& [args, needle] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"--set data.eval_rows=3000", "data.eval_rows = 3000"},
+             {"--set data.eval_path=" + (dir / "wide").string(), "differs from the training"},
+             {"--set data.eval_path=" + (dir / "absent").string(), "absent"},
+             {"--set log.eval_every_steps=6", "log.eval_every_steps"}}) {
+        r = train("--overwrite " + args);
+        EXPECT_EQ(r.code, 1) << args;
+        EXPECT_NE(r.out.find("saetrain: error:"), std::string::npos) << args << ": " << r.out;
+        EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
+    }
+}
+
 TEST_F(Cli, MpiDataParallelTrainsOneSaeOnAllSlices) {
     const Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
                          " --set parallel.mode=data_parallel");

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
@@ -190,3 +192,110 @@ TEST(EndToEnd, FetchingAheadChangesNothing) {
     EXPECT_EQ(cursors_on, cursors_off);
     EXPECT_EQ(cursors_on.size(), static_cast<size_t>(10000 / batch / 7));
 }
+
+// SaeTrainer::evaluate against the SAE computed here from its weights, on rows it never saw;
+// and evaluating every few steps leaves training bit-identical.
+class Evaluation : public ::testing::TestWithParam<Arch> {};
+
+TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = tmp.path.string();
+    so.d_model = 16;
+    so.n_features = 32;
+    so.rows = 6000;
+    so.shards = 2;
+    so.seed = 5;
+    synth_write(so);
+    const DatasetInfo data = dataset_open(so.out_dir);
+    const int64_t held = 1000, train_rows = data.total_rows - held, batch = 128, d = 16;
+    std::vector<float> x(static_cast<size_t>(held * d));
+    ShardReader reader(data, {train_rows, data.total_rows});
+    ASSERT_EQ(reader.read(x.data(), held), held);
+
+    SaeConfig cfg;
+    cfg.arch = GetParam();
+    cfg.expansion = 4;
+    cfg.k = 3;
+    cfg.l1_coeff = 0.05;
+    cfg.lr = 5e-3;
+    auto run = [&](bool eval_during, EvalResult* final_eval) {
+        LoaderOptions lo;
+        lo.shuffle_rows = 1024;
+        lo.seed = 2;
+        ShardBatchSource source(data, {0, train_rows}, lo);
+        auto be = make_cpu_backend(1);
+        auto self = make_self_comm();
+        SaeTrainer tr(cfg, d, total_steps_for(source.total_rows(), batch), 0, *be, *self);
+        LoopOptions opt;
+        opt.batch_size = batch;
+        opt.log_every = 5;
+        int calls = 0;
+        if (eval_during) {
+            opt.evaluate = [&](SaeTrainer& t) {
+                ++calls;
+                return t.evaluate(x.data(), held, 300);  // batches of 300: a partial last one
+            };
+            opt.eval_every = 10;
+        }
+        const LoopResult res = train_loop(tr, source, opt);
+        EXPECT_EQ(res.tokens, train_rows);
+        if (eval_during) {
+            // 40 steps: evaluations after steps 10, 20, 30 and 40 (the end's, not repeated).
+            EXPECT_EQ(calls, 4);
+            EXPECT_EQ(res.eval.rows, held);
+            EXPECT_EQ(res.last.eval_rows, held);
+            EXPECT_EQ(res.last.eval_fvu, res.eval.fvu);
+            *final_eval = res.eval;
+        }
+        return std::make_pair(tr.params_host(), tr.weights());
+    };
+    EvalResult e;
+    const auto [with, w] = run(true, &e);
+    const auto [without, w_unused] = run(false, nullptr);
+    EXPECT_EQ(with, without);
+
+    // The reference: the SAE's forward pass from its file-layout weights, in double.
+    const int64_t n = w.n_latents;
+    std::vector<double> mean(static_cast<size_t>(d), 0.0);
+    for (int64_t r = 0; r < held; ++r)
+        for (int64_t c = 0; c < d; ++c) mean[c] += x[r * d + c] / double(held);
+    double sse = 0, sst = 0, l0 = 0;
+    std::vector<int64_t> fired(static_cast<size_t>(n), 0);
+    for (int64_t r = 0; r < held; ++r) {
+        std::vector<double> z(static_cast<size_t>(n));
+        for (int64_t l = 0; l < n; ++l) {
+            double a = w.b_enc[l];
+            for (int64_t c = 0; c < d; ++c) a += (x[r * d + c] - w.b_dec[c]) * w.w_enc[c * n + l];
+            z[l] = std::max(a, 0.0);
+        }
+        if (cfg.arch == Arch::topk) {
+            std::vector<double> sorted = z;
+            std::nth_element(sorted.begin(), sorted.begin() + (cfg.k - 1), sorted.end(),
+                             std::greater<>());
+            const double kth = sorted[cfg.k - 1];
+            for (double& v : z) v = v >= kth ? v : 0.0;
+        }
+        for (int64_t l = 0; l < n; ++l) l0 += z[l] > 0, fired[l] += z[l] > 0;
+        for (int64_t c = 0; c < d; ++c) {
+            double xh = w.b_dec[c];
+            for (int64_t l = 0; l < n; ++l) xh += z[l] * w.w_dec[l * d + c];
+            sse += (xh - x[r * d + c]) * (xh - x[r * d + c]);
+            sst += (x[r * d + c] - mean[c]) * (x[r * d + c] - mean[c]);
+        }
+    }
+    int64_t dead = 0, dense = 0;
+    for (int64_t f : fired) dead += f == 0, dense += f > held / 10;
+    EXPECT_EQ(e.rows, held);
+    EXPECT_NEAR(e.fvu, sse / sst, 1e-4 * sse / sst);
+    EXPECT_NEAR(e.l0, l0 / held, 1e-3);
+    EXPECT_NEAR(e.dead_fraction, double(dead) / double(n), 1e-9);
+    EXPECT_NEAR(e.dense_fraction, double(dense) / double(n), 1e-9);
+    EXPECT_GT(e.fvu, 0.0);
+    EXPECT_LT(e.fvu, 1.0);  // it learned something on rows it never saw
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, Evaluation, ::testing::Values(Arch::relu, Arch::topk),
+                         [](const ::testing::TestParamInfo<Arch>& p) {
+                             return std::string(arch_name(p.param));
+                         });

@@ -32,6 +32,12 @@ struct DataConfig {
     int64_t read_bytes = 8 << 20;          // size of one sequential read request
     int64_t prefetch_bytes = 32 << 20;     // converted rows buffered ahead of the trainer
     std::string nonfinite = "skip";        // a batch holding NaN/Inf: skip (and count) | stop
+    // Held-out rows, never trained on, for the SAE's quality (log.eval_every_steps and the
+    // end of the run). eval_path: shards of their own (same d_model), of which the first
+    // eval_rows rows (0: all) are used. No eval_path: the last eval_rows rows of `path` are
+    // held out of training (0: no evaluation).
+    std::string eval_path;
+    int64_t eval_rows = 0;
 };
 
 // One point of a sweep: everything that differs between SAEs trained in one run.
@@ -81,6 +87,9 @@ struct GpuConfig {
 
 struct LogConfig {
     int64_t every_steps = 50;
+    // Evaluate on the held-out rows (data.eval_path / data.eval_rows) every this many steps,
+    // a multiple of every_steps; 0: only at the end of the run.
+    int64_t eval_every_steps = 0;
     // Peak TFLOP/s of one device that MFU is reported against, for the precision its GEMMs
     // run in. 0: the built-in table (perfmodel.h) by the GPU's name; none on the CPU backend,
     // so no MFU there unless this is set.

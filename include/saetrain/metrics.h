@@ -29,6 +29,10 @@ struct MetricsRow {
     double mfu = -1;              // fraction of peak; < 0: no peak known, not reported
     double gpu_mem_peak_GB = 0;   // device memory high-water mark, 1e9 bytes; 0: not on a GPU
     double host_mem_peak_GB = 0;  // peak RSS of the process, 1e9 bytes; 0: unknown
+    // The SAE on the held-out rows at this step (SaeTrainer::evaluate); eval_rows 0: not
+    // evaluated at this step. fvu above is the training batches' (each against its own mean).
+    int64_t eval_rows = 0;
+    double eval_fvu = 0, eval_l0 = 0, eval_dead_fraction = 0, eval_dense_fraction = 0;
 };
 
 // Appends one JSON object per line; flushed after each write so a killed run keeps its log.
@@ -51,6 +55,8 @@ std::string metrics_json(const MetricsRow& row);
 std::optional<MetricsRow> metrics_last_row(const std::string& path, const std::string& sae);
 // "<sae> step 150/1000 | 12.3K tok/s | mse 1.2e-02 | fvu 0.045 | l0 32.0 | dead 0.0% |
 //  wait 0.0% | 0.19 TFLOP/s [| MFU 12.0%] [| GPU mem 3.20 GB] | host mem 0.50 GB | ETA 1m23s"
+// and, on a step with a held-out evaluation, a second line
+// "<sae> held-out (65536 rows): fvu 0.051 | l0 31.8 | dead 0.2% | dense 0.0%"
 std::string progress_line(const MetricsRow& row);
 std::string format_duration(double seconds);
 std::string format_count(double x);   // 12345 -> "12.3K"

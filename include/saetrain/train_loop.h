@@ -30,6 +30,10 @@ struct LoopResult {
     // included), the NaN/Inf check, trainer steps (upload, compute, gradient exchange), and
     // the rest (agreement, logging, checkpoints).
     double data_s = 0, check_s = 0, step_s = 0;
+    // The held-out evaluation at the end (LoopOptions::evaluate); rows 0: none. Its seconds are
+    // in none of the rates above.
+    EvalResult eval;
+    double eval_s = 0;
 };
 
 struct LoopOptions {
@@ -63,6 +67,11 @@ struct LoopOptions {
     // the GPU's. The batches and the results are the same either way; a step followed by a
     // checkpoint, or by a stop, does not fetch ahead, so cursors count trained batches only.
     bool overlap = true;
+    // Held-out evaluation (SaeTrainer::evaluate; collective over the SAE's replicas): run on
+    // the log iterations that are multiples of eval_every (0: none during the run) and once
+    // at the end; the result rides on that iteration's MetricsRow. Empty: no evaluation.
+    std::function<EvalResult(SaeTrainer&)> evaluate;
+    int64_t eval_every = 0;
 };
 
 // Steps until no rank has data left. Logging and checkpoints happen on iterations that are

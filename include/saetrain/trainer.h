@@ -46,6 +46,15 @@ struct StepResult {
     bool skipped = false;  // the loss or gradient was not finite: no update was applied
 };
 
+// The SAE on held-out rows (SaeTrainer::evaluate), over all replicas' rows.
+struct EvalResult {
+    int64_t rows = 0;           // 0: nothing was evaluated
+    double fvu = 0;             // sum ||x_hat - x||^2 / sum ||x - mean||^2, mean over the set
+    double l0 = 0;              // non-zero activations per row
+    double dead_fraction = 0;   // latents that fire on no row of the set
+    double dense_fraction = 0;  // latents that fire on more than 10% of its rows
+};
+
 class SaeTrainer {
 public:
     // grad_comm: the replicas of this SAE (data-parallel); gradients are averaged over it.
@@ -66,6 +75,11 @@ public:
     // exchanges them and applies the update. step(x, rows) == step_begin(x, rows); step_end().
     void step_begin(const float* x_host, int64_t rows);
     StepResult step_end();
+
+    // Forward pass only, on x [rows, d_model] (host memory) of this replica, in batches of at
+    // most `batch_rows`; collective over the replicas, whose rows together are the set.
+    // Changes no parameter or optimizer state (training after it is bitwise the same).
+    EvalResult evaluate(const float* x_host, int64_t rows, int64_t batch_rows);
 
     // Forward and backward only, for tests and the benchmark: gradients of
     // L * rows / norm_rows (norm_rows = rows: the mean loss L; 1: the summed loss) land in the
@@ -102,6 +116,9 @@ public:
 private:
     struct Views;
     void ensure_batch(int64_t rows);
+    // The encoder and decoder on x_dev [rows, d]: the activations in pre_ (ReLU) or
+    // topk_idx_/topk_val_ (TopK), x_hat in xhat_.
+    void forward(const float* x_dev, int64_t rows);
     // compute_gradients in two halves: queue the passes; then read the step's sums back.
     void launch_gradients(const float* x_dev, int64_t rows, int64_t norm_rows);
     StepResult collect_gradients();

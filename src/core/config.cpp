@@ -177,6 +177,8 @@ const std::vector<Field>& fields() {
         CFG_KEY(data, read_bytes, kAny),
         CFG_KEY(data, prefetch_bytes, kAny),
         CFG_KEY(data, nonfinite, kNonfiniteChoices),
+        CFG_KEY(data, eval_path, kAny),
+        CFG_KEY(data, eval_rows, kAny),
         SAE_KEY("sae", arch, kArchChoices),
         SAE_KEY("sae", expansion, kAny),
         SAE_KEY("sae", n_latents, kAny),
@@ -206,6 +208,7 @@ const std::vector<Field>& fields() {
         CFG_KEY(gpu, deterministic, kAny),
         CFG_KEY(log, every_steps, kAny),
         CFG_KEY(log, peak_tflops, kAny),
+        CFG_KEY(log, eval_every_steps, kAny),
         CFG_KEY(checkpoint, every_steps, kAny),
         CFG_KEY(checkpoint, keep, kAny),
     };
@@ -598,6 +601,12 @@ private:
         check(c.parallel.timeout_s >= 0, "parallel.timeout_s", ">= 0 (0: no watchdog)",
               c.parallel.timeout_s);
         check(c.log.every_steps >= 1, "log.every_steps", ">= 1", c.log.every_steps);
+        check(c.data.eval_rows >= 0, "data.eval_rows",
+              ">= 0 (held-out rows; 0: all of data.eval_path, or no evaluation without it)",
+              c.data.eval_rows);
+        check(c.log.eval_every_steps >= 0 && c.log.eval_every_steps % c.log.every_steps == 0,
+              "log.eval_every_steps", "a multiple of log.every_steps (0: only at the end)",
+              c.log.eval_every_steps);
         check(c.log.peak_tflops >= 0, "log.peak_tflops",
               ">= 0 (TFLOP/s of one device; 0: the peak table by GPU name)", c.log.peak_tflops);
         check(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", ">= 1",

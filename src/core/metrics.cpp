@@ -47,6 +47,13 @@ std::string metrics_json(const MetricsRow& r) {
     if (r.mfu >= 0) j["mfu"] = r.mfu;  // absent, never a guess, when no peak is known
     if (r.gpu_mem_peak_GB > 0) j["gpu_mem_peak_GB"] = r.gpu_mem_peak_GB;
     if (r.host_mem_peak_GB > 0) j["host_mem_peak_GB"] = r.host_mem_peak_GB;
+    if (r.eval_rows > 0) {
+        j["eval_rows"] = r.eval_rows;
+        j["eval_fvu"] = r.eval_fvu;
+        j["eval_l0"] = r.eval_l0;
+        j["eval_dead_fraction"] = r.eval_dead_fraction;
+        j["eval_dense_fraction"] = r.eval_dense_fraction;
+    }
     return j.dump();
 }
 
@@ -70,6 +77,10 @@ std::optional<MetricsRow> metrics_last_row(const std::string& path, const std::s
             r.tflops = j.value("tflops", 0.0), r.mfu = j.value("mfu", -1.0);
             r.gpu_mem_peak_GB = j.value("gpu_mem_peak_GB", 0.0);
             r.host_mem_peak_GB = j.value("host_mem_peak_GB", 0.0);
+            r.eval_rows = j.value("eval_rows", int64_t{0});
+            r.eval_fvu = j.value("eval_fvu", 0.0), r.eval_l0 = j.value("eval_l0", 0.0);
+            r.eval_dead_fraction = j.value("eval_dead_fraction", 0.0);
+            r.eval_dense_fraction = j.value("eval_dense_fraction", 0.0);
         } catch (const nlohmann::json::exception&) {
             continue;
         }
@@ -100,11 +111,17 @@ std::string progress_line(const MetricsRow& r) {
     if (r.mfu >= 0) perf += fmt::format(" | MFU {:.1f}%", 100.0 * r.mfu);
     if (r.gpu_mem_peak_GB > 0) perf += fmt::format(" | GPU mem {:.2f} GB", r.gpu_mem_peak_GB);
     if (r.host_mem_peak_GB > 0) perf += fmt::format(" | host mem {:.2f} GB", r.host_mem_peak_GB);
-    return fmt::format(
+    std::string line = fmt::format(
         "{} step {}/{} | {} tok/s | mse {:.3e} | fvu {:.4f} | l0 {:.1f} | dead {:.1f}% | "
         "wait {:.1f}% | {} | ETA {}",
         r.sae, r.step, r.total_steps, format_count(r.tokens_per_s), r.mse, r.fvu, r.l0,
         100.0 * r.dead_fraction, 100.0 * r.wait_fraction, perf, format_duration(r.eta_s));
+    if (r.eval_rows > 0)
+        line += fmt::format("\n{} held-out ({} rows): fvu {:.4f} | l0 {:.1f} | dead {:.1f}% | "
+                            "dense {:.1f}%",
+                            r.sae, r.eval_rows, r.eval_fvu, r.eval_l0,
+                            100.0 * r.eval_dead_fraction, 100.0 * r.eval_dense_fraction);
+    return line;
 }
 
 int64_t host_peak_rss_bytes() {

@@ -33,6 +33,11 @@ enum Field : int {
     kHostMem,
     kPeakFlops,  // this rank's device peak (0: unknown); MFU divides by the replicas' sum
     kRecovery,   // finish() only
+    kEvalRows,
+    kEvalFvu,
+    kEvalL0,
+    kEvalDead,
+    kEvalDense,
     kFields
 };
 
@@ -46,6 +51,8 @@ std::vector<double> pack(const MetricsRow& m, int config, int replica, double pe
     v[kTokensPerS] = m.tokens_per_s, v[kReadMBps] = m.read_MBps, v[kWait] = m.wait_fraction;
     v[kElapsed] = m.elapsed_s, v[kEta] = m.eta_s, v[kTflops] = m.tflops;
     v[kGpuMem] = m.gpu_mem_peak_GB, v[kHostMem] = m.host_mem_peak_GB, v[kPeakFlops] = peak_flops;
+    v[kEvalRows] = double(m.eval_rows), v[kEvalFvu] = m.eval_fvu, v[kEvalL0] = m.eval_l0;
+    v[kEvalDead] = m.eval_dead_fraction, v[kEvalDense] = m.eval_dense_fraction;
     return v;
 }
 
@@ -60,6 +67,9 @@ MetricsRow unpack(const double* v, const std::string& id) {
     m.tokens_per_s = v[kTokensPerS], m.read_MBps = v[kReadMBps], m.wait_fraction = v[kWait];
     m.elapsed_s = v[kElapsed], m.eta_s = v[kEta], m.tflops = v[kTflops];
     m.gpu_mem_peak_GB = v[kGpuMem], m.host_mem_peak_GB = v[kHostMem];
+    m.eval_rows = static_cast<int64_t>(v[kEvalRows]), m.eval_fvu = v[kEvalFvu];
+    m.eval_l0 = v[kEvalL0], m.eval_dead_fraction = v[kEvalDead];
+    m.eval_dense_fraction = v[kEvalDense];
     return m;
 }
 
@@ -185,6 +195,7 @@ std::vector<SaeSummary> RunReporter::finish(
     const bool any_recovery = any([](const SaeSummary& s) { return s.feature_recovery >= 0; });
     const bool any_mfu = any([](const SaeSummary& s) { return s.mfu >= 0; });
     const bool any_gpu = any([](const SaeSummary& s) { return s.last.gpu_mem_peak_GB > 0; });
+    const bool any_eval = any([](const SaeSummary& s) { return s.last.eval_rows > 0; });
     if (!summary_path.empty()) {
         std::vector<std::string> cols = {"sae"};
         cols.insert(cols.end(), config_column_names.begin(), config_column_names.end());
@@ -195,6 +206,10 @@ std::vector<SaeSummary> RunReporter::finish(
         if (any_gpu) cols.push_back("gpu_mem_peak_GB");
         cols.push_back("host_mem_peak_GB");
         if (any_recovery) cols.push_back("feature_recovery");
+        if (any_eval)
+            for (const char* c : {"eval_rows", "eval_fvu", "eval_l0", "eval_dead_fraction",
+                                  "eval_dense_fraction"})
+                cols.push_back(c);
         std::vector<std::map<std::string, std::string>> rows;
         for (const SaeSummary& s : out) {
             std::map<std::string, std::string> r;
@@ -214,25 +229,42 @@ std::vector<SaeSummary> RunReporter::finish(
             if (s.last.gpu_mem_peak_GB > 0) r["gpu_mem_peak_GB"] = fmt_g(s.last.gpu_mem_peak_GB);
             if (s.last.host_mem_peak_GB > 0) r["host_mem_peak_GB"] = fmt_g(s.last.host_mem_peak_GB);
             if (s.feature_recovery >= 0) r["feature_recovery"] = fmt_g(s.feature_recovery);
+            if (s.last.eval_rows > 0) {
+                r["eval_rows"] = std::to_string(s.last.eval_rows);
+                r["eval_fvu"] = fmt_g(s.last.eval_fvu);
+                r["eval_l0"] = fmt_g(s.last.eval_l0);
+                r["eval_dead_fraction"] = fmt_g(s.last.eval_dead_fraction);
+                r["eval_dense_fraction"] = fmt_g(s.last.eval_dense_fraction);
+            }
             rows.push_back(std::move(r));
         }
         summary_write(summary_path, cols, rows);
     }
-    // Memory per SAE: the device's on GPUs, else the process's resident set on the host.
-    fmt::print("\n{:<28} {:>8} {:>10} {:>8} {:>8} {:>7} {:>10} {:>9}{} {:>11}{}\n",
-               "sae (sorted by l0)", "steps", "fvu", "l0", "dead %", "wait %", "tok/s", "TFLOP/s",
-               any_mfu ? fmt::format(" {:>6}", "MFU %") : "",
-               any_gpu ? "GPU mem GB" : "host mem GB", any_recovery ? "   recovery" : "");
+    // Memory per SAE: the device's on GPUs, else the process's resident set on the host. The
+    // first fvu is the last log interval's training batches; the held-out block is the
+    // evaluation at the end (data.eval_path / data.eval_rows).
+    fmt::print("\n{:<28} {:>8} {:>10} {:>8} {:>8} {:>7} {:>10} {:>9}{} {:>11}{}{}\n",
+               "sae (sorted by l0)", "steps", "train fvu", "l0", "dead %", "wait %", "tok/s",
+               "TFLOP/s", any_mfu ? fmt::format(" {:>6}", "MFU %") : "",
+               any_gpu ? "GPU mem GB" : "host mem GB", any_recovery ? "   recovery" : "",
+               any_eval ? "   held-out fvu       l0  dead %  dense %" : "");
     for (const SaeSummary& s : out) {
         const double mem = any_gpu ? s.last.gpu_mem_peak_GB : s.last.host_mem_peak_GB;
-        fmt::print("{:<28} {:>8} {:>10.4f} {:>8.1f} {:>8.1f} {:>7.1f} {:>10} {:>9}{} {:>11}{}\n",
-                   s.last.sae, s.steps, s.last.fvu, s.last.l0, 100 * s.last.dead_fraction,
-                   100 * s.wait_fraction, format_count(s.tokens_per_s), format_tflops(s.tflops),
-                   any_mfu ? fmt::format(" {:>6}", s.mfu >= 0 ? fmt::format("{:.1f}", 100 * s.mfu)
-                                                              : std::string("-"))
-                           : "",
-                   mem > 0 ? fmt::format("{:.2f}", mem) : "-",
-                   s.feature_recovery >= 0 ? fmt::format("   {:>8.3f}", s.feature_recovery) : "");
+        std::string held_out;
+        if (any_eval && s.last.eval_rows > 0)
+            held_out = fmt::format("   {:>12.4f} {:>8.1f} {:>7.1f} {:>8.1f}", s.last.eval_fvu,
+                                   s.last.eval_l0, 100 * s.last.eval_dead_fraction,
+                                   100 * s.last.eval_dense_fraction);
+        fmt::print(
+            "{:<28} {:>8} {:>10.4f} {:>8.1f} {:>8.1f} {:>7.1f} {:>10} {:>9}{} {:>11}{}{}\n",
+            s.last.sae, s.steps, s.last.fvu, s.last.l0, 100 * s.last.dead_fraction,
+            100 * s.wait_fraction, format_count(s.tokens_per_s), format_tflops(s.tflops),
+            any_mfu ? fmt::format(" {:>6}", s.mfu >= 0 ? fmt::format("{:.1f}", 100 * s.mfu)
+                                                       : std::string("-"))
+                    : "",
+            mem > 0 ? fmt::format("{:.2f}", mem) : "-",
+            s.feature_recovery >= 0 ? fmt::format("   {:>8.3f}", s.feature_recovery) : "",
+            held_out);
     }
     std::fflush(stdout);
     return out;

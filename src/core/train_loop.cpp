@@ -46,6 +46,11 @@ bool all_finite(const float* x, int64_t n, int threads) {
     return bad == 0;
 }
 
+void attach(MetricsRow& m, const EvalResult& e) {
+    m.eval_rows = e.rows, m.eval_fvu = e.fvu, m.eval_l0 = e.l0;
+    m.eval_dead_fraction = e.dead_fraction, m.eval_dense_fraction = e.dense_fraction;
+}
+
 }  // namespace
 
 int64_t total_steps_for(int64_t rows, int64_t batch_size) {
@@ -84,8 +89,18 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         sc.arch == Arch::relu ? SaeKind::dense : SaeKind::topk, d, trainer.n_latents(), sc.k);
     const int64_t tokens_at_start = trainer.tokens();  // > 0 when resuming
 
-    auto emit = [&] {
-        const double dt = seconds_since(t_interval), elapsed = seconds_since(t_start);
+    // Runs the evaluation, its time kept out of the interval's rates.
+    double eval_in_interval = 0;
+    auto evaluate = [&] {
+        const auto t = Clock::now();
+        EvalResult e = opt.evaluate(trainer);
+        const double s = seconds_since(t);
+        eval_in_interval += s, res.eval_s += s;
+        return e;
+    };
+    auto emit = [&](const EvalResult* e) {
+        const double dt = seconds_since(t_interval) - eval_in_interval;
+        const double elapsed = seconds_since(t_start) - res.eval_s;
         const double rows = static_cast<double>(std::max<int64_t>(iv.rows, 1));
         const double steps = static_cast<double>(std::max<int64_t>(iv.steps, 1));
         MetricsRow m;
@@ -109,11 +124,13 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         m.tflops = flops_per_token * m.tokens_per_s / 1e12;
         m.gpu_mem_peak_GB = static_cast<double>(trainer.backend().device_memory_peak_bytes()) / 1e9;
         m.host_mem_peak_GB = static_cast<double>(host_peak_rss_bytes()) / 1e9;
+        if (e) attach(m, *e);
         const double per_step = m.step > 0 ? elapsed / static_cast<double>(m.step) : 0.0;
         m.eta_s = per_step * static_cast<double>(std::max<int64_t>(total_steps - m.step, 0));
         if (opt.report) opt.report(m);
         res.last = m;
         iv = Interval{};
+        eval_in_interval = 0;
         t_interval = Clock::now();
         wait_at_interval = source.wait_seconds();
         bytes_at_interval = source.bytes_read();
@@ -181,16 +198,41 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         res.step_s += seconds_since(t_step);
         res.skipped_steps += r.skipped ? 1 : 0;
         if (r.rows > 0 && !r.skipped) iv.add(r);
-        if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) emit();
+        if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) {
+            const bool eval_now = opt.evaluate && opt.eval_every > 0 && (iter + 1) % opt.eval_every == 0;
+            const EvalResult e = eval_now ? evaluate() : EvalResult{};
+            emit(eval_now ? &e : nullptr);
+        }
         if (checkpoint_after) opt.checkpoint(trainer, iter + 1);
     }
     // The final partial interval; the condition depends only on iteration counts, which every
     // rank shares, because emit() may be collective.
-    if (iter > opt.start_iteration && (opt.log_every <= 0 || iter % opt.log_every != 0)) emit();
+    // The evaluation at the end rides on that row; when the last iteration was already logged
+    // without one, that row is reported again with it (same step; the later line wins).
+    const bool partial =
+        iter > opt.start_iteration && (opt.log_every <= 0 || iter % opt.log_every != 0);
+    if (opt.evaluate && initialized) {
+        const bool evaluated_last = !partial && iter > opt.start_iteration &&
+                                    opt.eval_every > 0 && iter % opt.eval_every == 0;
+        res.eval = evaluated_last ? EvalResult{res.last.eval_rows, res.last.eval_fvu,
+                                               res.last.eval_l0, res.last.eval_dead_fraction,
+                                               res.last.eval_dense_fraction}
+                                  : evaluate();
+        if (partial) {
+            emit(&res.eval);
+        } else if (!evaluated_last && iter > opt.start_iteration) {
+            MetricsRow m = res.last;
+            attach(m, res.eval);
+            if (opt.report) opt.report(m);
+            res.last = m;
+        }
+    } else if (partial) {
+        emit(nullptr);
+    }
     res.iterations = iter;
     res.steps = trainer.step_count();
     res.tokens = trainer.tokens();
-    res.seconds = seconds_since(t_start);
+    res.seconds = seconds_since(t_start) - res.eval_s;
     // Tokens trained by this process: a resumed run's earlier tokens took no time here.
     res.tokens_per_s =
         res.seconds > 0 ? static_cast<double>(res.tokens - tokens_at_start) / res.seconds : 0.0;

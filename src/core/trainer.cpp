@@ -1,5 +1,6 @@
 #include "saetrain/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -111,6 +112,82 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t n
     return collect_gradients();
 }
 
+void SaeTrainer::forward(const float* x, int64_t B) {
+    const int64_t d = d_, n = n_;
+    Views P(params_, n, d);
+    // Encoder input x - b_dec; pre = xc W_enc^T (b_enc is added by the activation op).
+    be_.sub_rows(xc_.data(), x, P.b_dec, B, d);
+    be_.gemm(false, true, B, n, d, 1.0f, xc_.data(), d, P.w_enc, d, 0.0f, pre_.data(), n);
+    be_.broadcast_rows(xhat_.data(), P.b_dec, B, d);
+    if (cfg_.arch == Arch::relu) {
+        float* z = pre_.data();
+        be_.relu_forward(z, P.b_enc, B, n);
+        be_.gemm(false, false, B, d, n, 1.0f, z, n, P.w_dec, d, 1.0f, xhat_.data(), d);
+    } else {
+        const int64_t k = cfg_.k;
+        be_.topk_forward(pre_.data(), P.b_enc, B, n, k, topk_idx_.data(), topk_val_.data());
+        be_.sparse_decode(topk_idx_.data(), topk_val_.data(), P.w_dec, B, k, d, xhat_.data());
+    }
+}
+
+EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch_rows) {
+    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
+    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
+    const int64_t d = d_, n = n_;
+    // Sums over this replica's rows, then over the replicas, in one all-reduce:
+    // [rows, sse, sum ||x||^2, l0, column sums of x (d), firing rows per latent (n)].
+    std::vector<double> sums(static_cast<size_t>(4 + d + n), 0.0);
+    double* x_sum = sums.data() + 4;
+    double* fired = x_sum + d;
+    std::vector<float> xcol(static_cast<size_t>(d));
+    std::vector<int32_t> idx;
+    std::vector<float> act;
+    DeviceArray<float> db_dec_scratch(be_, d);
+    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
+        const int64_t B = std::min(batch_rows, rows - r0);
+        ensure_batch(B);
+        be_.upload(x_.data(), x_host + r0 * d, B * d * static_cast<int64_t>(sizeof(float)));
+        forward(x_.data(), B);
+        be_.fill(stats_.data(), kStatCount, 0.0f);
+        be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
+                     stats_.data());
+        float st[kStatCount];
+        be_.download(st, stats_.data(), sizeof(st));
+        be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
+        sums[0] += static_cast<double>(B), sums[1] += st[kStatSse], sums[2] += st[kStatSumSqX];
+        for (int64_t c = 0; c < d; ++c) x_sum[c] += xcol[c];
+        // Which latents fired: the selection (TopK) or the dense activations (ReLU).
+        const int64_t per_row = cfg_.arch == Arch::relu ? n : cfg_.k;
+        act.resize(static_cast<size_t>(B * per_row));
+        if (cfg_.arch == Arch::relu) {
+            be_.download(act.data(), pre_.data(), B * n * static_cast<int64_t>(sizeof(float)));
+        } else {
+            idx.resize(act.size());
+            be_.download(act.data(), topk_val_.data(), B * per_row * 4);
+            be_.download(idx.data(), topk_idx_.data(), B * per_row * 4);
+        }
+        for (int64_t i = 0; i < B * per_row; ++i) {
+            if (!(act[i] > 0)) continue;
+            sums[3] += 1;
+            fired[cfg_.arch == Arch::relu ? i % n : idx[i]] += 1;
+        }
+    }
+    comm_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+    EvalResult e;
+    e.rows = static_cast<int64_t>(sums[0]);
+    if (e.rows == 0) return e;
+    double mean_sq = 0;
+    for (int64_t c = 0; c < d; ++c) mean_sq += x_sum[c] * x_sum[c];
+    const double sst = sums[2] - mean_sq / sums[0];
+    e.fvu = sst > 0 ? sums[1] / sst : 0.0;
+    e.l0 = sums[3] / sums[0];
+    int64_t dead = 0, dense = 0;
+    for (int64_t i = 0; i < n; ++i) dead += fired[i] == 0, dense += fired[i] > 0.1 * sums[0];
+    e.dead_fraction = static_cast<double>(dead) / static_cast<double>(n);
+    e.dense_fraction = static_cast<double>(dense) / static_cast<double>(n);
+    return e;
+}
+
 void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
     const int64_t B = rows, d = d_, n = n_;
     if (norm_rows <= 0) norm_rows = rows;
@@ -123,15 +200,9 @@ void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_row
     pending_rows_ = rows, pending_l1_ = l1;
     be_.fill(stats_.data(), kStatCount, 0.0f);
 
-    // Encoder input x - b_dec; pre = xc W_enc^T (b_enc is added by the activation op).
-    be_.sub_rows(xc_.data(), x, P.b_dec, B, d);
-    be_.gemm(false, true, B, n, d, 1.0f, xc_.data(), d, P.w_enc, d, 0.0f, pre_.data(), n);
-    be_.broadcast_rows(xhat_.data(), P.b_dec, B, d);
-
+    forward(x, B);
     if (cfg_.arch == Arch::relu) {
         float* z = pre_.data();
-        be_.relu_forward(z, P.b_enc, B, n);
-        be_.gemm(false, false, B, d, n, 1.0f, z, n, P.w_dec, d, 1.0f, xhat_.data(), d);
         float* derr = xhat_.data();
         be_.residual(derr, x, B, d, grad_scale, xcol_.data(), G.b_dec, stats_.data());
         // Five dense GEMMs in all: encoder, decoder, and these three.
@@ -145,8 +216,6 @@ void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_row
         if (l1 > 0) be_.add_norm_grad(P.w_dec, zsum_.data(), l1_eff, G.w_dec, n, d);
     } else {
         const int64_t k = cfg_.k;
-        be_.topk_forward(pre_.data(), P.b_enc, B, n, k, topk_idx_.data(), topk_val_.data());
-        be_.sparse_decode(topk_idx_.data(), topk_val_.data(), P.w_dec, B, k, d, xhat_.data());
         float* derr = xhat_.data();
         be_.residual(derr, x, B, d, grad_scale, xcol_.data(), G.b_dec, stats_.data());
         be_.topk_backward(xc_.data(), derr, topk_idx_.data(), topk_val_.data(), P.w_dec, B, n, k, d,
