@@ -203,16 +203,15 @@ void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
     ShardReader reader(src, mine);
     for (int64_t got = 0; got < mine.size();) {
         const int64_t n = reader.read(s.eval_x.data() + got * src.d_model, mine.size() - got);
-        SAE_ENFORCE(n > 0, "{}: held-out rows ended early at row {}", src.source,
-                    mine.begin + got);
+        SAE_ENFORCE(n > 0, "{}: held-out rows ended early at row {}", src.source, mine.begin + got);
         got += n;
     }
 }
 
 // `data` (and `eval_data`, the held-out shards when data.eval_path is set): the datasets as
 // rank 0 validated them.
-Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* eval_data,
-             int rank, int world, const NodePlacement& place) {
+Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* eval_data, int rank,
+             int world, const NodePlacement& place) {
     Setup s;
     s.cfg = std::move(cfg);
     s.layout = layout_for(s.cfg, world, rank);
@@ -354,8 +353,7 @@ int run(const Args& args, Communicator& world) {
         std::optional<DatasetInfo> eval_data;
         if (!packed_eval.empty()) eval_data = dataset_info_unpack(packed_eval);
         setup.emplace(set_up(args, std::move(*config), dataset_info_unpack(packed),
-                             eval_data ? &*eval_data : nullptr, world.rank(), world.size(),
-                             place));
+                             eval_data ? &*eval_data : nullptr, world.rank(), world.size(), place));
     } catch (const std::exception& e) {
         error = e.what();
     }
@@ -404,9 +402,10 @@ int run(const Args& args, Communicator& world) {
                 1e6);
         fmt::print("{} step(s) of {} rows per SAE replica\n", steps, cfg.data.batch_size);
         if (s.eval_rows > 0)
-            fmt::print("held-out: {} rows from {}, never trained on ({:.1f} MB in memory per SAE)\n",
-                       s.eval_rows, s.eval_source,
-                       static_cast<double>(s.eval_rows * s.data.d_model * 4) / 1e6);
+            fmt::print(
+                "held-out: {} rows from {}, never trained on ({:.1f} MB in memory per SAE)\n",
+                s.eval_rows, s.eval_source,
+                static_cast<double>(s.eval_rows * s.data.d_model * 4) / 1e6);
     }
     print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it

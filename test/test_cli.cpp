@@ -346,8 +346,7 @@ TEST_F(Cli, HeldOutRowsAreNeverTrainedAndReported) {
     const Result wide = run(bin("sae-synth") + " --out " + (dir / "wide").string() +
                             " --d-model 8 --features 16 --rows 100 --shards 1");
     ASSERT_EQ(wide.code, 0) << wide.out;
-    for (const auto& [args, needle] :
-         std::vector<std::pair<std::string, std::string>>{
+    for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
              {"--set data.eval_rows=3000", "data.eval_rows = 3000"},
              {"--set data.eval_path=" + (dir / "wide").string(), "differs from the training"},
              {"--set data.eval_path=" + (dir / "absent").string(), "absent"},

@@ -117,10 +117,11 @@ std::string progress_line(const MetricsRow& r) {
         r.sae, r.step, r.total_steps, format_count(r.tokens_per_s), r.mse, r.fvu, r.l0,
         100.0 * r.dead_fraction, 100.0 * r.wait_fraction, perf, format_duration(r.eta_s));
     if (r.eval_rows > 0)
-        line += fmt::format("\n{} held-out ({} rows): fvu {:.4f} | l0 {:.1f} | dead {:.1f}% | "
-                            "dense {:.1f}%",
-                            r.sae, r.eval_rows, r.eval_fvu, r.eval_l0,
-                            100.0 * r.eval_dead_fraction, 100.0 * r.eval_dense_fraction);
+        line += fmt::format(
+            "\n{} held-out ({} rows): fvu {:.4f} | l0 {:.1f} | dead {:.1f}% | "
+            "dense {:.1f}%",
+            r.sae, r.eval_rows, r.eval_fvu, r.eval_l0, 100.0 * r.eval_dead_fraction,
+            100.0 * r.eval_dense_fraction);
     return line;
 }
 

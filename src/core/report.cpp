@@ -207,8 +207,8 @@ std::vector<SaeSummary> RunReporter::finish(
         cols.push_back("host_mem_peak_GB");
         if (any_recovery) cols.push_back("feature_recovery");
         if (any_eval)
-            for (const char* c : {"eval_rows", "eval_fvu", "eval_l0", "eval_dead_fraction",
-                                  "eval_dense_fraction"})
+            for (const char* c :
+                 {"eval_rows", "eval_fvu", "eval_l0", "eval_dead_fraction", "eval_dense_fraction"})
                 cols.push_back(c);
         std::vector<std::map<std::string, std::string>> rows;
         for (const SaeSummary& s : out) {
@@ -255,16 +255,15 @@ std::vector<SaeSummary> RunReporter::finish(
             held_out = fmt::format("   {:>12.4f} {:>8.1f} {:>7.1f} {:>8.1f}", s.last.eval_fvu,
                                    s.last.eval_l0, 100 * s.last.eval_dead_fraction,
                                    100 * s.last.eval_dense_fraction);
-        fmt::print(
-            "{:<28} {:>8} {:>10.4f} {:>8.1f} {:>8.1f} {:>7.1f} {:>10} {:>9}{} {:>11}{}{}\n",
-            s.last.sae, s.steps, s.last.fvu, s.last.l0, 100 * s.last.dead_fraction,
-            100 * s.wait_fraction, format_count(s.tokens_per_s), format_tflops(s.tflops),
-            any_mfu ? fmt::format(" {:>6}", s.mfu >= 0 ? fmt::format("{:.1f}", 100 * s.mfu)
-                                                       : std::string("-"))
-                    : "",
-            mem > 0 ? fmt::format("{:.2f}", mem) : "-",
-            s.feature_recovery >= 0 ? fmt::format("   {:>8.3f}", s.feature_recovery) : "",
-            held_out);
+        fmt::print("{:<28} {:>8} {:>10.4f} {:>8.1f} {:>8.1f} {:>7.1f} {:>10} {:>9}{} {:>11}{}{}\n",
+                   s.last.sae, s.steps, s.last.fvu, s.last.l0, 100 * s.last.dead_fraction,
+                   100 * s.wait_fraction, format_count(s.tokens_per_s), format_tflops(s.tflops),
+                   any_mfu ? fmt::format(" {:>6}", s.mfu >= 0 ? fmt::format("{:.1f}", 100 * s.mfu)
+                                                              : std::string("-"))
+                           : "",
+                   mem > 0 ? fmt::format("{:.2f}", mem) : "-",
+                   s.feature_recovery >= 0 ? fmt::format("   {:>8.3f}", s.feature_recovery) : "",
+                   held_out);
     }
     std::fflush(stdout);
     return out;

@@ -199,7 +199,8 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         res.skipped_steps += r.skipped ? 1 : 0;
         if (r.rows > 0 && !r.skipped) iv.add(r);
         if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) {
-            const bool eval_now = opt.evaluate && opt.eval_every > 0 && (iter + 1) % opt.eval_every == 0;
+            const bool eval_now =
+                opt.evaluate && opt.eval_every > 0 && (iter + 1) % opt.eval_every == 0;
             const EvalResult e = eval_now ? evaluate() : EvalResult{};
             emit(eval_now ? &e : nullptr);
         }
@@ -212,12 +213,12 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
     const bool partial =
         iter > opt.start_iteration && (opt.log_every <= 0 || iter % opt.log_every != 0);
     if (opt.evaluate && initialized) {
-        const bool evaluated_last = !partial && iter > opt.start_iteration &&
-                                    opt.eval_every > 0 && iter % opt.eval_every == 0;
-        res.eval = evaluated_last ? EvalResult{res.last.eval_rows, res.last.eval_fvu,
-                                               res.last.eval_l0, res.last.eval_dead_fraction,
-                                               res.last.eval_dense_fraction}
-                                  : evaluate();
+        const bool evaluated_last = !partial && iter > opt.start_iteration && opt.eval_every > 0 &&
+                                    iter % opt.eval_every == 0;
+        res.eval = evaluated_last
+                       ? EvalResult{res.last.eval_rows, res.last.eval_fvu, res.last.eval_l0,
+                                    res.last.eval_dead_fraction, res.last.eval_dense_fraction}
+                       : evaluate();
         if (partial) {
             emit(&res.eval);
         } else if (!evaluated_last && iter > opt.start_iteration) {

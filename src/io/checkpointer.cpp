@@ -48,9 +48,9 @@ std::map<std::string, std::string> flatten(const std::string& yaml) {
 std::vector<std::string> config_result_differences(const std::string& old_yaml,
                                                    const std::string& new_yaml) {
     static const std::vector<std::string> harmless = {
-        "run.out_dir",        "log.every_steps", "log.peak_tflops",     "checkpoint.every_steps",
-        "checkpoint.keep",    "data.stage_dir",  "data.prefetch_bytes", "backend",
-        "parallel.timeout_s", "gpu.gemm",        "gpu.deterministic", "data.eval_path",
+        "run.out_dir",         "log.every_steps", "log.peak_tflops",     "checkpoint.every_steps",
+        "checkpoint.keep",     "data.stage_dir",  "data.prefetch_bytes", "backend",
+        "parallel.timeout_s",  "gpu.gemm",        "gpu.deterministic",   "data.eval_path",
         "log.eval_every_steps"};
     // A key one side lacks (a run from a version without it) counts as its default value.
     static const Config default_config;
