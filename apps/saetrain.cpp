@@ -38,6 +38,7 @@
 #include "saetrain/mpi_world.h"      // defines: MpiScope, make_mpi_world, node_placement
 #include "saetrain/perfmodel.h"      // defines: mfu_peak (the peak MFU is measured against)
 #include "saetrain/report.h"         // defines: RunReporter (rank 0 gathers metrics)
+#include "saetrain/schedule.h"       // defines: warmup_steps_for
 #include "saetrain/shards.h"         // defines: dataset_open, dataset_info_pack, partition_rows
 #include "saetrain/shared_source.h"  // defines: SharedBatchSource (slices -> one stream)
 #include "saetrain/synth.h"          // defines: synth_read_features, feature_recovery
@@ -401,6 +402,26 @@ int run(const Args& args, Communicator& world) {
             static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) /
                 1e6);
         fmt::print("{} step(s) of {} rows per SAE replica\n", steps, cfg.data.batch_size);
+        // Settings that the run's length makes meaningless: say so before training.
+        const int64_t run_tokens = steps * cfg.data.batch_size * s.layout.replicas;
+        for (size_t i = 0; i < cfg.sweep.size(); ++i) {
+            const SaeConfig& c = cfg.sweep[i];
+            const int64_t warmup = warmup_steps_for(c, steps);
+            if (warmup * 10 > steps)
+                fmt::print(stderr,
+                           "saetrain: warning: {}: train.warmup_steps = {} is {:.0f}% of the "
+                           "run's {} steps; the LR spends that long below train.lr\n",
+                           s.ids[i], warmup, 100.0 * double(warmup) / double(steps), steps);
+            if (c.dead_tokens * 2 > run_tokens)
+                fmt::print(stderr,
+                           "saetrain: warning: {}: train.dead_tokens = {} is more than half of the "
+                           "run's {} tokens per SAE, so few latents can ever count as dead; lower "
+                           "it{}\n",
+                           s.ids[i], c.dead_tokens, run_tokens,
+                           s.eval_rows > 0 ? " (the held-out dead % does not depend on it)"
+                                           : " or hold rows out (data.eval_rows) for a dead % "
+                                             "over them");
+        }
         if (s.eval_rows > 0)
             fmt::print(
                 "held-out: {} rows from {}, never trained on ({:.1f} MB in memory per SAE)\n",

@@ -12,6 +12,7 @@
 
 #include "saetrain/config.h"
 #include "saetrain/error.h"
+#include "saetrain/schedule.h"
 
 namespace saetrain {
 namespace {
@@ -91,7 +92,7 @@ TEST(Config, MissingSectionsTakeStructDefaults) {
     EXPECT_EQ(c.data.batch_size, 4096);
     EXPECT_EQ(c.sae.arch, Arch::topk);
     EXPECT_EQ(c.sae.k, 32);
-    EXPECT_DOUBLE_EQ(c.sae.lr, 4.0e-4);
+    EXPECT_DOUBLE_EQ(c.sae.lr, 1.0e-3);
     EXPECT_EQ(c.backend, "auto");
     EXPECT_EQ(c.parallel.mode, "sweep");
     EXPECT_EQ(c.checkpoint.keep, 3);
@@ -114,7 +115,10 @@ TEST(Config, PeakTflopsOverride) {
 TEST(Config, EmptySectionsTakeDefaults) {
     const Config c = config_parse("data: {path: d}\nlog:\ntrain: {}\n");
     EXPECT_EQ(c.log.every_steps, 50);
-    EXPECT_EQ(c.sae.warmup_steps, 100);
+    EXPECT_EQ(c.sae.warmup_steps, 0);  // 0: warmup_fraction of the run
+    EXPECT_DOUBLE_EQ(c.sae.warmup_fraction, 0.01);
+    EXPECT_DOUBLE_EQ(c.sae.decay_start, 0.8);
+    EXPECT_EQ(c.sae.encoder_init, "fitted");
 }
 
 TEST(Config, EveryKeyIsParsed) {
@@ -127,11 +131,16 @@ data:
   max_tokens: 1.5e9
   shuffle_buffer_rows: 0
   dataset: acts
+  eval_path: held/*.h5
+  eval_rows: 77
 sae: {arch: relu, expansion: 6, n_latents: 999, k: 17, l1_coeff: 0.25}
 train:
   lr: 3e-3
   warmup_steps: 0
+  warmup_fraction: 0.05
   lr_decay: linear
+  decay_start: 0.5
+  encoder_init: transpose
   lr_min_ratio: 0.1
   l1_warmup_steps: 250
   grad_clip: 0
@@ -144,10 +153,13 @@ train:
 parallel: {mode: hybrid, sweep_data: disjoint, replicas: 4}
 backend: cpu
 gpu: {gemm: bf16, deterministic: false}
-log: {every_steps: 7}
+log: {every_steps: 7, eval_every_steps: 14}
 checkpoint: {every_steps: 11, keep: 2}
 )";
     const Config c = config_parse(text);
+    EXPECT_EQ(c.data.eval_path, "held/*.h5");
+    EXPECT_EQ(c.data.eval_rows, 77);
+    EXPECT_EQ(c.log.eval_every_steps, 14);
     EXPECT_EQ(c.run.out_dir, "runs/all");
     EXPECT_EQ(c.run.seed, 18446744073709551615ull);
     EXPECT_EQ(c.data.path, "shards/*.h5");
@@ -164,6 +176,9 @@ checkpoint: {every_steps: 11, keep: 2}
     EXPECT_DOUBLE_EQ(c.sae.lr, 3e-3);
     EXPECT_EQ(c.sae.warmup_steps, 0);
     EXPECT_EQ(c.sae.lr_decay, "linear");
+    EXPECT_DOUBLE_EQ(c.sae.warmup_fraction, 0.05);
+    EXPECT_DOUBLE_EQ(c.sae.decay_start, 0.5);
+    EXPECT_EQ(c.sae.encoder_init, "transpose");
     EXPECT_DOUBLE_EQ(c.sae.lr_min_ratio, 0.1);
     EXPECT_EQ(c.sae.l1_warmup_steps, 250);
     EXPECT_DOUBLE_EQ(c.sae.grad_clip, 0.0);
@@ -572,7 +587,7 @@ TEST(ConfigYaml, DefaultsRoundTripAndLookLikeNumbers) {
     const Config a = config_parse(kMinimal);
     const std::string yaml = config_to_yaml(a);
     expect_same(a, config_parse(yaml));
-    EXPECT_HAS(yaml, "lr: 0.0004");
+    EXPECT_HAS(yaml, "lr: 0.001");
     EXPECT_HAS(yaml, "l1_coeff: 5.0");
     EXPECT_HAS(yaml, "normalize_decoder: true");
     EXPECT_HAS(yaml, "eps: 1.0e-08");  // YAML 1.1 readers (PyYAML) need the dot to see a float
@@ -688,3 +703,32 @@ TEST(ConfigFiles, QuickstartHasTheDocumentedValues) {
 
 }  // namespace
 }  // namespace saetrain
+
+// The LR schedule: warmup over warmup_steps (or warmup_fraction of the run), lr held until
+// decay_start of the run, then the decay down to lr * lr_min_ratio at the last step;
+// decay_start 0 decays from the end of warmup on.
+TEST(Schedule, WarmupHoldThenDecay) {
+    using namespace saetrain;
+    SaeConfig c;
+    c.lr = 1.0;
+    c.lr_min_ratio = 0.1;
+    c.warmup_fraction = 0.1;
+    c.decay_start = 0.5;
+    c.lr_decay = "linear";
+    const int64_t total = 100;
+    EXPECT_EQ(warmup_steps_for(c, total), 10);
+    EXPECT_DOUBLE_EQ(lr_at(c, 0, total), 0.1);
+    EXPECT_DOUBLE_EQ(lr_at(c, 9, total), 1.0);
+    EXPECT_DOUBLE_EQ(lr_at(c, 10, total), 1.0);
+    EXPECT_DOUBLE_EQ(lr_at(c, 50, total), 1.0);   // held until half the run
+    EXPECT_DOUBLE_EQ(lr_at(c, 75, total), 0.55);  // halfway down the linear decay
+    EXPECT_DOUBLE_EQ(lr_at(c, 100, total), 0.1);
+    c.warmup_steps = 20;  // a step count wins over the fraction
+    EXPECT_EQ(warmup_steps_for(c, total), 20);
+    EXPECT_DOUBLE_EQ(lr_at(c, 19, total), 1.0);
+    c.warmup_steps = 0, c.warmup_fraction = 0, c.decay_start = 0, c.lr_decay = "cosine";
+    EXPECT_DOUBLE_EQ(lr_at(c, 0, total), 1.0);
+    EXPECT_NEAR(lr_at(c, 50, total), 0.55, 1e-12);  // cosine from the first step
+    c.lr_decay = "constant";
+    EXPECT_DOUBLE_EQ(lr_at(c, 99, total), 1.0);
+}

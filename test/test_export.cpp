@@ -205,17 +205,21 @@ TEST(Export, CommandLine) {
 }
 
 // The exports as the reference safetensors library reads them (tools/check_export.py: names,
-// shapes, dtype, and values equal to the source SAE file). Skipped where Python lacks
-// safetensors, numpy or h5py (pip install safetensors numpy h5py).
+// shapes, dtype, and values equal to the source SAE file), with the project's Python
+// environment (tools/setup-venv.sh) when it exists. Skipped where Python lacks safetensors,
+// numpy or h5py.
 TEST(Export, ReferenceLibraryReadsTheExports) {
-    if (saetrain::testing::run_command("python3 -c 'import safetensors.numpy, numpy, h5py'").code !=
-        0)
-        GTEST_SKIP() << "python3 with safetensors, numpy and h5py is not installed";
+    const std::string python =
+        fs::exists(SAETRAIN_VENV_PYTHON) ? std::string(SAETRAIN_VENV_PYTHON) : "python3";
+    if (saetrain::testing::run_command(python + " -c 'import safetensors.numpy, numpy, h5py'")
+            .code != 0)
+        GTEST_SKIP() << python
+                     << " with safetensors, numpy and h5py is not installed (run bash "
+                        "tools/setup-venv.sh)";
     TempDir tmp;
     const fs::path h5 = tmp.path / "final.h5";
     sae_write_h5(h5.string(), small_weights(3, 4), meta_for("topk", 2));
-    const std::string check =
-        std::string("python3 ") + SAETRAIN_TEST_DATA + "/../../tools/check_export.py ";
+    const std::string check = python + " " + SAETRAIN_TEST_DATA + "/../../tools/check_export.py ";
     for (ExportFormat f : {ExportFormat::saelens, ExportFormat::sparsify}) {
         const fs::path dir = tmp.path / (f == ExportFormat::saelens ? "sl" : "sp");
         sae_export(small_weights(3, 4), meta_for("topk", 2), f, dir.string(), {});

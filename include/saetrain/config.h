@@ -48,17 +48,25 @@ struct SaeConfig {
     int64_t k = 32;         // TopK: active latents per token
     double l1_coeff = 5.0;  // ReLU: L1 penalty weight
     // train section values (may also be swept)
-    double lr = 4.0e-4;
-    int64_t warmup_steps = 100;
+    double lr = 1.0e-3;
+    // Linear LR warmup from 0: warmup_steps when > 0, else this fraction of the run's steps.
+    int64_t warmup_steps = 0;
+    double warmup_fraction = 0.01;
     std::string lr_decay = "cosine";  // cosine | linear | constant
-    double lr_min_ratio = 0.0;        // final lr as a fraction of lr
-    int64_t l1_warmup_steps = 0;      // L1 coefficient ramps linearly from 0 over these steps
-    double grad_clip = 1.0;           // global gradient norm; 0 disables
+    // The decay runs over the last (1 - decay_start) of the run: the LR holds at lr until
+    // this fraction of the steps, then decays to lr * lr_min_ratio (0: decay from warmup on).
+    double decay_start = 0.8;
+    double lr_min_ratio = 0.0;    // final lr as a fraction of lr
+    int64_t l1_warmup_steps = 0;  // L1 coefficient ramps linearly from 0 over these steps
+    double grad_clip = 1.0;       // global gradient norm; 0 disables
     double beta1 = 0.9;
     double beta2 = 0.999;
     double eps = 1.0e-8;
-    double weight_decay = 0.0;       // decoupled (AdamW); applied to weights, not biases
-    bool normalize_decoder = true;   // unit-norm decoder rows after every step
+    double weight_decay = 0.0;      // decoupled (AdamW); applied to weights, not biases
+    bool normalize_decoder = true;  // unit-norm decoder rows after every step
+    // W_enc at init: transpose (W_dec^T) | fitted (c W_dec^T, c the least-squares scale of the
+    // first batch's reconstruction; exact because ReLU and TopK are positively homogeneous)
+    std::string encoder_init = "fitted";
     int64_t dead_tokens = 10000000;  // a latent not fired for this many tokens counts as dead
     int64_t max_bad_steps = 10;      // stop after this many non-finite losses/gradients in a row
 

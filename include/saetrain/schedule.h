@@ -8,8 +8,11 @@
 namespace saetrain {
 
 // Learning rate for 0-based `step` of `total_steps`: linear warmup to cfg.lr over
-// cfg.warmup_steps, then cfg.lr_decay (cosine | linear | constant) down to lr * lr_min_ratio.
+// warmup_steps_for(cfg, total_steps), cfg.lr until cfg.decay_start of the run, then
+// cfg.lr_decay (cosine | linear | constant) down to lr * lr_min_ratio at the last step.
 double lr_at(const SaeConfig& cfg, int64_t step, int64_t total_steps);
+// cfg.warmup_steps when > 0, else cfg.warmup_fraction of the run (rounded).
+int64_t warmup_steps_for(const SaeConfig& cfg, int64_t total_steps);
 // L1 coefficient for `step`: ramps linearly from 0 over cfg.l1_warmup_steps.
 double l1_at(const SaeConfig& cfg, int64_t step);
 

@@ -63,7 +63,8 @@ public:
     ~SaeTrainer();
 
     // Initializes the parameters: decoder rows random unit vectors (from the seed), W_enc as
-    // W_dec transposed, b_enc = 0, b_dec = the mean of x [rows, d] over all replicas.
+    // W_dec transposed (times the fitted scale, train.encoder_init), b_enc = 0, b_dec = the
+    // mean of x [rows, d] over all replicas.
     void init(const float* x_host, int64_t rows);
     // One optimizer step on x [rows, d_model] (host memory) of this replica. Replicas may hold
     // different row counts (even 0): the step minimizes the mean loss over all their rows.
@@ -119,6 +120,8 @@ private:
     // The encoder and decoder on x_dev [rows, d]: the activations in pre_ (ReLU) or
     // topk_idx_/topk_val_ (TopK), x_hat in xhat_.
     void forward(const float* x_dev, int64_t rows);
+    // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it).
+    void fit_encoder_scale(const float* x_host, int64_t rows, std::vector<float>& p);
     // compute_gradients in two halves: queue the passes; then read the step's sums back.
     void launch_gradients(const float* x_dev, int64_t rows, int64_t norm_rows);
     StepResult collect_gradients();

@@ -144,6 +144,7 @@ Field make_field(const char* section, const char* key, Access access,
 const std::vector<std::string> kAny;
 const std::vector<std::string> kArchChoices = {"relu", "topk"};
 const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant"};
+const std::vector<std::string> kEncoderInitChoices = {"fitted", "transpose"};
 const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
 const std::vector<std::string> kModeChoices = {"sweep", "data_parallel", "hybrid"};
 const std::vector<std::string> kSweepDataChoices = {"shared", "disjoint"};
@@ -186,7 +187,9 @@ const std::vector<Field>& fields() {
         SAE_KEY("sae", l1_coeff, kAny),
         SAE_KEY("train", lr, kAny),
         SAE_KEY("train", warmup_steps, kAny),
+        SAE_KEY("train", warmup_fraction, kAny),
         SAE_KEY("train", lr_decay, kDecayChoices),
+        SAE_KEY("train", decay_start, kAny),
         SAE_KEY("train", lr_min_ratio, kAny),
         SAE_KEY("train", l1_warmup_steps, kAny),
         SAE_KEY("train", grad_clip, kAny),
@@ -195,6 +198,7 @@ const std::vector<Field>& fields() {
         SAE_KEY("train", eps, kAny),
         SAE_KEY("train", weight_decay, kAny),
         SAE_KEY("train", normalize_decoder, kAny),
+        SAE_KEY("train", encoder_init, kEncoderInitChoices),
         SAE_KEY("train", dead_tokens, kAny),
         SAE_KEY("train", max_bad_steps, kAny),
         CFG_KEY(parallel, mode, kModeChoices),
@@ -623,6 +627,10 @@ private:
             check(s.l1_coeff >= 0, "sae.l1_coeff", ">= 0", s.l1_coeff);
             check(s.lr > 0, "train.lr", "> 0", s.lr);
             check(s.warmup_steps >= 0, "train.warmup_steps", ">= 0", s.warmup_steps);
+            check(s.warmup_fraction >= 0 && s.warmup_fraction < 1, "train.warmup_fraction",
+                  "in [0, 1)", s.warmup_fraction);
+            check(s.decay_start >= 0 && s.decay_start <= 1, "train.decay_start", "in [0, 1]",
+                  s.decay_start);
             check(s.lr_min_ratio >= 0 && s.lr_min_ratio <= 1, "train.lr_min_ratio", "in [0, 1]",
                   s.lr_min_ratio);
             check(s.l1_warmup_steps >= 0, "train.l1_warmup_steps", ">= 0", s.l1_warmup_steps);

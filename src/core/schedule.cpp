@@ -5,13 +5,22 @@
 
 namespace saetrain {
 
+int64_t warmup_steps_for(const SaeConfig& cfg, int64_t total_steps) {
+    if (cfg.warmup_steps > 0) return cfg.warmup_steps;
+    return std::llround(cfg.warmup_fraction *
+                        static_cast<double>(std::max<int64_t>(total_steps, 0)));
+}
+
 double lr_at(const SaeConfig& cfg, int64_t step, int64_t total_steps) {
-    if (cfg.warmup_steps > 0 && step < cfg.warmup_steps)
-        return cfg.lr * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
+    const int64_t warmup = warmup_steps_for(cfg, total_steps);
+    if (warmup > 0 && step < warmup)
+        return cfg.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
     const double lo = cfg.lr * cfg.lr_min_ratio;
-    const int64_t decay_steps = std::max<int64_t>(1, total_steps - cfg.warmup_steps);
+    const auto hold_until =
+        std::max<int64_t>(warmup, std::llround(cfg.decay_start * static_cast<double>(total_steps)));
+    const int64_t decay_steps = std::max<int64_t>(1, total_steps - hold_until);
     const double t = std::clamp(
-        static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
+        static_cast<double>(step - hold_until) / static_cast<double>(decay_steps), 0.0, 1.0);
     if (cfg.lr_decay == "cosine") return lo + (cfg.lr - lo) * 0.5 * (1.0 + std::cos(M_PI * t));
     if (cfg.lr_decay == "linear") return cfg.lr + (lo - cfg.lr) * t;
     return cfg.lr;  // constant

@@ -105,6 +105,34 @@ void SaeTrainer::init(const float* x, int64_t rows) {
     float* b_dec = p.data() + 2 * n_ * d_ + n_;
     for (int64_t c = 0; c < d_; ++c) b_dec[c] = static_cast<float>(sums[c] / sums[d_]);
     set_params_host(p);
+    if (cfg_.encoder_init == "fitted") fit_encoder_scale(x, rows, p);
+}
+
+void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<float>& p) {
+    // With b_enc = 0, scaling W_enc by c scales every activation by c (ReLU and TopK are
+    // positively homogeneous), so x_hat - b_dec = c * u with u the reconstruction at c = 1.
+    // The c minimizing sum ||c u - (x - b_dec)||^2 over the batch is <u, x - b_dec> / ||u||^2:
+    // random unit decoder rows start the reconstruction at its best scale instead of
+    // (n_latents / d_model)-fold too large (ReLU) or off by the batch's norm (TopK).
+    const float* b_dec = p.data() + 2 * n_ * d_ + n_;
+    double uv[2] = {0, 0};  // <u, x - b_dec>, ||u||^2 over all replicas' rows
+    if (rows > 0) {
+        ensure_batch(rows);
+        be_.upload(x_.data(), x, rows * d_ * static_cast<int64_t>(sizeof(float)));
+        forward(x_.data(), rows);
+        std::vector<float> xhat(static_cast<size_t>(rows * d_));
+        be_.download(xhat.data(), xhat_.data(), rows * d_ * static_cast<int64_t>(sizeof(float)));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d_; ++c) {
+                const double u = double(xhat[r * d_ + c]) - b_dec[c];
+                uv[0] += u * (double(x[r * d_ + c]) - b_dec[c]), uv[1] += u * u;
+            }
+    }
+    comm_.allreduce_sum(uv, 2);
+    if (!(uv[0] > 0 && uv[1] > 0)) return;  // nothing fired, or pointing away: keep c = 1
+    const auto scale = static_cast<float>(uv[0] / uv[1]);
+    for (int64_t i = 0; i < n_ * d_; ++i) p[i] *= scale;  // W_enc, latent-major
+    set_params_host(p);
 }
 
 StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t norm_rows) {

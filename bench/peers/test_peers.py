@@ -1,0 +1,193 @@
+"""Tests of the peer benchmark's Python side on tiny data (a few seconds of training):
+
+    .venv/bin/python -m pytest bench/peers/test_peers.py
+
+- shuffle_shards.py writes exactly the permuted rows (float32, float16 and bf16 inputs);
+- sae_eval.evaluate equals each peer's own forward (SAELens TopK with decoder-norm rescaling,
+  SAELens standard, sparsify SparseCoder) and SAELens's own loader of a SAELens-format dir;
+- train_peer.py trains with both tools (and both archs for SAELens), every row once, the last
+  partial batch included; eval_export.py and table.py run on the results.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+h5py = pytest.importorskip("h5py")
+torch = pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+os.environ.setdefault("SPARSIFY_DISABLE_TRITON", "1")
+from sae_eval import evaluate, evaluate_saelens_dir, read_rows  # noqa: E402
+
+D = 16
+
+
+def _rows(rng, n):
+    f = rng.standard_normal((40, D))
+    f /= np.linalg.norm(f, axis=1, keepdims=True)
+    z = (rng.random((n, 40)) < 0.1) * rng.exponential(1.0, (n, 40))
+    return (z @ f + 0.05 * rng.standard_normal((n, D)) + 0.2).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peers")
+    rng = np.random.default_rng(0)
+    raw, ev = root / "raw", root / "eval"
+    raw.mkdir()
+    ev.mkdir()
+    a, b, c = _rows(rng, 700), _rows(rng, 500).astype(np.float16), _rows(rng, 300)
+    cb = (c.view(np.uint32) >> 16).astype(np.uint16)
+    with h5py.File(raw / "s0.h5", "w") as f:
+        ds = f.create_dataset("activations", data=a)
+        ds.attrs["model"], ds.attrs["hook"] = "fake", "h"
+    with h5py.File(raw / "s1.h5", "w") as f:
+        f.create_dataset("activations", data=b)
+    with h5py.File(raw / "s2.h5", "w") as f:
+        f.create_dataset("activations", data=cb).attrs["dtype"] = "bfloat16"
+    with h5py.File(ev / "e.h5", "w") as f:
+        f.create_dataset("activations", data=_rows(rng, 400))
+    orig = np.concatenate([a, b.astype(np.float32), (cb.astype(np.uint32) << 16).view(np.float32)])
+    shuf = root / "shuf"
+    subprocess.run([sys.executable, os.path.join(HERE, "shuffle_shards.py"), str(raw), str(shuf),
+                    "--seed", "3", "--rows-per-shard", "600"], check=True)
+    return {"root": root, "orig": orig, "shuf": shuf, "eval": ev}
+
+
+def _run(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_shuffle_is_one_permutation(data):
+    perm = np.random.default_rng(3).permutation(len(data["orig"]))
+    names = sorted(os.listdir(data["shuf"]))
+    assert names == ["shard-00000.h5", "shard-00001.h5", "shard-00002.h5"]  # 600, 600, 300
+    got = read_rows(str(data["shuf"]))
+    assert got.dtype == np.float32 and np.array_equal(got, data["orig"][perm])
+    with h5py.File(data["shuf"] / names[0]) as f:
+        assert f["activations"].attrs["dtype"] == "float32"
+        assert f["activations"].attrs["model"] == "fake"
+        assert int(f["activations"].attrs["d_model"]) == D
+
+
+def _ref(x, x_hat, z):
+    x, x_hat = x.double(), x_hat.double()
+    fvu = float((x_hat - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+    return fvu, float((z != 0).sum(1).double().mean())
+
+
+def test_evaluator_matches_each_tools_forward(data):
+    from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
+    from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+    from sparsify import SparseCoder, SparseCoderConfig
+
+    torch.manual_seed(0)
+    x = torch.from_numpy(read_rows(str(data["eval"])))
+    for arch in ("topk", "relu"):
+        sae = (TopKTrainingSAE(TopKTrainingSAEConfig(d_in=D, d_sae=64, k=6)) if arch == "topk"
+               else StandardTrainingSAE(StandardTrainingSAEConfig(d_in=D, d_sae=64)))
+        with torch.no_grad():
+            for p in sae.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+            sae.W_dec.mul_(torch.rand(64, 1) + 0.5)  # decoder norms away from 1
+            z = sae.encode(x)
+            want = _ref(x, sae.decode(z), z)
+        sd = {k: v.clone() for k, v in sae.state_dict().items()}
+        sae.process_state_dict_for_saving_inference(sd)
+        m = evaluate(sd["W_enc"], sd["b_enc"], sd["W_dec"], sd["b_dec"], arch, x, k=6,
+                     batch_size=97)
+        assert m["eval_fvu"] == pytest.approx(want[0], rel=1e-5)
+        assert m["eval_l0"] == pytest.approx(want[1])
+    sc = SparseCoder(D, SparseCoderConfig(expansion_factor=4, k=6))
+    with torch.no_grad():
+        for p in sc.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        out = sc(x)
+        z = torch.zeros(len(x), 64).scatter_(1, out.latent_indices, out.latent_acts)
+        want = _ref(x, out.sae_out, z)
+    m = evaluate(sc.encoder.weight.T, sc.encoder.bias, sc.W_dec, sc.b_dec, "topk", x, k=6)
+    assert m["eval_fvu"] == pytest.approx(want[0], rel=1e-5)
+    assert m["eval_fvu"] == pytest.approx(float(out.fvu), rel=1e-4)  # sparsify's own fvu
+    assert m["eval_l0"] == pytest.approx(want[1])
+
+
+def _write_saelens_dir(path, arch, rng, n=64):
+    from safetensors.numpy import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    w_dec = rng.standard_normal((n, D)).astype(np.float32)
+    w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+    save_file({"W_enc": np.ascontiguousarray(w_dec.T), "b_enc": np.full(n, -0.1, np.float32),
+               "W_dec": w_dec, "b_dec": np.full(D, 0.2, np.float32)},
+              str(path / "sae_weights.safetensors"))
+    cfg = {"architecture": arch, "d_in": D, "d_sae": n, "dtype": "float32", "device": "cpu",
+           "apply_b_dec_to_input": True, "normalize_activations": "none",
+           "reshape_activations": "none",
+           "metadata": {"saetrain_id": "x", "saetrain_step": 3, "saetrain_tokens": 1500}}
+    if arch == "topk":
+        cfg.update(k=6, rescale_acts_by_decoder_norm=False)
+    (path / "cfg.json").write_text(json.dumps(cfg))
+
+
+def test_saelens_dir_matches_saelens_loader(data):
+    from sae_lens.saes.sae import SAE
+
+    x = torch.from_numpy(read_rows(str(data["eval"])))
+    rng = np.random.default_rng(5)
+    for arch in ("topk", "standard"):
+        d = data["root"] / f"export-{arch}"
+        _write_saelens_dir(d, arch, rng)
+        m, _ = evaluate_saelens_dir(str(d), x.numpy())
+        sae = SAE.load_from_disk(str(d))
+        with torch.no_grad():
+            z = sae.encode(x)
+            want = _ref(x, sae.decode(z), z)
+        assert m["eval_fvu"] == pytest.approx(want[0], rel=1e-5)
+        assert m["eval_l0"] == pytest.approx(want[1])
+
+
+def test_train_peers_eval_export_and_table(data):
+    res = data["root"] / "results"
+    runs = [("saelens", "topk", []), ("saelens", "relu", ["--l1-coeff", "1"]),
+            ("sparsify", "topk", ["--optimizer", "adam"]),
+            ("sparsify", "topk", ["--optimizer", "signum", "--lr", "auto"])]
+    for i, (tool, arch, extra) in enumerate(runs):
+        out = res / f"{tool}-{arch}-{i}.json"
+        _run(os.path.join(HERE, "train_peer.py"), "--tool", tool, "--arch", arch,
+             "--train", str(data["shuf"]), "--eval", str(data["eval"]), "--batch-size", "256",
+             "--expansion", "4", "--k", "6", "--threads", "1", "--json", str(out), *extra)
+        r = json.loads(out.read_text())
+        assert r["tokens"] == 1500 and r["steps"] == 6  # 5 full batches + the partial one
+        assert r["n_latents"] == 4 * D and r["eval_rows"] == 400
+        assert np.isfinite(r["eval_fvu"]) and r["tokens_per_s"] > 0
+        if arch == "topk":
+            assert 0 < r["eval_l0"] <= 6
+    summary = data["root"] / "summary.csv"
+    summary.write_text("sae,arch,n_latents,k,l1_coeff,lr,steps,tokens,fvu,l0,tokens_per_s,"
+                       "eval_fvu,eval_l0\nx,topk,64,6,,0.0004,6,1500,0.5,6,1000,0.25,6\n")
+    _run(os.path.join(HERE, "eval_export.py"), str(data["root"] / "export-topk"),
+         "--eval", str(data["eval"]), "--summary", str(summary), "--threads", "1",
+         "--json", str(res / "saetrain-topk.json"))
+    r = json.loads((res / "saetrain-topk.json").read_text())
+    assert r["tool"] == "saetrain" and r["cpp_eval_fvu"] == 0.25 and r["tokens_per_s"] == 1000
+    table = _run(os.path.join(HERE, "table.py"), str(res))
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    assert len(lines) == 1 + 5 and "speed vs SAELens" in lines[0]
+    assert any(ln.startswith("| saetrain | topk | k=6, x4 |") for ln in lines)
+    assert "saelens ReLU-L1: eval L0" in table
+
+
+def test_sparsify_has_no_relu(data, tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(HERE, "train_peer.py"), "--tool",
+                        "sparsify", "--arch", "relu", "--train", str(data["shuf"]), "--eval",
+                        str(data["eval"]), "--json", str(tmp_path / "x.json")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "no ReLU-L1" in r.stderr
