@@ -69,7 +69,6 @@ Output: one table row per SAE on stdout; --json writes the same as a list of dic
 null). Errors print one line `splice_eval: error: ...` and exit 1.
 """
 import argparse
-import glob as globmod
 import json
 import math
 import os
@@ -90,8 +89,10 @@ NORMS = ("none", "expected_average_only_in", "constant_norm_rescale")
 TOKEN_CHUNK = 2048  # tokens per SAE matmul, bounds the [tokens, d_sae] temporaries
 
 
-class Fail(Exception):
-    """A user-facing error: printed as one line, exit 1."""
+# The text readers and the one-line error of the extraction tool beside this file, so both
+# tools read --text alike.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from extract_activations import Fail, documents, expand_text_args  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,56 +265,13 @@ class Sae:
 # Texts and batches
 
 
-def list_text_files(paths):
-    """The files named by the --text arguments, in the given order; the files of a directory
-    (non-hidden, recursively) or a glob in sorted order -- as tools/extract_activations.py."""
-    files = []
-    for arg in map(str, paths):
-        if os.path.isdir(arg):
-            found = []
-            for root, dirs, names in os.walk(arg):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found += [os.path.join(root, n) for n in names if not n.startswith(".")]
-            if not found:
-                raise Fail(f"{arg}: directory holds no text files")
-            files += sorted(found)
-        elif os.path.isfile(arg):
-            files.append(arg)
-        elif any(c in arg for c in "*?["):
-            found = sorted(f for f in globmod.glob(arg, recursive=True) if os.path.isfile(f))
-            if not found:
-                raise Fail(f"{arg}: the glob matches no files")
-            files += found
-        else:
-            raise Fail(f"{arg}: no such text file or directory")
-    return files
-
-
 def read_texts(paths):
-    """The texts of the --text arguments: paragraphs of plain-text files (blocks of lines
-    separated by blank lines, stripped), "text" fields of .jsonl lines; empty ones skipped."""
+    """The texts of the --text arguments, read as tools/extract_activations.py reads them:
+    paragraphs of plain-text files (blocks of lines separated by blank lines), the "text"
+    field of .jsonl lines (and .parquet columns); stripped, empty ones skipped."""
     texts = []
-    for f in list_text_files(paths):
-        try:
-            with open(f, encoding="utf-8") as fh:
-                raw = fh.read()
-        except UnicodeDecodeError as e:
-            raise Fail(f"{f}: not UTF-8 text (byte {e.start})")
-        except OSError as e:
-            raise Fail(f"{f}: cannot read ({e.strerror})")
-        if f.endswith(".jsonl"):
-            for i, line in enumerate(raw.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as e:
-                    raise Fail(f"{f}:{i}: not valid JSON ({e})")
-                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                    raise Fail(f"{f}:{i}: no string field 'text'")
-                texts.append(obj["text"].strip())
-        else:
-            texts += [p.strip() for p in re.split(r"\n[ \t\r\f\v]*\n", raw)]
+    for f in expand_text_args([str(p) for p in paths]):
+        texts += [t.strip() for t in documents(f, "paragraph", "text")]
     texts = [t for t in texts if t]
     if not texts:
         raise Fail(f"no texts in {' '.join(str(p) for p in paths)}")
