@@ -424,7 +424,8 @@ int run(const Args& args, Communicator& world) {
         }
         if (s.eval_rows > 0)
             fmt::print(
-                "held-out: {} rows from {}, never trained on ({:.1f} MB in memory per SAE)\n",
+                "held-out: {} rows from {}, never trained on ({:.1f} MB in memory, split among "
+                "an SAE's replicas)\n",
                 s.eval_rows, s.eval_source,
                 static_cast<double>(s.eval_rows * s.data.d_model * 4) / 1e6);
     }
@@ -536,11 +537,7 @@ int run(const Args& args, Communicator& world) {
             mine.tokens_per_s = logged->tokens_per_s, mine.wait_fraction = logged->wait_fraction;
             mine.tflops = logged->tflops;
         }
-        if (res.eval.rows > 0) {
-            mine.last.eval_rows = res.eval.rows, mine.last.eval_fvu = res.eval.fvu;
-            mine.last.eval_l0 = res.eval.l0, mine.last.eval_dead_fraction = res.eval.dead_fraction;
-            mine.last.eval_dense_fraction = res.eval.dense_fraction;
-        }
+        if (res.eval.rows > 0) attach_eval(mine.last, res.eval);
     }
     if (writer) {
         const SaeWeights w = trainer.weights();

@@ -35,6 +35,8 @@ def setting(r):
         s += f", x{r['expansion']}"
     if r.get("optimizer"):
         s += f", {r['optimizer']}"
+    if isinstance(r.get("lr"), (int, float)):
+        s += f", lr {r['lr']:.2g}"
     if r.get("setting_extra"):
         s += f", {r['setting_extra']}"
     return s

@@ -181,7 +181,7 @@ def test_train_peers_eval_export_and_table(data):
     table = _run(os.path.join(HERE, "table.py"), str(res))
     lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
     assert len(lines) == 1 + 5 and "speed vs SAELens" in lines[0]
-    assert any(ln.startswith("| saetrain | topk | k=6, x4 |") for ln in lines)
+    assert any(ln.startswith("| saetrain | topk | k=6, x4, lr 0.0004 |") for ln in lines)
     assert "saelens ReLU-L1: eval L0" in table
 
 

@@ -80,6 +80,9 @@ struct LoopOptions {
 // its mean over replicas).
 LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOptions& opt);
 
+// Copies an evaluation into the eval_* fields of a metrics row.
+void attach_eval(MetricsRow& m, const EvalResult& e);
+
 // Steps the loop will take for a source of `rows` rows.
 int64_t total_steps_for(int64_t rows, int64_t batch_size);
 

@@ -46,12 +46,12 @@ bool all_finite(const float* x, int64_t n, int threads) {
     return bad == 0;
 }
 
-void attach(MetricsRow& m, const EvalResult& e) {
+}  // namespace
+
+void attach_eval(MetricsRow& m, const EvalResult& e) {
     m.eval_rows = e.rows, m.eval_fvu = e.fvu, m.eval_l0 = e.l0;
     m.eval_dead_fraction = e.dead_fraction, m.eval_dense_fraction = e.dense_fraction;
 }
-
-}  // namespace
 
 int64_t total_steps_for(int64_t rows, int64_t batch_size) {
     return (rows + batch_size - 1) / batch_size;
@@ -93,10 +93,10 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
     double eval_in_interval = 0;
     auto evaluate = [&] {
         const auto t = Clock::now();
-        EvalResult e = opt.evaluate(trainer);
+        res.eval = opt.evaluate(trainer);
         const double s = seconds_since(t);
         eval_in_interval += s, res.eval_s += s;
-        return e;
+        return res.eval;
     };
     auto emit = [&](const EvalResult* e) {
         const double dt = seconds_since(t_interval) - eval_in_interval;
@@ -124,7 +124,7 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
         m.tflops = flops_per_token * m.tokens_per_s / 1e12;
         m.gpu_mem_peak_GB = static_cast<double>(trainer.backend().device_memory_peak_bytes()) / 1e9;
         m.host_mem_peak_GB = static_cast<double>(host_peak_rss_bytes()) / 1e9;
-        if (e) attach(m, *e);
+        if (e) attach_eval(m, *e);
         const double per_step = m.step > 0 ? elapsed / static_cast<double>(m.step) : 0.0;
         m.eta_s = per_step * static_cast<double>(std::max<int64_t>(total_steps - m.step, 0));
         if (opt.report) opt.report(m);
@@ -215,15 +215,12 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
     if (opt.evaluate && initialized) {
         const bool evaluated_last = !partial && iter > opt.start_iteration && opt.eval_every > 0 &&
                                     iter % opt.eval_every == 0;
-        res.eval = evaluated_last
-                       ? EvalResult{res.last.eval_rows, res.last.eval_fvu, res.last.eval_l0,
-                                    res.last.eval_dead_fraction, res.last.eval_dense_fraction}
-                       : evaluate();
+        if (!evaluated_last) evaluate();  // else res.eval holds that evaluation already
         if (partial) {
             emit(&res.eval);
         } else if (!evaluated_last && iter > opt.start_iteration) {
             MetricsRow m = res.last;
-            attach(m, res.eval);
+            attach_eval(m, res.eval);
             if (opt.report) opt.report(m);
             res.last = m;
         }

@@ -191,8 +191,8 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
             be_.download(act.data(), pre_.data(), B * n * static_cast<int64_t>(sizeof(float)));
         } else {
             idx.resize(act.size());
-            be_.download(act.data(), topk_val_.data(), B * per_row * 4);
-            be_.download(idx.data(), topk_idx_.data(), B * per_row * 4);
+            be_.download(act.data(), topk_val_.data(), B * per_row * int64_t{sizeof(float)});
+            be_.download(idx.data(), topk_idx_.data(), B * per_row * int64_t{sizeof(int32_t)});
         }
         for (int64_t i = 0; i < B * per_row; ++i) {
             if (!(act[i] > 0)) continue;
