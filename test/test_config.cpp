@@ -143,6 +143,7 @@ train:
   encoder_init: transpose
   lr_min_ratio: 0.1
   l1_warmup_steps: 250
+  l1_warmup_fraction: 0.3
   grad_clip: 0
   beta1: 0.8
   beta2: 0.95
@@ -181,6 +182,7 @@ checkpoint: {every_steps: 11, keep: 2}
     EXPECT_EQ(c.sae.encoder_init, "transpose");
     EXPECT_DOUBLE_EQ(c.sae.lr_min_ratio, 0.1);
     EXPECT_EQ(c.sae.l1_warmup_steps, 250);
+    EXPECT_DOUBLE_EQ(c.sae.l1_warmup_fraction, 0.3);
     EXPECT_DOUBLE_EQ(c.sae.grad_clip, 0.0);
     EXPECT_DOUBLE_EQ(c.sae.beta1, 0.8);
     EXPECT_DOUBLE_EQ(c.sae.beta2, 0.95);
@@ -731,4 +733,20 @@ TEST(Schedule, WarmupHoldThenDecay) {
     EXPECT_NEAR(lr_at(c, 50, total), 0.55, 1e-12);  // cosine from the first step
     c.lr_decay = "constant";
     EXPECT_DOUBLE_EQ(lr_at(c, 99, total), 1.0);
+}
+
+// The L1 coefficient ramps from 0 over l1_warmup_fraction of the run, or l1_warmup_steps.
+TEST(Schedule, L1WarmupRamp) {
+    using namespace saetrain;
+    SaeConfig c;
+    c.l1_coeff = 4.0;
+    c.l1_warmup_fraction = 0.2;
+    EXPECT_DOUBLE_EQ(l1_at(c, 0, 100), 0.2);  // step 1 of a 20-step ramp
+    EXPECT_DOUBLE_EQ(l1_at(c, 9, 100), 2.0);
+    EXPECT_DOUBLE_EQ(l1_at(c, 19, 100), 4.0);
+    EXPECT_DOUBLE_EQ(l1_at(c, 80, 100), 4.0);
+    c.l1_warmup_steps = 4;
+    EXPECT_DOUBLE_EQ(l1_at(c, 1, 100), 2.0);
+    c.l1_warmup_steps = 0, c.l1_warmup_fraction = 0;
+    EXPECT_DOUBLE_EQ(l1_at(c, 0, 100), 4.0);
 }

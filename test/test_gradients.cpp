@@ -69,6 +69,7 @@ void check_gradients(Arch arch) {
     cfg.n_latents = s.n;
     cfg.k = s.k;
     cfg.l1_coeff = arch == Arch::relu ? 0.7 : 0.0;
+    cfg.l1_warmup_fraction = 0;     // the full coefficient from step 0, as the reference has it
     cfg.normalize_decoder = false;  // keep the norm-weighted L1 gradient visible
     auto be = make_cpu_backend(2);
     auto self = make_self_comm();

@@ -13,7 +13,8 @@ namespace saetrain {
 double lr_at(const SaeConfig& cfg, int64_t step, int64_t total_steps);
 // cfg.warmup_steps when > 0, else cfg.warmup_fraction of the run (rounded).
 int64_t warmup_steps_for(const SaeConfig& cfg, int64_t total_steps);
-// L1 coefficient for `step`: ramps linearly from 0 over cfg.l1_warmup_steps.
-double l1_at(const SaeConfig& cfg, int64_t step);
+// L1 coefficient for `step` of `total_steps`: ramps linearly from 0 over cfg.l1_warmup_steps
+// (when > 0, else cfg.l1_warmup_fraction of the run).
+double l1_at(const SaeConfig& cfg, int64_t step, int64_t total_steps);
 
 }  // namespace saetrain

@@ -192,6 +192,7 @@ const std::vector<Field>& fields() {
         SAE_KEY("train", decay_start, kAny),
         SAE_KEY("train", lr_min_ratio, kAny),
         SAE_KEY("train", l1_warmup_steps, kAny),
+        SAE_KEY("train", l1_warmup_fraction, kAny),
         SAE_KEY("train", grad_clip, kAny),
         SAE_KEY("train", beta1, kAny),
         SAE_KEY("train", beta2, kAny),
@@ -634,6 +635,8 @@ private:
             check(s.lr_min_ratio >= 0 && s.lr_min_ratio <= 1, "train.lr_min_ratio", "in [0, 1]",
                   s.lr_min_ratio);
             check(s.l1_warmup_steps >= 0, "train.l1_warmup_steps", ">= 0", s.l1_warmup_steps);
+            check(s.l1_warmup_fraction >= 0 && s.l1_warmup_fraction <= 1,
+                  "train.l1_warmup_fraction", "in [0, 1]", s.l1_warmup_fraction);
             check(s.grad_clip >= 0, "train.grad_clip", ">= 0 (0 disables clipping)", s.grad_clip);
             check(s.beta1 >= 0 && s.beta1 < 1, "train.beta1", "in [0, 1)", s.beta1);
             check(s.beta2 >= 0 && s.beta2 < 1, "train.beta2", "in [0, 1)", s.beta2);

@@ -26,10 +26,13 @@ double lr_at(const SaeConfig& cfg, int64_t step, int64_t total_steps) {
     return cfg.lr;  // constant
 }
 
-double l1_at(const SaeConfig& cfg, int64_t step) {
-    if (cfg.l1_warmup_steps <= 0) return cfg.l1_coeff;
-    return cfg.l1_coeff *
-           std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(cfg.l1_warmup_steps));
+double l1_at(const SaeConfig& cfg, int64_t step, int64_t total_steps) {
+    const int64_t ramp = cfg.l1_warmup_steps > 0
+                             ? cfg.l1_warmup_steps
+                             : std::llround(cfg.l1_warmup_fraction *
+                                            static_cast<double>(std::max<int64_t>(total_steps, 0)));
+    if (ramp <= 0) return cfg.l1_coeff;
+    return cfg.l1_coeff * std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(ramp));
 }
 
 }  // namespace saetrain

@@ -224,7 +224,7 @@ void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_row
     Views P(params_, n, d), G(grads_, n, d);
     // d/dx_hat of sum_t ||err_t||^2 / norm_rows
     const float grad_scale = 2.0f / static_cast<float>(norm_rows);
-    const double l1 = cfg_.arch == Arch::relu ? l1_at(cfg_, step_) : 0.0;
+    const double l1 = cfg_.arch == Arch::relu ? l1_at(cfg_, step_, total_steps_) : 0.0;
     pending_rows_ = rows, pending_l1_ = l1;
     be_.fill(stats_.data(), kStatCount, 0.0f);
 

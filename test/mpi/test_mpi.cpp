@@ -162,6 +162,7 @@ SaeConfig small_sae(Arch arch) {
     c.l1_coeff = 0.5;
     c.lr = 1e-2;
     c.warmup_steps = 0;
+    c.l1_warmup_fraction = 0;     // the reference trainer starts at step 0: the same coefficient
     c.normalize_decoder = false;  // keep the raw summed gradient in the buffer for comparison
     return c;
 }
