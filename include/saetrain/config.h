@@ -56,12 +56,12 @@ struct SaeConfig {
     // The decay runs over the last (1 - decay_start) of the run: the LR holds at lr until
     // this fraction of the steps, then decays to lr * lr_min_ratio (0: decay from warmup on).
     double decay_start = 0.8;
-    double lr_min_ratio = 0.0;    // final lr as a fraction of lr
+    double lr_min_ratio = 0.0;  // final lr as a fraction of lr
     // ReLU: the L1 coefficient ramps linearly from 0 over l1_warmup_steps when > 0, else over
     // this fraction of the run's steps.
     int64_t l1_warmup_steps = 0;
     double l1_warmup_fraction = 0.2;
-    double grad_clip = 1.0;       // global gradient norm; 0 disables
+    double grad_clip = 1.0;  // global gradient norm; 0 disables
     double beta1 = 0.9;
     double beta2 = 0.999;
     double eps = 1.0e-8;
