@@ -2,14 +2,16 @@
 //
 // A paper model (include/saetrain/perfmodel.h), not a measurement: every figure it prints is a
 // prediction from peak hardware figures. Example:
-//   sae-perfmodel --gpu H100 --d-model 4096 --n-latents 131072 --k 64 --arch topk
+//   sae-perfmodel --gpu H100 --d-model 4096 --n-latents 131072 --k 64 --arch batchtopk
 //                 --bytes-per-element 2 --disk-gbps 7 --mode data_parallel --ranks 8
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 
+#include "saetrain/arch.h"
 #include "saetrain/error.h"      // defines: saetrain::Error
 #include "saetrain/perfmodel.h"  // defines: gpu_peak_table, predict, PerfInputs
 
@@ -40,13 +42,13 @@ void print_presets() {
 int main(int argc, char** argv) {
     CLI::App app{"sae-perfmodel: predicted SAE training throughput per GPU (a paper model)"};
     PerfInputs in;
-    std::string gpu = "H100", math = "bf16", arch = "topk", mode = "sweep";
+    std::string gpu = "H100", math = "bf16", arch = kDefaultArch, mode = "sweep";
     double tflops = 0, hbm = 0, pcie = 0, nic = 0;
     bool list = false, json = false;
     app.add_option("--d-model", in.d_model, "activation width d")->capture_default_str();
     app.add_option("--n-latents", in.n_latents, "SAE latents n")->capture_default_str();
     app.add_option("--k", in.k, "active latents per token (topk)")->capture_default_str();
-    app.add_option("--arch", arch, "relu | jumprelu (dense) | topk | batchtopk (sparse kernels)")
+    app.add_option("--arch", arch, fmt::format("{} (sae.arch)", fmt::join(arch_names(), " | ")))
         ->capture_default_str();
     app.add_option("--batch", in.batch, "rows per rank per step")->capture_default_str();
     app.add_option("--bytes-per-element", in.bytes_per_element,
@@ -86,13 +88,11 @@ int main(int argc, char** argv) {
         in.hbm_gbps = hbm > 0 ? hbm : g->hbm_gbps;
         in.pcie_gbps = pcie > 0 ? pcie : g->pcie_gbps;
         in.nic_gbps = nic > 0 ? nic : g->nic_gbps;
-        if (arch == "relu" || arch == "jumprelu") {
-            in.kind = SaeKind::dense;
-        } else {
-            SAE_ENFORCE(arch == "topk" || arch == "batchtopk",
-                        "--arch must be relu, jumprelu, topk or batchtopk, not '{}'", arch);
-            in.kind = SaeKind::topk;
-        }
+        const Architecture& a = arch_get(arch);
+        in.kind = a.sparse() ? SaeKind::topk : SaeKind::dense;
+        SaeConfig sc;
+        sc.arch = arch, sc.k = in.k;
+        in.flops_per_token = a.flops_per_token(sc, in.d_model, in.n_latents);
         if (mode == "sweep") {
             in.mode = ParallelMode::sweep_shared;
         } else if (mode == "sweep_disjoint") {

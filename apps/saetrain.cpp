@@ -9,6 +9,7 @@
 #include <sched.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <optional>
 
+#include "saetrain/arch.h"          // defines: arch_get (the architecture registry)
 #include "saetrain/backend.h"       // defines: Backend, make_cpu_backend
 #include "saetrain/build_config.h"  // defines: SAETRAIN_HAS_CUDA, SAETRAIN_VERSION
 #include "saetrain/checkpoint.h"    // defines: sae_write_h5
@@ -437,8 +439,7 @@ int run(const Args& args, Communicator& world) {
     const fs::path sae_dir = out / "sae" / id;
     const bool writer = s.layout.replica == 0;  // replicas are identical: one writes
     auto meta_now = [&](const SaeTrainer& t) {
-        return SaeMeta{arch_name(sae.arch), id,        config_to_yaml(cfg), sae.k,
-                       t.step_count(),      t.tokens()};
+        return SaeMeta{sae.arch, id, config_to_yaml(cfg), sae.k, t.step_count(), t.tokens()};
     };
     Checkpointer checkpoints(world, *grads, out.string(), sae_dir.string(), meta_now(trainer),
                              cfg.checkpoint.keep);
@@ -551,16 +552,26 @@ int run(const Args& args, Communicator& world) {
                     feature_recovery(f.data(), m, w.w_dec.data(), w.n_latents, dt);
         }
     }
+    // summary.csv: arch, n_latents, the keys any architecture reads (blank in the rows of
+    // architectures that do not read them: the same columns in every run), lr.
+    std::vector<std::string> keys;
+    for (const Architecture* a : architectures())
+        for (const std::string& k : a->keys())
+            if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    std::vector<std::string> names = {"arch", "n_latents"};
+    for (const std::string& k : keys) names.push_back(k.substr(k.find('.') + 1));
+    names.emplace_back("lr");
     std::vector<std::map<std::string, std::string>> columns;
-    for (const SaeConfig& c : cfg.sweep)
-        columns.push_back(
-            {{"arch", arch_name(c.arch)},
-             {"n_latents", std::to_string(c.resolved_latents(s.data.d_model))},
-             {"k", c.arch == Arch::topk ? std::to_string(c.k) : ""},
-             {"l1_coeff", c.arch == Arch::relu ? fmt::format("{:g}", c.l1_coeff) : ""},
-             {"lr", fmt::format("{:g}", c.lr)}});
-    reporter.finish(mine, (out / "summary.csv").string(),
-                    {"arch", "n_latents", "k", "l1_coeff", "lr"}, columns);
+    for (const SaeConfig& c : cfg.sweep) {
+        std::map<std::string, std::string> row = {
+            {"arch", c.arch},
+            {"n_latents", std::to_string(c.resolved_latents(s.data.d_model))},
+            {"lr", fmt::format("{:g}", c.lr)}};
+        for (const std::string& k : arch_get(c.arch).keys())
+            row[k.substr(k.find('.') + 1)] = sae_key_text(cfg, c, k);
+        columns.push_back(std::move(row));
+    }
+    reporter.finish(mine, (out / "summary.csv").string(), names, columns);
     world.barrier();
     if (root) {
         std::ofstream(out / "COMPLETE") << trainer.step_count() << "\n";

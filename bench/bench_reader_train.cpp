@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     auto be = make_cpu_backend(threads);
     auto self = make_self_comm();
     SaeConfig cfg;
-    cfg.arch = Arch::topk;
+    cfg.arch = "topk";
     cfg.n_latents = n_latents;
     cfg.k = k;
     cfg.warmup_steps = 10;

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     // --- 1. data-parallel weak scaling -----------------------------------------------------
     auto be = make_cpu_backend(1);
     SaeConfig cfg;
-    cfg.arch = arch == "relu" ? Arch::relu : Arch::topk;
+    cfg.arch = arch;
     cfg.n_latents = n;
     cfg.k = k;
     cfg.warmup_steps = 0;

@@ -3,8 +3,11 @@
 // FLOPs on the same shapes, measured in the same run. Device work is synchronized before each
 // clock read, so GPU figures are whole-step times, not launch times.
 //
-// FLOPs per token: dense (ReLU-L1) step = five d x n GEMMs = 10*d*n; TopK step with the sparse
-// decoder and sparse backward = 2*d*n (dense encoder) + 8*k*d (decode, dval, dW_dec, dW_enc).
+// Every architecture of the registry (or --arch), each with its own FLOPs per token (arch.h):
+// dense ReLU-L1 and JumpReLU steps = five d x n GEMMs = 10*d*n, Gated seven = 14*d*n; TopK and
+// BatchTopK with the sparse decoder and backward = 2*d*n (dense encoder) + 8*k*d. The GEMM
+// bound is the rate of the five dense GEMM shapes divided by those FLOPs; "x topk" is the step
+// time over TopK's at the same shape, beside the FLOP ratio that would explain it.
 #include <cblas.h>
 #include <fmt/format.h>
 
@@ -18,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "saetrain/arch.h"
 #include "saetrain/backend.h"
 #include "saetrain/build_config.h"
 #include "saetrain/comm.h"
@@ -138,9 +142,46 @@ public:
     }
     void topk_backward(const float* x, const float* de, const int32_t* i, const float* v,
                        const float* w, int64_t r, int64_t n, int64_t k, int64_t d, float* ge,
-                       float* gd, float* gb, int32_t* f, float* st) override {
+                       float* gd, float* gb, int32_t* f, float* st, bool acc) override {
         timed("topk_backward",
-              [&] { be_.topk_backward(x, de, i, v, w, r, n, k, d, ge, gd, gb, f, st); });
+              [&] { be_.topk_backward(x, de, i, v, w, r, n, k, d, ge, gd, gb, f, st, acc); });
+    }
+    float batch_threshold(const float* p, const float* b, int64_t r, int64_t n,
+                          int64_t c) override {
+        float t = 0;
+        timed("batch_threshold", [&] { t = be_.batch_threshold(p, b, r, n, c); });
+        return t;
+    }
+    int64_t select_above(const float* p, const float* b, float t, int64_t r, int64_t n, int64_t w,
+                         int32_t* i, float* v) override {
+        int64_t m = 0;
+        timed("select_above", [&] { m = be_.select_above(p, b, t, r, n, w, i, v); });
+        return m;
+    }
+    void jumprelu_forward(float* p, const float* b, const float* lt, int64_t r, int64_t n,
+                          float* z) override {
+        timed("jumprelu_forward", [&] { be_.jumprelu_forward(p, b, lt, r, n, z); });
+    }
+    void jumprelu_backward(const float* v, const float* lt, float bw, float l0, int64_t r,
+                           int64_t n, float* dz, float* db, float* dlt, int32_t* f,
+                           float* st) override {
+        timed("jumprelu_backward",
+              [&] { be_.jumprelu_backward(v, lt, bw, l0, r, n, dz, db, dlt, f, st); });
+    }
+    void gated_forward(const float* p, const float* bg, const float* rm, const float* bm, int64_t r,
+                       int64_t n, float* z, float* g) override {
+        timed("gated_forward", [&] { be_.gated_forward(p, bg, rm, bm, r, n, z, g); });
+    }
+    void gated_backward(const float* p, const float* bg, const float* rm, const float* bm,
+                        const float* nr, float l1, int64_t r, int64_t n, float* dz, const float* dg,
+                        float* dbg, float* drm, float* dbm, float* dps, float* gs, int32_t* f,
+                        float* st) override {
+        timed("gated_backward", [&] {
+            be_.gated_backward(p, bg, rm, bm, nr, l1, r, n, dz, dg, dbg, drm, dbm, dps, gs, f, st);
+        });
+    }
+    void axpby(float* y, const float* x, float a, float b, int64_t n) override {
+        timed("axpby", [&] { be_.axpby(y, x, a, b, n); });
     }
     void row_norms(const float* w, int64_t r, int64_t c, float* o) override {
         timed("row_norms", [&] { be_.row_norms(w, r, c, o); });
@@ -177,8 +218,9 @@ private:
 // statistics, e.g. how unevenly latents fire, are those of training), then `reps` steps are
 // timed one by one (the batch is fetched outside the timed region), then one step is broken
 // down by op. `x` is a pinned (or heap) buffer of x_floats floats for the batch.
-int bench_on_data(Backend& be, const std::string& path, int64_t n, int64_t k, int64_t batch,
-                  int64_t train_steps, int reps, float* x, int64_t x_floats, bool breakdown) {
+int bench_on_data(Backend& be, const std::string& path, const std::vector<std::string>& archs,
+                  int64_t n, int64_t k, int64_t batch, int64_t train_steps, int reps, float* x,
+                  int64_t x_floats, bool breakdown) {
     const DatasetInfo info = dataset_open(path);
     const int64_t d = info.d_model;
     LoaderOptions lo;
@@ -193,7 +235,7 @@ int bench_on_data(Backend& be, const std::string& path, int64_t n, int64_t k, in
         "bench_step | {} | data {} (d_model {}) | n_latents {} k {} batch {} | {} "
         "training steps, then median of {}\n",
         be.name(), path, d, n, k, batch, train_steps, reps);
-    for (Arch arch : {Arch::topk, Arch::relu}) {
+    for (const std::string& arch : archs) {
         SaeConfig cfg;
         cfg.arch = arch;
         cfg.n_latents = n;
@@ -229,8 +271,8 @@ int bench_on_data(Backend& be, const std::string& path, int64_t n, int64_t k, in
                 fmt::print("    {:<28} {:>9.1f} ms\n", op, sec * 1e3);
         }
         const double step_s = t[t.size() / 2];
-        fmt::print("{:<8} step {:.2f} ms, {:.0f} tokens/s after {} steps (dead {:.1f}%)\n",
-                   arch_name(arch), step_s * 1e3, static_cast<double>(batch) / step_s, train_steps,
+        fmt::print("{:<10} step {:.2f} ms, {:.0f} tokens/s after {} steps (dead {:.1f}%)\n", arch,
+                   step_s * 1e3, static_cast<double>(batch) / step_s, train_steps,
                    100.0 * tr.dead_fraction());
     }
     return 0;
@@ -252,6 +294,9 @@ int main(int argc, char** argv) {
     app.add_option("--threads", threads, "CPU threads (default: all)");
     app.add_flag("--json", json, "also print one JSON object");
     app.add_flag("--breakdown", breakdown, "print the time per backend op of one step");
+    std::vector<std::string> archs = arch_names();
+    app.add_option("--arch", archs, "architectures to time (default: all, TopK first)")
+        ->check(CLI::IsMember(arch_names()));
     std::string data;
     int64_t train_steps = 200;
     app.add_option("--data", data,
@@ -265,6 +310,9 @@ int main(int argc, char** argv) {
     app.add_flag("!--pageable", pinned,
                  "CUDA: upload the batch from pageable memory (default: pinned, as saetrain)");
     CLI11_PARSE(app, argc, argv);
+    // TopK first: the others' "x topk" ratios need its time.
+    std::stable_partition(archs.begin(), archs.end(),
+                          [](const std::string& a) { return a == "topk"; });
 
     std::unique_ptr<Backend> be;
     if (backend == "cuda") {
@@ -306,7 +354,7 @@ int main(int argc, char** argv) {
 #endif
 
     if (!data.empty())
-        return bench_on_data(*be, data, n, k, batch, train_steps, reps, x,
+        return bench_on_data(*be, data, archs, n, k, batch, train_steps, reps, x,
                              static_cast<int64_t>(x_heap.size()), breakdown);
 
     nlohmann::ordered_json out;
@@ -316,12 +364,24 @@ int main(int argc, char** argv) {
     fmt::print(
         "bench_step | {} | d_model {} n_latents {} k {} batch {} | {} batch | median of {}\n",
         be->name(), d, n, k, batch, x_pinned ? "pinned" : "pageable", reps);
-    fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "arch", "step", "tokens/s",
-               "GEMM rate", "GEMM-bound", "fraction");
-    fmt::print("{:<8} {:>12} {:>12} {:>14} {:>14} {:>10}\n", "", "ms", "tok/s", "GFLOP/s", "tok/s",
-               "%");
-
-    for (Arch arch : {Arch::topk, Arch::relu}) {
+    // The GEMM rate of the dense step's five shapes: what every architecture's bound uses.
+    const std::vector<Gemm> shapes = {{false, true, batch, n, d},   // encoder
+                                      {false, false, batch, d, n},  // decoder
+                                      {true, false, n, d, batch},   // dW_dec
+                                      {false, true, batch, n, d},   // dz
+                                      {true, false, n, d, batch}};  // dW_enc
+    const double gemm_s = time_gemms(*be, shapes, reps);
+    const double dd = static_cast<double>(d), dn = static_cast<double>(n);
+    const double rate =
+        2.0 * dd * dn * static_cast<double>(batch) * static_cast<double>(shapes.size()) / gemm_s;
+    out["gemm_GFLOPs"] = rate / 1e9;
+    fmt::print("GEMM rate {:.1f} GFLOP/s (the five d x n shapes of a dense step)\n", rate / 1e9);
+    fmt::print("{:<10} {:>10} {:>11} {:>11} {:>11} {:>9} {:>8} {:>9}\n", "arch", "step", "tokens/s",
+               "FLOP/token", "GEMM-bound", "fraction", "x topk", "FLOPs x");
+    fmt::print("{:<10} {:>10} {:>11} {:>11} {:>11} {:>9} {:>8} {:>9}\n", "", "ms", "tok/s", "MFLOP",
+               "tok/s", "%", "time", "topk");
+    double topk_s = 0, topk_flops = 0;
+    for (const std::string& arch : archs) {
         SaeConfig cfg;
         cfg.arch = arch;
         cfg.n_latents = n;
@@ -331,22 +391,8 @@ int main(int argc, char** argv) {
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
         tr.init(x, batch);
         const double step_s = time_median(*be, reps, [&] { tr.step(x, batch); });
-
-        // The GEMMs whose FLOPs the formula counts, at the trainer's shapes and transposes.
-        std::vector<Gemm> shapes = {{false, true, batch, n, d}};  // encoder
-        const double dd = static_cast<double>(d), dn = static_cast<double>(n);
-        double flops_per_token = 2.0 * dd * dn + 8.0 * static_cast<double>(k) * dd;
-        if (arch == Arch::relu) {
-            shapes.push_back({false, false, batch, d, n});  // decoder
-            shapes.push_back({true, false, n, d, batch});   // dW_dec
-            shapes.push_back({false, true, batch, n, d});   // dz
-            shapes.push_back({true, false, n, d, batch});   // dW_enc
-            flops_per_token = 10.0 * dd * dn;
-        }
-        const double gemm_s = time_gemms(*be, shapes, reps);
-        const double gemm_flops =
-            2.0 * dd * dn * static_cast<double>(batch) * static_cast<double>(shapes.size());
-        const double rate = gemm_flops / gemm_s;
+        const double flops_per_token = tr.arch().flops_per_token(cfg, d, n);
+        if (arch == "topk") topk_s = step_s, topk_flops = flops_per_token;
         const double bound = rate / flops_per_token;
         const double tps = static_cast<double>(batch) / step_s;
         if (breakdown) {
@@ -359,12 +405,18 @@ int main(int argc, char** argv) {
             for (const auto& [op, sec] : timed.seconds)
                 fmt::print("    {:<28} {:>9.1f} ms\n", op, sec * 1e3);
         }
-        fmt::print("{:<8} {:>12.1f} {:>12.0f} {:>14.1f} {:>14.0f} {:>10.1f}\n", arch_name(arch),
-                   step_s * 1e3, tps, rate / 1e9, bound, 100.0 * tps / bound);
-        out[arch_name(arch)] = {
-            {"step_ms", step_s * 1e3},          {"tokens_per_s", tps},
-            {"gemm_GFLOPs", rate / 1e9},        {"flops_per_token", flops_per_token},
-            {"gemm_bound_tokens_per_s", bound}, {"fraction_of_bound", tps / bound}};
+        const double vs_time = topk_s > 0 ? step_s / topk_s : 0;
+        const double vs_flops = topk_flops > 0 ? flops_per_token / topk_flops : 0;
+        fmt::print("{:<10} {:>10.1f} {:>11.0f} {:>11.2f} {:>11.0f} {:>9.1f} {:>8.2f} {:>9.2f}\n",
+                   arch, step_s * 1e3, tps, flops_per_token / 1e6, bound, 100.0 * tps / bound,
+                   vs_time, vs_flops);
+        out[arch] = {{"step_ms", step_s * 1e3},
+                     {"tokens_per_s", tps},
+                     {"flops_per_token", flops_per_token},
+                     {"gemm_bound_tokens_per_s", bound},
+                     {"fraction_of_bound", tps / bound},
+                     {"step_time_vs_topk", vs_time},
+                     {"flops_vs_topk", vs_flops}};
     }
     if (json) fmt::print("{}\n", out.dump());
     return 0;

@@ -96,8 +96,8 @@ TEST_F(Cli, TrainWritesEveryOutput) {
     std::getline(summary, header);
     std::getline(summary, row);
     EXPECT_FALSE(std::getline(summary, extra));
-    EXPECT_EQ(header.rfind("sae,arch,n_latents,k", 0), 0u) << header;
-    EXPECT_EQ(row.rfind("topk-x2-k4,topk,32,4,,0.005,12,3000,", 0), 0u) << row;
+    EXPECT_EQ(header.rfind("sae,arch,n_latents,l1_coeff,k,l0_coeff,lr,", 0), 0u) << header;
+    EXPECT_EQ(row.rfind("topk-x2-k4,topk,32,,4,,0.005,12,3000,", 0), 0u) << row;
     EXPECT_NE(header.find("feature_recovery"), std::string::npos) << header;
     // final.h5: shapes of the brief and the step count.
     saetrain::SaeMeta meta;

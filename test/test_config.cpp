@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "saetrain/arch.h"
 #include "saetrain/config.h"
 #include "saetrain/error.h"
 #include "saetrain/schedule.h"
@@ -90,7 +91,7 @@ TEST(Config, MissingSectionsTakeStructDefaults) {
     EXPECT_EQ(c.source, "<string>");
     // Spot-check the documented defaults so a changed default is a visible decision.
     EXPECT_EQ(c.data.batch_size, 4096);
-    EXPECT_EQ(c.sae.arch, Arch::topk);
+    EXPECT_EQ(c.sae.arch, "topk");
     EXPECT_EQ(c.sae.k, 32);
     EXPECT_DOUBLE_EQ(c.sae.lr, 1.0e-3);
     EXPECT_EQ(c.backend, "auto");
@@ -169,7 +170,7 @@ checkpoint: {every_steps: 11, keep: 2}
     EXPECT_EQ(c.data.max_tokens, 1500000000);
     EXPECT_EQ(c.data.shuffle_buffer_rows, 0);
     EXPECT_EQ(c.data.dataset, "acts");
-    EXPECT_EQ(c.sae.arch, Arch::relu);
+    EXPECT_EQ(c.sae.arch, "relu");
     EXPECT_EQ(c.sae.expansion, 6);
     EXPECT_EQ(c.sae.n_latents, 999);
     EXPECT_EQ(c.sae.k, 17);
@@ -203,9 +204,15 @@ checkpoint: {every_steps: 11, keep: 2}
     expect_same(c.sweep[0], c.sae);
 }
 
-TEST(Config, ArchNames) {
-    EXPECT_STREQ(arch_name(Arch::relu), "relu");
-    EXPECT_STREQ(arch_name(Arch::topk), "topk");
+TEST(Config, ArchNamesComeFromTheRegistry) {
+    const std::vector<std::string> names = arch_names();
+    for (const char* a : {"relu", "topk", "batchtopk", "jumprelu", "gated"}) {
+        EXPECT_NE(std::find(names.begin(), names.end(), a), names.end()) << a;
+        EXPECT_EQ(config_parse(std::string("data: {path: d}\nsae: {arch: ") + a + "}\n").sae.arch,
+                  a);
+    }
+    EXPECT_EQ(SaeConfig{}.arch, kDefaultArch);
+    EXPECT_THROW(arch_get("nope"), Error);
 }
 
 // ---- unknown keys and suggestions --------------------------------------------------------------
@@ -410,10 +417,10 @@ TEST(ConfigSweep, StringAndBoolKeysCanBeSwept) {
     const Config c = config_parse(
         kMinimal + "sae: {arch: [relu, topk]}\ntrain: {normalize_decoder: [true, false]}\n");
     ASSERT_EQ(c.sweep.size(), 4u);
-    EXPECT_EQ(c.sweep[0].arch, Arch::relu);
+    EXPECT_EQ(c.sweep[0].arch, "relu");
     EXPECT_TRUE(c.sweep[0].normalize_decoder);
     EXPECT_FALSE(c.sweep[1].normalize_decoder);
-    EXPECT_EQ(c.sweep[2].arch, Arch::topk);
+    EXPECT_EQ(c.sweep[2].arch, "topk");
 }
 
 TEST(ConfigSweep, EmptyListIsAnError) {
@@ -453,14 +460,14 @@ TEST(ConfigSweep, DataParallelCannotSweep) {
 
 TEST(ConfigIds, ReadableIds) {
     SaeConfig s;
-    s.arch = Arch::topk;
+    s.arch = "topk";
     s.expansion = 8;
     s.k = 32;
     EXPECT_EQ(s.id(768), "topk-x8-k32");
     s.n_latents = 6144;
     EXPECT_EQ(s.id(768), "topk-n6144-k32");
     s = SaeConfig{};
-    s.arch = Arch::relu;
+    s.arch = "relu";
     s.expansion = 4;
     s.l1_coeff = 5.0;
     EXPECT_EQ(s.id(768), "relu-x4-l1_5");
@@ -695,7 +702,7 @@ TEST(ConfigFiles, QuickstartHasTheDocumentedValues) {
     EXPECT_EQ(c.data.path, "data/quickstart");
     EXPECT_EQ(c.data.batch_size, 1024);
     EXPECT_EQ(c.data.epochs, 3);
-    EXPECT_EQ(c.sae.arch, Arch::topk);
+    EXPECT_EQ(c.sae.arch, "topk");
     EXPECT_EQ(c.sae.expansion, 4);
     EXPECT_EQ(c.sae.k, 8);
     EXPECT_DOUBLE_EQ(c.sae.lr, 2e-3);

@@ -116,9 +116,9 @@ TEST_F(CpuBackendTest, TopkBackwardMatchesDenseDefinition) {
     }
     std::vector<float> dwe(n * d, 99.0f), dwd(n * d, 99.0f), dbe(n, 99.0f);  // must be overwritten
     std::vector<int32_t> fires(n, -1);
-    float stats[kStatCount] = {0, 0, 0, 0};
+    float stats[kStatCount] = {};
     be->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
-                      dwe.data(), dwd.data(), dbe.data(), fires.data(), stats);
+                      dwe.data(), dwd.data(), dbe.data(), fires.data(), stats, false);
     for (int64_t i = 0; i < n * d; ++i) {
         EXPECT_NEAR(dwd[i], gd[i], 1e-4);
         EXPECT_NEAR(dwe[i], ge[i], 1e-4);

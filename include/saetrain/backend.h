@@ -18,6 +18,7 @@ enum StatSlot : int {
     kStatSumSqX,   // sum of ||x||^2 (with kStatSse and the batch mean, gives fvu)
     kStatL1,       // sum over tokens of sum_i z_i * ||W_dec_i||
     kStatL0,       // number of non-zero latent activations
+    kStatAux,      // an architecture's auxiliary squared error (Gated's gate path, AuxK)
     kStatCount
 };
 
@@ -81,7 +82,51 @@ public:
     virtual void topk_backward(const float* x, const float* derr, const int32_t* idx,
                                const float* val, const float* w_dec, int64_t rows, int64_t n,
                                int64_t k, int64_t d, float* dw_enc, float* dw_dec, float* db_enc,
-                               int32_t* fires, float* stats) = 0;
+                               int32_t* fires, float* stats, bool accumulate) = 0;
+    // (accumulate: add to dw_enc, dw_dec and db_enc instead of overwriting them; AuxK's second
+    // selection adds its gradient to the main one's.)
+
+    // --- BatchTopK: one selection over the whole batch -----------------------------------
+    // The `count`-th largest of the positive values of pre + b_enc over all rows (the smallest
+    // positive one when fewer are positive; 0 when none is): the batch's selection threshold.
+    virtual float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
+                                  int64_t count) = 0;
+    // Per row, the latents with v = pre + b_enc > 0 and v >= threshold, in latent order, as
+    // `width` (idx, val) pairs padded with (0, 0). Returns the largest count of any row; when
+    // it exceeds `width` the rows were cut and the caller retries with a wider buffer.
+    virtual int64_t select_above(const float* pre, const float* b_enc, float threshold,
+                                 int64_t rows, int64_t n, int64_t width, int32_t* idx,
+                                 float* val) = 0;
+
+    // --- JumpReLU: z = v * H(v - theta), v = pre + b_enc, theta = exp(log_threshold) ------
+    // pre becomes v in place (the backward needs it); z [rows, n].
+    virtual void jumprelu_forward(float* pre_to_v, const float* b_enc, const float* log_threshold,
+                                  int64_t rows, int64_t n, float* z) = 0;
+    // dz -> dpre in place (math::jumprelu_grad, with the L0 penalty l0 * sum H(v - theta));
+    // column sums of dpre into db_enc, d/dlog_threshold into dlog_threshold, firing counts into
+    // fires; adds L0 to stats.
+    virtual void jumprelu_backward(const float* v, const float* log_threshold, float bandwidth,
+                                   float l0, int64_t rows, int64_t n, float* dz_to_dpre,
+                                   float* db_enc, float* dlog_threshold, int32_t* fires,
+                                   float* stats) = 0;
+
+    // --- Gated: gate g = pre + b_gate, magnitude m = pre * exp(r_mag) + b_mag -------------
+    // z = H(g) * relu(m) [rows, n]; gate = relu(g) [rows, n] (the gate path's activations).
+    virtual void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
+                               const float* b_mag, int64_t rows, int64_t n, float* z,
+                               float* gate) = 0;
+    // With dz = dL/dz in place and dgate = dL/d relu(g) from the auxiliary reconstruction:
+    // writes dpre in place of dz (math::gated_grad; the L1 term l1 * norm_i * relu(g)), the
+    // column sums db_gate, db_mag, dr_mag, dpre_col_sum, gate_col_sum (of relu(g)), firing
+    // counts; adds L1 (sum relu(g) * norm) and L0 to stats.
+    virtual void gated_backward(const float* pre, const float* b_gate, const float* r_mag,
+                                const float* b_mag, const float* dec_norms, float l1, int64_t rows,
+                                int64_t n, float* dz_to_dpre, const float* dgate, float* db_gate,
+                                float* dr_mag, float* db_mag, float* dpre_col_sum,
+                                float* gate_col_sum, int32_t* fires, float* stats) = 0;
+
+    // y = a * x + b * y over n elements.
+    virtual void axpby(float* y, const float* x, float a, float b, int64_t n) = 0;
 
     // norms[i] = ||w[i, :]||.
     virtual void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) = 0;

@@ -1,13 +1,16 @@
 // checkpoint.h — an SAE's weights on disk (sae/<id>/final.h5 and checkpoints).
 //
 // Layout of the brief: datasets W_enc [d_model, n], W_dec [n, d_model], b_enc [n],
-// b_dec [d_model]; attributes arch, id, k, d_model, n_latents, step, tokens, config (YAML).
+// b_dec [d_model], and the architecture's own (SaeWeights::extra); attributes arch, id, k,
+// d_model, n_latents, step, tokens, config (YAML), extra (the extra datasets' names, comma
+// separated; absent when there are none).
 // Files are written atomically: a temp file in the same directory, fsync, rename, fsync of the
 // directory, so a reader sees either the old file or the whole new one.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace saetrain {
@@ -18,6 +21,10 @@ struct SaeWeights {
     std::vector<float> w_dec;  // [n_latents, d_model]
     std::vector<float> b_enc;  // [n_latents]
     std::vector<float> b_dec;  // [d_model]
+    // The architecture's own tensors, 1-D, by name (JumpReLU's log_threshold [n], Gated's r_mag
+    // and b_mag [n], BatchTopK's threshold [1]); stored as datasets of those names, listed in
+    // the file's `extra` attribute.
+    std::vector<std::pair<std::string, std::vector<float>>> extra;
 };
 
 struct SaeMeta {

@@ -13,8 +13,6 @@
 
 namespace saetrain {
 
-enum class Arch { relu, topk };
-
 struct RunConfig {
     std::string out_dir = "runs/default";
     uint64_t seed = 0;
@@ -40,13 +38,21 @@ struct DataConfig {
     int64_t eval_rows = 0;
 };
 
+// The architecture an SaeConfig trains unless it names one (the registry's, arch.h).
+std::string default_arch_name();
+
 // One point of a sweep: everything that differs between SAEs trained in one run.
 struct SaeConfig {
-    Arch arch = Arch::topk;
-    int64_t expansion = 8;  // n_latents = expansion * d_model unless n_latents > 0
+    std::string arch = default_arch_name();  // a name in the registry (arch.h)
+    int64_t expansion = 8;                   // n_latents = expansion * d_model unless n_latents > 0
     int64_t n_latents = 0;
-    int64_t k = 32;         // TopK: active latents per token
-    double l1_coeff = 5.0;  // ReLU: L1 penalty weight
+    int64_t k = 32;         // TopK, BatchTopK: active latents per token (BatchTopK: on average)
+    double l1_coeff = 5.0;  // ReLU, Gated: L1 penalty weight
+    // TopK, BatchTopK: AuxK's latents per token (0: d_model / 2) and the weight of its loss.
+    int64_t k_aux = 0;
+    // JumpReLU: the straight-through estimator's bandwidth and the initial threshold.
+    double jumprelu_bandwidth = 0.001;
+    double jumprelu_init_threshold = 0.001;
     // train section values (may also be swept)
     double lr = 1.0e-3;
     // Linear LR warmup from 0: warmup_steps when > 0, else this fraction of the run's steps.
@@ -61,7 +67,9 @@ struct SaeConfig {
     // this fraction of the run's steps.
     int64_t l1_warmup_steps = 0;
     double l1_warmup_fraction = 0.2;
-    double grad_clip = 1.0;  // global gradient norm; 0 disables
+    double l0_coeff = 1.0;        // JumpReLU: L0 penalty weight (ramps in like the L1 term)
+    double auxk_coeff = 0.03125;  // TopK, BatchTopK: AuxK loss weight (0: off)
+    double grad_clip = 1.0;       // global gradient norm; 0 disables
     double beta1 = 0.9;
     double beta2 = 0.999;
     double eps = 1.0e-8;
@@ -76,7 +84,7 @@ struct SaeConfig {
     int64_t resolved_latents(int64_t d_model) const {
         return n_latents > 0 ? n_latents : expansion * d_model;
     }
-    // Readable id, e.g. "topk-x8-k32" or "relu-x4-l1_5".
+    // Readable id, e.g. "topk-x8-k32" or "relu-x4-l1_5" (the architecture's suffix).
     std::string id(int64_t d_model) const;
 };
 
@@ -140,6 +148,7 @@ void config_validate_for_data(const Config& cfg, int64_t d_model);
 // (e.g. "topk-x8-k32-lr0.001"). The ids are unique; they name sae/<id>/ in out_dir.
 std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model);
 
-const char* arch_name(Arch a);
+// The value of a sweepable key ("sae.k", "train.lr") of one sweep point, as text.
+std::string sae_key_text(const Config& cfg, const SaeConfig& point, const std::string& key);
 
 }  // namespace saetrain

@@ -1,12 +1,14 @@
 // export.h — an SAE written for the tools the field already uses.
 //
-//   saelens:  cfg.json + sae_weights.safetensors (SAELens v6 layout: W_enc [d_in, d_sae],
-//             b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in]; architecture "standard" for a
-//             ReLU SAE, "topk" with k for a TopK one). Loads with SAE.load_from_disk(dir), and
-//             through SAELens in SAEBench, SAEDashboard and Neuronpedia's upload pipeline.
+//   saelens:  cfg.json + sae_weights.safetensors in the SAELens v6 layout, the architecture
+//             and its tensors given by the SAE's Architecture::export_fields (arch.h): standard
+//             (ReLU), topk with k, jumprelu with its threshold (JumpReLU, and BatchTopK with
+//             its learned inference threshold for every latent), gated (b_gate, r_mag, b_mag).
+//             Loads with SAE.load_from_disk(dir), and through SAELens in SAEBench,
+//             SAEDashboard and Neuronpedia's upload pipeline.
 //   sparsify: cfg.json + sae.safetensors (EleutherAI sparsify: encoder.weight [n, d_in],
 //             encoder.bias [n], W_dec [n, d_in], b_dec [d_in]); TopK SAEs only, as sparsify has
-//             no ReLU-L1 activation. Loads with SparseCoder.load_from_disk(dir).
+//             no threshold, gated or ReLU-L1 activation. Loads with SparseCoder.load_from_disk.
 // Both compute the same function as saetrain: z = act((x - b_dec) W_enc + b_enc),
 // x_hat = z W_dec + b_dec, on unnormalized activations.
 #pragma once

@@ -70,6 +70,7 @@ struct PerfInputs {
     int64_t n_latents = 24576;
     int64_t k = 32;
     SaeKind kind = SaeKind::topk;
+    double flops_per_token = 0;    // the architecture's count (arch.h); 0: sae_flops_per_token
     int64_t batch = 4096;          // rows per rank per step
     double bytes_per_element = 4;  // activations on disk and over PCIe (2 for bf16/fp16)
     ParallelMode mode = ParallelMode::sweep_shared;

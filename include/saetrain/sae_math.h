@@ -24,6 +24,33 @@ SAE_HD float relu_l1_grad(float z, float dz, float l1_times_norm) {
     return z > 0.0f ? dz + l1_times_norm : 0.0f;
 }
 
+// JumpReLU (Rajamanoharan et al. 2024): z = v * H(v - theta). Its step has no derivative, so
+// training uses the straight-through pseudo-derivatives with the rectangle kernel
+// K(u) = 1 for |u| < 1/2 of bandwidth eps:
+//   dz/dv = H(v - theta),  dz/dtheta := -(theta/eps) K((v - theta)/eps),
+//   d H(v - theta)/dv = 0, d H(v - theta)/dtheta := -(1/eps) K((v - theta)/eps).
+SAE_HD float rectangle(float u) { return (u > -0.5f && u < 0.5f) ? 1.0f : 0.0f; }
+SAE_HD float jumprelu(float v, float theta) { return v > theta ? v : 0.0f; }
+// For one element with dL/dz = dz and the penalty l0 * H(v - theta): dL/dv and dL/dtheta.
+SAE_HD void jumprelu_grad(float v, float theta, float bandwidth, float dz, float l0, float& dv,
+                          float& dtheta) {
+    dv = v > theta ? dz : 0.0f;
+    const float k = rectangle((v - theta) / bandwidth) / bandwidth;
+    dtheta = -k * (theta * dz + l0);
+}
+
+// Gated SAE (Rajamanoharan et al. 2024): one encoder direction, two paths. Gate g = pre +
+// b_gate, magnitude m = pre * exp(r_mag) + b_mag, z = H(g) * relu(m).
+SAE_HD float gated(float g, float m) { return g > 0.0f ? relu(m) : 0.0f; }
+// For one element: dL/dz = dz, dL/d relu(g) = dgate (the auxiliary reconstruction) plus the L1
+// term l1_norm (l1 * ||W_dec_i||) on relu(g). Returns dL/dg and dL/dm; dL/dpre is
+// dg + dm * exp(r_mag).
+SAE_HD void gated_grad(float g, float m, float dz, float dgate, float l1_norm, float& dg,
+                       float& dm) {
+    dm = (g > 0.0f && m > 0.0f) ? dz : 0.0f;
+    dg = g > 0.0f ? dgate + l1_norm : 0.0f;
+}
+
 struct AdamScalars {
     float lr;  // this step's learning rate
     float beta1, beta2, eps;

@@ -16,5 +16,7 @@ int64_t warmup_steps_for(const SaeConfig& cfg, int64_t total_steps);
 // L1 coefficient for `step` of `total_steps`: ramps linearly from 0 over cfg.l1_warmup_steps
 // (when > 0, else cfg.l1_warmup_fraction of the run).
 double l1_at(const SaeConfig& cfg, int64_t step, int64_t total_steps);
+// Any sparsity coefficient (L1, JumpReLU's L0) on the same ramp: coeff times l1_at's fraction.
+double sparsity_coeff_at(const SaeConfig& cfg, double coeff, int64_t step, int64_t total_steps);
 
 }  // namespace saetrain

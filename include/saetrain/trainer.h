@@ -1,23 +1,24 @@
 // trainer.h — one SAE, its optimizer state and its training step, on any Backend.
 //
-// SaeTrainer owns the parameters in one flat device buffer
-//   [W_enc (n x d, latent-major) | W_dec (n x d) | b_enc (n) | b_dec (d)]
-// with gradients and Adam moments in the same layout, so the optimizer step and the gradient
-// all-reduce are one call each. W_enc is kept latent-major (the transpose of the file layout
-// [d, n]) so the sparse TopK backward writes whole contiguous rows per latent.
+// SaeTrainer owns the parameters in one flat device buffer of named segments (arch.h's
+// ParamLayout): [W_enc (n x d, latent-major) | W_dec (n x d) | b_enc (n) | b_dec (d) | the
+// architecture's own, e.g. log_threshold (n)], with gradients and Adam moments in the same
+// layout, so the optimizer step and the gradient all-reduce are one call each. W_enc is kept
+// latent-major (the transpose of the file layout [d, n]) so the sparse TopK backward writes
+// whole contiguous rows per latent. The architecture (an ArchPass) runs the activation, the
+// decoder and their backward pass; the trainer runs everything the architectures share.
 //
 // Data-parallel replicas that share one node and host memory (the CPU backend) keep one copy of
 // the parameters and Adam moments per node, in node-shared memory, and split the optimizer
-// step: each replica owns a contiguous range of latents (their W_enc and W_dec rows and b_enc
-// entries; the last one also b_dec), sums that range of every replica's gradient (in rank
+// step: each replica owns a contiguous range of latents (their rows of every per-latent
+// segment; the last one also b_dec), sums that range of every replica's gradient (in rank
 // order), and updates it alone. Nothing is copied back: every replica reads the same
 // parameters. Elsewhere (GPUs, several nodes) the gradients are all-reduced and every replica
 // applies the same full update.
 //
-// Forward: pre = (x - b_dec) W_enc^T + b_enc; z = relu(pre) or the ReLU of its top k;
+// Forward: pre = (x - b_dec) W_enc^T; z = the architecture's activation of it;
 // x_hat = z W_dec + b_dec. The loss per step is
-//   L = mean_t ||x_hat_t - x_t||^2 + l1 * mean_t sum_i z_ti ||W_dec_i||
-// (the L1 term only for ReLU SAEs).
+//   L = mean_t ||x_hat_t - x_t||^2 + the architecture's penalty (L1, L0, AuxK, ...) / rows.
 #pragma once
 
 #include <array>
@@ -25,6 +26,7 @@
 #include <memory>
 #include <vector>
 
+#include "saetrain/arch.h"
 #include "saetrain/backend.h"
 #include "saetrain/checkpoint.h"
 #include "saetrain/comm.h"
@@ -39,6 +41,7 @@ struct StepResult {
     double sse = 0;        // sum ||x_hat - x||^2
     double sst = 0;        // sum ||x - batch mean||^2
     double l1 = 0;         // sum_t sum_i z_ti ||W_dec_i|| (unweighted by the coefficient)
+    double aux = 0;        // the architecture's auxiliary squared error (Gated, AuxK)
     double l0 = 0;         // non-zero activations
     double grad_norm = 0;  // before clipping
     double lr = 0;
@@ -109,17 +112,20 @@ public:
     // Fraction of latents that have not fired for cfg.dead_tokens tokens.
     double dead_fraction() const;
     const SaeConfig& config() const { return cfg_; }
+    const Architecture& arch() const { return arch_; }
+    const ParamLayout& layout() const { return layout_; }
     Backend& backend() { return be_; }
     // Parameters and optimizer are in node-shared memory, the step split across replicas.
     bool sharded() const { return shared_ != nullptr; }
     DeviceArray<float>& batch_buffer() { return x_; }
 
 private:
-    struct Views;
     void ensure_batch(int64_t rows);
-    // The encoder and decoder on x_dev [rows, d]: the activations in pre_ (ReLU) or
-    // topk_idx_/topk_val_ (TopK), x_hat in xhat_.
-    void forward(const float* x_dev, int64_t rows);
+    // The pass context over x_dev [rows, d] and the trainer's buffers.
+    PassContext context(const float* x_dev, int64_t rows);
+    // The encoder, activation and decoder on x_dev [rows, d]: x_hat in xhat_, the activations
+    // in the pass. `training`: the pass a step uses (BatchTopK's batch selection).
+    void forward(const float* x_dev, int64_t rows, bool training);
     // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it).
     void fit_encoder_scale(const float* x_host, int64_t rows, std::vector<float>& p);
     // compute_gradients in two halves: queue the passes; then read the step's sums back.
@@ -130,23 +136,30 @@ private:
     // Adam and decoder renormalization on this replica's ranges (all of them when not
     // sharded) of the reduced gradient; the metrics are decided before.
     void optimizer_step(float grad_scale, float lr, int64_t t);
-    // Flat-buffer ranges {offset, count} of latent rows [lo, hi): their W_enc rows, W_dec rows
-    // and b_enc entries, then b_dec when `with_b_dec`; some counts may be 0. ranges_of(q): the
-    // ones replica q owns when sharded (the last replica also owns b_dec).
+    // Flat-buffer ranges of latent rows [lo, hi): their rows of every per-latent segment, and
+    // the other segments (b_dec) when `with_shared`, in segment order; some counts may be 0.
+    // ranges_of(q): the ones replica q owns when sharded (the last replica also owns b_dec).
     struct Range {
         int64_t offset, count;
+        bool decay;
     };
-    std::array<Range, 4> ranges(int64_t lo, int64_t hi, bool with_b_dec) const;
-    std::array<Range, 4> ranges_of(int64_t q) const;
+    std::vector<Range> ranges(int64_t lo, int64_t hi, bool with_shared) const;
+    std::vector<Range> ranges_of(int64_t q) const;
     // Writes the parameter-shaped host vector `src` into `dst` (collective when sharded: each
     // replica writes its own range, then a fence).
     void write_shared(float* dst, const std::vector<float>& src);
+    int64_t off(int segment) const {
+        return layout_.segments()[static_cast<size_t>(segment)].offset;
+    }
 
     SaeConfig cfg_;
     int64_t d_, n_, total_steps_;
     uint64_t seed_;
     Backend& be_;
     Communicator& comm_;
+    const Architecture& arch_;
+    ParamLayout layout_;
+    std::unique_ptr<ArchPass> pass_;
     int64_t step_ = 0, tokens_ = 0;
     int64_t bad_in_a_row_ = 0;
 
@@ -158,12 +171,13 @@ private:
     bool reduced_ = false;  // the gradient buffer holds this replica's range summed
     DeviceArray<float> own_params_, own_grads_, own_m_, own_v_;  // when not sharded
     float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
-    DeviceArray<float> x_, xc_, pre_, dz_, xhat_, dec_norms_, zsum_, xcol_, stats_, topk_val_;
-    DeviceArray<int32_t> topk_idx_, fires_;
+    DeviceArray<float> x_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;
+    DeviceArray<int32_t> fires_;
     int64_t batch_cap_ = 0;
     int64_t pending_rows_ = -1;         // rows of the step begun and not yet ended (-1: none)
-    double pending_l1_ = 0;             // that step's L1 coefficient
     std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
+    std::vector<uint8_t> dead_;         // host: 1 for latents dead before this step
+    int64_t n_dead_ = 0;
     std::vector<int32_t> fires_host_;
 };
 

@@ -22,19 +22,10 @@
 #include <type_traits>
 #include <variant>
 
+#include "saetrain/arch.h"
 #include "saetrain/error.h"
 
 namespace saetrain {
-
-const char* arch_name(Arch a) {
-    switch (a) {
-        case Arch::relu:
-            return "relu";
-        case Arch::topk:
-            return "topk";
-    }
-    return "unknown";
-}
 
 namespace {
 
@@ -81,23 +72,15 @@ template <>
 struct KindOf<std::string> {
     static constexpr Kind value = Kind::string;
 };
-template <>
-struct KindOf<Arch> {
-    static constexpr Kind value = Kind::string;
-};
 
 template <class T>
 Value to_value(const T& v) {
     return Value(v);
 }
-Value to_value(const Arch& a) { return Value(std::string(arch_name(a))); }
 
 template <class T>
 void from_value(T& dst, const Value& v) {
     dst = std::get<T>(v);
-}
-void from_value(Arch& dst, const Value& v) {
-    dst = std::get<std::string>(v) == "relu" ? Arch::relu : Arch::topk;
 }
 
 // Shortest text that reads back as the same double ("5", "0.5", "0.001", "1e-05").
@@ -142,7 +125,7 @@ Field make_field(const char* section, const char* key, Access access,
 }
 
 const std::vector<std::string> kAny;
-const std::vector<std::string> kArchChoices = {"relu", "topk"};
+const std::vector<std::string> kArchChoices = arch_names();
 const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant"};
 const std::vector<std::string> kEncoderInitChoices = {"fitted", "transpose"};
 const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
@@ -151,7 +134,7 @@ const std::vector<std::string> kSweepDataChoices = {"shared", "disjoint"};
 const std::vector<std::string> kBackendChoices = {"auto", "cpu", "cuda"};
 const std::vector<std::string> kGemmChoices = {"fp32", "tf32", "bf16"};
 // Named by the design brief but not implemented yet: a clearer message than "unknown value".
-const std::vector<std::string> kPlannedArchs = {"batchtopk", "jumprelu", "switch"};
+const std::vector<std::string> kPlannedArchs = {"switch"};
 
 const std::vector<std::string> kSections = {"run",     "data", "sae", "train",     "parallel",
                                             "backend", "gpu",  "log", "checkpoint"};
@@ -185,6 +168,9 @@ const std::vector<Field>& fields() {
         SAE_KEY("sae", n_latents, kAny),
         SAE_KEY("sae", k, kAny),
         SAE_KEY("sae", l1_coeff, kAny),
+        SAE_KEY("sae", k_aux, kAny),
+        SAE_KEY("sae", jumprelu_bandwidth, kAny),
+        SAE_KEY("sae", jumprelu_init_threshold, kAny),
         SAE_KEY("train", lr, kAny),
         SAE_KEY("train", warmup_steps, kAny),
         SAE_KEY("train", warmup_fraction, kAny),
@@ -193,6 +179,8 @@ const std::vector<Field>& fields() {
         SAE_KEY("train", lr_min_ratio, kAny),
         SAE_KEY("train", l1_warmup_steps, kAny),
         SAE_KEY("train", l1_warmup_fraction, kAny),
+        SAE_KEY("train", l0_coeff, kAny),
+        SAE_KEY("train", auxk_coeff, kAny),
         SAE_KEY("train", grad_clip, kAny),
         SAE_KEY("train", beta1, kAny),
         SAE_KEY("train", beta2, kAny),
@@ -626,6 +614,10 @@ private:
             check(s.n_latents >= 0, "sae.n_latents", ">= 0 (0: use sae.expansion)", s.n_latents);
             check(s.k >= 1, "sae.k", ">= 1", s.k);
             check(s.l1_coeff >= 0, "sae.l1_coeff", ">= 0", s.l1_coeff);
+            check(s.k_aux >= 0, "sae.k_aux", ">= 0 (0: d_model / 2)", s.k_aux);
+            check(s.l0_coeff >= 0, "train.l0_coeff", ">= 0", s.l0_coeff);
+            check(s.auxk_coeff >= 0, "train.auxk_coeff", ">= 0 (0: no AuxK)", s.auxk_coeff);
+            arch_get(s.arch).validate(s, 0, loc("sae.arch"));
             check(s.lr > 0, "train.lr", "> 0", s.lr);
             check(s.warmup_steps >= 0, "train.warmup_steps", ">= 0", s.warmup_steps);
             check(s.warmup_fraction >= 0 && s.warmup_fraction < 1, "train.warmup_fraction",
@@ -681,13 +673,9 @@ void emit_value(YAML::Emitter& out, const Value& v) {
 // ---- public API --------------------------------------------------------------------------------
 
 std::string SaeConfig::id(int64_t /*d_model: ids use the expansion as written*/) const {
-    std::string s = arch_name(arch);
+    std::string s = arch;
     s += n_latents > 0 ? fmt::format("-n{}", n_latents) : fmt::format("-x{}", expansion);
-    if (arch == Arch::topk)
-        s += fmt::format("-k{}", k);
-    else
-        s += "-l1_" + compact(l1_coeff);
-    return s;
+    return s + "-" + arch_get(arch).id_suffix(*this);
 }
 
 std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model) {
@@ -720,6 +708,15 @@ std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model) {
         for (size_t j = i + 1; j < ids.size(); ++j)
             if (ids[j] == ids[i]) ids[j] += fmt::format("-p{}", j);
     return ids;
+}
+
+std::string sae_key_text(const Config& cfg, const SaeConfig& point, const std::string& key) {
+    const size_t dot = key.find('.');
+    const int i =
+        dot == std::string::npos ? -1 : find_field(key.substr(0, dot), key.substr(dot + 1));
+    SAE_ENFORCE(i >= 0 && fields()[static_cast<size_t>(i)].sweepable(),
+                "sae_key_text: '{}' is not an sae.* or train.* key", key);
+    return value_text(fields()[static_cast<size_t>(i)].get(cfg, point));
 }
 
 Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
@@ -784,14 +781,11 @@ void config_validate_for_data(const Config& cfg, int64_t d_model) {
                         "{}: sae.expansion {} x d_model {} overflows", cfg.source, s.expansion,
                         d_model);
         const int64_t n = s.resolved_latents(d_model);
-        if (s.arch != Arch::topk || s.k <= n) continue;
         const std::string size =
             s.n_latents > 0 ? fmt::format("sae.n_latents = {}", s.n_latents)
                             : fmt::format("sae.expansion {} x d_model {}", s.expansion, d_model);
-        throw Error(fmt::format(
-            "{}: SAE {}: sae.k = {} exceeds its {} latents ({}); lower sae.k or raise {}",
-            cfg.source, s.id(d_model), s.k, n, size,
-            s.n_latents > 0 ? "sae.n_latents" : "sae.expansion"));
+        arch_get(s.arch).validate(
+            s, n, fmt::format("{}: SAE {} ({}): ", cfg.source, s.id(d_model), size));
     }
 }
 

@@ -138,7 +138,9 @@ PerfPrediction predict(const PerfInputs& in) {
                 "perf model: every hardware figure must be positive");
     PerfPrediction p;
     const double N = in.ranks;
-    p.flops_per_token = sae_flops_per_token(in.kind, in.d_model, in.n_latents, in.k);
+    p.flops_per_token = in.flops_per_token > 0
+                            ? in.flops_per_token
+                            : sae_flops_per_token(in.kind, in.d_model, in.n_latents, in.k);
     p.bytes_per_token = static_cast<double>(in.d_model) * in.bytes_per_element;
     p.params = sae_params(in.d_model, in.n_latents);
     p.optimizer_bytes_per_step = 28.0 * static_cast<double>(p.params);

@@ -82,11 +82,10 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
     int64_t bytes_at_interval = source.bytes_read();
     Interval iv;
     LoopResult res;
-    // Model FLOPs per token (perfmodel.h): what TFLOP/s and MFU count. TopK runs sparse kernels
-    // on every backend, so its count is 2*d*n + 8*k*d.
-    const SaeConfig& sc = trainer.config();
-    const double flops_per_token = sae_flops_per_token(
-        sc.arch == Arch::relu ? SaeKind::dense : SaeKind::topk, d, trainer.n_latents(), sc.k);
+    // Model FLOPs per token (the architecture's count): what TFLOP/s and MFU count. TopK runs
+    // sparse kernels on every backend, so its count is 2*d*n + 8*k*d.
+    const double flops_per_token =
+        trainer.arch().flops_per_token(trainer.config(), d, trainer.n_latents());
     const int64_t tokens_at_start = trainer.tokens();  // > 0 when resuming
 
     // Runs the evaluation, its time kept out of the interval's rates.

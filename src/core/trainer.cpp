@@ -9,13 +9,6 @@
 
 namespace saetrain {
 
-// Pointers into the flat parameter-shaped buffers.
-struct SaeTrainer::Views {
-    float *w_enc, *w_dec, *b_enc, *b_dec;
-    Views(float* base, int64_t n, int64_t d)
-        : w_enc(base), w_dec(base + n * d), b_enc(base + 2 * n * d), b_dec(base + 2 * n * d + n) {}
-};
-
 SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
                        Backend& backend, Communicator& grad_comm)
     : cfg_(cfg),
@@ -25,17 +18,19 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       seed_(seed),
       be_(backend),
       comm_(grad_comm),
-      n_params_(2 * n_ * d_ + n_ + d_),
+      arch_(arch_get(cfg.arch)),
+      layout_(n_, d_, arch_.extra_params(n_, d_)),
+      pass_(arch_.make_pass(cfg, d_, n_, backend)),
+      n_params_(layout_.total()),
       dec_norms_(backend, n_),
       zsum_(backend, n_),
       xcol_(backend, d_),
       stats_(backend, kStatCount),
       fires_(backend, n_),
       since_fired_(static_cast<size_t>(n_), 0),
+      dead_(static_cast<size_t>(n_), 0),
       fires_host_(static_cast<size_t>(n_), 0) {
-    SAE_ENFORCE(cfg.arch != Arch::topk || cfg.k <= n_,
-                "sae.k = {} exceeds n_latents = {} (d_model {} x expansion {})", cfg.k, n_, d_,
-                cfg.expansion);
+    arch_.validate(cfg, n_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_));
     if (comm_.size() > 1)
         shared_ = comm_.share_node_memory(3 * n_params_, n_params_, be_.host_memory());
     if (shared_) {
@@ -72,12 +67,18 @@ void SaeTrainer::ensure_batch(int64_t rows) {
     xc_ = DeviceArray<float>(be_, rows * d_);
     xhat_ = DeviceArray<float>(be_, rows * d_);
     pre_ = DeviceArray<float>(be_, rows * n_);
-    if (cfg_.arch == Arch::topk) {
-        topk_idx_ = DeviceArray<int32_t>(be_, rows * cfg_.k);
-        topk_val_ = DeviceArray<float>(be_, rows * cfg_.k);
-    } else {
-        dz_ = DeviceArray<float>(be_, rows * n_);
-    }
+    pass_->reserve(rows);
+}
+
+PassContext SaeTrainer::context(const float* x, int64_t rows) {
+    PassContext c{be_, layout_};
+    c.B = rows, c.d = d_, c.n = n_;
+    c.p = params_, c.g = grads_;
+    c.x = x, c.xc = xc_.data(), c.pre = pre_.data(), c.xhat = xhat_.data();
+    c.stats = stats_.data(), c.fires = fires_.data();
+    c.dec_norms = dec_norms_.data(), c.col_scratch = zsum_.data();
+    c.dead = &dead_, c.n_dead = n_dead_;
+    return c;
 }
 
 void SaeTrainer::init(const float* x, int64_t rows) {
@@ -86,7 +87,7 @@ void SaeTrainer::init(const float* x, int64_t rows) {
     // same start, so replicas begin (and, with averaged gradients, stay) identical.
     std::mt19937_64 rng(seed_);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    float* w_dec = p.data() + n_ * d_;
+    float* w_dec = p.data() + off(ParamLayout::kWDec);
     for (int64_t i = 0; i < n_; ++i) {
         double s = 0;
         float* row = w_dec + i * d_;
@@ -102,8 +103,9 @@ void SaeTrainer::init(const float* x, int64_t rows) {
     sums[d_] = static_cast<double>(rows);
     comm_.allreduce_sum(sums.data(), d_ + 1);
     SAE_ENFORCE(sums[d_] > 0, "cannot initialize the SAE from an empty batch");
-    float* b_dec = p.data() + 2 * n_ * d_ + n_;
+    float* b_dec = p.data() + off(ParamLayout::kBDec);
     for (int64_t c = 0; c < d_; ++c) b_dec[c] = static_cast<float>(sums[c] / sums[d_]);
+    arch_.init_extra(cfg_, layout_, p);
     set_params_host(p);
     if (cfg_.encoder_init == "fitted") fit_encoder_scale(x, rows, p);
 }
@@ -114,12 +116,12 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     // The c minimizing sum ||c u - (x - b_dec)||^2 over the batch is <u, x - b_dec> / ||u||^2:
     // random unit decoder rows start the reconstruction at its best scale instead of
     // (n_latents / d_model)-fold too large (ReLU) or off by the batch's norm (TopK).
-    const float* b_dec = p.data() + 2 * n_ * d_ + n_;
+    const float* b_dec = p.data() + off(ParamLayout::kBDec);
     double uv[2] = {0, 0};  // <u, x - b_dec>, ||u||^2 over all replicas' rows
     if (rows > 0) {
         ensure_batch(rows);
         be_.upload(x_.data(), x, rows * d_ * static_cast<int64_t>(sizeof(float)));
-        forward(x_.data(), rows);
+        forward(x_.data(), rows, true);
         std::vector<float> xhat(static_cast<size_t>(rows * d_));
         be_.download(xhat.data(), xhat_.data(), rows * d_ * static_cast<int64_t>(sizeof(float)));
         for (int64_t r = 0; r < rows; ++r)
@@ -140,22 +142,9 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t n
     return collect_gradients();
 }
 
-void SaeTrainer::forward(const float* x, int64_t B) {
-    const int64_t d = d_, n = n_;
-    Views P(params_, n, d);
-    // Encoder input x - b_dec; pre = xc W_enc^T (b_enc is added by the activation op).
-    be_.sub_rows(xc_.data(), x, P.b_dec, B, d);
-    be_.gemm(false, true, B, n, d, 1.0f, xc_.data(), d, P.w_enc, d, 0.0f, pre_.data(), n);
-    be_.broadcast_rows(xhat_.data(), P.b_dec, B, d);
-    if (cfg_.arch == Arch::relu) {
-        float* z = pre_.data();
-        be_.relu_forward(z, P.b_enc, B, n);
-        be_.gemm(false, false, B, d, n, 1.0f, z, n, P.w_dec, d, 1.0f, xhat_.data(), d);
-    } else {
-        const int64_t k = cfg_.k;
-        be_.topk_forward(pre_.data(), P.b_enc, B, n, k, topk_idx_.data(), topk_val_.data());
-        be_.sparse_decode(topk_idx_.data(), topk_val_.data(), P.w_dec, B, k, d, xhat_.data());
-    }
+void SaeTrainer::forward(const float* x, int64_t B, bool training) {
+    PassContext c = context(x, B);
+    pass_->forward(c, training);
 }
 
 EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch_rows) {
@@ -175,7 +164,7 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
         const int64_t B = std::min(batch_rows, rows - r0);
         ensure_batch(B);
         be_.upload(x_.data(), x_host + r0 * d, B * d * static_cast<int64_t>(sizeof(float)));
-        forward(x_.data(), B);
+        forward(x_.data(), B, false);
         be_.fill(stats_.data(), kStatCount, 0.0f);
         be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
                      stats_.data());
@@ -184,20 +173,21 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
         be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
         sums[0] += static_cast<double>(B), sums[1] += st[kStatSse], sums[2] += st[kStatSumSqX];
         for (int64_t c = 0; c < d; ++c) x_sum[c] += xcol[c];
-        // Which latents fired: the selection (TopK) or the dense activations (ReLU).
-        const int64_t per_row = cfg_.arch == Arch::relu ? n : cfg_.k;
+        // Which latents fired: the dense activations or the (latent, value) pairs.
+        const Activations a = pass_->activations();
+        const int64_t per_row = a.dense ? n : a.width;
         act.resize(static_cast<size_t>(B * per_row));
-        if (cfg_.arch == Arch::relu) {
-            be_.download(act.data(), pre_.data(), B * n * static_cast<int64_t>(sizeof(float)));
+        if (a.dense) {
+            be_.download(act.data(), a.dense, B * n * static_cast<int64_t>(sizeof(float)));
         } else {
             idx.resize(act.size());
-            be_.download(act.data(), topk_val_.data(), B * per_row * int64_t{sizeof(float)});
-            be_.download(idx.data(), topk_idx_.data(), B * per_row * int64_t{sizeof(int32_t)});
+            be_.download(act.data(), a.val, B * per_row * int64_t{sizeof(float)});
+            be_.download(idx.data(), a.idx, B * per_row * int64_t{sizeof(int32_t)});
         }
         for (int64_t i = 0; i < B * per_row; ++i) {
             if (!(act[i] > 0)) continue;
             sums[3] += 1;
-            fired[cfg_.arch == Arch::relu ? i % n : idx[i]] += 1;
+            fired[a.dense ? i % n : idx[i]] += 1;
         }
     }
     comm_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
@@ -217,45 +207,24 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
 }
 
 void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
-    const int64_t B = rows, d = d_, n = n_;
+    const int64_t B = rows, d = d_;
     if (norm_rows <= 0) norm_rows = rows;
     ensure_batch(B);
     reduced_ = false;
-    Views P(params_, n, d), G(grads_, n, d);
-    // d/dx_hat of sum_t ||err_t||^2 / norm_rows
-    const float grad_scale = 2.0f / static_cast<float>(norm_rows);
-    const double l1 = cfg_.arch == Arch::relu ? l1_at(cfg_, step_, total_steps_) : 0.0;
-    pending_rows_ = rows, pending_l1_ = l1;
+    pending_rows_ = rows;
     be_.fill(stats_.data(), kStatCount, 0.0f);
-
-    forward(x, B);
-    if (cfg_.arch == Arch::relu) {
-        float* z = pre_.data();
-        float* derr = xhat_.data();
-        be_.residual(derr, x, B, d, grad_scale, xcol_.data(), G.b_dec, stats_.data());
-        // Five dense GEMMs in all: encoder, decoder, and these three.
-        be_.gemm(true, false, n, d, B, 1.0f, z, n, derr, d, 0.0f, G.w_dec, d);
-        be_.gemm(false, true, B, n, d, 1.0f, derr, d, P.w_dec, d, 0.0f, dz_.data(), n);
-        be_.row_norms(P.w_dec, n, d, dec_norms_.data());
-        const float l1_eff = static_cast<float>(l1 / static_cast<double>(norm_rows));
-        be_.relu_backward(z, dz_.data(), dec_norms_.data(), l1_eff, B, n, G.b_enc, zsum_.data(),
-                          fires_.data(), stats_.data());
-        be_.gemm(true, false, n, d, B, 1.0f, dz_.data(), n, xc_.data(), d, 0.0f, G.w_enc, d);
-        if (l1 > 0) be_.add_norm_grad(P.w_dec, zsum_.data(), l1_eff, G.w_dec, n, d);
-    } else {
-        const int64_t k = cfg_.k;
-        float* derr = xhat_.data();
-        be_.residual(derr, x, B, d, grad_scale, xcol_.data(), G.b_dec, stats_.data());
-        be_.topk_backward(xc_.data(), derr, topk_idx_.data(), topk_val_.data(), P.w_dec, B, n, k, d,
-                          G.w_enc, G.w_dec, G.b_enc, fires_.data(), stats_.data());
-    }
-    // b_dec also enters through the encoder input x - b_dec: dL/db_dec -= db_enc^T W_enc.
-    be_.gemm(false, false, 1, d, n, -1.0f, G.b_enc, n, P.w_enc, d, 1.0f, G.b_dec, d);
+    PassContext c = context(x, B);
+    // d/dx_hat of sum_t ||err_t||^2 / norm_rows
+    c.grad_scale = 2.0f / static_cast<float>(norm_rows);
+    c.norm_rows = static_cast<float>(norm_rows);
+    pass_->forward(c, true);
+    be_.residual(c.xhat, x, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
+                 stats_.data());
+    pass_->backward(c, step_, total_steps_);
 }
 
 StepResult SaeTrainer::collect_gradients() {
     const int64_t B = pending_rows_, d = d_, n = n_;
-    const double l1 = pending_l1_;
     pending_rows_ = -1;
     float st[kStatCount];
     std::vector<float> xcol(static_cast<size_t>(d));
@@ -270,18 +239,24 @@ StepResult SaeTrainer::collect_gradients() {
     r.sst = st[kStatSumSqX] - mean_sq / static_cast<double>(B);
     r.l1 = st[kStatL1];
     r.l0 = st[kStatL0];
-    r.loss = (r.sse + l1 * r.l1) / static_cast<double>(B);
+    r.aux = st[kStatAux];
+    r.loss = (r.sse + pass_->penalty(st)) / static_cast<double>(B);
     return r;
 }
 
 void SaeTrainer::apply_update(StepResult& r) {
     const int64_t n = n_, d = d_;
-    Views P(params_, n, d), G(grads_, n, d);
+    const float* w_dec = params_ + off(ParamLayout::kWDec);
+    float* g_w_dec = grads_ + off(ParamLayout::kWDec);
+    // The architecture's sums for after_step (zeros from a replica that had no rows).
+    std::vector<double> arch_sums = pass_->step_sums();
+    if (r.rows == 0) std::fill(arch_sums.begin(), arch_sums.end(), 0.0);
     // Gradients are of the summed loss (see step): sum them, and the step's metrics, over the
     // replicas, then divide by the rows of all replicas through Adam's grad_scale.
     double sum_sq = 0;
     if (comm_.size() > 1) {
-        std::vector<double> m = {double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0};
+        std::vector<double> m = {double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0,
+                                 r.aux};
         if (sharded()) {
             // Reduce-scatter in shared memory: this replica's range, summed over replicas.
             shared_->fence();  // every replica's gradient is complete
@@ -289,7 +264,7 @@ void SaeTrainer::apply_update(StepResult& r) {
             for (const Range& g : mine) shared_->sum_segments(g.offset, g.count);
             reduced_ = true;
             if (cfg_.normalize_decoder)
-                be_.project_out_parallel(P.w_dec + shard_lo_ * d, G.w_dec + shard_lo_ * d,
+                be_.project_out_parallel(w_dec + shard_lo_ * d, g_w_dec + shard_lo_ * d,
                                          shard_hi_ - shard_lo_, d);
             double partial = 0;
             for (const Range& g : mine) partial += be_.sum_squares(grads_ + g.offset, g.count);
@@ -298,18 +273,21 @@ void SaeTrainer::apply_update(StepResult& r) {
             comm_.allreduce_sum(grads_, n_params_);
             reduced_ = true;
         }
+        const size_t a0 = m.size();
+        m.insert(m.end(), arch_sums.begin(), arch_sums.end());
         m.insert(m.end(), fires_host_.begin(), fires_host_.end());
         comm_.allreduce_sum(m.data(), static_cast<int64_t>(m.size()));
         r.rows = static_cast<int64_t>(m[0]);
-        r.loss = m[1] / m[0], r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5];
-        const size_t f0 = sharded() ? 7 : 6;
-        if (sharded()) sum_sq = m[6];
+        r.loss = m[1] / m[0], r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5], r.aux = m[6];
+        if (sharded()) sum_sq = m[7];
+        std::copy(m.begin() + a0, m.begin() + a0 + arch_sums.size(), arch_sums.begin());
+        const size_t f0 = a0 + arch_sums.size();
         for (int64_t i = 0; i < n; ++i) fires_host_[i] = static_cast<int32_t>(m[f0 + i]);
     }
     if (r.rows == 0) return;  // no replica had data: nothing to learn from
     const double rows_all = static_cast<double>(r.rows);
     if (!sharded()) {
-        if (cfg_.normalize_decoder) be_.project_out_parallel(P.w_dec, G.w_dec, n, d);
+        if (cfg_.normalize_decoder) be_.project_out_parallel(w_dec, g_w_dec, n, d);
         sum_sq = be_.sum_squares(grads_, n_params_);
     }
 
@@ -336,8 +314,13 @@ void SaeTrainer::apply_update(StepResult& r) {
     optimizer_step(grad_scale, static_cast<float>(r.lr), step_ + 1);
     if (sharded()) shared_->fence();  // every range updated before anyone reads parameters
 
-    for (int64_t i = 0; i < n; ++i)
+    pass_->after_step(arch_sums);
+    n_dead_ = 0;
+    for (int64_t i = 0; i < n; ++i) {
         since_fired_[i] = fires_host_[i] > 0 ? 0 : since_fired_[i] + r.rows;
+        dead_[i] = since_fired_[i] >= cfg_.dead_tokens;
+        n_dead_ += dead_[i];
+    }
     ++step_;
     tokens_ += r.rows;
 }
@@ -348,25 +331,29 @@ void SaeTrainer::optimizer_step(float grad_scale, float lr, int64_t t) {
     const auto b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
     const auto eps = static_cast<float>(cfg_.eps);
     const auto wd = static_cast<float>(cfg_.weight_decay);
-    const auto mine = ranges(shard_lo_, shard_hi_, shard_b_dec_);
-    for (size_t i = 0; i < mine.size(); ++i) {
-        const auto [off, len] = mine[i];
-        if (len == 0) continue;
-        // Weights (W_enc, W_dec: the first two ranges) get weight decay, biases do not.
-        be_.adam(params_ + off, grads_ + off, m_ + off, v_ + off, len, lr, b1, b2, eps, bc1, bc2,
-                 i < 2 ? wd : 0.0f, grad_scale);
+    for (const Range& g : ranges(shard_lo_, shard_hi_, shard_b_dec_)) {
+        if (g.count == 0) continue;
+        // Weights (W_enc, W_dec) get weight decay, biases and thresholds do not.
+        be_.adam(params_ + g.offset, grads_ + g.offset, m_ + g.offset, v_ + g.offset, g.count, lr,
+                 b1, b2, eps, bc1, bc2, g.decay ? wd : 0.0f, grad_scale);
     }
     if (cfg_.normalize_decoder)
-        be_.normalize_rows(params_ + n_ * d_ + shard_lo_ * d_, shard_hi_ - shard_lo_, d_);
+        be_.normalize_rows(params_ + off(ParamLayout::kWDec) + shard_lo_ * d_,
+                           shard_hi_ - shard_lo_, d_);
 }
 
-std::array<SaeTrainer::Range, 4> SaeTrainer::ranges(int64_t lo, int64_t hi, bool with_b_dec) const {
-    const int64_t n = n_, d = d_;
-    return {Range{lo * d, (hi - lo) * d}, Range{n * d + lo * d, (hi - lo) * d},
-            Range{2 * n * d + lo, hi - lo}, Range{2 * n * d + n, with_b_dec ? d : 0}};
+std::vector<SaeTrainer::Range> SaeTrainer::ranges(int64_t lo, int64_t hi, bool with_shared) const {
+    std::vector<Range> out;
+    for (const ParamSegment& s : layout_.segments()) {
+        if (s.per_latent)
+            out.push_back({s.offset + lo * s.cols, (hi - lo) * s.cols, s.decay});
+        else
+            out.push_back({s.offset, with_shared ? s.size() : 0, s.decay});
+    }
+    return out;
 }
 
-std::array<SaeTrainer::Range, 4> SaeTrainer::ranges_of(int64_t q) const {
+std::vector<SaeTrainer::Range> SaeTrainer::ranges_of(int64_t q) const {
     const int64_t R = comm_.size();
     return ranges(n_ * q / R, n_ * (q + 1) / R, q == R - 1);
 }
@@ -472,13 +459,35 @@ void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
     std::vector<float> p(static_cast<size_t>(n_params_));
     for (int64_t l = 0; l < n_; ++l)
         for (int64_t c = 0; c < d_; ++c) p[l * d_ + c] = w.w_enc[c * n_ + l];  // from [d, n]
-    std::copy(w.w_dec.begin(), w.w_dec.end(), p.begin() + n_ * d_);
-    std::copy(w.b_enc.begin(), w.b_enc.end(), p.begin() + 2 * n_ * d_);
-    std::copy(w.b_dec.begin(), w.b_dec.end(), p.begin() + 2 * n_ * d_ + n_);
+    std::copy(w.w_dec.begin(), w.w_dec.end(), p.begin() + off(ParamLayout::kWDec));
+    std::copy(w.b_enc.begin(), w.b_enc.end(), p.begin() + off(ParamLayout::kBEnc));
+    std::copy(w.b_dec.begin(), w.b_dec.end(), p.begin() + off(ParamLayout::kBDec));
+    // The architecture's own parameters, then its buffers.
+    const auto& segs = layout_.segments();
+    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i) {
+        const std::vector<float>* t = nullptr;
+        for (const auto& [name, value] : w.extra)
+            if (name == segs[i].name) t = &value;
+        SAE_ENFORCE(t && static_cast<int64_t>(t->size()) == segs[i].size(),
+                    "checkpoint of a {} SAE has no '{}' tensor of {} values", cfg_.arch,
+                    segs[i].name, segs[i].size());
+        std::copy(t->begin(), t->end(), p.begin() + segs[i].offset);
+    }
+    for (const auto& [name, value] : pass_->buffers()) {
+        bool found = false;
+        for (const auto& [key, v] : w.extra)
+            if (key == name) pass_->set_buffer(name, v), found = true;
+        SAE_ENFORCE(found, "checkpoint of a {} SAE has no '{}' tensor", cfg_.arch, name);
+    }
     write_shared(params_, p);
     write_shared(m_, s.adam_m);
     write_shared(v_, s.adam_v);
     since_fired_ = s.since_fired;
+    n_dead_ = 0;
+    for (int64_t i = 0; i < n_; ++i) {
+        dead_[i] = since_fired_[i] >= cfg_.dead_tokens;
+        n_dead_ += dead_[i];
+    }
     step_ = s.step;
     tokens_ = s.tokens;
 }
@@ -490,9 +499,17 @@ SaeWeights SaeTrainer::weights() const {
     w.w_enc.resize(static_cast<size_t>(d_ * n_));
     for (int64_t l = 0; l < n_; ++l)
         for (int64_t c = 0; c < d_; ++c) w.w_enc[c * n_ + l] = p[l * d_ + c];  // to [d, n]
-    w.w_dec.assign(p.begin() + n_ * d_, p.begin() + 2 * n_ * d_);
-    w.b_enc.assign(p.begin() + 2 * n_ * d_, p.begin() + 2 * n_ * d_ + n_);
-    w.b_dec.assign(p.begin() + 2 * n_ * d_ + n_, p.end());
+    const auto& segs = layout_.segments();
+    auto slice = [&](int i) {
+        return std::vector<float>(p.begin() + segs[i].offset,
+                                  p.begin() + segs[i].offset + segs[i].size());
+    };
+    w.w_dec = slice(ParamLayout::kWDec);
+    w.b_enc = slice(ParamLayout::kBEnc);
+    w.b_dec = slice(ParamLayout::kBDec);
+    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
+        w.extra.emplace_back(segs[i].name, slice(static_cast<int>(i)));
+    for (auto& b : pass_->buffers()) w.extra.push_back(std::move(b));
     return w;
 }
 

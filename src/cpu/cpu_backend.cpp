@@ -250,8 +250,8 @@ public:
 
     void topk_backward(const float* x, const float* derr, const int32_t* idx, const float* val,
                        const float* w_dec, int64_t rows, int64_t n, int64_t k, int64_t d,
-                       float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires,
-                       float* stats) override {
+                       float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires, float* stats,
+                       bool accumulate) override {
         // Counting sort of the active (row, slot) pairs by latent: each latent's gradient rows
         // are then written by one thread, in row order (deterministic, no atomics).
         start_.assign(static_cast<size_t>(n) + 1, 0);
@@ -268,9 +268,11 @@ public:
             float* gd = dw_dec + l * d;
             float* ge = dw_enc + l * d;
             const float* w = w_dec + l * d;
-            std::memset(gd, 0, d * sizeof(float));
-            std::memset(ge, 0, d * sizeof(float));
-            float gb = 0.0f;
+            if (!accumulate) {
+                std::memset(gd, 0, d * sizeof(float));
+                std::memset(ge, 0, d * sizeof(float));
+            }
+            float gb = accumulate ? db_enc[l] : 0.0f;
             for (int64_t p = start_[l]; p < start_[l + 1]; ++p) {
                 const int64_t e = entries_[p], r = e / k;
                 const float* er = derr + r * d;
@@ -289,6 +291,185 @@ public:
             fires[l] = static_cast<int32_t>(start_[l + 1] - start_[l]);
         }
         stats[kStatL0] += static_cast<float>(start_[n]);
+    }
+
+    float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
+                          int64_t count) override {
+        // Radix selection on the bits of the positive values (for positive floats the bit
+        // pattern orders like the value): four passes of 8 bits from the top, each counting
+        // only the values that share the prefix chosen so far. Counts are integers, so the
+        // result does not depend on the thread count.
+        uint32_t prefix = 0, mask = 0;
+        int64_t want = count;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            std::vector<int64_t> hist(256, 0);
+#pragma omp parallel
+            {
+                std::vector<int64_t> local(256, 0);
+#pragma omp for schedule(static)
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float* p = pre + r * n;
+                    for (int64_t i = 0; i < n; ++i) {
+                        const float v = p[i] + b_enc[i];
+                        if (!(v > 0.0f)) continue;
+                        uint32_t u;
+                        std::memcpy(&u, &v, sizeof(u));
+                        if ((u & mask) == prefix) ++local[(u >> shift) & 0xffu];
+                    }
+                }
+#pragma omp critical
+                for (int b = 0; b < 256; ++b) hist[b] += local[b];
+            }
+            if (shift == 24) {
+                int64_t positive = 0;
+                for (int64_t h : hist) positive += h;
+                if (positive == 0) return 0.0f;
+                want = std::min(want, positive);
+                if (want <= 0) want = 1;
+            }
+            int b = 255;
+            for (; b > 0 && hist[b] < want; --b) want -= hist[b];
+            prefix |= static_cast<uint32_t>(b) << shift;
+            mask |= 0xffu << shift;
+        }
+        float t;
+        std::memcpy(&t, &prefix, sizeof(t));
+        return t;
+    }
+
+    int64_t select_above(const float* pre, const float* b_enc, float threshold, int64_t rows,
+                         int64_t n, int64_t width, int32_t* idx, float* val) override {
+        int64_t widest = 0;
+#pragma omp parallel for schedule(static) reduction(max : widest)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* p = pre + r * n;
+            int64_t c = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = p[i] + b_enc[i];
+                if (!(v > 0.0f && v >= threshold)) continue;
+                if (c < width) idx[r * width + c] = static_cast<int32_t>(i), val[r * width + c] = v;
+                ++c;
+            }
+            for (int64_t j = c; j < width; ++j) idx[r * width + j] = 0, val[r * width + j] = 0.0f;
+            widest = std::max(widest, c);
+        }
+        return widest;
+    }
+
+    void jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold, int64_t rows,
+                          int64_t n, float* z) override {
+        std::vector<float> theta(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) theta[i] = std::exp(log_threshold[i]);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            float* p = pre + r * n;
+            float* zr = z + r * n;
+            for (int64_t i = 0; i < n; ++i) {
+                p[i] += b_enc[i];
+                zr[i] = math::jumprelu(p[i], theta[i]);
+            }
+        }
+    }
+
+    void jumprelu_backward(const float* v, const float* log_threshold, float bandwidth, float l0,
+                           int64_t rows, int64_t n, float* dz, float* db_enc, float* dlog_threshold,
+                           int32_t* fires, float* stats) override {
+        const int64_t nb = ceil_div(n, kColBlock);
+        std::vector<double> l0s(nb);
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
+            float gsum[kColBlock] = {}, tsum[kColBlock] = {}, fsum[kColBlock] = {},
+                  theta[kColBlock];
+            for (int64_t c = 0; c < w; ++c) theta[c] = std::exp(log_threshold[c0 + c]);
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* vr = v + r * n + c0;
+                float* g = dz + r * n + c0;
+                for (int64_t c = 0; c < w; ++c) {
+                    float dv, dt;
+                    math::jumprelu_grad(vr[c], theta[c], bandwidth, g[c], l0, dv, dt);
+                    g[c] = dv;
+                    gsum[c] += dv;
+                    tsum[c] += dt;
+                    fsum[c] += vr[c] > theta[c] ? 1.0f : 0.0f;
+                }
+            }
+            double f = 0;
+            for (int64_t c = 0; c < w; ++c) {
+                db_enc[c0 + c] = gsum[c];
+                dlog_threshold[c0 + c] = tsum[c] * theta[c];  // d/dlog(theta) = theta d/dtheta
+                fires[c0 + c] = static_cast<int32_t>(fsum[c]);
+                f += fsum[c];
+            }
+            l0s[b] = f;
+        }
+        for (int64_t b = 0; b < nb; ++b) stats[kStatL0] += static_cast<float>(l0s[b]);
+    }
+
+    void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
+                       const float* b_mag, int64_t rows, int64_t n, float* z,
+                       float* gate) override {
+        std::vector<float> scale(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) scale[i] = std::exp(r_mag[i]);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* p = pre + r * n;
+            for (int64_t i = 0; i < n; ++i) {
+                const float g = p[i] + b_gate[i], m = p[i] * scale[i] + b_mag[i];
+                z[r * n + i] = math::gated(g, m);
+                gate[r * n + i] = math::relu(g);
+            }
+        }
+    }
+
+    void gated_backward(const float* pre, const float* b_gate, const float* r_mag,
+                        const float* b_mag, const float* norms, float l1, int64_t rows, int64_t n,
+                        float* dz, const float* dgate, float* db_gate, float* dr_mag, float* db_mag,
+                        float* dpre_col_sum, float* gate_col_sum, int32_t* fires,
+                        float* stats) override {
+        const int64_t nb = ceil_div(n, kColBlock);
+        std::vector<double> l1s(nb), l0s(nb);
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
+            float sg[kColBlock] = {}, sm[kColBlock] = {}, sr[kColBlock] = {}, sp[kColBlock] = {},
+                  sa[kColBlock] = {}, sf[kColBlock] = {}, scale[kColBlock], l1n[kColBlock];
+            for (int64_t c = 0; c < w; ++c)
+                scale[c] = std::exp(r_mag[c0 + c]), l1n[c] = l1 * norms[c0 + c];
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* pr = pre + r * n + c0;
+                const float* ga = dgate + r * n + c0;
+                float* g = dz + r * n + c0;
+                for (int64_t c = 0; c < w; ++c) {
+                    const float gv = pr[c] + b_gate[c0 + c], mv = pr[c] * scale[c] + b_mag[c0 + c];
+                    float dg, dm;
+                    math::gated_grad(gv, mv, g[c], ga[c], l1n[c], dg, dm);
+                    const float dp = dg + dm * scale[c];
+                    g[c] = dp;
+                    sg[c] += dg, sm[c] += dm, sr[c] += dm * pr[c] * scale[c], sp[c] += dp;
+                    sa[c] += math::relu(gv);
+                    sf[c] += math::gated(gv, mv) > 0.0f ? 1.0f : 0.0f;
+                }
+            }
+            double s1 = 0, f = 0;
+            for (int64_t c = 0; c < w; ++c) {
+                db_gate[c0 + c] = sg[c], db_mag[c0 + c] = sm[c], dr_mag[c0 + c] = sr[c];
+                dpre_col_sum[c0 + c] = sp[c], gate_col_sum[c0 + c] = sa[c];
+                fires[c0 + c] = static_cast<int32_t>(sf[c]);
+                s1 += double(sa[c]) * norms[c0 + c];
+                f += sf[c];
+            }
+            l1s[b] = s1, l0s[b] = f;
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+            stats[kStatL1] += static_cast<float>(l1s[b]);
+            stats[kStatL0] += static_cast<float>(l0s[b]);
+        }
+    }
+
+    void axpby(float* y, const float* x, float a, float b, int64_t n) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) y[i] = b == 0.0f ? a * x[i] : a * x[i] + b * y[i];
     }
 
     void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override {

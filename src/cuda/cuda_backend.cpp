@@ -111,10 +111,45 @@ public:
     }
     void topk_backward(const float* x, const float* derr, const int32_t* idx, const float* val,
                        const float* w_dec, int64_t rows, int64_t n, int64_t k, int64_t d,
-                       float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires,
-                       float* stats) override {
+                       float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires, float* stats,
+                       bool accumulate) override {
         cuda::topk_backward(stream(), ws_, opt_.deterministic, x, derr, idx, val, w_dec, rows, n, k,
-                            d, dw_enc, dw_dec, db_enc, fires, stats);
+                            d, dw_enc, dw_dec, db_enc, fires, stats, accumulate);
+    }
+    float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
+                          int64_t count) override {
+        return cuda::batch_threshold(stream(), ws_, pre, b_enc, rows, n, count);
+    }
+    int64_t select_above(const float* pre, const float* b_enc, float threshold, int64_t rows,
+                         int64_t n, int64_t width, int32_t* idx, float* val) override {
+        return cuda::select_above(stream(), ws_, pre, b_enc, threshold, rows, n, width, idx, val);
+    }
+    void jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold, int64_t rows,
+                          int64_t n, float* z) override {
+        cuda::jumprelu_forward(stream(), pre, b_enc, log_threshold, rows, n, z);
+    }
+    void jumprelu_backward(const float* v, const float* log_threshold, float bandwidth, float l0,
+                           int64_t rows, int64_t n, float* dz, float* db_enc, float* dlog_threshold,
+                           int32_t* fires, float* stats) override {
+        cuda::jumprelu_backward(stream(), ws_, v, log_threshold, bandwidth, l0, rows, n, dz, db_enc,
+                                dlog_threshold, fires, stats);
+    }
+    void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
+                       const float* b_mag, int64_t rows, int64_t n, float* z,
+                       float* gate) override {
+        cuda::gated_forward(stream(), pre, b_gate, r_mag, b_mag, rows, n, z, gate);
+    }
+    void gated_backward(const float* pre, const float* b_gate, const float* r_mag,
+                        const float* b_mag, const float* norms, float l1, int64_t rows, int64_t n,
+                        float* dz, const float* dgate, float* db_gate, float* dr_mag, float* db_mag,
+                        float* dpre_col_sum, float* gate_col_sum, int32_t* fires,
+                        float* stats) override {
+        cuda::gated_backward(stream(), ws_, pre, b_gate, r_mag, b_mag, norms, l1, rows, n, dz,
+                             dgate, db_gate, dr_mag, db_mag, dpre_col_sum, gate_col_sum, fires,
+                             stats);
+    }
+    void axpby(float* y, const float* x, float a, float b, int64_t n) override {
+        cuda::axpby(stream(), y, x, a, b, n);
     }
     void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override {
         cuda::row_norms(stream(), w, rows, cols, norms);

@@ -69,6 +69,38 @@ __global__ void relu_forward_kernel(float* pre, const float* b_enc, int64_t tota
         pre[i] = math::relu(pre[i] + b_enc[i % n]);
 }
 
+// v = pre + b_enc in place, z = v * H(v - theta) with theta = exp(log_threshold).
+__global__ void jumprelu_forward_kernel(float* pre, const float* b_enc, const float* log_threshold,
+                                        int64_t total, int64_t n, float* z) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t c = i % n;
+        const float v = pre[i] + b_enc[c];
+        pre[i] = v;
+        z[i] = math::jumprelu(v, expf(log_threshold[c]));
+    }
+}
+
+// z = H(g) * relu(m), gate = relu(g), with g = pre + b_gate, m = pre * exp(r_mag) + b_mag.
+__global__ void gated_forward_kernel(const float* pre, const float* b_gate, const float* r_mag,
+                                     const float* b_mag, int64_t total, int64_t n, float* z,
+                                     float* gate) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t c = i % n;
+        const float g = pre[i] + b_gate[c], m = pre[i] * expf(r_mag[c]) + b_mag[c];
+        z[i] = math::gated(g, m);
+        gate[i] = math::relu(g);
+    }
+}
+
+// y = a x + b y; b == 0 overwrites (a NaN or Inf in y does not survive), as BLAS does.
+__global__ void axpby_kernel(float* y, const float* x, float a, float b, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        y[i] = b == 0.0f ? a * x[i] : a * x[i] + b * y[i];
+}
+
 __global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n,
                             math::AdamScalars a) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -246,6 +278,133 @@ __global__ void relu_backward_finish_kernel(const float* part_g, const float* pa
     }
 }
 
+// The JumpReLU and Gated backward kernels reduce columns as relu_backward does (32 x 8
+// blocks over fixed row slices, then a finish kernel adding the slices in order), for several
+// float sums and one int count per column. The two helpers below are that pattern's ends.
+
+// Adds the kF float sums and the count each thread holds for column c over the block's row
+// lanes (lane 0 first, then 1..7: a fixed order) and writes the block's results to row
+// blockIdx.y of the partials: part_f[(j * slices + slice) * n + c] for sum j, part_i[slice * n
+// + c] for the count.
+template <int kF>
+__device__ void store_col_partials(float (&f)[kF], int32_t count, int64_t c, int64_t n,
+                                   float* part_f, int32_t* part_i) {
+    __shared__ float sh_f[kF][kRowLanes][kColTile];
+    __shared__ int32_t sh_i[kRowLanes][kColTile];
+    for (int j = 0; j < kF; ++j) sh_f[j][threadIdx.y][threadIdx.x] = f[j];
+    sh_i[threadIdx.y][threadIdx.x] = count;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= n) return;
+    for (int l = 1; l < kRowLanes; ++l) {
+        for (int j = 0; j < kF; ++j) f[j] += sh_f[j][l][threadIdx.x];
+        count += sh_i[l][threadIdx.x];
+    }
+    for (int j = 0; j < kF; ++j) part_f[(j * int64_t(gridDim.y) + blockIdx.y) * n + c] = f[j];
+    part_i[blockIdx.y * n + c] = count;
+}
+
+// Column c's totals: the partials of store_col_partials summed over the slices in order.
+template <int kF>
+__device__ void sum_col_partials(const float* part_f, const int32_t* part_i, int slices, int64_t n,
+                                 int64_t c, float (&f)[kF], int32_t& count) {
+    for (int j = 0; j < kF; ++j) f[j] = 0.0f;
+    count = 0;
+    for (int s = 0; s < slices; ++s) {
+        for (int j = 0; j < kF; ++j) f[j] += part_f[(int64_t(j) * slices + s) * n + c];
+        count += part_i[s * n + c];
+    }
+}
+
+// dz -> dv in place (math::jumprelu_grad); per column: sum dv, sum dtheta, firing count.
+__global__ void jumprelu_backward_kernel(const float* v, float* dz, const float* log_threshold,
+                                         float bandwidth, float l0, int64_t rows, int64_t n,
+                                         int64_t rows_per, float* part_f, int32_t* part_i) {
+    const int64_t c = blockIdx.x * int64_t(kColTile) + threadIdx.x;
+    const int64_t r0 = blockIdx.y * rows_per, r1 = min(rows, r0 + rows_per);
+    float sums[2] = {0.0f, 0.0f};  // dv, dtheta
+    int32_t fs = 0;
+    if (c < n) {
+        const float theta = expf(log_threshold[c]);
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+            const float vv = v[r * n + c];
+            float dv, dt;
+            math::jumprelu_grad(vv, theta, bandwidth, dz[r * n + c], l0, dv, dt);
+            dz[r * n + c] = dv;
+            sums[0] += dv;
+            sums[1] += dt;
+            fs += vv > theta;
+        }
+    }
+    store_col_partials(sums, fs, c, n, part_f, part_i);
+}
+
+__global__ void jumprelu_backward_finish_kernel(const float* part_f, const int32_t* part_i,
+                                                int slices, int64_t n, const float* log_threshold,
+                                                float* db_enc, float* dlog_threshold,
+                                                int32_t* fires, double* col_l0) {
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < n;
+         c += int64_t(gridDim.x) * blockDim.x) {
+        float sums[2];
+        int32_t f;
+        sum_col_partials(part_f, part_i, slices, n, c, sums, f);
+        db_enc[c] = sums[0];
+        dlog_threshold[c] = sums[1] * expf(log_threshold[c]);  // d/dlog(theta) = theta d/dtheta
+        fires[c] = f;
+        col_l0[c] = f;
+    }
+}
+
+// dz -> dpre in place (math::gated_grad); per column: sums of dg, dm, dm * pre * exp(r_mag)
+// (dr_mag), dpre and relu(g), and the firing count of z.
+__global__ void gated_backward_kernel(const float* pre, const float* b_gate, const float* r_mag,
+                                      const float* b_mag, const float* norms, float l1,
+                                      int64_t rows, int64_t n, int64_t rows_per, float* dz,
+                                      const float* dgate, float* part_f, int32_t* part_i) {
+    const int64_t c = blockIdx.x * int64_t(kColTile) + threadIdx.x;
+    const int64_t r0 = blockIdx.y * rows_per, r1 = min(rows, r0 + rows_per);
+    float sums[5] = {};  // dg, dm, dr_mag, dpre, relu(g)
+    int32_t fs = 0;
+    if (c < n) {
+        const float scale = expf(r_mag[c]), bg = b_gate[c], bm = b_mag[c], l1n = l1 * norms[c];
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+            const int64_t i = r * n + c;
+            const float p = pre[i], g = p + bg, m = p * scale + bm;
+            float dg, dm;
+            math::gated_grad(g, m, dz[i], dgate[i], l1n, dg, dm);
+            const float dp = dg + dm * scale;
+            dz[i] = dp;
+            sums[0] += dg;
+            sums[1] += dm;
+            sums[2] += dm * p * scale;
+            sums[3] += dp;
+            sums[4] += math::relu(g);
+            fs += math::gated(g, m) > 0.0f;
+        }
+    }
+    store_col_partials(sums, fs, c, n, part_f, part_i);
+}
+
+__global__ void gated_backward_finish_kernel(const float* part_f, const int32_t* part_i, int slices,
+                                             int64_t n, const float* norms, float* db_gate,
+                                             float* db_mag, float* dr_mag, float* dpre_col_sum,
+                                             float* gate_col_sum, int32_t* fires, double* col_l1,
+                                             double* col_l0) {
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < n;
+         c += int64_t(gridDim.x) * blockDim.x) {
+        float sums[5];
+        int32_t f;
+        sum_col_partials(part_f, part_i, slices, n, c, sums, f);
+        db_gate[c] = sums[0];
+        db_mag[c] = sums[1];
+        dr_mag[c] = sums[2];
+        dpre_col_sum[c] = sums[3];
+        gate_col_sum[c] = sums[4];
+        fires[c] = f;
+        col_l1[c] = double(sums[4]) * norms[c];
+        col_l0[c] = f;
+    }
+}
+
 // --- row-wise (one warp per row of w [rows, cols]) -----------------------------------------
 constexpr int kWarpsPerBlock = kThreads / 32;
 
@@ -405,6 +564,70 @@ void relu_backward(cudaStream_t s, Workspace& ws, const float* z, float* dz, con
     SAE_CUDA_LAUNCH_CHECK();
     add_sum_to_stat(s, col, n, stats + kStatL1);
     add_sum_to_stat(s, col + n, n, stats + kStatL0);
+}
+
+void jumprelu_forward(cudaStream_t s, float* pre, const float* b_enc, const float* log_threshold,
+                      int64_t rows, int64_t n, float* z) {
+    if (rows * n <= 0) return;
+    jumprelu_forward_kernel<<<grid_for(rows * n), kThreads, 0, s>>>(pre, b_enc, log_threshold,
+                                                                    rows * n, n, z);
+    SAE_CUDA_LAUNCH_CHECK();
+}
+
+void jumprelu_backward(cudaStream_t s, Workspace& ws, const float* v, const float* log_threshold,
+                       float bandwidth, float l0, int64_t rows, int64_t n, float* dz, float* db_enc,
+                       float* dlog_threshold, int32_t* fires, float* stats) {
+    if (n <= 0) return;
+    const RowSlices sl = row_slices(rows, n);
+    const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
+                    static_cast<unsigned>(sl.slices));
+    auto* part_f = ws.get<float>(0, 2 * sl.slices * n);
+    auto* part_i = ws.get<int32_t>(1, sl.slices * n);
+    auto* col_l0 = ws.get<double>(2, n);
+    jumprelu_backward_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
+        v, dz, log_threshold, bandwidth, l0, rows, n, sl.rows_per, part_f, part_i);
+    SAE_CUDA_LAUNCH_CHECK();
+    jumprelu_backward_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(
+        part_f, part_i, sl.slices, n, log_threshold, db_enc, dlog_threshold, fires, col_l0);
+    SAE_CUDA_LAUNCH_CHECK();
+    add_sum_to_stat(s, col_l0, n, stats + kStatL0);
+}
+
+void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const float* r_mag,
+                   const float* b_mag, int64_t rows, int64_t n, float* z, float* gate) {
+    if (rows * n <= 0) return;
+    gated_forward_kernel<<<grid_for(rows * n), kThreads, 0, s>>>(pre, b_gate, r_mag, b_mag,
+                                                                 rows * n, n, z, gate);
+    SAE_CUDA_LAUNCH_CHECK();
+}
+
+void gated_backward(cudaStream_t s, Workspace& ws, const float* pre, const float* b_gate,
+                    const float* r_mag, const float* b_mag, const float* norms, float l1,
+                    int64_t rows, int64_t n, float* dz, const float* dgate, float* db_gate,
+                    float* dr_mag, float* db_mag, float* dpre_col_sum, float* gate_col_sum,
+                    int32_t* fires, float* stats) {
+    if (n <= 0) return;
+    const RowSlices sl = row_slices(rows, n);
+    const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
+                    static_cast<unsigned>(sl.slices));
+    auto* part_f = ws.get<float>(0, 5 * sl.slices * n);
+    auto* part_i = ws.get<int32_t>(1, sl.slices * n);
+    auto* col = ws.get<double>(2, 2 * n);
+    gated_backward_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
+        pre, b_gate, r_mag, b_mag, norms, l1, rows, n, sl.rows_per, dz, dgate, part_f, part_i);
+    SAE_CUDA_LAUNCH_CHECK();
+    gated_backward_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(
+        part_f, part_i, sl.slices, n, norms, db_gate, db_mag, dr_mag, dpre_col_sum, gate_col_sum,
+        fires, col, col + n);
+    SAE_CUDA_LAUNCH_CHECK();
+    add_sum_to_stat(s, col, n, stats + kStatL1);
+    add_sum_to_stat(s, col + n, n, stats + kStatL0);
+}
+
+void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n) {
+    if (n <= 0) return;
+    axpby_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, a, b, n);
+    SAE_CUDA_LAUNCH_CHECK();
 }
 
 void add_sum_to_stat(cudaStream_t s, const double* v, int64_t len, float* stat) {

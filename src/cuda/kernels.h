@@ -60,7 +60,29 @@ void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const f
 void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const float* x,
                    const float* derr, const int32_t* idx, const float* val, const float* w_dec,
                    int64_t rows, int64_t n, int64_t k, int64_t d, float* dw_enc, float* dw_dec,
-                   float* db_enc, int32_t* fires, float* stats);
+                   float* db_enc, int32_t* fires, float* stats, bool accumulate);
+
+// BatchTopK. Both block until their result is on the host.
+float batch_threshold(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc,
+                      int64_t rows, int64_t n, int64_t count);
+int64_t select_above(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc,
+                     float threshold, int64_t rows, int64_t n, int64_t width, int32_t* idx,
+                     float* val);
+
+// JumpReLU and Gated activations (Backend's comments give the semantics).
+void jumprelu_forward(cudaStream_t s, float* pre_to_v, const float* b_enc,
+                      const float* log_threshold, int64_t rows, int64_t n, float* z);
+void jumprelu_backward(cudaStream_t s, Workspace& ws, const float* v, const float* log_threshold,
+                       float bandwidth, float l0, int64_t rows, int64_t n, float* dz, float* db_enc,
+                       float* dlog_threshold, int32_t* fires, float* stats);
+void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const float* r_mag,
+                   const float* b_mag, int64_t rows, int64_t n, float* z, float* gate);
+void gated_backward(cudaStream_t s, Workspace& ws, const float* pre, const float* b_gate,
+                    const float* r_mag, const float* b_mag, const float* norms, float l1,
+                    int64_t rows, int64_t n, float* dz, const float* dgate, float* db_gate,
+                    float* dr_mag, float* db_mag, float* dpre_col_sum, float* gate_col_sum,
+                    int32_t* fires, float* stats);
+void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n);
 
 void row_norms(cudaStream_t s, const float* w, int64_t rows, int64_t cols, float* norms);
 void project_out_parallel(cudaStream_t s, const float* w, float* g, int64_t rows, int64_t cols);

@@ -14,7 +14,13 @@
 // Backward, deterministic: entries (row, slot) are sorted by latent with a stable radix sort
 // (cub::DeviceRadixSort), so each latent's gradient row is summed by one block in row order,
 // like the CPU's counting sort, with no float atomics.
+//
+// BatchTopK: the batch's threshold is a radix select over all rows (integer histograms, so
+// exact), and the per-row selection above it an ordered block-scan compaction: both give the
+// CPU backend's results bit for bit.
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
@@ -245,14 +251,15 @@ __global__ void topk_chunk_counts_kernel(const int32_t* start, int32_t n, int32_
 }
 
 // One block per chunk (blocks past the last chunk return): its entries' contributions in
-// entry (row) order.
+// entry (row) order. With `accumulate`, a latent of one chunk starts from the gradient's
+// current value (as the CPU does); partial rows always start from zero.
 __global__ void topk_grad_chunks_kernel(const float* x, const float* derr, const float* val,
                                         const float* dval, const int32_t* start,
                                         const int32_t* sorted_ids, const int32_t* chunk_start,
                                         const int32_t* slot_start, int32_t n, int32_t chunk,
-                                        int64_t k, int64_t d, float* dw_enc, float* dw_dec,
-                                        float* db_enc, float* part_enc, float* part_dec,
-                                        float* part_b) {
+                                        int64_t k, int64_t d, bool accumulate, float* dw_enc,
+                                        float* dw_dec, float* db_enc, float* part_enc,
+                                        float* part_dec, float* part_b) {
     const int32_t b = blockIdx.x;
     if (b >= chunk_start[n]) return;
     int32_t lo = 0, hi = n - 1;  // the latent l with chunk_start[l] <= b < chunk_start[l + 1]
@@ -269,8 +276,9 @@ __global__ void topk_grad_chunks_kernel(const float* x, const float* derr, const
     const int64_t slot = whole ? 0 : slot_start[l] + j;
     float* out_enc = whole ? dw_enc + l * d : part_enc + slot * d;
     float* out_dec = whole ? dw_dec + l * d : part_dec + slot * d;
+    const bool add = whole && accumulate;
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        float gd = 0, ge = 0;
+        float gd = add ? out_dec[c] : 0.0f, ge = add ? out_enc[c] : 0.0f;
         for (int32_t q = s; q < t; ++q) {
             const int64_t e = sorted_ids[q], r = e / k;
             gd += val[e] * derr[r * d + c];
@@ -280,7 +288,7 @@ __global__ void topk_grad_chunks_kernel(const float* x, const float* derr, const
         out_enc[c] = ge;
     }
     if (threadIdx.x == 0) {
-        float gb = 0;
+        float gb = add ? db_enc[l] : 0.0f;
         for (int32_t q = s; q < t; ++q) gb += dval[sorted_ids[q]];
         if (whole)
             db_enc[l] = gb;
@@ -289,27 +297,29 @@ __global__ void topk_grad_chunks_kernel(const float* x, const float* derr, const
     }
 }
 
-// One block per latent: zeros for a latent nobody selected, the sum of its partial rows in
-// chunk order for a latent of several chunks; the firing count for every latent.
+// One block per latent: zeros for a latent nobody selected (left alone with `accumulate`), the
+// sum of its partial rows in chunk order for a latent of several chunks (added to the current
+// value with `accumulate`); the firing count for every latent.
 __global__ void topk_grad_finish_kernel(const int32_t* start, const int32_t* nch,
-                                        const int32_t* slot_start, int64_t d, float* dw_enc,
-                                        float* dw_dec, float* db_enc, int32_t* fires,
+                                        const int32_t* slot_start, int64_t d, bool accumulate,
+                                        float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires,
                                         const float* part_enc, const float* part_dec,
                                         const float* part_b) {
     const int64_t l = blockIdx.x;
     const int32_t c = nch[l];
     if (threadIdx.x == 0) fires[l] = start[l + 1] - start[l];
-    if (c == 1) return;
+    if (c == 1 || (c == 0 && accumulate)) return;
     const int64_t s0 = slot_start[l];
     for (int64_t col = threadIdx.x; col < d; col += blockDim.x) {
-        float ge = 0, gd = 0;
+        float ge = accumulate ? dw_enc[l * d + col] : 0.0f;
+        float gd = accumulate ? dw_dec[l * d + col] : 0.0f;
         for (int32_t j = 0; j < c; ++j)
             ge += part_enc[(s0 + j) * d + col], gd += part_dec[(s0 + j) * d + col];
         dw_enc[l * d + col] = ge;
         dw_dec[l * d + col] = gd;
     }
     if (threadIdx.x == 0) {
-        float gb = 0;
+        float gb = accumulate ? db_enc[l] : 0.0f;
         for (int32_t j = 0; j < c; ++j) gb += part_b[s0 + j];
         db_enc[l] = gb;
     }
@@ -344,6 +354,63 @@ __global__ void add_count_to_stat_kernel(const int32_t* counts, int64_t n, float
 
 __global__ void add_int_to_stat_kernel(const int32_t* v, float* stat) {
     *stat += static_cast<float>(*v);
+}
+
+// --- BatchTopK ------------------------------------------------------------------------------
+constexpr int kBatchThreads = 256;  // one thread per histogram bin when clearing and flushing
+
+// One pass of batch_threshold's radix select over all rows: hist[b] += the number of positive
+// v = pre + b_enc whose bits match `prefix` under `mask` and whose 8-bit digit at `shift` is b
+// (positive floats order like their bits). A thread owns one column (its bias read once) and
+// walks rows blockIdx.y, + gridDim.y, ...; a block counts in shared memory, then adds its
+// non-zero bins to the global counters. Integer counts: the totals do not depend on the order
+// in which the atomics land.
+__global__ void __launch_bounds__(kBatchThreads)
+    batch_hist_kernel(const float* pre, const float* bias, int64_t rows, int64_t n, uint32_t prefix,
+                      uint32_t mask, int shift, unsigned long long* hist) {
+    __shared__ unsigned counts[256];
+    counts[threadIdx.x] = 0;
+    __syncthreads();
+    const int64_t c = blockIdx.x * int64_t(kBatchThreads) + threadIdx.x;
+    const float bc = c < n ? bias[c] : 0.0f;
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {  // uniform: warp_count is collective
+        const float v = c < n ? pre[r * n + c] + bc : 0.0f;
+        const uint32_t u = __float_as_uint(v);
+        warp_count(counts, (u >> shift) & 0xffu, v > 0.0f && (u & mask) == prefix);
+    }
+    __syncthreads();
+    if (counts[threadIdx.x])
+        atomicAdd(&hist[threadIdx.x], static_cast<unsigned long long>(counts[threadIdx.x]));
+}
+
+// select_above, one block per row: the latents with v = pre + b_enc > 0 and v >= threshold, in
+// latent order. Each chunk of kBatchThreads latents is compacted by an exclusive block scan of
+// the keep flags, so an entry's slot is its rank in the row, as on the CPU; slots past `width`
+// are dropped and the rest padded with (0, 0). The row's count goes to *widest by an integer
+// atomicMax (order-independent).
+__global__ void __launch_bounds__(kBatchThreads)
+    select_above_kernel(const float* pre, const float* bias, float threshold, int64_t n,
+                        int64_t width, int32_t* idx, float* val, int* widest) {
+    using Scan = cub::BlockScan<int, kBatchThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    const float* p = pre + blockIdx.x * n;
+    int32_t* idx_r = idx + blockIdx.x * width;
+    float* val_r = val + blockIdx.x * width;
+    int count = 0;  // kept so far: the same in every thread (the scans' block aggregates)
+    for (int64_t base = 0; base < n; base += kBatchThreads) {
+        const int64_t i = base + threadIdx.x;
+        const float v = i < n ? p[i] + bias[i] : 0.0f;
+        const bool keep = v > 0.0f && v >= threshold;
+        int before = 0, total = 0;
+        Scan(scan_tmp).ExclusiveSum(keep ? 1 : 0, before, total);
+        const int64_t slot = count + before;
+        if (keep && slot < width) idx_r[slot] = static_cast<int32_t>(i), val_r[slot] = v;
+        count += total;
+        __syncthreads();  // scan_tmp is reused by the next chunk
+    }
+    for (int64_t j = (count < width ? count : width) + threadIdx.x; j < width; j += kBatchThreads)
+        idx_r[j] = 0, val_r[j] = 0.0f;
+    if (threadIdx.x == 0) atomicMax(widest, count);
 }
 
 int grid_for(int64_t n, int threads) {
@@ -405,7 +472,7 @@ void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const f
 void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const float* x,
                    const float* derr, const int32_t* idx, const float* val, const float* w_dec,
                    int64_t rows, int64_t n, int64_t k, int64_t d, float* dw_enc, float* dw_dec,
-                   float* db_enc, int32_t* fires, float* stats) {
+                   float* db_enc, int32_t* fires, float* stats, bool accumulate) {
     const int64_t entries = rows * k;
     SAE_ENFORCE(entries < (int64_t(1) << 31) && n < (int64_t(1) << 31),
                 "topk_backward: {} entries or {} latents exceed the int32 index range", entries, n);
@@ -416,9 +483,11 @@ void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const floa
         SAE_CUDA_LAUNCH_CHECK();
     }
     if (!deterministic) {
-        SAE_CUDA_CHECK(cudaMemsetAsync(dw_enc, 0, sizeof(float) * n * d, s));
-        SAE_CUDA_CHECK(cudaMemsetAsync(dw_dec, 0, sizeof(float) * n * d, s));
-        SAE_CUDA_CHECK(cudaMemsetAsync(db_enc, 0, sizeof(float) * n, s));
+        if (!accumulate) {
+            SAE_CUDA_CHECK(cudaMemsetAsync(dw_enc, 0, sizeof(float) * n * d, s));
+            SAE_CUDA_CHECK(cudaMemsetAsync(dw_dec, 0, sizeof(float) * n * d, s));
+            SAE_CUDA_CHECK(cudaMemsetAsync(db_enc, 0, sizeof(float) * n, s));
+        }
         SAE_CUDA_CHECK(cudaMemsetAsync(fires, 0, sizeof(int32_t) * n, s));
         if (entries > 0) {
             topk_scatter_kernel<<<static_cast<unsigned>(entries), d >= 256 ? 256 : 128, 0, s>>>(
@@ -478,15 +547,70 @@ void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const floa
             cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, multi, slot_start, n32 + 1, s));
         const int threads = d >= 256 ? 256 : 128;
         topk_grad_chunks_kernel<<<static_cast<unsigned>(max_chunks), threads, 0, s>>>(
-            x, derr, val, dval, start, ids_sorted, chunk_start, slot_start, n32, c32, k, d, dw_enc,
-            dw_dec, db_enc, part_enc, part_dec, part_b);
+            x, derr, val, dval, start, ids_sorted, chunk_start, slot_start, n32, c32, k, d,
+            accumulate, dw_enc, dw_dec, db_enc, part_enc, part_dec, part_b);
         SAE_CUDA_LAUNCH_CHECK();
         topk_grad_finish_kernel<<<static_cast<unsigned>(n), threads, 0, s>>>(
-            start, nch, slot_start, d, dw_enc, dw_dec, db_enc, fires, part_enc, part_dec, part_b);
+            start, nch, slot_start, d, accumulate, dw_enc, dw_dec, db_enc, fires, part_enc,
+            part_dec, part_b);
         SAE_CUDA_LAUNCH_CHECK();
     }
     add_int_to_stat_kernel<<<1, 1, 0, s>>>(start + n, stats + kStatL0);
     SAE_CUDA_LAUNCH_CHECK();
+}
+
+// The CPU backend's radix select (cpu_backend.cpp), with the histograms counted on the GPU:
+// the host walks the same integer counts the same way, so the threshold is the same float.
+float batch_threshold(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc,
+                      int64_t rows, int64_t n, int64_t count) {
+    if (rows <= 0 || n <= 0) return 0.0f;  // nothing positive
+    auto* hist = ws.get<unsigned long long>(0, 256);
+    const int64_t col_blocks = (n + kBatchThreads - 1) / kBatchThreads;
+    // About 2048 blocks in all (a few per SM), each walking a fixed set of rows.
+    const int64_t row_groups =
+        std::clamp<int64_t>(2048 / col_blocks, 1, std::min<int64_t>(rows, 65535));
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups));
+    std::array<unsigned long long, 256> h{};
+    uint32_t prefix = 0, mask = 0;
+    int64_t want = count;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        SAE_CUDA_CHECK(cudaMemsetAsync(hist, 0, sizeof(h), s));
+        batch_hist_kernel<<<grid, kBatchThreads, 0, s>>>(pre, b_enc, rows, n, prefix, mask, shift,
+                                                         hist);
+        SAE_CUDA_LAUNCH_CHECK();
+        SAE_CUDA_CHECK(cudaMemcpyAsync(h.data(), hist, sizeof(h), cudaMemcpyDeviceToHost, s));
+        SAE_CUDA_CHECK(cudaStreamSynchronize(s));
+        if (shift == 24) {
+            int64_t positive = 0;
+            for (unsigned long long c : h) positive += static_cast<int64_t>(c);
+            if (positive == 0) return 0.0f;
+            want = std::clamp<int64_t>(want, 1, positive);  // the smallest positive at most
+        }
+        int b = 255;  // the bin where the count from the top reaches `want`
+        for (; b > 0 && static_cast<int64_t>(h[b]) < want; --b) want -= static_cast<int64_t>(h[b]);
+        prefix |= static_cast<uint32_t>(b) << shift;
+        mask |= 0xffu << shift;
+    }
+    float t;
+    std::memcpy(&t, &prefix, sizeof(t));
+    return t;
+}
+
+int64_t select_above(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc,
+                     float threshold, int64_t rows, int64_t n, int64_t width, int32_t* idx,
+                     float* val) {
+    SAE_ENFORCE(n < (int64_t(1) << 31) && rows < (int64_t(1) << 31),
+                "select_above: {} rows or {} latents exceed the int32 index range", rows, n);
+    if (rows <= 0) return 0;
+    auto* widest = ws.get<int>(0, 1);
+    SAE_CUDA_CHECK(cudaMemsetAsync(widest, 0, sizeof(int), s));
+    select_above_kernel<<<static_cast<unsigned>(rows), kBatchThreads, 0, s>>>(
+        pre, b_enc, threshold, n, width, idx, val, widest);
+    SAE_CUDA_LAUNCH_CHECK();
+    int h = 0;
+    SAE_CUDA_CHECK(cudaMemcpyAsync(&h, widest, sizeof(int), cudaMemcpyDeviceToHost, s));
+    SAE_CUDA_CHECK(cudaStreamSynchronize(s));
+    return h;
 }
 
 }  // namespace saetrain::cuda

@@ -26,6 +26,12 @@ void write_file(const std::string& path, const SaeWeights& w, const SaeMeta& met
     h5::write_f32(f.get(), "W_dec", w.w_dec.data(), {n, d});
     h5::write_f32(f.get(), "b_enc", w.b_enc.data(), {n});
     h5::write_f32(f.get(), "b_dec", w.b_dec.data(), {d});
+    std::string names;
+    for (const auto& [name, value] : w.extra) {
+        h5::write_f32(f.get(), name, value.data(), {static_cast<hsize_t>(value.size())});
+        names += (names.empty() ? "" : ",") + name;
+    }
+    if (!names.empty()) h5::write_attr_string(f.get(), "extra", names);
     h5::write_attr_string(f.get(), "arch", meta.arch);
     h5::write_attr_string(f.get(), "id", meta.id);
     h5::write_attr_string(f.get(), "config", meta.config_yaml);
@@ -94,6 +100,21 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
                 path, n);
     SAE_ENFORCE(dbd == std::vector<hsize_t>({d}), "file {}: b_dec shape is not [d_model={}]", path,
                 d);
+    if (auto names = h5::read_attr_string(f.get(), "extra")) {
+        size_t start = 0;
+        while (start <= names->size()) {
+            const size_t comma = std::min(names->find(',', start), names->size());
+            const std::string name = names->substr(start, comma - start);
+            SAE_ENFORCE(!name.empty() && h5::link_exists(f.get(), name),
+                        "file {}: attribute extra names '{}', which is not a dataset there", path,
+                        name);
+            std::vector<hsize_t> dims;
+            w.extra.emplace_back(name, h5::read_f32(f.get(), name, path, &dims));
+            SAE_ENFORCE(dims.size() == 1, "file {}: dataset '{}' should be 1-D, is {}-D", path,
+                        name, dims.size());
+            start = comma + 1;
+        }
+    }
     if (auto a = h5::read_attr_int64(f.get(), "d_model"))
         SAE_ENFORCE(*a == w.d_model, "file {}: attribute d_model={} disagrees with W_dec's {}",
                     path, *a, w.d_model);

@@ -1,10 +1,13 @@
 #include "saetrain/export.h"
 
+#include <fmt/ranges.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "atomic_file.h"
+#include "saetrain/arch.h"
 #include "saetrain/build_config.h"
 #include "saetrain/config.h"
 #include "saetrain/error.h"
@@ -56,25 +59,23 @@ ExportFormat export_format_parse(const std::string& s) {
 std::vector<std::string> sae_export(const SaeWeights& w, const SaeMeta& meta, ExportFormat format,
                                     const std::string& dir, const ExportSource& source) {
     const int64_t d = w.d_model, n = w.n_latents;
-    SAE_ENFORCE(meta.arch == "topk" || meta.arch == "relu",
-                "cannot export an SAE of architecture '{}' (this version exports relu and topk)",
-                meta.arch);
-    const bool topk = meta.arch == "topk";
+    const Architecture* arch = arch_find(meta.arch);
+    SAE_ENFORCE(arch != nullptr, "cannot export '{}': unknown architecture '{}' (known: {})",
+                meta.id, meta.arch, fmt::join(arch_names(), ", "));
     const SaeConfig sc = sae_config_of(meta, d);
+    const ArchExport ex = arch->export_fields(w, sc);
     fs::create_directories(dir);
     const std::map<std::string, std::string> st_meta = {
         {"format", "pt"}, {"saetrain_version", SAETRAIN_VERSION}, {"saetrain_id", meta.id}};
     std::vector<std::string> written;
     if (format == ExportFormat::saelens) {
         const std::string weights = (fs::path(dir) / "sae_weights.safetensors").string();
-        safetensors_write(weights,
-                          {{"W_enc", {d, n}, w.w_enc.data()},
-                           {"b_enc", {n}, w.b_enc.data()},
-                           {"W_dec", {n, d}, w.w_dec.data()},
-                           {"b_dec", {d}, w.b_dec.data()}},
-                          st_meta);
+        std::vector<TensorView> tensors;
+        for (const ExportTensor& t : ex.saelens_tensors)
+            tensors.push_back({t.name, t.shape, t.data.data()});
+        safetensors_write(weights, tensors, st_meta);
         nlohmann::ordered_json cfg;
-        cfg["architecture"] = topk ? "topk" : "standard";
+        cfg["architecture"] = ex.saelens_architecture;
         cfg["d_in"] = d;
         cfg["d_sae"] = n;
         cfg["dtype"] = "float32";
@@ -82,10 +83,7 @@ std::vector<std::string> sae_export(const SaeWeights& w, const SaeMeta& meta, Ex
         cfg["apply_b_dec_to_input"] = true;
         cfg["normalize_activations"] = "none";
         cfg["reshape_activations"] = "none";
-        if (topk) {
-            cfg["k"] = meta.k;
-            cfg["rescale_acts_by_decoder_norm"] = false;
-        }
+        for (const auto& [key, value] : ex.saelens_cfg) cfg[key] = nlohmann::json::parse(value);
         nlohmann::ordered_json md;
         // The layout this file follows (SAELens reads older layouts through a converter).
         md["sae_lens_version"] = "6.0.0";
@@ -103,10 +101,8 @@ std::vector<std::string> sae_export(const SaeWeights& w, const SaeMeta& meta, Ex
         write_json(cfg_path, cfg);
         written = {cfg_path, weights};
     } else {
-        SAE_ENFORCE(topk,
-                    "sparsify has no ReLU-L1 SAE (its activations are topk and groupmax): export "
-                    "'{}' with --format saelens",
-                    meta.id);
+        SAE_ENFORCE(!ex.sparsify_activation.empty(), "{}: export '{}' with --format saelens",
+                    ex.sparsify_refusal, meta.id);
         const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
         const std::string weights = (fs::path(dir) / "sae.safetensors").string();
         safetensors_write(weights,
@@ -116,11 +112,11 @@ std::vector<std::string> sae_export(const SaeWeights& w, const SaeMeta& meta, Ex
                            {"b_dec", {d}, w.b_dec.data()}},
                           st_meta);
         nlohmann::ordered_json cfg;
-        cfg["activation"] = "topk";
+        cfg["activation"] = ex.sparsify_activation;
         cfg["expansion_factor"] = n % d == 0 ? n / d : 0;
         cfg["normalize_decoder"] = sc.normalize_decoder;
         cfg["num_latents"] = n;
-        cfg["k"] = meta.k;
+        cfg["k"] = ex.sparsify_k;
         cfg["multi_topk"] = false;
         cfg["skip_connection"] = false;
         cfg["transcode"] = false;

@@ -61,8 +61,12 @@ int64_t attr_or_throw(hid_t f, const std::string& name, const std::string& path)
 
 uint64_t train_state_checksum(const SaeWeights& w, const TrainState& s) {
     uint64_t h = 1469598103934665603ull;
-    for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec, &s.adam_m, &s.adam_v})
-        h = mix(*v, h);
+    for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec}) h = mix(*v, h);
+    for (const auto& [name, value] : w.extra) {
+        h = fnv1a(name.data(), name.size(), h);
+        h = mix(value, h);
+    }
+    for (const auto* v : {&s.adam_m, &s.adam_v}) h = mix(*v, h);
     h = mix(s.since_fired, h);
     h = mix(s.cursors, h);
     for (int64_t x : {s.step, s.tokens, s.iteration}) h = fnv1a(&x, sizeof(x), h);
@@ -103,9 +107,11 @@ TrainState train_state_read(const std::string& path, const SaeWeights& w) {
     std::vector<hsize_t> dims;
     s.adam_m = h5::read_f32(f.get(), "adam_m", path, &dims);
     s.adam_v = h5::read_f32(f.get(), "adam_v", path, &dims);
-    SAE_ENFORCE(s.adam_m.size() == params && s.adam_v.size() == params,
-                "checkpoint state {}: Adam moments hold {} values, the weights {}", path,
-                s.adam_m.size(), params);
+    // The moments also cover the architecture's parameters among w.extra (the trainer checks
+    // the exact count); they are never fewer than the four tensors every SAE has.
+    SAE_ENFORCE(s.adam_m.size() == s.adam_v.size() && s.adam_m.size() >= params,
+                "checkpoint state {}: Adam moments hold {} and {} values, the weights at least {}",
+                path, s.adam_m.size(), s.adam_v.size(), params);
     s.since_fired = read_i64(f.get(), "since_fired", path, w.b_enc.size());
     s.cursors = read_i64(f.get(), "data_cursors", path, 2 << 20);
     s.step = attr_or_throw(f.get(), "step", path);

@@ -1,0 +1,179 @@
+// arch.h — the architecture seam: what makes a ReLU, TopK, BatchTopK, JumpReLU or Gated SAE
+// different, in one place, and the one registry that names them.
+//
+// An Architecture is a stateless description (validation, id, parameters beyond the four every
+// SAE has, FLOPs, export fields, summary columns) plus a factory for an ArchPass: the per-SAE
+// object that owns the scratch and runs the activation, the decoder and their backward pass on
+// the Backend. The trainer (trainer.h) owns everything the architectures share: the parameter
+// buffer and its segments, the encoder GEMM, the residual, the optimizer, the replicas.
+//
+// Adding an architecture: a file in src/core/arch/ implementing both classes, its kernels
+// (Backend ops in backend.h, CPU and CUDA), its tests, and one line in src/core/arch/registry.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "saetrain/backend.h"
+#include "saetrain/checkpoint.h"
+#include "saetrain/config.h"
+
+namespace saetrain {
+
+// The architecture of an SaeConfig that does not name one.
+inline constexpr const char* kDefaultArch = "topk";
+
+// A named slice of the trainer's flat parameter buffer (and of its gradient and Adam moments).
+struct ParamSegment {
+    std::string name;  // as in SAE files: W_enc, W_dec, b_enc, b_dec, log_threshold, r_mag, ...
+    int64_t rows = 0, cols = 0;
+    bool per_latent = true;  // row l belongs to latent l (replicas split the optimizer by latent)
+    bool decay = false;      // weight decay applies (weights, not biases)
+    int64_t offset = 0;      // in floats, filled in by ParamLayout
+    int64_t size() const { return rows * cols; }
+};
+
+// The segments of one SAE, in buffer order: W_enc [n, d] (latent-major, the transpose of the
+// file layout), W_dec [n, d], b_enc [n], b_dec [d], then the architecture's own, all [n].
+class ParamLayout {
+public:
+    ParamLayout(int64_t n_latents, int64_t d_model, const std::vector<ParamSegment>& extra);
+    const std::vector<ParamSegment>& segments() const { return segs_; }
+    int64_t total() const { return total_; }
+    // The segment's offset; throws Error for a name the layout does not have.
+    int64_t offset(const std::string& name) const;
+    bool has(const std::string& name) const;
+    // The four every SAE has.
+    static constexpr int kWEnc = 0, kWDec = 1, kBEnc = 2, kBDec = 3;
+
+private:
+    std::vector<ParamSegment> segs_;
+    int64_t total_ = 0;
+};
+
+// Everything an ArchPass reads and writes during one pass over B rows. Pointers are in backend
+// memory; `p` and `g` are the flat parameter and gradient buffers (ParamLayout offsets).
+struct PassContext {
+    Backend& be;
+    const ParamLayout& layout;
+    int64_t B = 0, d = 0, n = 0;
+    const float* p = nullptr;
+    float* g = nullptr;
+    const float* x = nullptr;      // [B, d] the batch
+    float* xc = nullptr;           // [B, d] x - b_dec, the encoder's input (written by encode())
+    float* pre = nullptr;          // [B, n] xc W_enc^T (written by encode())
+    float* xhat = nullptr;         // [B, d] x_hat; after the residual, dL/dx_hat
+    float* stats = nullptr;        // [kStatCount] the step's sums
+    int32_t* fires = nullptr;      // [n] non-zero activations per latent in this batch
+    float* dec_norms = nullptr;    // [n] scratch for decoder row norms
+    float* col_scratch = nullptr;  // [n] scratch for column sums
+    float grad_scale = 0;          // d/dx_hat of the summed squared error per row: 2 / norm_rows
+    float norm_rows = 1;           // the loss is summed over rows and divided by this
+    // Latents dead before this step (host: 1 = dead) and their count, for AuxK.
+    const std::vector<uint8_t>* dead = nullptr;
+    int64_t n_dead = 0;
+    const float* seg(int i) const { return p + layout.segments()[static_cast<size_t>(i)].offset; }
+    float* grad(int i) const { return g + layout.segments()[static_cast<size_t>(i)].offset; }
+    const float* seg(const std::string& name) const { return p + layout.offset(name); }
+    float* grad(const std::string& name) const { return g + layout.offset(name); }
+};
+
+// Which latents an SAE activated on the rows of its last forward pass, in backend memory:
+// dense [rows, n] activations, or `width` (latent, value) pairs per row (value 0: unused).
+struct Activations {
+    const float* dense = nullptr;
+    const int32_t* idx = nullptr;
+    const float* val = nullptr;
+    int64_t width = 0;
+};
+
+// A tensor an architecture keeps outside the optimizer (BatchTopK's inference threshold),
+// saved with the weights.
+using NamedTensor = std::pair<std::string, std::vector<float>>;
+
+class ArchPass {
+public:
+    virtual ~ArchPass() = default;
+    // Scratch for batches of up to `rows` rows.
+    virtual void reserve(int64_t rows) = 0;
+    // From ctx.x: the encoder (usually arch::encode), the activations and x_hat. `training`:
+    // the pass a gradient step uses (BatchTopK selects over the batch); otherwise inference.
+    virtual void forward(PassContext& ctx, bool training) = 0;
+    // After the trainer's residual (ctx.xhat holds dL/dx_hat, G.b_dec its column sums): every
+    // gradient but that one, including b_dec's term through the encoder input; fires; stats.
+    // `step`, `total_steps` select the scheduled coefficients.
+    virtual void backward(PassContext& ctx, int64_t step, int64_t total_steps) = 0;
+    // The step's penalty terms added to the summed squared error, from its stats (after
+    // backward has queued them and the stats were read back).
+    virtual double penalty(const float* stats) const = 0;
+    virtual Activations activations() const = 0;
+    // Sums this replica contributes after a step (summed over replicas), and the hook that
+    // receives them once the update was applied. Default: none.
+    virtual std::vector<double> step_sums() const { return {}; }
+    virtual void after_step(const std::vector<double>& /*sums*/) {}
+    // State outside the parameters (saved with the weights; restored before training resumes).
+    virtual std::vector<NamedTensor> buffers() const { return {}; }
+    virtual void set_buffer(const std::string& name, const std::vector<float>& /*value*/);
+};
+
+// What an export format needs from the architecture (export.h does the writing).
+struct ExportTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+};
+struct ArchExport {
+    std::string saelens_architecture;           // SAELens cfg "architecture"
+    std::vector<ExportTensor> saelens_tensors;  // in SAELens's names and layout
+    // Extra cfg.json entries, the values as JSON text: {"k", "32"}, {"rescale_...", "false"}.
+    std::vector<std::pair<std::string, std::string>> saelens_cfg;
+    // sparsify loads it as a SparseCoder with this activation and k (empty: it cannot, and
+    // sparsify_refusal says why).
+    std::string sparsify_activation;
+    int64_t sparsify_k = 0;
+    std::string sparsify_refusal;
+};
+
+class Architecture {
+public:
+    virtual ~Architecture() = default;
+    virtual const char* name() const = 0;
+    // One line for the docs and `--help`: what it is and the keys it reads.
+    virtual const char* describe() const = 0;
+    // The sae.*/train.* keys it reads beyond the common ones, for summary.csv columns.
+    virtual std::vector<std::string> keys() const = 0;
+    // Config checks that need the latent count (n_latents > 0) or none (0); throws Error
+    // naming the key. `where` prefixes messages (the config file).
+    virtual void validate(const SaeConfig& cfg, int64_t n_latents, const std::string& where) const;
+    // The id after "<arch>-x<expansion>": "k32", "l1_5", ...
+    virtual std::string id_suffix(const SaeConfig& cfg) const = 0;
+    // Parameters beyond W_enc, W_dec, b_enc and b_dec, and their initial values.
+    virtual std::vector<ParamSegment> extra_params(int64_t /*n*/, int64_t /*d*/) const {
+        return {};
+    }
+    virtual void init_extra(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
+                            std::vector<float>& /*params*/) const {}
+    // True when its activation keeps the encoder positively homogeneous at init (scaling W_enc
+    // by c scales every activation by c), so train.encoder_init: fitted is exact.
+    virtual bool homogeneous_at_init() const { return true; }
+    // Model FLOPs of one training token (forward and backward), the count behind TFLOP/s and
+    // MFU; and whether its kernels are sparse (the perf model's SaeKind).
+    virtual double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const = 0;
+    virtual bool sparse() const = 0;
+    virtual ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const = 0;
+    virtual std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
+                                                Backend& be) const = 0;
+};
+
+// --- the registry -----------------------------------------------------------------------------
+// Every architecture, in the order summaries and docs list them.
+const std::vector<const Architecture*>& architectures();
+std::vector<std::string> arch_names();
+// The architecture called `name`; throws Error listing the known names.
+const Architecture& arch_get(const std::string& name);
+const Architecture* arch_find(const std::string& name);
+
+}  // namespace saetrain

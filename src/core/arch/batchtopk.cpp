@@ -1,0 +1,124 @@
+// batchtopk.cpp — BatchTopK (Bussmann et al. 2024): the k * B largest activations over the
+// whole batch, so tokens share a budget of k per token on average. Training keeps a running
+// threshold (the mean over replicas of each batch's smallest selected activation, averaged
+// with weight 0.01 per step after the first) that replaces the batch selection at inference:
+// there, and in exports, the SAE is a JumpReLU with that one threshold for every latent.
+#include <cmath>
+
+#include "common.h"
+#include "saetrain/error.h"
+
+namespace saetrain::arch {
+namespace {
+
+constexpr double kThresholdRate = 0.01;  // SAELens's topk_threshold_lr
+
+class BatchTopkPass final : public ArchPass {
+public:
+    BatchTopkPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
+        : k_(cfg.k), be_(be), auxk_(cfg, d, n, be), width_(cfg.k) {}
+    void reserve(int64_t rows) override {
+        ensure(idx_, be_, rows * width_);
+        ensure(val_, be_, rows * width_);
+    }
+    void forward(PassContext& c, bool training) override {
+        encode(c);
+        const float* b_enc = c.seg(ParamLayout::kBEnc);
+        float t = static_cast<float>(threshold_);
+        if (training) {
+            t = c.be.batch_threshold(c.pre, b_enc, c.B, c.n, k_ * c.B);
+            batch_t_ = t;
+        }
+        // Rows keep different counts: the buffer is as wide as the widest row seen so far (its
+        // padding has value 0 and costs the sparse kernels a skipped entry).
+        for (;;) {
+            const int64_t widest =
+                c.be.select_above(c.pre, b_enc, t, c.B, c.n, width_, idx_.data(), val_.data());
+            if (widest <= width_) break;
+            width_ = widest;
+            reserve(c.B);
+        }
+        c.be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B, width_, c.d,
+                           c.xhat);
+    }
+    void backward(PassContext& c, int64_t, int64_t) override {
+        c.be.topk_backward(c.xc, c.xhat, idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B,
+                           c.n, width_, c.d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
+                           c.grad(ParamLayout::kBEnc), c.fires, c.stats, false);
+        auxk_.backward(c);
+        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+    }
+    double penalty(const float* st) const override { return auxk_.penalty(st); }
+    Activations activations() const override { return {nullptr, idx_.data(), val_.data(), width_}; }
+    std::vector<double> step_sums() const override { return {batch_t_, 1.0}; }
+    void after_step(const std::vector<double>& sums) override {
+        if (sums.size() != 2 || !(sums[1] > 0)) return;
+        const double t = sums[0] / sums[1];
+        threshold_ = threshold_ > 0 ? (1 - kThresholdRate) * threshold_ + kThresholdRate * t : t;
+    }
+    std::vector<NamedTensor> buffers() const override {
+        return {{"threshold", {static_cast<float>(threshold_)}}};
+    }
+    void set_buffer(const std::string& name, const std::vector<float>& v) override {
+        SAE_ENFORCE(name == "threshold" && v.size() == 1,
+                    "a BatchTopK SAE keeps one 'threshold' value, not '{}' of {} values", name,
+                    v.size());
+        threshold_ = v[0];
+    }
+
+private:
+    int64_t k_;
+    Backend& be_;
+    AuxK auxk_;
+    int64_t width_;
+    double threshold_ = 0;  // the inference threshold (0: not estimated yet)
+    double batch_t_ = 0;    // this step's batch threshold
+    DeviceArray<int32_t> idx_;
+    DeviceArray<float> val_;
+};
+
+class BatchTopk final : public Architecture {
+public:
+    const char* name() const override { return "batchtopk"; }
+    const char* describe() const override {
+        return "the sae.k * batch largest activations of the batch; a learned threshold at "
+               "inference; AuxK on dead latents";
+    }
+    std::vector<std::string> keys() const override { return {"sae.k"}; }
+    void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
+        SAE_ENFORCE(n == 0 || cfg.k <= n, "{}sae.k = {} exceeds the SAE's {} latents", where, cfg.k,
+                    n);
+    }
+    std::string id_suffix(const SaeConfig& cfg) const override { return fmt::format("k{}", cfg.k); }
+    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return 2.0 * static_cast<double>(d) * static_cast<double>(n) +
+               8.0 * static_cast<double>(cfg.k) * static_cast<double>(d);
+    }
+    bool sparse() const override { return true; }
+    ArchExport export_fields(const SaeWeights& w, const SaeConfig&) const override {
+        ArchExport e;
+        e.saelens_architecture = "jumprelu";
+        e.saelens_tensors = saelens_base(w);
+        const std::vector<float>& t = extra_tensor(w, "threshold");
+        SAE_ENFORCE(t.size() == 1, "a BatchTopK SAE's threshold has {} values, expected 1",
+                    t.size());
+        e.saelens_tensors.push_back({"threshold",
+                                     {w.n_latents},
+                                     std::vector<float>(static_cast<size_t>(w.n_latents), t[0])});
+        e.sparsify_refusal = "sparsify has no threshold activation for a BatchTopK SAE's inference";
+        return e;
+    }
+    std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
+                                        Backend& be) const override {
+        return std::make_unique<BatchTopkPass>(cfg, d, n, be);
+    }
+};
+
+}  // namespace
+
+const Architecture& batchtopk_arch() {
+    static const BatchTopk a;
+    return a;
+}
+
+}  // namespace saetrain::arch

@@ -1,0 +1,77 @@
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "saetrain/error.h"
+
+namespace saetrain::arch {
+
+void encode(PassContext& c) {
+    const float* b_dec = c.seg(ParamLayout::kBDec);
+    c.be.sub_rows(c.xc, c.x, b_dec, c.B, c.d);
+    c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg(ParamLayout::kWEnc), c.d, 0.0f,
+              c.pre, c.n);
+    c.be.broadcast_rows(c.xhat, b_dec, c.B, c.d);
+}
+
+void encoder_input_grad(PassContext& c, const float* dpre_col_sum) {
+    c.be.gemm(false, false, 1, c.d, c.n, -1.0f, dpre_col_sum, c.n, c.seg(ParamLayout::kWEnc), c.d,
+              1.0f, c.grad(ParamLayout::kBDec), c.d);
+}
+
+std::vector<ExportTensor> saelens_base(const SaeWeights& w, const char* b_enc_name) {
+    const int64_t d = w.d_model, n = w.n_latents;
+    return {{"W_enc", {d, n}, w.w_enc},
+            {b_enc_name, {n}, w.b_enc},
+            {"W_dec", {n, d}, w.w_dec},
+            {"b_dec", {d}, w.b_dec}};
+}
+
+const std::vector<float>& extra_tensor(const SaeWeights& w, const std::string& name) {
+    for (const auto& [key, value] : w.extra)
+        if (key == name) return value;
+    throw Error(fmt::format("the SAE's weights have no '{}' tensor", name));
+}
+
+std::string l1_suffix(const SaeConfig& cfg) { return fmt::format("l1_{}", cfg.l1_coeff); }
+
+AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
+    : k_aux_(std::min(cfg.k_aux > 0 ? cfg.k_aux : std::max<int64_t>(d / 2, 1), n)),
+      coeff_(cfg.auxk_coeff),
+      bias_(be, n),
+      stats_(be, kStatCount),
+      fires_(be, n),
+      mask_host_(static_cast<size_t>(n)) {}
+
+void AuxK::backward(PassContext& c) {
+    weight_ = 0;
+    if (coeff_ <= 0 || c.n_dead == 0 || c.dead == nullptr) return;
+    Backend& be = c.be;
+    const int64_t B = c.B, d = c.d, n = c.n;
+    const int64_t k = std::min(k_aux_, c.n_dead);
+    weight_ = coeff_ * std::min(1.0, static_cast<double>(c.n_dead) / static_cast<double>(k_aux_));
+    ensure(ehat_, be, B * d), ensure(target_, be, B * d), ensure(scratch_, be, 2 * d);
+    ensure(val_, be, B * k), ensure(idx_, be, B * k);
+    // Live latents get -inf added to their pre-activation, so the selection sees dead ones only.
+    const float inf = std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) mask_host_[i] = (*c.dead)[i] ? 0.0f : -inf;
+    be.upload(bias_.data(), mask_host_.data(), n * static_cast<int64_t>(sizeof(float)));
+    be.axpby(bias_.data(), c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
+    be.topk_forward(c.pre, bias_.data(), B, n, k, idx_.data(), val_.data());
+    be.fill(ehat_.data(), B * d, 0.0f);
+    be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k, d, ehat_.data());
+    // e = x - x_hat = -(dL/dx_hat) / grad_scale; then e_hat - e in place, scaled to its gradient.
+    be.axpby(target_.data(), c.xhat, -1.0f / c.grad_scale, 0.0f, B * d);
+    be.fill(stats_.data(), kStatCount, 0.0f);
+    const auto aux_scale = static_cast<float>(weight_ * c.grad_scale);
+    be.residual(ehat_.data(), target_.data(), B, d, aux_scale, scratch_.data(), scratch_.data() + d,
+                stats_.data());
+    be.axpby(c.stats + kStatAux, stats_.data() + kStatSse, 1.0f, 1.0f, 1);
+    be.topk_backward(c.xc, ehat_.data(), idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, n,
+                     k, d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
+                     c.grad(ParamLayout::kBEnc), fires_.data(), stats_.data(), true);
+}
+
+}  // namespace saetrain::arch

@@ -1,0 +1,61 @@
+// common.h — pieces the architectures share: the encoder, the decoder-bias term through the
+// encoder input, AuxK, and the registry's entries.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "saetrain/arch.h"
+
+namespace saetrain::arch {
+
+// ctx.xc = x - b_dec; ctx.pre = xc W_enc^T (b_enc is the activation's to add); ctx.xhat = b_dec
+// in every row (the decoder adds z W_dec).
+void encode(PassContext& ctx);
+// b_dec also enters through the encoder input x - b_dec: G.b_dec -= dpre_col_sum^T W_enc,
+// with dpre_col_sum [n] the column sums of dL/dpre.
+void encoder_input_grad(PassContext& ctx, const float* dpre_col_sum);
+
+// Grows `a` to at least `size` elements (contents are not kept).
+template <class T>
+void ensure(DeviceArray<T>& a, Backend& be, int64_t size) {
+    if (a.size() < size) a = DeviceArray<T>(be, size);
+}
+
+// AuxK (Gao et al. 2024): the k_aux largest activations among the latents dead before this
+// step reconstruct the main reconstruction's residual e = x - x_hat (held fixed); the loss
+// auxk_coeff * min(n_dead / k_aux, 1) * sum ||e_hat - e||^2 (in the main loss's units) sends
+// gradient only into dead latents' encoder and decoder rows (and b_dec through the encoder
+// input). Runs after the main backward, adding to its gradients.
+class AuxK {
+public:
+    AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be);
+    // Queues the auxiliary pass when any latent is dead and the coefficient is positive;
+    // adds its squared error to ctx.stats[kStatAux] and remembers its weight for penalty().
+    void backward(PassContext& ctx);
+    double penalty(const float* stats) const { return weight_ * stats[kStatAux]; }
+
+private:
+    int64_t k_aux_;
+    double coeff_;
+    double weight_ = 0;  // the last step's auxk_coeff * scale
+    DeviceArray<float> bias_, ehat_, target_, val_, scratch_, stats_;
+    DeviceArray<int32_t> idx_, fires_;
+    std::vector<float> mask_host_;
+};
+
+// W_enc [d, n], b_enc [n] (named `b_enc_name`), W_dec [n, d], b_dec [d]: SAELens's four.
+std::vector<ExportTensor> saelens_base(const SaeWeights& w, const char* b_enc_name = "b_enc");
+// The extra tensor called `name` (an architecture's own parameter or buffer); throws naming it.
+const std::vector<float>& extra_tensor(const SaeWeights& w, const std::string& name);
+
+// The decoder-norm weighted L1 term of ReLU and Gated SAEs, as a summary column and an id.
+std::string l1_suffix(const SaeConfig& cfg);
+
+const Architecture& relu_arch();
+const Architecture& topk_arch();
+const Architecture& batchtopk_arch();
+const Architecture& jumprelu_arch();
+const Architecture& gated_arch();
+
+}  // namespace saetrain::arch

@@ -1,0 +1,111 @@
+// jumprelu.cpp — JumpReLU (Rajamanoharan et al. 2024): z = v * H(v - theta) with a learned
+// per-latent threshold theta = exp(log_threshold), trained through straight-through
+// pseudo-derivatives (rectangle kernel of bandwidth sae.jumprelu_bandwidth; sae_math.h) with
+// an L0 penalty train.l0_coeff * sum_i H(v_i - theta_i) that ramps in like the L1 term.
+#include <cmath>
+
+#include "common.h"
+#include "saetrain/error.h"
+#include "saetrain/schedule.h"
+
+namespace saetrain::arch {
+namespace {
+
+class JumpReluPass final : public ArchPass {
+public:
+    JumpReluPass(const SaeConfig& cfg, int64_t n, Backend& be) : cfg_(cfg), n_(n), be_(be) {}
+    void reserve(int64_t rows) override {
+        ensure(z_, be_, rows * n_);
+        ensure(dz_, be_, rows * n_);
+    }
+    void forward(PassContext& c, bool) override {
+        encode(c);
+        c.be.jumprelu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("log_threshold"), c.B, c.n,
+                              z_.data());
+        c.be.gemm(false, false, c.B, c.d, c.n, 1.0f, z_.data(), c.n, c.seg(ParamLayout::kWDec), c.d,
+                  1.0f, c.xhat, c.d);
+    }
+    void backward(PassContext& c, int64_t step, int64_t total_steps) override {
+        Backend& be = c.be;
+        const int64_t B = c.B, d = c.d, n = c.n;
+        const float* w_dec = c.seg(ParamLayout::kWDec);
+        l0_ = sparsity_coeff_at(cfg_, cfg_.l0_coeff, step, total_steps);
+        be.gemm(true, false, n, d, B, 1.0f, z_.data(), n, c.xhat, d, 0.0f,
+                c.grad(ParamLayout::kWDec), d);
+        be.gemm(false, true, B, n, d, 1.0f, c.xhat, d, w_dec, d, 0.0f, dz_.data(), n);
+        const float l0_eff = static_cast<float>(l0_ / static_cast<double>(c.norm_rows));
+        be.jumprelu_backward(c.pre, c.seg("log_threshold"),
+                             static_cast<float>(cfg_.jumprelu_bandwidth), l0_eff, B, n, dz_.data(),
+                             c.grad(ParamLayout::kBEnc), c.grad("log_threshold"), c.fires, c.stats);
+        be.gemm(true, false, n, d, B, 1.0f, dz_.data(), n, c.xc, d, 0.0f,
+                c.grad(ParamLayout::kWEnc), d);
+        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+    }
+    double penalty(const float* st) const override { return l0_ * st[kStatL0]; }
+    Activations activations() const override { return {z_.data(), nullptr, nullptr, 0}; }
+
+private:
+    SaeConfig cfg_;
+    int64_t n_;
+    Backend& be_;
+    DeviceArray<float> z_, dz_;
+    double l0_ = 0;
+};
+
+class JumpRelu final : public Architecture {
+public:
+    const char* name() const override { return "jumprelu"; }
+    const char* describe() const override {
+        return "a learned threshold per latent, L0 penalty (train.l0_coeff), straight-through "
+               "with sae.jumprelu_bandwidth";
+    }
+    std::vector<std::string> keys() const override { return {"train.l0_coeff"}; }
+    void validate(const SaeConfig& cfg, int64_t, const std::string& where) const override {
+        SAE_ENFORCE(cfg.jumprelu_bandwidth > 0, "{}sae.jumprelu_bandwidth must be > 0 (got {})",
+                    where, cfg.jumprelu_bandwidth);
+        SAE_ENFORCE(cfg.jumprelu_init_threshold > 0,
+                    "{}sae.jumprelu_init_threshold must be > 0 (got {})", where,
+                    cfg.jumprelu_init_threshold);
+    }
+    std::string id_suffix(const SaeConfig& cfg) const override {
+        return fmt::format("l0_{}", cfg.l0_coeff);
+    }
+    std::vector<ParamSegment> extra_params(int64_t n, int64_t) const override {
+        return {{"log_threshold", n, 1, true, false}};
+    }
+    void init_extra(const SaeConfig& cfg, const ParamLayout& layout,
+                    std::vector<float>& p) const override {
+        const int64_t off = layout.offset("log_threshold");
+        const auto v = static_cast<float>(std::log(cfg.jumprelu_init_threshold));
+        const int64_t n = layout.segments()[ParamLayout::kBEnc].rows;
+        std::fill(p.begin() + off, p.begin() + off + n, v);
+    }
+    bool homogeneous_at_init() const override { return false; }
+    double flops_per_token(const SaeConfig&, int64_t d, int64_t n) const override {
+        return 10.0 * static_cast<double>(d) * static_cast<double>(n);
+    }
+    bool sparse() const override { return false; }
+    ArchExport export_fields(const SaeWeights& w, const SaeConfig&) const override {
+        ArchExport e;
+        e.saelens_architecture = "jumprelu";
+        e.saelens_tensors = saelens_base(w);
+        std::vector<float> t = extra_tensor(w, "log_threshold");
+        for (float& v : t) v = std::exp(v);
+        e.saelens_tensors.push_back({"threshold", {w.n_latents}, std::move(t)});
+        e.sparsify_refusal = "sparsify has no JumpReLU activation";
+        return e;
+    }
+    std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t, int64_t n,
+                                        Backend& be) const override {
+        return std::make_unique<JumpReluPass>(cfg, n, be);
+    }
+};
+
+}  // namespace
+
+const Architecture& jumprelu_arch() {
+    static const JumpRelu a;
+    return a;
+}
+
+}  // namespace saetrain::arch

@@ -1,0 +1,69 @@
+// registry.cpp — the one list of architectures, and the parameter layout they share.
+#include <algorithm>
+
+#include "common.h"
+#include "saetrain/error.h"
+
+namespace saetrain {
+
+std::string default_arch_name() { return kDefaultArch; }
+
+const std::vector<const Architecture*>& architectures() {
+    static const std::vector<const Architecture*> all = {
+        &arch::relu_arch(),     &arch::topk_arch(),  &arch::batchtopk_arch(),
+        &arch::jumprelu_arch(), &arch::gated_arch(),
+    };
+    return all;
+}
+
+std::vector<std::string> arch_names() {
+    std::vector<std::string> names;
+    for (const Architecture* a : architectures()) names.emplace_back(a->name());
+    return names;
+}
+
+const Architecture* arch_find(const std::string& name) {
+    for (const Architecture* a : architectures())
+        if (name == a->name()) return a;
+    return nullptr;
+}
+
+const Architecture& arch_get(const std::string& name) {
+    if (const Architecture* a = arch_find(name)) return *a;
+    std::string known;
+    for (const std::string& n : arch_names()) known += (known.empty() ? "" : ", ") + n;
+    throw Error(fmt::format("unknown SAE architecture '{}'; known: {}", name, known));
+}
+
+void Architecture::validate(const SaeConfig&, int64_t, const std::string&) const {}
+
+void ArchPass::set_buffer(const std::string& name, const std::vector<float>&) {
+    throw Error(fmt::format("this architecture keeps no tensor called '{}'", name));
+}
+
+ParamLayout::ParamLayout(int64_t n, int64_t d, const std::vector<ParamSegment>& extra) {
+    segs_ = {
+        {"W_enc", n, d, true, true},
+        {"W_dec", n, d, true, true},
+        {"b_enc", n, 1, true, false},
+        {"b_dec", 1, d, false, false},
+    };
+    segs_.insert(segs_.end(), extra.begin(), extra.end());
+    for (ParamSegment& s : segs_) {
+        s.offset = total_;
+        total_ += s.size();
+    }
+}
+
+bool ParamLayout::has(const std::string& name) const {
+    return std::any_of(segs_.begin(), segs_.end(),
+                       [&](const ParamSegment& s) { return s.name == name; });
+}
+
+int64_t ParamLayout::offset(const std::string& name) const {
+    for (const ParamSegment& s : segs_)
+        if (s.name == name) return s.offset;
+    throw Error(fmt::format("the SAE has no parameter '{}'", name));
+}
+
+}  // namespace saetrain

@@ -1,0 +1,82 @@
+// topk.cpp — TopK (Gao et al. 2024): each token keeps its k largest pre-activations (ReLU'd),
+// with AuxK on the latents that died. Sparse kernels: one dense GEMM (the encoder) and O(k d)
+// per token for the decoder and the backward pass.
+#include "common.h"
+#include "saetrain/error.h"
+
+namespace saetrain::arch {
+namespace {
+
+class TopkPass final : public ArchPass {
+public:
+    TopkPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
+        : k_(cfg.k), be_(be), auxk_(cfg, d, n, be) {}
+    void reserve(int64_t rows) override {
+        ensure(idx_, be_, rows * k_);
+        ensure(val_, be_, rows * k_);
+    }
+    void forward(PassContext& c, bool) override {
+        encode(c);
+        c.be.topk_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n, k_, idx_.data(), val_.data());
+        c.be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B, k_, c.d,
+                           c.xhat);
+    }
+    void backward(PassContext& c, int64_t, int64_t) override {
+        c.be.topk_backward(c.xc, c.xhat, idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B,
+                           c.n, k_, c.d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
+                           c.grad(ParamLayout::kBEnc), c.fires, c.stats, false);
+        auxk_.backward(c);
+        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+    }
+    double penalty(const float* st) const override { return auxk_.penalty(st); }
+    Activations activations() const override { return {nullptr, idx_.data(), val_.data(), k_}; }
+
+private:
+    int64_t k_;
+    Backend& be_;
+    AuxK auxk_;
+    DeviceArray<int32_t> idx_;
+    DeviceArray<float> val_;
+};
+
+class Topk final : public Architecture {
+public:
+    const char* name() const override { return "topk"; }
+    const char* describe() const override {
+        return "the sae.k largest activations per token, AuxK on dead latents (sae.k_aux, "
+               "train.auxk_coeff)";
+    }
+    std::vector<std::string> keys() const override { return {"sae.k"}; }
+    void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
+        SAE_ENFORCE(n == 0 || cfg.k <= n, "{}sae.k = {} exceeds the SAE's {} latents", where, cfg.k,
+                    n);
+    }
+    std::string id_suffix(const SaeConfig& cfg) const override { return fmt::format("k{}", cfg.k); }
+    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return 2.0 * static_cast<double>(d) * static_cast<double>(n) +
+               8.0 * static_cast<double>(cfg.k) * static_cast<double>(d);
+    }
+    bool sparse() const override { return true; }
+    ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
+        ArchExport e;
+        e.saelens_architecture = "topk";
+        e.saelens_tensors = saelens_base(w);
+        e.saelens_cfg = {{"k", std::to_string(cfg.k)}, {"rescale_acts_by_decoder_norm", "false"}};
+        e.sparsify_activation = name();
+        e.sparsify_k = cfg.k;
+        return e;
+    }
+    std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
+                                        Backend& be) const override {
+        return std::make_unique<TopkPass>(cfg, d, n, be);
+    }
+};
+
+}  // namespace
+
+const Architecture& topk_arch() {
+    static const Topk a;
+    return a;
+}
+
+}  // namespace saetrain::arch
