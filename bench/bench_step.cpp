@@ -133,8 +133,8 @@ public:
         timed("relu_backward", [&] { be_.relu_backward(z, dz, nr, l1, r, n, db, zs, f, st); });
     }
     void topk_forward(const float* p, const float* b, int64_t r, int64_t n, int64_t k, int32_t* i,
-                      float* v) override {
-        timed("topk_forward", [&] { be_.topk_forward(p, b, r, n, k, i, v); });
+                      float* v, bool relu) override {
+        timed("topk_forward", [&] { be_.topk_forward(p, b, r, n, k, i, v, relu); });
     }
     void sparse_decode(const int32_t* i, const float* v, const float* w, int64_t r, int64_t k,
                        int64_t d, float* xh) override {

@@ -53,7 +53,7 @@ TEST_F(CpuBackendTest, TopkSelectsLargestWithLowerIndexWinningTies) {
         auto bias = randn(n, 4, 0.1f);
         std::vector<int32_t> idx(rows * k);
         std::vector<float> val(rows * k);
-        be->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data());
+        be->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data(), true);
         for (int64_t r = 0; r < rows; ++r) {
             std::vector<int32_t> order(n);
             std::iota(order.begin(), order.end(), 0);
@@ -95,7 +95,7 @@ TEST_F(CpuBackendTest, TopkBackwardMatchesDenseDefinition) {
     auto pre = randn(rows * n, 12), bias = randn(n, 13, 0.2f);
     std::vector<int32_t> idx(rows * k);
     std::vector<float> val(rows * k);
-    be->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data());
+    be->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data(), true);
     // Dense reference: scatter the selection into z [rows, n], then dz = derr W^T masked.
     std::vector<double> gd(n * d, 0), ge(n * d, 0), gb(n, 0);
     std::vector<int32_t> fires_want(n, 0);

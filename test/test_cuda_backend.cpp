@@ -251,8 +251,8 @@ TEST_F(CudaParity, TopkSelectionMatchesExactlyIncludingTies) {
         std::vector<float> val(c.rows * c.k, -1.0f);
         Buf<float> gpre(*gpu, pre), gbias(*gpu, bias), gval(*gpu, val);
         Buf<int32_t> gidx(*gpu, idx);
-        cpu->topk_forward(pre.data(), bias.data(), c.rows, c.n, c.k, idx.data(), val.data());
-        gpu->topk_forward(gpre.p(), gbias.p(), c.rows, c.n, c.k, gidx.p(), gval.p());
+        cpu->topk_forward(pre.data(), bias.data(), c.rows, c.n, c.k, idx.data(), val.data(), true);
+        gpu->topk_forward(gpre.p(), gbias.p(), c.rows, c.n, c.k, gidx.p(), gval.p(), true);
         EXPECT_EQ(gidx.get(), idx) << "rows=" << c.rows << " n=" << c.n << " k=" << c.k;
         EXPECT_EQ(gval.get(), val) << "rows=" << c.rows << " n=" << c.n << " k=" << c.k;
     }
@@ -264,7 +264,7 @@ TEST_F(CudaParity, SparseDecodeAndBackwardBothModes) {
     auto x = randn(rows * d, 14), derr = randn(rows * d, 15);
     std::vector<int32_t> idx(rows * k);
     std::vector<float> val(rows * k);
-    cpu->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data());
+    cpu->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data(), true);
     // Plant latents that nobody selects and a hot latent everybody selects.
     for (int64_t r = 0; r < rows; ++r) idx[r * k] = 3;
     auto xh = randn(rows * d, 16);
@@ -346,7 +346,7 @@ TEST_F(CudaParity, TopkBackwardAccumulatesInBothModes) {
     auto x = randn(rows * d, 38), derr = randn(rows * d, 39);
     std::vector<int32_t> idx(rows * k);
     std::vector<float> val(rows * k);
-    cpu->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data());
+    cpu->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data(), true);
     for (int64_t r = 0; r < rows; ++r) idx[r * k] = 3;
     const auto de0 = randn(n * d, 40), dd0 = randn(n * d, 41), db0 = randn(n, 42);
     auto de = de0, dd = dd0, db = db0;

@@ -299,3 +299,67 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
 INSTANTIATE_TEST_SUITE_P(Archs, Evaluation,
                          ::testing::Values(std::string("relu"), std::string("topk")),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+// Every architecture recovers the planted features of sae-synth data (mean over the true
+// features of the best cosine with a decoder row), its sparsity coefficient chosen for this
+// data's scale (rows of norm ~2.5: 3 active features of magnitude 0.5-2). Measured (2 epochs,
+// 469 steps): recovery 0.996 relu (l0 7.4), 0.996 topk, 0.969 batchtopk, 0.993 jumprelu
+// (l0 2.7), 0.996 gated (l0 3.1).
+class PlantedRecovery : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PlantedRecovery, EveryArchitectureFindsThePlantedFeatures) {
+    static TempDir tmp;  // one dataset for all architectures
+    static const bool written = [] {
+        SynthOptions so;
+        so.out_dir = tmp.path.string();
+        so.d_model = 48;
+        so.n_features = 128;
+        so.active_per_row = 3.0;
+        so.rows = 60000;
+        so.shards = 2;
+        so.noise_std = 0.02;
+        so.seed = 7;
+        synth_write(so);
+        return true;
+    }();
+    ASSERT_TRUE(written);
+    const DatasetInfo data = dataset_open(tmp.path.string());
+    LoaderOptions lo;
+    lo.epochs = 2;
+    lo.shuffle_rows = 16384;
+    lo.seed = 1;
+    ShardBatchSource source(data, {0, data.total_rows}, lo);
+    SaeConfig cfg;
+    cfg.arch = GetParam();
+    cfg.expansion = 4;
+    cfg.k = 6;
+    cfg.l1_coeff = cfg.arch == "gated" ? 1.0 : 0.3;  // L0 ~3 (Gated) and ~7 (ReLU)
+    // JumpReLU: the defaults (bandwidth and initial threshold 0.001, sized for activations
+    // normalized to E||x||^2 = d_model and long runs) leave it dense in a run this short: a
+    // threshold learns only from the pre-activations within bandwidth / 2 of it.
+    cfg.l0_coeff = 0.1;
+    cfg.jumprelu_bandwidth = 0.05;
+    cfg.jumprelu_init_threshold = 0.05;
+    cfg.lr = 1e-2;
+    cfg.warmup_steps = 20;
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    const int64_t batch = 256;
+    SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, *be, *self);
+    LoopOptions opt;
+    opt.batch_size = batch;
+    opt.sae_id = cfg.arch;
+    const LoopResult res = train_loop(tr, source, opt);
+    int64_t m = 0, d = 0;
+    const auto truth = synth_read_features((tmp.path / "ground_truth.h5").string(), &m, &d);
+    const SaeWeights w = tr.weights();
+    const double recovery = feature_recovery(truth.data(), m, w.w_dec.data(), w.n_latents, d);
+    std::printf("%s: steps %lld fvu %.4f l0 %.2f recovery %.4f\n", cfg.arch.c_str(),
+                static_cast<long long>(res.steps), res.last.fvu, res.last.l0, recovery);
+    EXPECT_GE(recovery, 0.9) << cfg.arch;
+    EXPECT_LT(res.last.fvu, 0.3) << cfg.arch;
+    EXPECT_LT(res.last.l0, 30.0) << cfg.arch << ": sparse, not dense";
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, PlantedRecovery, ::testing::ValuesIn(arch_names()),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });

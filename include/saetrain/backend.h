@@ -67,17 +67,19 @@ public:
                                int64_t rows, int64_t n, float* db_enc, float* z_col_sum,
                                int32_t* fires, float* stats) = 0;
 
-    // TopK: for each row of pre + b_enc keep the k largest (ties: lower index), ReLU them.
-    // idx [rows, k] latent ids, val [rows, k] activations (0 where the ReLU cut).
+    // TopK: for each row of pre + b_enc keep the k largest (ties: lower index), ReLU them
+    // (`relu` false: keep their values as they are, AuxK's selection). idx [rows, k] latent
+    // ids, val [rows, k] activations (0 where the ReLU cut). The sparse ops below treat an
+    // entry with val == 0 as absent.
     virtual void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n,
-                              int64_t k, int32_t* idx, float* val) = 0;
+                              int64_t k, int32_t* idx, float* val, bool relu) = 0;
     // x_hat[r] += sum_j val[r,j] * w_dec[idx[r,j]] (x_hat holds b_dec already).
     virtual void sparse_decode(const int32_t* idx, const float* val, const float* w_dec,
                                int64_t rows, int64_t k, int64_t d, float* x_hat) = 0;
     // Sparse backward: with derr [rows, d] and the selection, writes every row of
     //   dw_dec[l] = sum_{(r,j): idx=l} val[r,j] * derr[r]
     //   dw_enc[l] = sum dval[r,j] * x[r],  db_enc[l] = sum dval[r,j],
-    // where dval[r,j] = (val > 0) * derr[r] . w_dec[l]; untouched latents get zeros. w_enc and
+    // where dval[r,j] = (val != 0) * derr[r] . w_dec[l]; untouched latents get zeros. w_enc and
     // w_dec gradients are [n, d] (latent-major). fires[l] counts non-zero activations; adds L0.
     virtual void topk_backward(const float* x, const float* derr, const int32_t* idx,
                                const float* val, const float* w_dec, int64_t rows, int64_t n,

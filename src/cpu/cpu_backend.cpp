@@ -39,7 +39,7 @@ struct TopkHeap {
     };
     static constexpr WorseFirst worse_first{};
     void select(const float* pre, const float* bias, int64_t n, int64_t k, int32_t* idx,
-                float* val) {
+                float* val, bool relu) {
         h.resize(static_cast<size_t>(k));
         for (int64_t i = 0; i < k; ++i) h[i] = {pre[i] + bias[i], static_cast<int32_t>(i)};
         std::make_heap(h.begin(), h.end(), worse_first);
@@ -66,7 +66,7 @@ struct TopkHeap {
         std::sort_heap(h.begin(), h.end(), worse_first);  // best first
         for (int64_t j = 0; j < k; ++j) {
             idx[j] = h[j].second;
-            val[j] = math::relu(h[j].first);
+            val[j] = relu ? math::relu(h[j].first) : h[j].first;
         }
     }
 };
@@ -224,13 +224,13 @@ public:
     }
 
     void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n, int64_t k,
-                      int32_t* idx, float* val) override {
+                      int32_t* idx, float* val, bool relu) override {
 #pragma omp parallel
         {
             TopkHeap heap;
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < rows; ++r)
-                heap.select(pre + r * n, b_enc, n, k, idx + r * k, val + r * k);
+                heap.select(pre + r * n, b_enc, n, k, idx + r * k, val + r * k, relu);
         }
     }
 
@@ -256,12 +256,12 @@ public:
         // are then written by one thread, in row order (deterministic, no atomics).
         start_.assign(static_cast<size_t>(n) + 1, 0);
         for (int64_t e = 0; e < rows * k; ++e)
-            if (val[e] > 0.0f) ++start_[idx[e] + 1];
+            if (val[e] != 0.0f) ++start_[idx[e] + 1];
         for (int64_t l = 0; l < n; ++l) start_[l + 1] += start_[l];
         entries_.resize(static_cast<size_t>(start_[n]));
         cursor_.assign(start_.begin(), start_.end() - 1);
         for (int64_t e = 0; e < rows * k; ++e)
-            if (val[e] > 0.0f) entries_[cursor_[idx[e]]++] = static_cast<int32_t>(e);
+            if (val[e] != 0.0f) entries_[cursor_[idx[e]]++] = static_cast<int32_t>(e);
 
 #pragma omp parallel for schedule(dynamic, 64)
         for (int64_t l = 0; l < n; ++l) {

@@ -56,7 +56,7 @@ __device__ __forceinline__ void warp_count(unsigned* hist, uint32_t bin, bool ac
 // copied to shared memory (n floats fit), so the five passes read shared memory, not L2.
 template <bool kCached>
 __global__ void __launch_bounds__(kSelectThreads)
-    topk_select_kernel(const float* pre, const float* bias, int n, int k, int k_pad,
+    topk_select_kernel(const float* pre, const float* bias, int n, int k, int k_pad, bool relu,
                        int32_t* idx_out, float* val_out) {
     extern __shared__ uint32_t row_keys[];  // [n] when kCached
     using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(kSelectThreads)
         const unsigned long long v = picks[j];
         const int64_t o = static_cast<int64_t>(blockIdx.x) * k + j;
         idx_out[o] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(v & 0xffffffffu));
-        val_out[o] = math::relu(math::float_from_order_key(static_cast<uint32_t>(v >> 32)));
+        const float value = math::float_from_order_key(static_cast<uint32_t>(v >> 32));
+        val_out[o] = relu ? math::relu(value) : value;
     }
 }
 
@@ -203,7 +204,7 @@ __global__ void topk_entries_kernel(const int32_t* idx, const float* val, int64_
                                     int32_t n, int32_t* counts, int32_t* keys, int32_t* ids) {
     for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < entries;
          e += int64_t(gridDim.x) * blockDim.x) {
-        const bool on = val[e] > 0.0f;
+        const bool on = val[e] != 0.0f;
         if (on) atomicAdd(&counts[idx[e]], 1);
         keys[e] = on ? idx[e] : n;
         ids[e] = static_cast<int32_t>(e);
@@ -220,7 +221,7 @@ __global__ void topk_dval_kernel(const float* derr, const int32_t* idx, const fl
     const int lane = threadIdx.x % 32;
     for (int64_t e = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; e < entries;
          e += warps) {
-        if (!(val[e] > 0.0f)) {  // uniform across the warp: one entry per warp
+        if (val[e] == 0.0f) {  // uniform across the warp: one entry per warp
             if (lane == 0) dval[e] = 0.0f;
             continue;
         }
@@ -331,7 +332,7 @@ __global__ void topk_scatter_kernel(const float* x, const float* derr, const int
                                     float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires) {
     const int64_t e = blockIdx.x;
     const float a = val[e];
-    if (!(a > 0.0f)) return;
+    if (a == 0.0f) return;
     const int64_t l = idx[e], r = e / k;
     const float dv = dval[e];
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
@@ -421,7 +422,7 @@ int grid_for(int64_t n, int threads) {
 }  // namespace
 
 void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t rows, int64_t n,
-                  int64_t k, int32_t* idx, float* val) {
+                  int64_t k, int32_t* idx, float* val, bool relu) {
     SAE_ENFORCE(k >= 1 && k <= kMaxTopk,
                 "CUDA top-k supports 1 <= k <= {} (got k = {}); use a smaller sae.k", kMaxTopk, k);
     SAE_ENFORCE(k <= n && n < (int64_t(1) << 31), "top-k: k = {} > n_latents = {}", k, n);
@@ -451,10 +452,10 @@ void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t 
             raised_to = row_bytes;
         }
         topk_select_kernel<true><<<static_cast<unsigned>(rows), kSelectThreads, row_bytes, s>>>(
-            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, idx, val);
+            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, idx, val);
     } else {
         topk_select_kernel<false><<<static_cast<unsigned>(rows), kSelectThreads, 0, s>>>(
-            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, idx, val);
+            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, idx, val);
     }
     SAE_CUDA_LAUNCH_CHECK();
 }

@@ -59,7 +59,10 @@ void AuxK::backward(PassContext& c) {
     for (int64_t i = 0; i < n; ++i) mask_host_[i] = (*c.dead)[i] ? 0.0f : -inf;
     be.upload(bias_.data(), mask_host_.data(), n * static_cast<int64_t>(sizeof(float)));
     be.axpby(bias_.data(), c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
-    be.topk_forward(c.pre, bias_.data(), B, n, k, idx_.data(), val_.data());
+    // The selected pre-activations as they are, negative ones included (as OpenAI's AuxK): with
+    // a ReLU, a dead latent whose pre-activations the auxiliary loss pushed below zero would get
+    // no gradient again and stay dead for good.
+    be.topk_forward(c.pre, bias_.data(), B, n, k, idx_.data(), val_.data(), false);
     be.fill(ehat_.data(), B * d, 0.0f);
     be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k, d, ehat_.data());
     // e = x - x_hat = -(dL/dx_hat) / grad_scale; then e_hat - e in place, scaled to its gradient.

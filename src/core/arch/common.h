@@ -22,9 +22,9 @@ void ensure(DeviceArray<T>& a, Backend& be, int64_t size) {
     if (a.size() < size) a = DeviceArray<T>(be, size);
 }
 
-// AuxK (Gao et al. 2024): the k_aux largest activations among the latents dead before this
-// step reconstruct the main reconstruction's residual e = x - x_hat (held fixed); the loss
-// auxk_coeff * min(n_dead / k_aux, 1) * sum ||e_hat - e||^2 (in the main loss's units) sends
+// AuxK (Gao et al. 2024): the k_aux largest pre-activations (not ReLU'd) among the latents dead
+// before this step reconstruct the main reconstruction's residual e = x - x_hat (held fixed); the
+// loss auxk_coeff * min(n_dead / k_aux, 1) * sum ||e_hat - e||^2 (in the main loss's units) sends
 // gradient only into dead latents' encoder and decoder rows (and b_dec through the encoder
 // input). Runs after the main backward, adding to its gradients.
 class AuxK {

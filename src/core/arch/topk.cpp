@@ -17,7 +17,8 @@ public:
     }
     void forward(PassContext& c, bool) override {
         encode(c);
-        c.be.topk_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n, k_, idx_.data(), val_.data());
+        c.be.topk_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n, k_, idx_.data(), val_.data(),
+                          true);
         c.be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B, k_, c.d,
                            c.xhat);
     }

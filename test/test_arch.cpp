@@ -1,0 +1,487 @@
+// The architectures behind the seam (arch.h): their gradients against finite differences of
+// an independent double-precision forward pass, their straight-through terms against the
+// surrogate they define, BatchTopK's inference threshold, AuxK, and bitwise resume.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "saetrain/arch.h"
+#include "saetrain/backend.h"
+#include "saetrain/comm.h"
+#include "saetrain/error.h"
+#include "saetrain/trainer.h"
+
+using namespace saetrain;
+
+namespace {
+
+struct Ref {
+    std::string arch;
+    int64_t rows = 8, d = 12, n = 24, k = 4;
+    double l1 = 0, l0 = 0, bandwidth = 0.001;
+    std::vector<uint8_t> dead;  // AuxK (TopK): the dead latents
+    int64_t k_aux = 0;
+    double aux_weight = 0;
+};
+
+// The trainer's loss in double precision, summed over rows and divided by them, on the flat
+// parameters p (trainer.h layout, the architecture's segments after b_dec). `frozen` holds the
+// values of the terms the trainer treats as constants (Gated's auxiliary decoder, AuxK's
+// target): finite differences move p only, so they see exactly those stop-gradients.
+double ref_loss(const std::vector<double>& p, const std::vector<double>& frozen,
+                const std::vector<float>& x, const Ref& s) {
+    const int64_t d = s.d, n = s.n, R = s.rows;
+    auto parts = [&](const std::vector<double>& q) {
+        struct {
+            const double *w_enc, *w_dec, *b_enc, *b_dec, *extra;
+        } v{q.data(), q.data() + n * d, q.data() + 2 * n * d, q.data() + 2 * n * d + n,
+            q.data() + 2 * n * d + n + d};
+        return v;
+    };
+    const auto P = parts(p), F = parts(frozen);
+    auto encode = [&](const decltype(P)& Q, int64_t t, std::vector<double>& pre) {
+        pre.assign(n, 0.0);
+        for (int64_t l = 0; l < n; ++l)
+            for (int64_t c = 0; c < d; ++c)
+                pre[l] += (x[t * d + c] - Q.b_dec[c]) * Q.w_enc[l * d + c];
+    };
+    auto decode = [&](const decltype(P)& Q, const std::vector<double>& z, bool bias,
+                      std::vector<double>& xh) {
+        xh.assign(d, 0.0);
+        for (int64_t c = 0; c < d; ++c) {
+            double a = bias ? Q.b_dec[c] : 0.0;
+            for (int64_t l = 0; l < n; ++l) a += z[l] * Q.w_dec[l * d + c];
+            xh[c] = a;
+        }
+    };
+    auto norm = [&](const decltype(P)& Q, int64_t l) {
+        double s2 = 0;
+        for (int64_t c = 0; c < d; ++c) s2 += Q.w_dec[l * d + c] * Q.w_dec[l * d + c];
+        return std::sqrt(s2);
+    };
+    // BatchTopK: the batch's threshold over every row's positive pre + b_enc.
+    double t_batch = 0;
+    if (s.arch == "batchtopk") {
+        std::vector<double> pos, pre;
+        for (int64_t t = 0; t < R; ++t) {
+            encode(P, t, pre);
+            for (int64_t l = 0; l < n; ++l)
+                if (pre[l] + P.b_enc[l] > 0) pos.push_back(pre[l] + P.b_enc[l]);
+        }
+        std::sort(pos.rbegin(), pos.rend());
+        if (!pos.empty()) t_batch = pos[std::min<size_t>(s.k * R, pos.size()) - 1];
+    }
+    double loss = 0;
+    std::vector<double> pre, z(n), xh, pre0, xh0, z0(n), e(d), zh(n);
+    for (int64_t t = 0; t < R; ++t) {
+        encode(P, t, pre);
+        std::fill(z.begin(), z.end(), 0.0);
+        if (s.arch == "relu") {
+            for (int64_t l = 0; l < n; ++l) z[l] = std::max(pre[l] + P.b_enc[l], 0.0);
+            for (int64_t l = 0; l < n; ++l) loss += s.l1 * z[l] * norm(P, l);
+        } else if (s.arch == "topk") {
+            std::vector<int64_t> order(n);
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+                return pre[a] + P.b_enc[a] > pre[b] + P.b_enc[b];
+            });
+            for (int64_t j = 0; j < s.k; ++j)
+                z[order[j]] = std::max(pre[order[j]] + P.b_enc[order[j]], 0.0);
+        } else if (s.arch == "batchtopk") {
+            for (int64_t l = 0; l < n; ++l) {
+                const double v = pre[l] + P.b_enc[l];
+                z[l] = v > 0 && v >= t_batch ? v : 0.0;
+            }
+        } else if (s.arch == "jumprelu") {
+            for (int64_t l = 0; l < n; ++l) {
+                const double v = pre[l] + P.b_enc[l], theta = std::exp(P.extra[l]);
+                z[l] = v > theta ? v : 0.0;
+                loss += s.l0 * (v > theta ? 1.0 : 0.0);
+            }
+        } else if (s.arch == "gated") {
+            std::vector<double> gate(n);
+            for (int64_t l = 0; l < n; ++l) {
+                const double g = pre[l] + P.b_enc[l];
+                const double m = pre[l] * std::exp(P.extra[l]) + P.extra[n + l];
+                z[l] = g > 0 ? std::max(m, 0.0) : 0.0;
+                gate[l] = std::max(g, 0.0);
+                loss += s.l1 * gate[l] * norm(P, l);
+            }
+            // The gate path's reconstruction through the frozen decoder (W_dec, b_dec).
+            decode(F, gate, true, xh0);
+            for (int64_t c = 0; c < d; ++c)
+                loss += (xh0[c] - x[t * d + c]) * (xh0[c] - x[t * d + c]);
+        }
+        decode(P, z, true, xh);
+        for (int64_t c = 0; c < d; ++c) loss += (xh[c] - x[t * d + c]) * (xh[c] - x[t * d + c]);
+        if (s.aux_weight > 0) {
+            // AuxK: the residual of the frozen parameters' reconstruction is the target.
+            std::vector<int64_t> order(n);
+            encode(F, t, pre0);
+            std::vector<int64_t> top0(n);
+            std::iota(top0.begin(), top0.end(), 0);
+            std::stable_sort(top0.begin(), top0.end(), [&](int64_t a, int64_t b) {
+                return pre0[a] + F.b_enc[a] > pre0[b] + F.b_enc[b];
+            });
+            std::fill(z0.begin(), z0.end(), 0.0);
+            for (int64_t j = 0; j < s.k; ++j)
+                z0[top0[j]] = std::max(pre0[top0[j]] + F.b_enc[top0[j]], 0.0);
+            decode(F, z0, true, xh0);
+            for (int64_t c = 0; c < d; ++c) e[c] = x[t * d + c] - xh0[c];
+            // The k_aux largest among the dead latents, with the live parameters.
+            std::iota(order.begin(), order.end(), 0);
+            auto key = [&](int64_t l) {
+                return s.dead[l] ? pre[l] + P.b_enc[l] : -std::numeric_limits<double>::infinity();
+            };
+            std::stable_sort(order.begin(), order.end(),
+                             [&](int64_t a, int64_t b) { return key(a) > key(b); });
+            std::fill(zh.begin(), zh.end(), 0.0);
+            for (int64_t j = 0; j < s.k_aux; ++j)
+                if (s.dead[order[j]]) zh[order[j]] = key(order[j]);
+            decode(P, zh, false, xh);
+            for (int64_t c = 0; c < d; ++c) loss += s.aux_weight * (xh[c] - e[c]) * (xh[c] - e[c]);
+        }
+    }
+    return loss / static_cast<double>(R);
+}
+
+// Random parameters in the trainer's layout (extras: log thresholds near the activations'
+// scale for JumpReLU; small r_mag and b_mag for Gated).
+std::vector<float> random_params(const SaeTrainer& tr, std::mt19937& rng) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> p(static_cast<size_t>(tr.layout().total()));
+    for (float& v : p) v = 0.4f * normal(rng);
+    if (tr.layout().has("log_threshold")) {
+        const int64_t o = tr.layout().offset("log_threshold");
+        for (int64_t l = 0; l < tr.n_latents(); ++l) p[o + l] = std::log(0.3f) + 0.3f * normal(rng);
+    }
+    return p;
+}
+
+// Checks every gradient the trainer computes against central differences of ref_loss,
+// skipping kinks (a ReLU at 0, a selection change); `skip` marks the parameters whose
+// gradient is not a derivative of the loss (straight-through terms), checked elsewhere.
+void check_fd(SaeTrainer& tr, const std::vector<float>& x, const Ref& s,
+              const std::function<bool(size_t)>& skip = {}) {
+    const StepResult r = tr.compute_gradients(x.data(), s.rows);
+    const std::vector<float> g = tr.grads_host();
+    const std::vector<float> pf = tr.params_host();
+    std::vector<double> pd(pf.begin(), pf.end());
+    const std::vector<double> frozen = pd;
+    const double l0 = ref_loss(pd, frozen, x, s);
+    EXPECT_NEAR(r.loss, l0, 1e-4 * std::abs(l0)) << s.arch << ": trainer loss vs reference";
+    const double h = 1e-5;
+    int checked = 0, kinks = 0;
+    double worst = 0;
+    for (size_t i = 0; i < pd.size(); ++i) {
+        if (skip && skip(i)) continue;
+        const double keep = pd[i];
+        pd[i] = keep + h;
+        const double lp = ref_loss(pd, frozen, x, s);
+        pd[i] = keep - h;
+        const double lm = ref_loss(pd, frozen, x, s);
+        pd[i] = keep;
+        const double right = (lp - l0) / h, left = (l0 - lm) / h;
+        if (std::abs(right - left) > 1e-3 * (1 + std::abs(right))) {
+            ++kinks;
+            continue;
+        }
+        const double fd = (lp - lm) / (2 * h);
+        const double err = std::abs(g[i] - fd) / (1e-3 + std::abs(fd));
+        worst = std::max(worst, err);
+        EXPECT_LT(err, 2e-3) << s.arch << " parameter " << i << ": analytic " << g[i] << " vs fd "
+                             << fd;
+        ++checked;
+    }
+    EXPECT_LT(kinks, static_cast<int>(pd.size() / 20)) << "too many kinks to trust the check";
+    EXPECT_GT(checked, static_cast<int>(pd.size() / 2));
+    std::printf("%s: %d gradients checked, %d kinks skipped, worst rel err %.2e\n", s.arch.c_str(),
+                checked, kinks, worst);
+}
+
+SaeConfig base_config(const Ref& s) {
+    SaeConfig cfg;
+    cfg.arch = s.arch;
+    cfg.n_latents = s.n;
+    cfg.k = s.k;
+    cfg.l1_coeff = s.l1;
+    cfg.l0_coeff = s.l0;
+    cfg.jumprelu_bandwidth = s.bandwidth;
+    cfg.l1_warmup_fraction = 0;     // the full coefficients from step 0, as the reference
+    cfg.normalize_decoder = false;  // keep the norm-weighted L1 gradient visible
+    return cfg;
+}
+
+std::vector<float> random_rows(const Ref& s, std::mt19937& rng) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(s.rows * s.d));
+    for (float& v : x) v = normal(rng);
+    return x;
+}
+
+TEST(ArchGradients, BatchTopkMatchesFiniteDifferences) {
+    Ref s;
+    s.arch = "batchtopk";
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    SaeTrainer tr(base_config(s), s.d, 10, 0, *be, *self);
+    std::mt19937 rng(3);
+    const std::vector<float> x = random_rows(s, rng);
+    tr.set_params_host(random_params(tr, rng));
+    check_fd(tr, x, s);
+}
+
+TEST(ArchGradients, GatedMatchesFiniteDifferencesWithItsStopGradients) {
+    Ref s;
+    s.arch = "gated";
+    s.l1 = 0.3;
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    SaeTrainer tr(base_config(s), s.d, 10, 0, *be, *self);
+    std::mt19937 rng(4);
+    const std::vector<float> x = random_rows(s, rng);
+    std::vector<float> p = random_params(tr, rng);
+    std::normal_distribution<float> normal(0.0f, 0.2f);
+    for (const char* seg : {"r_mag", "b_mag"})
+        for (int64_t l = 0; l < s.n; ++l) p[tr.layout().offset(seg) + l] = normal(rng);
+    tr.set_params_host(p);
+    check_fd(tr, x, s);
+}
+
+// JumpReLU: every gradient but the threshold's is a true derivative (checked by finite
+// differences); the threshold's is the straight-through surrogate of sae_math.h, checked
+// against that definition computed here in double precision.
+TEST(ArchGradients, JumpReluMatchesFiniteDifferencesAndItsSurrogate) {
+    Ref s;
+    s.arch = "jumprelu";
+    s.l0 = 0.05;
+    s.bandwidth = 0.4;  // wide enough that many (row, latent) pairs fall inside the window
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    SaeTrainer tr(base_config(s), s.d, 10, 0, *be, *self);
+    std::mt19937 rng(5);
+    const std::vector<float> x = random_rows(s, rng);
+    tr.set_params_host(random_params(tr, rng));
+    const int64_t lt = tr.layout().offset("log_threshold");
+    check_fd(tr, x, s, [&](size_t i) {
+        return static_cast<int64_t>(i) >= lt && static_cast<int64_t>(i) < lt + s.n;
+    });
+
+    const std::vector<float> g = tr.grads_host(), p = tr.params_host();
+    const int64_t d = s.d, n = s.n;
+    int in_window = 0;
+    for (int64_t l = 0; l < n; ++l) {
+        const double theta = std::exp(double(p[lt + l]));
+        double want = 0;
+        for (int64_t t = 0; t < s.rows; ++t) {
+            // v and dL/dz for this row and latent.
+            double v = p[2 * n * d + l];
+            for (int64_t c = 0; c < d; ++c)
+                v += (x[t * d + c] - p[2 * n * d + n + c]) * p[l * d + c];
+            std::vector<double> xh(d);
+            for (int64_t c = 0; c < d; ++c) xh[c] = p[2 * n * d + n + c];
+            for (int64_t m = 0; m < n; ++m) {
+                double vm = p[2 * n * d + m];
+                for (int64_t c = 0; c < d; ++c)
+                    vm += (x[t * d + c] - p[2 * n * d + n + c]) * p[m * d + c];
+                if (vm > std::exp(double(p[lt + m])))
+                    for (int64_t c = 0; c < d; ++c) xh[c] += vm * p[n * d + m * d + c];
+            }
+            double dz = 0;
+            for (int64_t c = 0; c < d; ++c)
+                dz += 2.0 / double(s.rows) * (xh[c] - x[t * d + c]) * p[n * d + l * d + c];
+            const double u = (v - theta) / s.bandwidth;
+            const double kernel = (u > -0.5 && u < 0.5) ? 1.0 / s.bandwidth : 0.0;
+            in_window += kernel > 0;
+            want += -kernel * (theta * dz + s.l0 / double(s.rows));
+        }
+        want *= theta;  // d/dlog(theta)
+        EXPECT_NEAR(g[lt + l], want, 1e-4 + 1e-3 * std::abs(want)) << "latent " << l;
+    }
+    EXPECT_GT(in_window, 10) << "too few pairs in the window to test the surrogate";
+}
+
+// AuxK: latents marked dead (restored counters) get the auxiliary gradient; finite
+// differences of the loss with the residual target held fixed.
+TEST(ArchGradients, AuxKMatchesFiniteDifferences) {
+    Ref s;
+    s.arch = "topk";
+    s.k_aux = 5;
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    SaeConfig cfg = base_config(s);
+    cfg.k_aux = s.k_aux;
+    cfg.auxk_coeff = 0.5;
+    cfg.dead_tokens = 100;
+    SaeTrainer tr(cfg, s.d, 10, 0, *be, *self);
+    std::mt19937 rng(6);
+    const std::vector<float> x = random_rows(s, rng);
+    tr.set_params_host(random_params(tr, rng));
+    TrainState st = tr.state();
+    s.dead.assign(static_cast<size_t>(s.n), 0);
+    int64_t n_dead = 0;
+    for (int64_t l = 0; l < s.n; l += 2) st.since_fired[l] = 1000, s.dead[l] = 1, ++n_dead;
+    tr.restore(tr.weights(), st);
+    s.aux_weight = cfg.auxk_coeff * std::min(1.0, double(n_dead) / double(s.k_aux));
+    check_fd(tr, x, s);
+    // The auxiliary term is there: the same SAE without it has another loss.
+    const double with_aux = tr.compute_gradients(x.data(), s.rows).loss;
+    Ref plain = s;
+    plain.aux_weight = 0;
+    const std::vector<float> pf = tr.params_host();
+    const std::vector<double> pd(pf.begin(), pf.end());
+    EXPECT_GT(with_aux - ref_loss(pd, pd, x, plain), 1e-3);
+}
+
+// BatchTopK's inference threshold: after training, evaluating on held-out rows of the same
+// distribution gives the training L0 within 10%.
+TEST(ArchBehaviour, BatchTopkThresholdGivesTheTrainingL0) {
+    const int64_t d = 16, n = 64, rows = 256;
+    SaeConfig cfg;
+    cfg.arch = "batchtopk";
+    cfg.n_latents = n;
+    cfg.k = 6;
+    cfg.lr = 5e-3;
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    SaeTrainer tr(cfg, d, 300, 0, *be, *self);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(rows * d));
+    auto fill = [&] {
+        for (float& v : x) v = normal(rng);
+    };
+    fill();
+    tr.init(x.data(), rows);
+    double l0 = 0;
+    for (int s = 0; s < 300; ++s) {
+        fill();
+        l0 = tr.step(x.data(), rows).l0 / rows;
+    }
+    EXPECT_NEAR(l0, double(cfg.k), 1e-9) << "training selects k per row on average";
+    fill();
+    const EvalResult e = tr.evaluate(x.data(), rows, rows);
+    EXPECT_NEAR(e.l0, l0, 0.1 * l0) << "inference L0 " << e.l0 << " vs training " << l0;
+    // The threshold travels with the weights.
+    const SaeWeights w = tr.weights();
+    ASSERT_EQ(w.extra.size(), 1u);
+    EXPECT_EQ(w.extra[0].first, "threshold");
+    EXPECT_GT(w.extra[0].second[0], 0.0f);
+}
+
+// Every architecture resumes bitwise: 6 steps straight equal 3 steps, a checkpoint's weights
+// and state restored into a fresh trainer, and 3 more.
+TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
+    const int64_t d = 12, n = 48, rows = 64;
+    for (const std::string& arch : arch_names()) {
+        SaeConfig cfg;
+        cfg.arch = arch;
+        cfg.n_latents = n;
+        cfg.k = 4;
+        cfg.l1_coeff = 0.1;
+        cfg.l0_coeff = 0.01;
+        cfg.dead_tokens = 64;  // latents die within the run: AuxK is part of what resumes
+        cfg.lr = 1e-2;
+        auto be = make_cpu_backend(1);
+        auto self = make_self_comm();
+        std::mt19937 rng(11);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        std::vector<std::vector<float>> batches(7, std::vector<float>(rows * d));
+        for (auto& b : batches)
+            for (float& v : b) v = normal(rng);
+        SaeTrainer a(cfg, d, 6, 1, *be, *self);
+        a.init(batches[0].data(), rows);
+        for (int s = 1; s <= 3; ++s) a.step(batches[s].data(), rows);
+        const SaeWeights w = a.weights();
+        const TrainState st = a.state();
+        for (int s = 4; s <= 6; ++s) a.step(batches[s].data(), rows);
+
+        SaeTrainer b(cfg, d, 6, 1, *be, *self);
+        b.restore(w, st);
+        for (int s = 4; s <= 6; ++s) b.step(batches[s].data(), rows);
+        EXPECT_EQ(a.params_host(), b.params_host()) << arch;
+        EXPECT_EQ(a.state().adam_m, b.state().adam_m) << arch;
+        const SaeWeights wa = a.weights(), wb = b.weights();
+        EXPECT_EQ(wa.extra, wb.extra) << arch;
+    }
+}
+
+}  // namespace
+
+namespace {
+
+// Rows of `active` (on average) of m planted unit features that span only the first `sub`
+// of d dimensions, as real activations occupy a low-dimensional part of their space: most
+// random initial latent directions see little of the data.
+struct SubspaceData {
+    int64_t d, m, sub;
+    std::vector<float> features;  // [m, d]
+    std::mt19937 rng;
+    SubspaceData(int64_t d_, int64_t m_, int64_t sub_, uint32_t seed)
+        : d(d_), m(m_), sub(sub_), features(static_cast<size_t>(m_ * d_), 0.0f), rng(seed) {
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (int64_t f = 0; f < m; ++f) {
+            double s = 0;
+            for (int64_t c = 0; c < sub; ++c) {
+                const float v = normal(rng);
+                features[f * d + c] = v, s += double(v) * v;
+            }
+            for (int64_t c = 0; c < sub; ++c)
+                features[f * d + c] /= static_cast<float>(std::sqrt(s));
+        }
+    }
+    void fill(std::vector<float>& x, int64_t rows) {
+        std::uniform_real_distribution<float> mag(0.5f, 2.0f);
+        std::bernoulli_distribution on(3.0 / static_cast<double>(m));
+        std::normal_distribution<float> noise(0.0f, 0.01f);
+        x.assign(static_cast<size_t>(rows * d), 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = 0; c < d; ++c) x[r * d + c] = noise(rng);
+            for (int64_t f = 0; f < m; ++f)
+                if (on(rng)) {
+                    const float a = mag(rng);
+                    for (int64_t c = 0; c < d; ++c) x[r * d + c] += a * features[f * d + c];
+                }
+        }
+    }
+};
+
+double dead_after(double auxk_coeff) {
+    const int64_t d = 64, rows = 256;
+    SubspaceData data(d, 256, 16, 21);
+    SaeConfig cfg;
+    cfg.arch = "topk";
+    cfg.n_latents = 256;
+    cfg.k = 4;
+    cfg.lr = 2e-2;  // high: latents die quickly without AuxK
+    cfg.auxk_coeff = auxk_coeff;
+    cfg.dead_tokens = 20 * rows;
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    const int64_t steps = 3000;
+    SaeTrainer tr(cfg, d, steps, 0, *be, *self);
+    std::vector<float> x;
+    data.fill(x, rows);
+    tr.init(x.data(), rows);
+    for (int64_t s = 0; s < steps; ++s) {
+        data.fill(x, rows);
+        tr.step(x.data(), rows);
+    }
+    return tr.dead_fraction();
+}
+
+// AuxK at its default weight (1/32, k_aux = d_model / 2) on data where plain TopK leaves many
+// latents dead (measured: 58% without AuxK, 2% with it).
+TEST(ArchBehaviour, AuxKRevivesDeadLatents) {
+    const double plain = dead_after(0.0), aux = dead_after(1.0 / 32);
+    std::printf("dead latents: TopK %.1f%%, TopK + AuxK %.1f%%\n", 100 * plain, 100 * aux);
+    EXPECT_GT(plain, 0.2);
+    EXPECT_LT(aux, 0.05);
+}
+
+}  // namespace
