@@ -38,8 +38,8 @@ struct TopkHeap {
         }
     };
     static constexpr WorseFirst worse_first{};
-    void select(const float* pre, const float* bias, int64_t n, int64_t k, int32_t* idx,
-                float* val, bool relu) {
+    void select(const float* pre, const float* bias, int64_t n, int64_t k, int32_t* idx, float* val,
+                bool relu) {
         h.resize(static_cast<size_t>(k));
         for (int64_t i = 0; i < k; ++i) h[i] = {pre[i] + bias[i], static_cast<int32_t>(i)};
         std::make_heap(h.begin(), h.end(), worse_first);
