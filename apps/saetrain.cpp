@@ -529,6 +529,8 @@ int run(const Args& args, Communicator& world) {
     mine.steps = res.steps, mine.tokens = res.tokens;
     mine.tokens_per_s = res.tokens_per_s, mine.wait_fraction = res.wait_fraction;
     mine.tflops = res.tflops;
+    // The quality gates: on the held-out rows when there are any, else the end of training.
+    mine.gates = res.eval.rows > 0 ? res.eval.quality : trainer.training_quality();
     if (res.last.sae.empty()) {
         // Resumed with nothing left to train (stopped between the final checkpoint and
         // COMPLETE): report the SAE as the log last saw it, with that interval's rates, rather
@@ -543,6 +545,8 @@ int run(const Args& args, Communicator& world) {
     if (writer) {
         const SaeWeights w = trainer.weights();
         sae_write_h5((sae_dir / "final.h5").string(), w, meta_now(trainer));
+        if (mine.gates.measured)
+            density_histogram_write((sae_dir / "feature_density.csv").string(), mine.gates.density);
         const fs::path truth = fs::path(cfg.data.path) / "ground_truth.h5";
         if (fs::is_regular_file(truth)) {
             int64_t m = 0, dt = 0;

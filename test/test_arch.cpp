@@ -14,6 +14,7 @@
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
 #include "saetrain/error.h"
+#include "saetrain/quality.h"
 #include "saetrain/trainer.h"
 
 using namespace saetrain;
@@ -482,6 +483,58 @@ TEST(ArchBehaviour, AuxKRevivesDeadLatents) {
     std::printf("dead latents: TopK %.1f%%, TopK + AuxK %.1f%%\n", 100 * plain, 100 * aux);
     EXPECT_GT(plain, 0.2);
     EXPECT_LT(aux, 0.05);
+}
+
+}  // namespace
+
+namespace {
+
+// decorr_rms: latent pairs with a known correlation, dense and sparse alike.
+TEST(Quality, DecorrelationRmsOfKnownCorrelations) {
+    const int64_t rows = 2000, n = 3;
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    // Latent 1 copies latent 0 (correlation 1); latent 2 is independent of both (~0).
+    std::vector<float> dense(static_cast<size_t>(rows * n), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float a = std::abs(normal(rng)), b = std::abs(normal(rng));
+        dense[r * n + 0] = a, dense[r * n + 1] = 2 * a, dense[r * n + 2] = b;
+    }
+    const double rms = decorrelation_rms(dense.data(), nullptr, nullptr, 0, rows, n);
+    // Pairs (0,1) = 1, (0,2) ~ 0, (1,2) ~ 0: RMS = sqrt(1/3) up to the sampling noise.
+    EXPECT_NEAR(rms, std::sqrt(1.0 / 3.0), 0.02);
+    // The same activations as (latent, value) pairs give the same figure.
+    std::vector<int32_t> idx(static_cast<size_t>(rows * n));
+    std::vector<float> val(dense);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int32_t l = 0; l < n; ++l) idx[r * n + l] = l;
+    EXPECT_NEAR(decorrelation_rms(nullptr, idx.data(), val.data(), n, rows, n), rms, 1e-12);
+    // Nothing fires: no pair to correlate.
+    std::vector<float> zeros(dense.size(), 0.0f);
+    EXPECT_EQ(decorrelation_rms(zeros.data(), nullptr, nullptr, 0, rows, n), 0.0);
+}
+
+TEST(Quality, GatesFromSumsAndTheirVerdicts) {
+    QualityGates q;
+    // 100 rows, 4 latents: latent 0 fires on 50 rows (dense), 1 on 5, 2 on 1, 3 never (dead).
+    quality_from_sums(q, 100, 5.0, 100.0, 56.0, {50, 5, 1, 0});
+    EXPECT_TRUE(q.measured);
+    EXPECT_DOUBLE_EQ(q.rel_recon_err, 0.05);
+    EXPECT_DOUBLE_EQ(q.zeros_frac, 1.0 - 56.0 / 400.0);
+    EXPECT_DOUBLE_EQ(q.dead_fraction, 0.25);
+    EXPECT_DOUBLE_EQ(q.dense_fraction, 0.25);
+    EXPECT_EQ(q.density, (std::vector<double>{0.5, 0.05, 0.01, 0.0}));
+    q.decorr_rms = 0.1;
+    EXPECT_FALSE(q.pass());
+    EXPECT_NE(q.failures().find("dead 25.0%"), std::string::npos) << q.failures();
+    EXPECT_NE(q.failures().find("dense 25.0%"), std::string::npos) << q.failures();
+    EXPECT_EQ(q.failures().find("rel_recon_err"), std::string::npos) << q.failures();
+    q.dead_fraction = q.dense_fraction = 0.0;
+    EXPECT_TRUE(q.pass()) << q.failures();
+    q.decorr_rms = 0.5;
+    EXPECT_FALSE(q.pass());
+    QualityGates none;
+    EXPECT_FALSE(none.pass());
 }
 
 }  // namespace

@@ -98,6 +98,15 @@ TEST_F(Cli, TrainWritesEveryOutput) {
     EXPECT_FALSE(std::getline(summary, extra));
     EXPECT_EQ(header.rfind("sae,arch,n_latents,l1_coeff,k,l0_coeff,lr,", 0), 0u) << header;
     EXPECT_EQ(row.rfind("topk-x2-k4,topk,32,,4,,0.005,12,3000,", 0), 0u) << row;
+    // The quality gates close every row, and each SAE has its feature-density histogram.
+    EXPECT_NE(header.find(",rel_recon_err,zeros_frac,decorr_rms,gates_dead_fraction,"
+                          "gates_dense_fraction,gates_on,gates"),
+              std::string::npos)
+        << header;
+    EXPECT_TRUE(row.size() > 5 &&
+                (row.substr(row.size() - 5) == ",PASS" || row.substr(row.size() - 5) == ",FAIL"))
+        << row;
+    EXPECT_TRUE(fs::is_regular_file(run_dir / "sae" / "topk-x2-k4" / "feature_density.csv"));
     EXPECT_NE(header.find("feature_recovery"), std::string::npos) << header;
     // final.h5: shapes of the brief and the step count.
     saetrain::SaeMeta meta;

@@ -17,6 +17,7 @@
 #include "saetrain/comm.h"
 #include "saetrain/layout.h"
 #include "saetrain/metrics.h"
+#include "saetrain/quality.h"
 
 namespace saetrain {
 
@@ -28,6 +29,7 @@ struct SaeSummary {
     double tflops = 0;             // whole run, model FLOPs (metrics.h)
     double mfu = -1;               // whole run; < 0: no peak known (set by finish on rank 0)
     double feature_recovery = -1;  // < 0: no ground truth
+    QualityGates gates;            // the end-of-run quality gates (quality.h); density unused
 };
 
 class RunReporter {

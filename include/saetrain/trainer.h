@@ -31,6 +31,7 @@
 #include "saetrain/checkpoint.h"
 #include "saetrain/comm.h"
 #include "saetrain/config.h"
+#include "saetrain/quality.h"
 #include "saetrain/train_state.h"
 
 namespace saetrain {
@@ -42,6 +43,7 @@ struct StepResult {
     double sst = 0;        // sum ||x - batch mean||^2
     double l1 = 0;         // sum_t sum_i z_ti ||W_dec_i|| (unweighted by the coefficient)
     double aux = 0;        // the architecture's auxiliary squared error (Gated, AuxK)
+    double sum_sq_x = 0;   // sum ||x||^2
     double l0 = 0;         // non-zero activations
     double grad_norm = 0;  // before clipping
     double lr = 0;
@@ -56,6 +58,7 @@ struct EvalResult {
     double l0 = 0;              // non-zero activations per row
     double dead_fraction = 0;   // latents that fire on no row of the set
     double dense_fraction = 0;  // latents that fire on more than 10% of its rows
+    QualityGates quality;       // the quality gates on these rows (quality.h)
 };
 
 class SaeTrainer {
@@ -111,6 +114,9 @@ public:
     int64_t tokens() const { return tokens_; }
     // Fraction of latents that have not fired for cfg.dead_tokens tokens.
     double dead_fraction() const;
+    // The quality gates over the steps from 90% of total_steps on (those this process ran),
+    // the decorrelation from the last step's batch; collective over the replicas.
+    QualityGates training_quality();
     const SaeConfig& config() const { return cfg_; }
     const Architecture& arch() const { return arch_; }
     const ParamLayout& layout() const { return layout_; }
@@ -179,6 +185,10 @@ private:
     std::vector<uint8_t> dead_;         // host: 1 for latents dead before this step
     int64_t n_dead_ = 0;
     std::vector<int32_t> fires_host_;
+    // Sums over the steps from window_start_ on, for training_quality().
+    int64_t window_start_ = 0, window_rows_ = 0, last_rows_ = 0;
+    double window_sse_ = 0, window_sum_sq_ = 0, window_l0_ = 0;
+    std::vector<double> window_fired_;
 };
 
 }  // namespace saetrain

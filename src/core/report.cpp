@@ -158,7 +158,20 @@ std::vector<SaeSummary> RunReporter::finish(
     const std::vector<std::string>& config_column_names,
     const std::vector<std::map<std::string, std::string>>& config_columns) {
     // The row block, then the whole-run figures.
-    enum : int { kSteps = kFields, kTokensAll, kRate, kWaitAll, kTflopsAll, kStride };
+    enum : int {
+        kSteps = kFields,
+        kTokensAll,
+        kRate,
+        kWaitAll,
+        kTflopsAll,
+        kGatesMeasured,  // 0: none, 1: on the end of training, 2: on the held-out rows
+        kRelErr,
+        kZeros,
+        kDecorr,
+        kGateDead,
+        kGateDense,
+        kStride
+    };
     std::vector<double> v = pack(mine.last, layout_.config, layout_.replica, peak_flops_);
     v[kRecovery] = mine.feature_recovery;
     v.push_back(double(mine.steps));
@@ -166,6 +179,11 @@ std::vector<SaeSummary> RunReporter::finish(
     v.push_back(mine.tokens_per_s);
     v.push_back(mine.wait_fraction);
     v.push_back(mine.tflops);
+    const QualityGates& g = mine.gates;
+    v.push_back(g.measured ? (g.held_out ? 2.0 : 1.0) : 0.0);
+    for (double x :
+         {g.rel_recon_err, g.zeros_frac, g.decorr_rms, g.dead_fraction, g.dense_fraction})
+        v.push_back(x);
     std::vector<double> all(static_cast<size_t>(kStride * world_.size()));
     world_.allgather(v.data(), all.data(), kStride * static_cast<int64_t>(sizeof(double)));
     std::vector<SaeSummary> out;
@@ -187,6 +205,10 @@ std::vector<SaeSummary> RunReporter::finish(
         s.wait_fraction = b[kWaitAll];
         s.tflops = b[kTflopsAll];
         s.mfu = t.mfu(s.tflops);
+        s.gates.measured = b[kGatesMeasured] > 0, s.gates.held_out = b[kGatesMeasured] > 1;
+        s.gates.rel_recon_err = b[kRelErr], s.gates.zeros_frac = b[kZeros];
+        s.gates.decorr_rms = b[kDecorr], s.gates.dead_fraction = b[kGateDead];
+        s.gates.dense_fraction = b[kGateDense];
         out.push_back(s);
     }
     std::sort(out.begin(), out.end(),
@@ -210,6 +232,9 @@ std::vector<SaeSummary> RunReporter::finish(
             for (const char* c :
                  {"eval_rows", "eval_fvu", "eval_l0", "eval_dead_fraction", "eval_dense_fraction"})
                 cols.push_back(c);
+        for (const char* c : {"rel_recon_err", "zeros_frac", "decorr_rms", "gates_dead_fraction",
+                              "gates_dense_fraction", "gates_on", "gates"})
+            cols.push_back(c);
         std::vector<std::map<std::string, std::string>> rows;
         for (const SaeSummary& s : out) {
             std::map<std::string, std::string> r;
@@ -236,6 +261,15 @@ std::vector<SaeSummary> RunReporter::finish(
                 r["eval_dead_fraction"] = fmt_g(s.last.eval_dead_fraction);
                 r["eval_dense_fraction"] = fmt_g(s.last.eval_dense_fraction);
             }
+            if (s.gates.measured) {
+                r["rel_recon_err"] = fmt_g(s.gates.rel_recon_err);
+                r["zeros_frac"] = fmt_g(s.gates.zeros_frac);
+                r["decorr_rms"] = fmt_g(s.gates.decorr_rms);
+                r["gates_dead_fraction"] = fmt_g(s.gates.dead_fraction);
+                r["gates_dense_fraction"] = fmt_g(s.gates.dense_fraction);
+                r["gates_on"] = s.gates.held_out ? "held-out" : "training";
+            }
+            r["gates"] = s.gates.measured ? (s.gates.pass() ? "PASS" : "FAIL") : "";
             rows.push_back(std::move(r));
         }
         summary_write(summary_path, cols, rows);
@@ -264,6 +298,27 @@ std::vector<SaeSummary> RunReporter::finish(
                    mem > 0 ? fmt::format("{:.2f}", mem) : "-",
                    s.feature_recovery >= 0 ? fmt::format("   {:>8.3f}", s.feature_recovery) : "",
                    held_out);
+    }
+    // The quality gates (quality.h), one line per SAE.
+    fmt::print("\n{:<28} {:>9} {:>14} {:>11} {:>11} {:>7} {:>8}  {}\n", "quality gates", "on",
+               "rel_recon_err", "zeros_frac", "decorr_rms", "dead %", "dense %", "gates");
+    fmt::print("{:<28} {:>9} {:>14} {:>11} {:>11} {:>7} {:>8}\n", "(pass)", "",
+               fmt::format("< {:g}", QualityGates::kMaxRelReconErr),
+               fmt::format("> {:g}", QualityGates::kMinZerosFrac),
+               fmt::format("< {:g}", QualityGates::kMaxDecorrRms),
+               fmt::format("< {:g}", 100 * QualityGates::kMaxDeadFraction),
+               fmt::format("< {:g}", 100 * QualityGates::kMaxDenseFraction));
+    for (const SaeSummary& s : out) {
+        const QualityGates& q = s.gates;
+        if (!q.measured) {
+            fmt::print("{:<28} {:>9}  not measured (no steps in this process)\n", s.last.sae, "-");
+            continue;
+        }
+        const std::string why = q.failures();
+        fmt::print("{:<28} {:>9} {:>14.4f} {:>11.4f} {:>11.3f} {:>7.1f} {:>8.1f}  {}\n", s.last.sae,
+                   q.held_out ? "held-out" : "training", q.rel_recon_err, q.zeros_frac,
+                   q.decorr_rms, 100 * q.dead_fraction, 100 * q.dense_fraction,
+                   why.empty() ? "PASS" : "FAIL: " + why);
     }
     std::fflush(stdout);
     return out;

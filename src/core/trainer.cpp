@@ -29,7 +29,9 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       fires_(backend, n_),
       since_fired_(static_cast<size_t>(n_), 0),
       dead_(static_cast<size_t>(n_), 0),
-      fires_host_(static_cast<size_t>(n_), 0) {
+      fires_host_(static_cast<size_t>(n_), 0),
+      window_start_(total_steps - std::max<int64_t>(1, total_steps / 10)),
+      window_fired_(static_cast<size_t>(n_), 0.0) {
     arch_.validate(cfg, n_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_));
     if (comm_.size() > 1)
         shared_ = comm_.share_node_memory(3 * n_params_, n_params_, be_.host_memory());
@@ -159,6 +161,7 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     std::vector<float> xcol(static_cast<size_t>(d));
     std::vector<int32_t> idx;
     std::vector<float> act;
+    std::vector<double> local_decorr = {0.0, 0.0};  // [decorr_rms, 1 when measured]
     DeviceArray<float> db_dec_scratch(be_, d);
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
         const int64_t B = std::min(batch_rows, rows - r0);
@@ -189,7 +192,13 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
             sums[3] += 1;
             fired[a.dense ? i % n : idx[i]] += 1;
         }
+        if (r0 == 0)  // the first batch's latent correlations (quality.h)
+            local_decorr = {decorrelation_rms(a.dense ? act.data() : nullptr, idx.data(),
+                                              act.data(), per_row, B, n),
+                            1.0};
     }
+    std::vector<double> decorr = local_decorr;
+    comm_.allreduce_sum(decorr.data(), 2);
     comm_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
     EvalResult e;
     e.rows = static_cast<int64_t>(sums[0]);
@@ -203,6 +212,10 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     for (int64_t i = 0; i < n; ++i) dead += fired[i] == 0, dense += fired[i] > 0.1 * sums[0];
     e.dead_fraction = static_cast<double>(dead) / static_cast<double>(n);
     e.dense_fraction = static_cast<double>(dense) / static_cast<double>(n);
+    quality_from_sums(e.quality, e.rows, sums[1], sums[2], sums[3],
+                      std::vector<double>(fired, fired + n));
+    e.quality.held_out = true;
+    e.quality.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
     return e;
 }
 
@@ -240,6 +253,7 @@ StepResult SaeTrainer::collect_gradients() {
     r.l1 = st[kStatL1];
     r.l0 = st[kStatL0];
     r.aux = st[kStatAux];
+    r.sum_sq_x = st[kStatSumSqX];
     r.loss = (r.sse + pass_->penalty(st)) / static_cast<double>(B);
     return r;
 }
@@ -255,8 +269,8 @@ void SaeTrainer::apply_update(StepResult& r) {
     // replicas, then divide by the rows of all replicas through Adam's grad_scale.
     double sum_sq = 0;
     if (comm_.size() > 1) {
-        std::vector<double> m = {double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0,
-                                 r.aux};
+        std::vector<double> m = {
+            double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0, r.aux, r.sum_sq_x};
         if (sharded()) {
             // Reduce-scatter in shared memory: this replica's range, summed over replicas.
             shared_->fence();  // every replica's gradient is complete
@@ -279,7 +293,8 @@ void SaeTrainer::apply_update(StepResult& r) {
         comm_.allreduce_sum(m.data(), static_cast<int64_t>(m.size()));
         r.rows = static_cast<int64_t>(m[0]);
         r.loss = m[1] / m[0], r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5], r.aux = m[6];
-        if (sharded()) sum_sq = m[7];
+        r.sum_sq_x = m[7];
+        if (sharded()) sum_sq = m[8];
         std::copy(m.begin() + a0, m.begin() + a0 + arch_sums.size(), arch_sums.begin());
         const size_t f0 = a0 + arch_sums.size();
         for (int64_t i = 0; i < n; ++i) fires_host_[i] = static_cast<int32_t>(m[f0 + i]);
@@ -315,6 +330,11 @@ void SaeTrainer::apply_update(StepResult& r) {
     if (sharded()) shared_->fence();  // every range updated before anyone reads parameters
 
     pass_->after_step(arch_sums);
+    if (step_ >= window_start_) {
+        window_rows_ += r.rows, window_sse_ += r.sse, window_sum_sq_ += r.sum_sq_x;
+        window_l0_ += r.l0;
+        for (int64_t i = 0; i < n; ++i) window_fired_[i] += fires_host_[i];
+    }
     n_dead_ = 0;
     for (int64_t i = 0; i < n; ++i) {
         since_fired_[i] = fires_host_[i] > 0 ? 0 : since_fired_[i] + r.rows;
@@ -365,6 +385,7 @@ StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
 
 void SaeTrainer::step_begin(const float* x_host, int64_t rows) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::step_begin: the previous step has not ended");
+    last_rows_ = rows;
     if (rows > 0) {
         ensure_batch(rows);
         be_.upload(x_.data(), x_host, rows * d_ * static_cast<int64_t>(sizeof(float)));
@@ -389,6 +410,32 @@ StepResult SaeTrainer::step_end() {
     }
     apply_update(r);
     return r;
+}
+
+QualityGates SaeTrainer::training_quality() {
+    QualityGates q;
+    quality_from_sums(q, window_rows_, window_sse_, window_sum_sq_, window_l0_, window_fired_);
+    // The last step's activations, still in the architecture's buffers.
+    std::vector<double> decorr = {0.0, 0.0};
+    if (last_rows_ > 0 && step_ > 0) {
+        const Activations a = pass_->activations();
+        const int64_t rows = std::min<int64_t>(last_rows_, 2048);
+        const int64_t per_row = a.dense ? n_ : a.width;
+        std::vector<float> act(static_cast<size_t>(rows * per_row));
+        std::vector<int32_t> idx(a.dense ? 0 : act.size());
+        if (a.dense) {
+            be_.download(act.data(), a.dense, rows * n_ * int64_t{sizeof(float)});
+        } else {
+            be_.download(act.data(), a.val, rows * per_row * int64_t{sizeof(float)});
+            be_.download(idx.data(), a.idx, rows * per_row * int64_t{sizeof(int32_t)});
+        }
+        decorr = {decorrelation_rms(a.dense ? act.data() : nullptr, idx.data(), act.data(), per_row,
+                                    rows, n_),
+                  1.0};
+    }
+    comm_.allreduce_sum(decorr.data(), 2);
+    q.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
+    return q;
 }
 
 double SaeTrainer::dead_fraction() const {
