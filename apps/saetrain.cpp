@@ -543,7 +543,8 @@ int run(const Args& args, Communicator& world) {
         if (res.eval.rows > 0) attach_eval(mine.last, res.eval);
     }
     if (writer) {
-        const SaeWeights w = trainer.weights();
+        // On the raw activations: data.normalize's scale folded into the weights.
+        const SaeWeights w = fold_activation_scale(trainer.weights());
         sae_write_h5((sae_dir / "final.h5").string(), w, meta_now(trainer));
         if (mine.gates.measured)
             density_histogram_write((sae_dir / "feature_density.csv").string(), mine.gates.density);

@@ -538,3 +538,102 @@ TEST(Quality, GatesFromSumsAndTheirVerdicts) {
 }
 
 }  // namespace
+
+namespace {
+
+// data.normalize: the SAE trains on c x with mean ||c x||^2 = d_model, so the same data at
+// another scale trains the same SAE; final weights (folded) then differ by exactly that scale.
+TEST(Recipes, NormalizeMakesTrainingScaleFree) {
+    const int64_t d = 16, n = 32, rows = 128;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(2.0f, 1.0f);
+    std::vector<std::vector<float>> batches(6, std::vector<float>(rows * d));
+    for (auto& b : batches)
+        for (float& v : b) v = normal(rng);
+    auto train = [&](float scale) {
+        SaeConfig cfg;
+        cfg.arch = "topk";
+        cfg.n_latents = n;
+        cfg.k = 4;
+        cfg.normalize = "expected_average_only_in";
+        auto be = make_cpu_backend(1);
+        auto self = make_self_comm();
+        SaeTrainer tr(cfg, d, 5, 0, *be, *self);
+        std::vector<float> x;
+        for (size_t i = 0; i < batches.size(); ++i) {
+            x = batches[i];
+            for (float& v : x) v *= scale;
+            if (i == 0)
+                tr.init(x.data(), rows);
+            else
+                tr.step(x.data(), rows);
+        }
+        return std::make_pair(tr.input_scale(), tr.weights());
+    };
+    const auto [c1, w1] = train(1.0f);
+    const auto [c100, w100] = train(100.0f);
+    // c = sqrt(d / mean ||x||^2): the scaled data's c is 100 times smaller.
+    double sq = 0;
+    for (float v : batches[0]) sq += double(v) * v;
+    EXPECT_NEAR(c1, std::sqrt(double(d) * rows / sq), 1e-5 * c1);
+    EXPECT_NEAR(c100 * 100.0f, c1, 1e-5 * c1);
+    // The SAE inside is the same (float round-off of c x apart).
+    for (size_t i = 0; i < w1.w_dec.size(); ++i) ASSERT_NEAR(w1.w_dec[i], w100.w_dec[i], 1e-3);
+    // Folded, each works on its own raw activations: decoder and b_dec scale with the data.
+    const SaeWeights f1 = fold_activation_scale(w1), f100 = fold_activation_scale(w100);
+    EXPECT_TRUE(f1.extra.empty());
+    for (size_t i = 0; i < f1.b_dec.size(); ++i)
+        EXPECT_NEAR(f100.b_dec[i], 100.0f * f1.b_dec[i],
+                    1e-2 * std::abs(100.0f * f1.b_dec[i]) + 1e-2);
+    // A folded SAE reconstructs raw x as the unfolded one reconstructs c x, divided by c.
+    const std::vector<float>& x = batches[5];
+    auto reconstruct = [&](const SaeWeights& w, float in_scale, int64_t r) {
+        std::vector<double> pre(n), xh(d);
+        for (int64_t l = 0; l < n; ++l) {
+            double a = w.b_enc[l];
+            for (int64_t c = 0; c < d; ++c)
+                a += (in_scale * x[r * d + c] - w.b_dec[c]) * w.w_enc[c * n + l];
+            pre[l] = a;
+        }
+        std::vector<int64_t> order(n);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return pre[a] > pre[b]; });
+        for (int64_t c = 0; c < d; ++c) xh[c] = w.b_dec[c];
+        for (int64_t j = 0; j < 4; ++j)
+            for (int64_t c = 0; c < d; ++c)
+                xh[c] += std::max(pre[order[j]], 0.0) * w.w_dec[order[j] * d + c];
+        return xh;
+    };
+    for (int64_t r = 0; r < 4; ++r) {
+        const auto inside = reconstruct(w1, c1, r), raw = reconstruct(f1, 1.0f, r);
+        for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(raw[c], inside[c] / c1, 1e-4);
+    }
+}
+
+// b_dec_init: zeros; the mean; the geometric median, which an outlier row barely moves.
+TEST(Recipes, DecoderBiasInitializations) {
+    const int64_t d = 4, rows = 101;
+    std::vector<float> x(static_cast<size_t>(rows * d), 1.0f);
+    std::mt19937 rng(2);
+    std::normal_distribution<float> noise(0.0f, 0.01f);
+    for (float& v : x) v += noise(rng);
+    for (int64_t c = 0; c < d; ++c) x[100 * d + c] = 1000.0f;  // one far outlier
+    auto b_dec_of = [&](const char* init) {
+        SaeConfig cfg;
+        cfg.arch = "relu";
+        cfg.n_latents = 8;
+        cfg.b_dec_init = init;
+        cfg.encoder_init = "transpose";
+        auto be = make_cpu_backend(1);
+        auto self = make_self_comm();
+        SaeTrainer tr(cfg, d, 1, 0, *be, *self);
+        tr.init(x.data(), rows);
+        return tr.weights().b_dec;
+    };
+    for (float v : b_dec_of("zeros")) EXPECT_EQ(v, 0.0f);
+    for (float v : b_dec_of("mean")) EXPECT_NEAR(v, (100 * 1.0 + 1000.0) / 101, 1e-2);
+    for (float v : b_dec_of("geometric_median")) EXPECT_NEAR(v, 1.0, 0.02);
+}
+
+}  // namespace

@@ -757,3 +757,46 @@ TEST(Schedule, L1WarmupRamp) {
     c.l1_warmup_steps = 0, c.l1_warmup_fraction = 0;
     EXPECT_DOUBLE_EQ(l1_at(c, 0, 100), 4.0);
 }
+
+// cosine_restarts follows PyTorch's CosineAnnealingWarmRestarts from the end of the warmup:
+// lr_t = lo + (lr - lo)(1 + cos(pi T_cur / T_i)) / 2, T_i = T_0 T_mult^i.
+TEST(Schedule, CosineRestartsLikePyTorch) {
+    using namespace saetrain;
+    SaeConfig c;
+    c.lr = 1.0;
+    c.lr_min_ratio = 0.0;
+    c.warmup_fraction = 0;
+    c.lr_decay = "cosine_restarts";
+    c.restart_steps = 10;
+    c.restart_mult = 2;
+    const int64_t total = 1000;
+    EXPECT_DOUBLE_EQ(lr_at(c, 0, total), 1.0);
+    EXPECT_NEAR(lr_at(c, 5, total), 0.5, 1e-12);   // halfway through T_0 = 10
+    EXPECT_DOUBLE_EQ(lr_at(c, 10, total), 1.0);    // restart
+    EXPECT_NEAR(lr_at(c, 20, total), 0.5, 1e-12);  // halfway through T_1 = 20
+    EXPECT_DOUBLE_EQ(lr_at(c, 30, total), 1.0);    // restart, T_2 = 40
+    EXPECT_NEAR(lr_at(c, 40, total), 0.5 * (1 + std::cos(M_PI * 10 / 40)), 1e-12);
+    c.restart_mult = 1;
+    EXPECT_DOUBLE_EQ(lr_at(c, 1000010, 2000000), 1.0);  // equal cycles, far into the run
+    c.warmup_steps = 4;                                 // the cycles start after the warmup
+    EXPECT_DOUBLE_EQ(lr_at(c, 3, total), 1.0);
+    EXPECT_DOUBLE_EQ(lr_at(c, 14, total), 1.0);
+    c.restart_steps = 0;  // default T_0: a quarter of the run
+    EXPECT_EQ(restart_steps_for(c, total), 250);
+    EXPECT_THROW(config_parse("data: {path: d}\ntrain: {restart_mult: 0.5}\n"), Error);
+}
+
+TEST(Config, NormalizeAndBDecInitReachEverySweepPoint) {
+    using namespace saetrain;
+    const Config c = config_parse(
+        "data: {path: d, normalize: expected_average_only_in}\n"
+        "sae: {arch: [topk, jumprelu], b_dec_init: geometric_median}\n");
+    ASSERT_EQ(c.sweep.size(), 2u);
+    for (const SaeConfig& s : c.sweep) {
+        EXPECT_EQ(s.normalize, "expected_average_only_in");
+        EXPECT_EQ(s.b_dec_init, "geometric_median");
+    }
+    EXPECT_EQ(config_parse(config_to_yaml(c)).data.normalize, "expected_average_only_in");
+    EXPECT_THROW(config_parse("data: {path: d, normalize: unit}\n"), Error);
+    EXPECT_THROW(config_parse("data: {path: d}\nsae: {b_dec_init: median}\n"), Error);
+}

@@ -32,6 +32,12 @@ struct SaeMeta {
     int64_t k = 0, step = 0, tokens = 0;
 };
 
+// An SAE trained with data.normalize (an `activation_scale` c among its extra tensors: it saw
+// c * x) as the same function of the raw activations: W_enc * c, W_dec / c, b_dec / c (the
+// pre-activations, and with them every threshold and gate, are unchanged). Returns `w` as it
+// is when there is no scale.
+SaeWeights fold_activation_scale(const SaeWeights& w);
+
 void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& meta);
 SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta = nullptr);
 // Steps of the checkpoint-<step>.h5 files in dir, ascending.

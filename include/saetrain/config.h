@@ -36,6 +36,11 @@ struct DataConfig {
     // held out of training (0: no evaluation).
     std::string eval_path;
     int64_t eval_rows = 0;
+    // none | expected_average_only_in (SAELens's name and meaning): every SAE sees x * c, with
+    // c = sqrt(d_model / mean ||x||^2) estimated on the first batch (all replicas' rows) and
+    // kept with the checkpoints; final.h5 and exports fold c into the weights, so they work
+    // on the raw activations.
+    std::string normalize = "none";
 };
 
 // The architecture an SaeConfig trains unless it names one (the registry's, arch.h).
@@ -58,7 +63,11 @@ struct SaeConfig {
     // Linear LR warmup from 0: warmup_steps when > 0, else this fraction of the run's steps.
     int64_t warmup_steps = 0;
     double warmup_fraction = 0.01;
-    std::string lr_decay = "cosine";  // cosine | linear | constant
+    std::string lr_decay = "cosine";  // cosine | linear | constant | cosine_restarts
+    // cosine_restarts (PyTorch's CosineAnnealingWarmRestarts): the first cycle's steps T_0 (0: a
+    // quarter of the run) and the factor T_mult by which each next cycle is longer.
+    int64_t restart_steps = 0;
+    double restart_mult = 1.0;
     // The decay runs over the last (1 - decay_start) of the run: the LR holds at lr until
     // this fraction of the steps, then decays to lr * lr_min_ratio (0: decay from warmup on).
     double decay_start = 0.8;
@@ -78,6 +87,10 @@ struct SaeConfig {
     // W_enc at init: transpose (W_dec^T) | fitted (c W_dec^T, c the least-squares scale of the
     // first batch's reconstruction; exact because ReLU and TopK are positively homogeneous)
     std::string encoder_init = "fitted";
+    // b_dec at init: mean of the first batch | geometric_median of it (Weiszfeld) | zeros
+    std::string b_dec_init = "mean";
+    // data.normalize, copied into every sweep point (the trainer reads it from here)
+    std::string normalize = "none";
     int64_t dead_tokens = 10000000;  // a latent not fired for this many tokens counts as dead
     int64_t max_bad_steps = 10;      // stop after this many non-finite losses/gradients in a row
 

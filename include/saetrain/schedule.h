@@ -10,7 +10,12 @@ namespace saetrain {
 // Learning rate for 0-based `step` of `total_steps`: linear warmup to cfg.lr over
 // warmup_steps_for(cfg, total_steps), cfg.lr until cfg.decay_start of the run, then
 // cfg.lr_decay (cosine | linear | constant) down to lr * lr_min_ratio at the last step.
+// cosine_restarts instead runs cosine cycles from the end of the warmup (decay_start does not
+// apply): T_0 = restart_steps_for steps, each next cycle restart_mult times longer.
 double lr_at(const SaeConfig& cfg, int64_t step, int64_t total_steps);
+// lr_decay: cosine_restarts: the first cycle's length T_0, cfg.restart_steps when > 0, else a
+// quarter of the run.
+int64_t restart_steps_for(const SaeConfig& cfg, int64_t total_steps);
 // cfg.warmup_steps when > 0, else cfg.warmup_fraction of the run (rounded).
 int64_t warmup_steps_for(const SaeConfig& cfg, int64_t total_steps);
 // L1 coefficient for `step` of `total_steps`: ramps linearly from 0 over cfg.l1_warmup_steps

@@ -109,6 +109,8 @@ public:
     void restore(const SaeWeights& w, const TrainState& s);
     int64_t d_model() const { return d_; }
     int64_t n_latents() const { return n_; }
+    // data.normalize's factor c (1 without it): the SAE trains on c * x.
+    float input_scale() const { return input_scale_; }
     int64_t step_count() const { return step_; }
     int64_t total_steps() const { return total_steps_; }
     int64_t tokens() const { return tokens_; }
@@ -127,6 +129,10 @@ public:
 
 private:
     void ensure_batch(int64_t rows);
+    // x_host [rows, d] into x_, times the input scale (data.normalize).
+    void upload_batch(const float* x_host, int64_t rows);
+    // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
+    std::vector<float> initial_b_dec(const float* x, int64_t rows);
     // The pass context over x_dev [rows, d] and the trainer's buffers.
     PassContext context(const float* x_dev, int64_t rows);
     // The encoder, activation and decoder on x_dev [rows, d]: x_hat in xhat_, the activations
@@ -168,6 +174,7 @@ private:
     std::unique_ptr<ArchPass> pass_;
     int64_t step_ = 0, tokens_ = 0;
     int64_t bad_in_a_row_ = 0;
+    float input_scale_ = 1.0f;  // data.normalize: every batch is multiplied by it
 
     int64_t n_params_;
     // Node-shared parameters, moments and per-replica gradients, or null; see above.

@@ -126,9 +126,11 @@ Field make_field(const char* section, const char* key, Access access,
 
 const std::vector<std::string> kAny;
 const std::vector<std::string> kArchChoices = arch_names();
-const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant"};
+const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant", "cosine_restarts"};
 const std::vector<std::string> kEncoderInitChoices = {"fitted", "transpose"};
 const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
+const std::vector<std::string> kNormalizeChoices = {"none", "expected_average_only_in"};
+const std::vector<std::string> kBDecInitChoices = {"mean", "geometric_median", "zeros"};
 const std::vector<std::string> kModeChoices = {"sweep", "data_parallel", "hybrid"};
 const std::vector<std::string> kSweepDataChoices = {"shared", "disjoint"};
 const std::vector<std::string> kBackendChoices = {"auto", "cpu", "cuda"};
@@ -163,6 +165,7 @@ const std::vector<Field>& fields() {
         CFG_KEY(data, nonfinite, kNonfiniteChoices),
         CFG_KEY(data, eval_path, kAny),
         CFG_KEY(data, eval_rows, kAny),
+        CFG_KEY(data, normalize, kNormalizeChoices),
         SAE_KEY("sae", arch, kArchChoices),
         SAE_KEY("sae", expansion, kAny),
         SAE_KEY("sae", n_latents, kAny),
@@ -171,11 +174,14 @@ const std::vector<Field>& fields() {
         SAE_KEY("sae", k_aux, kAny),
         SAE_KEY("sae", jumprelu_bandwidth, kAny),
         SAE_KEY("sae", jumprelu_init_threshold, kAny),
+        SAE_KEY("sae", b_dec_init, kBDecInitChoices),
         SAE_KEY("train", lr, kAny),
         SAE_KEY("train", warmup_steps, kAny),
         SAE_KEY("train", warmup_fraction, kAny),
         SAE_KEY("train", lr_decay, kDecayChoices),
         SAE_KEY("train", decay_start, kAny),
+        SAE_KEY("train", restart_steps, kAny),
+        SAE_KEY("train", restart_mult, kAny),
         SAE_KEY("train", lr_min_ratio, kAny),
         SAE_KEY("train", l1_warmup_steps, kAny),
         SAE_KEY("train", l1_warmup_fraction, kAny),
@@ -562,6 +568,7 @@ private:
                                                              values[rest % values.size()]);
                 rest /= values.size();
             }
+            point.normalize = cfg.data.normalize;
             cfg.sweep.push_back(point);
         }
         cfg.sae = cfg.sweep.front();
@@ -626,6 +633,9 @@ private:
                   s.decay_start);
             check(s.lr_min_ratio >= 0 && s.lr_min_ratio <= 1, "train.lr_min_ratio", "in [0, 1]",
                   s.lr_min_ratio);
+            check(s.restart_steps >= 0, "train.restart_steps", ">= 0 (0: a quarter of the run)",
+                  s.restart_steps);
+            check(s.restart_mult >= 1, "train.restart_mult", ">= 1", s.restart_mult);
             check(s.l1_warmup_steps >= 0, "train.l1_warmup_steps", ">= 0", s.l1_warmup_steps);
             check(s.l1_warmup_fraction >= 0 && s.l1_warmup_fraction <= 1,
                   "train.l1_warmup_fraction", "in [0, 1]", s.l1_warmup_fraction);

@@ -11,11 +11,31 @@ int64_t warmup_steps_for(const SaeConfig& cfg, int64_t total_steps) {
                         static_cast<double>(std::max<int64_t>(total_steps, 0)));
 }
 
+int64_t restart_steps_for(const SaeConfig& cfg, int64_t total_steps) {
+    if (cfg.restart_steps > 0) return cfg.restart_steps;
+    return std::max<int64_t>(
+        1, std::llround(0.25 * static_cast<double>(std::max<int64_t>(total_steps, 0))));
+}
+
 double lr_at(const SaeConfig& cfg, int64_t step, int64_t total_steps) {
     const int64_t warmup = warmup_steps_for(cfg, total_steps);
     if (warmup > 0 && step < warmup)
         return cfg.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
     const double lo = cfg.lr * cfg.lr_min_ratio;
+    if (cfg.lr_decay == "cosine_restarts") {
+        // PyTorch's CosineAnnealingWarmRestarts from the end of the warmup: cycles of T_0,
+        // T_0 * T_mult, T_0 * T_mult^2, ... steps, each a cosine from lr down to lo.
+        int64_t t_cur = step - std::max<int64_t>(warmup, 0),
+                t_i = restart_steps_for(cfg, total_steps);
+        if (cfg.restart_mult == 1.0) t_cur %= t_i;  // equal cycles (the loop would take long)
+        while (t_cur >= t_i) {
+            t_cur -= t_i;
+            t_i = std::max<int64_t>(1, std::llround(static_cast<double>(t_i) * cfg.restart_mult));
+        }
+        return lo +
+               (cfg.lr - lo) * 0.5 *
+                   (1.0 + std::cos(M_PI * static_cast<double>(t_cur) / static_cast<double>(t_i)));
+    }
     const auto hold_until =
         std::max<int64_t>(warmup, std::llround(cfg.decay_start * static_cast<double>(total_steps)));
     const int64_t decay_steps = std::max<int64_t>(1, total_steps - hold_until);

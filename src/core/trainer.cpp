@@ -83,7 +83,67 @@ PassContext SaeTrainer::context(const float* x, int64_t rows) {
     return c;
 }
 
-void SaeTrainer::init(const float* x, int64_t rows) {
+void SaeTrainer::upload_batch(const float* x_host, int64_t rows) {
+    ensure_batch(rows);
+    be_.upload(x_.data(), x_host, rows * d_ * static_cast<int64_t>(sizeof(float)));
+    if (input_scale_ != 1.0f) be_.axpby(x_.data(), x_.data(), input_scale_, 0.0f, rows * d_);
+}
+
+std::vector<float> SaeTrainer::initial_b_dec(const float* x, int64_t rows) {
+    const int64_t d = d_;
+    std::vector<float> b(static_cast<size_t>(d), 0.0f);
+    if (cfg_.b_dec_init == "zeros") return b;
+    // The mean over all replicas' rows.
+    std::vector<double> sums(static_cast<size_t>(d) + 1, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < d; ++c) sums[c] += x[r * d + c];
+    sums[d] = static_cast<double>(rows);
+    comm_.allreduce_sum(sums.data(), d + 1);
+    SAE_ENFORCE(sums[d] > 0, "cannot initialize the SAE from an empty batch");
+    std::vector<double> m(static_cast<size_t>(d));
+    for (int64_t c = 0; c < d; ++c) m[c] = sums[c] / sums[d];
+    if (cfg_.b_dec_init == "geometric_median") {
+        // Weiszfeld from the mean: m <- sum_i x_i / ||x_i - m|| / sum_i 1 / ||x_i - m||, the
+        // sums all-reduced over the replicas (so every replica gets the same point).
+        for (int it = 0; it < 100; ++it) {
+            std::fill(sums.begin(), sums.end(), 0.0);
+            for (int64_t r = 0; r < rows; ++r) {
+                double dist = 0;
+                for (int64_t c = 0; c < d; ++c)
+                    dist += (x[r * d + c] - m[c]) * (x[r * d + c] - m[c]);
+                const double w = 1.0 / std::max(std::sqrt(dist), 1e-8);
+                for (int64_t c = 0; c < d; ++c) sums[c] += w * x[r * d + c];
+                sums[d] += w;
+            }
+            comm_.allreduce_sum(sums.data(), d + 1);
+            double moved = 0, norm = 0;
+            for (int64_t c = 0; c < d; ++c) {
+                const double next = sums[c] / sums[d];
+                moved += (next - m[c]) * (next - m[c]), norm += next * next;
+                m[c] = next;
+            }
+            if (moved <= 1e-12 * std::max(norm, 1e-30)) break;
+        }
+    }
+    for (int64_t c = 0; c < d; ++c) b[c] = static_cast<float>(m[c]);
+    return b;
+}
+
+void SaeTrainer::init(const float* x_raw, int64_t rows) {
+    // data.normalize: c = sqrt(d / mean ||x||^2) over all replicas' rows of this batch.
+    std::vector<float> scaled;
+    const float* x = x_raw;
+    if (cfg_.normalize == "expected_average_only_in") {
+        double s[2] = {0, static_cast<double>(rows)};
+        for (int64_t i = 0; i < rows * d_; ++i) s[0] += double(x_raw[i]) * x_raw[i];
+        comm_.allreduce_sum(s, 2);
+        SAE_ENFORCE(s[1] > 0 && s[0] > 0,
+                    "data.normalize: the first batch has no non-zero row to estimate the scale");
+        input_scale_ = static_cast<float>(std::sqrt(static_cast<double>(d_) * s[1] / s[0]));
+        scaled.assign(x_raw, x_raw + rows * d_);
+        for (float& v : scaled) v *= input_scale_;
+        x = scaled.data();
+    }
     std::vector<float> p(static_cast<size_t>(n_params_), 0.0f);
     // Decoder rows: random directions, unit norm. The same seed on every replica gives the
     // same start, so replicas begin (and, with averaged gradients, stay) identical.
@@ -98,15 +158,8 @@ void SaeTrainer::init(const float* x, int64_t rows) {
         for (int64_t c = 0; c < d_; ++c) row[c] *= inv;
     }
     std::copy(w_dec, w_dec + n_ * d_, p.data());  // W_enc (latent-major) = W_dec^T
-    // b_dec = mean of the data over all replicas' init batches.
-    std::vector<double> sums(static_cast<size_t>(d_) + 1, 0.0);
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < d_; ++c) sums[c] += x[r * d_ + c];
-    sums[d_] = static_cast<double>(rows);
-    comm_.allreduce_sum(sums.data(), d_ + 1);
-    SAE_ENFORCE(sums[d_] > 0, "cannot initialize the SAE from an empty batch");
-    float* b_dec = p.data() + off(ParamLayout::kBDec);
-    for (int64_t c = 0; c < d_; ++c) b_dec[c] = static_cast<float>(sums[c] / sums[d_]);
+    const std::vector<float> b_dec = initial_b_dec(x, rows);
+    std::copy(b_dec.begin(), b_dec.end(), p.begin() + off(ParamLayout::kBDec));
     arch_.init_extra(cfg_, layout_, p);
     set_params_host(p);
     if (cfg_.encoder_init == "fitted") fit_encoder_scale(x, rows, p);
@@ -121,7 +174,7 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     const float* b_dec = p.data() + off(ParamLayout::kBDec);
     double uv[2] = {0, 0};  // <u, x - b_dec>, ||u||^2 over all replicas' rows
     if (rows > 0) {
-        ensure_batch(rows);
+        ensure_batch(rows);  // x is scaled already: uploaded as it is
         be_.upload(x_.data(), x, rows * d_ * static_cast<int64_t>(sizeof(float)));
         forward(x_.data(), rows, true);
         std::vector<float> xhat(static_cast<size_t>(rows * d_));
@@ -165,8 +218,7 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     DeviceArray<float> db_dec_scratch(be_, d);
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
         const int64_t B = std::min(batch_rows, rows - r0);
-        ensure_batch(B);
-        be_.upload(x_.data(), x_host + r0 * d, B * d * static_cast<int64_t>(sizeof(float)));
+        upload_batch(x_host + r0 * d, B);
         forward(x_.data(), B, false);
         be_.fill(stats_.data(), kStatCount, 0.0f);
         be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
@@ -387,8 +439,7 @@ void SaeTrainer::step_begin(const float* x_host, int64_t rows) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::step_begin: the previous step has not ended");
     last_rows_ = rows;
     if (rows > 0) {
-        ensure_batch(rows);
-        be_.upload(x_.data(), x_host, rows * d_ * static_cast<int64_t>(sizeof(float)));
+        upload_batch(x_host, rows);
         // Gradient of the summed loss: replicas with different row counts then add up to the
         // gradient of the mean over all rows once apply_update divides by the total.
         launch_gradients(x_.data(), rows, 1);
@@ -520,6 +571,15 @@ void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
                     segs[i].name, segs[i].size());
         std::copy(t->begin(), t->end(), p.begin() + segs[i].offset);
     }
+    if (cfg_.normalize != "none") {
+        bool found = false;
+        for (const auto& [key, v] : w.extra)
+            if (key == "activation_scale" && v.size() == 1) input_scale_ = v[0], found = true;
+        SAE_ENFORCE(found,
+                    "checkpoint has no 'activation_scale' tensor, but data.normalize is {}; it "
+                    "was written without normalization",
+                    cfg_.normalize);
+    }
     for (const auto& [name, value] : pass_->buffers()) {
         bool found = false;
         for (const auto& [key, v] : w.extra)
@@ -557,6 +617,8 @@ SaeWeights SaeTrainer::weights() const {
     for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
         w.extra.emplace_back(segs[i].name, slice(static_cast<int>(i)));
     for (auto& b : pass_->buffers()) w.extra.push_back(std::move(b));
+    if (cfg_.normalize != "none")
+        w.extra.emplace_back("activation_scale", std::vector<float>{input_scale_});
     return w;
 }
 

@@ -56,8 +56,10 @@ ExportFormat export_format_parse(const std::string& s) {
     throw Error(fmt::format("unknown export format '{}': use saelens or sparsify", s));
 }
 
-std::vector<std::string> sae_export(const SaeWeights& w, const SaeMeta& meta, ExportFormat format,
-                                    const std::string& dir, const ExportSource& source) {
+std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
+                                    ExportFormat format, const std::string& dir,
+                                    const ExportSource& source) {
+    const SaeWeights w = fold_activation_scale(w_in);  // exports take raw activations
     const int64_t d = w.d_model, n = w.n_latents;
     const Architecture* arch = arch_find(meta.arch);
     SAE_ENFORCE(arch != nullptr, "cannot export '{}': unknown architecture '{}' (known: {})",
