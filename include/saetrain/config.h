@@ -79,6 +79,9 @@ struct SaeConfig {
     double l0_coeff = 1.0;        // JumpReLU: L0 penalty weight (ramps in like the L1 term)
     double auxk_coeff = 0.03125;  // TopK, BatchTopK: AuxK loss weight (0: off)
     double grad_clip = 1.0;       // global gradient norm; 0 disables
+    // Gradient accumulation: each batch (data.batch_size rows, one optimizer step) is processed
+    // in this many chunks whose gradients are summed, so activation memory is that of one chunk.
+    int64_t accum_steps = 1;
     double beta1 = 0.9;
     double beta2 = 0.999;
     double eps = 1.0e-8;

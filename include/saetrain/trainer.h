@@ -143,6 +143,9 @@ private:
     // compute_gradients in two halves: queue the passes; then read the step's sums back.
     void launch_gradients(const float* x_dev, int64_t rows, int64_t norm_rows);
     StepResult collect_gradients();
+    // train.accum_steps > 1: the gradients of x_host's rows in that many chunks, summed into
+    // the gradient buffer; the step's result waits in accumulated_ for step_end.
+    void accumulate_gradients(const float* x_host, int64_t rows);
     // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
     void apply_update(StepResult& r);
     // Adam and decoder renormalization on this replica's ranges (all of them when not
@@ -192,6 +195,12 @@ private:
     std::vector<uint8_t> dead_;         // host: 1 for latents dead before this step
     int64_t n_dead_ = 0;
     std::vector<int32_t> fires_host_;
+    std::vector<float> xcol_host_;           // the last collected batch's column sums of x
+    std::vector<double> pending_arch_sums_;  // the pending step's ArchPass::step_sums
+    // train.accum_steps > 1: the step's summed result and gradient (apply_update takes them).
+    bool pending_accumulated_ = false;
+    StepResult accumulated_;
+    DeviceArray<float> accum_grads_;
     // Sums over the steps from window_start_ on, for training_quality().
     int64_t window_start_ = 0, window_rows_ = 0, last_rows_ = 0;
     double window_sse_ = 0, window_sum_sq_ = 0, window_l0_ = 0;

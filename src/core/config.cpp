@@ -188,6 +188,7 @@ const std::vector<Field>& fields() {
         SAE_KEY("train", l0_coeff, kAny),
         SAE_KEY("train", auxk_coeff, kAny),
         SAE_KEY("train", grad_clip, kAny),
+        SAE_KEY("train", accum_steps, kAny),
         SAE_KEY("train", beta1, kAny),
         SAE_KEY("train", beta2, kAny),
         SAE_KEY("train", eps, kAny),
@@ -640,6 +641,7 @@ private:
             check(s.l1_warmup_fraction >= 0 && s.l1_warmup_fraction <= 1,
                   "train.l1_warmup_fraction", "in [0, 1]", s.l1_warmup_fraction);
             check(s.grad_clip >= 0, "train.grad_clip", ">= 0 (0 disables clipping)", s.grad_clip);
+            check(s.accum_steps >= 1, "train.accum_steps", ">= 1", s.accum_steps);
             check(s.beta1 >= 0 && s.beta1 < 1, "train.beta1", "in [0, 1)", s.beta1);
             check(s.beta2 >= 0 && s.beta2 < 1, "train.beta2", "in [0, 1)", s.beta2);
             check(s.eps > 0, "train.eps", "> 0", s.eps);

@@ -292,10 +292,12 @@ StepResult SaeTrainer::collect_gradients() {
     const int64_t B = pending_rows_, d = d_, n = n_;
     pending_rows_ = -1;
     float st[kStatCount];
-    std::vector<float> xcol(static_cast<size_t>(d));
+    std::vector<float>& xcol = xcol_host_;
+    xcol.resize(static_cast<size_t>(d));
     be_.download(st, stats_.data(), sizeof(st));
     be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
     be_.download(fires_host_.data(), fires_.data(), n * static_cast<int64_t>(sizeof(int32_t)));
+    pending_arch_sums_ = pass_->step_sums();
     StepResult r;
     r.rows = B;
     r.sse = st[kStatSse];
@@ -316,7 +318,10 @@ void SaeTrainer::apply_update(StepResult& r) {
     float* g_w_dec = grads_ + off(ParamLayout::kWDec);
     // The architecture's sums for after_step (zeros from a replica that had no rows).
     std::vector<double> arch_sums = pass_->step_sums();
-    if (r.rows == 0) std::fill(arch_sums.begin(), arch_sums.end(), 0.0);
+    if (r.rows == 0)
+        std::fill(arch_sums.begin(), arch_sums.end(), 0.0);
+    else
+        arch_sums = pending_arch_sums_;
     // Gradients are of the summed loss (see step): sum them, and the step's metrics, over the
     // replicas, then divide by the rows of all replicas through Adam's grad_scale.
     double sum_sq = 0;
@@ -435,10 +440,46 @@ StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
     return step_end();
 }
 
+void SaeTrainer::accumulate_gradients(const float* x_host, int64_t rows) {
+    const int64_t chunks = std::min(cfg_.accum_steps, rows), d = d_;
+    if (accum_grads_.size() < n_params_) accum_grads_ = DeviceArray<float>(be_, n_params_);
+    StepResult sum;
+    double loss_sum = 0;
+    std::vector<double> xcol(static_cast<size_t>(d), 0.0), arch_sums;
+    std::vector<int64_t> fired(static_cast<size_t>(n_), 0);
+    for (int64_t a = 0; a < chunks; ++a) {
+        const int64_t r0 = rows * a / chunks, r1 = rows * (a + 1) / chunks;
+        upload_batch(x_host + r0 * d, r1 - r0);
+        launch_gradients(x_.data(), r1 - r0, 1);  // the summed loss: chunks add up
+        const StepResult c = collect_gradients();
+        be_.axpby(accum_grads_.data(), grads_, 1.0f, a == 0 ? 0.0f : 1.0f, n_params_);
+        sum.rows += c.rows, sum.sse += c.sse, sum.l1 += c.l1, sum.l0 += c.l0, sum.aux += c.aux;
+        sum.sum_sq_x += c.sum_sq_x;
+        loss_sum += c.loss * static_cast<double>(c.rows);
+        for (int64_t j = 0; j < d; ++j) xcol[j] += xcol_host_[j];
+        for (int64_t i = 0; i < n_; ++i) fired[i] += fires_host_[i];
+        if (arch_sums.empty()) arch_sums.assign(pending_arch_sums_.size(), 0.0);
+        for (size_t i = 0; i < arch_sums.size(); ++i) arch_sums[i] += pending_arch_sums_[i];
+    }
+    be_.axpby(grads_, accum_grads_.data(), 1.0f, 0.0f, n_params_);
+    double mean_sq = 0;
+    for (double v : xcol) mean_sq += v * v;
+    sum.sst = sum.sum_sq_x - mean_sq / static_cast<double>(sum.rows);
+    sum.loss = loss_sum / static_cast<double>(sum.rows);
+    for (int64_t i = 0; i < n_; ++i) fires_host_[i] = static_cast<int32_t>(fired[i]);
+    pending_arch_sums_ = arch_sums;
+    accumulated_ = sum;
+    pending_accumulated_ = true;
+    pending_rows_ = rows;
+}
+
 void SaeTrainer::step_begin(const float* x_host, int64_t rows) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::step_begin: the previous step has not ended");
     last_rows_ = rows;
-    if (rows > 0) {
+    pending_accumulated_ = false;
+    if (rows > 1 && cfg_.accum_steps > 1) {
+        accumulate_gradients(x_host, rows);
+    } else if (rows > 0) {
         upload_batch(x_host, rows);
         // Gradient of the summed loss: replicas with different row counts then add up to the
         // gradient of the mean over all rows once apply_update divides by the total.
@@ -453,7 +494,10 @@ void SaeTrainer::step_begin(const float* x_host, int64_t rows) {
 StepResult SaeTrainer::step_end() {
     SAE_ENFORCE(pending_rows_ >= 0, "SaeTrainer::step_end without step_begin");
     StepResult r;
-    if (pending_rows_ > 0) {
+    if (pending_accumulated_) {
+        r = accumulated_;
+        pending_rows_ = -1;
+    } else if (pending_rows_ > 0) {
         r = collect_gradients();
     } else {
         pending_rows_ = -1;
