@@ -15,7 +15,8 @@ SAE_DIR is a SAELens-format export (cfg.json + sae_weights.safetensors, as writt
 `sae-export --format saelens`). Architectures: standard (ReLU), topk, jumprelu (`threshold`
 tensor, or `log_threshold`; z = relu(pre) * (pre > threshold) as in SAELens, which is
 pre * (pre > threshold) for the usual thresholds >= 0), batchtopk (a `threshold` tensor or a cfg `threshold` makes it a
-JumpReLU, as SAELens saves it; without one the top k*tokens of each batch are kept).
+JumpReLU, as SAELens saves it; without one the top k*tokens of each batch are kept), gated
+(b_gate, r_mag, b_mag: z = (pre + b_gate > 0) * relu(pre * exp(r_mag) + b_mag)).
 normalize_activations: none; expected_average_only_in with `metadata.norm_scaling_factor` or a
 top-level `norm_scaling_factor` s (the SAE sees x*s, its output is divided by s);
 constant_norm_rescale (per token s = sqrt(d_in)/|x|, as SAELens does).
@@ -84,7 +85,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-ARCHS = ("standard", "relu", "topk", "jumprelu", "batchtopk")
+ARCHS = ("standard", "relu", "topk", "jumprelu", "batchtopk", "gated")
 NORMS = ("none", "expected_average_only_in", "constant_norm_rescale")
 TOKEN_CHUNK = 2048  # tokens per SAE matmul, bounds the [tokens, d_sae] temporaries
 
@@ -173,6 +174,9 @@ class Sae:
             raise Fail(f"{spec.weights_path}: not a readable safetensors file ({e})")
         d, n = spec.d_in, spec.d_sae
         want = {"W_enc": (d, n), "b_enc": (n,), "W_dec": (n, d), "b_dec": (d,)}
+        if spec.arch == "gated":  # SAELens's gated layout: b_gate in place of b_enc
+            want = {"W_enc": (d, n), "b_gate": (n,), "r_mag": (n,), "b_mag": (n,),
+                    "W_dec": (n, d), "b_dec": (d,)}
         for name, shape in want.items():
             if name not in t:
                 raise Fail(f"{spec.weights_path}: no tensor '{name}'")
@@ -181,7 +185,10 @@ class Sae:
                            f"cfg.json says {shape}")
         f32 = dict(device=device, dtype=torch.float32)
         self.W_enc = t["W_enc"].to(**f32)
-        self.b_enc = t["b_enc"].to(**f32)
+        self.b_enc = t["b_gate" if spec.arch == "gated" else "b_enc"].to(**f32)
+        if spec.arch == "gated":
+            self.r_mag = t["r_mag"].to(**f32)
+            self.b_mag = t["b_mag"].to(**f32)
         self.W_dec = t["W_dec"].to(**f32)
         self.b_dec = t["b_dec"].to(**f32)
         self.arch = spec.arch
@@ -221,6 +228,9 @@ class Sae:
         import torch
 
         sae_in = x - self.b_dec if self.spec.apply_b_dec_to_input else x
+        if self.arch == "gated":  # gate H(pre + b_gate) times relu(pre * exp(r_mag) + b_mag)
+            pre = sae_in @ self.W_enc
+            return (pre + self.b_enc > 0) * torch.relu(pre * self.r_mag.exp() + self.b_mag)
         pre = sae_in @ self.W_enc + self.b_enc
         if self.dec_norm is not None:
             pre = pre * self.dec_norm

@@ -1,14 +1,16 @@
 """Every architecture saetrain trains, exported with `sae-export --format saelens`, loads with
 SAELens's own loader (SAE.load_from_disk) and computes the same function there: SAELens's
 encode/decode on the held-out rows gives the FVU and L0 that saetrain's own evaluation reported
-for them (summary.csv eval_fvu, eval_l0). TopK also goes through sparsify's loader. One case
-trains with data.normalize, whose scale the export folds into the weights.
+for them (summary.csv eval_fvu, eval_l0), and tools/splice_eval.py's forward agrees. TopK also
+goes through sparsify's loader. One case trains with data.normalize, whose scale the export
+folds into the weights.
 
     SAETRAIN_BIN_DIR=build/cpu/apps .venv/bin/python -m pytest test/python/test_saelens_interop.py
 """
 import csv
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ h5py = pytest.importorskip("h5py")
 torch = pytest.importorskip("torch")
 pytest.importorskip("sae_lens")
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 BIN = os.environ.get("SAETRAIN_BIN_DIR", "")
 if not (BIN and os.path.exists(os.path.join(BIN, "saetrain"))):
     pytest.skip("SAETRAIN_BIN_DIR does not hold the built saetrain apps", allow_module_level=True)
@@ -94,6 +97,13 @@ def test_saelens_loads_every_architecture(data, name):
     assert fvu == pytest.approx(float(row["eval_fvu"]), rel=2e-3, abs=1e-5), row
     assert l0 == pytest.approx(float(row["eval_l0"]), rel=2e-3), row
     assert fvu < 0.5, f"{name}: the SAE learned little (fvu {fvu})"
+    # tools/splice_eval.py, which splices exports into a model, computes the same forward.
+    import splice_eval as se
+
+    mine = se.Sae(se.SaeSpec(str(export)), "cpu")
+    x_hat, _ = mine.reconstruct(x)
+    with torch.no_grad():
+        assert torch.allclose(x_hat, sae.decode(sae.encode(x)), atol=1e-4), name
 
 
 def test_sparsify_loads_topk(data):

@@ -288,10 +288,14 @@ def test_unknown_hook_and_architecture_fail_with_one_line():
     d = exact_sae("exact_for_hook")
     rc, _, err = run_tool([d, "--text", text_file(), "--hook", "encoder.layer.42"])
     assert rc == 1 and "encoder.layer.42" in one_error_line(err)
-    bad = exact_sae("gated", extra_cfg={"architecture": "gated"})
+    bad = exact_sae("switch", extra_cfg={"architecture": "switch"})
     rc, _, err = run_tool([bad, "--text", text_file()])
     line = one_error_line(err)
-    assert rc == 1 and "gated" in line and os.path.join(bad, "cfg.json") in line
+    assert rc == 1 and "switch" in line and os.path.join(bad, "cfg.json") in line
+    # gated is known, and needs its own tensors
+    gated = exact_sae("gated", extra_cfg={"architecture": "gated"})
+    rc, _, err = run_tool([gated, "--text", text_file()])
+    assert rc == 1 and "b_gate" in one_error_line(err)
 
 
 def test_jumprelu_and_norm_scaling_forward():
