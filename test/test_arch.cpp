@@ -684,3 +684,50 @@ TEST(Recipes, GradientAccumulationEqualsTheWholeBatch) {
 }
 
 }  // namespace
+
+namespace {
+
+// The CPU batch selection against a sort: the count-th largest positive value exactly, with
+// ties, for counts the sampled guess covers and counts that force its fallback (more than
+// half the positives, all of them, more than all); select_above keeps exactly the values at or
+// above it, in latent order.
+TEST(BatchSelection, ThresholdIsTheExactOrderStatistic) {
+    const int64_t rows = 2048, n = 96;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> pre(static_cast<size_t>(rows * n)), bias(static_cast<size_t>(n));
+    for (float& v : pre) v = std::round(normal(rng) * 64.0f) / 64.0f;  // many ties
+    for (float& v : bias) v = std::round(normal(rng) * 8.0f) / 64.0f;
+    std::vector<float> pos;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < n; ++i)
+            if (pre[r * n + i] + bias[i] > 0) pos.push_back(pre[r * n + i] + bias[i]);
+    std::sort(pos.rbegin(), pos.rend());
+    auto be = make_cpu_backend(2);
+    const auto npos = static_cast<int64_t>(pos.size());
+    for (int64_t count : {int64_t{1}, int64_t{100}, rows * 4, npos / 2 + 7, npos, npos + 50}) {
+        const float t = be->batch_threshold(pre.data(), bias.data(), rows, n, count);
+        EXPECT_EQ(t, pos[static_cast<size_t>(std::min(count, npos) - 1)]) << "count " << count;
+        const int64_t width = n;
+        std::vector<int32_t> idx(static_cast<size_t>(rows * width));
+        std::vector<float> val(idx.size());
+        be->select_above(pre.data(), bias.data(), t, rows, n, width, idx.data(), val.data());
+        int64_t kept = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t j = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = pre[r * n + i] + bias[i];
+                if (!(v > 0 && v >= t)) continue;
+                ASSERT_EQ(idx[r * width + j], i);
+                ASSERT_EQ(val[r * width + j], v);
+                ++j, ++kept;
+            }
+            for (; j < width; ++j) ASSERT_EQ(val[r * width + j], 0.0f);
+        }
+        EXPECT_GE(kept, std::min(count, npos));  // ties at the threshold are all kept
+    }
+    std::vector<float> negative(pre.size(), -1.0f);
+    EXPECT_EQ(be->batch_threshold(negative.data(), bias.data(), rows, n, 10), 0.0f);
+}
+
+}  // namespace

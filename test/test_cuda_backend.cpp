@@ -306,6 +306,23 @@ TEST_F(CudaParity, SparseDecodeAndBackwardBothModes) {
     }
 }
 
+// BatchTopK rows may keep more than the top-k kernel's kMaxTopk (512) latents: sparse_decode
+// streams them through shared memory in chunks; raw (negative) values too (AuxK's selection).
+TEST_F(CudaParity, SparseDecodeOfRowsWiderThanTheTopkLimit) {
+    const int64_t rows = 6, n = 2048, k = 1300, d = 64;
+    auto pre = randn(rows * n, 21), bias = randn(n, 22, 0.1f), w = randn(n * d, 23, 0.1f);
+    std::vector<int32_t> idx(rows * k);
+    std::vector<float> val(rows * k);
+    cpu->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data(), false);
+    for (int64_t j = 0; j < 40; ++j) val[j * 3] = 0.0f;  // some unused pairs
+    auto xh = randn(rows * d, 24);
+    Buf<int32_t> gidx(*gpu, idx);
+    Buf<float> gval(*gpu, val), gw(*gpu, w), gxh(*gpu, xh);
+    cpu->sparse_decode(idx.data(), val.data(), w.data(), rows, k, d, xh.data());
+    gpu->sparse_decode(gidx.p(), gval.p(), gw.p(), rows, k, d, gxh.p());
+    EXPECT_LE(norm_err(gxh.get(), xh), kSum);
+}
+
 // rows * k above 2^23 entries: more than one warp per entry fits in the dval kernel's capped
 // grid (2^20 blocks of 8 warps), so the warps must stride. Before they did, every entry past
 // 8,388,608 kept whatever the workspace held and its latents' encoder gradients were wrong.

@@ -53,7 +53,8 @@ struct SaeConfig {
     int64_t n_latents = 0;
     int64_t k = 32;         // TopK, BatchTopK: active latents per token (BatchTopK: on average)
     double l1_coeff = 5.0;  // ReLU, Gated: L1 penalty weight
-    // TopK, BatchTopK: AuxK's latents per token (0: d_model / 2) and the weight of its loss.
+    // TopK, BatchTopK: AuxK's latents per token (0: d_model / 2, at most 512; the CUDA top-k
+    // selects at most 512 per row) and (train.auxk_coeff) the weight of its loss.
     int64_t k_aux = 0;
     // JumpReLU: the straight-through estimator's bandwidth and the initial threshold.
     double jumprelu_bandwidth = 0.001;

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <vector>
 
 #include "saetrain/backend.h"
@@ -295,61 +297,68 @@ public:
 
     float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
                           int64_t count) override {
-        // Radix selection on the bits of the positive values (for positive floats the bit
-        // pattern orders like the value): four passes of 8 bits from the top, each counting
-        // only the values that share the prefix chosen so far. Counts are integers, so the
-        // result does not depend on the thread count.
-        uint32_t prefix = 0, mask = 0;
-        int64_t want = count;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            std::vector<int64_t> hist(256, 0);
-#pragma omp parallel
-            {
-                std::vector<int64_t> local(256, 0);
-#pragma omp for schedule(static)
-                for (int64_t r = 0; r < rows; ++r) {
-                    const float* p = pre + r * n;
-                    for (int64_t i = 0; i < n; ++i) {
-                        const float v = p[i] + b_enc[i];
-                        if (!(v > 0.0f)) continue;
-                        uint32_t u;
-                        std::memcpy(&u, &v, sizeof(u));
-                        if ((u & mask) == prefix) ++local[(u >> shift) & 0xffu];
-                    }
-                }
-#pragma omp critical
-                for (int b = 0; b < 256; ++b) hist[b] += local[b];
+        // The count-th largest positive value of pre + b_enc, exactly. A sample of the rows
+        // gives a guess t_s that about twice `count` values reach; one pass collects the values
+        // >= t_s (blocks of 16 below it are skipped with one vectorized test), and when there
+        // are at least `count` of them the answer is among them (nth_element). Otherwise the
+        // guess was too high and the pass repeats with every positive value.
+        if (rows <= 0 || n <= 0 || count <= 0) return 0.0f;
+        const int64_t stride = std::max<int64_t>(1, std::min<int64_t>(16, rows / 64));
+        std::vector<float> sample;
+        for (int64_t r = 0; r < rows; r += stride)
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = pre[r * n + i] + b_enc[i];
+                if (v > 0.0f) sample.push_back(v);
             }
-            if (shift == 24) {
-                int64_t positive = 0;
-                for (int64_t h : hist) positive += h;
-                if (positive == 0) return 0.0f;
-                want = std::min(want, positive);
-                if (want <= 0) want = 1;
-            }
-            int b = 255;
-            for (; b > 0 && hist[b] < want; --b) want -= hist[b];
-            prefix |= static_cast<uint32_t>(b) << shift;
-            mask |= 0xffu << shift;
+        const int64_t sampled_rows = (rows + stride - 1) / stride;
+        const auto want_s =
+            static_cast<int64_t>(2.0 * static_cast<double>(count) *
+                                     static_cast<double>(sampled_rows) / static_cast<double>(rows) +
+                                 64);
+        float guess = 0.0f;  // 0: every positive value is a candidate
+        if (want_s < static_cast<int64_t>(sample.size())) {
+            std::nth_element(sample.begin(), sample.begin() + want_s, sample.end(),
+                             std::greater<float>());
+            guess = sample[static_cast<size_t>(want_s)];
         }
-        float t;
-        std::memcpy(&t, &prefix, sizeof(t));
-        return t;
+        for (;;) {
+            std::vector<float> cand = collect_at_least(pre, b_enc, rows, n, guess);
+            const auto have = static_cast<int64_t>(cand.size());
+            if (have >= count || guess == 0.0f) {
+                if (have == 0) return 0.0f;
+                const int64_t want = std::min(count, have);
+                std::nth_element(cand.begin(), cand.begin() + (want - 1), cand.end(),
+                                 std::greater<float>());
+                return cand[static_cast<size_t>(want - 1)];
+            }
+            guess = 0.0f;
+        }
     }
 
     int64_t select_above(const float* pre, const float* b_enc, float threshold, int64_t rows,
                          int64_t n, int64_t width, int32_t* idx, float* val) override {
+        // v > 0 and v >= threshold as one comparison: v >= max(threshold, the least positive).
+        const float t = std::max(threshold, std::numeric_limits<float>::denorm_min());
         int64_t widest = 0;
 #pragma omp parallel for schedule(static) reduction(max : widest)
         for (int64_t r = 0; r < rows; ++r) {
             const float* p = pre + r * n;
             int64_t c = 0;
-            for (int64_t i = 0; i < n; ++i) {
+            auto keep = [&](int64_t i) {
                 const float v = p[i] + b_enc[i];
-                if (!(v > 0.0f && v >= threshold)) continue;
+                if (!(v >= t)) return;
                 if (c < width) idx[r * width + c] = static_cast<int32_t>(i), val[r * width + c] = v;
                 ++c;
+            };
+            constexpr int64_t kBlock = 16;
+            int64_t i = 0;
+            for (; i + kBlock <= n; i += kBlock) {
+                int any = 0;
+                for (int64_t j = 0; j < kBlock; ++j) any |= (p[i + j] + b_enc[i + j]) >= t;
+                if (!any) continue;
+                for (int64_t j = 0; j < kBlock; ++j) keep(i + j);
             }
+            for (; i < n; ++i) keep(i);
             for (int64_t j = c; j < width; ++j) idx[r * width + j] = 0, val[r * width + j] = 0.0f;
             widest = std::max(widest, c);
         }
@@ -521,6 +530,35 @@ public:
     }
 
 private:
+    // Every value of pre + b_enc that is positive and >= t, in no particular order.
+    static std::vector<float> collect_at_least(const float* pre, const float* b_enc, int64_t rows,
+                                               int64_t n, float t) {
+        t = std::max(t, std::numeric_limits<float>::denorm_min());
+        std::vector<float> all;
+#pragma omp parallel
+        {
+            std::vector<float> mine;
+            constexpr int64_t kBlock = 16;
+#pragma omp for schedule(static) nowait
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* p = pre + r * n;
+                int64_t i = 0;
+                for (; i + kBlock <= n; i += kBlock) {
+                    int any = 0;
+                    for (int64_t j = 0; j < kBlock; ++j) any |= (p[i + j] + b_enc[i + j]) >= t;
+                    if (!any) continue;
+                    for (int64_t j = 0; j < kBlock; ++j)
+                        if (p[i + j] + b_enc[i + j] >= t) mine.push_back(p[i + j] + b_enc[i + j]);
+                }
+                for (; i < n; ++i)
+                    if (p[i] + b_enc[i] >= t) mine.push_back(p[i] + b_enc[i]);
+            }
+#pragma omp critical
+            all.insert(all.end(), mine.begin(), mine.end());
+        }
+        return all;
+    }
+
     static float dot(const float* a, const float* b, int64_t n) {
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)

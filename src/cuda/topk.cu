@@ -180,21 +180,26 @@ __global__ void __launch_bounds__(kSelectThreads)
 }
 
 // x_hat[r] += sum_j val[r,j] * w_dec[idx[r,j]]: one block per row, j in order (as the CPU).
+// The row's pairs pass through shared memory kMaxTopk at a time (BatchTopK rows may keep more).
 __global__ void sparse_decode_kernel(const int32_t* idx, const float* val, const float* w_dec,
-                                     int k, int64_t d, float* x_hat) {
+                                     int64_t k, int64_t d, float* x_hat) {
     __shared__ int32_t s_idx[kMaxTopk];
     __shared__ float s_val[kMaxTopk];
     const int64_t r = blockIdx.x;
-    for (int j = threadIdx.x; j < k; j += blockDim.x)
-        s_idx[j] = idx[r * k + j], s_val[j] = val[r * k + j];
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        float acc = x_hat[r * d + c];
-        for (int j = 0; j < k; ++j) {
-            const float a = s_val[j];
-            if (a != 0.0f) acc += a * w_dec[static_cast<int64_t>(s_idx[j]) * d + c];
+    for (int64_t j0 = 0; j0 < k; j0 += kMaxTopk) {
+        const int64_t m = k - j0 < kMaxTopk ? k - j0 : kMaxTopk;
+        __syncthreads();  // the previous chunk is used up
+        for (int64_t j = threadIdx.x; j < m; j += blockDim.x)
+            s_idx[j] = idx[r * k + j0 + j], s_val[j] = val[r * k + j0 + j];
+        __syncthreads();
+        for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+            float acc = x_hat[r * d + c];
+            for (int64_t j = 0; j < m; ++j) {
+                const float a = s_val[j];
+                if (a != 0.0f) acc += a * w_dec[static_cast<int64_t>(s_idx[j]) * d + c];
+            }
+            x_hat[r * d + c] = acc;
         }
-        x_hat[r * d + c] = acc;
     }
 }
 
@@ -462,11 +467,11 @@ void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t 
 
 void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const float* w_dec,
                    int64_t rows, int64_t k, int64_t d, float* x_hat) {
-    SAE_ENFORCE(k >= 1 && k <= kMaxTopk, "sparse_decode: k = {} outside [1, {}]", k, kMaxTopk);
+    SAE_ENFORCE(k >= 1, "sparse_decode: k = {} < 1", k);
     if (rows <= 0) return;
     const int threads = d >= 256 ? 256 : 128;
-    sparse_decode_kernel<<<static_cast<unsigned>(rows), threads, 0, s>>>(
-        idx, val, w_dec, static_cast<int>(k), d, x_hat);
+    sparse_decode_kernel<<<static_cast<unsigned>(rows), threads, 0, s>>>(idx, val, w_dec, k, d,
+                                                                         x_hat);
     SAE_CUDA_LAUNCH_CHECK();
 }
 

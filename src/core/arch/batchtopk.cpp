@@ -1,7 +1,7 @@
 // batchtopk.cpp — BatchTopK (Bussmann et al. 2024): the k * B largest activations over the
 // whole batch, so tokens share a budget of k per token on average. Training keeps a running
 // threshold (the mean over replicas of each batch's smallest selected activation, averaged
-// with weight 0.01 per step after the first) that replaces the batch selection at inference:
+// with weight 0.1 per step after the first) that replaces the batch selection at inference:
 // there, and in exports, the SAE is a JumpReLU with that one threshold for every latent.
 #include <cmath>
 
@@ -11,7 +11,11 @@
 namespace saetrain::arch {
 namespace {
 
-constexpr double kThresholdRate = 0.01;  // SAELens's topk_threshold_lr
+// The running threshold's weight per step. SAELens uses 0.01; here the batch threshold (an
+// order statistic of k * B values) is nearly noiseless, and 0.01 lags a threshold that falls
+// during training: on MiniLM activations (239 steps of 4096 rows, k 32) 0.01 gave an inference
+// L0 of 23.6 for the training 32 (held-out FVU 0.1415), 0.1 gave 32.5 (FVU 0.1187).
+constexpr double kThresholdRate = 0.1;
 
 class BatchTopkPass final : public ArchPass {
 public:

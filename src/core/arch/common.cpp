@@ -38,7 +38,8 @@ const std::vector<float>& extra_tensor(const SaeWeights& w, const std::string& n
 std::string l1_suffix(const SaeConfig& cfg) { return fmt::format("l1_{}", cfg.l1_coeff); }
 
 AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-    : k_aux_(std::min(cfg.k_aux > 0 ? cfg.k_aux : std::max<int64_t>(d / 2, 1), n)),
+    : k_aux_(
+          std::min(cfg.k_aux > 0 ? cfg.k_aux : std::clamp<int64_t>(d / 2, 1, kDefaultKAuxMax), n)),
       coeff_(cfg.auxk_coeff),
       bias_(be, n),
       stats_(be, kStatCount),

@@ -27,6 +27,9 @@ void ensure(DeviceArray<T>& a, Backend& be, int64_t size) {
 // loss auxk_coeff * min(n_dead / k_aux, 1) * sum ||e_hat - e||^2 (in the main loss's units) sends
 // gradient only into dead latents' encoder and decoder rows (and b_dec through the encoder
 // input). Runs after the main backward, adding to its gradients.
+// The default k_aux is d_model / 2, at most this: the CUDA top-k selects up to 512 per row.
+inline constexpr int64_t kDefaultKAuxMax = 512;
+
 class AuxK {
 public:
     AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be);
