@@ -142,9 +142,15 @@ public:
     }
     void topk_backward(const float* x, const float* de, const int32_t* i, const float* v,
                        const float* w, int64_t r, int64_t n, int64_t k, int64_t d, float* ge,
-                       float* gd, float* gb, int32_t* f, float* st, bool acc) override {
-        timed("topk_backward",
-              [&] { be_.topk_backward(x, de, i, v, w, r, n, k, d, ge, gd, gb, f, st, acc); });
+                       float* gd, float* gb, int32_t* f, float* st, bool acc,
+                       const float* extra) override {
+        timed("topk_backward", [&] {
+            be_.topk_backward(x, de, i, v, w, r, n, k, d, ge, gd, gb, f, st, acc, extra);
+        });
+    }
+    void decorr_grad(const float* z, const int32_t* i, int64_t w, int64_t r, int64_t n, float s,
+                     float* dz, float* st) override {
+        timed("decorr_grad", [&] { be_.decorr_grad(z, i, w, r, n, s, dz, st); });
     }
     float batch_threshold(const float* p, const float* b, int64_t r, int64_t n,
                           int64_t c) override {

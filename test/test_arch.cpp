@@ -28,7 +28,30 @@ struct Ref {
     std::vector<uint8_t> dead;  // AuxK (TopK): the dead latents
     int64_t k_aux = 0;
     double aux_weight = 0;
+    double decorr = 0;  // train.decorr_coeff
 };
+
+// The RMS of the Pearson correlations between distinct columns of z [rows, n] (columns with
+// no variance left out of nothing: they correlate 0).
+double correlation_rms(const std::vector<double>& z, int64_t rows, int64_t n) {
+    std::vector<double> u(z);
+    for (int64_t c = 0; c < n; ++c) {
+        double m = 0, sq = 0;
+        for (int64_t r = 0; r < rows; ++r) m += u[r * n + c];
+        m /= static_cast<double>(rows);
+        for (int64_t r = 0; r < rows; ++r) u[r * n + c] -= m, sq += u[r * n + c] * u[r * n + c];
+        for (int64_t r = 0; r < rows; ++r) u[r * n + c] = sq > 0 ? u[r * n + c] / std::sqrt(sq) : 0;
+    }
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            if (i == j) continue;
+            double c = 0;
+            for (int64_t r = 0; r < rows; ++r) c += u[r * n + i] * u[r * n + j];
+            s += c * c;
+        }
+    return std::sqrt(s / (static_cast<double>(n) * static_cast<double>(n - 1)));
+}
 
 // The trainer's loss in double precision, summed over rows and divided by them, on the flat
 // parameters p (trainer.h layout, the architecture's segments after b_dec). `frozen` holds the
@@ -78,7 +101,7 @@ double ref_loss(const std::vector<double>& p, const std::vector<double>& frozen,
         if (!pos.empty()) t_batch = pos[std::min<size_t>(s.k * R, pos.size()) - 1];
     }
     double loss = 0;
-    std::vector<double> pre, z(n), xh, pre0, xh0, z0(n), e(d), zh(n);
+    std::vector<double> pre, z(n), xh, pre0, xh0, z0(n), e(d), zh(n), all_z;
     for (int64_t t = 0; t < R; ++t) {
         encode(P, t, pre);
         std::fill(z.begin(), z.end(), 0.0);
@@ -119,6 +142,7 @@ double ref_loss(const std::vector<double>& p, const std::vector<double>& frozen,
                 loss += (xh0[c] - x[t * d + c]) * (xh0[c] - x[t * d + c]);
         }
         decode(P, z, true, xh);
+        all_z.insert(all_z.end(), z.begin(), z.end());
         for (int64_t c = 0; c < d; ++c) loss += (xh[c] - x[t * d + c]) * (xh[c] - x[t * d + c]);
         if (s.aux_weight > 0) {
             // AuxK: the residual of the frozen parameters' reconstruction is the target.
@@ -148,6 +172,7 @@ double ref_loss(const std::vector<double>& p, const std::vector<double>& frozen,
             for (int64_t c = 0; c < d; ++c) loss += s.aux_weight * (xh[c] - e[c]) * (xh[c] - e[c]);
         }
     }
+    if (s.decorr > 0) loss += s.decorr * correlation_rms(all_z, R, n) * static_cast<double>(R);
     return loss / static_cast<double>(R);
 }
 
@@ -213,6 +238,7 @@ SaeConfig base_config(const Ref& s) {
     cfg.l1_coeff = s.l1;
     cfg.l0_coeff = s.l0;
     cfg.jumprelu_bandwidth = s.bandwidth;
+    cfg.decorr_coeff = s.decorr;
     cfg.l1_warmup_fraction = 0;     // the full coefficients from step 0, as the reference
     cfg.normalize_decoder = false;  // keep the norm-weighted L1 gradient visible
     return cfg;
@@ -728,6 +754,42 @@ TEST(BatchSelection, ThresholdIsTheExactOrderStatistic) {
     }
     std::vector<float> negative(pre.size(), -1.0f);
     EXPECT_EQ(be->batch_threshold(negative.data(), bias.data(), rows, n, 10), 0.0f);
+}
+
+}  // namespace
+
+namespace {
+
+// train.decorr_coeff: the penalty's gradient through every architecture's activations
+// (dense ones, and the (latent, value) pairs of TopK and BatchTopK).
+TEST(ArchGradients, DecorrelationPenaltyMatchesFiniteDifferences) {
+    for (const char* arch : {"relu", "topk", "batchtopk", "jumprelu", "gated"}) {
+        Ref s;
+        s.arch = arch;
+        s.rows = 16;
+        s.decorr = 0.7;
+        s.l1 = std::string(arch) == "gated" ? 0.1 : 0.0;
+        s.l0 = 0.0;
+        s.bandwidth = 0.4;
+        auto be = make_cpu_backend(2);
+        auto self = make_self_comm();
+        SaeTrainer tr(base_config(s), s.d, 10, 0, *be, *self);
+        std::mt19937 rng(13);
+        const std::vector<float> x = random_rows(s, rng);
+        tr.set_params_host(random_params(tr, rng));
+        const int64_t lt =
+            tr.layout().has("log_threshold") ? tr.layout().offset("log_threshold") : -1;
+        SCOPED_TRACE(arch);
+        check_fd(tr, x, s, [&](size_t i) {  // JumpReLU's threshold: a surrogate, tested above
+            return lt >= 0 && static_cast<int64_t>(i) >= lt && static_cast<int64_t>(i) < lt + s.n;
+        });
+        // The penalty is there: without it the loss is lower by decorr * R.
+        const std::vector<float> pf = tr.params_host();
+        const std::vector<double> pd(pf.begin(), pf.end());
+        Ref plain = s;
+        plain.decorr = 0;
+        EXPECT_GT(ref_loss(pd, pd, x, s) - ref_loss(pd, pd, x, plain), 1e-3);
+    }
 }
 
 }  // namespace

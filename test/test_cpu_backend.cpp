@@ -118,7 +118,7 @@ TEST_F(CpuBackendTest, TopkBackwardMatchesDenseDefinition) {
     std::vector<int32_t> fires(n, -1);
     float stats[kStatCount] = {};
     be->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
-                      dwe.data(), dwd.data(), dbe.data(), fires.data(), stats, false);
+                      dwe.data(), dwd.data(), dbe.data(), fires.data(), stats, false, nullptr);
     for (int64_t i = 0; i < n * d; ++i) {
         EXPECT_NEAR(dwd[i], gd[i], 1e-4);
         EXPECT_NEAR(dwe[i], ge[i], 1e-4);

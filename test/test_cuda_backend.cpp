@@ -277,7 +277,7 @@ TEST_F(CudaParity, SparseDecodeAndBackwardBothModes) {
     std::vector<float> de(n * d, 9.0f), dd(n * d, 9.0f), db(n, 9.0f), st(kStatCount, 0.0f);
     std::vector<int32_t> fires(n, 9);
     cpu->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
-                       de.data(), dd.data(), db.data(), fires.data(), st.data(), false);
+                       de.data(), dd.data(), db.data(), fires.data(), st.data(), false, nullptr);
     for (bool deterministic : {true, false}) {
         CudaBackendOptions o;
         o.deterministic = deterministic;
@@ -288,7 +288,7 @@ TEST_F(CudaParity, SparseDecodeAndBackwardBothModes) {
         Buf<float> v2(*g, val), w2(*g, w), x2(*g, x), e2(*g, derr), de2(*g, junk), dd2(*g, junk),
             db2(*g, junkb), st2(*g, st0);
         g->topk_backward(x2.p(), e2.p(), i2.p(), v2.p(), w2.p(), rows, n, k, d, de2.p(), dd2.p(),
-                         db2.p(), f2.p(), st2.p(), false);
+                         db2.p(), f2.p(), st2.p(), false, nullptr);
         SCOPED_TRACE(deterministic ? "deterministic" : "atomics");
         // Per element a sum over the (up to 200) rows that selected the latent: kSum.
         const auto de_got = de2.get(), dd_got = dd2.get();
@@ -299,7 +299,7 @@ TEST_F(CudaParity, SparseDecodeAndBackwardBothModes) {
         EXPECT_EQ(st2.get()[kStatL0], st[kStatL0]);
         if (deterministic) {  // a second run is bit-identical
             g->topk_backward(x2.p(), e2.p(), i2.p(), v2.p(), w2.p(), rows, n, k, d, de2.p(),
-                             dd2.p(), db2.p(), f2.p(), st2.p(), false);
+                             dd2.p(), db2.p(), f2.p(), st2.p(), false, nullptr);
             EXPECT_EQ(de2.get(), de_got);
             EXPECT_EQ(dd2.get(), dd_got);
         }
@@ -338,13 +338,13 @@ TEST_F(CudaParity, TopkBackwardBeyondOneGridOfWarps) {
     std::vector<float> de(n * d), dd(n * d), db(n), st(kStatCount, 0.0f);
     std::vector<int32_t> fires(n);
     cpu->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
-                       de.data(), dd.data(), db.data(), fires.data(), st.data(), false);
+                       de.data(), dd.data(), db.data(), fires.data(), st.data(), false, nullptr);
     const std::vector<float> junk(n * d, 9.0f), junkb(n, 9.0f), st0(kStatCount, 0.0f);
     Buf<int32_t> gidx(*gpu, idx), gf(*gpu, std::vector<int32_t>(n, 9));
     Buf<float> gval(*gpu, val), gw(*gpu, w), gx(*gpu, x), ge(*gpu, derr), gde(*gpu, junk),
         gdd(*gpu, junk), gdb(*gpu, junkb), gst(*gpu, st0);
     gpu->topk_backward(gx.p(), ge.p(), gidx.p(), gval.p(), gw.p(), rows, n, k, d, gde.p(), gdd.p(),
-                       gdb.p(), gf.p(), gst.p(), false);
+                       gdb.p(), gf.p(), gst.p(), false, nullptr);
     // Each latent sums ~66,000 entries: sqrt(K) * eps ~ 1.5e-5 of the sum of |terms|, with
     // random signs; a missed 1.5% of the entries is an error of order 1e-1.
     EXPECT_LE(norm_err(gde.get(), de), 1e-4);
@@ -370,7 +370,7 @@ TEST_F(CudaParity, TopkBackwardAccumulatesInBothModes) {
     std::vector<float> st(kStatCount, 1.0f);
     std::vector<int32_t> fires(n, 9);
     cpu->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
-                       de.data(), dd.data(), db.data(), fires.data(), st.data(), true);
+                       de.data(), dd.data(), db.data(), fires.data(), st.data(), true, nullptr);
     for (bool deterministic : {true, false}) {
         SCOPED_TRACE(deterministic ? "deterministic" : "atomics");
         CudaBackendOptions o;
@@ -380,7 +380,7 @@ TEST_F(CudaParity, TopkBackwardAccumulatesInBothModes) {
         Buf<float> gval(*g, val), gw(*g, w), gx(*g, x), ge(*g, derr), gde(*g, de0), gdd(*g, dd0),
             gdb(*g, db0), gst(*g, std::vector<float>(kStatCount, 1.0f));
         g->topk_backward(gx.p(), ge.p(), gidx.p(), gval.p(), gw.p(), rows, n, k, d, gde.p(),
-                         gdd.p(), gdb.p(), gf.p(), gst.p(), true);
+                         gdd.p(), gdb.p(), gf.p(), gst.p(), true, nullptr);
         const auto de_got = gde.get(), dd_got = gdd.get(), db_got = gdb.get();
         EXPECT_LE(norm_err(de_got, de), kSum);  // as in SparseDecodeAndBackwardBothModes
         EXPECT_LE(norm_err(dd_got, dd), kSum);
@@ -396,6 +396,159 @@ TEST_F(CudaParity, TopkBackwardAccumulatesInBothModes) {
             }
         }
     }
+}
+
+// dval_extra (the gradient of a penalty on the activations) is added to dval of the active
+// entries only: entries with val 0 ignore it, and dw_dec does not see it. Tolerances as in
+// SparseDecodeAndBackwardBothModes.
+TEST_F(CudaParity, TopkBackwardAddsDvalExtraInBothModes) {
+    const int64_t rows = 200, n = 512, k = 16, d = 96;
+    auto pre = randn(rows * n, 60), bias = randn(n, 61, 0.1f), w = randn(n * d, 62, 0.1f);
+    const auto x = randn(rows * d, 63), derr = randn(rows * d, 64), extra = randn(rows * k, 65);
+    std::vector<int32_t> idx(rows * k);
+    std::vector<float> val(rows * k);
+    cpu->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data(), true);
+    for (int64_t r = 0; r < rows; ++r) idx[r * k] = 3;  // a hot latent: the chunked path
+    for (int64_t r = 0; r < rows; r += 3) val[r * k + k - 1] = 0.0f;  // unused: extra ignored
+    std::vector<float> de(n * d), dd(n * d), db(n), st(kStatCount, 0.0f);
+    std::vector<int32_t> fires(n);
+    cpu->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
+                       de.data(), dd.data(), db.data(), fires.data(), st.data(), false,
+                       extra.data());
+    {  // the extra term matters for dw_enc and db_enc, not for dw_dec
+        std::vector<float> de0(n * d), dd0(n * d), db0(n), st0(kStatCount, 0.0f);
+        std::vector<int32_t> f0(n);
+        cpu->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
+                           de0.data(), dd0.data(), db0.data(), f0.data(), st0.data(), false,
+                           nullptr);
+        ASSERT_GT(norm_err(de0, de), 1e-2);
+        ASSERT_GT(norm_err(db0, db), 1e-2);
+        ASSERT_EQ(dd0, dd);
+    }
+    for (bool deterministic : {true, false}) {
+        SCOPED_TRACE(deterministic ? "deterministic" : "atomics");
+        CudaBackendOptions o;
+        o.deterministic = deterministic;
+        auto g = make_cuda_backend(o);
+        const std::vector<float> junk(n * d, 9.0f), junkb(n, 9.0f), st0(kStatCount, 0.0f);
+        Buf<int32_t> gidx(*g, idx), gf(*g, std::vector<int32_t>(n, 9));
+        Buf<float> gval(*g, val), gw(*g, w), gx(*g, x), ge(*g, derr), gextra(*g, extra),
+            gde(*g, junk), gdd(*g, junk), gdb(*g, junkb), gst(*g, st0);
+        g->topk_backward(gx.p(), ge.p(), gidx.p(), gval.p(), gw.p(), rows, n, k, d, gde.p(),
+                         gdd.p(), gdb.p(), gf.p(), gst.p(), false, gextra.p());
+        EXPECT_LE(norm_err(gde.get(), de), kSum);
+        EXPECT_LE(norm_err(gdd.get(), dd), kSum);
+        EXPECT_LE(norm_err(gdb.get(), db), kSum);
+        EXPECT_EQ(gf.get(), fires);
+        EXPECT_EQ(gst.get()[kStatL0], st[kStatL0]);
+    }
+}
+
+// --- decorrelation penalty ----------------------------------------------------------------------
+// decorr_grad standardizes the columns in double on both backends (the same floats but for the
+// last bits of a mean), then runs two fp32 GEMMs (C = U^T U over the rows, dU = U G over the
+// latents) and float column sums: ~1e-6 per op, as in the other parity tests. R: relative
+// 1e-4 (a double sum of squares of C's entries). dz: the increment (dz after - dz before) to
+// kSum. Constant columns (a constant value, all zeros) get no gradient: exactly 0 on both.
+namespace {
+
+// got - before and want - before, in double: the increments of two runs from the same dz.
+double increment_err(const std::vector<float>& got, const std::vector<float>& want,
+                     const std::vector<float>& before) {
+    double e = 0, w = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        const double a = double(got[i]) - before[i], b = double(want[i]) - before[i];
+        e += (a - b) * (a - b);
+        w += b * b;
+    }
+    return w > 0 ? std::sqrt(e / w) : std::sqrt(e);
+}
+
+}  // namespace
+
+TEST_F(CudaParity, DecorrGradDenseMatchesCpu) {
+    // 300 latents: a partial 32-column tile; 257 rows: several row slices, an odd last one.
+    const int64_t rows = 257, n = 300;
+    const float scale = 3.0f;
+    auto z = randn(rows * n, 70);
+    const auto common = randn(rows, 71);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < n; ++c) {
+            float& v = z[r * n + c];
+            if (c < 100) v += 0.7f * common[r];  // correlated latents: a sizeable R
+            v = math::relu(v);
+            if (c == 7) v = 0.7f;   // constant
+            if (c == 11) v = 0.0f;  // dead
+        }
+    const auto dz0 = randn(rows * n, 72, 1e-5f);
+    std::vector<float> st(kStatCount, 1.0f);
+    st[kStatDecorr] = 0.0f;
+    auto dz = dz0;
+    cpu->decorr_grad(z.data(), nullptr, 0, rows, n, scale, dz.data(), st.data());
+    ASSERT_GT(st[kStatDecorr], 0.0f);
+    ASSERT_GT(increment_err(dz0, dz, dz0), 0.5);  // dz moved: the increment is not tiny
+
+    Buf<float> gz(*gpu, z), gdz(*gpu, dz0), gst(*gpu, std::vector<float>(kStatCount, 1.0f));
+    Buf<float> gst0(*gpu, std::vector<float>(kStatCount, 0.0f));
+    gpu->decorr_grad(gz.p(), nullptr, 0, rows, n, scale, gdz.p(), gst0.p());
+    const auto got = gdz.get(), gs = gst0.get();
+    EXPECT_NEAR(gs[kStatDecorr], st[kStatDecorr], 1e-4 * st[kStatDecorr]);
+    for (int s : {int(kStatSse), int(kStatSumSqX), int(kStatL1), int(kStatL0), int(kStatAux)})
+        EXPECT_EQ(gs[s], 0.0f) << "stat " << s;  // untouched
+    EXPECT_LE(increment_err(got, dz, dz0), kSum);
+    for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(got[r * n + 7], dz0[r * n + 7]) << "row " << r;
+        ASSERT_EQ(got[r * n + 11], dz0[r * n + 11]) << "row " << r;
+    }
+
+    // Fixed-order reductions: a second run from the same dz is bit-identical, and R adds.
+    Buf<float> gdz2(*gpu, dz0);
+    gpu->decorr_grad(gz.p(), nullptr, 0, rows, n, scale, gdz2.p(), gst0.p());
+    EXPECT_EQ(gdz2.get(), got);
+    EXPECT_EQ(gst0.get()[kStatDecorr], gs[kStatDecorr] + gs[kStatDecorr]);
+
+    // scale 0: R only, dz untouched; fewer than 2 rows or latents: nothing at all.
+    gpu->decorr_grad(gz.p(), nullptr, 0, rows, n, 0.0f, gdz2.p(), gst.p());
+    EXPECT_EQ(gdz2.get(), got);
+    EXPECT_EQ(gst.get()[kStatDecorr], 1.0f + gs[kStatDecorr]);
+    gpu->decorr_grad(gz.p(), nullptr, 0, 1, n, scale, gdz2.p(), gst.p());
+    gpu->decorr_grad(gz.p(), nullptr, 0, rows, 1, scale, gdz2.p(), gst.p());
+    EXPECT_EQ(gdz2.get(), got);
+    EXPECT_EQ(gst.get()[kStatDecorr], 1.0f + gs[kStatDecorr]);
+}
+
+// Pairs: dz has the pairs' shape; unused pairs (val 0) keep their dz bit for bit. Latent 3 is
+// in every row with the same value (constant: no gradient), latents 500.. in none (all zeros).
+TEST_F(CudaParity, DecorrGradSparseMatchesCpu) {
+    const int64_t rows = 200, n = 512, k = 16;
+    const float scale = 3.0f;
+    auto pre = randn(rows * n, 73), bias = randn(n, 74, 0.1f);
+    bias[3] = -100.0f;
+    for (int64_t l = 500; l < n; ++l) bias[l] = -100.0f;
+    std::vector<int32_t> idx(rows * k);
+    std::vector<float> val(rows * k);
+    cpu->topk_forward(pre.data(), bias.data(), rows, n, k, idx.data(), val.data(), true);
+    for (int64_t r = 0; r < rows; ++r) idx[r * k + 5] = 3, val[r * k + 5] = 0.5f;
+    for (int64_t r = 0; r < rows; r += 3) val[r * k + k - 1] = 0.0f;  // unused pairs
+    const auto dz0 = randn(rows * k, 75, 1e-5f);
+    std::vector<float> st(kStatCount, 0.0f);
+    auto dz = dz0;
+    cpu->decorr_grad(val.data(), idx.data(), k, rows, n, scale, dz.data(), st.data());
+    ASSERT_GT(st[kStatDecorr], 0.0f);
+    ASSERT_GT(increment_err(dz0, dz, dz0), 0.5);
+
+    Buf<int32_t> gidx(*gpu, idx);
+    Buf<float> gval(*gpu, val), gdz(*gpu, dz0), gst(*gpu, std::vector<float>(kStatCount, 0.0f));
+    gpu->decorr_grad(gval.p(), gidx.p(), k, rows, n, scale, gdz.p(), gst.p());
+    const auto got = gdz.get();
+    EXPECT_NEAR(gst.get()[kStatDecorr], st[kStatDecorr], 1e-4 * st[kStatDecorr]);
+    EXPECT_LE(increment_err(got, dz, dz0), kSum);
+    for (int64_t e = 0; e < rows * k; ++e)
+        if (val[e] == 0.0f || idx[e] == 3) ASSERT_EQ(got[e], dz0[e]) << "pair " << e;
+
+    Buf<float> gdz2(*gpu, dz0);
+    gpu->decorr_grad(gval.p(), gidx.p(), k, rows, n, scale, gdz2.p(), gst.p());
+    EXPECT_EQ(gdz2.get(), got);
 }
 
 // --- BatchTopK, JumpReLU, Gated ---------------------------------------------------------------

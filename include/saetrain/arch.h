@@ -156,9 +156,6 @@ public:
     }
     virtual void init_extra(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
                             std::vector<float>& /*params*/) const {}
-    // True when its activation keeps the encoder positively homogeneous at init (scaling W_enc
-    // by c scales every activation by c), so train.encoder_init: fitted is exact.
-    virtual bool homogeneous_at_init() const { return true; }
     // Model FLOPs of one training token (forward and backward), the count behind TFLOP/s and
     // MFU; and whether its kernels are sparse (the perf model's SaeKind).
     virtual double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const = 0;

@@ -19,6 +19,7 @@ enum StatSlot : int {
     kStatL1,       // sum over tokens of sum_i z_i * ||W_dec_i||
     kStatL0,       // number of non-zero latent activations
     kStatAux,      // an architecture's auxiliary squared error (Gated's gate path, AuxK)
+    kStatDecorr,   // RMS of the correlations between distinct latents (decorr_grad)
     kStatCount
 };
 
@@ -84,9 +85,20 @@ public:
     virtual void topk_backward(const float* x, const float* derr, const int32_t* idx,
                                const float* val, const float* w_dec, int64_t rows, int64_t n,
                                int64_t k, int64_t d, float* dw_enc, float* dw_dec, float* db_enc,
-                               int32_t* fires, float* stats, bool accumulate) = 0;
+                               int32_t* fires, float* stats, bool accumulate,
+                               const float* dval_extra) = 0;
     // (accumulate: add to dw_enc, dw_dec and db_enc instead of overwriting them; AuxK's second
-    // selection adds its gradient to the main one's.)
+    // selection adds its gradient to the main one's. dval_extra [rows, k], or null: added to
+    // dval of the entries with val != 0, the gradient of a penalty on the activations.)
+
+    // The decorrelation penalty (train.decorr_coeff): R = the RMS over pairs of distinct latents
+    // of the Pearson correlation of their activations over the rows. z is dense [rows, n]
+    // (idx null) or `width` (idx, val) pairs per row (val 0: unused) and dz has z's shape;
+    // writes R into stats[kStatDecorr] and adds scale * dR/dz to dz (for pairs: at each pair,
+    // the entry being the activation there). Latents constant over the rows have no
+    // correlation and get no gradient.
+    virtual void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows,
+                             int64_t n, float scale, float* dz, float* stats) = 0;
 
     // --- BatchTopK: one selection over the whole batch -----------------------------------
     // The `count`-th largest of the positive values of pre + b_enc over all rows (the smallest

@@ -79,7 +79,10 @@ struct SaeConfig {
     double l1_warmup_fraction = 0.2;
     double l0_coeff = 1.0;        // JumpReLU: L0 penalty weight (ramps in like the L1 term)
     double auxk_coeff = 0.03125;  // TopK, BatchTopK: AuxK loss weight (0: off)
-    double grad_clip = 1.0;       // global gradient norm; 0 disables
+    // Decorrelation penalty weight (0: off): decorr_coeff times the RMS of the correlations
+    // between distinct latents' activations over the batch (O(batch x n^2) per step).
+    double decorr_coeff = 0.0;
+    double grad_clip = 1.0;  // global gradient norm; 0 disables
     // Gradient accumulation: each batch (data.batch_size rows, one optimizer step) is processed
     // in this many chunks whose gradients are summed, so activation memory is that of one chunk.
     int64_t accum_steps = 1;
@@ -89,7 +92,8 @@ struct SaeConfig {
     double weight_decay = 0.0;      // decoupled (AdamW); applied to weights, not biases
     bool normalize_decoder = true;  // unit-norm decoder rows after every step
     // W_enc at init: transpose (W_dec^T) | fitted (c W_dec^T, c the least-squares scale of the
-    // first batch's reconstruction; exact because ReLU and TopK are positively homogeneous)
+    // first batch's reconstruction; exact for activations that scale with W_enc (ReLU, TopK,
+    // BatchTopK, Gated at init), an approximation for JumpReLU, whose thresholds do not)
     std::string encoder_init = "fitted";
     // b_dec at init: mean of the first batch | geometric_median of it (Weiszfeld) | zeros
     std::string b_dec_init = "mean";

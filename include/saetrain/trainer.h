@@ -129,6 +129,11 @@ public:
 
 private:
     void ensure_batch(int64_t rows);
+    // The rows one pass over `rows` rows takes at a time: all of them, or with
+    // train.accum_steps > 1 a chunk of ceil(rows / accum_steps).
+    int64_t chunk_rows(int64_t rows) const {
+        return cfg_.accum_steps > 1 ? (rows + cfg_.accum_steps - 1) / cfg_.accum_steps : rows;
+    }
     // x_host [rows, d] into x_, times the input scale (data.normalize).
     void upload_batch(const float* x_host, int64_t rows);
     // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.

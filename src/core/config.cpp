@@ -187,6 +187,7 @@ const std::vector<Field>& fields() {
         SAE_KEY("train", l1_warmup_fraction, kAny),
         SAE_KEY("train", l0_coeff, kAny),
         SAE_KEY("train", auxk_coeff, kAny),
+        SAE_KEY("train", decorr_coeff, kAny),
         SAE_KEY("train", grad_clip, kAny),
         SAE_KEY("train", accum_steps, kAny),
         SAE_KEY("train", beta1, kAny),
@@ -625,6 +626,7 @@ private:
             check(s.k_aux >= 0, "sae.k_aux", ">= 0 (0: d_model / 2)", s.k_aux);
             check(s.l0_coeff >= 0, "train.l0_coeff", ">= 0", s.l0_coeff);
             check(s.auxk_coeff >= 0, "train.auxk_coeff", ">= 0 (0: no AuxK)", s.auxk_coeff);
+            check(s.decorr_coeff >= 0, "train.decorr_coeff", ">= 0 (0: off)", s.decorr_coeff);
             arch_get(s.arch).validate(s, 0, loc("sae.arch"));
             check(s.lr > 0, "train.lr", "> 0", s.lr);
             check(s.warmup_steps >= 0, "train.warmup_steps", ">= 0", s.warmup_steps);
@@ -636,7 +638,8 @@ private:
                   s.lr_min_ratio);
             check(s.restart_steps >= 0, "train.restart_steps", ">= 0 (0: a quarter of the run)",
                   s.restart_steps);
-            check(s.restart_mult >= 1, "train.restart_mult", ">= 1", s.restart_mult);
+            check(s.restart_mult >= 1 && s.restart_mult <= 100, "train.restart_mult", "in [1, 100]",
+                  s.restart_mult);
             check(s.l1_warmup_steps >= 0, "train.l1_warmup_steps", ">= 0", s.l1_warmup_steps);
             check(s.l1_warmup_fraction >= 0 && s.l1_warmup_fraction <= 1,
                   "train.l1_warmup_fraction", "in [0, 1]", s.l1_warmup_fraction);

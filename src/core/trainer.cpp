@@ -173,16 +173,20 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     // (n_latents / d_model)-fold too large (ReLU) or off by the batch's norm (TopK).
     const float* b_dec = p.data() + off(ParamLayout::kBDec);
     double uv[2] = {0, 0};  // <u, x - b_dec>, ||u||^2 over all replicas' rows
-    if (rows > 0) {
-        ensure_batch(rows);  // x is scaled already: uploaded as it is
-        be_.upload(x_.data(), x, rows * d_ * static_cast<int64_t>(sizeof(float)));
-        forward(x_.data(), rows, true);
-        std::vector<float> xhat(static_cast<size_t>(rows * d_));
-        be_.download(xhat.data(), xhat_.data(), rows * d_ * static_cast<int64_t>(sizeof(float)));
-        for (int64_t r = 0; r < rows; ++r)
+    // In chunks of a step's chunk size (train.accum_steps): no buffer larger than a step's.
+    const int64_t chunk = chunk_rows(rows);
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t B = std::min(chunk, rows - r0);
+        const float* xr = x + r0 * d_;
+        ensure_batch(B);  // x is scaled already: uploaded as it is
+        be_.upload(x_.data(), xr, B * d_ * static_cast<int64_t>(sizeof(float)));
+        forward(x_.data(), B, true);
+        std::vector<float> xhat(static_cast<size_t>(B * d_));
+        be_.download(xhat.data(), xhat_.data(), B * d_ * static_cast<int64_t>(sizeof(float)));
+        for (int64_t r = 0; r < B; ++r)
             for (int64_t c = 0; c < d_; ++c) {
                 const double u = double(xhat[r * d_ + c]) - b_dec[c];
-                uv[0] += u * (double(x[r * d_ + c]) - b_dec[c]), uv[1] += u * u;
+                uv[0] += u * (double(xr[r * d_ + c]) - b_dec[c]), uv[1] += u * u;
             }
     }
     comm_.allreduce_sum(uv, 2);
@@ -205,6 +209,7 @@ void SaeTrainer::forward(const float* x, int64_t B, bool training) {
 EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch_rows) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
+    batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
     const int64_t d = d_, n = n_;
     // Sums over this replica's rows, then over the replicas, in one all-reduce:
     // [rows, sse, sum ||x||^2, l0, column sums of x (d), firing rows per latent (n)].
@@ -451,6 +456,7 @@ void SaeTrainer::accumulate_gradients(const float* x_host, int64_t rows) {
         const int64_t r0 = rows * a / chunks, r1 = rows * (a + 1) / chunks;
         upload_batch(x_host + r0 * d, r1 - r0);
         launch_gradients(x_.data(), r1 - r0, 1);  // the summed loss: chunks add up
+        last_rows_ = r1 - r0;                     // the activations the pass now holds
         const StepResult c = collect_gradients();
         be_.axpby(accum_grads_.data(), grads_, 1.0f, a == 0 ? 0.0f : 1.0f, n_params_);
         sum.rows += c.rows, sum.sse += c.sse, sum.l1 += c.l1, sum.l0 += c.l0, sum.aux += c.aux;

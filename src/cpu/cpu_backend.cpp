@@ -253,7 +253,7 @@ public:
     void topk_backward(const float* x, const float* derr, const int32_t* idx, const float* val,
                        const float* w_dec, int64_t rows, int64_t n, int64_t k, int64_t d,
                        float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires, float* stats,
-                       bool accumulate) override {
+                       bool accumulate, const float* dval_extra) override {
         // Counting sort of the active (row, slot) pairs by latent: each latent's gradient rows
         // are then written by one thread, in row order (deterministic, no atomics).
         start_.assign(static_cast<size_t>(n) + 1, 0);
@@ -286,6 +286,7 @@ public:
                     dv += er[c] * w[c];
                     gd[c] += a * er[c];
                 }
+                if (dval_extra) dv += dval_extra[e];
                 for (int64_t c = 0; c < d; ++c) ge[c] += dv * xr[c];
                 gb += dv;
             }
@@ -473,6 +474,76 @@ public:
         for (int64_t b = 0; b < nb; ++b) {
             stats[kStatL1] += static_cast<float>(l1s[b]);
             stats[kStatL0] += static_cast<float>(l0s[b]);
+        }
+    }
+
+    void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows, int64_t n,
+                     float scale, float* dz, float* stats) override {
+        // Dense activations U, standardized per column (zero mean, unit norm), C = U^T U, then
+        // dR/dU = U (2 C / (P R)) off the diagonal (P = n (n - 1) pairs), and back through the
+        // standardization: dz = (dU - mean(dU) - u (u . dU)) / ||z - mean||, per column.
+        if (rows < 2 || n < 2) return;
+        std::vector<float> u(static_cast<size_t>(rows * n), 0.0f);
+        if (idx) {
+#pragma omp parallel for schedule(static)
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t j = 0; j < width; ++j)
+                    if (z[r * width + j] != 0.0f) u[r * n + idx[r * width + j]] = z[r * width + j];
+        } else {
+            std::memcpy(u.data(), z, u.size() * sizeof(float));
+        }
+        std::vector<float> inv_norm(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < n; ++c) {
+            double mean = 0, sq = 0;
+            for (int64_t r = 0; r < rows; ++r) mean += u[r * n + c];
+            mean /= static_cast<double>(rows);
+            for (int64_t r = 0; r < rows; ++r) {
+                const double y = u[r * n + c] - mean;
+                sq += y * y;
+            }
+            const double inv = sq > 0 ? 1.0 / std::sqrt(sq) : 0.0;
+            inv_norm[c] = static_cast<float>(inv);
+            for (int64_t r = 0; r < rows; ++r)
+                u[r * n + c] = static_cast<float>((u[r * n + c] - mean) * inv);
+        }
+        std::vector<float> g(static_cast<size_t>(n * n));
+        gemm(true, false, n, n, rows, 1.0f, u.data(), n, u.data(), n, 0.0f, g.data(), n);
+        double s = 0;
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < n; ++j)
+                if (i != j) s += double(g[i * n + j]) * g[i * n + j];
+        const double pairs = static_cast<double>(n) * static_cast<double>(n - 1);
+        const double rms = std::sqrt(s / pairs);
+        stats[kStatDecorr] += static_cast<float>(rms);
+        if (!(rms > 0) || scale == 0.0f) return;
+        const auto f = static_cast<float>(2.0 / (pairs * rms));
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < n; ++j) g[i * n + j] = i == j ? 0.0f : f * g[i * n + j];
+        std::vector<float> du(u.size());
+        gemm(false, false, rows, n, n, 1.0f, u.data(), n, g.data(), n, 0.0f, du.data(), n);
+        std::vector<float> dmean(static_cast<size_t>(n)), udu(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < n; ++c) {
+            double m = 0, p = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+                m += du[r * n + c];
+                p += double(u[r * n + c]) * du[r * n + c];
+            }
+            dmean[c] = static_cast<float>(m / static_cast<double>(rows));
+            udu[c] = static_cast<float>(p);
+        }
+        auto grad = [&](int64_t r, int64_t c) {
+            return scale * inv_norm[c] * (du[r * n + c] - dmean[c] - u[r * n + c] * udu[c]);
+        };
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            if (idx) {
+                for (int64_t j = 0; j < width; ++j)
+                    if (z[r * width + j] != 0.0f) dz[r * width + j] += grad(r, idx[r * width + j]);
+            } else {
+                for (int64_t c = 0; c < n; ++c) dz[r * n + c] += grad(r, c);
+            }
         }
     }
 

@@ -112,9 +112,28 @@ public:
     void topk_backward(const float* x, const float* derr, const int32_t* idx, const float* val,
                        const float* w_dec, int64_t rows, int64_t n, int64_t k, int64_t d,
                        float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires, float* stats,
-                       bool accumulate) override {
+                       bool accumulate, const float* dval_extra) override {
         cuda::topk_backward(stream(), ws_, opt_.deterministic, x, derr, idx, val, w_dec, rows, n, k,
-                            d, dw_enc, dw_dec, db_enc, fires, stats, accumulate);
+                            d, dw_enc, dw_dec, db_enc, fires, stats, accumulate, dval_extra);
+    }
+    // The CPU backend's algorithm (cpu_backend.cpp) on the device: U standardized per column,
+    // C = U^T U and dU = U G through this->gemm (so gpu.gemm's precision applies), column sums
+    // in fixed order, R and its scale factor computed and used on the device (no host sync).
+    // The buffers ([rows, n] twice, [n, n]) are stream-ordered and freed on return.
+    void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows, int64_t n,
+                     float scale, float* dz, float* stats) override {
+        if (rows < 2 || n < 2) return;
+        DeviceArray<float> u(*this, rows * n), c(*this, n * n), col(*this, n + 1);
+        float *inv_norm = col.data(), *factor = col.data() + n;
+        cuda::decorr_standardize(stream(), ws_, z, idx, width, rows, n, u.data(), inv_norm);
+        gemm(true, false, n, n, rows, 1.0f, u.data(), n, u.data(), n, 0.0f, c.data(), n);
+        const bool grad = scale != 0.0f;
+        cuda::decorr_gram(stream(), ws_, c.data(), n, grad, stats + kStatDecorr, factor);
+        if (!grad) return;
+        DeviceArray<float> du(*this, rows * n);
+        gemm(false, false, rows, n, n, 1.0f, u.data(), n, c.data(), n, 0.0f, du.data(), n);
+        cuda::decorr_apply(stream(), ws_, z, idx, width, rows, n, u.data(), du.data(), inv_norm,
+                           factor, scale, dz);
     }
     float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
                           int64_t count) override {

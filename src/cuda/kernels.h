@@ -60,7 +60,8 @@ void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const f
 void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const float* x,
                    const float* derr, const int32_t* idx, const float* val, const float* w_dec,
                    int64_t rows, int64_t n, int64_t k, int64_t d, float* dw_enc, float* dw_dec,
-                   float* db_enc, int32_t* fires, float* stats, bool accumulate);
+                   float* db_enc, int32_t* fires, float* stats, bool accumulate,
+                   const float* dval_extra);
 
 // BatchTopK. Both block until their result is on the host.
 float batch_threshold(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc,
@@ -83,6 +84,25 @@ void gated_backward(cudaStream_t s, Workspace& ws, const float* pre, const float
                     float* dr_mag, float* db_mag, float* dpre_col_sum, float* gate_col_sum,
                     int32_t* fires, float* stats);
 void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n);
+
+// Backend::decorr_grad, in three steps around the backend's two GEMMs (C = U^T U, then
+// dU = U G; the caller owns u, c, du, inv_norm and factor). z is dense [rows, n] (idx null) or
+// `width` (idx, val) pairs per row (val 0: unused); rows >= 2, n >= 2.
+// u [rows, n] = the activations (the pairs scattered, a row's later pair winning a repeated
+// latent), each column centred on its mean over the rows and divided by its norm after that;
+// inv_norm[c] = 1 / that norm, 0 for a constant column (which becomes 0). Double sums.
+void decorr_standardize(cudaStream_t s, Workspace& ws, const float* z, const int32_t* idx,
+                        int64_t width, int64_t rows, int64_t n, float* u, float* inv_norm);
+// With c = U^T U [n, n]: adds R = sqrt(sum_{i != j} c_ij^2 / (n (n - 1))) to *stat and sets
+// *factor = 2 / (n (n - 1) R), or 0 when R is not positive. With `grad`, c becomes G = factor c
+// off the diagonal and 0 on it. Everything stays on the device (no host synchronization).
+void decorr_gram(cudaStream_t s, Workspace& ws, float* c, int64_t n, bool grad, float* stat,
+                 float* factor);
+// Unless *factor is 0: dz += scale * inv_norm[c] * (du - mean_r du - u * sum_r u du) at every
+// element (idx null, dz [rows, n]) or at each pair with val != 0 (dz [rows, width]).
+void decorr_apply(cudaStream_t s, Workspace& ws, const float* z, const int32_t* idx, int64_t width,
+                  int64_t rows, int64_t n, const float* u, const float* du, const float* inv_norm,
+                  const float* factor, float scale, float* dz);
 
 void row_norms(cudaStream_t s, const float* w, int64_t rows, int64_t cols, float* norms);
 void project_out_parallel(cudaStream_t s, const float* w, float* g, int64_t rows, int64_t cols);

@@ -216,12 +216,13 @@ __global__ void topk_entries_kernel(const int32_t* idx, const float* val, int64_
     }
 }
 
-// dval[e] = (val > 0) * derr[r] . w_dec[idx]: one warp per entry, fixed butterfly order. The
-// warps stride over the entries: the grid is capped (grid_for), and rows * k can exceed what
-// one warp per entry in a capped grid covers (2^20 blocks x 8 warps = 8,388,608 entries).
+// dval[e] = (val != 0) * (derr[r] . w_dec[idx] + dval_extra[e]) (no extra term when
+// dval_extra is null): one warp per entry, fixed butterfly order. The warps stride over the
+// entries: the grid is capped (grid_for), and rows * k can exceed what one warp per entry in a
+// capped grid covers (2^20 blocks x 8 warps = 8,388,608 entries).
 __global__ void topk_dval_kernel(const float* derr, const int32_t* idx, const float* val,
-                                 const float* w_dec, int64_t entries, int64_t k, int64_t d,
-                                 float* dval) {
+                                 const float* w_dec, const float* dval_extra, int64_t entries,
+                                 int64_t k, int64_t d, float* dval) {
     const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
     for (int64_t e = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; e < entries;
@@ -235,6 +236,7 @@ __global__ void topk_dval_kernel(const float* derr, const int32_t* idx, const fl
         float s = 0;
         for (int64_t c = lane; c < d; c += 32) s += er[c] * w[c];
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (dval_extra) s += dval_extra[e];  // after the dot product, as the CPU adds it
         if (lane == 0) dval[e] = s;
     }
 }
@@ -478,14 +480,15 @@ void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const f
 void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const float* x,
                    const float* derr, const int32_t* idx, const float* val, const float* w_dec,
                    int64_t rows, int64_t n, int64_t k, int64_t d, float* dw_enc, float* dw_dec,
-                   float* db_enc, int32_t* fires, float* stats, bool accumulate) {
+                   float* db_enc, int32_t* fires, float* stats, bool accumulate,
+                   const float* dval_extra) {
     const int64_t entries = rows * k;
     SAE_ENFORCE(entries < (int64_t(1) << 31) && n < (int64_t(1) << 31),
                 "topk_backward: {} entries or {} latents exceed the int32 index range", entries, n);
     auto* dval = ws.get<float>(0, std::max<int64_t>(entries, 1));
     if (entries > 0) {
-        topk_dval_kernel<<<grid_for(entries * 32, 256), 256, 0, s>>>(derr, idx, val, w_dec, entries,
-                                                                     k, d, dval);
+        topk_dval_kernel<<<grid_for(entries * 32, 256), 256, 0, s>>>(
+            derr, idx, val, w_dec, dval_extra, entries, k, d, dval);
         SAE_CUDA_LAUNCH_CHECK();
     }
     if (!deterministic) {

@@ -3,6 +3,7 @@
 // threshold (the mean over replicas of each batch's smallest selected activation, averaged
 // with weight 0.1 per step after the first) that replaces the batch selection at inference:
 // there, and in exports, the SAE is a JumpReLU with that one threshold for every latent.
+#include <algorithm>
 #include <cmath>
 
 #include "common.h"
@@ -20,15 +21,16 @@ constexpr double kThresholdRate = 0.1;
 class BatchTopkPass final : public ArchPass {
 public:
     BatchTopkPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-        : k_(cfg.k), be_(be), auxk_(cfg, d, n, be), width_(cfg.k) {}
+        : k_(cfg.k), be_(be), auxk_(cfg, d, n, be), decorr_(cfg), width_(cfg.k) {}
     void reserve(int64_t rows) override {
-        ensure(idx_, be_, rows * width_);
-        ensure(val_, be_, rows * width_);
+        rows_cap_ = std::max(rows_cap_, rows);  // the buffers hold the most rows seen, each width_
+        ensure(idx_, be_, rows_cap_ * width_);
+        ensure(val_, be_, rows_cap_ * width_);
     }
     void forward(PassContext& c, bool training) override {
         encode(c);
         const float* b_enc = c.seg(ParamLayout::kBEnc);
-        float t = static_cast<float>(threshold_);
+        float t = threshold_;
         if (training) {
             t = c.be.batch_threshold(c.pre, b_enc, c.B, c.n, k_ * c.B);
             batch_t_ = t;
@@ -46,23 +48,26 @@ public:
                            c.xhat);
     }
     void backward(PassContext& c, int64_t, int64_t) override {
+        const float* extra = decorr_.sparse(c, idx_.data(), val_.data(), width_);
         c.be.topk_backward(c.xc, c.xhat, idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B,
                            c.n, width_, c.d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
-                           c.grad(ParamLayout::kBEnc), c.fires, c.stats, false);
+                           c.grad(ParamLayout::kBEnc), c.fires, c.stats, false, extra);
         auxk_.backward(c);
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
-    double penalty(const float* st) const override { return auxk_.penalty(st); }
+    double penalty(const float* st) const override {
+        return auxk_.penalty(st) + decorr_.penalty(st);
+    }
     Activations activations() const override { return {nullptr, idx_.data(), val_.data(), width_}; }
     std::vector<double> step_sums() const override { return {batch_t_, 1.0}; }
     void after_step(const std::vector<double>& sums) override {
         if (sums.size() != 2 || !(sums[1] > 0)) return;
         const double t = sums[0] / sums[1];
-        threshold_ = threshold_ > 0 ? (1 - kThresholdRate) * threshold_ + kThresholdRate * t : t;
+        // Kept as the float it is saved as, so a resumed run continues from the same value.
+        threshold_ = static_cast<float>(
+            threshold_ > 0 ? (1 - kThresholdRate) * threshold_ + kThresholdRate * t : t);
     }
-    std::vector<NamedTensor> buffers() const override {
-        return {{"threshold", {static_cast<float>(threshold_)}}};
-    }
+    std::vector<NamedTensor> buffers() const override { return {{"threshold", {threshold_}}}; }
     void set_buffer(const std::string& name, const std::vector<float>& v) override {
         SAE_ENFORCE(name == "threshold" && v.size() == 1,
                     "a BatchTopK SAE keeps one 'threshold' value, not '{}' of {} values", name,
@@ -74,9 +79,11 @@ private:
     int64_t k_;
     Backend& be_;
     AuxK auxk_;
+    Decorrelation decorr_;
     int64_t width_;
-    double threshold_ = 0;  // the inference threshold (0: not estimated yet)
-    double batch_t_ = 0;    // this step's batch threshold
+    int64_t rows_cap_ = 0;
+    float threshold_ = 0;  // the inference threshold (0: not estimated yet)
+    double batch_t_ = 0;   // this step's batch threshold
     DeviceArray<int32_t> idx_;
     DeviceArray<float> val_;
 };

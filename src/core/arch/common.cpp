@@ -37,6 +37,24 @@ const std::vector<float>& extra_tensor(const SaeWeights& w, const std::string& n
 
 std::string l1_suffix(const SaeConfig& cfg) { return fmt::format("l1_{}", cfg.l1_coeff); }
 
+void Decorrelation::dense(PassContext& c, const float* z, float* dz) {
+    rows_ = 0;
+    if (coeff_ <= 0) return;
+    rows_ = static_cast<double>(c.B);
+    c.be.decorr_grad(z, nullptr, 0, c.B, c.n, scale(c), dz, c.stats);
+}
+
+const float* Decorrelation::sparse(PassContext& c, const int32_t* idx, const float* val,
+                                   int64_t width) {
+    rows_ = 0;
+    if (coeff_ <= 0) return nullptr;
+    rows_ = static_cast<double>(c.B);
+    ensure(extra_, c.be, c.B * width);
+    c.be.fill(extra_.data(), c.B * width, 0.0f);
+    c.be.decorr_grad(val, idx, width, c.B, c.n, scale(c), extra_.data(), c.stats);
+    return extra_.data();
+}
+
 AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
     : k_aux_(
           std::min(cfg.k_aux > 0 ? cfg.k_aux : std::clamp<int64_t>(d / 2, 1, kDefaultKAuxMax), n)),
@@ -75,7 +93,7 @@ void AuxK::backward(PassContext& c) {
     be.axpby(c.stats + kStatAux, stats_.data() + kStatSse, 1.0f, 1.0f, 1);
     be.topk_backward(c.xc, ehat_.data(), idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, n,
                      k, d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
-                     c.grad(ParamLayout::kBEnc), fires_.data(), stats_.data(), true);
+                     c.grad(ParamLayout::kBEnc), fires_.data(), stats_.data(), true, nullptr);
 }
 
 }  // namespace saetrain::arch

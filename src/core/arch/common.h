@@ -55,6 +55,27 @@ const std::vector<float>& extra_tensor(const SaeWeights& w, const std::string& n
 // The decoder-norm weighted L1 term of ReLU and Gated SAEs, as a summary column and an id.
 std::string l1_suffix(const SaeConfig& cfg);
 
+// The decorrelation penalty train.decorr_coeff * R * rows (R: Backend::decorr_grad), added
+// to an architecture's loss when the coefficient is positive.
+class Decorrelation {
+public:
+    explicit Decorrelation(const SaeConfig& cfg) : coeff_(cfg.decorr_coeff) {}
+    // Dense activations z [B, n]: adds the penalty's gradient to dz (dL/dz).
+    void dense(PassContext& ctx, const float* z, float* dz);
+    // (latent, value) pairs [B, width]: the penalty's gradient per pair (for topk_backward's
+    // dval_extra), or null when the penalty is off.
+    const float* sparse(PassContext& ctx, const int32_t* idx, const float* val, int64_t width);
+    double penalty(const float* stats) const { return coeff_ * stats[kStatDecorr] * rows_; }
+
+private:
+    float scale(const PassContext& ctx) const {
+        return static_cast<float>(coeff_ * static_cast<double>(ctx.B) / ctx.norm_rows);
+    }
+    double coeff_;
+    double rows_ = 0;
+    DeviceArray<float> extra_;
+};
+
 const Architecture& relu_arch();
 const Architecture& topk_arch();
 const Architecture& batchtopk_arch();

@@ -17,6 +17,7 @@ public:
           d_(d),
           n_(n),
           be_(be),
+          decorr_(cfg),
           dpre_sum_(be, n),
           aux_stats_(be, kStatCount),
           scratch_(be, 2 * d) {}
@@ -47,6 +48,7 @@ public:
 
         be.gemm(true, false, n, d, B, 1.0f, z_.data(), n, c.xhat, d, 0.0f, g_w_dec, d);
         be.gemm(false, true, B, n, d, 1.0f, c.xhat, d, w_dec, d, 0.0f, dz_.data(), n);
+        decorr_.dense(c, z_.data(), dz_.data());
         be.gemm(false, true, B, n, d, 1.0f, ahat_.data(), d, w_dec, d, 0.0f, dgate_.data(), n);
         be.row_norms(w_dec, n, d, c.dec_norms);
         const float l1_eff = static_cast<float>(l1_ / static_cast<double>(c.norm_rows));
@@ -59,13 +61,16 @@ public:
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
         encoder_input_grad(c, dpre_sum_.data());
     }
-    double penalty(const float* st) const override { return l1_ * st[kStatL1] + st[kStatAux]; }
+    double penalty(const float* st) const override {
+        return l1_ * st[kStatL1] + st[kStatAux] + decorr_.penalty(st);
+    }
     Activations activations() const override { return {z_.data(), nullptr, nullptr, 0}; }
 
 private:
     SaeConfig cfg_;
     int64_t d_, n_;
     Backend& be_;
+    Decorrelation decorr_;
     DeviceArray<float> z_, gate_, dz_, dgate_, ahat_, dpre_sum_, aux_stats_, scratch_;
     double l1_ = 0;
 };

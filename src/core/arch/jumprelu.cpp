@@ -13,7 +13,8 @@ namespace {
 
 class JumpReluPass final : public ArchPass {
 public:
-    JumpReluPass(const SaeConfig& cfg, int64_t n, Backend& be) : cfg_(cfg), n_(n), be_(be) {}
+    JumpReluPass(const SaeConfig& cfg, int64_t n, Backend& be)
+        : cfg_(cfg), n_(n), be_(be), decorr_(cfg) {}
     void reserve(int64_t rows) override {
         ensure(z_, be_, rows * n_);
         ensure(dz_, be_, rows * n_);
@@ -33,6 +34,7 @@ public:
         be.gemm(true, false, n, d, B, 1.0f, z_.data(), n, c.xhat, d, 0.0f,
                 c.grad(ParamLayout::kWDec), d);
         be.gemm(false, true, B, n, d, 1.0f, c.xhat, d, w_dec, d, 0.0f, dz_.data(), n);
+        decorr_.dense(c, z_.data(), dz_.data());
         const float l0_eff = static_cast<float>(l0_ / static_cast<double>(c.norm_rows));
         be.jumprelu_backward(c.pre, c.seg("log_threshold"),
                              static_cast<float>(cfg_.jumprelu_bandwidth), l0_eff, B, n, dz_.data(),
@@ -41,13 +43,16 @@ public:
                 c.grad(ParamLayout::kWEnc), d);
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
-    double penalty(const float* st) const override { return l0_ * st[kStatL0]; }
+    double penalty(const float* st) const override {
+        return l0_ * st[kStatL0] + decorr_.penalty(st);
+    }
     Activations activations() const override { return {z_.data(), nullptr, nullptr, 0}; }
 
 private:
     SaeConfig cfg_;
     int64_t n_;
     Backend& be_;
+    Decorrelation decorr_;
     DeviceArray<float> z_, dz_;
     double l0_ = 0;
 };
@@ -80,7 +85,6 @@ public:
         const int64_t n = layout.segments()[ParamLayout::kBEnc].rows;
         std::fill(p.begin() + off, p.begin() + off + n, v);
     }
-    bool homogeneous_at_init() const override { return false; }
     double flops_per_token(const SaeConfig&, int64_t d, int64_t n) const override {
         return 10.0 * static_cast<double>(d) * static_cast<double>(n);
     }

@@ -9,7 +9,8 @@ namespace {
 
 class ReluPass final : public ArchPass {
 public:
-    ReluPass(const SaeConfig& cfg, int64_t n, Backend& be) : cfg_(cfg), n_(n), be_(be) {}
+    ReluPass(const SaeConfig& cfg, int64_t n, Backend& be)
+        : cfg_(cfg), n_(n), be_(be), decorr_(cfg) {}
     void reserve(int64_t rows) override { ensure(dz_, be_, rows * n_); }
     void forward(PassContext& c, bool) override {
         encode(c);
@@ -27,6 +28,7 @@ public:
         // Five dense GEMMs in all: encoder, decoder, and these three.
         be.gemm(true, false, n, d, B, 1.0f, c.pre, n, c.xhat, d, 0.0f, g_w_dec, d);
         be.gemm(false, true, B, n, d, 1.0f, c.xhat, d, w_dec, d, 0.0f, dz_.data(), n);
+        decorr_.dense(c, c.pre, dz_.data());
         be.row_norms(w_dec, n, d, c.dec_norms);
         const float l1_eff = static_cast<float>(l1_ / static_cast<double>(c.norm_rows));
         be.relu_backward(c.pre, dz_.data(), c.dec_norms, l1_eff, B, n, c.grad(ParamLayout::kBEnc),
@@ -36,13 +38,16 @@ public:
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
-    double penalty(const float* st) const override { return l1_ * st[kStatL1]; }
+    double penalty(const float* st) const override {
+        return l1_ * st[kStatL1] + decorr_.penalty(st);
+    }
     Activations activations() const override { return {z_, nullptr, nullptr, 0}; }
 
 private:
     SaeConfig cfg_;
     int64_t n_;
     Backend& be_;
+    Decorrelation decorr_;
     DeviceArray<float> dz_;
     const float* z_ = nullptr;
     double l1_ = 0;

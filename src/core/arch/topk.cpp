@@ -10,7 +10,7 @@ namespace {
 class TopkPass final : public ArchPass {
 public:
     TopkPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-        : k_(cfg.k), be_(be), auxk_(cfg, d, n, be) {}
+        : k_(cfg.k), be_(be), auxk_(cfg, d, n, be), decorr_(cfg) {}
     void reserve(int64_t rows) override {
         ensure(idx_, be_, rows * k_);
         ensure(val_, be_, rows * k_);
@@ -23,19 +23,23 @@ public:
                            c.xhat);
     }
     void backward(PassContext& c, int64_t, int64_t) override {
+        const float* extra = decorr_.sparse(c, idx_.data(), val_.data(), k_);
         c.be.topk_backward(c.xc, c.xhat, idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B,
                            c.n, k_, c.d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
-                           c.grad(ParamLayout::kBEnc), c.fires, c.stats, false);
+                           c.grad(ParamLayout::kBEnc), c.fires, c.stats, false, extra);
         auxk_.backward(c);
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
-    double penalty(const float* st) const override { return auxk_.penalty(st); }
+    double penalty(const float* st) const override {
+        return auxk_.penalty(st) + decorr_.penalty(st);
+    }
     Activations activations() const override { return {nullptr, idx_.data(), val_.data(), k_}; }
 
 private:
     int64_t k_;
     Backend& be_;
     AuxK auxk_;
+    Decorrelation decorr_;
     DeviceArray<int32_t> idx_;
     DeviceArray<float> val_;
 };
