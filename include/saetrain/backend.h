@@ -38,6 +38,9 @@ public:
     // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer
     // may place parameters in memory shared with other ranks of the node.
     virtual bool host_memory() const { return false; }
+    // The largest k topk_forward supports (the CUDA kernel sorts a row's selection in shared
+    // memory); checked where a run is configured, not hours into it.
+    virtual int64_t max_topk() const { return int64_t{1} << 40; }
 
     // --- dense algebra -----------------------------------------------------------------
     // C[m,n] = alpha * op(A) * op(B) + beta * C, row-major, op(A) is [m,k], op(B) is [k,n].

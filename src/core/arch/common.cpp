@@ -62,7 +62,11 @@ AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
       bias_(be, n),
       stats_(be, kStatCount),
       fires_(be, n),
-      mask_host_(static_cast<size_t>(n)) {}
+      mask_host_(static_cast<size_t>(n)) {
+    SAE_ENFORCE(coeff_ <= 0 || k_aux_ <= be.max_topk(),
+                "sae.k_aux = {} exceeds the {} backend's top-k limit of {}; lower sae.k_aux",
+                k_aux_, be.name(), be.max_topk());
+}
 
 void AuxK::backward(PassContext& c) {
     weight_ = 0;
