@@ -486,7 +486,7 @@ TEST_F(CudaParity, DecorrGradDenseMatchesCpu) {
     auto dz = dz0;
     cpu->decorr_grad(z.data(), nullptr, 0, rows, n, scale, dz.data(), st.data());
     ASSERT_GT(st[kStatDecorr], 0.0f);
-    ASSERT_GT(increment_err(dz0, dz, dz0), 0.5);  // dz moved: the increment is not tiny
+    ASSERT_GT(norm_err(dz, dz0), 0.1);  // the increment is not lost in dz's rounding
 
     Buf<float> gz(*gpu, z), gdz(*gpu, dz0), gst(*gpu, std::vector<float>(kStatCount, 1.0f));
     Buf<float> gst0(*gpu, std::vector<float>(kStatCount, 0.0f));
@@ -535,7 +535,7 @@ TEST_F(CudaParity, DecorrGradSparseMatchesCpu) {
     auto dz = dz0;
     cpu->decorr_grad(val.data(), idx.data(), k, rows, n, scale, dz.data(), st.data());
     ASSERT_GT(st[kStatDecorr], 0.0f);
-    ASSERT_GT(increment_err(dz0, dz, dz0), 0.5);
+    ASSERT_GT(norm_err(dz, dz0), 0.1);
 
     Buf<int32_t> gidx(*gpu, idx);
     Buf<float> gval(*gpu, val), gdz(*gpu, dz0), gst(*gpu, std::vector<float>(kStatCount, 0.0f));
@@ -544,7 +544,9 @@ TEST_F(CudaParity, DecorrGradSparseMatchesCpu) {
     EXPECT_NEAR(gst.get()[kStatDecorr], st[kStatDecorr], 1e-4 * st[kStatDecorr]);
     EXPECT_LE(increment_err(got, dz, dz0), kSum);
     for (int64_t e = 0; e < rows * k; ++e)
-        if (val[e] == 0.0f || idx[e] == 3) ASSERT_EQ(got[e], dz0[e]) << "pair " << e;
+        if (val[e] == 0.0f || idx[e] == 3) {
+            ASSERT_EQ(got[e], dz0[e]) << "pair " << e;
+        }
 
     Buf<float> gdz2(*gpu, dz0);
     gpu->decorr_grad(gval.p(), gidx.p(), k, rows, n, scale, gdz2.p(), gst.p());

@@ -69,6 +69,7 @@ public:
     }
     void fill(float* x, int64_t n, float value) override { cuda::fill(stream(), x, n, value); }
     void synchronize() override { SAE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+    int64_t max_topk() const override { return cuda::kMaxTopk; }
 
     // --- dense algebra ---------------------------------------------------------------------
     void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -117,9 +118,10 @@ public:
                             d, dw_enc, dw_dec, db_enc, fires, stats, accumulate, dval_extra);
     }
     // The CPU backend's algorithm (cpu_backend.cpp) on the device: U standardized per column,
-    // C = U^T U and dU = U G through this->gemm (so gpu.gemm's precision applies), column sums
-    // in fixed order, R and its scale factor computed and used on the device (no host sync).
-    // The buffers ([rows, n] twice, [n, n]) are stream-ordered and freed on return.
+    // C = U^T U and dU = U G through this->gemm (so gpu.gemm's precision applies; G's scalar
+    // factor, known only on the device, is applied after the GEMM), column sums in a fixed
+    // order, R computed and used on the device (no host synchronization). The buffers
+    // ([rows, n] twice, [n, n]) are stream-ordered and freed on return.
     void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows, int64_t n,
                      float scale, float* dz, float* stats) override {
         if (rows < 2 || n < 2) return;

@@ -524,12 +524,12 @@ __global__ void decorr_rms_kernel(const double* part, int64_t n, float* stat, fl
     }
 }
 
-// c [n, n] -> G = factor * c off the diagonal, 0 on it.
-__global__ void decorr_scale_gram_kernel(float* c, int64_t n, const float* factor) {
-    const float f = *factor;
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * n;
+// c [n, n] -> G / factor: the diagonal zeroed (the factor is applied in decorr_apply, so the
+// n x n matrix is not rewritten).
+__global__ void decorr_zero_diagonal_kernel(float* c, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x)
-        c[i] = i / n == i % n ? 0.0f : f * c[i];
+        c[i * n + i] = 0.0f;
 }
 
 // Per column: the sums of du and of u * du.
@@ -559,20 +559,22 @@ __global__ void decorr_grad_cols_finish_kernel(const double* part, int slices, i
     }
 }
 
-// The gradient through the standardization at u's element i (column c).
+// The gradient through the standardization at u's element i (column c); sf = scale * factor
+// (du, dmean and udu are those of G / factor, and linear in it).
 __device__ __forceinline__ float decorr_dz(const float* u, const float* du, const float* inv_norm,
-                                           const float* dmean, const float* udu, float scale,
+                                           const float* dmean, const float* udu, float sf,
                                            int64_t i, int64_t c) {
-    return scale * inv_norm[c] * (du[i] - dmean[c] - u[i] * udu[c]);
+    return sf * inv_norm[c] * (du[i] - dmean[c] - u[i] * udu[c]);
 }
 
 __global__ void decorr_apply_dense_kernel(const float* u, const float* du, const float* inv_norm,
                                           const float* dmean, const float* udu, const float* factor,
                                           float scale, int64_t total, int64_t n, float* dz) {
     if (*factor == 0.0f) return;  // R not positive: no gradient
+    const float sf = scale * *factor;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
          i += int64_t(gridDim.x) * blockDim.x)
-        dz[i] += decorr_dz(u, du, inv_norm, dmean, udu, scale, i, i % n);
+        dz[i] += decorr_dz(u, du, inv_norm, dmean, udu, sf, i, i % n);
 }
 
 __global__ void decorr_apply_pairs_kernel(const float* z, const int32_t* idx, int64_t width,
@@ -580,11 +582,12 @@ __global__ void decorr_apply_pairs_kernel(const float* z, const int32_t* idx, in
                                           const float* dmean, const float* udu, const float* factor,
                                           float scale, int64_t entries, int64_t n, float* dz) {
     if (*factor == 0.0f) return;
+    const float sf = scale * *factor;
     for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < entries;
          e += int64_t(gridDim.x) * blockDim.x) {
         if (z[e] == 0.0f) continue;
         const int64_t c = idx[e];
-        dz[e] += decorr_dz(u, du, inv_norm, dmean, udu, scale, (e / width) * n + c, c);
+        dz[e] += decorr_dz(u, du, inv_norm, dmean, udu, sf, (e / width) * n + c, c);
     }
 }
 
@@ -855,7 +858,7 @@ void decorr_gram(cudaStream_t s, Workspace& ws, float* c, int64_t n, bool grad, 
     decorr_rms_kernel<<<1, kThreads, 0, s>>>(part, n, stat, factor);
     SAE_CUDA_LAUNCH_CHECK();
     if (grad) {
-        decorr_scale_gram_kernel<<<grid_for(n * n), kThreads, 0, s>>>(c, n, factor);
+        decorr_zero_diagonal_kernel<<<grid_for(n), kThreads, 0, s>>>(c, n);
         SAE_CUDA_LAUNCH_CHECK();
     }
 }

@@ -94,12 +94,14 @@ void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n
 void decorr_standardize(cudaStream_t s, Workspace& ws, const float* z, const int32_t* idx,
                         int64_t width, int64_t rows, int64_t n, float* u, float* inv_norm);
 // With c = U^T U [n, n]: adds R = sqrt(sum_{i != j} c_ij^2 / (n (n - 1))) to *stat and sets
-// *factor = 2 / (n (n - 1) R), or 0 when R is not positive. With `grad`, c becomes G = factor c
-// off the diagonal and 0 on it. Everything stays on the device (no host synchronization).
+// *factor = 2 / (n (n - 1) R), or 0 when R is not positive. With `grad`, c's diagonal becomes
+// 0: c is then G / factor (decorr_apply applies the factor). Everything stays on the device
+// (no host synchronization).
 void decorr_gram(cudaStream_t s, Workspace& ws, float* c, int64_t n, bool grad, float* stat,
                  float* factor);
-// Unless *factor is 0: dz += scale * inv_norm[c] * (du - mean_r du - u * sum_r u du) at every
-// element (idx null, dz [rows, n]) or at each pair with val != 0 (dz [rows, width]).
+// With du = U (G / factor), unless *factor is 0: dz += scale * factor * inv_norm[c] * (du -
+// mean_r du - u * sum_r u du) at every element (idx null, dz [rows, n]) or at each pair with
+// val != 0 (dz [rows, width]).
 void decorr_apply(cudaStream_t s, Workspace& ws, const float* z, const int32_t* idx, int64_t width,
                   int64_t rows, int64_t n, const float* u, const float* du, const float* inv_norm,
                   const float* factor, float scale, float* dz);
