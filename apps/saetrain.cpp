@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include "saetrain/arch.h"          // defines: arch_get (the architecture registry)
@@ -137,16 +138,27 @@ std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> mpi_gr
 #endif
 }
 
-// Test hook: SAETRAIN_FAULT="rank:iteration" makes that rank throw at that iteration, to check
-// that a failure mid-run ends every rank (see test_cli). Unset in normal runs.
+// Test hook: SAETRAIN_FAULT="rank:iteration[:action]" makes that rank, at the start of that
+// loop iteration, throw (action `error`, the default) or send itself a signal (TERM, USR1,
+// KILL, STOP), so tests of failures and signals land mid-run by construction, not by racing
+// the clock (test_cli, test_resume). Unset in normal runs.
 struct Fault {
     int rank = -1;
     int64_t iteration = -1;
+    int signal = 0;  // 0: throw
 };
 Fault fault_from_env() {
     Fault f;
-    if (const char* v = std::getenv("SAETRAIN_FAULT"))
-        if (std::sscanf(v, "%d:%ld", &f.rank, &f.iteration) != 2) f = Fault{};
+    const char* v = std::getenv("SAETRAIN_FAULT");
+    if (!v) return f;
+    char action[16] = "error";
+    const int got = std::sscanf(v, "%d:%ld:%15s", &f.rank, &f.iteration, action);
+    const std::map<std::string, int> signals = {
+        {"error", 0}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
+    const auto it = signals.find(action);
+    SAE_ENFORCE(got >= 2 && it != signals.end(),
+                "SAETRAIN_FAULT='{}': expected rank:iteration[:error|TERM|USR1|KILL|STOP]", v);
+    f.signal = it->second;
     return f;
 }
 
@@ -495,8 +507,12 @@ int run(const Args& args, Communicator& world) {
     }
     const Fault fault = fault_from_env();
     opt.on_iteration = [&](int64_t iter) {
-        SAE_ENFORCE(!(fault.rank == world.rank() && fault.iteration == iter),
-                    "injected fault at iteration {} (SAETRAIN_FAULT)", iter);
+        if (!(fault.rank == world.rank() && fault.iteration == iter)) return;
+        if (fault.signal != 0) {
+            std::raise(fault.signal);
+            return;
+        }
+        throw Error(fmt::format("injected fault at iteration {} (SAETRAIN_FAULT)", iter));
     };
     const LoopResult res = train_loop(trainer, source, opt);
     if (root && res.seconds > 0)

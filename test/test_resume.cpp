@@ -142,28 +142,15 @@ TEST_F(Resume, KilledMpiSweepAndDataParallelRunsResumeBitwise) {
 TEST_F(Resume, SignalStopsAllRanksWithACommittedCheckpoint) {
     const std::string cfg = config("sig", "parallel: {mode: data_parallel}\n");
     const std::string cmd = std::string(kMpi) + bin("saetrain") + " " + cfg + " --threads 1";
-    // SIGUSR1 to one rank only (as Slurm's --signal may reach ranks at different times): the
-    // newest process whose command line starts with the binary, i.e. a rank, not mpirun.
-    std::ofstream(dir / "sig.sh") << "( " << cmd << " > " << (dir / "sig.log").string()
-                                  << " 2>&1; echo $? > " << (dir / "sig.code").string()
-                                  << " ) &\n"
-                                  // Once training has started (the per-node line is printed
-                                  // after start-up), as Slurm's --signal=USR1@T would.
-                                  << "for i in $(seq 100); do grep -q '^node ' "
-                                  << (dir / "sig.log").string()
-                                  << " 2>/dev/null && break; sleep 0.1; done\nsleep 0.2\n"
-                                  << "pkill -USR1 -n -f -- '^" << bin("saetrain") << " " << cfg
-                                  << "'\nwait\n";
-    run("bash " + (dir / "sig.sh").string());
-    std::ifstream code_in(dir / "sig.code");
-    int code = -1;
-    code_in >> code;
-    std::ifstream log_in(dir / "sig.log");
-    const std::string log((std::istreambuf_iterator<char>(log_in)), {});
-    if (fs::exists(dir / "sig" / "COMPLETE")) GTEST_SKIP() << "the run finished before the signal";
-    EXPECT_EQ(code, 75) << log;
-    EXPECT_NE(log.find("stopped by a signal"), std::string::npos) << log;
-    EXPECT_FALSE(Checkpointer::committed_steps((dir / "sig").string()).empty());
+    // SIGUSR1 to one rank only (as Slurm's --signal may reach ranks at different times), at
+    // iteration 20 of 281: mid-run by construction (SAETRAIN_FAULT), not by racing the clock.
+    const Result r = run("SAETRAIN_FAULT=1:20:USR1 " + cmd);
+    EXPECT_EQ(r.code, 75) << r.out;
+    EXPECT_NE(r.out.find("stopped by a signal"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "sig" / "COMPLETE"));
+    const auto steps = Checkpointer::committed_steps((dir / "sig").string());
+    ASSERT_FALSE(steps.empty());
+    EXPECT_LT(steps.back(), 281) << "the checkpoint is the stop's, mid-run";
     // Running the same command again continues and completes.
     EXPECT_EQ(run(cmd).code, 0);
     EXPECT_TRUE(fs::exists(dir / "sig" / "COMPLETE"));
@@ -171,49 +158,27 @@ TEST_F(Resume, SignalStopsAllRanksWithACommittedCheckpoint) {
 
 // A rank that stops answering (SIGSTOP) or dies (SIGKILL) must not leave the others waiting: the
 // watchdog (parallel.timeout_s) or the launcher ends the job. `timeout 120` inside kMpi turns a
-// hang into exit code 124, which fails the test.
+// hang into exit code 124, which fails the test. The last rank signals itself at iteration 20
+// (SAETRAIN_FAULT), so every case lands mid-run and asserts.
 TEST_F(Resume, StoppedOrKilledRankEndsTheJob) {
     const std::string cfg = config("hang", "parallel: {mode: data_parallel, timeout_s: 3}\n");
     for (const std::string sig : {"STOP", "KILL"}) {
         for (const int np : {2, 4}) {
             std::string mpi = kMpi;
             mpi.replace(mpi.find("-np 2"), 5, "-np " + std::to_string(np));
-            std::ofstream(dir / "hang.sh")
-                // 30 epochs (several seconds) so that the signal lands mid-run.
-                << "( " << mpi << bin("saetrain") << " " << cfg
-                << " --overwrite --threads 1 --set data.epochs=30 > " << (dir / "hang.log").string()
-                << " 2>&1; echo $? > " << (dir / "hang.code").string()
-                << " ) &\n"
-                // Signal once training has started (the per-node line is printed after start-up).
-                << "for i in $(seq 100); do grep -q '^node ' " << (dir / "hang.log").string()
-                << " 2>/dev/null && break; sleep 0.1; done\nsleep 0.2\npkill -" << sig
-                << " -n -f -- '^" << bin("saetrain") << " " << cfg
-                << "'\n"
-                // A SIGSTOP that landed after the run finished leaves a stopped process the
-                // launcher waits for until `timeout`: release it (the case is then skipped).
-                << "for i in $(seq 300); do jobs -r | grep -q . || break; [ -f "
-                << (dir / "hang" / "COMPLETE").string() << " ] && pkill -CONT -f -- '^"
-                << bin("saetrain") << " " << cfg << "'; sleep 0.1; done\nwait\n";
             const auto t0 = std::chrono::steady_clock::now();
-            run("bash " + (dir / "hang.sh").string());
+            const Result r = run("SAETRAIN_FAULT=" + std::to_string(np - 1) + ":20:" + sig + " " +
+                                 mpi + bin("saetrain") + " " + cfg + " --overwrite --threads 1");
             const double secs =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            std::ifstream code_in(dir / "hang.code");
-            int code = -1;
-            code_in >> code;
-            std::ifstream log_in(dir / "hang.log");
-            const std::string log((std::istreambuf_iterator<char>(log_in)), {});
-            if (fs::exists(dir / "hang" / "COMPLETE")) {  // finished before the signal landed
-                std::printf("SIG%s to one of %d ranks: the run finished first\n", sig.c_str(), np);
-                continue;
-            }
-            EXPECT_NE(code, 0) << sig << " np " << np << ": " << log;
-            EXPECT_NE(code, 124) << sig << " np " << np << ": the job hung\n" << log;
+            EXPECT_FALSE(fs::exists(dir / "hang" / "COMPLETE")) << sig << " np " << np;
+            EXPECT_NE(r.code, 0) << sig << " np " << np << ": " << r.out;
+            EXPECT_NE(r.code, 124) << sig << " np " << np << ": the job hung\n" << r.out;
             if (sig == "STOP") {
-                EXPECT_NE(log.find("has waited"), std::string::npos) << log;
+                EXPECT_NE(r.out.find("has waited"), std::string::npos) << r.out;
             }
             std::printf("SIG%s to one of %d ranks: job ended after %.1f s (exit %d)\n", sig.c_str(),
-                        np, secs, code);
+                        np, secs, r.code);
         }
     }
 }
