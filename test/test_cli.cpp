@@ -448,6 +448,20 @@ TEST_F(Cli, NonFiniteDataIsSkippedOrStops) {
     EXPECT_NE(r.code, 0);
     EXPECT_NE(r.out.find("NaN or Inf"), std::string::npos) << r.out;
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    // A NaN in the very first batch (rows in file order): the SAE starts from the next one
+    // instead of failing to initialize from no rows.
+    const fs::path first = dir / "data" / "shard_00000.h5";
+    {
+        std::fstream f(first, std::ios::in | std::ios::out | std::ios::binary);
+        // 1500 rows x 16 floats end the file: the first value is 1500 * 16 * 4 bytes before it.
+        f.seekp(static_cast<std::streamoff>(fs::file_size(first) - 1500 * 16 * 4));
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        f.write(reinterpret_cast<const char*>(&nan), 4);
+    }
+    r = train("--overwrite --set data.shuffle_buffer_rows=0");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("skipped 2 batch(es) holding NaN/Inf"), std::string::npos) << r.out;
+    EXPECT_TRUE(fs::exists(dir / "run" / "sae" / "topk-x2-k4" / "final.h5"));
 }
 
 TEST_F(Cli, InspectDescribesDataAndSae) {

@@ -178,7 +178,14 @@ LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOption
             ++res.nonfinite_batches;
             use = 0;  // still joins the step's collectives, with no rows
         }
-        if (!initialized) trainer.init(batch, use), initialized = true;
+        if (!initialized) {
+            // The SAE starts from the first batch that some rank can use: until then batches
+            // holding NaN/Inf (data.nonfinite: skip) are passed over without a step.
+            int64_t usable = use > 0 ? 1 : 0;
+            if (opt.world) opt.world->allreduce_max(&usable, 1);
+            if (!usable) continue;
+            trainer.init(batch, use), initialized = true;
+        }
         // Fetch the next batch while the device computes this step, unless a checkpoint follows
         // the step (its cursor must count trained batches only) or the ranks are stopping; the
         // conditions are the same on every rank, so a collective source stays in step.
