@@ -5,8 +5,11 @@
 // Reads top-down: start MPI, set up everything that can fail locally (config, layout, data,
 // backend) and agree that it worked, then split the communicators, train, write the outputs
 // and report. Only rank 0 writes the run's shared files and the console.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sched.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -178,7 +182,51 @@ void drop_metrics_after(const fs::path& path, int64_t step) {
 
 // Everything a rank sets up before the first collective. Any failure here is agreed on by all
 // ranks (see agree_on_startup) so that the job ends with one message, not a hang.
+// An advisory lock on out_dir (flock on out_dir/.saetrain.lock), held by rank 0 for the whole
+// run: a second run on the same out_dir refuses to start, and a run that was killed leaves no
+// lock behind (the kernel drops it with the process), only the file, which blocks nothing.
+class OutDirLock {
+public:
+    explicit OutDirLock(const fs::path& out) {
+        fs::create_directories(out);
+        const fs::path path = out / ".saetrain.lock";
+        fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        SAE_ENFORCE(fd_ >= 0, "cannot create the lock file {}: {}", path.string(),
+                    std::strerror(errno));
+        if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+            const int err = errno;
+            std::string holder(256, '\0');
+            const ssize_t got = ::pread(fd_, holder.data(), holder.size() - 1, 0);
+            holder.resize(got > 0 ? static_cast<size_t>(got) : 0);
+            while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0'))
+                holder.pop_back();
+            ::close(fd_);
+            fd_ = -1;
+            SAE_ENFORCE(err != EWOULDBLOCK,
+                        "{} is in use by another saetrain run ({}); wait for it to end or choose "
+                        "another run.out_dir",
+                        out.string(), holder.empty() ? "its lock file is empty" : holder);
+            throw Error(fmt::format("cannot lock {}: {}", path.string(), std::strerror(err)));
+        }
+        char host[256] = {};
+        ::gethostname(host, sizeof(host) - 1);
+        const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
+        if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
+            // The lock holds without the note; only the message of a refused run is poorer.
+        }
+    }
+    ~OutDirLock() {
+        if (fd_ >= 0) ::close(fd_);  // releases the lock
+    }
+    OutDirLock(const OutDirLock&) = delete;
+    OutDirLock& operator=(const OutDirLock&) = delete;
+
+private:
+    int fd_ = -1;
+};
+
 struct Setup {
+    std::unique_ptr<OutDirLock> lock;  // rank 0: held until the process ends
     Config cfg;
     RankLayout layout;
     DatasetInfo data;
@@ -234,6 +282,7 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
     config_validate_for_data(s.cfg, s.data.d_model);
     s.ids = sweep_ids(s.cfg, s.data.d_model);
     const fs::path out = s.cfg.run.out_dir;
+    if (rank == 0) s.lock = std::make_unique<OutDirLock>(out);
     s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
     s.complete = !args.overwrite && fs::exists(out / "COMPLETE");
     if (rank == 0 && !s.resume && !s.complete && !args.overwrite &&

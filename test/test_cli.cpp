@@ -1,6 +1,8 @@
 // The command-line programs as a user runs them: outputs of a run, and one clear line and a
 // non-zero exit for each kind of bad input.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -462,6 +464,33 @@ TEST_F(Cli, NonFiniteDataIsSkippedOrStops) {
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("skipped 2 batch(es) holding NaN/Inf"), std::string::npos) << r.out;
     EXPECT_TRUE(fs::exists(dir / "run" / "sae" / "topk-x2-k4" / "final.h5"));
+}
+
+// Two runs on one out_dir: the second refuses with one line while the first holds the lock;
+// a lock file left by a killed run (no process holds the lock) blocks nothing.
+TEST_F(Cli, OutDirIsLockedWhileARunUsesIt) {
+    const fs::path out = dir / "run";
+    fs::create_directories(out);
+    const int fd = ::open((out / ".saetrain.lock").c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);  // as a running saetrain holds it
+    const std::string note = "pid 4242 on somehost\n";
+    ASSERT_EQ(::pwrite(fd, note.data(), note.size(), 0), static_cast<ssize_t>(note.size()));
+    Result r = train();
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(
+        r.out.find(out.string() + " is in use by another saetrain run (pid 4242 on somehost)"),
+        std::string::npos)
+        << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    EXPECT_FALSE(fs::exists(out / "metrics.jsonl")) << "the refused run wrote into the out_dir";
+    r = train("--overwrite");  // --overwrite does not take another run's out_dir either
+    EXPECT_EQ(r.code, 1) << r.out;
+    ::close(fd);  // the holder is gone; its file stays, as after a SIGKILL
+    ASSERT_TRUE(fs::exists(out / ".saetrain.lock"));
+    r = train();
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(fs::exists(out / "COMPLETE"));
 }
 
 TEST_F(Cli, InspectDescribesDataAndSae) {
