@@ -493,6 +493,23 @@ TEST_F(Cli, OutDirIsLockedWhileARunUsesIt) {
     EXPECT_TRUE(fs::exists(out / "COMPLETE"));
 }
 
+// The data's d_model is not in the config: shards replaced by another model's activations
+// between runs of one out_dir are refused with one line naming the checkpoint and both widths.
+TEST_F(Cli, ChangedDataWidthIsRefusedOnResume) {
+    ASSERT_EQ(train().code, 0);
+    fs::remove(dir / "run" / "COMPLETE");  // as if stopped after its last checkpoint
+    fs::remove_all(dir / "data");
+    const Result synth = run(bin("sae-synth") + " --out " + (dir / "data").string() +
+                             " --d-model 8 --features 32 --rows 3000 --shards 2 --seed 3");
+    ASSERT_EQ(synth.code, 0) << synth.out;
+    const Result r = train();
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("holds an SAE of d_model 16"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("now has d_model 8"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("checkpoint-"), std::string::npos) << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+}
+
 TEST_F(Cli, InspectDescribesDataAndSae) {
     Result r = run(bin("sae-inspect") + " " + (dir / "data").string());
     ASSERT_EQ(r.code, 0) << r.out;

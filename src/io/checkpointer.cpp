@@ -236,6 +236,15 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
                 "--allow-config-change to resume anyway, or --overwrite to start over",
                 out_dir_, step, keys.empty() ? "on another SAE" : keys));
         }
+        // The data's d_model is not in the config: a run whose shards were replaced by another
+        // model's or hook's activations is refused here, naming what changed.
+        SAE_ENFORCE(w.d_model == trainer.d_model() && w.n_latents == trainer.n_latents(),
+                    "{}: the checkpoint at step {} ({}) holds an SAE of d_model {} x {} latents, "
+                    "but the data at data.path now has d_model {} ({} latents): the shards "
+                    "changed since the run started. Restore them, or use another run.out_dir "
+                    "(or --overwrite) for the new data",
+                    out_dir_, step, checkpoint_weights_path(sae_dir_, step), w.d_model, w.n_latents,
+                    trainer.d_model(), trainer.n_latents());
         trainer.restore(w, s);
         // Newer markers whose files failed to load are useless: drop them so they are not
         // tried (and reported) again.
