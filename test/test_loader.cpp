@@ -238,6 +238,26 @@ TEST(Loader, MaxRowsStopsMidEpoch) {
     EXPECT_EQ(s.next(buf.data(), 1), 0);
 }
 
+// A shard truncated during the run (after the reader checked its size): the error names the
+// shard and the row, through the prefetching source as through the reader.
+TEST(Loader, ShardTruncatedMidRunIsANamedError) {
+    Fixture fx(DType::f32, false);
+    const std::string last = fx.info.shards.back().path;
+    ShardBatchSource s(fx.info, RowRange{0, fx.info.total_rows}, opts(0, 1));
+    std::vector<float> buf(static_cast<size_t>(100 * fx.info.d_model));
+    ASSERT_EQ(s.next(buf.data(), 100), 100);  // the first shard reads fine
+    std::filesystem::resize_file(last, std::filesystem::file_size(last) / 2);
+    std::string error;
+    try {
+        while (s.next(buf.data(), 100) > 0) {
+        }
+    } catch (const Error& e) {
+        error = e.what();
+    }
+    EXPECT_NE(error.find("shard " + last + ": reading row "), std::string::npos) << error;
+    EXPECT_NE(error.find("truncated"), std::string::npos) << error;
+}
+
 // --- resume ----------------------------------------------------------------------------------
 
 TEST(Loader, RestoreAtCursorDeliversExactlyTheRemainingStream) {

@@ -182,7 +182,8 @@ struct RawRowReader::Impl {
         return fd;
     }
 
-    void pread_all(size_t i, int64_t offset, int64_t bytes, char* out) {
+    // `bytes` at `offset` of shard i, which hold its rows from `row` (shard-relative) on.
+    void pread_all(size_t i, int64_t row, int64_t offset, int64_t bytes, char* out) {
         const int fd = fd_of(i);
         int64_t done = 0;
         while (done < bytes) {
@@ -190,9 +191,11 @@ struct RawRowReader::Impl {
                                       static_cast<off_t>(offset + done));
             if (r < 0 && errno == EINTR) continue;
             SAE_ENFORCE(r > 0,
-                        "shard {}: read of {} bytes at offset {} failed ({}); the file may be "
-                        "truncated or the storage failing",
-                        info.shards[i].path, bytes - done, offset + done,
+                        "shard {}: reading row {} (of rows [{}, {}), {} bytes at offset {}) failed "
+                        "({}); the file may have been truncated or replaced during the run, or the "
+                        "storage is failing",
+                        info.shards[i].path, row + done / row_bytes, row, row + bytes / row_bytes,
+                        bytes - done, offset + done,
                         r == 0 ? "unexpected end of file" : std::strerror(errno));
             done += r;
         }
@@ -255,7 +258,7 @@ struct RawRowReader::Impl {
         --it;  // extents start at row 0 and tile the shard
         while (n > 0) {
             const int64_t here = std::min(n, it->row + it->rows - r);
-            pread_all(i, it->offset + (r - it->row) * row_bytes, here * row_bytes, out);
+            pread_all(i, r, it->offset + (r - it->row) * row_bytes, here * row_bytes, out);
             out += here * row_bytes, r += here, n -= here;
             ++it;
         }
