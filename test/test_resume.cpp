@@ -11,6 +11,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -181,6 +182,28 @@ TEST_F(Resume, StoppedOrKilledRankEndsTheJob) {
                         np, secs, r.code);
         }
     }
+}
+
+// A full disk while a checkpoint is written (SAETRAIN_FAULT_DISK_FULL: the 5th atomic write of
+// a checkpoint file, i.e. the third checkpoint's weights, fails with ENOSPC after writing part
+// of its temp file): one line naming the file, exit 1, the previous checkpoints intact and no
+// temp file left; the same command afterwards resumes and ends bitwise equal to a run that
+// never failed.
+TEST_F(Resume, DiskFullAtACheckpointKeepsThePreviousOneAndResumesBitwise) {
+    const std::string ref_cfg = config("ref"), cfg = config("full");
+    ASSERT_EQ(run(bin("saetrain") + " " + ref_cfg + " --threads 1").code, 0);
+    const std::string cmd = bin("saetrain") + " " + cfg + " --threads 1";
+    const Result r = run("SAETRAIN_FAULT_DISK_FULL=checkpoint-:4 " + cmd);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("checkpoint-21.h5.tmp"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::strerror(ENOSPC)), std::string::npos) << r.out;
+    EXPECT_EQ(Checkpointer::committed_steps((dir / "full").string()),
+              (std::vector<int64_t>{14, 7}));  // newest first
+    for (const auto& e : fs::directory_iterator(dir / "full" / "sae" / "topk-x4-k6"))
+        EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+    ASSERT_EQ(run(cmd).code, 0);
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "full", "topk-x4-k6"),
+                   "disk full, then resumed");
 }
 
 // A replica that fails mid-run in data-parallel mode (its peers wait in the shared-memory

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -25,6 +26,27 @@ void fsync_path(const std::string& path, bool directory) {
     SAE_ENFORCE(rc == 0, "file {}: fsync failed ({}); is the disk full?", path, std::strerror(err));
 }
 
+// Test hook: SAETRAIN_FAULT_DISK_FULL="<text>:<n>" makes the n-th and later atomic writes of a
+// path containing <text> (0-based, counted per process) fail as a full disk does: part of the
+// temp file written, then ENOSPC. Unset in normal runs.
+void injected_disk_full(const std::string& path, const std::string& tmp) {
+    static const char* spec = std::getenv("SAETRAIN_FAULT_DISK_FULL");
+    if (!spec) return;
+    const std::string s(spec);
+    const size_t colon = s.rfind(':');
+    const std::string text = s.substr(0, colon);
+    const long from =
+        colon == std::string::npos ? 0 : std::strtol(s.c_str() + colon + 1, nullptr, 10);
+    static long seen = 0;
+    if (path.find(text) == std::string::npos || seen++ < from) return;
+    std::error_code ec;
+    fs::resize_file(tmp, fs::file_size(tmp, ec) / 2, ec);
+    throw Error(
+        fmt::format("file {}: write failed ({}; injected by SAETRAIN_FAULT_DISK_FULL); is "
+                    "the disk full?",
+                    tmp, std::strerror(ENOSPC)));
+}
+
 }  // namespace
 
 void atomic_write(const std::string& path, const std::function<void(const std::string&)>& write) {
@@ -37,6 +59,7 @@ void atomic_write(const std::string& path, const std::function<void(const std::s
     const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
     try {
         write(tmp);
+        injected_disk_full(path, tmp);
         fsync_path(tmp, false);
         fs::rename(tmp, target, ec);
         SAE_ENFORCE(!ec, "file {}: cannot rename {} into place ({})", path, tmp, ec.message());
