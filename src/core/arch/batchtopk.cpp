@@ -88,24 +88,13 @@ private:
     DeviceArray<float> val_;
 };
 
-class BatchTopk final : public Architecture {
+class BatchTopk final : public KSelection {
 public:
     const char* name() const override { return "batchtopk"; }
     const char* describe() const override {
         return "the sae.k * batch largest activations of the batch; a learned threshold at "
                "inference; AuxK on dead latents";
     }
-    std::vector<std::string> keys() const override { return {"sae.k"}; }
-    void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
-        SAE_ENFORCE(n == 0 || cfg.k <= n, "{}sae.k = {} exceeds the SAE's {} latents", where, cfg.k,
-                    n);
-    }
-    std::string id_suffix(const SaeConfig& cfg) const override { return fmt::format("k{}", cfg.k); }
-    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
-        return 2.0 * static_cast<double>(d) * static_cast<double>(n) +
-               8.0 * static_cast<double>(cfg.k) * static_cast<double>(d);
-    }
-    bool sparse() const override { return true; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig&) const override {
         ArchExport e;
         e.saelens_architecture = "jumprelu";

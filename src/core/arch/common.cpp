@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "saetrain/error.h"
+#include "saetrain/perfmodel.h"
 
 namespace saetrain::arch {
 
@@ -19,6 +20,33 @@ void encode(PassContext& c) {
 void encoder_input_grad(PassContext& c, const float* dpre_col_sum) {
     c.be.gemm(false, false, 1, c.d, c.n, -1.0f, dpre_col_sum, c.n, c.seg(ParamLayout::kWEnc), c.d,
               1.0f, c.grad(ParamLayout::kBDec), c.d);
+}
+
+void decode_dense(PassContext& c, const float* z) {
+    c.be.gemm(false, false, c.B, c.d, c.n, 1.0f, z, c.n, c.seg(ParamLayout::kWDec), c.d, 1.0f,
+              c.xhat, c.d);
+}
+
+void decoder_backward_dense(PassContext& c, const float* z, float* dz) {
+    c.be.gemm(true, false, c.n, c.d, c.B, 1.0f, z, c.n, c.xhat, c.d, 0.0f,
+              c.grad(ParamLayout::kWDec), c.d);
+    c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xhat, c.d, c.seg(ParamLayout::kWDec), c.d, 0.0f,
+              dz, c.n);
+}
+
+void encoder_weight_grad(PassContext& c, const float* dpre) {
+    c.be.gemm(true, false, c.n, c.d, c.B, 1.0f, dpre, c.n, c.xc, c.d, 0.0f,
+              c.grad(ParamLayout::kWEnc), c.d);
+}
+
+void KSelection::validate(const SaeConfig& cfg, int64_t n, const std::string& where) const {
+    SAE_ENFORCE(n == 0 || cfg.k <= n, "{}sae.k = {} exceeds the SAE's {} latents", where, cfg.k, n);
+}
+
+std::string KSelection::id_suffix(const SaeConfig& cfg) const { return fmt::format("k{}", cfg.k); }
+
+double KSelection::flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const {
+    return sae_flops_per_token(SaeKind::topk, d, n, cfg.k);
 }
 
 std::vector<ExportTensor> saelens_base(const SaeWeights& w, const char* b_enc_name) {

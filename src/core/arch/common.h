@@ -16,6 +16,23 @@ void encode(PassContext& ctx);
 // with dpre_col_sum [n] the column sums of dL/dpre.
 void encoder_input_grad(PassContext& ctx, const float* dpre_col_sum);
 
+// The dense decoder: ctx.xhat += z W_dec (z [B, n]).
+void decode_dense(PassContext& ctx, const float* z);
+// Its backward, with ctx.xhat holding dL/dx_hat: G.W_dec = z^T dL/dx_hat, dz = dL/dx_hat W_dec^T.
+void decoder_backward_dense(PassContext& ctx, const float* z, float* dz);
+// G.W_enc = dpre^T (x - b_dec), dpre [B, n] the gradient of the pre-activations.
+void encoder_weight_grad(PassContext& ctx, const float* dpre);
+
+// What TopK and BatchTopK share: sae.k, its check, its id, sparse kernels and their FLOPs.
+class KSelection : public Architecture {
+public:
+    std::vector<std::string> keys() const override { return {"sae.k"}; }
+    void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override;
+    std::string id_suffix(const SaeConfig& cfg) const override;
+    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override;
+    bool sparse() const override { return true; }
+};
+
 // Grows `a` to at least `size` elements (contents are not kept).
 template <class T>
 void ensure(DeviceArray<T>& a, Backend& be, int64_t size) {

@@ -29,8 +29,7 @@ public:
         encode(c);
         c.be.gated_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("r_mag"), c.seg("b_mag"), c.B,
                            c.n, z_.data(), gate_.data());
-        c.be.gemm(false, false, c.B, c.d, c.n, 1.0f, z_.data(), c.n, c.seg(ParamLayout::kWDec), c.d,
-                  1.0f, c.xhat, c.d);
+        decode_dense(c, z_.data());
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
         Backend& be = c.be;
@@ -46,8 +45,7 @@ public:
                     aux_stats_.data());
         be.axpby(c.stats + kStatAux, aux_stats_.data() + kStatSse, 1.0f, 1.0f, 1);
 
-        be.gemm(true, false, n, d, B, 1.0f, z_.data(), n, c.xhat, d, 0.0f, g_w_dec, d);
-        be.gemm(false, true, B, n, d, 1.0f, c.xhat, d, w_dec, d, 0.0f, dz_.data(), n);
+        decoder_backward_dense(c, z_.data(), dz_.data());
         decorr_.dense(c, z_.data(), dz_.data());
         be.gemm(false, true, B, n, d, 1.0f, ahat_.data(), d, w_dec, d, 0.0f, dgate_.data(), n);
         be.row_norms(w_dec, n, d, c.dec_norms);
@@ -56,8 +54,7 @@ public:
                           c.dec_norms, l1_eff, B, n, dz_.data(), dgate_.data(),
                           c.grad(ParamLayout::kBEnc), c.grad("r_mag"), c.grad("b_mag"),
                           dpre_sum_.data(), c.col_scratch, c.fires, c.stats);
-        be.gemm(true, false, n, d, B, 1.0f, dz_.data(), n, c.xc, d, 0.0f,
-                c.grad(ParamLayout::kWEnc), d);
+        encoder_weight_grad(c, dz_.data());
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
         encoder_input_grad(c, dpre_sum_.data());
     }

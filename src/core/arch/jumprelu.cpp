@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "saetrain/error.h"
+#include "saetrain/perfmodel.h"
 #include "saetrain/schedule.h"
 
 namespace saetrain::arch {
@@ -23,24 +24,19 @@ public:
         encode(c);
         c.be.jumprelu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("log_threshold"), c.B, c.n,
                               z_.data());
-        c.be.gemm(false, false, c.B, c.d, c.n, 1.0f, z_.data(), c.n, c.seg(ParamLayout::kWDec), c.d,
-                  1.0f, c.xhat, c.d);
+        decode_dense(c, z_.data());
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
         Backend& be = c.be;
-        const int64_t B = c.B, d = c.d, n = c.n;
-        const float* w_dec = c.seg(ParamLayout::kWDec);
+        const int64_t B = c.B, n = c.n;
         l0_ = sparsity_coeff_at(cfg_, cfg_.l0_coeff, step, total_steps);
-        be.gemm(true, false, n, d, B, 1.0f, z_.data(), n, c.xhat, d, 0.0f,
-                c.grad(ParamLayout::kWDec), d);
-        be.gemm(false, true, B, n, d, 1.0f, c.xhat, d, w_dec, d, 0.0f, dz_.data(), n);
+        decoder_backward_dense(c, z_.data(), dz_.data());
         decorr_.dense(c, z_.data(), dz_.data());
         const float l0_eff = static_cast<float>(l0_ / static_cast<double>(c.norm_rows));
         be.jumprelu_backward(c.pre, c.seg("log_threshold"),
                              static_cast<float>(cfg_.jumprelu_bandwidth), l0_eff, B, n, dz_.data(),
                              c.grad(ParamLayout::kBEnc), c.grad("log_threshold"), c.fires, c.stats);
-        be.gemm(true, false, n, d, B, 1.0f, dz_.data(), n, c.xc, d, 0.0f,
-                c.grad(ParamLayout::kWEnc), d);
+        encoder_weight_grad(c, dz_.data());
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
     double penalty(const float* st) const override {
@@ -85,8 +81,8 @@ public:
         const int64_t n = layout.segments()[ParamLayout::kBEnc].rows;
         std::fill(p.begin() + off, p.begin() + off + n, v);
     }
-    double flops_per_token(const SaeConfig&, int64_t d, int64_t n) const override {
-        return 10.0 * static_cast<double>(d) * static_cast<double>(n);
+    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return sae_flops_per_token(SaeKind::dense, d, n, cfg.k);
     }
     bool sparse() const override { return false; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig&) const override {

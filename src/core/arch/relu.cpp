@@ -2,6 +2,7 @@
 // penalty l1 * sum_i z_i ||W_dec_i|| (the coefficient ramps in, schedule.h). Dense kernels:
 // five GEMMs per step.
 #include "common.h"
+#include "saetrain/perfmodel.h"
 #include "saetrain/schedule.h"
 
 namespace saetrain::arch {
@@ -16,8 +17,7 @@ public:
         encode(c);
         z_ = c.pre;
         c.be.relu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n);
-        c.be.gemm(false, false, c.B, c.d, c.n, 1.0f, c.pre, c.n, c.seg(ParamLayout::kWDec), c.d,
-                  1.0f, c.xhat, c.d);
+        decode_dense(c, c.pre);
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
         Backend& be = c.be;
@@ -26,15 +26,13 @@ public:
         float* g_w_dec = c.grad(ParamLayout::kWDec);
         l1_ = l1_at(cfg_, step, total_steps);
         // Five dense GEMMs in all: encoder, decoder, and these three.
-        be.gemm(true, false, n, d, B, 1.0f, c.pre, n, c.xhat, d, 0.0f, g_w_dec, d);
-        be.gemm(false, true, B, n, d, 1.0f, c.xhat, d, w_dec, d, 0.0f, dz_.data(), n);
+        decoder_backward_dense(c, c.pre, dz_.data());
         decorr_.dense(c, c.pre, dz_.data());
         be.row_norms(w_dec, n, d, c.dec_norms);
         const float l1_eff = static_cast<float>(l1_ / static_cast<double>(c.norm_rows));
         be.relu_backward(c.pre, dz_.data(), c.dec_norms, l1_eff, B, n, c.grad(ParamLayout::kBEnc),
                          c.col_scratch, c.fires, c.stats);
-        be.gemm(true, false, n, d, B, 1.0f, dz_.data(), n, c.xc, d, 0.0f,
-                c.grad(ParamLayout::kWEnc), d);
+        encoder_weight_grad(c, dz_.data());
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
@@ -61,8 +59,8 @@ public:
     }
     std::vector<std::string> keys() const override { return {"sae.l1_coeff"}; }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
-    double flops_per_token(const SaeConfig&, int64_t d, int64_t n) const override {
-        return 10.0 * static_cast<double>(d) * static_cast<double>(n);
+    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return sae_flops_per_token(SaeKind::dense, d, n, cfg.k);
     }
     bool sparse() const override { return false; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig&) const override {

@@ -44,24 +44,13 @@ private:
     DeviceArray<float> val_;
 };
 
-class Topk final : public Architecture {
+class Topk final : public KSelection {
 public:
     const char* name() const override { return "topk"; }
     const char* describe() const override {
         return "the sae.k largest activations per token, AuxK on dead latents (sae.k_aux, "
                "train.auxk_coeff)";
     }
-    std::vector<std::string> keys() const override { return {"sae.k"}; }
-    void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
-        SAE_ENFORCE(n == 0 || cfg.k <= n, "{}sae.k = {} exceeds the SAE's {} latents", where, cfg.k,
-                    n);
-    }
-    std::string id_suffix(const SaeConfig& cfg) const override { return fmt::format("k{}", cfg.k); }
-    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
-        return 2.0 * static_cast<double>(d) * static_cast<double>(n) +
-               8.0 * static_cast<double>(cfg.k) * static_cast<double>(d);
-    }
-    bool sparse() const override { return true; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
         ArchExport e;
         e.saelens_architecture = "topk";
