@@ -44,10 +44,13 @@ int main(int argc, char** argv) {
     PerfInputs in;
     std::string gpu = "H100", math = "bf16", arch = kDefaultArch, mode = "sweep";
     double tflops = 0, hbm = 0, pcie = 0, nic = 0;
+    int64_t experts = 16;
     bool list = false, json = false;
     app.add_option("--d-model", in.d_model, "activation width d")->capture_default_str();
     app.add_option("--n-latents", in.n_latents, "SAE latents n")->capture_default_str();
     app.add_option("--k", in.k, "active latents per token (topk)")->capture_default_str();
+    app.add_option("--experts", experts, "experts of a switch SAE (sae.n_experts)")
+        ->capture_default_str();
     app.add_option("--arch", arch, fmt::format("{} (sae.arch)", fmt::join(arch_names(), " | ")))
         ->capture_default_str();
     app.add_option("--batch", in.batch, "rows per rank per step")->capture_default_str();
@@ -91,7 +94,8 @@ int main(int argc, char** argv) {
         const Architecture& a = arch_get(arch);
         in.kind = a.sparse() ? SaeKind::topk : SaeKind::dense;
         SaeConfig sc;
-        sc.arch = arch, sc.k = in.k;
+        sc.arch = arch, sc.k = in.k, sc.n_experts = experts;
+        a.validate(sc, in.n_latents, "");
         in.flops_per_token = a.flops_per_token(sc, in.d_model, in.n_latents);
         if (mode == "sweep") {
             in.mode = ParallelMode::sweep_shared;

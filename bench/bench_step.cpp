@@ -5,7 +5,8 @@
 //
 // Every architecture of the registry (or --arch), each with its own FLOPs per token (arch.h):
 // dense ReLU-L1 and JumpReLU steps = five d x n GEMMs = 10*d*n, Gated seven = 14*d*n; TopK and
-// BatchTopK with the sparse decoder and backward = 2*d*n (dense encoder) + 8*k*d. The GEMM
+// BatchTopK with the sparse decoder and backward = 2*d*n (dense encoder) + 8*k*d; Switch (E
+// experts, --experts) = 2*d*n/E (the chosen expert's encoder) + 8*k*d + 4*d*E (router). The GEMM
 // bound is the rate of the five dense GEMM shapes divided by those FLOPs; "x topk" is the step
 // time over TopK's at the same shape, beside the FLOP ratio that would explain it.
 #include <cblas.h>
@@ -186,6 +187,20 @@ public:
             be_.gated_backward(p, bg, rm, bm, nr, l1, r, n, dz, dg, dbg, drm, dbm, dps, gs, f, st);
         });
     }
+    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
+                     float beta, int64_t rows, int64_t cols) override {
+        timed("gather_rows", [&] { be_.gather_rows(dst, src, rows_of, scale, beta, rows, cols); });
+    }
+    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
+                           int64_t width) override {
+        timed("gather_rows", [&] { be_.gather_index_rows(dst, src, rows_of, rows, width); });
+    }
+    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override {
+        timed("row_dots", [&] { be_.row_dots(a, b, rows, cols, out); });
+    }
+    void offset_indices(int32_t* idx, int64_t count, int32_t offset) override {
+        timed("offset_indices", [&] { be_.offset_indices(idx, count, offset); });
+    }
     void axpby(float* y, const float* x, float a, float b, int64_t n) override {
         timed("axpby", [&] { be_.axpby(y, x, a, b, n); });
     }
@@ -225,8 +240,8 @@ private:
 // timed one by one (the batch is fetched outside the timed region), then one step is broken
 // down by op. `x` is a pinned (or heap) buffer of x_floats floats for the batch.
 int bench_on_data(Backend& be, const std::string& path, const std::vector<std::string>& archs,
-                  int64_t n, int64_t k, int64_t batch, int64_t train_steps, int reps, float* x,
-                  int64_t x_floats, bool breakdown) {
+                  int64_t n, int64_t k, int64_t experts, int64_t batch, int64_t train_steps,
+                  int reps, float* x, int64_t x_floats, bool breakdown) {
     const DatasetInfo info = dataset_open(path);
     const int64_t d = info.d_model;
     LoaderOptions lo;
@@ -247,6 +262,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
         cfg.n_latents = n;
         cfg.k = k;
         cfg.l1_coeff = 5.0;
+        cfg.n_experts = experts;
         TimedBackend timed(be);
         timed.active = false;
         SaeTrainer tr(cfg, d, train_steps + reps + 2, 0, timed, *self);
@@ -287,7 +303,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
 }  // namespace
 
 int main(int argc, char** argv) {
-    int64_t d = 768, n = 6144, k = 32, batch = 4096;
+    int64_t d = 768, n = 6144, k = 32, batch = 4096, experts = 16;
     int reps = 5, threads = 0, device = 0;
     bool json = false, breakdown = false, pinned = true;
     std::string backend = "cpu", gemm = "fp32";
@@ -295,6 +311,7 @@ int main(int argc, char** argv) {
     app.add_option("--d-model", d);
     app.add_option("--latents", n);
     app.add_option("--k", k);
+    app.add_option("--experts", experts, "Switch: sae.n_experts");
     app.add_option("--batch", batch);
     app.add_option("--reps", reps, "timed repetitions (median reported)");
     app.add_option("--threads", threads, "CPU threads (default: all)");
@@ -360,7 +377,7 @@ int main(int argc, char** argv) {
 #endif
 
     if (!data.empty())
-        return bench_on_data(*be, data, archs, n, k, batch, train_steps, reps, x,
+        return bench_on_data(*be, data, archs, n, k, experts, batch, train_steps, reps, x,
                              static_cast<int64_t>(x_heap.size()), breakdown);
 
     nlohmann::ordered_json out;
@@ -393,6 +410,7 @@ int main(int argc, char** argv) {
         cfg.n_latents = n;
         cfg.k = k;
         cfg.l1_coeff = 1.0;
+        cfg.n_experts = experts;
         cfg.warmup_steps = 0;
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
         tr.init(x, batch);

@@ -359,8 +359,8 @@ TEST(ConfigErrors, UnknownEnumValuesListTheAllowedOnes) {
     std::string m = parse_error(kMinimal + "sae: {arch: topkk}\n");
     EXPECT_HAS(m, "sae.arch");
     EXPECT_HAS(m, "relu, topk");
-    m = parse_error(kMinimal + "sae: {arch: switch}\n");
-    EXPECT_HAS(m, "not implemented");
+    m = parse_error(kMinimal + "sae: {arch: switch, n_experts: 0}\n");
+    EXPECT_HAS(m, "sae.n_experts");
     m = parse_error(kMinimal + "train: {lr_decay: exp}\n");
     EXPECT_HAS(m, "train.lr_decay");
     EXPECT_HAS(m, "cosine, linear, constant");
@@ -625,6 +625,22 @@ TEST(ConfigForData, KLargerThanLatentsNamesBothNumbersAndTheKey) {
         EXPECT_HAS(e.what(), "sae.n_latents");
         EXPECT_HAS(e.what(), "48");
         EXPECT_HAS(e.what(), "40");
+    }
+    // Switch: the experts divide the latents, and k fits in one expert.
+    try {
+        config_validate_for_data(
+            config_parse(kMinimal + "sae: {arch: switch, n_experts: 5, n_latents: 64}\n"), 16);
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_HAS(e.what(), "sae.n_experts = 5 does not divide the SAE's 64 latents");
+    }
+    try {
+        config_validate_for_data(
+            config_parse(kMinimal + "sae: {arch: switch, n_experts: 8, n_latents: 64, k: 16}\n"),
+            16);
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_HAS(e.what(), "sae.k = 16 exceeds the 8 latents of each of the 8 experts");
     }
     // ReLU SAEs have no k constraint.
     EXPECT_NO_THROW(

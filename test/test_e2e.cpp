@@ -340,6 +340,9 @@ TEST_P(PlantedRecovery, EveryArchitectureFindsThePlantedFeatures) {
     cfg.l0_coeff = 0.1;
     cfg.jumprelu_bandwidth = 0.05;
     cfg.jumprelu_init_threshold = 0.05;
+    // Switch: 4 experts of 48 latents. Planted features are independent of each other, so
+    // every expert's tokens carry features of every kind: the data least suited to experts.
+    cfg.n_experts = 4;
     cfg.lr = 1e-2;
     cfg.warmup_steps = 20;
     auto be = make_cpu_backend(2);

@@ -37,7 +37,8 @@ struct ParamSegment {
 };
 
 // The segments of one SAE, in buffer order: W_enc [n, d] (latent-major, the transpose of the
-// file layout), W_dec [n, d], b_enc [n], b_dec [d], then the architecture's own, all [n].
+// file layout), W_dec [n, d], b_enc [n], b_dec [d], then the architecture's own ([n] per-latent
+// ones, or others such as Switch's router [E, d] that belong to no latent).
 class ParamLayout {
 public:
     ParamLayout(int64_t n_latents, int64_t d_model, const std::vector<ParamSegment>& extra);
@@ -117,6 +118,21 @@ public:
     // State outside the parameters (saved with the weights; restored before training resumes).
     virtual std::vector<NamedTensor> buffers() const { return {}; }
     virtual void set_buffer(const std::string& name, const std::vector<float>& /*value*/);
+    // False when the pass computes its own pre-activations (Switch: only the chosen expert's),
+    // so the trainer allocates no [rows, n] ctx.pre.
+    virtual bool uses_dense_pre() const { return true; }
+    // Figures for the run's summary from the step_sums of the last tenth of the steps (summed)
+    // and how often each latent fired in them: Switch's per-expert load. Default: none.
+    virtual std::vector<std::pair<std::string, double>> summarize(
+        const std::vector<double>& /*window_sums*/, const std::vector<double>& /*fired*/) const {
+        return {};
+    }
+};
+
+// What Architecture::init_extra may use beyond the config; the same on every replica.
+struct InitInputs {
+    uint64_t seed = 0;
+    double centred_rms = 1;  // RMS over the first batch's rows of ||x - b_dec||
 };
 
 // What an export format needs from the architecture (export.h does the writing).
@@ -151,11 +167,12 @@ public:
     // The id after "<arch>-x<expansion>": "k32", "l1_5", ...
     virtual std::string id_suffix(const SaeConfig& cfg) const = 0;
     // Parameters beyond W_enc, W_dec, b_enc and b_dec, and their initial values.
-    virtual std::vector<ParamSegment> extra_params(int64_t /*n*/, int64_t /*d*/) const {
+    virtual std::vector<ParamSegment> extra_params(const SaeConfig& /*cfg*/, int64_t /*n*/,
+                                                   int64_t /*d*/) const {
         return {};
     }
     virtual void init_extra(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
-                            std::vector<float>& /*params*/) const {}
+                            std::vector<float>& /*params*/, const InitInputs& /*in*/) const {}
     // Model FLOPs of one training token (forward and backward), the count behind TFLOP/s and
     // MFU; and whether its kernels are sparse (the perf model's SaeKind).
     virtual double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const = 0;

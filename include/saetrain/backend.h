@@ -142,6 +142,20 @@ public:
                                 float* dr_mag, float* db_mag, float* dpre_col_sum,
                                 float* gate_col_sum, int32_t* fires, float* stats) = 0;
 
+    // --- Switch: the tokens of each expert as one block of rows ----------------------------
+    // dst[i, :] = beta * dst[i, :] + scale[i] * src[rows_of[i], :] (scale null: 1; beta 0
+    // overwrites). rows_of is a permutation of the rows (or its inverse).
+    virtual void gather_rows(float* dst, const float* src, const int32_t* rows_of,
+                             const float* scale, float beta, int64_t rows, int64_t cols) = 0;
+    // dst[i, :] = src[rows_of[i], :] for [rows, width] latent ids.
+    virtual void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of,
+                                   int64_t rows, int64_t width) = 0;
+    // out[i] = a[i, :] . b[i, :].
+    virtual void row_dots(const float* a, const float* b, int64_t rows, int64_t cols,
+                          float* out) = 0;
+    // idx[i] += offset for i < count (an expert's own latent ids to the SAE's).
+    virtual void offset_indices(int32_t* idx, int64_t count, int32_t offset) = 0;
+
     // y = a * x + b * y over n elements.
     virtual void axpby(float* y, const float* x, float a, float b, int64_t n) = 0;
 

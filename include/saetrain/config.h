@@ -59,6 +59,9 @@ struct SaeConfig {
     // JumpReLU: the straight-through estimator's bandwidth and the initial threshold.
     double jumprelu_bandwidth = 0.001;
     double jumprelu_init_threshold = 0.001;
+    // Switch: the experts (each a TopK SAE of n_latents / n_experts latents; a router sends each
+    // token to one) and (train.balance_coeff) the weight of the router's load-balancing loss.
+    int64_t n_experts = 8;
     // train section values (may also be swept)
     double lr = 1.0e-3;
     // Linear LR warmup from 0: warmup_steps when > 0, else this fraction of the run's steps.
@@ -79,6 +82,11 @@ struct SaeConfig {
     double l1_warmup_fraction = 0.2;
     double l0_coeff = 1.0;        // JumpReLU: L0 penalty weight (ramps in like the L1 term)
     double auxk_coeff = 0.03125;  // TopK, BatchTopK: AuxK loss weight (0: off)
+    // Switch: E * sum_e (token fraction of e) * (mean router probability of e), in units of the
+    // batch's squared norm about b_dec (so, like the FVU, independent of the data's scale).
+    // 0.1, not Switch Transformers' 0.01 (whose routers also drop tokens beyond an expert's
+    // capacity): docs/architectures.md.
+    double balance_coeff = 0.1;
     // Decorrelation penalty weight (0: off): decorr_coeff times the RMS of the correlations
     // between distinct latents' activations over the batch (O(batch x n^2) per step).
     double decorr_coeff = 0.0;

@@ -30,6 +30,10 @@ struct SaeSummary {
     double mfu = -1;               // whole run; < 0: no peak known (set by finish on rank 0)
     double feature_recovery = -1;  // < 0: no ground truth
     QualityGates gates;            // the end-of-run quality gates (quality.h); density unused
+    // Switch SAEs (Architecture summarize, over the last tenth of the steps): the smallest and
+    // largest fraction of tokens an expert received, and the largest fraction of an expert's
+    // latents that did not fire. < 0: not a Switch SAE.
+    double expert_load_min = -1, expert_load_max = -1, expert_dead_max = -1;
 };
 
 class RunReporter {

@@ -119,6 +119,9 @@ public:
     // The quality gates over the steps from 90% of total_steps on (those this process ran),
     // the decorrelation from the last step's batch; collective over the replicas.
     QualityGates training_quality();
+    // The architecture's own summary figures over the same window (Switch: per-expert load);
+    // empty for most architectures.
+    std::vector<std::pair<std::string, double>> arch_summary() const;
     const SaeConfig& config() const { return cfg_; }
     const Architecture& arch() const { return arch_; }
     const ParamLayout& layout() const { return layout_; }
@@ -210,6 +213,7 @@ private:
     int64_t window_start_ = 0, window_rows_ = 0, last_rows_ = 0;
     double window_sse_ = 0, window_sum_sq_ = 0, window_l0_ = 0;
     std::vector<double> window_fired_;
+    std::vector<double> window_arch_sums_;  // the architecture's step_sums, summed
 };
 
 }  // namespace saetrain

@@ -135,8 +135,6 @@ const std::vector<std::string> kModeChoices = {"sweep", "data_parallel", "hybrid
 const std::vector<std::string> kSweepDataChoices = {"shared", "disjoint"};
 const std::vector<std::string> kBackendChoices = {"auto", "cpu", "cuda"};
 const std::vector<std::string> kGemmChoices = {"fp32", "tf32", "bf16"};
-// Named by the design brief but not implemented yet: a clearer message than "unknown value".
-const std::vector<std::string> kPlannedArchs = {"switch"};
 
 const std::vector<std::string> kSections = {"run",     "data", "sae", "train",     "parallel",
                                             "backend", "gpu",  "log", "checkpoint"};
@@ -174,6 +172,7 @@ const std::vector<Field>& fields() {
         SAE_KEY("sae", k_aux, kAny),
         SAE_KEY("sae", jumprelu_bandwidth, kAny),
         SAE_KEY("sae", jumprelu_init_threshold, kAny),
+        SAE_KEY("sae", n_experts, kAny),
         SAE_KEY("sae", b_dec_init, kBDecInitChoices),
         SAE_KEY("train", lr, kAny),
         SAE_KEY("train", warmup_steps, kAny),
@@ -187,6 +186,7 @@ const std::vector<Field>& fields() {
         SAE_KEY("train", l1_warmup_fraction, kAny),
         SAE_KEY("train", l0_coeff, kAny),
         SAE_KEY("train", auxk_coeff, kAny),
+        SAE_KEY("train", balance_coeff, kAny),
         SAE_KEY("train", decorr_coeff, kAny),
         SAE_KEY("train", grad_clip, kAny),
         SAE_KEY("train", accum_steps, kAny),
@@ -533,11 +533,7 @@ private:
         }
         if (!f.choices.empty() &&
             std::find(f.choices.begin(), f.choices.end(), s) == f.choices.end()) {
-            const bool planned =
-                full == "sae.arch" &&
-                std::find(kPlannedArchs.begin(), kPlannedArchs.end(), s) != kPlannedArchs.end();
-            throw Error(fmt::format("{}{}: {} '{}'; allowed: {}", where, full,
-                                    planned ? "not implemented yet:" : "unknown value", s,
+            throw Error(fmt::format("{}{}: unknown value '{}'; allowed: {}", where, full, s,
                                     join(f.choices)));
         }
         return s;
@@ -627,6 +623,8 @@ private:
             check(s.l0_coeff >= 0, "train.l0_coeff", ">= 0", s.l0_coeff);
             check(s.auxk_coeff >= 0, "train.auxk_coeff", ">= 0 (0: no AuxK)", s.auxk_coeff);
             check(s.decorr_coeff >= 0, "train.decorr_coeff", ">= 0 (0: off)", s.decorr_coeff);
+            check(s.n_experts >= 1, "sae.n_experts", ">= 1", s.n_experts);
+            check(s.balance_coeff >= 0, "train.balance_coeff", ">= 0 (0: off)", s.balance_coeff);
             arch_get(s.arch).validate(s, 0, loc("sae.arch"));
             check(s.lr > 0, "train.lr", "> 0", s.lr);
             check(s.warmup_steps >= 0, "train.warmup_steps", ">= 0", s.warmup_steps);

@@ -170,6 +170,9 @@ std::vector<SaeSummary> RunReporter::finish(
         kDecorr,
         kGateDead,
         kGateDense,
+        kLoadMin,
+        kLoadMax,
+        kExpertDead,
         kStride
     };
     std::vector<double> v = pack(mine.last, layout_.config, layout_.replica, peak_flops_);
@@ -183,6 +186,8 @@ std::vector<SaeSummary> RunReporter::finish(
     v.push_back(g.measured ? (g.held_out ? 2.0 : 1.0) : 0.0);
     for (double x :
          {g.rel_recon_err, g.zeros_frac, g.decorr_rms, g.dead_fraction, g.dense_fraction})
+        v.push_back(x);
+    for (double x : {mine.expert_load_min, mine.expert_load_max, mine.expert_dead_max})
         v.push_back(x);
     std::vector<double> all(static_cast<size_t>(kStride * world_.size()));
     world_.allgather(v.data(), all.data(), kStride * static_cast<int64_t>(sizeof(double)));
@@ -209,6 +214,8 @@ std::vector<SaeSummary> RunReporter::finish(
         s.gates.rel_recon_err = b[kRelErr], s.gates.zeros_frac = b[kZeros];
         s.gates.decorr_rms = b[kDecorr], s.gates.dead_fraction = b[kGateDead];
         s.gates.dense_fraction = b[kGateDense];
+        s.expert_load_min = b[kLoadMin], s.expert_load_max = b[kLoadMax];
+        s.expert_dead_max = b[kExpertDead];
         out.push_back(s);
     }
     std::sort(out.begin(), out.end(),
@@ -218,6 +225,7 @@ std::vector<SaeSummary> RunReporter::finish(
     const bool any_mfu = any([](const SaeSummary& s) { return s.mfu >= 0; });
     const bool any_gpu = any([](const SaeSummary& s) { return s.last.gpu_mem_peak_GB > 0; });
     const bool any_eval = any([](const SaeSummary& s) { return s.last.eval_rows > 0; });
+    const bool any_experts = any([](const SaeSummary& s) { return s.expert_load_max >= 0; });
     if (!summary_path.empty()) {
         std::vector<std::string> cols = {"sae"};
         cols.insert(cols.end(), config_column_names.begin(), config_column_names.end());
@@ -235,6 +243,9 @@ std::vector<SaeSummary> RunReporter::finish(
         for (const char* c : {"rel_recon_err", "zeros_frac", "decorr_rms", "gates_dead_fraction",
                               "gates_dense_fraction", "gates_on", "gates"})
             cols.push_back(c);
+        if (any_experts)
+            for (const char* c : {"expert_load_min", "expert_load_max", "expert_dead_max"})
+                cols.push_back(c);
         std::vector<std::map<std::string, std::string>> rows;
         for (const SaeSummary& s : out) {
             std::map<std::string, std::string> r;
@@ -270,6 +281,11 @@ std::vector<SaeSummary> RunReporter::finish(
                 r["gates_on"] = s.gates.held_out ? "held-out" : "training";
             }
             r["gates"] = s.gates.measured ? (s.gates.pass() ? "PASS" : "FAIL") : "";
+            if (s.expert_load_max >= 0) {
+                r["expert_load_min"] = fmt_g(s.expert_load_min);
+                r["expert_load_max"] = fmt_g(s.expert_load_max);
+                r["expert_dead_max"] = fmt_g(s.expert_dead_max);
+            }
             rows.push_back(std::move(r));
         }
         summary_write(summary_path, cols, rows);
@@ -319,6 +335,15 @@ std::vector<SaeSummary> RunReporter::finish(
                    q.held_out ? "held-out" : "training", q.rel_recon_err, q.zeros_frac,
                    q.decorr_rms, 100 * q.dead_fraction, 100 * q.dense_fraction,
                    why.empty() ? "PASS" : "FAIL: " + why);
+    }
+    // Switch SAEs: how evenly the router spread the tokens (a uniform load is 1 / n_experts).
+    if (any_experts) {
+        fmt::print("\n{:<28} {:>16} {:>16} {:>22}\n", "experts (last 10% of steps)",
+                   "min token share", "max token share", "most dead in one, %");
+        for (const SaeSummary& s : out)
+            if (s.expert_load_max >= 0)
+                fmt::print("{:<28} {:>16.4f} {:>16.4f} {:>22.1f}\n", s.last.sae, s.expert_load_min,
+                           s.expert_load_max, 100 * s.expert_dead_max);
     }
     std::fflush(stdout);
     return out;

@@ -19,7 +19,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       be_(backend),
       comm_(grad_comm),
       arch_(arch_get(cfg.arch)),
-      layout_(n_, d_, arch_.extra_params(n_, d_)),
+      layout_(n_, d_, arch_.extra_params(cfg, n_, d_)),
       pass_(arch_.make_pass(cfg, d_, n_, backend)),
       n_params_(layout_.total()),
       dec_norms_(backend, n_),
@@ -68,7 +68,7 @@ void SaeTrainer::ensure_batch(int64_t rows) {
     x_ = DeviceArray<float>(be_, rows * d_);
     xc_ = DeviceArray<float>(be_, rows * d_);
     xhat_ = DeviceArray<float>(be_, rows * d_);
-    pre_ = DeviceArray<float>(be_, rows * n_);
+    if (pass_->uses_dense_pre()) pre_ = DeviceArray<float>(be_, rows * n_);
     pass_->reserve(rows);
 }
 
@@ -160,7 +160,19 @@ void SaeTrainer::init(const float* x_raw, int64_t rows) {
     std::copy(w_dec, w_dec + n_ * d_, p.data());  // W_enc (latent-major) = W_dec^T
     const std::vector<float> b_dec = initial_b_dec(x, rows);
     std::copy(b_dec.begin(), b_dec.end(), p.begin() + off(ParamLayout::kBDec));
-    arch_.init_extra(cfg_, layout_, p);
+    InitInputs in;
+    in.seed = seed_;
+    {
+        double s[2] = {0, static_cast<double>(rows)};  // sum ||x - b_dec||^2, rows
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d_; ++c) {
+                const double v = double(x[r * d_ + c]) - b_dec[c];
+                s[0] += v * v;
+            }
+        comm_.allreduce_sum(s, 2);
+        if (s[1] > 0) in.centred_rms = std::sqrt(s[0] / s[1]);
+    }
+    arch_.init_extra(cfg_, layout_, p, in);
     set_params_host(p);
     if (cfg_.encoder_init == "fitted") fit_encoder_scale(x, rows, p);
 }
@@ -396,6 +408,9 @@ void SaeTrainer::apply_update(StepResult& r) {
         window_rows_ += r.rows, window_sse_ += r.sse, window_sum_sq_ += r.sum_sq_x;
         window_l0_ += r.l0;
         for (int64_t i = 0; i < n; ++i) window_fired_[i] += fires_host_[i];
+        if (window_arch_sums_.size() != arch_sums.size())
+            window_arch_sums_.assign(arch_sums.size(), 0.0);
+        for (size_t i = 0; i < arch_sums.size(); ++i) window_arch_sums_[i] += arch_sums[i];
     }
     n_dead_ = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -537,6 +552,10 @@ QualityGates SaeTrainer::training_quality() {
     comm_.allreduce_sum(decorr.data(), 2);
     q.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
     return q;
+}
+
+std::vector<std::pair<std::string, double>> SaeTrainer::arch_summary() const {
+    return pass_->summarize(window_arch_sums_, window_fired_);
 }
 
 double SaeTrainer::dead_fraction() const {

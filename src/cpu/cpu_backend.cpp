@@ -547,6 +547,39 @@ public:
         }
     }
 
+    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
+                     float beta, int64_t rows, int64_t cols) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < rows; ++i) {
+            const float* in = src + static_cast<int64_t>(rows_of[i]) * cols;
+            float* out = dst + i * cols;
+            const float a = scale ? scale[i] : 1.0f;
+            if (beta == 0.0f) {
+                for (int64_t c = 0; c < cols; ++c) out[c] = a * in[c];
+            } else {
+                for (int64_t c = 0; c < cols; ++c) out[c] = beta * out[c] + a * in[c];
+            }
+        }
+    }
+    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
+                           int64_t width) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < rows; ++i)
+            std::memcpy(dst + i * width, src + static_cast<int64_t>(rows_of[i]) * width,
+                        static_cast<size_t>(width) * sizeof(int32_t));
+    }
+    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < rows; ++i) {
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t c = 0; c < cols; ++c) s += a[i * cols + c] * b[i * cols + c];
+            out[i] = s;
+        }
+    }
+    void offset_indices(int32_t* idx, int64_t count, int32_t offset) override {
+        for (int64_t i = 0; i < count; ++i) idx[i] += offset;
+    }
     void axpby(float* y, const float* x, float a, float b, int64_t n) override {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; ++i) y[i] = b == 0.0f ? a * x[i] : a * x[i] + b * y[i];

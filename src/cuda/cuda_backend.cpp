@@ -169,6 +169,20 @@ public:
                              dgate, db_gate, dr_mag, db_mag, dpre_col_sum, gate_col_sum, fires,
                              stats);
     }
+    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
+                     float beta, int64_t rows, int64_t cols) override {
+        cuda::gather_rows(stream(), dst, src, rows_of, scale, beta, rows, cols);
+    }
+    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
+                           int64_t width) override {
+        cuda::gather_index_rows(stream(), dst, src, rows_of, rows, width);
+    }
+    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override {
+        cuda::row_dots(stream(), a, b, rows, cols, out);
+    }
+    void offset_indices(int32_t* idx, int64_t count, int32_t offset) override {
+        cuda::offset_indices(stream(), idx, count, offset);
+    }
     void axpby(float* y, const float* x, float a, float b, int64_t n) override {
         cuda::axpby(stream(), y, x, a, b, n);
     }

@@ -85,6 +85,15 @@ void gated_backward(cudaStream_t s, Workspace& ws, const float* pre, const float
                     int32_t* fires, float* stats);
 void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n);
 
+// The Switch SAE's row permutations (switch.cu); see Backend::gather_rows and neighbours.
+void gather_rows(cudaStream_t s, float* dst, const float* src, const int32_t* rows_of,
+                 const float* scale, float beta, int64_t rows, int64_t cols);
+void gather_index_rows(cudaStream_t s, int32_t* dst, const int32_t* src, const int32_t* rows_of,
+                       int64_t rows, int64_t width);
+void row_dots(cudaStream_t s, const float* a, const float* b, int64_t rows, int64_t cols,
+              float* out);
+void offset_indices(cudaStream_t s, int32_t* idx, int64_t count, int32_t offset);
+
 // Backend::decorr_grad, in three steps around the backend's two GEMMs (C = U^T U, then
 // dU = U G; the caller owns u, c, du, inv_norm and factor). z is dense [rows, n] (idx null) or
 // `width` (idx, val) pairs per row (val 0: unused); rows >= 2, n >= 2.

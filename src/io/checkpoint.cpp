@@ -58,6 +58,10 @@ SaeWeights fold_activation_scale(const SaeWeights& w) {
     for (float& v : out.w_enc) v *= c;
     for (float& v : out.w_dec) v /= c;
     for (float& v : out.b_dec) v /= c;
+    // Switch's router reads the centred input as W_enc does.
+    for (auto& [name, v] : out.extra)
+        if (name == "W_router")
+            for (float& x : v) x *= c;
     return out;
 }
 

@@ -172,16 +172,22 @@ SaeConfig small_sae(const std::string& arch) {
 TEST(Mpi, DataParallelReplicasAgreeWithOneProcessReference) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 64;
-    // Every architecture; "auxk": TopK with latents dead from the first step (AuxK active).
-    for (const char* name_c : {"topk", "relu", "batchtopk", "jumprelu", "gated", "auxk"}) {
+    // Every architecture; "auxk": TopK with latents dead from the first step (AuxK active);
+    // "switch": 4 experts without the balance loss, "switch-balanced" with it.
+    for (const char* name_c :
+         {"topk", "relu", "batchtopk", "jumprelu", "gated", "auxk", "switch", "switch-balanced"}) {
         const std::string name = name_c;
-        const std::string arch = name == "auxk" ? "topk" : name;
+        const std::string arch = name == "auxk" ? "topk" : name.substr(0, name.find('-'));
         SaeConfig cfg = small_sae(arch);
         if (name == "auxk") cfg.dead_tokens = 1, cfg.k_aux = 3;
+        cfg.n_experts = 4;
+        cfg.balance_coeff = name == "switch-balanced" ? 0.1 : 0.0;
         // The one-process reference sees the replicas' rows as one batch: BatchTopK's selection
-        // over that batch differs from each replica's over its own, and the reference has no
-        // history of dead latents; for those two only replica equality is checked.
-        const bool has_reference = name != "batchtopk" && name != "auxk";
+        // over that batch differs from each replica's over its own, the reference has no
+        // history of dead latents, and the balance loss weighs each replica's own token
+        // fractions; for those only replica equality is checked.
+        const bool has_reference =
+            name != "batchtopk" && name != "auxk" && name != "switch-balanced";
         auto be = make_cpu_backend(1);
         SaeTrainer tr(cfg, d, 20, 3, *be, w);
         // One node: the optimizer is split over node-shared memory unless the environment

@@ -98,5 +98,6 @@ const Architecture& topk_arch();
 const Architecture& batchtopk_arch();
 const Architecture& jumprelu_arch();
 const Architecture& gated_arch();
+const Architecture& switch_arch();
 
 }  // namespace saetrain::arch

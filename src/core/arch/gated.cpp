@@ -81,7 +81,7 @@ public:
     }
     std::vector<std::string> keys() const override { return {"sae.l1_coeff"}; }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
-    std::vector<ParamSegment> extra_params(int64_t n, int64_t) const override {
+    std::vector<ParamSegment> extra_params(const SaeConfig&, int64_t n, int64_t) const override {
         return {{"r_mag", n, 1, true, false}, {"b_mag", n, 1, true, false}};
     }
     double flops_per_token(const SaeConfig&, int64_t d, int64_t n) const override {

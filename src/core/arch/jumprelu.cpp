@@ -71,11 +71,11 @@ public:
     std::string id_suffix(const SaeConfig& cfg) const override {
         return fmt::format("l0_{}", cfg.l0_coeff);
     }
-    std::vector<ParamSegment> extra_params(int64_t n, int64_t) const override {
+    std::vector<ParamSegment> extra_params(const SaeConfig&, int64_t n, int64_t) const override {
         return {{"log_threshold", n, 1, true, false}};
     }
-    void init_extra(const SaeConfig& cfg, const ParamLayout& layout,
-                    std::vector<float>& p) const override {
+    void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
+                    const InitInputs&) const override {
         const int64_t off = layout.offset("log_threshold");
         const auto v = static_cast<float>(std::log(cfg.jumprelu_init_threshold));
         const int64_t n = layout.segments()[ParamLayout::kBEnc].rows;

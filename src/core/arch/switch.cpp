@@ -1,0 +1,378 @@
+// switch.cpp — the Switch SAE (Mudide et al. 2024): E experts, each a TopK SAE of n / E
+// latents, and a router that sends every token to one of them. Only the chosen expert's
+// encoder runs, so the dense encoder GEMM costs 2 d n / E per token instead of TopK's 2 d n.
+//
+//   xc = x - b_dec                          (b_dec shared by all experts)
+//   p = softmax(xc W_router^T + b_router)   [E] per token; e = argmax p (ties: lower index)
+//   z = TopK_k(xc W_enc[e]^T + b_enc[e])    (ReLU'd, expert e's n / E latents)
+//   x_hat = b_dec + p_e * z W_dec[e]
+//
+// Scaling the expert's output by p_e is what trains the router. The latents' activations, as
+// reported and exported, are p_e * z: x_hat = b_dec + f W_dec like every other SAE.
+//
+// The router's load-balancing loss (Switch Transformers, Fedus et al. 2022) is
+//   balance_coeff * E * sum_e f_e P_e * S,
+// f_e the fraction of the batch's tokens routed to e (a constant), P_e the mean router
+// probability of e, S = sum ||x - b_dec||^2 over the batch (held fixed): in units of the batch's
+// squared norm, so balance_coeff weighs against the reconstruction as it would against the FVU,
+// whatever the data's scale. It is E * sum f P = 1 when the load is uniform.
+//
+// Computation grouped by expert: the router's logits are read back (B x E values), a stable
+// counting sort puts each expert's tokens in one block of rows, each block runs one GEMM
+// against its expert's slice of W_enc and a top-k over n / E latents, and the sparse decoder
+// and backward pass run once over all rows with global latent ids. AuxK selects among the dead
+// latents of the token's own expert (its pre-activations are the only ones computed).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "common.h"
+#include "saetrain/error.h"
+#include "saetrain/perfmodel.h"
+
+namespace saetrain::arch {
+namespace {
+
+class SwitchPass final : public ArchPass {
+public:
+    SwitchPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
+        : E_(cfg.n_experts),
+          ne_(n / cfg.n_experts),
+          k_(cfg.k),
+          d_(d),
+          n_(n),
+          k_aux_(
+              std::min(cfg.k_aux > 0 ? cfg.k_aux : std::clamp<int64_t>(d / 2, 1, kDefaultKAuxMax),
+                       n / cfg.n_experts)),
+          aux_coeff_(cfg.auxk_coeff),
+          balance_(cfg.balance_coeff),
+          be_(be),
+          abias_(be, n),
+          astats_(be, kStatCount),
+          scratch_(be, 2 * d),
+          afires_(be, n),
+          counts_(static_cast<size_t>(E_), 0),
+          mask_(static_cast<size_t>(n)) {
+        SAE_ENFORCE(k_ <= be.max_topk() && (aux_coeff_ <= 0 || k_aux_ <= be.max_topk()),
+                    "sae.k = {} and sae.k_aux = {}: the {} backend's top-k selects at most {}", k_,
+                    k_aux_, be.name(), be.max_topk());
+    }
+
+    bool uses_dense_pre() const override { return false; }
+    void reserve(int64_t rows) override {
+        ensure(logits_, be_, rows * E_);
+        ensure(ds_, be_, rows * E_);
+        ensure(perm_, be_, rows), ensure(inv_, be_, rows);
+        ensure(p_sorted_, be_, rows), ensure(p_token_, be_, rows), ensure(dots_, be_, rows);
+        for (auto* a : {&xs_, &ys_, &derr_s_}) ensure(*a, be_, rows * d_);
+        ensure(pre_, be_, rows * ne_);
+        ensure(idx_, be_, rows * k_), ensure(act_idx_, be_, rows * k_);
+        ensure(val_, be_, rows * k_), ensure(act_val_, be_, rows * k_);
+    }
+
+    void forward(PassContext& c, bool) override {
+        Backend& be = c.be;
+        const int64_t B = c.B, d = c.d, E = E_, ne = ne_;
+        const float* b_dec = c.seg(ParamLayout::kBDec);
+        be.sub_rows(c.xc, c.x, b_dec, B, d);
+        be.broadcast_rows(c.xhat, b_dec, B, d);
+        be.gemm(false, true, B, E, d, 1.0f, c.xc, d, c.seg("W_router"), d, 0.0f, logits_.data(), E);
+        route(c, B);
+        // Each expert's block of rows: one GEMM against its slice of W_enc, a top-k of n / E.
+        be.gather_rows(xs_.data(), c.xc, perm_.data(), nullptr, 0.0f, B, d);
+        for (int64_t e = 0; e < E; ++e) {
+            const int64_t o = start_[e], rows = counts_[e];
+            if (rows == 0) continue;
+            float* pre = pre_.data() + o * ne;
+            be.gemm(false, true, rows, ne, d, 1.0f, xs_.data() + o * d, d,
+                    c.seg(ParamLayout::kWEnc) + e * ne * d, d, 0.0f, pre, ne);
+            be.topk_forward(pre, c.seg(ParamLayout::kBEnc) + e * ne, rows, ne, k_,
+                            idx_.data() + o * k_, val_.data() + o * k_, true);
+            be.offset_indices(idx_.data() + o * k_, rows * k_, static_cast<int32_t>(e * ne));
+        }
+        // y = z W_dec in expert order; x_hat += p_e * y in token order.
+        be.fill(ys_.data(), B * d, 0.0f);
+        be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k_, d, ys_.data());
+        be.gather_rows(c.xhat, ys_.data(), inv_.data(), p_token_.data(), 1.0f, B, d);
+        be.gather_index_rows(act_idx_.data(), idx_.data(), inv_.data(), B, k_);
+        be.gather_rows(act_val_.data(), val_.data(), inv_.data(), p_token_.data(), 0.0f, B, k_);
+    }
+
+    void backward(PassContext& c, int64_t, int64_t) override {
+        Backend& be = c.be;
+        const int64_t B = c.B, d = c.d, n = c.n;
+        // In expert order: dL/dy = p_e dL/dx_hat, and p_e dL/dp_e = (p_e dL/dx_hat) . y.
+        be.gather_rows(derr_s_.data(), c.xhat, perm_.data(), p_sorted_.data(), 0.0f, B, d);
+        be.row_dots(derr_s_.data(), ys_.data(), B, d, dots_.data());
+        be.topk_backward(xs_.data(), derr_s_.data(), idx_.data(), val_.data(),
+                         c.seg(ParamLayout::kWDec), B, n, k_, d, c.grad(ParamLayout::kWEnc),
+                         c.grad(ParamLayout::kWDec), c.grad(ParamLayout::kBEnc), c.fires, c.stats,
+                         false, nullptr);
+        auxk(c);
+        router_backward(c);
+        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+    }
+
+    double penalty(const float* st) const override {
+        return aux_weight_ * st[kStatAux] + balance_loss_;
+    }
+    Activations activations() const override {
+        return {nullptr, act_idx_.data(), act_val_.data(), k_};
+    }
+    std::vector<double> step_sums() const override {
+        return std::vector<double>(counts_.begin(), counts_.end());
+    }
+    std::vector<std::pair<std::string, double>> summarize(
+        const std::vector<double>& sums, const std::vector<double>& fired) const override {
+        if (static_cast<int64_t>(sums.size()) != E_) return {};
+        double total = 0;
+        for (double s : sums) total += s;
+        if (!(total > 0)) return {};
+        double lo = 1, hi = 0, dead_most = 0;
+        for (int64_t e = 0; e < E_; ++e) {
+            lo = std::min(lo, sums[e] / total), hi = std::max(hi, sums[e] / total);
+            int64_t dead = 0;
+            for (int64_t l = e * ne_; l < (e + 1) * ne_; ++l) dead += fired[l] == 0;
+            dead_most = std::max(dead_most, static_cast<double>(dead) / static_cast<double>(ne_));
+        }
+        return {{"expert_load_min", lo}, {"expert_load_max", hi}, {"expert_dead_max", dead_most}};
+    }
+
+private:
+    // The router on the host (B x E values): probabilities, the chosen experts, the stable
+    // counting sort into expert blocks, and the permutations and scales the kernels use.
+    void route(PassContext& c, int64_t B) {
+        const int64_t E = E_;
+        logits_host_.resize(static_cast<size_t>(B * E));
+        probs_.resize(static_cast<size_t>(B * E));
+        b_router_.resize(static_cast<size_t>(E));
+        expert_.resize(static_cast<size_t>(B));
+        c.be.download(logits_host_.data(), logits_.data(), B * E * int64_t{sizeof(float)});
+        c.be.download(b_router_.data(), c.seg("b_router"), E * int64_t{sizeof(float)});
+        std::fill(counts_.begin(), counts_.end(), 0);
+        for (int64_t r = 0; r < B; ++r) {
+            const float* s = logits_host_.data() + r * E;
+            int64_t best = 0;
+            for (int64_t e = 1; e < E; ++e)
+                if (s[e] + b_router_[e] > s[best] + b_router_[best]) best = e;
+            const double top = double(s[best]) + b_router_[best];
+            double z = 0;
+            for (int64_t e = 0; e < E; ++e) z += std::exp(double(s[e]) + b_router_[e] - top);
+            for (int64_t e = 0; e < E; ++e)
+                probs_[r * E + e] =
+                    static_cast<float>(std::exp(double(s[e]) + b_router_[e] - top) / z);
+            expert_[r] = static_cast<int32_t>(best);
+            ++counts_[best];
+        }
+        start_.assign(static_cast<size_t>(E) + 1, 0);
+        for (int64_t e = 0; e < E; ++e) start_[e + 1] = start_[e] + counts_[e];
+        perm_host_.resize(static_cast<size_t>(B)), inv_host_.resize(static_cast<size_t>(B));
+        p_sorted_host_.resize(static_cast<size_t>(B)), p_token_host_.resize(static_cast<size_t>(B));
+        std::vector<int64_t> cursor(start_.begin(), start_.end() - 1);
+        for (int64_t r = 0; r < B; ++r) {
+            const int64_t i = cursor[expert_[r]]++;
+            perm_host_[i] = static_cast<int32_t>(r), inv_host_[r] = static_cast<int32_t>(i);
+            p_token_host_[r] = p_sorted_host_[i] = probs_[r * E + expert_[r]];
+        }
+        const int64_t ib = B * int64_t{sizeof(int32_t)}, fb = B * int64_t{sizeof(float)};
+        c.be.upload(perm_.data(), perm_host_.data(), ib);
+        c.be.upload(inv_.data(), inv_host_.data(), ib);
+        c.be.upload(p_sorted_.data(), p_sorted_host_.data(), fb);
+        c.be.upload(p_token_.data(), p_token_host_.data(), fb);
+    }
+
+    // AuxK within each expert: the k_aux largest pre-activations among the expert's dead
+    // latents (at most as many as it has) reconstruct the residual x - x_hat (held fixed).
+    void auxk(PassContext& c) {
+        aux_weight_ = 0;
+        if (aux_coeff_ <= 0 || c.n_dead == 0 || c.dead == nullptr) return;
+        Backend& be = c.be;
+        const int64_t B = c.B, d = c.d, n = c.n, ne = ne_, ka = k_aux_;
+        aux_weight_ =
+            aux_coeff_ * std::min(1.0, static_cast<double>(c.n_dead) / static_cast<double>(ka));
+        ensure(aidx_, be, B * ka), ensure(aval_, be, B * ka);
+        ensure(ehat_, be, B * d), ensure(target_, be, B * d);
+        const float inf = std::numeric_limits<float>::infinity();
+        for (int64_t l = 0; l < n; ++l) mask_[l] = (*c.dead)[l] ? 0.0f : -inf;
+        be.upload(abias_.data(), mask_.data(), n * int64_t{sizeof(float)});
+        be.axpby(abias_.data(), c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
+        // e = x - x_hat = -(dL/dx_hat) / grad_scale, in expert order.
+        be.gather_rows(target_.data(), c.xhat, perm_.data(), nullptr, 0.0f, B, d);
+        be.axpby(target_.data(), target_.data(), -1.0f / c.grad_scale, 0.0f, B * d);
+        be.fill(astats_.data(), kStatCount, 0.0f);
+        const auto aux_scale = static_cast<float>(aux_weight_ * c.grad_scale);
+        for (int64_t e = 0; e < E_; ++e) {
+            const int64_t o = start_[e], rows = counts_[e];
+            int64_t dead = 0;
+            for (int64_t l = e * ne; l < (e + 1) * ne; ++l) dead += (*c.dead)[l];
+            const int64_t k = std::min(ka, dead);
+            if (rows == 0 || k == 0) continue;
+            int32_t* idx = aidx_.data() + o * ka;
+            float* val = aval_.data() + o * ka;
+            float* ehat = ehat_.data() + o * d;
+            be.topk_forward(pre_.data() + o * ne, abias_.data() + e * ne, rows, ne, k, idx, val,
+                            false);
+            be.offset_indices(idx, rows * k, static_cast<int32_t>(e * ne));
+            be.fill(ehat, rows * d, 0.0f);
+            be.sparse_decode(idx, val, c.seg(ParamLayout::kWDec), rows, k, d, ehat);
+            be.residual(ehat, target_.data() + o * d, rows, d, aux_scale, scratch_.data(),
+                        scratch_.data() + d, astats_.data());
+            be.topk_backward(xs_.data() + o * d, ehat, idx, val, c.seg(ParamLayout::kWDec), rows, n,
+                             k, d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
+                             c.grad(ParamLayout::kBEnc), afires_.data(), astats_.data(), true,
+                             nullptr);
+        }
+        be.axpby(c.stats + kStatAux, astats_.data() + kStatSse, 1.0f, 1.0f, 1);
+    }
+
+    // dL/dlogits on the host from dL/dp_e (the reconstruction) and the balance loss, then
+    // G.W_router = ds^T xc, G.b_router = column sums of ds, and G.b_dec -= (sum ds) W_router.
+    void router_backward(PassContext& c) {
+        Backend& be = c.be;
+        const int64_t B = c.B, d = c.d, E = E_;
+        dots_host_.resize(static_cast<size_t>(B));
+        be.download(dots_host_.data(), dots_.data(), B * int64_t{sizeof(float)});
+        std::vector<double> mean_p(static_cast<size_t>(E), 0.0);
+        for (int64_t r = 0; r < B; ++r)
+            for (int64_t e = 0; e < E; ++e) mean_p[e] += probs_[r * E + e];
+        // The balance term's gradient per probability: balance_coeff * E * f_e * S / B.
+        std::vector<double> gb(static_cast<size_t>(E), 0.0);
+        balance_loss_ = 0;
+        if (balance_ > 0) {
+            const auto Ed = static_cast<double>(E);
+            const double S = be.sum_squares(c.xc, B * d);
+            for (int64_t e = 0; e < E; ++e) {
+                const double f = static_cast<double>(counts_[e]) / static_cast<double>(B);
+                balance_loss_ += balance_ * Ed * f * (mean_p[e] / static_cast<double>(B)) * S;
+                // (the gradients are of the loss divided by norm_rows, = grad_scale / 2)
+                gb[e] = balance_ * Ed * f * S / static_cast<double>(B) * (c.grad_scale / 2.0);
+            }
+        }
+        ds_host_.resize(static_cast<size_t>(B * E));
+        std::vector<double> col(static_cast<size_t>(E), 0.0), g(static_cast<size_t>(E));
+        for (int64_t r = 0; r < B; ++r) {
+            const float* p = probs_.data() + r * E;
+            const int32_t chosen = expert_[r];
+            double dot = 0;
+            for (int64_t e = 0; e < E; ++e) {
+                g[e] = gb[e];
+                if (e == chosen) g[e] += double(dots_host_[inv_host_[r]]) / p_token_host_[r];
+                dot += g[e] * p[e];
+            }
+            for (int64_t e = 0; e < E; ++e) {
+                const double ds = p[e] * (g[e] - dot);
+                ds_host_[r * E + e] = static_cast<float>(ds);
+                col[e] += ds;
+            }
+        }
+        col_host_.assign(col.begin(), col.end());
+        be.upload(ds_.data(), ds_host_.data(), B * E * int64_t{sizeof(float)});
+        be.upload(c.grad("b_router"), col_host_.data(), E * int64_t{sizeof(float)});
+        be.gemm(true, false, E, d, B, 1.0f, ds_.data(), E, c.xc, d, 0.0f, c.grad("W_router"), d);
+        be.gemm(false, false, 1, d, E, -1.0f, c.grad("b_router"), E, c.seg("W_router"), d, 1.0f,
+                c.grad(ParamLayout::kBDec), d);
+    }
+
+    int64_t E_, ne_, k_, d_, n_, k_aux_;
+    double aux_coeff_, balance_;
+    Backend& be_;
+    double aux_weight_ = 0, balance_loss_ = 0;
+    DeviceArray<float> logits_, ds_, p_sorted_, p_token_, dots_, xs_, ys_, derr_s_, pre_, val_,
+        act_val_;
+    DeviceArray<int32_t> perm_, inv_, idx_, act_idx_;
+    DeviceArray<float> abias_, astats_, scratch_, aval_, ehat_, target_;
+    DeviceArray<int32_t> afires_, aidx_;
+    std::vector<int64_t> counts_, start_;
+    std::vector<float> mask_, logits_host_, probs_, b_router_, p_sorted_host_, p_token_host_,
+        dots_host_, ds_host_, col_host_;
+    std::vector<int32_t> expert_, perm_host_, inv_host_;
+};
+
+class Switch final : public Architecture {
+public:
+    const char* name() const override { return "switch"; }
+    const char* describe() const override {
+        return "sae.n_experts TopK experts of n_latents / n_experts latents, one per token by a "
+               "learned router; load-balancing loss (train.balance_coeff); AuxK per expert";
+    }
+    std::vector<std::string> keys() const override {
+        return {"sae.k", "sae.n_experts", "train.balance_coeff"};
+    }
+    void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
+        SAE_ENFORCE(cfg.n_experts >= 1, "{}sae.n_experts = {} must be >= 1", where, cfg.n_experts);
+        SAE_ENFORCE(cfg.decorr_coeff == 0,
+                    "{}train.decorr_coeff = {}: the decorrelation penalty is not implemented for "
+                    "switch SAEs; set it to 0",
+                    where, cfg.decorr_coeff);
+        if (n == 0) return;
+        SAE_ENFORCE(n % cfg.n_experts == 0,
+                    "{}sae.n_experts = {} does not divide the SAE's {} latents", where,
+                    cfg.n_experts, n);
+        SAE_ENFORCE(cfg.k <= n / cfg.n_experts,
+                    "{}sae.k = {} exceeds the {} latents of each of the {} experts", where, cfg.k,
+                    n / cfg.n_experts, cfg.n_experts);
+    }
+    std::string id_suffix(const SaeConfig& cfg) const override {
+        return fmt::format("k{}-e{}", cfg.k, cfg.n_experts);
+    }
+    std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t,
+                                           int64_t d) const override {
+        const int64_t E = cfg.n_experts;
+        return {{"W_router", E, d, false, true}, {"b_router", 1, E, false, false}};
+    }
+    // Random unit directions scaled so that a router logit has about unit spread on the first
+    // batch (a random direction sees ||x - b_dec|| / sqrt(d) of it); b_router = 0.
+    void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
+                    const InitInputs& in) const override {
+        const int64_t o = layout.offset("W_router");
+        const int64_t E = cfg.n_experts, d = layout.segments()[ParamLayout::kBDec].cols;
+        std::mt19937_64 rng(in.seed ^ 0x5717c4e5ULL);
+        std::normal_distribution<double> normal(0.0, 1.0);
+        const double scale = std::sqrt(static_cast<double>(d)) / std::max(in.centred_rms, 1e-12);
+        for (int64_t e = 0; e < E; ++e) {
+            std::vector<double> v(static_cast<size_t>(d));
+            double s = 0;
+            for (double& x : v) x = normal(rng), s += x * x;
+            for (int64_t c = 0; c < d; ++c)
+                p[o + e * d + c] = static_cast<float>(v[c] / std::sqrt(s) * scale);
+        }
+    }
+    // The chosen expert's encoder GEMM, the router (forward and its weight gradient), and
+    // TopK's sparse decoder and backward terms.
+    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        const double dd = static_cast<double>(d);
+        return 2.0 * dd * static_cast<double>(n / std::max<int64_t>(1, cfg.n_experts)) +
+               8.0 * static_cast<double>(cfg.k) * dd +
+               4.0 * dd * static_cast<double>(cfg.n_experts);
+    }
+    bool sparse() const override { return true; }
+    ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
+        ArchExport e;
+        e.saelens_architecture = "switch";
+        e.saelens_tensors = saelens_base(w);
+        const std::vector<float>& wr = extra_tensor(w, "W_router");
+        const int64_t d = w.d_model, E = static_cast<int64_t>(wr.size()) / d;
+        std::vector<float> t(wr.size());  // [E, d] -> [d, E], as W_enc is [d, n]
+        for (int64_t x = 0; x < E; ++x)
+            for (int64_t c = 0; c < d; ++c) t[c * E + x] = wr[x * d + c];
+        e.saelens_tensors.push_back({"W_router", {d, E}, t});
+        e.saelens_tensors.push_back({"b_router", {E}, extra_tensor(w, "b_router")});
+        e.saelens_cfg = {{"k", std::to_string(cfg.k)}, {"n_experts", std::to_string(E)}};
+        e.sparsify_refusal = "sparsify has no Switch SAE";
+        return e;
+    }
+    std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
+                                        Backend& be) const override {
+        return std::make_unique<SwitchPass>(cfg, d, n, be);
+    }
+};
+
+}  // namespace
+
+const Architecture& switch_arch() {
+    static const Switch a;
+    return a;
+}
+
+}  // namespace saetrain::arch
