@@ -29,9 +29,18 @@ done
 bin=$(cd "$build/apps" 2>/dev/null && pwd) || { echo "fault-matrix: no $build/apps; build first" >&2; exit 2; }
 made_dir=0
 [ -n "$dir" ] || { dir=$(mktemp -d /tmp/saetrain_faults.XXXXXX); made_dir=1; }
-mkdir -p "$dir" && dir=$(cd "$dir" && pwd)
+# A directory of a previous matrix (marked) is emptied: old runs there would resume, not rerun.
+if [ -e "$dir/.fault-matrix" ]; then
+    for m in "$dir"/mnt-*; do [ -d "$m" ] && umount "$m" 2>/dev/null; done
+    rm -rf "${dir:?}"/* "$dir"/.fault-matrix
+elif [ -n "$(ls -A "$dir" 2>/dev/null)" ]; then
+    echo "fault-matrix: $dir is not empty; give a new or empty --dir" >&2
+    exit 2
+fi
+mkdir -p "$dir" && dir=$(cd "$dir" && pwd) && touch "$dir/.fault-matrix"
 cleanup() { for m in "$dir"/mnt-*; do [ -d "$m" ] && umount "$m" 2>/dev/null; done; }
-trap cleanup EXIT
+bg=""  # the background job under way (in a process group of its own), ended on exit
+trap 'cleanup; [ -n "$bg" ] && kill -KILL -- "-$bg" 2>/dev/null' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 RANDOM=$seed
@@ -53,7 +62,7 @@ row() {
 # The one "saetrain: error:" (or "mpirun noticed ...") line of a log, shortened for the table.
 first_error() {
     grep -m1 -E "saetrain: error:|noticed that process rank|has waited" "$1" | sed -e "s|$dir/||g" \
-        -e 's/^saetrain: error: //' | cut -c1-110
+        -e 's/^saetrain: error: //' | cut -c1-90
 }
 
 # --- data, configs, runs ------------------------------------------------------------------------
@@ -140,6 +149,20 @@ finish() {
     done
     echo none
 }
+# finish_done NAME: NAME already ran to the end: its checkpoints verify and its final weights
+# equal the uninterrupted run's? Prints "none" or what was lost.
+finish_done() {
+    local name=$1 mode; mode=$(mode_of "$1")
+    local bad; bad=$(verify "$name")
+    [ -n "$bad" ] && { echo "YES: $bad"; return; }
+    local id
+    for id in $(ids_of "$mode"); do
+        "$bin/sae-inspect" "$dir/runs/$name/sae/$id/final.h5" \
+            --compare "$dir/runs/ref-$mode${ref_suffix:-}/sae/$id/final.h5" >/dev/null 2>&1 ||
+            { echo "YES: final weights of $id differ from the uninterrupted run"; return; }
+    done
+    echo none
+}
 has() { grep -qF -- "$2" "$1"; }
 
 echo "fault-matrix: $([ $short = 1 ] && echo short || echo full) run in $dir" >&2
@@ -147,6 +170,14 @@ for mode in one sweep dp hybrid; do
     config "ref-$mode" "$mode"
     launch "ref-$mode" "$dir/ref-$mode.log"
     [ "$rc" = 0 ] || { echo "fault-matrix: the reference run ref-$mode failed:" >&2; cat "$dir/ref-$mode.log" >&2; exit 1; }
+done
+# The random kills use runs 4 times as long (8 epochs: 1500 steps on one rank), so that most kill
+# points fall in training, not in start-up.
+LONG="data: {path: $dir/data, batch_size: 64, epochs: 8, shuffle_buffer_rows: 1500}"
+for mode in one sweep dp; do
+    config "ref-$mode-long" "$mode" "$LONG"
+    launch "ref-$mode-long" "$dir/ref-$mode-long.log"
+    [ "$rc" = 0 ] || { cat "$dir/ref-$mode-long.log" >&2; exit 1; }
     eval "dur_$mode=$took"
 done
 # Disk order, small reads (the shard faults below): a reader that is not far ahead.
@@ -164,60 +195,68 @@ ranks_of() {  # saetrain processes under pid $1, by parentage
         if [ "$(cat /proc/$p/comm 2>/dev/null)" = saetrain ]; then echo "$p"; else ranks_of "$p"; fi
     done
 }
+# Each kill lands at a uniformly random moment of a whole run's duration (start-up, a step, a
+# checkpoint write: whatever is under way); the next start resumes. When a start runs to the end
+# before its kill, that sequence is over: its final weights are compared with the uninterrupted
+# run's (one "the same command to the end" row), and a fresh sequence begins.
 modes=(one sweep dp)
 for m in 0 1 2; do
     mode=${modes[$m]}
-    name="$mode-kills"
-    config "$name" "$mode"
     want=$(((kills + 2 - m) / 3))
     [ "$want" -gt 0 ] || continue
     dur=$(eval echo "\$dur_$mode")
-    landed=0 tries=0
-    while [ $landed -lt "$want" ] && [ $tries -lt $((3 * want)) ] && [ ! -e "$dir/runs/$name/COMPLETE" ]; do
+    landed=0 tries=0 seq=1 in_seq=0
+    ref_suffix=-long
+    name="$mode-kills$seq"; config "$name" "$mode" "$LONG"
+    while [ $landed -lt "$want" ] && [ $tries -lt $((4 * want)) ]; do
         tries=$((tries + 1))
         before=$(newest "$name")
-        # Delays summing to less than a whole run, so that (resumed runs being shorter) kills
-        # keep landing before the end.
-        delay=$(echo "0.1 + $RANDOM / 32768 * $dur * 0.8 / $want" | bc -l)
+        delay=$(echo "0.1 + $RANDOM / 32768 * $dur" | bc -l)
         log="$dir/$name.$tries.log"
-        eval "$(cmd "$name")" >"$log" 2>&1 &
-        pid=$!
+        setsid bash -c "$(cmd "$name")" >"$log" 2>&1 &
+        bg=$!
         sleep "$delay"
-        victims=$(ranks_of "$pid")
+        victims=$(ranks_of "$bg")
         set -- $victims
         if [ $# -eq 0 ] || [ -e "$dir/runs/$name/COMPLETE" ]; then
-            wait "$pid"  # the run had ended (or not started its ranks yet): no kill landed
-            [ $landed = 0 ] && rm -rf "$dir/runs/$name"  # (then start over)
+            { wait "$bg"; } 2>/dev/null; bg=""
+            if [ -e "$dir/runs/$name/COMPLETE" ]; then  # ran to the end: compare, start afresh
+                row "after $in_seq SIGKILL(s) ($mode): ran to the end" "final bitwise = uninterrupted" \
+                    "completed" "-" "$(finish_done "$name")" 1
+                seq=$((seq + 1)) in_seq=0
+                name="$mode-kills$seq"; config "$name" "$mode" "$LONG"
+            fi
             continue
         fi
         r=$((RANDOM % $#)); shift $r; victim=$1
         vrank=$(tr '\0' '\n' <"/proc/$victim/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
         kill -KILL "$victim"
         tk=$(now)
-        wait "$pid"; rc=$?
+        { wait "$bg"; } 2>/dev/null; rc=$?; bg=""
         took=$(secs "$(now) - $tk")
-        landed=$((landed + 1))
+        landed=$((landed + 1)) in_seq=$((in_seq + 1))
         after=$(newest "$name")
         bad=$(verify "$name")
         lost=none
         [ -n "$bad" ] && lost="YES: $bad"
         [ -n "$before" ] && [ "${after:-0}" -lt "$before" ] && lost="YES: newest checkpoint went from $before to $after"
         ok=1
-        named="killed"
+        named="SIGKILL"
         if [ "$(np_of "$mode")" -gt 1 ]; then
             has "$log" "noticed that process rank $vrank " || ok=0
             [ "$(echo "$took > $TIMEOUT_S + 5" | bc)" = 1 ] && ok=0
             named="mpirun names rank $(grep -oE "noticed that process rank [0-9]+" "$log" | grep -oE "[0-9]+$")"
         fi
-        row "SIGKILL #$landed, $mode${vrank:+, rank $vrank}, at $(secs "$delay") s" \
+        row "SIGKILL #$landed, $mode${vrank:+, rank $vrank}, at $(secs "$delay") s of $(secs "$dur") s" \
             "job ends, committed checkpoints verify" \
             "exit $rc; $named; newest committed step ${after:-none}" "$took" "$lost" "$ok"
     done
     lost=$(finish "$name")
     from=$(grep -ohE 'resumed from the checkpoint at step [0-9]+' "$dir/$name.rerun.log" | grep -oE '[0-9]+$')
-    row "after $landed SIGKILLs ($mode): the same command to the end" "final bitwise = uninterrupted" \
+    row "after $in_seq SIGKILL(s) ($mode): the same command to the end" "final bitwise = uninterrupted" \
         "$([ -n "$from" ] && echo "resumed from step $from" || echo "started over (nothing committed)")" \
-        "-" "$lost" "$([ "$landed" -gt 0 ] && echo 1 || echo 0)"
+        "-" "$lost" "$([ "$landed" = "$want" ] && echo 1 || echo 0)"
+    ref_suffix=""
 done
 
 # --- signals and dead ranks (SAETRAIN_FAULT) ---------------------------------------------------
@@ -257,7 +296,7 @@ for c in "${cases[@]}"; do
     [ "$rc" = 0 ] && ok=0
     [ "$rc" = 124 ] && ok=0
     grep -qE "noticed that process rank $rank " "$dir/$name.log" || ok=0
-    tmp=$(find "$dir/runs/$name" -name '*.tmp.*' | wc -l)
+    tmp=$(find "$dir/runs/$name" -name '*.tmp.*' 2>/dev/null | wc -l)
     [ "$spec" = 21:KILL:checkpoint ] && [ "$tmp" = 0 ] && ok=0  # it must have died mid-write
     obs="exit $rc; mpirun names rank $(grep -oE "noticed that process rank [0-9]+" "$dir/$name.log" | grep -oE "[0-9]+$")"
     [ "$spec" = 21:KILL:checkpoint ] && obs="$obs; $tmp half-written temp file left"
@@ -270,13 +309,13 @@ name=dp-stop; config $name dp
 SAETRAIN_FAULT=1:20:STOP launch $name "$dir/$name.log"
 ok=0; [ "$rc" != 0 ] && [ "$rc" != 124 ] && has "$dir/$name.log" "has waited" && ok=1
 row "SIGSTOP of rank 1 of 2 (a hung rank)" "the watchdog ends the job after timeout_s" \
-    "exit $rc: $(first_error "$dir/$name.log" | cut -c1-60)" "$(secs "$took")" "$(finish $name)" "$ok"
+    "exit $rc: $(first_error "$dir/$name.log" | cut -c1-88)" "$(secs "$took")" "$(finish $name)" "$ok"
 
 name=dp-error; config $name dp
 SAETRAIN_FAULT=1:5 launch $name "$dir/$name.log"
 ok=0; [ "$rc" != 0 ] && has "$dir/$name.log" "rank 1: injected fault at iteration 5" && ok=1
 row "an error on rank 1 of 2 mid-run" "its message, every rank ends" \
-    "exit $rc: $(first_error "$dir/$name.log" | cut -c1-60)" "$(secs "$took")" "$(finish $name)" "$ok"
+    "exit $rc: $(first_error "$dir/$name.log" | cut -c1-88)" "$(secs "$took")" "$(finish $name)" "$ok"
 
 # --- full disk ----------------------------------------------------------------------------------
 name=one-fullckpt; config $name one
@@ -313,12 +352,13 @@ shard_case() {  # shard_case NAME LABEL EXPECT_TEXT CHANGE...
     local name=$1 label=$2 text=$3; shift 3
     config "$name" one "$DISK"
     local t0; t0=$(now)
-    SAETRAIN_FAULT=0:2:STOP eval "$(cmd "$name")" >"$dir/$name.log" 2>&1 &
+    SAETRAIN_FAULT=0:2:STOP setsid bash -c "$(cmd "$name")" >"$dir/$name.log" 2>&1 &
     local pid=$!
+    bg=$pid
     for _ in $(seq 200); do grep -q '^State:.*T' /proc/"$(ranks_of $pid)"/status 2>/dev/null && break; sleep 0.05; done
     "$@"
     kill -CONT "$(ranks_of $pid)"
-    wait $pid; rc=$?
+    wait $pid; rc=$?; bg=""
     took=$(echo "$(now) - $t0" | bc)
     local ok=0
     [ "$rc" = 1 ] && has "$dir/$name.log" "shard $shard: " && has "$dir/$name.log" "$text" && ok=1
@@ -367,14 +407,14 @@ row "the newest checkpoint damaged (4 bytes flipped)" "warning, falls back to th
     "exit $rc; checkpoint $s unusable, resumed from step $prev" "$(secs "$took")" "$lost" "$ok"
 
 name=one-lock; config $name one
-SAETRAIN_FAULT=0:20:STOP eval "$(cmd $name)" >"$dir/$name.log" 2>&1 &
-pid=$!
+SAETRAIN_FAULT=0:20:STOP setsid bash -c "$(cmd $name)" >"$dir/$name.log" 2>&1 &
+pid=$! bg=$!
 for _ in $(seq 200); do [ -n "$(newest $name)" ] && grep -q '^State:.*T' /proc/"$(ranks_of $pid)"/status 2>/dev/null && break; sleep 0.05; done
 launch $name "$dir/$name.second.log"
 ok=0; [ "$rc" = 1 ] && has "$dir/$name.second.log" "is in use by another saetrain run (pid" && ok=1
-obs="second: exit $rc: $(first_error "$dir/$name.second.log" | cut -c1-70)"
+obs="second: exit $rc: $(first_error "$dir/$name.second.log" | cut -c1-80)"
 t2=$took
-kill -KILL "$(ranks_of $pid)"; wait $pid  # the first run dies; its lock file stays
+kill -KILL "$(ranks_of $pid)"; { wait $pid; } 2>/dev/null; bg=""  # the first run dies; its lock file stays
 lock_left=$([ -e "$dir/runs/$name/.saetrain.lock" ] && echo yes || echo no)
 lost=$(finish $name)
 row "two runs on one out_dir at once" "the second refuses, 1 line" "$obs" "$(secs "$t2")" "$lost" "$ok"
@@ -402,14 +442,14 @@ launch $name "$dir/$name.log2"
 ok=0; [ "$rc" = 1 ] && has "$dir/$name.log2" "holds an SAE of d_model 64" && has "$dir/$name.log2" "now has d_model 32" && ok=1
 rm -rf "$dir/wdata" && cp -a "$dir/data.orig" "$dir/wdata"  # restored
 row "the data's d_model changes between runs" "refused, 1 line, checkpoints kept" \
-    "exit $rc: $(first_error "$dir/$name.log2" | cut -c1-90)" "$(secs "$took")" "$(finish $name)" "$ok"
+    "exit $rc: $(first_error "$dir/$name.log2" | cut -c1-88)" "$(secs "$took")" "$(finish $name)" "$ok"
 
 name=one-cfg; config $name one
 SAETRAIN_FAULT=0:30:TERM launch $name "$dir/$name.log"
 launch $name "$dir/$name.log2" --set train.lr=0.01
 ok=0; [ "$rc" = 1 ] && has "$dir/$name.log2" "train.lr" && ok=1
 row "resume with a result-changing config key" "refused, naming the key" \
-    "exit $rc: $(first_error "$dir/$name.log2" | cut -c1-90)" "$(secs "$took")" "$(finish $name)" "$ok"
+    "exit $rc: $(first_error "$dir/$name.log2" | cut -c1-88)" "$(secs "$took")" "$(finish $name)" "$ok"
 
 outdir_case() {  # outdir_case LABEL OUT_DIR EXPECT_TEXT [runner prefix]
     local label=$1 out=$2 text=$3 pre=${4:-}
@@ -420,7 +460,7 @@ outdir_case() {  # outdir_case LABEL OUT_DIR EXPECT_TEXT [runner prefix]
     rc=$?; took=$(echo "$(now) - $t0" | bc)
     local ok=0
     [ "$rc" = 1 ] && has "$dir/outdir.log" "run.out_dir $out" && has "$dir/outdir.log" "$text" && ok=1
-    row "$label" "1 line naming out_dir, exit 1" "exit $rc: $(first_error "$dir/outdir.log" | cut -c1-90)" \
+    row "$label" "1 line naming out_dir, exit 1" "exit $rc: $(first_error "$dir/outdir.log" | cut -c1-88)" \
         "$(secs "$took")" none "$ok"
 }
 echo "a file" >"$dir/afile"
@@ -441,14 +481,15 @@ fi
 
 # --- the table ----------------------------------------------------------------------------------
 echo
-awk -F'\t' 'BEGIN { printf "%-54s | %-40s | %-70s | %-8s | %s\n", "fault", "expected", "observed", "exit (s)", "data lost"
-    printf "%s\n", "-----------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------" }
-    { printf "%-54s | %-40s | %-70s | %-8s | %s\n", $1, $2, $3, $4, $5 }' "$table"
+awk -F'\t' 'BEGIN { printf "%-58s | %-42s | %-98s | %-8s | %s\n", "fault", "expected", "observed", "exit (s)", "data lost"
+    s = ""; for (i = 0; i < 225; i++) s = s "-"; print s }
+    { printf "%-58s | %-42s | %-98s | %-8s | %s\n", $1, $2, $3, $4, $5 }' "$table"
 rows=$(wc -l <"$table")
 if [ $failed = 0 ]; then
     echo "fault-matrix: $rows rows, every fault behaved as expected, data lost: none"
     cleanup
-    [ $made_dir = 1 ] && rm -rf "$dir"
+    if [ $made_dir = 1 ]; then rm -rf "$dir"; fi
+    exit 0
 else
     echo "fault-matrix: FAILED (see the rows above; logs in $dir)"
     exit 1
