@@ -200,26 +200,36 @@ Fault fault_from_env() {
     return f;
 }
 
-// Temp files of atomic writes that a killed run left behind (sae/<id>/*.h5.tmp.<pid>,
-// checkpoints/*.commit.tmp): never committed, never read, and named by pid, so without this
-// every SIGKILL during a write would leave one more. Only rank 0 calls this, holding out_dir's
-// lock, before the barrier that lets anyone write.
-void remove_stale_temp_files(const fs::path& out) {
+// What a killed run can leave behind in out_dir, never read and never removed otherwise:
+// temp files of atomic writes (sae/<id>/*.h5.tmp.<pid>, checkpoints/*.commit.tmp), named by pid
+// so that every SIGKILL during a write would leave one more; and checkpoint pairs with no commit
+// marker (written but not committed, or rotated out while their deletion was deferred, see
+// Checkpointer::commit). Only rank 0 calls this, holding out_dir's lock, before the barrier that
+// lets anyone write.
+void remove_stale_files(const fs::path& out) {
     std::error_code ec;
-    auto sweep = [&](const fs::path& dir) {
+    const std::vector<int64_t> committed = Checkpointer::committed_steps(out.string());
+    auto sweep = [&](const fs::path& dir, bool checkpoints) {
         for (const auto& e : fs::directory_iterator(dir, ec)) {
             const std::string name = e.path().filename().string();
             const size_t at = name.rfind(".tmp");
-            if (at != std::string::npos && at > 0 &&
-                name.find_first_not_of("0123456789", std::min(name.size(), at + 5)) ==
-                    std::string::npos &&
-                (at + 4 == name.size() || name[at + 4] == '.'))
+            const bool temp = at != std::string::npos && at > 0 &&
+                              name.find_first_not_of("0123456789", std::min(name.size(), at + 5)) ==
+                                  std::string::npos &&
+                              (at + 4 == name.size() || name[at + 4] == '.');
+            long long step = -1;
+            char rest[16] = "";
+            const bool pair = checkpoints && !temp &&
+                              std::sscanf(name.c_str(), "checkpoint-%lld%15s", &step, rest) == 2 &&
+                              (std::string(rest) == ".h5" || std::string(rest) == ".state.h5");
+            if (temp ||
+                (pair && std::find(committed.begin(), committed.end(), step) == committed.end()))
                 fs::remove(e.path(), ec);
         }
     };
-    sweep(out / "checkpoints");
+    sweep(out / "checkpoints", false);
     for (const auto& e : fs::directory_iterator(out / "sae", ec))
-        if (e.is_directory(ec)) sweep(e.path());
+        if (e.is_directory(ec)) sweep(e.path(), true);
 }
 
 // On resume, metrics logged after the checkpoint will be logged again: drop them.
@@ -525,7 +535,7 @@ int run(const Args& args, Communicator& world) {
             for (const char* f : {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae"})
                 fs::remove_all(out / f);
         fs::create_directories(out);
-        remove_stale_temp_files(out);
+        remove_stale_files(out);
         std::ofstream(out / "config.yaml") << config_to_yaml(cfg);
         fmt::print("saetrain {} | {} rank(s): {} | backend {}{}\n", SAETRAIN_VERSION, world.size(),
                    s.layout.describe(), s.backend->name(),

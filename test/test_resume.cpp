@@ -438,6 +438,48 @@ TEST_F(Resume, RankKilledInEveryModeAndPhaseEndsTheJobAndResumesBitwise) {
     }
 }
 
+// Rank 0 killed after every rank agreed that a checkpoint is written but before it wrote the
+// commit marker (SAETRAIN_FAULT_KILL_BEFORE_COMMIT), in sweep mode where rank 1 writes its own
+// SAE's files: every checkpoint whose marker is on disk must still load (rank 1 used to delete
+// the rotated-out checkpoint's files at once, while rank 0 had not yet removed its marker), and
+// the same command resumes bitwise.
+TEST_F(Resume, KillBeforeACommitMarkerLeavesEveryCommittedCheckpointReadable) {
+    const std::string extra = "parallel: {mode: sweep, timeout_s: 3}\n";
+    const std::string tail = " --threads 1 --set data.epochs=1 --set 'sae.k=[4,6]'";
+    const std::string ref = config("ref", extra), cfg = config("commit", extra);
+    ASSERT_EQ(run(std::string(kMpi) + bin("saetrain") + " " + ref + tail).code, 0);
+    const std::string cmd = std::string(kMpi) + bin("saetrain") + " " + cfg + tail;
+    const Result r = run("SAETRAIN_FAULT_KILL_BEFORE_COMMIT=21 " + cmd);
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("before the commit marker of step 21"), std::string::npos) << r.out;
+    const auto steps = Checkpointer::committed_steps((dir / "commit").string());
+    EXPECT_EQ(steps, (std::vector<int64_t>{14, 7})) << r.out;
+    for (const std::string id : {"topk-x4-k4", "topk-x4-k6"}) {
+        const std::string sae_dir = (dir / "commit" / "sae" / id).string();
+        for (const int64_t step : steps) {
+            SCOPED_TRACE(id + " step " + std::to_string(step));
+            try {
+                const SaeWeights w = sae_read_h5(checkpoint_weights_path(sae_dir, step));
+                train_state_read(checkpoint_state_path(sae_dir, step), w);
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << "a committed checkpoint is unreadable: " << e.what();
+            }
+        }
+    }
+    const Result again = run(cmd);
+    ASSERT_EQ(again.code, 0) << again.out;
+    EXPECT_NE(again.out.find("resumed from the checkpoint at step 14"), std::string::npos)
+        << again.out;
+    for (const std::string id : {"topk-x4-k4", "topk-x4-k6"})
+        expect_bitwise(final_of(dir / "ref", id), final_of(dir / "commit", id), id);
+    // Nothing uncommitted or half-written is left behind: rotated-out pairs and temp files are
+    // removed at the next start and at the end.
+    for (const std::string id : {"topk-x4-k4", "topk-x4-k6"})
+        EXPECT_EQ(checkpoint_steps((dir / "commit" / "sae" / id).string()),
+                  (std::vector<int64_t>{182, 188}))
+            << id;
+}
+
 // A replica that fails mid-run in data-parallel mode (its peers wait in the shared-memory
 // optimizer's fence) ends the job at once with its message, not after the watchdog's timeout:
 // the failing rank must not block in a collective (freeing the shared window) on its way out.

@@ -92,8 +92,10 @@ while [ $(($(date +%s) - t0)) -lt $((minutes * 60)) ] && [ ! -e "$dir/soak/COMPL
         [ -e "$dir/soak/COMPLETE" ] && break
         continue
     fi
-    which=$((RANDOM % 2))
-    victim=$([ $which = 0 ] && echo "$1" || echo "$2")
+    pick=$((RANDOM % 2))
+    victim=$([ $pick = 0 ] && echo "$1" || echo "$2")
+    # The MPI rank of the victim (ranks_of lists by pid, which is normally, not surely, rank order).
+    which=$(tr '\0' '\n' <"/proc/$victim/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
     rss="$(($(rss_kb "$1") / 1024)) / $(($(rss_kb "$2") / 1024))"
     kill -KILL "$victim"
     tk=$(now)
@@ -102,7 +104,7 @@ while [ $(($(date +%s) - t0)) -lt $((minutes * 60)) ] && [ ! -e "$dir/soak/COMPL
     took=$(echo "$(now) - $tk" | bc)
     [ "$(echo "$took > $TIMEOUT_S + 5" | bc)" = 1 ] && slow_exit=$((slow_exit + 1))
     # The launcher names the dead rank ("rank N" / "exited on signal 9") or the watchdog does.
-    grep -qiE "signal 9|killed|rank $which" "$dir/job-$n.log" || unnamed=$((unnamed + 1))
+    grep -q "noticed that process rank $which " "$dir/job-$n.log" || unnamed=$((unnamed + 1))
     steps=""
     for c in "$dir"/soak/checkpoints/step-*.commit; do
         [ -e "$c" ] || continue
