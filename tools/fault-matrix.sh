@@ -117,7 +117,7 @@ launch() {
 }
 # Seconds from the injected signal (the hook prints its time) to the job's end at $1.
 since_fault() {
-    local t; t=$(grep -ohE "(raises signal [0-9]+ \([a-z-]+\)|halfway through .*) at [0-9.]+" "$2" | grep -oE "[0-9.]+$" | head -1)
+    local t; t=$(grep -ohE "(raises signal [0-9]+ \([^)]*\)|halfway through .*) at [0-9.]+" "$2" | grep -oE "[0-9.]+$" | head -1)
     [ -n "$t" ] && secs "$1 - $t" || echo "?"
 }
 # verify NAME: every committed checkpoint of every SAE loads and verifies; prints a problem or "".
@@ -314,6 +314,19 @@ for c in "${cases[@]}"; do
         "$obs" "$t" "$(finish $name)" "$ok"
     [ -z "$(find "$dir/runs/$name" -name '*.tmp.*')" ] || { failed=1; echo "fault-matrix: $name: temp files left after the rerun" >&2; }
 done
+
+# Rank 0 killed after all ranks agreed a checkpoint is written, before its commit marker: the
+# other writers must not yet have deleted what the markers on disk point at.
+name=sweep-commit; config $name sweep
+SAETRAIN_FAULT_KILL_BEFORE_COMMIT=21 launch $name "$dir/$name.log"
+t=$(since_fault "$ended" "$dir/$name.log")
+ok=0
+[ "$rc" != 0 ] && has "$dir/$name.log" "before the commit marker of step 21" &&
+    has "$dir/$name.log" "noticed that process rank 0 " && [ "$t" != "?" ] &&
+    [ "$(echo "$t <= $TIMEOUT_S + 5" | bc)" = 1 ] && ok=1
+row "SIGKILL rank 0 of 2 (sweep) before a commit marker" "all exit < timeout_s+5, rank named" \
+    "exit $rc; mpirun names rank $(grep -oE "noticed that process rank [0-9]+" "$dir/$name.log" | grep -oE "[0-9]+$"); committed: $(ls "$dir/runs/$name/checkpoints" | tr '\n' ' ')" \
+    "$t" "$(finish $name)" "$ok"
 
 name=dp-stop; config $name dp
 SAETRAIN_FAULT=1:20:STOP launch $name "$dir/$name.log"
