@@ -63,7 +63,7 @@ row() {
 # The one "saetrain: error:" (or "mpirun noticed ...") line of a log, shortened for the table.
 first_error() {
     grep -m1 -E "saetrain: error:|noticed that process rank|has waited" "$1" | sed -e "s|$dir/||g" \
-        -e 's/^saetrain: error: //' | cut -c1-90
+        -e 's/^saetrain: error: //' -e 's|[^ ]*/sae/[^/ ]*/|.../|g' | cut -c1-90
 }
 
 # --- data, configs, runs ------------------------------------------------------------------------
@@ -223,12 +223,16 @@ for m in 0 1 2; do
         bg=$!
         sleep "$delay"
         victims=$(ranks_of "$bg")
+        for _ in $(seq 30); do  # the launcher may not have started the ranks yet
+            [ -n "$victims" ] || ! kill -0 "$bg" 2>/dev/null && break
+            sleep 0.1; victims=$(ranks_of "$bg")
+        done
         set -- $victims
         if [ $# -eq 0 ] || [ -e "$dir/runs/$name/COMPLETE" ]; then
             { wait "$bg"; } 2>/dev/null; bg=""
             if [ -e "$dir/runs/$name/COMPLETE" ]; then  # ran to the end: compare, start afresh
                 row "after $in_seq SIGKILL(s) ($mode): ran to the end" "final bitwise = uninterrupted" \
-                    "completed" "-" "$(finish_done "$name")" 1
+                    "completed before the next kill" "-" "$(finish_done "$name")" 1
                 seq=$((seq + 1)) in_seq=0
                 name="$mode-kills$seq"; config "$name" "$mode" "$LONG"
             fi
@@ -465,7 +469,8 @@ launch $name "$dir/$name.log2"
 ok=0; [ "$rc" = 1 ] && has "$dir/$name.log2" "holds an SAE of d_model 64" && has "$dir/$name.log2" "now has d_model 32" && ok=1
 rm -rf "$dir/wdata" && cp -a "$dir/data.orig" "$dir/wdata"  # restored
 row "the data's d_model changes between runs" "refused, 1 line, checkpoints kept" \
-    "exit $rc: $(first_error "$dir/$name.log2" | cut -c1-88)" "$(secs "$took")" "$(finish $name)" "$ok"
+    "exit $rc: ...$(grep -m1 -oE "holds an SAE of d_model [0-9]+.*now has d_model [0-9]+" "$dir/$name.log2")" \
+    "$(secs "$took")" "$(finish $name)" "$ok"
 
 name=one-cfg; config $name one
 SAETRAIN_FAULT=0:30:TERM launch $name "$dir/$name.log"
