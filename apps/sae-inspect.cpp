@@ -2,15 +2,19 @@
 //
 //   sae-inspect data/quickstart             # directory, glob or one shard
 //   sae-inspect runs/x/sae/topk_k32/final.h5
+//   sae-inspect runs/x/sae/topk_k32/checkpoint-500.h5     # also verifies its .state.h5 checksum
+//   sae-inspect runs/a/sae/id/final.h5 --compare runs/b/sae/id/final.h5   # bitwise equal?
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "saetrain/checkpoint.h"  // defines: sae_is_checkpoint, sae_read_h5, SaeWeights
 #include "saetrain/error.h"
-#include "saetrain/shards.h"  // defines: dataset_open, DatasetInfo
+#include "saetrain/shards.h"       // defines: dataset_open, DatasetInfo
+#include "saetrain/train_state.h"  // defines: train_state_read (a checkpoint's checksum)
 
 namespace fs = std::filesystem;
 
@@ -38,6 +42,44 @@ void print_sae(const std::string& path) {
     fmt::print("  step {}  tokens {}\n", meta.step, meta.tokens);
     fmt::print("  decoder row norm min {:.4f}  mean {:.4f}  max {:.4f}\n", lo,
                sum / static_cast<double>(w.n_latents), hi);
+    // A checkpoint's pair: the state file's checksum covers both files' tensors, so this is
+    // exactly what resume would accept.
+    const fs::path p(path);
+    const std::string name = p.filename().string();
+    if (name.rfind("checkpoint-", 0) == 0 && name.find(".state.") == std::string::npos) {
+        const std::string state =
+            saetrain::checkpoint_state_path(p.parent_path().string(), meta.step);
+        if (fs::exists(state)) {
+            const saetrain::TrainState s = saetrain::train_state_read(state, w);
+            fmt::print("  state {}: checksum ok (iteration {})\n", state, s.iteration);
+        }
+    }
+}
+
+// Bitwise comparison of two SAE files' tensors; the first difference, or "" when identical.
+std::string weights_difference(const std::string& a_path, const std::string& b_path) {
+    const saetrain::SaeWeights a = saetrain::sae_read_h5(a_path), b = saetrain::sae_read_h5(b_path);
+    if (a.d_model != b.d_model || a.n_latents != b.n_latents)
+        return fmt::format("shapes differ (d_model {} x {} latents vs {} x {})", a.d_model,
+                           a.n_latents, b.d_model, b.n_latents);
+    std::vector<
+        std::pair<std::string, std::pair<const std::vector<float>*, const std::vector<float>*>>>
+        tensors = {{"W_enc", {&a.w_enc, &b.w_enc}},
+                   {"W_dec", {&a.w_dec, &b.w_dec}},
+                   {"b_enc", {&a.b_enc, &b.b_enc}},
+                   {"b_dec", {&a.b_dec, &b.b_dec}}};
+    if (a.extra.size() != b.extra.size()) return "the architecture's extra tensors differ";
+    for (size_t i = 0; i < a.extra.size(); ++i)
+        tensors.push_back({a.extra[i].first, {&a.extra[i].second, &b.extra[i].second}});
+    for (const auto& [name, t] : tensors) {
+        const std::vector<float>&x = *t.first, &y = *t.second;
+        if (x.size() != y.size()) return fmt::format("{}: sizes differ", name);
+        // Bits, not values: -0 vs 0 or two NaNs count as different.
+        for (size_t i = 0; i < x.size(); ++i)
+            if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0)
+                return fmt::format("{}[{}]: {:.9g} vs {:.9g}", name, i, x[i], y[i]);
+    }
+    return "";
 }
 
 void print_dataset(const std::string& path, const std::string& name) {
@@ -62,8 +104,20 @@ int main(int argc, char** argv) {
     CLI::App app{"Validate and describe activation shards or an SAE checkpoint."};
     app.add_option("path", path, "dataset directory, glob, shard, or SAE .h5 file")->required();
     app.add_option("--dataset", dataset, "dataset name inside each shard")->capture_default_str();
+    std::string compare;
+    app.add_option("--compare", compare,
+                   "another SAE file: exit 0 when its tensors are bitwise equal to PATH's, else 1");
     CLI11_PARSE(app, argc, argv);
     try {
+        if (!compare.empty()) {
+            const std::string diff = weights_difference(path, compare);
+            if (!diff.empty()) {
+                fmt::print("{} and {} differ: {}\n", path, compare, diff);
+                return 1;
+            }
+            fmt::print("{} and {}: weights bitwise identical\n", path, compare);
+            return 0;
+        }
         if (saetrain::sae_is_checkpoint(path))
             print_sae(path);
         else

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <sched.h>
 #include <sys/file.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -142,28 +143,93 @@ std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> mpi_gr
 #endif
 }
 
-// Test hook: SAETRAIN_FAULT="rank:iteration[:action]" makes that rank, at the start of that
-// loop iteration, throw (action `error`, the default) or send itself a signal (TERM, USR1,
-// KILL, STOP), so tests of failures and signals land mid-run by construction, not by racing
-// the clock (test_cli, test_resume). Unset in normal runs.
+// Test hook: SAETRAIN_FAULT="rank:when[:action[:phase]]" makes that rank throw (action `error`,
+// the default) or send itself a signal (TERM, USR1, KILL, STOP), so tests of failures and
+// signals land where they mean to by construction, not by racing the clock (test_cli,
+// test_resume, tools/fault-matrix.sh). `when` is a loop iteration, or `startup` (during set-up,
+// while the other ranks wait in the start-up agreement). Phase `step` (the default) fires at the
+// start of that iteration; `checkpoint` inside the checkpoint taken after that many iterations:
+// a rank that writes files (an SAE's replica 0) dies halfway through its weights temp file
+// (KILL only, through SAETRAIN_FAULT_KILL_IN_WRITE, see atomic_file.cpp), any other rank on
+// entering the checkpoint's collectives. Unset in normal runs.
 struct Fault {
+    static constexpr int64_t kStartup = -2;
     int rank = -1;
     int64_t iteration = -1;
     int signal = 0;  // 0: throw
+    bool at_checkpoint = false;
+    bool fires(int r, int64_t iter, bool checkpoint) const {
+        return rank == r && iteration == iter && at_checkpoint == checkpoint;
+    }
+    void fire(int64_t iter) const {
+        if (signal != 0) {
+            // The wall-clock time of the signal, for tools/fault-matrix.sh's time to exit.
+            timespec now{};
+            ::clock_gettime(CLOCK_REALTIME, &now);
+            std::fprintf(stderr,
+                         "saetrain: SAETRAIN_FAULT: rank %d raises signal %d (%s) at %.3f\n", rank,
+                         signal, iter == kStartup ? "start-up" : "iteration",
+                         static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
+            std::fflush(stderr);
+            std::raise(signal);
+            return;
+        }
+        throw Error(iter == kStartup
+                        ? std::string("injected fault during start-up (SAETRAIN_FAULT)")
+                        : fmt::format("injected fault at iteration {} (SAETRAIN_FAULT)", iter));
+    }
 };
 Fault fault_from_env() {
     Fault f;
     const char* v = std::getenv("SAETRAIN_FAULT");
     if (!v) return f;
-    char action[16] = "error";
-    const int got = std::sscanf(v, "%d:%ld:%15s", &f.rank, &f.iteration, action);
+    char when[16] = "", action[16] = "error", phase[16] = "step";
+    const int got = std::sscanf(v, "%d:%15[^:]:%15[^:]:%15s", &f.rank, when, action, phase);
     const std::map<std::string, int> signals = {
         {"error", 0}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
     const auto it = signals.find(action);
-    SAE_ENFORCE(got >= 2 && it != signals.end(),
-                "SAETRAIN_FAULT='{}': expected rank:iteration[:error|TERM|USR1|KILL|STOP]", v);
+    char* end = nullptr;
+    f.iteration = std::string(when) == "startup" ? Fault::kStartup : std::strtoll(when, &end, 10);
+    SAE_ENFORCE(got >= 2 && it != signals.end() && (end == nullptr || (*end == 0 && end != when)) &&
+                    (std::string(phase) == "step" || std::string(phase) == "checkpoint"),
+                "SAETRAIN_FAULT='{}': expected rank:iteration|startup[:error|TERM|USR1|KILL|STOP[:"
+                "step|checkpoint]]",
+                v);
     f.signal = it->second;
+    f.at_checkpoint = std::string(phase) == "checkpoint";
     return f;
+}
+
+// What a killed run can leave behind in out_dir, never read and never removed otherwise:
+// temp files of atomic writes (sae/<id>/*.h5.tmp.<pid>, checkpoints/*.commit.tmp), named by pid
+// so that every SIGKILL during a write would leave one more; and checkpoint pairs with no commit
+// marker (written but not committed, or rotated out while their deletion was deferred, see
+// Checkpointer::commit). Only rank 0 calls this, holding out_dir's lock, before the barrier that
+// lets anyone write.
+void remove_stale_files(const fs::path& out) {
+    std::error_code ec;
+    const std::vector<int64_t> committed = Checkpointer::committed_steps(out.string());
+    auto sweep = [&](const fs::path& dir, bool checkpoints) {
+        for (const auto& e : fs::directory_iterator(dir, ec)) {
+            const std::string name = e.path().filename().string();
+            const size_t at = name.rfind(".tmp");
+            const bool temp = at != std::string::npos && at > 0 &&
+                              name.find_first_not_of("0123456789", std::min(name.size(), at + 5)) ==
+                                  std::string::npos &&
+                              (at + 4 == name.size() || name[at + 4] == '.');
+            long long step = -1;
+            char rest[16] = "";
+            const bool pair = checkpoints && !temp &&
+                              std::sscanf(name.c_str(), "checkpoint-%lld%15s", &step, rest) == 2 &&
+                              (std::string(rest) == ".h5" || std::string(rest) == ".state.h5");
+            if (temp ||
+                (pair && std::find(committed.begin(), committed.end(), step) == committed.end()))
+                fs::remove(e.path(), ec);
+        }
+    };
+    sweep(out / "checkpoints", false);
+    for (const auto& e : fs::directory_iterator(out / "sae", ec))
+        if (e.is_directory(ec)) sweep(e.path(), true);
 }
 
 // On resume, metrics logged after the checkpoint will be logged again: drop them.
@@ -188,11 +254,18 @@ void drop_metrics_after(const fs::path& path, int64_t step) {
 class OutDirLock {
 public:
     explicit OutDirLock(const fs::path& out) {
-        fs::create_directories(out);
+        std::error_code ec;
+        fs::create_directories(out, ec);
+        SAE_ENFORCE(!ec,
+                    "run.out_dir {}: cannot create it ({}); choose a directory this job can "
+                    "write",
+                    out.string(), ec.message());
         const fs::path path = out / ".saetrain.lock";
         fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        SAE_ENFORCE(fd_ >= 0, "cannot create the lock file {}: {}", path.string(),
-                    std::strerror(errno));
+        SAE_ENFORCE(fd_ >= 0,
+                    "run.out_dir {}: cannot create the lock file {} ({}); choose a directory "
+                    "this job can write",
+                    out.string(), path.string(), std::strerror(errno));
         if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
             const int err = errno;
             std::string holder(256, '\0');
@@ -403,6 +476,13 @@ int run(const Args& args, Communicator& world) {
     } catch (const std::exception& e) {
         error = e.what();
     }
+    Fault fault;
+    try {
+        fault = fault_from_env();
+        if (fault.fires(world.rank(), Fault::kStartup, false)) fault.fire(Fault::kStartup);
+    } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+    }
     // Bound every collective from the first one on (the start-up agreement included).
     set_collective_timeout(config ? config->parallel.timeout_s : ParallelConfig{}.timeout_s);
     if (!agree_on_startup(world, error)) return 1;
@@ -455,6 +535,7 @@ int run(const Args& args, Communicator& world) {
             for (const char* f : {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae"})
                 fs::remove_all(out / f);
         fs::create_directories(out);
+        remove_stale_files(out);
         std::ofstream(out / "config.yaml") << config_to_yaml(cfg);
         fmt::print("saetrain {} | {} rank(s): {} | backend {}{}\n", SAETRAIN_VERSION, world.size(),
                    s.layout.describe(), s.backend->name(),
@@ -542,7 +623,14 @@ int run(const Args& args, Communicator& world) {
     opt.checkpoint_every = cfg.checkpoint.every_steps;
     opt.sae_id = id;
     opt.report = [&](const MetricsRow& m) { reporter.gather(m); };
+    if (fault.at_checkpoint && fault.rank == world.rank() && writer) {
+        SAE_ENFORCE(fault.signal == SIGKILL, "SAETRAIN_FAULT: only KILL lands mid-write");
+        // Before any writer thread exists: the atomic writer reads it on the write it names.
+        ::setenv("SAETRAIN_FAULT_KILL_IN_WRITE",
+                 (sae_dir / fmt::format("checkpoint-{}.h5", fault.iteration)).c_str(), 1);
+    }
     opt.checkpoint = [&](SaeTrainer& t, int64_t iteration) {
+        if (!writer && fault.fires(world.rank(), iteration, true)) fault.fire(iteration);
         const ReaderCursor c = s.local->cursor();
         checkpoints.save(t, iteration, c.epoch, c.offset, /*wait=*/false);
     };
@@ -554,14 +642,8 @@ int run(const Args& args, Communicator& world) {
         };
         opt.eval_every = cfg.log.eval_every_steps;
     }
-    const Fault fault = fault_from_env();
     opt.on_iteration = [&](int64_t iter) {
-        if (!(fault.rank == world.rank() && fault.iteration == iter)) return;
-        if (fault.signal != 0) {
-            std::raise(fault.signal);
-            return;
-        }
-        throw Error(fmt::format("injected fault at iteration {} (SAETRAIN_FAULT)", iter));
+        if (fault.fires(world.rank(), iter, false)) fault.fire(iter);
     };
     const LoopResult res = train_loop(trainer, source, opt);
     if (root && res.seconds > 0)

@@ -510,6 +510,58 @@ TEST_F(Cli, ChangedDataWidthIsRefusedOnResume) {
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
 }
 
+// An out_dir the job cannot write: under a regular file (ENOTDIR, always), on a read-only file
+// system (a read-only tmpfs; skipped where mounting is not permitted) and in a directory the
+// user may not write (run as nobody through setpriv, since root ignores modes; skipped without
+// it): one line naming the out_dir and the reason, exit 1, and under mpirun no rank left
+// waiting.
+TEST_F(Cli, OutDirThatCannotBeWrittenIsOneClearLine) {
+    std::ofstream(dir / "afile") << "not a directory\n";
+    const std::string under_file = (dir / "afile" / "run").string();
+    Result r = train("--set run.out_dir=" + under_file);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("run.out_dir " + under_file + ": cannot create it"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(std::strerror(ENOTDIR)), std::string::npos) << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+            " --threads 1 --set parallel.mode=data_parallel --set run.out_dir=" + under_file);
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.code, 124) << "a rank hung:\n" << r.out;
+    EXPECT_NE(r.out.find(under_file), std::string::npos) << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+
+    const fs::path ro = dir / "rofs";
+    fs::create_directories(ro);
+    if (run("mount -t tmpfs -o ro,size=1m tmpfs " + ro.string()).code == 0) {
+        r = train("--set run.out_dir=" + (ro / "run").string());
+        run("umount " + ro.string());
+        EXPECT_EQ(r.code, 1) << r.out;
+        EXPECT_NE(r.out.find("run.out_dir " + (ro / "run").string()), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find(std::strerror(EROFS)), std::string::npos) << r.out;
+        EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    } else {
+        std::printf("read-only file system: not tested (cannot mount a tmpfs here)\n");
+    }
+
+    const fs::path locked = dir / "locked";
+    fs::create_directories(locked);
+    fs::permissions(locked, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                fs::perms::others_read | fs::perms::others_exec);
+    if (getuid() == 0 && run("command -v setpriv").code == 0) {
+        r = run("HOME=/tmp setpriv --reuid=65534 --regid=65534 --clear-groups " + bin("saetrain") +
+                " " + (dir / "cfg.yaml").string() +
+                " --threads 1 --set run.out_dir=" + (locked / "run").string());
+        EXPECT_EQ(r.code, 1) << r.out;
+        EXPECT_NE(r.out.find("run.out_dir " + (locked / "run").string()), std::string::npos)
+            << r.out;
+        EXPECT_NE(r.out.find(std::strerror(EACCES)), std::string::npos) << r.out;
+        EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    } else {
+        std::printf("permission denied: not tested (needs root and setpriv to drop to nobody)\n");
+    }
+}
+
 TEST_F(Cli, InspectDescribesDataAndSae) {
     Result r = run(bin("sae-inspect") + " " + (dir / "data").string());
     ASSERT_EQ(r.code, 0) << r.out;

@@ -8,18 +8,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
 
 #include "saetrain/checkpoint.h"
 #include "saetrain/checkpointer.h"
+#include "saetrain/train_state.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -71,6 +74,34 @@ protected:
         return sae_read_h5((run_dir / "sae" / id / "final.h5").string());
     }
 };
+
+// The (first) line saying "saetrain: error:", or "".
+std::string error_line(const std::string& out) {
+    const size_t at = out.find("saetrain: error:");
+    return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+// Lines saying "saetrain: error:": a failure is one line, printed once.
+int errors_in(const std::string& out) {
+    int n = 0;
+    for (size_t at = out.find("saetrain: error:"); at != std::string::npos;
+         at = out.find("saetrain: error:", at + 1))
+        ++n;
+    return n;
+}
+
+// The wall-clock time a fault hook printed as it raised its signal ("... at <seconds>"), or
+// +inf (failing any bound) when no hook fired.
+double fault_time(const std::string& out) {
+    for (const char* hook : {"SAETRAIN_FAULT: rank", "SAETRAIN_FAULT_KILL_IN_WRITE:"}) {
+        const size_t at = out.find(hook);
+        if (at == std::string::npos) continue;
+        const std::string line = out.substr(at, out.find('\n', at) - at);
+        return std::stod(line.substr(line.rfind(" at ") + 4));
+    }
+    ADD_FAILURE() << "no fault hook fired:\n" << out;
+    return std::numeric_limits<double>::infinity();
+}
 
 void expect_bitwise(const SaeWeights& a, const SaeWeights& b, const std::string& what) {
     EXPECT_TRUE(a.w_enc == b.w_enc && a.w_dec == b.w_dec && a.b_enc == b.b_enc &&
@@ -204,6 +235,249 @@ TEST_F(Resume, DiskFullAtACheckpointKeepsThePreviousOneAndResumesBitwise) {
     ASSERT_EQ(run(cmd).code, 0);
     expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "full", "topk-x4-k6"),
                    "disk full, then resumed");
+}
+
+// A full disk while final.h5 is written (after the last checkpoint was committed): one line
+// naming the temp file and ENOSPC, exit 1, no final.h5, no COMPLETE and no temp file; the
+// committed checkpoints (the last one at the run's end) still load and verify; the same command
+// afterwards resumes from the last one, writes final.h5 and ends bitwise equal to a clean run.
+TEST_F(Resume, DiskFullWritingFinalWeightsKeepsTheCheckpointsAndResumes) {
+    const std::string ref_cfg = config("ref"), cfg = config("full");
+    ASSERT_EQ(run(bin("saetrain") + " " + ref_cfg + " --threads 1").code, 0);
+    const std::string cmd = bin("saetrain") + " " + cfg + " --threads 1";
+    const Result r = run("SAETRAIN_FAULT_DISK_FULL=final.h5:0 " + cmd);
+    EXPECT_EQ(r.code, 1) << r.out;
+    const fs::path sae_dir = dir / "full" / "sae" / "topk-x4-k6";
+    EXPECT_NE(r.out.find((sae_dir / "final.h5.tmp").string()), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::strerror(ENOSPC)), std::string::npos) << r.out;
+    EXPECT_EQ(errors_in(r.out), 1) << r.out;
+    EXPECT_FALSE(fs::exists(sae_dir / "final.h5"));
+    EXPECT_FALSE(fs::exists(dir / "full" / "COMPLETE"));
+    for (const auto& e : fs::directory_iterator(sae_dir))
+        EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+    const auto steps = Checkpointer::committed_steps((dir / "full").string());
+    ASSERT_EQ(steps.size(), 2u);
+    EXPECT_EQ(steps[0], 563) << "the last checkpoint is the run's end";
+    for (const int64_t step : steps) {
+        const SaeWeights w = sae_read_h5(checkpoint_weights_path(sae_dir.string(), step));
+        EXPECT_NO_THROW(train_state_read(checkpoint_state_path(sae_dir.string(), step), w)) << step;
+    }
+    const Result again = run(cmd);
+    ASSERT_EQ(again.code, 0) << again.out;
+    EXPECT_NE(again.out.find("resumed from the checkpoint at step 563"), std::string::npos)
+        << again.out;
+    EXPECT_TRUE(fs::exists(dir / "full" / "COMPLETE"));
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "full", "topk-x4-k6"),
+                   "disk full at final.h5, then resumed");
+}
+
+// The same on a real full file system: out_dir on a 1 MiB tmpfs (as root; skipped where mounting
+// is not permitted) fills up at a checkpoint: the error names a file in out_dir and ENOSPC, exit
+// 1, every committed checkpoint verifies; after the tmpfs is grown the same command resumes and
+// ends bitwise equal to a clean run.
+TEST_F(Resume, RealFullFileSystemEndsCleanlyAndResumesOnceThereIsSpace) {
+    const fs::path mnt = dir / "small";
+    fs::create_directories(mnt);
+    if (run("mount -t tmpfs -o size=1m tmpfs " + mnt.string()).code != 0)
+        GTEST_SKIP() << "cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN)";
+    struct Unmount {
+        std::string path;
+        ~Unmount() { run("umount " + path); }
+    } unmount{mnt.string()};
+    const std::string ref_cfg = config("ref");
+    ASSERT_EQ(run(bin("saetrain") + " " + ref_cfg + " --threads 1").code, 0);
+    const fs::path out = mnt / "run";
+    const fs::path p = dir / "small.yaml";
+    {
+        std::ifstream in(dir / "ref.yaml");
+        std::string text((std::istreambuf_iterator<char>(in)), {});
+        text.replace(text.find((dir / "ref").string()), (dir / "ref").string().size(),
+                     out.string());
+        std::ofstream(p) << text;
+    }
+    const std::string cmd = bin("saetrain") + " " + p.string() + " --threads 1";
+    const Result r = run(cmd);
+    EXPECT_EQ(r.code, 1) << r.out;
+    // One line says it all: the file in out_dir and the system's reason; no HDF5 stack dump.
+    const std::string line = error_line(r.out);
+    EXPECT_NE(line.find(std::strerror(ENOSPC)), std::string::npos) << r.out;
+    EXPECT_NE(line.find(out.string()), std::string::npos) << "the error names no file:\n" << r.out;
+    EXPECT_EQ(r.out.find("HDF5-DIAG"), std::string::npos) << r.out;
+    EXPECT_EQ(errors_in(r.out), 1) << r.out;
+    const auto steps = Checkpointer::committed_steps(out.string());
+    ASSERT_FALSE(steps.empty()) << r.out;
+    const fs::path sae_dir = out / "sae" / "topk-x4-k6";
+    for (const int64_t step : steps) {
+        const SaeWeights w = sae_read_h5(checkpoint_weights_path(sae_dir.string(), step));
+        EXPECT_NO_THROW(train_state_read(checkpoint_state_path(sae_dir.string(), step), w)) << step;
+    }
+    ASSERT_EQ(run("mount -o remount,size=64m " + mnt.string()).code, 0);
+    const Result again = run(cmd);
+    ASSERT_EQ(again.code, 0) << again.out;
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(out, "topk-x4-k6"),
+                   "real ENOSPC, then resumed");
+}
+
+// A shard that vanishes (renamed away) or is replaced by a file with a damaged header during the
+// run, before the reader reached it: one line naming the shard and the row, exit 1; after the
+// file is restored the same command resumes from the last committed checkpoint and ends bitwise
+// equal to a clean run. The run stops itself at iteration 2 (SAETRAIN_FAULT=0:2:STOP) so the
+// shard changes while it runs, by construction; rows are read in disk order, so the third shard
+// (rows 8000-11999) is not yet open then.
+TEST_F(Resume, ShardVanishingOrReplacedMidRunIsNamedAndTheRunResumesBitwise) {
+    const std::string ref_cfg = config("ref");
+    const std::string sets =
+        " --set data.shuffle_buffer_rows=0 --set data.read_bytes=4096 --set "
+        "data.prefetch_bytes=1048576";
+    ASSERT_EQ(run(bin("saetrain") + " " + ref_cfg + " --threads 1" + sets).code, 0);
+    const fs::path shard = dir / "data" / "shard_00002.h5", away = dir / "shard_00002.away";
+    for (const std::string how : {"vanishes", "is replaced"}) {
+        SCOPED_TRACE(how);
+        const std::string name = how == "vanishes" ? "gone" : "replaced";
+        const std::string cmd = bin("saetrain") + " " + config(name) + " --threads 1" + sets;
+        std::string change = "mv " + shard.string() + " " + away.string();
+        if (how == "is replaced")  // a copy with its superblock signature overwritten
+            change = "cp " + shard.string() + " " + shard.string() + ".new && printf XXXXXXXX | " +
+                     "dd of=" + shard.string() + ".new conv=notrunc status=none && " + change +
+                     " && mv " + shard.string() + ".new " + shard.string();
+        const Result r =
+            run("SAETRAIN_FAULT=0:2:STOP " + cmd + " > " + (dir / "log").string() +
+                " 2>&1 & pid=$!; for i in $(seq 200); do grep -q '^State:.*T' " +
+                "/proc/$pid/status && break; sleep 0.05; done; " + change +
+                " && kill -CONT $pid; wait $pid; echo exit=$?; cat " + (dir / "log").string());
+        EXPECT_NE(r.out.find("exit=1"), std::string::npos) << r.out;
+        EXPECT_EQ(errors_in(r.out), 1) << r.out;
+        EXPECT_NE(r.out.find("shard " + shard.string() + ": "), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find("row 0"), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find(how == "vanishes" ? std::strerror(ENOENT) : "another file now"),
+                  std::string::npos)
+            << r.out;
+        EXPECT_FALSE(fs::exists(dir / name / "COMPLETE"));
+        const auto steps = Checkpointer::committed_steps((dir / name).string());
+        ASSERT_FALSE(steps.empty()) << r.out;
+        EXPECT_GE(steps[0], 100) << "the run stopped before the third shard";
+        // Restore the file, run the same command again.
+        fs::remove(shard);
+        fs::rename(away, shard);
+        const Result again = run(cmd);
+        ASSERT_EQ(again.code, 0) << again.out;
+        EXPECT_NE(again.out.find(fmt::format("resumed from the checkpoint at step {}", steps[0])),
+                  std::string::npos)
+            << again.out;
+        expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / name, "topk-x4-k6"),
+                       "shard " + how + ", restored, resumed");
+    }
+}
+
+// SIGKILL of one rank in every parallel mode, during start-up, mid-step and during a checkpoint
+// (SAETRAIN_FAULT=rank:when:KILL[:checkpoint]; a rank that writes files dies halfway through its
+// weights temp file): every rank exits within parallel.timeout_s + 5 s, the output names the
+// dead rank, and the same command afterwards resumes (or starts over, when no checkpoint was
+// committed) and ends bitwise equal to an uninterrupted run.
+TEST_F(Resume, RankKilledInEveryModeAndPhaseEndsTheJobAndResumesBitwise) {
+    struct Mode {
+        std::string name, extra, sets;
+        int np;
+        std::vector<std::string> ids;
+    };
+    const std::vector<Mode> modes = {
+        {"sweep",
+         "parallel: {mode: sweep, timeout_s: 3}\n",
+         " --set 'sae.k=[4,6]'",
+         2,
+         {"topk-x4-k4", "topk-x4-k6"}},
+        {"data_parallel", "parallel: {mode: data_parallel, timeout_s: 3}\n", "", 2, {"topk-x4-k6"}},
+        {"hybrid",
+         "parallel: {mode: hybrid, replicas: 2, timeout_s: 3}\n",
+         " --set 'sae.k=[4,6]'",
+         4,
+         {"topk-x4-k4", "topk-x4-k6"}}};
+    for (const Mode& m : modes) {
+        std::string mpi = kMpi;
+        mpi.replace(mpi.find("-np 2"), 5, "-np " + std::to_string(m.np));
+        const std::string tail = " --threads 1 --set data.epochs=1" + m.sets;
+        const std::string ref = config("ref-" + m.name, m.extra);
+        const Result rr = run(mpi + bin("saetrain") + " " + ref + tail);
+        ASSERT_EQ(rr.code, 0) << m.name << ": " << rr.out;
+        const int last = m.np - 1;
+        // (rank, fault): the last rank at start-up and mid-step; at a checkpoint rank 0 (a
+        // writer: dies mid-file) and the last rank (in hybrid a replica that writes nothing).
+        const std::vector<std::pair<int, std::string>> faults = {{last, "startup:KILL"},
+                                                                 {last, "20:KILL"},
+                                                                 {0, "21:KILL:checkpoint"},
+                                                                 {last, "28:KILL:checkpoint"}};
+        for (const auto& [rank, what] : faults) {
+            SCOPED_TRACE(m.name + " SAETRAIN_FAULT=" + std::to_string(rank) + ":" + what);
+            const std::string name = "kill-" + m.name;
+            const std::string cmd = mpi + bin("saetrain") + " " + config(name, m.extra) + tail;
+            fs::remove_all(dir / name);
+            const Result r = run("SAETRAIN_FAULT=" + std::to_string(rank) + ":" + what + " " + cmd);
+            const double end =
+                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+            EXPECT_NE(r.code, 0) << r.out;
+            EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
+            // From the signal (the hook prints its wall-clock time) to the end of the job.
+            const double secs = end - fault_time(r.out);
+            EXPECT_LT(secs, 3 + 5) << r.out;
+            EXPECT_NE(r.out.find(fmt::format("rank {}", rank)), std::string::npos)
+                << "the dead rank is not named:\n"
+                << r.out;
+            EXPECT_FALSE(fs::exists(dir / name / "COMPLETE"));
+            std::printf("%s, rank %d of %d, %s: job ended after %.1f s (exit %d)\n", m.name.c_str(),
+                        rank, m.np, what.c_str(), secs, r.code);
+            if (what != "startup:KILL") {
+                EXPECT_FALSE(Checkpointer::committed_steps((dir / name).string()).empty());
+            }
+            const Result again = run(cmd);
+            ASSERT_EQ(again.code, 0) << again.out;
+            for (const std::string& id : m.ids)
+                expect_bitwise(final_of(dir / ("ref-" + m.name), id), final_of(dir / name, id),
+                               m.name + " " + id);
+        }
+    }
+}
+
+// Rank 0 killed after every rank agreed that a checkpoint is written but before it wrote the
+// commit marker (SAETRAIN_FAULT_KILL_BEFORE_COMMIT), in sweep mode where rank 1 writes its own
+// SAE's files: every checkpoint whose marker is on disk must still load (rank 1 used to delete
+// the rotated-out checkpoint's files at once, while rank 0 had not yet removed its marker), and
+// the same command resumes bitwise.
+TEST_F(Resume, KillBeforeACommitMarkerLeavesEveryCommittedCheckpointReadable) {
+    const std::string extra = "parallel: {mode: sweep, timeout_s: 3}\n";
+    const std::string tail = " --threads 1 --set data.epochs=1 --set 'sae.k=[4,6]'";
+    const std::string ref = config("ref", extra), cfg = config("commit", extra);
+    ASSERT_EQ(run(std::string(kMpi) + bin("saetrain") + " " + ref + tail).code, 0);
+    const std::string cmd = std::string(kMpi) + bin("saetrain") + " " + cfg + tail;
+    const Result r = run("SAETRAIN_FAULT_KILL_BEFORE_COMMIT=21 " + cmd);
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("before the commit marker of step 21"), std::string::npos) << r.out;
+    const auto steps = Checkpointer::committed_steps((dir / "commit").string());
+    EXPECT_EQ(steps, (std::vector<int64_t>{14, 7})) << r.out;
+    for (const std::string id : {"topk-x4-k4", "topk-x4-k6"}) {
+        const std::string sae_dir = (dir / "commit" / "sae" / id).string();
+        for (const int64_t step : steps) {
+            SCOPED_TRACE(id + " step " + std::to_string(step));
+            try {
+                const SaeWeights w = sae_read_h5(checkpoint_weights_path(sae_dir, step));
+                train_state_read(checkpoint_state_path(sae_dir, step), w);
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << "a committed checkpoint is unreadable: " << e.what();
+            }
+        }
+    }
+    const Result again = run(cmd);
+    ASSERT_EQ(again.code, 0) << again.out;
+    EXPECT_NE(again.out.find("resumed from the checkpoint at step 14"), std::string::npos)
+        << again.out;
+    for (const std::string id : {"topk-x4-k4", "topk-x4-k6"})
+        expect_bitwise(final_of(dir / "ref", id), final_of(dir / "commit", id), id);
+    // Nothing uncommitted or half-written is left behind: rotated-out pairs and temp files are
+    // removed at the next start and at the end.
+    for (const std::string id : {"topk-x4-k4", "topk-x4-k6"})
+        EXPECT_EQ(checkpoint_steps((dir / "commit" / "sae" / id).string()),
+                  (std::vector<int64_t>{182, 188}))
+            << id;
 }
 
 // A replica that fails mid-run in data-parallel mode (its peers wait in the shared-memory

@@ -54,6 +54,7 @@ public:
 private:
     void join_and_commit();
     void commit(int64_t step, int64_t iteration);
+    void remove_files(const std::vector<int64_t>& steps) const;  // this SAE's pairs at `steps`
 
     Communicator& world_;
     Communicator& replicas_;
@@ -64,6 +65,7 @@ private:
     std::exception_ptr write_error_;
     int64_t pending_step_ = -1, pending_iteration_ = 0;
     std::vector<int64_t> committed_;  // ascending
+    std::vector<int64_t> doomed_;     // rotated out; files deleted at the next commit (rank != 0)
 };
 
 // Keys whose values differ between two resolved configs (YAML from config_to_yaml), ignoring

@@ -151,7 +151,9 @@ void summary_write(const std::string& path, const std::vector<std::string>& colu
             }
             out << "\n";
         }
-        SAE_ENFORCE(out.good(), "cannot write {}", tmp);
+        out.flush();  // a full disk shows here, not in the destructor's silent close
+        SAE_ENFORCE(out.good(), "cannot write {} ({}); is the disk full?", tmp,
+                    std::strerror(errno));
     }
     SAE_ENFORCE(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}: {}", tmp,
                 path, std::strerror(errno));

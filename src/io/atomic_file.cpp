@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -47,6 +50,23 @@ void injected_disk_full(const std::string& path, const std::string& tmp) {
                     tmp, std::strerror(ENOSPC)));
 }
 
+// Test hook: SAETRAIN_FAULT_KILL_IN_WRITE="<path>" makes the atomic write of exactly that path
+// die by SIGKILL halfway through its temp file, as a rank killed in the middle of a checkpoint
+// does (saetrain sets it for SAETRAIN_FAULT=rank:iteration:KILL:checkpoint). Unset normally.
+void injected_kill(const std::string& path, const std::string& tmp) {
+    const char* target = std::getenv("SAETRAIN_FAULT_KILL_IN_WRITE");
+    if (!target || path != target) return;
+    std::error_code ec;
+    fs::resize_file(tmp, fs::file_size(tmp, ec) / 2, ec);
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    std::fprintf(
+        stderr, "saetrain: SAETRAIN_FAULT_KILL_IN_WRITE: SIGKILL halfway through %s at %.3f\n",
+        tmp.c_str(), static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+}
+
 }  // namespace
 
 void atomic_write(const std::string& path, const std::function<void(const std::string&)>& write) {
@@ -60,6 +80,7 @@ void atomic_write(const std::string& path, const std::function<void(const std::s
     try {
         write(tmp);
         injected_disk_full(path, tmp);
+        injected_kill(path, tmp);
         fsync_path(tmp, false);
         fs::rename(tmp, target, ec);
         SAE_ENFORCE(!ec, "file {}: cannot rename {} into place ({})", path, tmp, ec.message());

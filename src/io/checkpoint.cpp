@@ -41,7 +41,7 @@ void write_file(const std::string& path, const SaeWeights& w, const SaeMeta& met
     h5::write_attr_int64(f.get(), "step", meta.step);
     h5::write_attr_int64(f.get(), "tokens", meta.tokens);
     SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({}); is the disk full?", path,
-                h5::last_error());
+                h5::os_error().empty() ? h5::last_error() : h5::os_error());
 }
 
 }  // namespace

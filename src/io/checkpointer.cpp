@@ -1,6 +1,13 @@
 #include "saetrain/checkpointer.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -41,6 +48,25 @@ std::map<std::string, std::string> flatten(const std::string& yaml) {
         }
     }
     return out;
+}
+
+// Test hook: SAETRAIN_FAULT_KILL_BEFORE_COMMIT=<step> kills rank 0 after every rank agreed that
+// the checkpoint at <step> is written and before its marker is (0.3 s later, as a slow file
+// system would): the moment when the other ranks' clean-up must not yet delete anything a marker
+// still points at. Unset in normal runs.
+void injected_kill_before_commit(int64_t step) {
+    const char* v = std::getenv("SAETRAIN_FAULT_KILL_BEFORE_COMMIT");
+    if (!v || std::strtoll(v, nullptr, 10) != step) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    std::fprintf(stderr,
+                 "saetrain: SAETRAIN_FAULT: rank 0 raises signal 9 (before the commit marker of "
+                 "step %lld) at %.3f\n",
+                 static_cast<long long>(step),
+                 static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
+    std::fflush(stderr);
+    std::raise(SIGKILL);
 }
 
 }  // namespace
@@ -108,6 +134,7 @@ std::vector<int64_t> Checkpointer::committed_steps(const std::string& out_dir) {
 
 void Checkpointer::commit(int64_t step, int64_t iteration) {
     if (world_.rank() == 0) {
+        injected_kill_before_commit(step);
         const fs::path p = commit_path(out_dir_, step);
         fs::create_directories(p.parent_path());
         const fs::path tmp = p.string() + ".tmp";
@@ -122,17 +149,33 @@ void Checkpointer::commit(int64_t step, int64_t iteration) {
     // A resumed run that had nothing left to do saves its restored step again.
     if (std::find(committed_.begin(), committed_.end(), step) == committed_.end())
         committed_.push_back(step);
-    // Keep the newest `keep`: commit markers go first, so an interrupted clean-up never leaves a
-    // marker pointing at deleted files.
+    // Keep the newest `keep`. A marker must never point at deleted files, so a checkpoint's
+    // marker goes before its files. Rank 0 removes the marker here and may then delete its own
+    // files; every other writer deletes its files only at the next commit (or at the end, after
+    // a barrier), when rank 0 is known to be past this point: deleting them now raced rank 0,
+    // and a rank 0 killed between the two left a committed marker whose files another rank had
+    // already deleted (found by tools/fault-matrix.sh in sweep mode).
+    remove_files(doomed_);
+    doomed_.clear();
     while (static_cast<int64_t>(committed_.size()) > keep_) {
         const int64_t old = committed_.front();
         committed_.erase(committed_.begin());
         std::error_code ec;
-        if (world_.rank() == 0) fs::remove(commit_path(out_dir_, old), ec);
-        if (replicas_.rank() == 0) {
-            fs::remove(checkpoint_weights_path(sae_dir_, old), ec);
-            fs::remove(checkpoint_state_path(sae_dir_, old), ec);
+        if (world_.rank() == 0) {
+            fs::remove(commit_path(out_dir_, old), ec);
+            remove_files({old});
+        } else {
+            doomed_.push_back(old);
         }
+    }
+}
+
+void Checkpointer::remove_files(const std::vector<int64_t>& steps) const {
+    if (replicas_.rank() != 0) return;  // replica 0 of each SAE writes (and removes) its files
+    std::error_code ec;
+    for (const int64_t step : steps) {
+        fs::remove(checkpoint_weights_path(sae_dir_, step), ec);
+        fs::remove(checkpoint_state_path(sae_dir_, step), ec);
     }
 }
 
@@ -184,7 +227,14 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
             }
         });
     }
-    if (wait) join_and_commit();
+    if (wait) {
+        join_and_commit();
+        // The end of training (or a stop): no later commit will delete what this one rotated
+        // out; rank 0 has removed those markers once everyone is past the barrier.
+        if (world_.size() > 1) world_.barrier();
+        remove_files(doomed_);
+        doomed_.clear();
+    }
 }
 
 void Checkpointer::finish() { join_and_commit(); }

@@ -1,18 +1,25 @@
 // h5.cpp — RAII helpers around the HDF5 C API (see h5.h).
 #include "h5.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 
 namespace saetrain::h5 {
 
 void init() {
     static std::once_flag once;
-    std::call_once(once, [] {
-        H5open();
-        // Errors come out as one-line saetrain::Error messages, not HDF5's stack dumps.
+    std::call_once(once, [] { H5open(); });
+    // Errors come out as one-line saetrain::Error messages, not HDF5's stack dumps. A
+    // thread-safe HDF5 keeps this setting per thread, and checkpoints are written by a thread of
+    // their own: switch it off in every thread that calls in.
+    thread_local bool quiet = false;
+    if (!quiet) {
         H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    });
+        quiet = true;
+    }
 }
 
 std::unique_lock<std::recursive_mutex> lock() {
@@ -31,6 +38,33 @@ std::string last_error() {
         },
         &msg);
     return msg;
+}
+
+std::string os_error() {
+    std::string msg;
+    // HDF5's POSIX driver records "..., errno = 28, error message = 'No space left on device'".
+    H5Ewalk2(
+        H5E_DEFAULT, H5E_WALK_DOWNWARD,
+        [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+            auto* m = static_cast<std::string*>(out);
+            const char* p = e->desc ? std::strstr(e->desc, "error message = '") : nullptr;
+            if (!m->empty() || !p) return 0;
+            p += std::strlen("error message = '");
+            const char* q = std::strchr(p, '\'');
+            if (q) m->assign(p, q);
+            return 0;
+        },
+        &msg);
+    return msg;
+}
+
+std::string file_name(hid_t loc) {
+    const ssize_t n = H5Fget_name(loc, nullptr, 0);
+    if (n <= 0) return "(unknown file)";
+    std::string name(static_cast<size_t>(n) + 1, '\0');
+    H5Fget_name(loc, name.data(), name.size());
+    name.resize(static_cast<size_t>(n));
+    return name;
 }
 
 // --- files and datasets --------------------------------------------------------------------
@@ -104,7 +138,11 @@ void write_f32(hid_t loc, const std::string& name, const float* data,
     Space s(SAE_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
     Dataset d(SAE_H5_CHECK(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, s.get(), H5P_DEFAULT,
                                       H5P_DEFAULT, H5P_DEFAULT)));
-    SAE_H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+    if (H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+        const std::string os = os_error();
+        throw Error(fmt::format("file {}: writing dataset '{}' failed ({}); is the disk full?",
+                                file_name(loc), name, os.empty() ? last_error() : os));
+    }
 }
 
 std::vector<float> read_f32(hid_t loc, const std::string& name, const std::string& path,

@@ -31,6 +31,11 @@ std::unique_lock<std::recursive_mutex> lock();
 
 // Innermost message of HDF5's current error stack, e.g. "truncated file: eof = ...", or "".
 std::string last_error();
+// The operating system's reason for the HDF5 error on this thread's stack (strerror text, from
+// the POSIX driver's record), or "" when the error did not come from a system call.
+std::string os_error();
+// Name of the file that `loc` (a file, group or dataset id) belongs to.
+std::string file_name(hid_t loc);
 
 // --- handles ------------------------------------------------------------------------------
 

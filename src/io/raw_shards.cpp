@@ -135,6 +135,9 @@ ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info) {
                     "is truncated, re-write or re-copy it",
                     shard.path, e.row, e.row + e.rows, st.st_size);
     }
+    out.dev = static_cast<uint64_t>(st.st_dev), out.ino = static_cast<uint64_t>(st.st_ino);
+    out.size = static_cast<int64_t>(st.st_size);
+    out.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     out.raw = true;
     return out;
 }
@@ -167,8 +170,17 @@ struct RawRowReader::Impl {
         file.reset();
     }
 
-    int fd_of(size_t i) {
-        if (fds[i] >= 0) return fds[i];
+    // Shard i's descriptor, opened on first use; `row` (shard-relative) is what the caller is
+    // about to read, for the message. A shard that vanished since start-up, or is now another
+    // file or was rewritten (inode, size or mtime differ from the probe's), is an error naming
+    // it: its probed extents would point at someone else's bytes. An open descriptor keeps
+    // reading the file it opened even if the name is unlinked or replaced (POSIX): those rows
+    // are still the run's data.
+    int fd_of(size_t i, int64_t row) {
+        if (fds[i] >= 0) {
+            check_unchanged(i, fds[i], row);
+            return fds[i];
+        }
         if (open_fds >= 256) {  // stay well below descriptor limits on huge ranges
             for (int& fd : fds)
                 if (fd >= 0) ::close(fd), fd = -1;
@@ -176,15 +188,47 @@ struct RawRowReader::Impl {
         }
         const std::string& p = info.shards[i].path;
         int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-        SAE_ENFORCE(fd >= 0, "shard {}: cannot open for reading ({})", p, std::strerror(errno));
+        SAE_ENFORCE(fd >= 0,
+                    "shard {}: cannot open it to read row {} ({}); it was readable when the run "
+                    "started: restore it and run the same command to resume from the last "
+                    "checkpoint",
+                    p, row, std::strerror(errno));
+        try {
+            check_unchanged(i, fd, row);
+        } catch (...) {
+            ::close(fd);
+            throw;
+        }
         fds[i] = fd;
         ++open_fds;
         return fd;
     }
 
+    void check_unchanged(size_t i, int fd, int64_t row) const {
+        const ShardLayout& L = layouts[i];
+        struct stat st {};
+        SAE_ENFORCE(::fstat(fd, &st) == 0, "shard {}: cannot stat it to read row {} ({})",
+                    info.shards[i].path, row, std::strerror(errno));
+        const int64_t mtime_ns =
+            static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+        const bool same_file =
+            static_cast<uint64_t>(st.st_dev) == L.dev && static_cast<uint64_t>(st.st_ino) == L.ino;
+        const int64_t size = static_cast<int64_t>(st.st_size);
+        if (same_file && size == L.size && mtime_ns == L.mtime_ns) return;
+        throw Error(fmt::format(
+            "shard {}: reading row {}: the file changed since the run started ({}); do not "
+            "modify shards during a run: restore it and run the same command to resume from the "
+            "last checkpoint",
+            info.shards[i].path, row,
+            !same_file       ? "it is another file now"
+            : size < L.size  ? fmt::format("truncated to {} bytes, was {}", size, L.size)
+            : size != L.size ? fmt::format("{} bytes, was {}", size, L.size)
+                             : "rewritten in place"));
+    }
+
     // `bytes` at `offset` of shard i, which hold its rows from `row` (shard-relative) on.
     void pread_all(size_t i, int64_t row, int64_t offset, int64_t bytes, char* out) {
-        const int fd = fd_of(i);
+        const int fd = fd_of(i, row);
         int64_t done = 0;
         while (done < bytes) {
             const ssize_t r = ::pread(fd, out + done, static_cast<size_t>(bytes - done),
@@ -315,7 +359,7 @@ void RawRowReader::will_need(int64_t row, int64_t rows) {
         const int64_t here = std::min(rows, s.first_row + s.rows - row);
         const ShardLayout& L = m.layouts[i];
         if (L.raw) {
-            const int fd = m.fd_of(i);
+            const int fd = m.fd_of(i, row - s.first_row);
             int64_t r = row - s.first_row, n = here;
             auto e = std::upper_bound(L.extents.begin(), L.extents.end(), r,
                                       [](int64_t v, const Extent& x) { return v < x.row; });

@@ -27,6 +27,10 @@ struct ShardLayout {
     bool raw = false;             // extents are valid: pread works
     std::string why;              // when !raw: why HDF5 reads are used
     std::vector<Extent> extents;  // sorted by row, merged when adjacent on disk
+    // The file the extents describe (stat at probe time): a shard replaced or rewritten during
+    // the run (another inode, size or mtime) is refused when read, not read at stale offsets.
+    uint64_t dev = 0, ino = 0;
+    int64_t size = 0, mtime_ns = 0;
 };
 
 // Inspects one shard's storage (opens it with HDF5 under the lock). Throws naming the file.

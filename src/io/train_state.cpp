@@ -95,7 +95,8 @@ void train_state_write(const std::string& path, const SaeWeights& w, const Train
         h5::write_attr_int64(f.get(), "iteration", s.iteration);
         h5::write_attr_string(f.get(), "checksum",
                               fmt::format("{:016x}", train_state_checksum(w, s)));
-        SAE_ENFORCE(f.close() >= 0, "file {}: closing failed; is the disk full?", tmp);
+        SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({}); is the disk full?", tmp,
+                    h5::os_error().empty() ? h5::last_error() : h5::os_error());
     });
 }
 
