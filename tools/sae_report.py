@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""sae-report: plots and one HTML page for a saetrain run directory (run.out_dir).
+
+    sae-report RUN_DIR [--out DIR]        # writes RUN_DIR/report/ (or DIR)
+
+Writes, as PNG and SVG:
+  loss, fvu, l0, dead, lr   one curve per SAE against training tokens (metrics.jsonl)
+  frontier                  the sweep's sparsity/fidelity frontier: L0 (log axis) against FVU,
+                            one labelled point per SAE, one marker per architecture; held-out
+                            figures when the run evaluated on held-out rows, else the last log
+                            interval's training figures
+  density                   log10 feature-density histograms, one per SAE
+                            (sae/<id>/feature_density.csv, written at the end of a run)
+and index.html showing them with the summary table and the quality gates. A run still in
+progress (a partial metrics.jsonl, no summary.csv yet) and a resumed one (metrics.jsonl cut at
+the checkpoint, then continued) both work: the table then holds the last logged row per SAE.
+report/manifest.json lists every plot with its series, which the tests check against the SVGs
+(each series is an SVG group with id "series-<n>").
+
+Every bad input ends with one line on stderr and exit code 1.
+"""
+import argparse
+import csv
+import html
+import json
+import math
+import os
+import sys
+from collections import OrderedDict
+
+# The curves: (file name, metrics.jsonl key, axis label, scale factor, log y axis).
+CURVES = [
+    ("loss", "loss", "loss", 1.0, True),
+    ("fvu", "fvu", "FVU (training batches)", 1.0, True),
+    ("l0", "l0", "L0 (active latents per token)", 1.0, True),
+    ("dead", "dead_fraction", "dead latents (%)", 100.0, False),
+    ("lr", "lr", "learning rate", 1.0, False),
+]
+MARKERS = {"relu": "o", "topk": "s", "batchtopk": "D", "jumprelu": "^", "gated": "v",
+           "switch": "P"}
+GATE_COLUMNS = ["rel_recon_err", "zeros_frac", "decorr_rms", "gates_dead_fraction",
+                "gates_dense_fraction", "gates_on", "gates"]
+
+
+class ReportError(Exception):
+    pass
+
+
+# --- reading the run ---------------------------------------------------------------------------
+
+def read_metrics(run_dir):
+    """Rows of metrics.jsonl by SAE, in step order. A torn last line (a run writing it right
+    now) is skipped; a step logged twice keeps its last row."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise ReportError(f"{path}: no such file; give a saetrain run directory (its "
+                          "run.out_dir) that has logged at least one interval")
+    by_sae = OrderedDict()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(row, dict) or "sae" not in row or "step" not in row:
+                continue
+            by_sae.setdefault(row["sae"], {})[row["step"]] = row
+    if not by_sae:
+        raise ReportError(f"{path}: no metrics rows yet (the first is written after "
+                          "log.every_steps steps)")
+    return OrderedDict((sae, [steps[s] for s in sorted(steps)]) for sae, steps in by_sae.items())
+
+
+def read_summary(run_dir):
+    path = os.path.join(run_dir, "summary.csv")
+    if not os.path.isfile(path):
+        return None
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def read_density(run_dir, sae):
+    """(bin lower edges, counts, latents that never fired) or None."""
+    path = os.path.join(run_dir, "sae", sae, "feature_density.csv")
+    if not os.path.isfile(path):
+        return None
+    lo, counts, never = [], [], 0
+    with open(path, newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if r["log10_density_lo"] == "-inf":
+                never = int(r["latents"])
+            else:
+                lo.append(float(r["log10_density_lo"]))
+                counts.append(int(r["latents"]))
+    return lo, counts, never
+
+
+def arch_of(sae, summary_row):
+    if summary_row and summary_row.get("arch"):
+        return summary_row["arch"]
+    return sae.split("-x")[0].split("-")[0]  # ids are "<arch>-x<expansion>-..."
+
+
+def number(v):
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+# --- plots -------------------------------------------------------------------------------------
+
+def _save(fig, out_dir, name, series, kind, manifest):
+    for ext in ("png", "svg"):
+        fig.savefig(os.path.join(out_dir, f"{name}.{ext}"), dpi=110 if ext == "png" else None)
+    manifest[name] = {"kind": kind, "series": series,
+                      "files": [f"{name}.png", f"{name}.svg"]}
+
+
+def plot_curves(plt, metrics, out_dir, manifest):
+    for name, key, label, scale, log_y in CURVES:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        series = []
+        for i, (sae, rows) in enumerate(metrics.items()):
+            pts = [(r["tokens"], number(r.get(key))) for r in rows]
+            pts = [(t, v * scale) for t, v in pts if v is not None]
+            if not pts:
+                continue
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".",
+                              markersize=3, linewidth=1.3, label=sae)
+            line.set_gid(f"series-{i}")
+            series.append(sae)
+        if log_y and all(v > 0 for line in ax.get_lines() for v in line.get_ydata()) \
+                and ax.get_lines():
+            ax.set_yscale("log")
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} per SAE")
+        ax.grid(True, alpha=0.3)
+        if series:
+            ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        _save(fig, out_dir, name, series, "curve", manifest)
+        plt.close(fig)
+
+
+def frontier_points(metrics, summary):
+    """One (sae, arch, l0, fvu, held_out) per SAE: the summary's (held-out when present) or,
+    for a run in progress, the last logged row's."""
+    by_id = {r["sae"]: r for r in summary or []}
+    pts = []
+    for sae, rows in metrics.items():
+        s = by_id.get(sae)
+        src = s if s is not None else rows[-1]
+        l0, fvu = number(src.get("eval_l0")), number(src.get("eval_fvu"))
+        held_out = l0 is not None and fvu is not None
+        if not held_out:
+            l0, fvu = number(src.get("l0")), number(src.get("fvu"))
+        if l0 is None or fvu is None:
+            continue
+        pts.append((sae, arch_of(sae, s), l0, fvu, held_out))
+    return pts
+
+
+def plot_frontier(plt, metrics, summary, out_dir, manifest):
+    pts = frontier_points(metrics, summary)
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    archs = sorted({p[1] for p in pts})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    series = []
+    for i, (sae, arch, l0, fvu, _) in enumerate(pts):
+        c = colors[archs.index(arch) % len(colors)]
+        (pt,) = ax.plot([max(l0, 1e-3)], [fvu], linestyle="none",
+                        marker=MARKERS.get(arch, "X"), markersize=8, color=c)
+        pt.set_gid(f"series-{i}")
+        ax.annotate(sae, (max(l0, 1e-3), fvu), textcoords="offset points", xytext=(6, 4),
+                    fontsize=7)
+        series.append(sae)
+    for arch in archs:  # one legend entry per architecture
+        ax.plot([], [], linestyle="none", marker=MARKERS.get(arch, "X"),
+                color=colors[archs.index(arch) % len(colors)], label=arch)
+    ax.set_xscale("log")
+    held = pts and all(p[4] for p in pts)
+    ax.set_xlabel("L0 (active latents per token, log scale)" + (", held-out" if held else ""))
+    ax.set_ylabel("FVU" + (" (held-out rows)" if held else " (last training interval)"))
+    ax.set_title("sparsity / fidelity frontier (lower left is better)")
+    ax.grid(True, which="both", alpha=0.3)
+    if archs:
+        ax.legend(title="architecture", fontsize=8)
+    if pts:  # room for the labels
+        lo, hi = min(p[2] for p in pts), max(p[2] for p in pts)
+        ax.set_xlim(max(lo, 1e-3) / 1.6, max(hi, 1e-3) * 2.5)
+    fig.tight_layout()
+    _save(fig, out_dir, "frontier", series, "frontier", manifest)
+    plt.close(fig)
+    return pts
+
+
+def plot_density(plt, run_dir, metrics, out_dir, manifest):
+    hists = [(sae, read_density(run_dir, sae)) for sae in metrics]
+    hists = [(sae, h) for sae, h in hists if h is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    series = []
+    for i, (sae, (lo, counts, never)) in enumerate(hists):
+        edges = lo + [lo[-1] + 0.5] if lo else []
+        # A step outline per SAE, so several overlap legibly.
+        (line,) = ax.step(edges, counts + counts[-1:], where="post", linewidth=1.4,
+                          label=f"{sae} (never fired: {never})")
+        line.set_gid(f"series-{i}")
+        series.append(sae)
+    ax.set_xlabel("log10 feature density (fraction of tokens a latent fires on)")
+    ax.set_ylabel("latents")
+    if series:
+        ax.set_title("feature density (at the end of the run)")
+        ax.legend(fontsize=7)
+    else:
+        ax.set_title("feature density: not written yet (the run has not finished)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    _save(fig, out_dir, "density", series, "density", manifest)
+    plt.close(fig)
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+def table_html(header, rows, gate_col=None):
+    out = ["<table><thead><tr>"]
+    out += [f"<th>{html.escape(h)}</th>" for h in header]
+    out.append("</tr></thead><tbody>")
+    for r in rows:
+        out.append("<tr>")
+        for h in header:
+            v = r.get(h, "")
+            cls = ""
+            if h == gate_col and v:
+                cls = ' class="pass"' if v == "PASS" else ' class="fail"'
+            out.append(f"<td{cls}>{html.escape(str(v))}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def fmt(v):
+    x = number(v)
+    if x is None:
+        return v if v is not None else ""
+    if x == int(x) and abs(x) < 1e12:
+        return str(int(x))
+    return f"{x:.4g}"
+
+
+def write_index(run_dir, out_dir, metrics, summary, manifest, complete):
+    if summary:
+        status = "finished" if complete else "finished (no COMPLETE marker)"
+        gate_cols = [c for c in GATE_COLUMNS if c in summary[0]]
+        main_cols = [c for c in summary[0] if c not in gate_cols]
+        main = table_html(main_cols, [{c: fmt(r.get(c)) for c in main_cols} for r in summary])
+        gates = table_html(["sae"] + gate_cols,
+                           [{c: fmt(r.get(c)) for c in ["sae"] + gate_cols} for r in summary],
+                           gate_col="gates")
+    else:
+        status = "in progress (no summary.csv yet): the last logged interval of each SAE"
+        cols = ["sae", "step", "tokens", "loss", "fvu", "l0", "dead_fraction", "lr",
+                "tokens_per_s", "eval_fvu", "eval_l0"]
+        last = [rows[-1] for rows in metrics.values()]
+        cols = [c for c in cols if any(c in r for r in last)]
+        main = table_html(cols, [{c: fmt(r.get(c, "")) for c in cols} for r in last])
+        gates = "<p>The quality gates are measured at the end of the run.</p>"
+    steps = ", ".join(f"{html.escape(s)}: step {rows[-1]['step']}" for s, rows in metrics.items())
+    figs = []
+    for name, m in manifest.items():
+        figs.append(f'<figure><a href="{name}.svg"><img src="{name}.svg" alt="{name}"></a>'
+                    f"<figcaption>{name} ({len(m['series'])} series) &middot; "
+                    f'<a href="{name}.png">PNG</a></figcaption></figure>')
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>saetrain report: {html.escape(run_dir)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
+h1 {{ font-size: 1.4em; }} h2 {{ font-size: 1.15em; margin-top: 1.4em; }}
+.grid {{ display: flex; flex-wrap: wrap; gap: 12px; }}
+figure {{ margin: 0; border: 1px solid #ddd; padding: 6px; background: #fff; }}
+figure img {{ width: 640px; }}
+figcaption {{ font-size: 0.85em; color: #555; }}
+table {{ border-collapse: collapse; font-size: 0.85em; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 7px; text-align: right; }}
+th {{ background: #f0f0f0; }} td:first-child {{ text-align: left; }}
+td.pass {{ background: #d9f2d9; }} td.fail {{ background: #f8d7d7; }}
+.meta {{ color: #555; font-size: 0.9em; }}
+</style></head><body>
+<h1>saetrain run: {html.escape(os.path.abspath(run_dir))}</h1>
+<p class="meta">Status: {html.escape(status)}. {len(metrics)} SAE(s); {steps}.</p>
+<h2>Summary</h2>
+{main}
+<h2>Quality gates</h2>
+<p class="meta">Pass: rel_recon_err &lt; 0.1, zeros_frac &gt; 0.85, decorr_rms &lt; 0.3, dead and
+dense &lt; 10% each (docs/architectures.md).</p>
+{gates}
+<h2>Plots</h2>
+<div class="grid">
+{"".join(figs)}
+</div>
+</body></html>
+"""
+    with open(os.path.join(out_dir, "index.html"), "w", encoding="utf-8") as f:
+        f.write(page)
+
+
+def build_report(run_dir, out_dir=None):
+    """Writes the report; returns the manifest {plot: {kind, series, files}}."""
+    if not os.path.isdir(run_dir):
+        raise ReportError(f"{run_dir}: no such directory")
+    metrics = read_metrics(run_dir)
+    summary = read_summary(run_dir)
+    out_dir = out_dir or os.path.join(run_dir, "report")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"{out_dir}: cannot create the report directory: {e.strerror}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "saetrain"  # stable SVG ids from run to run
+    import matplotlib.pyplot as plt
+
+    manifest = OrderedDict()
+    plot_curves(plt, metrics, out_dir, manifest)
+    plot_frontier(plt, metrics, summary, out_dir, manifest)
+    plot_density(plt, run_dir, metrics, out_dir, manifest)
+    complete = os.path.exists(os.path.join(run_dir, "COMPLETE"))
+    write_index(run_dir, out_dir, metrics, summary, manifest, complete)
+    with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump({"run_dir": os.path.abspath(run_dir), "complete": complete,
+                   "plots": manifest}, f, indent=1)
+    return manifest
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="sae-report", description=__doc__.split("\n")[0])
+    ap.add_argument("run_dir", help="a saetrain run directory (run.out_dir)")
+    ap.add_argument("--out", help="report directory (default RUN_DIR/report)")
+    args = ap.parse_args(argv)
+    try:
+        manifest = build_report(args.run_dir, args.out)
+    except ReportError as e:
+        print(f"sae-report: error: {e}", file=sys.stderr)
+        return 1
+    out = args.out or os.path.join(args.run_dir, "report")
+    n = len(next(iter(manifest.values()))["series"]) if manifest else 0
+    print(f"sae-report: wrote {os.path.join(out, 'index.html')} ({len(manifest)} plots, "
+          f"{n} SAE(s))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
