@@ -22,14 +22,16 @@ import sys
 
 import pytest
 
-pytest.importorskip("tensorboard")
-pytest.importorskip("matplotlib")
+from strict import need_module, skip_module  # noqa: E402
+
+need_module("tensorboard")
+need_module("matplotlib")
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 BIN = os.environ.get("SAETRAIN_BIN_DIR", "")
 if not (BIN and os.path.exists(os.path.join(BIN, "saetrain"))):
-    pytest.skip("SAETRAIN_BIN_DIR does not hold the built saetrain apps", allow_module_level=True)
+    skip_module("SAETRAIN_BIN_DIR does not hold the built saetrain apps")
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
