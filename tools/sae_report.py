@@ -38,8 +38,6 @@ CURVES = [
 ]
 MARKERS = {"relu": "o", "topk": "s", "batchtopk": "D", "jumprelu": "^", "gated": "v",
            "switch": "P"}
-GATE_COLUMNS = ["rel_recon_err", "zeros_frac", "decorr_rms", "gates_dead_fraction",
-                "gates_dense_fraction", "gates_on", "gates"]
 
 
 class ReportError(Exception):
@@ -181,6 +179,10 @@ def plot_frontier(plt, metrics, summary, out_dir, manifest):
         ax.plot([], [], linestyle="none", marker=MARKERS.get(arch, "X"),
                 color=colors[archs.index(arch) % len(colors)], label=arch)
     ax.set_xscale("log")
+    plain = plt.matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     held = pts and all(p[4] for p in pts)
     ax.set_xlabel("L0 (active latents per token, log scale)" + (", held-out" if held else ""))
     ax.set_ylabel("FVU" + (" (held-out rows)" if held else " (last training interval)"))
@@ -191,6 +193,9 @@ def plot_frontier(plt, metrics, summary, out_dir, manifest):
     if pts:  # room for the labels
         lo, hi = min(p[2] for p in pts), max(p[2] for p in pts)
         ax.set_xlim(max(lo, 1e-3) / 1.6, max(hi, 1e-3) * 2.5)
+        flo, fhi = min(p[3] for p in pts), max(p[3] for p in pts)
+        pad = 0.12 * (fhi - flo) if fhi > flo else 0.1 * max(abs(fhi), 1e-3)
+        ax.set_ylim(flo - pad, fhi + pad)
     fig.tight_layout()
     _save(fig, out_dir, "frontier", series, "frontier", manifest)
     plt.close(fig)
@@ -224,50 +229,100 @@ def plot_density(plt, run_dir, metrics, out_dir, manifest):
 
 # --- the page ----------------------------------------------------------------------------------
 
-def table_html(header, rows, gate_col=None):
-    out = ["<table><thead><tr>"]
-    out += [f"<th>{html.escape(h)}</th>" for h in header]
+def table_html(header, rows, classes=None):
+    """header: [(key, title)]; rows: [{key: text}]; classes: [{key: css class}] per row."""
+    out = ['<div class="scroll"><table><thead><tr>']
+    out += [f"<th>{html.escape(title)}</th>" for _, title in header]
     out.append("</tr></thead><tbody>")
-    for r in rows:
+    for i, r in enumerate(rows):
         out.append("<tr>")
-        for h in header:
-            v = r.get(h, "")
-            cls = ""
-            if h == gate_col and v:
-                cls = ' class="pass"' if v == "PASS" else ' class="fail"'
-            out.append(f"<td{cls}>{html.escape(str(v))}</td>")
+        for key, _ in header:
+            cls = (classes[i].get(key, "") if classes else "")
+            cls = f' class="{cls}"' if cls else ""
+            out.append(f"<td{cls}>{html.escape(str(r.get(key, '')))}</td>")
         out.append("</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
-def fmt(v):
+def fmt(v, kind=""):
+    """A cell: kind "%" (a fraction shown as a percentage), "rate" (37.8K), else 4 digits."""
     x = number(v)
     if x is None:
-        return v if v is not None else ""
+        return "" if v is None else str(v)
+    if kind == "%":
+        return f"{100 * x:.1f}"
+    if kind == "rate":
+        for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+            if abs(x) >= div:
+                return f"{x / div:.1f}{suffix}"
+        return f"{x:.0f}"
     if x == int(x) and abs(x) < 1e12:
         return str(int(x))
     return f"{x:.4g}"
 
 
+# The summary's main columns: (key, title, format); the config columns (arch, n_latents and
+# the architecture's keys: the ones before "steps" in summary.csv) go after the id.
+MAIN_COLUMNS = [("steps", "steps", ""), ("tokens", "tokens", "rate"),
+                ("fvu", "train fvu", ""), ("l0", "train l0", ""),
+                ("dead_fraction", "train dead %", "%"),
+                ("eval_fvu", "held-out fvu", ""), ("eval_l0", "held-out l0", ""),
+                ("eval_dead_fraction", "held-out dead %", "%"),
+                ("eval_dense_fraction", "held-out dense %", "%"),
+                ("feature_recovery", "recovery", ""), ("tokens_per_s", "tok/s", "rate"),
+                ("tflops", "TFLOP/s", ""), ("mfu", "MFU %", "%"),
+                ("gpu_mem_peak_GB", "GPU mem GB", ""), ("host_mem_peak_GB", "host mem GB", "")]
+# The quality gates (quality.h): (key, title, format, passes).
+GATES = [("rel_recon_err", "rel_recon_err < 0.1", "", lambda x: x < 0.1),
+         ("zeros_frac", "zeros_frac > 0.85", "", lambda x: x > 0.85),
+         ("decorr_rms", "decorr_rms < 0.3", "", lambda x: x < 0.3),
+         ("gates_dead_fraction", "dead % < 10", "%", lambda x: x < 0.1),
+         ("gates_dense_fraction", "dense % < 10", "%", lambda x: x < 0.1)]
+
+
+def summary_tables(summary):
+    cols = list(summary[0])
+    config = cols[1:cols.index("steps")] if "steps" in cols else []
+    header = [("sae", "sae")] + [(c, c) for c in config]
+    header += [(k, t) for k, t, _ in MAIN_COLUMNS if k in cols]
+    kinds = {k: f for k, _, f in MAIN_COLUMNS}
+    main = table_html(header, [{k: fmt(r.get(k), kinds.get(k, "")) for k, _ in header}
+                               for r in summary])
+    gate_header = [("sae", "sae"), ("gates_on", "on")]
+    gate_header += [(k, t) for k, t, _, _ in GATES if k in cols] + [("gates", "gates")]
+    rows, classes = [], []
+    for r in summary:
+        row = {"sae": r["sae"], "gates_on": r.get("gates_on", ""), "gates": r.get("gates", "")}
+        cls = {"gates": {"PASS": "pass", "FAIL": "fail"}.get(r.get("gates", ""), "")}
+        for k, _, kind, ok in GATES:
+            x = number(r.get(k))
+            row[k] = fmt(r.get(k), kind)
+            if x is not None:
+                cls[k] = "" if ok(x) else "fail"
+        rows.append(row)
+        classes.append(cls)
+    return main, table_html(gate_header, rows, classes)
+
+
 def write_index(run_dir, out_dir, metrics, summary, manifest, complete):
     if summary:
         status = "finished" if complete else "finished (no COMPLETE marker)"
-        gate_cols = [c for c in GATE_COLUMNS if c in summary[0]]
-        main_cols = [c for c in summary[0] if c not in gate_cols]
-        main = table_html(main_cols, [{c: fmt(r.get(c)) for c in main_cols} for r in summary])
-        gates = table_html(["sae"] + gate_cols,
-                           [{c: fmt(r.get(c)) for c in ["sae"] + gate_cols} for r in summary],
-                           gate_col="gates")
+        main, gates = summary_tables(summary)
+        main += '<p class="meta">Every column: <a href="../summary.csv">summary.csv</a>.</p>'
     else:
         status = "in progress (no summary.csv yet): the last logged interval of each SAE"
-        cols = ["sae", "step", "tokens", "loss", "fvu", "l0", "dead_fraction", "lr",
-                "tokens_per_s", "eval_fvu", "eval_l0"]
+        cols = [("sae", "sae", ""), ("step", "step", ""), ("tokens", "tokens", "rate"),
+                ("loss", "loss", ""), ("fvu", "train fvu", ""), ("l0", "train l0", ""),
+                ("dead_fraction", "train dead %", "%"), ("lr", "lr", ""),
+                ("tokens_per_s", "tok/s", "rate"), ("eval_fvu", "held-out fvu", ""),
+                ("eval_l0", "held-out l0", "")]
         last = [rows[-1] for rows in metrics.values()]
-        cols = [c for c in cols if any(c in r for r in last)]
-        main = table_html(cols, [{c: fmt(r.get(c, "")) for c in cols} for r in last])
+        cols = [c for c in cols if any(c[0] in r for r in last)]
+        main = table_html([(k, t) for k, t, _ in cols],
+                          [{k: fmt(r.get(k), f) for k, _, f in cols} for r in last])
         gates = "<p>The quality gates are measured at the end of the run.</p>"
-    steps = ", ".join(f"{html.escape(s)}: step {rows[-1]['step']}" for s, rows in metrics.items())
+    steps = ", ".join(f"{s}: step {rows[-1]['step']}" for s, rows in metrics.items())
     figs = []
     for name, m in manifest.items():
         figs.append(f'<figure><a href="{name}.svg"><img src="{name}.svg" alt="{name}"></a>'
@@ -282,19 +337,20 @@ h1 {{ font-size: 1.4em; }} h2 {{ font-size: 1.15em; margin-top: 1.4em; }}
 figure {{ margin: 0; border: 1px solid #ddd; padding: 6px; background: #fff; }}
 figure img {{ width: 640px; }}
 figcaption {{ font-size: 0.85em; color: #555; }}
+.scroll {{ overflow-x: auto; max-width: 100%; }}
 table {{ border-collapse: collapse; font-size: 0.85em; }}
-th, td {{ border: 1px solid #ccc; padding: 3px 7px; text-align: right; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 7px; text-align: right; white-space: nowrap; }}
 th {{ background: #f0f0f0; }} td:first-child {{ text-align: left; }}
 td.pass {{ background: #d9f2d9; }} td.fail {{ background: #f8d7d7; }}
 .meta {{ color: #555; font-size: 0.9em; }}
 </style></head><body>
 <h1>saetrain run: {html.escape(os.path.abspath(run_dir))}</h1>
-<p class="meta">Status: {html.escape(status)}. {len(metrics)} SAE(s); {steps}.</p>
+<p class="meta">Status: {html.escape(status)}. {len(metrics)} SAE(s); {html.escape(steps)}.</p>
 <h2>Summary</h2>
 {main}
 <h2>Quality gates</h2>
-<p class="meta">Pass: rel_recon_err &lt; 0.1, zeros_frac &gt; 0.85, decorr_rms &lt; 0.3, dead and
-dense &lt; 10% each (docs/architectures.md).</p>
+<p class="meta">On the held-out rows when the run has them, else the last 10% of training;
+a red cell fails its gate (docs/architectures.md).</p>
 {gates}
 <h2>Plots</h2>
 <div class="grid">
