@@ -60,7 +60,8 @@ def read_metrics(run_dir):
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if not isinstance(row, dict) or "sae" not in row or "step" not in row:
+            if not isinstance(row, dict) or not isinstance(row.get("sae"), str) \
+                    or not isinstance(row.get("step"), int):
                 continue
             by_sae.setdefault(row["sae"], {})[row["step"]] = row
     if not by_sae:
@@ -83,14 +84,18 @@ def read_density(run_dir, sae):
     if not os.path.isfile(path):
         return None
     lo, counts, never = [], [], 0
-    with open(path, newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            if r["log10_density_lo"] == "-inf":
-                never = int(r["latents"])
-            else:
-                lo.append(float(r["log10_density_lo"]))
-                counts.append(int(r["latents"]))
-    return lo, counts, never
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            for r in csv.DictReader(f):
+                if r["log10_density_lo"] == "-inf":
+                    never = int(r["latents"])
+                else:
+                    lo.append(float(r["log10_density_lo"]))
+                    counts.append(int(r["latents"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportError(f"{path}: not a feature-density histogram as saetrain writes it "
+                          f"(log10_density_lo,log10_density_hi,latents): {e}")
+    return (lo, counts, never) if lo else None
 
 
 def arch_of(sae, summary_row):
@@ -121,8 +126,8 @@ def plot_curves(plt, metrics, out_dir, manifest):
         fig, ax = plt.subplots(figsize=(7, 4.2))
         series = []
         for i, (sae, rows) in enumerate(metrics.items()):
-            pts = [(r["tokens"], number(r.get(key))) for r in rows]
-            pts = [(t, v * scale) for t, v in pts if v is not None]
+            pts = [(number(r.get("tokens")), number(r.get(key))) for r in rows]
+            pts = [(t, v * scale) for t, v in pts if t is not None and v is not None]
             if not pts:
                 continue
             (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".",
@@ -132,6 +137,10 @@ def plot_curves(plt, metrics, out_dir, manifest):
         if log_y and all(v > 0 for line in ax.get_lines() for v in line.get_ydata()) \
                 and ax.get_lines():
             ax.set_yscale("log")
+            plain = plt.matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+            ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.set_xlabel("training tokens")
         ax.set_ylabel(label)
         ax.set_title(f"{label} per SAE")
@@ -373,8 +382,11 @@ def build_report(run_dir, out_dir=None):
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise ReportError(f"{out_dir}: cannot create the report directory: {e.strerror}")
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError(f"matplotlib is not installed for {sys.executable}; run bash "
+                          "tools/setup-venv.sh (sae-report uses .venv)")
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "saetrain"  # stable SVG ids from run to run
     import matplotlib.pyplot as plt
@@ -400,6 +412,9 @@ def main(argv=None):
         manifest = build_report(args.run_dir, args.out)
     except ReportError as e:
         print(f"sae-report: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # an unreadable run file, a report directory we cannot write
+        print(f"sae-report: error: {e.filename or args.run_dir}: {e.strerror}", file=sys.stderr)
         return 1
     out = args.out or os.path.join(args.run_dir, "report")
     n = len(next(iter(manifest.values()))["series"]) if manifest else 0

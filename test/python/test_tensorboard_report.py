@@ -76,8 +76,7 @@ def sweep(root):
 
 
 def _metrics(out):
-    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    return rows
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def _tb_scalars(out):
@@ -176,21 +175,21 @@ def test_torn_event_file_loads_its_complete_records(sweep, tmp_path):
 
 
 def _series_in_svg(path):
-    return open(path, encoding="utf-8").read().count('id="series-')
+    return path.read_text(encoding="utf-8").count('id="series-')
 
 
 def test_report_plots_carry_one_series_per_sae(sweep):
     r = _run(os.path.join(BIN, "sae-report"), sweep)
     assert "index.html" in r.stdout
     report = sweep / "report"
-    manifest = json.load(open(report / "manifest.json"))["plots"]
+    manifest = json.loads((report / "manifest.json").read_text())["plots"]
     assert list(manifest) == PLOTS
     saes = sorted({row["sae"] for row in _metrics(sweep)})
     for name in PLOTS:
         assert sorted(manifest[name]["series"]) == saes, name
         assert (report / f"{name}.png").stat().st_size > 1000
         assert _series_in_svg(report / f"{name}.svg") == len(saes), name
-    page = open(report / "index.html", encoding="utf-8").read()
+    page = (report / "index.html").read_text(encoding="utf-8")
     for name in PLOTS:
         assert f'src="{name}.svg"' in page
     for sae in saes:
@@ -215,7 +214,7 @@ def test_report_on_a_run_in_progress(sweep, tmp_path):
         assert sorted(manifest[name]["series"]) == saes
         assert _series_in_svg(live / "report" / f"{name}.svg") == len(saes)
     assert manifest["density"]["series"] == []
-    assert "in progress" in open(live / "report" / "index.html").read()
+    assert "in progress" in (live / "report" / "index.html").read_text()
 
 
 def test_report_errors_are_one_line(tmp_path):
