@@ -532,7 +532,8 @@ int run(const Args& args, Communicator& world) {
 
     if (root) {
         if (!s.resume)  // a fresh start: only what saetrain writes; anything else stays
-            for (const char* f : {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae"})
+            for (const char* f :
+                 {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae", "tb", "report"})
                 fs::remove_all(out / f);
         fs::create_directories(out);
         remove_stale_files(out);
@@ -587,6 +588,7 @@ int run(const Args& args, Communicator& world) {
                              cfg.checkpoint.keep);
     LoopOptions opt;
     opt.threads = s.threads;
+    int64_t resumed_step = -1;  // metrics.jsonl and tb/ keep what was logged up to it
     if (s.resume) {
         const auto at = checkpoints.resume(trainer, config_to_yaml(cfg), args.allow_config_change);
         SAE_ENFORCE(at.has_value(),
@@ -596,6 +598,7 @@ int run(const Args& args, Communicator& world) {
         s.local->restore(ReaderCursor{at->epoch, at->offset});
         opt.start_iteration = at->iteration;
         opt.initialized = true;
+        resumed_step = at->step;
         if (root) {
             drop_metrics_after(out / "metrics.jsonl", at->step);
             fmt::print("resumed from the checkpoint at step {} ({} iterations done)\n", at->step,
@@ -613,7 +616,8 @@ int run(const Args& args, Communicator& world) {
                        ? fmt::format("MFU against {:.4g} TFLOP/s per device ({})",
                                      peak.flops / 1e12, peak.source)
                        : fmt::format("TFLOP/s counted as model FLOPs; no MFU: {}", peak.source));
-    RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string(), peak.flops);
+    RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string(), peak.flops,
+                         (out / "tb").string(), resumed_step);
     opt.world = &world;
 #if SAETRAIN_HAS_CUDA
     if (s.on_gpu) opt.batch_allocator = cuda_pinned_allocator();  // the upload is then a DMA
@@ -649,9 +653,11 @@ int run(const Args& args, Communicator& world) {
     if (root && res.seconds > 0)
         fmt::print(
             "rank 0 time: {:.2f} s | batches {:.2f} s (waiting for the reader {:.2f} s) | "
-            "NaN/Inf check {:.2f} s | steps {:.2f} s | other {:.2f} s\n",
+            "NaN/Inf check {:.2f} s | steps {:.2f} s | other {:.2f} s | writing metrics.jsonl "
+            "and tb/ {:.4f} s ({:.3f}% of the steps)\n",
             res.seconds, res.data_s, res.wait_fraction * res.seconds, res.check_s, res.step_s,
-            res.seconds - res.data_s - res.check_s - res.step_s);
+            res.seconds - res.data_s - res.check_s - res.step_s, reporter.log_write_seconds(),
+            res.step_s > 0 ? 100.0 * reporter.log_write_seconds() / res.step_s : 0.0);
     if (res.nonfinite_batches > 0 || res.skipped_steps > 0)
         fmt::print(stderr,
                    "saetrain: warning: rank {}: skipped {} batch(es) holding NaN/Inf "

@@ -1,1 +1,2 @@
 saetrain_add_test(test_config saetrain::core)
+saetrain_add_test(test_tensorboard saetrain::core)

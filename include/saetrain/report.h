@@ -2,7 +2,8 @@
 //
 // Every rank calls gather() at the same log iterations with its own MetricsRow; rank 0 keeps
 // the row of replica 0 of each SAE (replicas report identical, already all-reduced metrics),
-// appends them to metrics.jsonl and prints one compact block for the whole sweep, plus the
+// appends them to metrics.jsonl and the TensorBoard event file (tensorboard.h) and prints one
+// compact block for the whole sweep, plus the
 // aggregate token rate, TFLOP/s (and MFU) and the read bandwidth summed over all ranks.
 // Replicas differ in two things, which rank 0 combines: their devices' peaks (summed, for the
 // SAE's MFU) and their memory high-water marks (the largest is the SAE's). finish() gathers
@@ -18,6 +19,7 @@
 #include "saetrain/layout.h"
 #include "saetrain/metrics.h"
 #include "saetrain/quality.h"
+#include "saetrain/tensorboard.h"
 
 namespace saetrain {
 
@@ -40,9 +42,12 @@ class RunReporter {
 public:
     // ids: one per SAE (config index order). metrics_path: "" to keep no log (tests).
     // peak_flops: this rank's device peak FLOP/s for MFU (mfu_peak, perfmodel.h); 0: unknown,
-    // and then no MFU is reported for the SAEs this rank trains.
+    // and then no MFU is reported for the SAEs this rank trains. tb_dir: the TensorBoard
+    // directory ("" for none); resumed_step: the step a resumed run continues from (its older
+    // events are kept up to it), < 0 for a fresh run.
     RunReporter(Communicator& world, const RankLayout& layout, std::vector<std::string> ids,
-                const std::string& metrics_path, double peak_flops = 0);
+                const std::string& metrics_path, double peak_flops = 0,
+                const std::string& tb_dir = "", int64_t resumed_step = -1);
     ~RunReporter();
     // Collective over the world.
     void gather(const MetricsRow& mine);
@@ -53,6 +58,9 @@ public:
         const SaeSummary& mine, const std::string& summary_path,
         const std::vector<std::string>& config_column_names,
         const std::vector<std::map<std::string, std::string>>& config_columns);
+    // Seconds rank 0 spent writing metrics.jsonl and the TensorBoard file (the overhead of
+    // logging, beside the step time).
+    double log_write_seconds() const { return log_write_s_; }
 
 private:
     Communicator& world_;
@@ -60,6 +68,8 @@ private:
     std::vector<std::string> ids_;
     double peak_flops_ = 0;
     std::unique_ptr<MetricsLog> log_;
+    std::unique_ptr<TensorBoardWriter> tb_;
+    double log_write_s_ = 0;
 };
 
 }  // namespace saetrain

@@ -87,6 +87,11 @@ public:
     // most `batch_rows`; collective over the replicas, whose rows together are the set.
     // Changes no parameter or optimizer state (training after it is bitwise the same).
     EvalResult evaluate(const float* x_host, int64_t rows, int64_t batch_rows);
+    // The same inference pass on x [rows, d_model] (host memory), its x_hat written to
+    // x_hat_host [rows, d_model] in the units of x (data.normalize's scale undone). This
+    // replica's rows only, not collective; changes nothing. For checking exports against
+    // saetrain's own forward (test/sae_forward.cpp).
+    void reconstruct(const float* x_host, int64_t rows, int64_t batch_rows, float* x_hat_host);
 
     // Forward and backward only, for tests and the benchmark: gradients of
     // L * rows / norm_rows (norm_rows = rows: the mean loss L; 1: the summed loss) land in the

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 namespace saetrain {
@@ -103,10 +104,11 @@ std::string fmt_g(double v) { return fmt::format("{:.6g}", v); }
 
 RunReporter::RunReporter(Communicator& world, const RankLayout& layout,
                          std::vector<std::string> ids, const std::string& metrics_path,
-                         double peak_flops)
+                         double peak_flops, const std::string& tb_dir, int64_t resumed_step)
     : world_(world), layout_(layout), ids_(std::move(ids)), peak_flops_(peak_flops) {
-    if (world_.rank() == 0 && !metrics_path.empty())
-        log_ = std::make_unique<MetricsLog>(metrics_path);
+    if (world_.rank() != 0) return;
+    if (!metrics_path.empty()) log_ = std::make_unique<MetricsLog>(metrics_path);
+    if (!tb_dir.empty()) tb_ = std::make_unique<TensorBoardWriter>(tb_dir, resumed_step);
 }
 
 RunReporter::~RunReporter() = default;
@@ -132,10 +134,13 @@ void RunReporter::gather(const MetricsRow& mine) {
         m.gpu_mem_peak_GB = t.gpu_mem, m.host_mem_peak_GB = t.host_mem;
         rows.push_back(m);
     }
+    const auto t0 = std::chrono::steady_clock::now();
     for (const MetricsRow& m : rows) {
         if (log_) log_->write(m);
-        fmt::print("{}\n", progress_line(m));
+        if (tb_) tb_->write(m.step, tensorboard_scalars(m));
     }
+    log_write_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const MetricsRow& m : rows) fmt::print("{}\n", progress_line(m));
     if (rows.size() > 1 || world_.size() > 1) {
         double tok = 0, tflops = 0;
         for (const MetricsRow& m : rows) tok += m.tokens_per_s, tflops += m.tflops;

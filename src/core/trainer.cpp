@@ -218,6 +218,21 @@ void SaeTrainer::forward(const float* x, int64_t B, bool training) {
     pass_->forward(c, training);
 }
 
+void SaeTrainer::reconstruct(const float* x_host, int64_t rows, int64_t batch_rows,
+                             float* x_hat_host) {
+    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::reconstruct during a step");
+    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::reconstruct: batch_rows must be >= 1");
+    batch_rows = chunk_rows(batch_rows);
+    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
+        const int64_t B = std::min(batch_rows, rows - r0);
+        upload_batch(x_host + r0 * d_, B);
+        forward(x_.data(), B, false);
+        be_.download(x_hat_host + r0 * d_, xhat_.data(), B * d_ * int64_t{sizeof(float)});
+    }
+    if (input_scale_ != 1.0f)
+        for (int64_t i = 0; i < rows * d_; ++i) x_hat_host[i] /= input_scale_;
+}
+
 EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch_rows) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
