@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -44,12 +45,18 @@ TEST_F(CpuBackendTest, GemmMatchesNaiveForEveryTransposeCombination) {
     }
 }
 
+// Both CPU selections: the heap (rows with fewer than 2k blocks of 16) and the block-maximum
+// filter (wider rows; 1537 has a tail after its last block), with ties, -inf values (AuxK's
+// mask of live latents) and a row all of one value; the order is best first, ties by index.
 TEST_F(CpuBackendTest, TopkSelectsLargestWithLowerIndexWinningTies) {
-    const int64_t rows = 33, n = 300;
-    for (int64_t k : {1, 7, 32, 300}) {
+    const int64_t rows = 33;
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+             {300, 1}, {300, 7}, {300, 32}, {300, 300}, {1537, 32}, {1537, 48}, {4096, 64}}) {
         auto pre = randn(rows * n, 3);
         // Plant ties and negatives: quantize a third of the values so equal values occur.
         for (int64_t i = 0; i < rows * n; i += 3) pre[i] = std::round(pre[i] * 2.0f) / 2.0f;
+        for (int64_t i = n; i < 2 * n; i += 2) pre[i] = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 2 * n; i < 3 * n; ++i) pre[i] = 0.5f;
         auto bias = randn(n, 4, 0.1f);
         std::vector<int32_t> idx(rows * k);
         std::vector<float> val(rows * k);
@@ -62,10 +69,7 @@ TEST_F(CpuBackendTest, TopkSelectsLargestWithLowerIndexWinningTies) {
                              [&](int32_t a, int32_t b) { return v(a) > v(b); });
             std::vector<int32_t> want(order.begin(), order.begin() + k);
             std::vector<int32_t> got(idx.begin() + r * k, idx.begin() + (r + 1) * k);
-            std::sort(want.begin(), want.end());
-            std::vector<int32_t> got_sorted = got;
-            std::sort(got_sorted.begin(), got_sorted.end());
-            ASSERT_EQ(got_sorted, want) << "row " << r << " k " << k;
+            ASSERT_EQ(got, want) << "row " << r << " n " << n << " k " << k;
             for (int64_t j = 0; j < k; ++j) EXPECT_EQ(val[r * k + j], std::max(0.0f, v(got[j])));
         }
     }

@@ -54,10 +54,10 @@ SAE_HD void gated_grad(float g, float m, float dz, float dgate, float l1_norm, f
 struct AdamScalars {
     float lr;  // this step's learning rate
     float beta1, beta2, eps;
-    float bias_corr1;    // 1 - beta1^t
-    float bias_corr2;    // 1 - beta2^t
-    float weight_decay;  // decoupled (AdamW), already multiplied by nothing: p -= lr * wd * p
-    float grad_scale;    // multiplies the gradient first (clipping, replica averaging)
+    float inv_bias_corr1;  // 1 / (1 - beta1^t): multiplied, not divided (a division per
+    float inv_bias_corr2;  // element and two per step made Adam compute-bound on the CPU)
+    float weight_decay;    // decoupled (AdamW), already multiplied by nothing: p -= lr * wd * p
+    float grad_scale;      // multiplies the gradient first (clipping, replica averaging)
 };
 
 // One element of Adam(W). Written so CPU and GPU round identically for the same inputs when
@@ -66,8 +66,8 @@ SAE_HD void adam_update(float& p, float& m, float& v, float g, const AdamScalars
     g *= s.grad_scale;
     m = s.beta1 * m + (1.0f - s.beta1) * g;
     v = s.beta2 * v + (1.0f - s.beta2) * g * g;
-    const float m_hat = m / s.bias_corr1;
-    const float v_hat = v / s.bias_corr2;
+    const float m_hat = m * s.inv_bias_corr1;
+    const float v_hat = v * s.inv_bias_corr2;
     p -= s.lr * (m_hat / (sqrtf(v_hat) + s.eps) + s.weight_decay * p);
 }
 

@@ -202,8 +202,8 @@ public:
     void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
               float beta2, float eps, float bias_corr1, float bias_corr2, float weight_decay,
               float grad_scale) override {
-        const math::AdamScalars s{lr,         beta1,      beta2,        eps,
-                                  bias_corr1, bias_corr2, weight_decay, grad_scale};
+        const math::AdamScalars s{
+            lr, beta1, beta2, eps, 1.0f / bias_corr1, 1.0f / bias_corr2, weight_decay, grad_scale};
         cuda::adam(stream(), p, g, m, v, n, s);
     }
 
