@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "fd_check.h"
 #include "saetrain/arch.h"
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
@@ -189,45 +190,15 @@ std::vector<float> random_params(const SaeTrainer& tr, std::mt19937& rng) {
     return p;
 }
 
-// Checks every gradient the trainer computes against central differences of ref_loss,
-// skipping kinks (a ReLU at 0, a selection change); `skip` marks the parameters whose
-// gradient is not a derivative of the loss (straight-through terms), checked elsewhere.
+// test/fd_check.h's check on this file's reference loss.
 void check_fd(SaeTrainer& tr, const std::vector<float>& x, const Ref& s,
               const std::function<bool(size_t)>& skip = {}) {
-    const StepResult r = tr.compute_gradients(x.data(), s.rows);
-    const std::vector<float> g = tr.grads_host();
-    const std::vector<float> pf = tr.params_host();
-    std::vector<double> pd(pf.begin(), pf.end());
-    const std::vector<double> frozen = pd;
-    const double l0 = ref_loss(pd, frozen, x, s);
-    EXPECT_NEAR(r.loss, l0, 1e-4 * std::abs(l0)) << s.arch << ": trainer loss vs reference";
-    const double h = 1e-5;
-    int checked = 0, kinks = 0;
-    double worst = 0;
-    for (size_t i = 0; i < pd.size(); ++i) {
-        if (skip && skip(i)) continue;
-        const double keep = pd[i];
-        pd[i] = keep + h;
-        const double lp = ref_loss(pd, frozen, x, s);
-        pd[i] = keep - h;
-        const double lm = ref_loss(pd, frozen, x, s);
-        pd[i] = keep;
-        const double right = (lp - l0) / h, left = (l0 - lm) / h;
-        if (std::abs(right - left) > 1e-3 * (1 + std::abs(right))) {
-            ++kinks;
-            continue;
-        }
-        const double fd = (lp - lm) / (2 * h);
-        const double err = std::abs(g[i] - fd) / (1e-3 + std::abs(fd));
-        worst = std::max(worst, err);
-        EXPECT_LT(err, 2e-3) << s.arch << " parameter " << i << ": analytic " << g[i] << " vs fd "
-                             << fd;
-        ++checked;
-    }
-    EXPECT_LT(kinks, static_cast<int>(pd.size() / 20)) << "too many kinks to trust the check";
-    EXPECT_GT(checked, static_cast<int>(pd.size() / 2));
-    std::printf("%s: %d gradients checked, %d kinks skipped, worst rel err %.2e\n", s.arch.c_str(),
-                checked, kinks, worst);
+    saetrain::testing::check_fd(
+        tr, x, s.rows,
+        [&](const std::vector<double>& p, const std::vector<double>& frozen) {
+            return ref_loss(p, frozen, x, s);
+        },
+        s.arch, skip);
 }
 
 SaeConfig base_config(const Ref& s) {

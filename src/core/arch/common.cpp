@@ -83,14 +83,30 @@ const float* Decorrelation::sparse(PassContext& c, const int32_t* idx, const flo
     return extra_.data();
 }
 
+int64_t resolved_k_aux(const SaeConfig& cfg, int64_t d, int64_t latents) {
+    return std::min(cfg.k_aux > 0 ? cfg.k_aux : std::clamp<int64_t>(d / 2, 1, kDefaultKAuxMax),
+                    latents);
+}
+
+double auxk_weight(double coeff, int64_t n_dead, int64_t k_aux) {
+    return coeff * std::min(1.0, static_cast<double>(n_dead) / static_cast<double>(k_aux));
+}
+
+void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host) {
+    const int64_t n = c.n;
+    const float inf = std::numeric_limits<float>::infinity();
+    host.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) host[i] = (*c.dead)[i] ? 0.0f : -inf;
+    c.be.upload(bias, host.data(), n * static_cast<int64_t>(sizeof(float)));
+    c.be.axpby(bias, c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
+}
+
 AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-    : k_aux_(
-          std::min(cfg.k_aux > 0 ? cfg.k_aux : std::clamp<int64_t>(d / 2, 1, kDefaultKAuxMax), n)),
+    : k_aux_(resolved_k_aux(cfg, d, n)),
       coeff_(cfg.auxk_coeff),
       bias_(be, n),
       stats_(be, kStatCount),
-      fires_(be, n),
-      mask_host_(static_cast<size_t>(n)) {
+      fires_(be, n) {
     SAE_ENFORCE(coeff_ <= 0 || k_aux_ <= be.max_topk(),
                 "sae.k_aux = {} exceeds the {} backend's top-k limit of {}; lower sae.k_aux",
                 k_aux_, be.name(), be.max_topk());
@@ -102,14 +118,10 @@ void AuxK::backward(PassContext& c) {
     Backend& be = c.be;
     const int64_t B = c.B, d = c.d, n = c.n;
     const int64_t k = std::min(k_aux_, c.n_dead);
-    weight_ = coeff_ * std::min(1.0, static_cast<double>(c.n_dead) / static_cast<double>(k_aux_));
+    weight_ = auxk_weight(coeff_, c.n_dead, k_aux_);
     ensure(ehat_, be, B * d), ensure(target_, be, B * d), ensure(scratch_, be, 2 * d);
     ensure(val_, be, B * k), ensure(idx_, be, B * k);
-    // Live latents get -inf added to their pre-activation, so the selection sees dead ones only.
-    const float inf = std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < n; ++i) mask_host_[i] = (*c.dead)[i] ? 0.0f : -inf;
-    be.upload(bias_.data(), mask_host_.data(), n * static_cast<int64_t>(sizeof(float)));
-    be.axpby(bias_.data(), c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
+    dead_only_bias(c, bias_.data(), mask_host_);
     // The selected pre-activations as they are, negative ones included (as OpenAI's AuxK): with
     // a ReLU, a dead latent whose pre-activations the auxiliary loss pushed below zero would get
     // no gradient again and stay dead for good.

@@ -47,6 +47,15 @@ void ensure(DeviceArray<T>& a, Backend& be, int64_t size) {
 // The default k_aux is d_model / 2, at most this: the CUDA top-k selects up to 512 per row.
 inline constexpr int64_t kDefaultKAuxMax = 512;
 
+// sae.k_aux, or d_model / 2 (at most kDefaultKAuxMax) when it is 0; never more than `latents`
+// (the latents one selection sees: the SAE's, or a Switch expert's).
+int64_t resolved_k_aux(const SaeConfig& cfg, int64_t d, int64_t latents);
+// The auxiliary loss's weight this step: auxk_coeff * min(n_dead / k_aux, 1).
+double auxk_weight(double coeff, int64_t n_dead, int64_t k_aux);
+// bias = b_enc + (0 for the latents dead before this step, -inf for live ones): a top-k over
+// pre + bias then selects among the dead latents only. `host`: scratch of n floats.
+void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host);
+
 class AuxK {
 public:
     AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be);

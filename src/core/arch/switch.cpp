@@ -24,7 +24,6 @@
 // latents of the token's own expert (its pre-activations are the only ones computed).
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <random>
 
 #include "common.h"
@@ -42,9 +41,7 @@ public:
           k_(cfg.k),
           d_(d),
           n_(n),
-          k_aux_(
-              std::min(cfg.k_aux > 0 ? cfg.k_aux : std::clamp<int64_t>(d / 2, 1, kDefaultKAuxMax),
-                       n / cfg.n_experts)),
+          k_aux_(resolved_k_aux(cfg, d, n / cfg.n_experts)),
           aux_coeff_(cfg.auxk_coeff),
           balance_(cfg.balance_coeff),
           be_(be),
@@ -52,8 +49,7 @@ public:
           astats_(be, kStatCount),
           scratch_(be, 2 * d),
           afires_(be, n),
-          counts_(static_cast<size_t>(E_), 0),
-          mask_(static_cast<size_t>(n)) {
+          counts_(static_cast<size_t>(E_), 0) {
         SAE_ENFORCE(k_ <= be.max_topk() && (aux_coeff_ <= 0 || k_aux_ <= be.max_topk()),
                     "sae.k = {} and sae.k_aux = {}: the {} backend's top-k selects at most {}", k_,
                     k_aux_, be.name(), be.max_topk());
@@ -189,14 +185,10 @@ private:
         if (aux_coeff_ <= 0 || c.n_dead == 0 || c.dead == nullptr) return;
         Backend& be = c.be;
         const int64_t B = c.B, d = c.d, n = c.n, ne = ne_, ka = k_aux_;
-        aux_weight_ =
-            aux_coeff_ * std::min(1.0, static_cast<double>(c.n_dead) / static_cast<double>(ka));
+        aux_weight_ = auxk_weight(aux_coeff_, c.n_dead, ka);
         ensure(aidx_, be, B * ka), ensure(aval_, be, B * ka);
         ensure(ehat_, be, B * d), ensure(target_, be, B * d);
-        const float inf = std::numeric_limits<float>::infinity();
-        for (int64_t l = 0; l < n; ++l) mask_[l] = (*c.dead)[l] ? 0.0f : -inf;
-        be.upload(abias_.data(), mask_.data(), n * int64_t{sizeof(float)});
-        be.axpby(abias_.data(), c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
+        dead_only_bias(c, abias_.data(), mask_);
         // e = x - x_hat = -(dL/dx_hat) / grad_scale, in expert order.
         be.gather_rows(target_.data(), c.xhat, perm_.data(), nullptr, 0.0f, B, d);
         be.axpby(target_.data(), target_.data(), -1.0f / c.grad_scale, 0.0f, B * d);
