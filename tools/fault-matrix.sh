@@ -479,12 +479,12 @@ ok=0; [ "$rc" = 1 ] && has "$dir/$name.log2" "train.lr" && ok=1
 row "resume with a result-changing config key" "refused, naming the key" \
     "exit $rc: $(first_error "$dir/$name.log2" | cut -c1-88)" "$(secs "$took")" "$(finish $name)" "$ok"
 
-outdir_case() {  # outdir_case LABEL OUT_DIR EXPECT_TEXT [runner prefix]
-    local label=$1 out=$2 text=$3 pre=${4:-}
+outdir_case() {  # outdir_case LABEL OUT_DIR EXPECT_TEXT [runner prefix] [binary dir]
+    local label=$1 out=$2 text=$3 pre=${4:-} exe=${5:-$bin}
     config one-outdir one
     sed -i "s|out_dir: $dir/runs/one-outdir|out_dir: $out|" "$dir/one-outdir.yaml"
     local t0; t0=$(now)
-    eval "$pre timeout 60 $bin/saetrain $dir/one-outdir.yaml --threads 1" >"$dir/outdir.log" 2>&1
+    eval "$pre timeout 60 $exe/saetrain $dir/one-outdir.yaml --threads 1" >"$dir/outdir.log" 2>&1
     rc=$?; took=$(echo "$(now) - $t0" | bc)
     local ok=0
     [ "$rc" = 1 ] && has "$dir/outdir.log" "run.out_dir $out" && has "$dir/outdir.log" "$text" && ok=1
@@ -501,8 +501,11 @@ else
 fi
 mkdir -p "$dir/locked" && chmod 755 "$dir/locked" && chmod o+rx "$dir"
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    # nobody runs a copy of the binary: the build tree may sit in a directory only root may
+    # enter (a clone in mktemp -d's 0700 directory, as CI makes).
+    mkdir -p "$dir/nobody-bin" && cp "$bin/saetrain" "$dir/nobody-bin/" && chmod -R o+rx "$dir/nobody-bin"
     outdir_case "out_dir not writable (permission denied)" "$dir/locked/run" "Permission denied" \
-        "HOME=/tmp setpriv --reuid=65534 --regid=65534 --clear-groups"
+        "HOME=/tmp setpriv --reuid=65534 --regid=65534 --clear-groups" "$dir/nobody-bin"
 else
     row "out_dir not writable (permission denied)" "1 line naming out_dir, exit 1" "needs root and setpriv" "-" "skipped" 1
 fi
