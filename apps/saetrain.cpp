@@ -24,33 +24,24 @@
 #include <map>
 #include <optional>
 
-#include "saetrain/arch.h"          // defines: arch_get (the architecture registry)
-#include "saetrain/backend.h"       // defines: Backend, make_cpu_backend
-#include "saetrain/build_config.h"  // defines: SAETRAIN_HAS_CUDA, SAETRAIN_VERSION
-#include "saetrain/checkpoint.h"    // defines: sae_write_h5
-#include "saetrain/checkpointer.h"  // defines: Checkpointer (committed checkpoints, resume)
-#include "saetrain/config.h"        // defines: config_load, config_to_yaml, sweep_ids
-#if SAETRAIN_HAS_CUDA
-#include "saetrain/cuda_backend.h"      // defines: make_cuda_backend, cuda_backend_stream
-#include "saetrain/cuda_device.h"       // defines: cuda_device_count, cuda_device_description
-#include "saetrain/cuda_pinned.h"       // defines: cuda_pinned_allocator (reader and batch)
-#include "saetrain/cuda_staged_comm.h"  // defines: make_cuda_staged_comm
-#if SAETRAIN_HAVE_NCCL
-#include "saetrain/nccl_comm.h"  // defines: make_nccl_comm (gradients on the GPU)
-#endif
-#endif
-#include "saetrain/error.h"          // defines: saetrain::Error, SAE_ENFORCE
-#include "saetrain/layout.h"         // defines: layout_for (which SAE / replica this rank is)
-#include "saetrain/loader.h"         // defines: ShardBatchSource (a rank's slice, shuffled)
-#include "saetrain/metrics.h"        // defines: metrics_last_row
-#include "saetrain/mpi_world.h"      // defines: MpiScope, make_mpi_world, node_placement
-#include "saetrain/perfmodel.h"      // defines: mfu_peak (the peak MFU is measured against)
-#include "saetrain/report.h"         // defines: RunReporter (rank 0 gathers metrics)
-#include "saetrain/schedule.h"       // defines: warmup_steps_for
-#include "saetrain/shards.h"         // defines: dataset_open, dataset_info_pack, partition_rows
-#include "saetrain/shared_source.h"  // defines: SharedBatchSource (slices -> one stream)
-#include "saetrain/synth.h"          // defines: synth_read_features, feature_recovery
-#include "saetrain/train_loop.h"     // defines: train_loop, SaeTrainer
+#include "saetrain/arch.h"              // defines: arch_get (the architecture registry)
+#include "saetrain/backend_registry.h"  // defines: make_backend (cpu, cuda, auto)
+#include "saetrain/build_config.h"      // defines: SAETRAIN_VERSION
+#include "saetrain/checkpoint.h"        // defines: sae_write_h5
+#include "saetrain/checkpointer.h"      // defines: Checkpointer (committed checkpoints, resume)
+#include "saetrain/config.h"            // defines: config_load, config_to_yaml, sweep_ids
+#include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
+#include "saetrain/layout.h"            // defines: layout_for (which SAE / replica this rank is)
+#include "saetrain/loader.h"            // defines: ShardBatchSource (a rank's slice, shuffled)
+#include "saetrain/metrics.h"           // defines: metrics_last_row
+#include "saetrain/mpi_world.h"         // defines: MpiScope, make_mpi_world, node_placement
+#include "saetrain/perfmodel.h"         // defines: mfu_peak (the peak MFU is measured against)
+#include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
+#include "saetrain/schedule.h"          // defines: warmup_steps_for
+#include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, partition_rows
+#include "saetrain/shared_source.h"     // defines: SharedBatchSource (slices -> one stream)
+#include "saetrain/synth.h"             // defines: synth_read_features, feature_recovery
+#include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -79,68 +70,6 @@ int cpu_threads_for_rank(int local_size) {
     int cores = 1;
     if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
     return std::max(1, cores / std::max(1, local_size));
-}
-
-// backend: cpu | cuda | auto (CUDA when this rank sees a device). A rank's GPU is its local
-// rank on the node modulo the devices it sees, so `srun --gpus-per-task=1` (one visible
-// device) and one rank per GPU of a whole node both work.
-// gpu.* sets the CUDA backend's numerics; the CPU backend computes in fp32 and says so.
-std::unique_ptr<Backend> make_backend(const Config& cfg, int threads, int local_rank,
-                                      std::string* note, bool* on_gpu) {
-    const std::string& choice = cfg.backend;
-    *on_gpu = false;
-#if SAETRAIN_HAS_CUDA
-    const int devices = cuda_device_count();
-    SAE_ENFORCE(choice != "cuda" || devices > 0,
-                "backend: cuda, but this rank sees no CUDA device (check CUDA_VISIBLE_DEVICES "
-                "and the job's GPU request), or set backend: cpu");
-    if (choice == "cuda" || (choice == "auto" && devices > 0)) {
-        CudaBackendOptions o;
-        o.device = local_rank % devices;
-        o.gemm = math_mode_parse(cfg.gpu.gemm);
-        o.deterministic = cfg.gpu.deterministic;
-        if (choice == "auto") *note = "auto -> cuda";
-        *on_gpu = true;
-        return make_cuda_backend(o);
-    }
-    if (choice == "auto") *note = "auto -> cpu (no CUDA device visible)";
-#else
-    (void)local_rank;
-    SAE_ENFORCE(choice != "cuda",
-                "backend: cuda requested but this build has no CUDA backend (reconfigure with "
-                "cmake --preset cuda, or set backend: cpu)");
-    if (choice == "auto") *note = "auto -> cpu (built without CUDA)";
-#endif
-    if (cfg.gpu.gemm != "fp32")
-        *note += fmt::format("{}gpu.gemm: {} does not apply: the CPU backend computes in fp32",
-                             note->empty() ? "" : "; ", cfg.gpu.gemm);
-    return make_cpu_backend(threads);
-}
-
-// The replicas of one SAE exchange gradients through NCCL when they live on GPUs of their own
-// (and the build has it); through MPI on host copies when they share GPUs (NCCL refuses two
-// ranks on one device) or the build has no NCCL, unless the MPI library is CUDA-aware; through
-// MPI on the CPU backend.
-std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> mpi_group,
-                                            Backend& backend, bool on_gpu,
-                                            const NodePlacement& place, double timeout_s) {
-#if SAETRAIN_HAS_CUDA
-    if (!on_gpu || mpi_group->size() == 1) return mpi_group;
-#if SAETRAIN_HAVE_NCCL
-    if (place.local_size <= cuda_device_count()) {
-        NcclOptions o;
-        o.compute_stream = cuda_backend_stream(backend);
-        o.timeout_seconds = timeout_s;
-        return make_nccl_comm(mpi_comm_handle(*mpi_group), place.local_rank % cuda_device_count(),
-                              o);
-    }
-#endif
-    if (mpi_cuda_aware()) return mpi_group;
-    return make_cuda_staged_comm(std::move(mpi_group), cuda_backend_stream(backend));
-#else
-    (void)backend, (void)on_gpu, (void)place, (void)timeout_s;
-    return mpi_group;
-#endif
 }
 
 // Test hook: SAETRAIN_FAULT="rank:when[:action[:phase]]" makes that rank throw (action `error`,
@@ -306,7 +235,6 @@ struct Setup {
     std::vector<std::string> ids;
     std::unique_ptr<Backend> backend;
     std::string backend_note;
-    bool on_gpu = false;
     std::unique_ptr<ShardBatchSource> local;  // this rank's slice
     // Held-out rows: this replica's share of them, [eval_local_rows, d_model] (see
     // load_eval_rows); eval_rows is the whole set's size (0: no evaluation).
@@ -405,14 +333,19 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
     }
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     lo.copy_threads = s.threads;
-    s.backend = make_backend(s.cfg, s.threads, place.local_rank, &s.backend_note, &s.on_gpu);
-#if SAETRAIN_HAS_CUDA
-    // After the backend has chosen the rank's device: batches upload from pinned memory.
-    if (s.on_gpu) {
-        lo.allocator = cuda_pinned_allocator();
-        lo.convert_threads = s.threads;  // the reader's conversion may use the rank's cores
-    }
-#endif
+    BackendRequest request;
+    request.choice = s.cfg.backend;
+    request.threads = s.threads;
+    request.local_rank = place.local_rank;
+    request.gemm = s.cfg.gpu.gemm;
+    request.deterministic = s.cfg.gpu.deterministic;
+    s.backend = make_backend(request, &s.backend_note);
+    const SaeConfig& sae = s.cfg.sweep[static_cast<size_t>(s.layout.config)];
+    arch_check_backend(sae, s.data.d_model, sae.resolved_latents(s.data.d_model), *s.backend);
+    // Batches upload from the backend's host memory (pinned for a GPU: a DMA).
+    lo.allocator = s.backend->host_allocator();
+    // With the math on a device, the reader's conversion may use the rank's cores.
+    if (!s.backend->host_memory()) lo.convert_threads = s.threads;
     s.local = std::make_unique<ShardBatchSource>(s.data, range, lo);
     return s;
 }
@@ -517,8 +450,9 @@ int run(const Args& args, Communicator& world) {
     const fs::path out = cfg.run.out_dir;
 
     // --- communicators: replicas of one SAE; ranks that share a stream ------------------------
-    auto grads = gradient_comm(world.split(s.layout.config, s.layout.replica), *s.backend, s.on_gpu,
-                               place, cfg.parallel.timeout_s);
+    auto grads =
+        s.backend->gradient_comm(world.split(s.layout.config, s.layout.replica), place.local_rank,
+                                 place.local_size, cfg.parallel.timeout_s);
     auto stream = world.split(s.layout.replica, s.layout.config);
     std::unique_ptr<SharedBatchSource> shared;
     if (s.layout.shared)
@@ -619,9 +553,7 @@ int run(const Args& args, Communicator& world) {
     RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string(), peak.flops,
                          (out / "tb").string(), resumed_step);
     opt.world = &world;
-#if SAETRAIN_HAS_CUDA
-    if (s.on_gpu) opt.batch_allocator = cuda_pinned_allocator();  // the upload is then a DMA
-#endif
+    opt.batch_allocator = s.backend->host_allocator();
     opt.batch_size = cfg.data.batch_size;
     opt.log_every = cfg.log.every_steps;
     opt.checkpoint_every = cfg.checkpoint.every_steps;

@@ -24,16 +24,11 @@
 
 #include "saetrain/arch.h"
 #include "saetrain/backend.h"
-#include "saetrain/build_config.h"
+#include "saetrain/backend_registry.h"
 #include "saetrain/comm.h"
 #include "saetrain/loader.h"
 #include "saetrain/shards.h"
 #include "saetrain/trainer.h"
-#if SAETRAIN_HAS_CUDA
-#include "saetrain/cuda_backend.h"
-#include "saetrain/cuda_device.h"
-#include "saetrain/cuda_pinned.h"
-#endif
 
 using namespace saetrain;
 using Clock = std::chrono::steady_clock;
@@ -105,6 +100,12 @@ public:
         timed("fill", [&] { be_.fill(x, n, v); });
     }
     void synchronize() override { be_.synchronize(); }
+    bool host_memory() const override { return be_.host_memory(); }
+    bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {
+        return be_.supports(op, shape, why);
+    }
+    HostAllocator host_allocator() const override { return be_.host_allocator(); }
+    void* native_stream() const override { return be_.native_stream(); }
     void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc) override {
@@ -141,13 +142,8 @@ public:
                        int64_t d, float* xh) override {
         timed("sparse_decode", [&] { be_.sparse_decode(i, v, w, r, k, d, xh); });
     }
-    void topk_backward(const float* x, const float* de, const int32_t* i, const float* v,
-                       const float* w, int64_t r, int64_t n, int64_t k, int64_t d, float* ge,
-                       float* gd, float* gb, int32_t* f, float* st, bool acc,
-                       const float* extra) override {
-        timed("topk_backward", [&] {
-            be_.topk_backward(x, de, i, v, w, r, n, k, d, ge, gd, gb, f, st, acc, extra);
-        });
+    void topk_backward(const SparseBackward& a) override {
+        timed("topk_backward", [&] { be_.topk_backward(a); });
     }
     void decorr_grad(const float* z, const int32_t* i, int64_t w, int64_t r, int64_t n, float s,
                      float* dz, float* st) override {
@@ -169,23 +165,15 @@ public:
                           float* z) override {
         timed("jumprelu_forward", [&] { be_.jumprelu_forward(p, b, lt, r, n, z); });
     }
-    void jumprelu_backward(const float* v, const float* lt, float bw, float l0, int64_t r,
-                           int64_t n, float* dz, float* db, float* dlt, int32_t* f,
-                           float* st) override {
-        timed("jumprelu_backward",
-              [&] { be_.jumprelu_backward(v, lt, bw, l0, r, n, dz, db, dlt, f, st); });
+    void jumprelu_backward(const JumpReluBackward& a) override {
+        timed("jumprelu_backward", [&] { be_.jumprelu_backward(a); });
     }
     void gated_forward(const float* p, const float* bg, const float* rm, const float* bm, int64_t r,
                        int64_t n, float* z, float* g) override {
         timed("gated_forward", [&] { be_.gated_forward(p, bg, rm, bm, r, n, z, g); });
     }
-    void gated_backward(const float* p, const float* bg, const float* rm, const float* bm,
-                        const float* nr, float l1, int64_t r, int64_t n, float* dz, const float* dg,
-                        float* dbg, float* drm, float* dbm, float* dps, float* gs, int32_t* f,
-                        float* st) override {
-        timed("gated_backward", [&] {
-            be_.gated_backward(p, bg, rm, bm, nr, l1, r, n, dz, dg, dbg, drm, dbm, dps, gs, f, st);
-        });
+    void gated_backward(const GatedBackward& a) override {
+        timed("gated_backward", [&] { be_.gated_backward(a); });
     }
     void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
                      float beta, int64_t rows, int64_t cols) override {
@@ -217,9 +205,9 @@ public:
                        int64_t c) override {
         timed("add_norm_grad", [&] { be_.add_norm_grad(w, co, s, g, r, c); });
     }
-    void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
-              float eps, float c1, float c2, float wd, float gs) override {
-        timed("adam", [&] { be_.adam(p, g, m, v, n, lr, b1, b2, eps, c1, c2, wd, gs); });
+    void adam(float* p, const float* g, float* m, float* v, int64_t n,
+              const math::AdamScalars& s) override {
+        timed("adam", [&] { be_.adam(p, g, m, v, n, s); });
     }
 
 private:
@@ -337,23 +325,18 @@ int main(int argc, char** argv) {
     std::stable_partition(archs.begin(), archs.end(),
                           [](const std::string& a) { return a == "topk"; });
 
+    BackendRequest request;
+    request.choice = backend;
+    request.threads = threads;
+    request.local_rank = device;
+    request.gemm = gemm;
     std::unique_ptr<Backend> be;
-    if (backend == "cuda") {
-#if SAETRAIN_HAS_CUDA
-        if (cuda_device_count() == 0) {
-            fmt::print(stderr, "bench_step: --backend cuda, but no CUDA device is visible\n");
-            return 1;
-        }
-        CudaBackendOptions o;
-        o.device = device;
-        o.gemm = math_mode_parse(gemm);
-        be = make_cuda_backend(o);
-#else
-        fmt::print(stderr, "bench_step: built without the CUDA backend\n");
+    try {
+        std::string note;
+        be = make_backend(request, &note);
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "bench_step: {}\n", e.what());
         return 1;
-#endif
-    } else {
-        be = make_cpu_backend(threads);
     }
     auto self = make_self_comm();
     std::mt19937 rng(1);
@@ -363,9 +346,7 @@ int main(int argc, char** argv) {
     // The batch as saetrain holds it: pinned host memory on a CUDA rank (the upload is a DMA).
     float* x = x_heap.data();
     std::unique_ptr<void, std::function<void(void*)>> x_pinned;
-#if SAETRAIN_HAS_CUDA
-    if (backend == "cuda" && pinned) {
-        const HostAllocator al = cuda_pinned_allocator();
+    if (const HostAllocator al = be->host_allocator(); al.alloc && pinned) {
         const size_t bytes = x_heap.size() * sizeof(float);
         x_pinned = {al.alloc(bytes), [al, bytes](void* p) { al.free(p, bytes); }};
         if (!x_pinned) {
@@ -374,7 +355,6 @@ int main(int argc, char** argv) {
         }
         x = static_cast<float*>(std::memcpy(x_pinned.get(), x_heap.data(), bytes));
     }
-#endif
 
     if (!data.empty())
         return bench_on_data(*be, data, archs, n, k, experts, batch, train_steps, reps, x,

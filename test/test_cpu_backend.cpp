@@ -121,8 +121,13 @@ TEST_F(CpuBackendTest, TopkBackwardMatchesDenseDefinition) {
     std::vector<float> dwe(n * d, 99.0f), dwd(n * d, 99.0f), dbe(n, 99.0f);  // must be overwritten
     std::vector<int32_t> fires(n, -1);
     float stats[kStatCount] = {};
-    be->topk_backward(x.data(), derr.data(), idx.data(), val.data(), w.data(), rows, n, k, d,
-                      dwe.data(), dwd.data(), dbe.data(), fires.data(), stats, false, nullptr);
+    SparseBackward a;
+    a.x = x.data(), a.derr = derr.data(), a.idx = idx.data(), a.val = val.data(),
+    a.w_dec = w.data();
+    a.rows = rows, a.n = n, a.k = k, a.d = d;
+    a.dw_enc = dwe.data(), a.dw_dec = dwd.data(), a.db_enc = dbe.data(), a.fires = fires.data();
+    a.stats = stats;
+    be->topk_backward(a);
     for (int64_t i = 0; i < n * d; ++i) {
         EXPECT_NEAR(dwd[i], gd[i], 1e-4);
         EXPECT_NEAR(dwe[i], ge[i], 1e-4);
@@ -193,8 +198,9 @@ TEST_F(CpuBackendTest, AdamMatchesTextbookUpdateInDouble) {
     const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01, gs = 0.5;
     const int t = 3;
     const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
-    be->adam(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1), float(b2), float(eps),
-             float(bc1), float(bc2), float(wd), float(gs));
+    const math::AdamScalars s{float(lr),      float(b1),      float(b2), float(eps),
+                              float(1 / bc1), float(1 / bc2), float(wd), float(gs)};
+    be->adam(p.data(), g.data(), m.data(), v.data(), n, s);
     for (int64_t i = 0; i < n; ++i) {
         const double gg = gs * g[i];
         const double mm = b1 * m0[i] + (1 - b1) * gg, vv = b2 * v0[i] + (1 - b2) * gg * gg;

@@ -180,7 +180,22 @@ public:
     virtual ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const = 0;
     virtual std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
                                                 Backend& be) const = 0;
+    // The ops its pass asks of a backend at shapes a backend may limit (the top-k's k), each
+    // with the key that sets the shape: arch_check_backend asks the backend before training.
+    struct OpUse {
+        BackendOp op;
+        OpShape shape;
+        std::string key;
+    };
+    virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
+                                           int64_t /*n*/) const {
+        return {};
+    }
 };
+
+// Throws Error naming the key when `be` cannot run an op the SAE of `cfg` needs (at d_model d,
+// n latents): at start-up, not at the first step.
+void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, const Backend& be);
 
 // --- the registry -----------------------------------------------------------------------------
 // Every architecture, in the order summaries and docs list them.

@@ -10,7 +10,77 @@
 #include <memory>
 #include <string>
 
+#include "saetrain/host_alloc.h"
+#include "saetrain/sae_math.h"  // defines: math::AdamScalars
+
 namespace saetrain {
+
+class Communicator;
+
+// The arguments of the backward ops that take many (one struct, written once; B rows, d =
+// d_model, n = n_latents). Inputs first, then outputs.
+
+// topk_backward: the sparse backward of a selection of k (idx, val) pairs per row.
+struct SparseBackward {
+    const float* x = nullptr;      // [rows, d] the rows the encoder saw (x - b_dec)
+    const float* derr = nullptr;   // [rows, d] dL/dx_hat
+    const int32_t* idx = nullptr;  // [rows, k] latent ids
+    const float* val = nullptr;    // [rows, k] activations (0: absent)
+    const float* w_dec = nullptr;  // [n, d]
+    int64_t rows = 0, n = 0, k = 0, d = 0;
+    float* dw_enc = nullptr;   // [n, d] latent-major
+    float* dw_dec = nullptr;   // [n, d]
+    float* db_enc = nullptr;   // [n]
+    int32_t* fires = nullptr;  // [n] non-zero activations per latent
+    float* stats = nullptr;    // [kStatCount]: adds L0
+    // Add to dw_enc, dw_dec and db_enc instead of overwriting them (AuxK's second selection
+    // adds its gradient to the main one's).
+    bool accumulate = false;
+    // [rows, k] or null: added to dval of the entries with val != 0 (a penalty's gradient).
+    const float* dval_extra = nullptr;
+};
+
+// jumprelu_backward (math::jumprelu_grad).
+struct JumpReluBackward {
+    const float* v = nullptr;              // [rows, n] pre + b_enc (jumprelu_forward's)
+    const float* log_threshold = nullptr;  // [n]
+    float bandwidth = 0;                   // the straight-through estimator's kernel width
+    float l0 = 0;                          // the L0 penalty's coefficient
+    int64_t rows = 0, n = 0;
+    float* dz_to_dpre = nullptr;      // [rows, n] dL/dz in, dL/dpre out
+    float* db_enc = nullptr;          // [n] column sums of dpre
+    float* dlog_threshold = nullptr;  // [n]
+    int32_t* fires = nullptr;         // [n]
+    float* stats = nullptr;           // adds L0
+};
+
+// gated_backward (math::gated_grad): gate g = pre + b_gate, magnitude pre * exp(r_mag) + b_mag.
+struct GatedBackward {
+    const float* pre = nullptr;        // [rows, n]
+    const float* b_gate = nullptr;     // [n]
+    const float* r_mag = nullptr;      // [n]
+    const float* b_mag = nullptr;      // [n]
+    const float* dec_norms = nullptr;  // [n] ||W_dec_i|| (the L1 term's weights)
+    float l1 = 0;
+    int64_t rows = 0, n = 0;
+    float* dz_to_dpre = nullptr;    // [rows, n] dL/dz in, dL/dpre out
+    const float* dgate = nullptr;   // [rows, n] dL/d relu(g) from the auxiliary reconstruction
+    float* db_gate = nullptr;       // [n] column sums ...
+    float* dr_mag = nullptr;        // [n]
+    float* db_mag = nullptr;        // [n]
+    float* dpre_col_sum = nullptr;  // [n]
+    float* gate_col_sum = nullptr;  // [n] of relu(g)
+    int32_t* fires = nullptr;       // [n]
+    float* stats = nullptr;         // adds L1 (sum relu(g) * norm) and L0
+};
+
+// The ops whose shapes a backend may limit, for supports(): a run asks before it trains.
+enum class BackendOp {
+    topk_forward,  // OpShape::k: latents kept per row
+};
+struct OpShape {
+    int64_t rows = 0, n = 0, k = 0, d = 0;
+};
 
 // Per-step sums an op writes into a small device array, read back by the trainer.
 enum StatSlot : int {
@@ -38,9 +108,25 @@ public:
     // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer
     // may place parameters in memory shared with other ranks of the node.
     virtual bool host_memory() const { return false; }
-    // The largest k topk_forward supports (the CUDA kernel sorts a row's selection in shared
-    // memory); checked where a run is configured, not hours into it.
-    virtual int64_t max_topk() const { return int64_t{1} << 40; }
+    // Whether `op` runs at `shape` (the CUDA top-k sorts a row's selection in shared memory,
+    // so k has a limit); when not, `why` says what the limit is. Asked where a run is
+    // configured (arch_check_backend), not hours into it.
+    virtual bool supports(BackendOp /*op*/, const OpShape& /*shape*/,
+                          std::string* /*why*/ = nullptr) const {
+        return true;
+    }
+    // Where the reader's buffers and the training batch should live on the host so that
+    // upload() is fastest (CUDA: pinned memory, a DMA); empty: the default allocator.
+    virtual HostAllocator host_allocator() const { return {}; }
+    // The stream (cudaStream_t as void*) every op is queued on; null for the CPU.
+    virtual void* native_stream() const { return nullptr; }
+    // The communicator the replicas of one SAE average their gradients through, made from
+    // `replicas` (MPI on host memory): the CPU uses it as it is; the CUDA backend returns NCCL
+    // when each rank of the node has a GPU of its own (local_size <= the visible devices), else
+    // MPI on host copies of its device buffers. Called by every rank of `replicas`.
+    virtual std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> replicas,
+                                                        int local_rank, int local_size,
+                                                        double timeout_s);
 
     // --- dense algebra -----------------------------------------------------------------
     // C[m,n] = alpha * op(A) * op(B) + beta * C, row-major, op(A) is [m,k], op(B) is [k,n].
@@ -85,14 +171,7 @@ public:
     //   dw_enc[l] = sum dval[r,j] * x[r],  db_enc[l] = sum dval[r,j],
     // where dval[r,j] = (val != 0) * derr[r] . w_dec[l]; untouched latents get zeros. w_enc and
     // w_dec gradients are [n, d] (latent-major). fires[l] counts non-zero activations; adds L0.
-    virtual void topk_backward(const float* x, const float* derr, const int32_t* idx,
-                               const float* val, const float* w_dec, int64_t rows, int64_t n,
-                               int64_t k, int64_t d, float* dw_enc, float* dw_dec, float* db_enc,
-                               int32_t* fires, float* stats, bool accumulate,
-                               const float* dval_extra) = 0;
-    // (accumulate: add to dw_enc, dw_dec and db_enc instead of overwriting them; AuxK's second
-    // selection adds its gradient to the main one's. dval_extra [rows, k], or null: added to
-    // dval of the entries with val != 0, the gradient of a penalty on the activations.)
+    virtual void topk_backward(const SparseBackward& a) = 0;
 
     // The decorrelation penalty (train.decorr_coeff): R = the RMS over pairs of distinct latents
     // of the Pearson correlation of their activations over the rows. z is dense [rows, n]
@@ -105,7 +184,8 @@ public:
 
     // --- BatchTopK: one selection over the whole batch -----------------------------------
     // The `count`-th largest of the positive values of pre + b_enc over all rows (the smallest
-    // positive one when fewer are positive; 0 when none is): the batch's selection threshold.
+    // positive one when fewer are positive; 0 when none is; count <= 0 counts as 1): the
+    // batch's selection threshold.
     virtual float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
                                   int64_t count) = 0;
     // Per row, the latents with v = pre + b_enc > 0 and v >= threshold, in latent order, as
@@ -122,10 +202,7 @@ public:
     // dz -> dpre in place (math::jumprelu_grad, with the L0 penalty l0 * sum H(v - theta));
     // column sums of dpre into db_enc, d/dlog_threshold into dlog_threshold, firing counts into
     // fires; adds L0 to stats.
-    virtual void jumprelu_backward(const float* v, const float* log_threshold, float bandwidth,
-                                   float l0, int64_t rows, int64_t n, float* dz_to_dpre,
-                                   float* db_enc, float* dlog_threshold, int32_t* fires,
-                                   float* stats) = 0;
+    virtual void jumprelu_backward(const JumpReluBackward& a) = 0;
 
     // --- Gated: gate g = pre + b_gate, magnitude m = pre * exp(r_mag) + b_mag -------------
     // z = H(g) * relu(m) [rows, n]; gate = relu(g) [rows, n] (the gate path's activations).
@@ -136,11 +213,7 @@ public:
     // writes dpre in place of dz (math::gated_grad; the L1 term l1 * norm_i * relu(g)), the
     // column sums db_gate, db_mag, dr_mag, dpre_col_sum, gate_col_sum (of relu(g)), firing
     // counts; adds L1 (sum relu(g) * norm) and L0 to stats.
-    virtual void gated_backward(const float* pre, const float* b_gate, const float* r_mag,
-                                const float* b_mag, const float* dec_norms, float l1, int64_t rows,
-                                int64_t n, float* dz_to_dpre, const float* dgate, float* db_gate,
-                                float* dr_mag, float* db_mag, float* dpre_col_sum,
-                                float* gate_col_sum, int32_t* fires, float* stats) = 0;
+    virtual void gated_backward(const GatedBackward& a) = 0;
 
     // --- Switch: the tokens of each expert as one block of rows ----------------------------
     // dst[i, :] = beta * dst[i, :] + scale[i] * src[rows_of[i], :] (scale null: 1; beta 0
@@ -172,9 +245,8 @@ public:
                                int64_t rows, int64_t cols) = 0;
 
     // Adam(W) over n elements; see math::adam_update.
-    virtual void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr,
-                      float beta1, float beta2, float eps, float bias_corr1, float bias_corr2,
-                      float weight_decay, float grad_scale) = 0;
+    virtual void adam(float* p, const float* g, float* m, float* v, int64_t n,
+                      const math::AdamScalars& s) = 0;
 
     // --- for reports (metrics.jsonl, the sweep table); the defaults describe the host CPU ---
     // The accelerator's name as its driver reports it ("NVIDIA H100 80GB HBM3"), which selects
@@ -224,7 +296,8 @@ private:
     T* p_ = nullptr;
 };
 
-// Backend factories. `threads` <= 0 means all cores the process may use.
+// Backend factories (backend_registry.h picks one from the config). `threads` <= 0 means all
+// cores the process may use.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 
 }  // namespace saetrain

@@ -33,6 +33,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       window_start_(total_steps - std::max<int64_t>(1, total_steps / 10)),
       window_fired_(static_cast<size_t>(n_), 0.0) {
     arch_.validate(cfg, n_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_));
+    arch_check_backend(cfg, d_, n_, be_);
     if (comm_.size() > 1)
         shared_ = comm_.share_node_memory(3 * n_params_, n_params_, be_.host_memory());
     if (shared_) {
@@ -440,14 +441,20 @@ void SaeTrainer::apply_update(StepResult& r) {
 void SaeTrainer::optimizer_step(float grad_scale, float lr, int64_t t) {
     const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
     const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
-    const auto b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
-    const auto eps = static_cast<float>(cfg_.eps);
+    math::AdamScalars s{lr,
+                        static_cast<float>(cfg_.beta1),
+                        static_cast<float>(cfg_.beta2),
+                        static_cast<float>(cfg_.eps),
+                        1.0f / bc1,
+                        1.0f / bc2,
+                        0.0f,
+                        grad_scale};
     const auto wd = static_cast<float>(cfg_.weight_decay);
     for (const Range& g : ranges(shard_lo_, shard_hi_, shard_b_dec_)) {
         if (g.count == 0) continue;
         // Weights (W_enc, W_dec) get weight decay, biases and thresholds do not.
-        be_.adam(params_ + g.offset, grads_ + g.offset, m_ + g.offset, v_ + g.offset, g.count, lr,
-                 b1, b2, eps, bc1, bc2, g.decay ? wd : 0.0f, grad_scale);
+        s.weight_decay = g.decay ? wd : 0.0f;
+        be_.adam(params_ + g.offset, grads_ + g.offset, m_ + g.offset, v_ + g.offset, g.count, s);
     }
     if (cfg_.normalize_decoder)
         be_.normalize_rows(params_ + off(ParamLayout::kWDec) + shard_lo_ * d_,

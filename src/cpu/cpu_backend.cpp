@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "saetrain/backend.h"
+#include "saetrain/backend_registry.h"
 #include "saetrain/error.h"
 #include "saetrain/sae_math.h"
 
@@ -312,10 +313,9 @@ public:
         }
     }
 
-    void topk_backward(const float* x, const float* derr, const int32_t* idx, const float* val,
-                       const float* w_dec, int64_t rows, int64_t n, int64_t k, int64_t d,
-                       float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires, float* stats,
-                       bool accumulate, const float* dval_extra) override {
+    void topk_backward(const SparseBackward& args) override {
+        const auto& [x, derr, idx, val, w_dec, rows, n, k, d, dw_enc, dw_dec, db_enc, fires, stats,
+                     accumulate, dval_extra] = args;
         // Counting sort of the active (row, slot) pairs by latent: each latent's gradient rows
         // are then written by one thread, in row order (deterministic, no atomics).
         start_.assign(static_cast<size_t>(n) + 1, 0);
@@ -365,7 +365,8 @@ public:
         // >= t_s (blocks of 16 below it are skipped with one vectorized test), and when there
         // are at least `count` of them the answer is among them (nth_element). Otherwise the
         // guess was too high and the pass repeats with every positive value.
-        if (rows <= 0 || n <= 0 || count <= 0) return 0.0f;
+        if (rows <= 0 || n <= 0) return 0.0f;
+        count = std::max<int64_t>(count, 1);  // as the CUDA kernel: the largest value
         const int64_t stride = std::max<int64_t>(1, std::min<int64_t>(16, rows / 64));
         std::vector<float> sample;
         for (int64_t r = 0; r < rows; r += stride)
@@ -443,9 +444,9 @@ public:
         }
     }
 
-    void jumprelu_backward(const float* v, const float* log_threshold, float bandwidth, float l0,
-                           int64_t rows, int64_t n, float* dz, float* db_enc, float* dlog_threshold,
-                           int32_t* fires, float* stats) override {
+    void jumprelu_backward(const JumpReluBackward& args) override {
+        const auto& [v, log_threshold, bandwidth, l0, rows, n, dz, db_enc, dlog_threshold, fires,
+                     stats] = args;
         const int64_t nb = ceil_div(n, kColBlock);
         std::vector<double> l0s(nb);
 #pragma omp parallel for schedule(static)
@@ -494,11 +495,9 @@ public:
         }
     }
 
-    void gated_backward(const float* pre, const float* b_gate, const float* r_mag,
-                        const float* b_mag, const float* norms, float l1, int64_t rows, int64_t n,
-                        float* dz, const float* dgate, float* db_gate, float* dr_mag, float* db_mag,
-                        float* dpre_col_sum, float* gate_col_sum, int32_t* fires,
-                        float* stats) override {
+    void gated_backward(const GatedBackward& args) override {
+        const auto& [pre, b_gate, r_mag, b_mag, norms, l1, rows, n, dz, dgate, db_gate, dr_mag,
+                     db_mag, dpre_col_sum, gate_col_sum, fires, stats] = args;
         const int64_t nb = ceil_div(n, kColBlock);
         std::vector<double> l1s(nb), l0s(nb);
 #pragma omp parallel for schedule(static)
@@ -686,11 +685,8 @@ public:
         }
     }
 
-    void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-              float beta2, float eps, float bias_corr1, float bias_corr2, float weight_decay,
-              float grad_scale) override {
-        const math::AdamScalars s{
-            lr, beta1, beta2, eps, 1.0f / bias_corr1, 1.0f / bias_corr2, weight_decay, grad_scale};
+    void adam(float* p, const float* g, float* m, float* v, int64_t n,
+              const math::AdamScalars& s) override {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; ++i) math::adam_update(p[i], m[i], v[i], g[i], s);
     }
@@ -741,6 +737,20 @@ private:
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) {
     return std::make_unique<CpuBackend>(threads);
+}
+
+const BackendKind& cpu_backend_kind() {
+    static const BackendKind kind{
+        "cpu", "CPU", [] { return 1; }, "",
+        [](const BackendRequest& r, std::string* note) {
+            if (r.gemm != "fp32")
+                *note += fmt::format(
+                    "{}gpu.gemm: {} does not apply: the CPU backend computes in "
+                    "fp32",
+                    note->empty() ? "" : "; ", r.gemm);
+            return make_cpu_backend(r.threads);
+        }};
+    return kind;
 }
 
 }  // namespace saetrain

@@ -5,10 +5,14 @@
 #include <fmt/format.h>
 
 #include "cuda_check.h"
+#include "gradient_comm.h"
 #include "handles.h"
 #include "kernels.h"
 #include "lt_gemm.h"
+#include "saetrain/backend_registry.h"
+#include "saetrain/comm.h"
 #include "saetrain/cuda_device.h"
+#include "saetrain/cuda_pinned.h"
 
 namespace saetrain {
 namespace {
@@ -69,7 +73,19 @@ public:
     }
     void fill(float* x, int64_t n, float value) override { cuda::fill(stream(), x, n, value); }
     void synchronize() override { SAE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
-    int64_t max_topk() const override { return cuda::kMaxTopk; }
+    bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {
+        if (op != BackendOp::topk_forward || shape.k <= cuda::kMaxTopk) return true;
+        if (why) *why = fmt::format("its top-k keeps at most {} latents per row", cuda::kMaxTopk);
+        return false;
+    }
+    HostAllocator host_allocator() const override { return cuda_pinned_allocator(); }
+    void* native_stream() const override { return stream(); }
+    std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> replicas,
+                                                int local_rank, int local_size,
+                                                double timeout_s) override {
+        return cuda::gradient_comm(std::move(replicas), stream(), local_rank, local_size,
+                                   timeout_s);
+    }
 
     // --- dense algebra ---------------------------------------------------------------------
     void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -110,12 +126,8 @@ public:
                        int64_t k, int64_t d, float* x_hat) override {
         cuda::sparse_decode(stream(), idx, val, w_dec, rows, k, d, x_hat);
     }
-    void topk_backward(const float* x, const float* derr, const int32_t* idx, const float* val,
-                       const float* w_dec, int64_t rows, int64_t n, int64_t k, int64_t d,
-                       float* dw_enc, float* dw_dec, float* db_enc, int32_t* fires, float* stats,
-                       bool accumulate, const float* dval_extra) override {
-        cuda::topk_backward(stream(), ws_, opt_.deterministic, x, derr, idx, val, w_dec, rows, n, k,
-                            d, dw_enc, dw_dec, db_enc, fires, stats, accumulate, dval_extra);
+    void topk_backward(const SparseBackward& a) override {
+        cuda::topk_backward(stream(), ws_, opt_.deterministic, a);
     }
     // The CPU backend's algorithm (cpu_backend.cpp) on the device: U standardized per column,
     // C = U^T U and dU = U G through this->gemm (so gpu.gemm's precision applies; G's scalar
@@ -149,26 +161,15 @@ public:
                           int64_t n, float* z) override {
         cuda::jumprelu_forward(stream(), pre, b_enc, log_threshold, rows, n, z);
     }
-    void jumprelu_backward(const float* v, const float* log_threshold, float bandwidth, float l0,
-                           int64_t rows, int64_t n, float* dz, float* db_enc, float* dlog_threshold,
-                           int32_t* fires, float* stats) override {
-        cuda::jumprelu_backward(stream(), ws_, v, log_threshold, bandwidth, l0, rows, n, dz, db_enc,
-                                dlog_threshold, fires, stats);
+    void jumprelu_backward(const JumpReluBackward& a) override {
+        cuda::jumprelu_backward(stream(), ws_, a);
     }
     void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
                        const float* b_mag, int64_t rows, int64_t n, float* z,
                        float* gate) override {
         cuda::gated_forward(stream(), pre, b_gate, r_mag, b_mag, rows, n, z, gate);
     }
-    void gated_backward(const float* pre, const float* b_gate, const float* r_mag,
-                        const float* b_mag, const float* norms, float l1, int64_t rows, int64_t n,
-                        float* dz, const float* dgate, float* db_gate, float* dr_mag, float* db_mag,
-                        float* dpre_col_sum, float* gate_col_sum, int32_t* fires,
-                        float* stats) override {
-        cuda::gated_backward(stream(), ws_, pre, b_gate, r_mag, b_mag, norms, l1, rows, n, dz,
-                             dgate, db_gate, dr_mag, db_mag, dpre_col_sum, gate_col_sum, fires,
-                             stats);
-    }
+    void gated_backward(const GatedBackward& a) override { cuda::gated_backward(stream(), ws_, a); }
     void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
                      float beta, int64_t rows, int64_t cols) override {
         cuda::gather_rows(stream(), dst, src, rows_of, scale, beta, rows, cols);
@@ -199,11 +200,8 @@ public:
                        int64_t cols) override {
         cuda::add_norm_grad(stream(), w, coeff, scale, g, rows, cols);
     }
-    void adam(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-              float beta2, float eps, float bias_corr1, float bias_corr2, float weight_decay,
-              float grad_scale) override {
-        const math::AdamScalars s{
-            lr, beta1, beta2, eps, 1.0f / bias_corr1, 1.0f / bias_corr2, weight_decay, grad_scale};
+    void adam(float* p, const float* g, float* m, float* v, int64_t n,
+              const math::AdamScalars& s) override {
         cuda::adam(stream(), p, g, m, v, n, s);
     }
 
@@ -271,6 +269,21 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
 }
 
 void* cuda_backend_stream(Backend& backend) { return as_cuda(backend).stream(); }
+
+const BackendKind& cuda_backend_kind() {
+    static const BackendKind kind{
+        "cuda", "CUDA", [] { return cuda_device_count(); },
+        "this rank sees no CUDA device (check CUDA_VISIBLE_DEVICES and the job's GPU request), "
+        "or set backend: cpu",
+        [](const BackendRequest& r, std::string* /*note*/) {
+            CudaBackendOptions o;
+            o.device = r.local_rank % cuda_device_count();
+            o.gemm = math_mode_parse(r.gemm);
+            o.deterministic = r.deterministic;
+            return make_cuda_backend(o);
+        }};
+    return kind;
+}
 
 void cuda_widen_16bit(Backend& backend, const uint16_t* src, float* dst, int64_t n, bool bf16) {
     as_cuda(backend).widen_16bit(src, dst, n, bf16);

@@ -760,9 +760,8 @@ void jumprelu_forward(cudaStream_t s, float* pre, const float* b_enc, const floa
     SAE_CUDA_LAUNCH_CHECK();
 }
 
-void jumprelu_backward(cudaStream_t s, Workspace& ws, const float* v, const float* log_threshold,
-                       float bandwidth, float l0, int64_t rows, int64_t n, float* dz, float* db_enc,
-                       float* dlog_threshold, int32_t* fires, float* stats) {
+void jumprelu_backward(cudaStream_t s, Workspace& ws, const JumpReluBackward& a) {
+    const int64_t rows = a.rows, n = a.n;
     if (n <= 0) return;
     const RowSlices sl = row_slices(rows, n);
     const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
@@ -771,12 +770,13 @@ void jumprelu_backward(cudaStream_t s, Workspace& ws, const float* v, const floa
     auto* part_i = ws.get<int32_t>(1, sl.slices * n);
     auto* col_l0 = ws.get<double>(2, n);
     jumprelu_backward_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
-        v, dz, log_threshold, bandwidth, l0, rows, n, sl.rows_per, part_f, part_i);
+        a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0, rows, n, sl.rows_per, part_f,
+        part_i);
     SAE_CUDA_LAUNCH_CHECK();
     jumprelu_backward_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(
-        part_f, part_i, sl.slices, n, log_threshold, db_enc, dlog_threshold, fires, col_l0);
+        part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires, col_l0);
     SAE_CUDA_LAUNCH_CHECK();
-    add_sum_to_stat(s, col_l0, n, stats + kStatL0);
+    add_sum_to_stat(s, col_l0, n, a.stats + kStatL0);
 }
 
 void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const float* r_mag,
@@ -787,11 +787,8 @@ void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const 
     SAE_CUDA_LAUNCH_CHECK();
 }
 
-void gated_backward(cudaStream_t s, Workspace& ws, const float* pre, const float* b_gate,
-                    const float* r_mag, const float* b_mag, const float* norms, float l1,
-                    int64_t rows, int64_t n, float* dz, const float* dgate, float* db_gate,
-                    float* dr_mag, float* db_mag, float* dpre_col_sum, float* gate_col_sum,
-                    int32_t* fires, float* stats) {
+void gated_backward(cudaStream_t s, Workspace& ws, const GatedBackward& a) {
+    const int64_t rows = a.rows, n = a.n;
     if (n <= 0) return;
     const RowSlices sl = row_slices(rows, n);
     const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
@@ -800,14 +797,15 @@ void gated_backward(cudaStream_t s, Workspace& ws, const float* pre, const float
     auto* part_i = ws.get<int32_t>(1, sl.slices * n);
     auto* col = ws.get<double>(2, 2 * n);
     gated_backward_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
-        pre, b_gate, r_mag, b_mag, norms, l1, rows, n, sl.rows_per, dz, dgate, part_f, part_i);
+        a.pre, a.b_gate, a.r_mag, a.b_mag, a.dec_norms, a.l1, rows, n, sl.rows_per, a.dz_to_dpre,
+        a.dgate, part_f, part_i);
     SAE_CUDA_LAUNCH_CHECK();
     gated_backward_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(
-        part_f, part_i, sl.slices, n, norms, db_gate, db_mag, dr_mag, dpre_col_sum, gate_col_sum,
-        fires, col, col + n);
+        part_f, part_i, sl.slices, n, a.dec_norms, a.db_gate, a.db_mag, a.dr_mag, a.dpre_col_sum,
+        a.gate_col_sum, a.fires, col, col + n);
     SAE_CUDA_LAUNCH_CHECK();
-    add_sum_to_stat(s, col, n, stats + kStatL1);
-    add_sum_to_stat(s, col + n, n, stats + kStatL0);
+    add_sum_to_stat(s, col, n, a.stats + kStatL1);
+    add_sum_to_stat(s, col + n, n, a.stats + kStatL0);
 }
 
 void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n) {

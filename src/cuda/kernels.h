@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "saetrain/backend.h"  // defines: SparseBackward, JumpReluBackward, GatedBackward
 #include "saetrain/sae_math.h"
 
 namespace saetrain::cuda {
@@ -57,11 +58,7 @@ void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t 
                   int64_t k, int32_t* idx, float* val, bool relu);
 void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const float* w_dec,
                    int64_t rows, int64_t k, int64_t d, float* x_hat);
-void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const float* x,
-                   const float* derr, const int32_t* idx, const float* val, const float* w_dec,
-                   int64_t rows, int64_t n, int64_t k, int64_t d, float* dw_enc, float* dw_dec,
-                   float* db_enc, int32_t* fires, float* stats, bool accumulate,
-                   const float* dval_extra);
+void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const SparseBackward& a);
 
 // BatchTopK. Both block until their result is on the host.
 float batch_threshold(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc,
@@ -73,16 +70,10 @@ int64_t select_above(cudaStream_t s, Workspace& ws, const float* pre, const floa
 // JumpReLU and Gated activations (Backend's comments give the semantics).
 void jumprelu_forward(cudaStream_t s, float* pre_to_v, const float* b_enc,
                       const float* log_threshold, int64_t rows, int64_t n, float* z);
-void jumprelu_backward(cudaStream_t s, Workspace& ws, const float* v, const float* log_threshold,
-                       float bandwidth, float l0, int64_t rows, int64_t n, float* dz, float* db_enc,
-                       float* dlog_threshold, int32_t* fires, float* stats);
+void jumprelu_backward(cudaStream_t s, Workspace& ws, const JumpReluBackward& a);
 void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const float* r_mag,
                    const float* b_mag, int64_t rows, int64_t n, float* z, float* gate);
-void gated_backward(cudaStream_t s, Workspace& ws, const float* pre, const float* b_gate,
-                    const float* r_mag, const float* b_mag, const float* norms, float l1,
-                    int64_t rows, int64_t n, float* dz, const float* dgate, float* db_gate,
-                    float* dr_mag, float* db_mag, float* dpre_col_sum, float* gate_col_sum,
-                    int32_t* fires, float* stats);
+void gated_backward(cudaStream_t s, Workspace& ws, const GatedBackward& a);
 void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n);
 
 // The Switch SAE's row permutations (switch.cu); see Backend::gather_rows and neighbours.

@@ -477,37 +477,50 @@ void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const f
     SAE_CUDA_LAUNCH_CHECK();
 }
 
-void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const float* x,
-                   const float* derr, const int32_t* idx, const float* val, const float* w_dec,
-                   int64_t rows, int64_t n, int64_t k, int64_t d, float* dw_enc, float* dw_dec,
-                   float* db_enc, int32_t* fires, float* stats, bool accumulate,
-                   const float* dval_extra) {
-    const int64_t entries = rows * k;
-    SAE_ENFORCE(entries < (int64_t(1) << 31) && n < (int64_t(1) << 31),
-                "topk_backward: {} entries or {} latents exceed the int32 index range", entries, n);
+namespace {
+
+// dval[e] = (val != 0) * derr[row] . w_dec[idx] (+ dval_extra[e]) for every entry, in workspace
+// slot 0.
+const float* topk_dval(cudaStream_t s, Workspace& ws, const SparseBackward& a) {
+    const int64_t entries = a.rows * a.k;
     auto* dval = ws.get<float>(0, std::max<int64_t>(entries, 1));
     if (entries > 0) {
         topk_dval_kernel<<<grid_for(entries * 32, 256), 256, 0, s>>>(
-            derr, idx, val, w_dec, dval_extra, entries, k, d, dval);
+            a.derr, a.idx, a.val, a.w_dec, a.dval_extra, entries, a.k, a.d, dval);
         SAE_CUDA_LAUNCH_CHECK();
     }
-    if (!deterministic) {
-        if (!accumulate) {
-            SAE_CUDA_CHECK(cudaMemsetAsync(dw_enc, 0, sizeof(float) * n * d, s));
-            SAE_CUDA_CHECK(cudaMemsetAsync(dw_dec, 0, sizeof(float) * n * d, s));
-            SAE_CUDA_CHECK(cudaMemsetAsync(db_enc, 0, sizeof(float) * n, s));
-        }
-        SAE_CUDA_CHECK(cudaMemsetAsync(fires, 0, sizeof(int32_t) * n, s));
-        if (entries > 0) {
-            topk_scatter_kernel<<<static_cast<unsigned>(entries), d >= 256 ? 256 : 128, 0, s>>>(
-                x, derr, idx, val, dval, k, d, dw_enc, dw_dec, db_enc, fires);
-            SAE_CUDA_LAUNCH_CHECK();
-        }
-        add_count_to_stat_kernel<<<1, 1, 0, s>>>(fires, n, stats + kStatL0);
-        SAE_CUDA_LAUNCH_CHECK();
-        return;
-    }
+    return dval;
+}
 
+// Scatter with atomicAdd: fewer passes, run-to-run differences in the last bits.
+void topk_backward_atomic(cudaStream_t s, const SparseBackward& a, const float* dval) {
+    const int64_t entries = a.rows * a.k, n = a.n, d = a.d;
+    if (!a.accumulate) {
+        SAE_CUDA_CHECK(cudaMemsetAsync(a.dw_enc, 0, sizeof(float) * n * d, s));
+        SAE_CUDA_CHECK(cudaMemsetAsync(a.dw_dec, 0, sizeof(float) * n * d, s));
+        SAE_CUDA_CHECK(cudaMemsetAsync(a.db_enc, 0, sizeof(float) * n, s));
+    }
+    SAE_CUDA_CHECK(cudaMemsetAsync(a.fires, 0, sizeof(int32_t) * n, s));
+    if (entries > 0) {
+        topk_scatter_kernel<<<static_cast<unsigned>(entries), d >= 256 ? 256 : 128, 0, s>>>(
+            a.x, a.derr, a.idx, a.val, dval, a.k, d, a.dw_enc, a.dw_dec, a.db_enc, a.fires);
+        SAE_CUDA_LAUNCH_CHECK();
+    }
+    add_count_to_stat_kernel<<<1, 1, 0, s>>>(a.fires, n, a.stats + kStatL0);
+    SAE_CUDA_LAUNCH_CHECK();
+}
+
+// The active entries sorted by latent (workspace slots 1-5): start [n + 1] the exclusive prefix
+// sum of the per-latent counts (start[n] = active entries), ids_sorted the entries in latent
+// order, each latent's in entry order (a stable radix sort).
+struct SortedEntries {
+    const int32_t* start;
+    const int32_t* ids_sorted;
+    void* tmp;  // the scans' temporary storage
+    size_t scan_bytes;
+};
+SortedEntries sort_entries_by_latent(cudaStream_t s, Workspace& ws, const SparseBackward& a) {
+    const int64_t entries = a.rows * a.k, n = a.n;
     const int n32 = static_cast<int>(n), e32 = static_cast<int>(entries);
     auto* counts = ws.get<int32_t>(1, n + 1);
     auto* start = ws.get<int32_t>(2, n + 1);
@@ -517,8 +530,8 @@ void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const floa
     int32_t* ids_sorted = ids + std::max<int64_t>(entries, 1);
     SAE_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (n + 1), s));
     if (entries > 0) {
-        topk_entries_kernel<<<grid_for(entries, 256), 256, 0, s>>>(idx, val, entries, n32, counts,
-                                                                   keys, ids);
+        topk_entries_kernel<<<grid_for(entries, 256), 256, 0, s>>>(a.idx, a.val, entries, n32,
+                                                                   counts, keys, ids);
         SAE_CUDA_LAUNCH_CHECK();
     }
     // start = exclusive prefix sum of counts (counts[n] = 0, so start[n] = active entries).
@@ -533,6 +546,16 @@ void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const floa
     if (entries > 0)
         SAE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, sort_bytes, keys, keys_sorted, ids,
                                                        ids_sorted, e32, 0, end_bit, s));
+    return {start, ids_sorted, tmp, scan_bytes};
+}
+
+// Each latent's gradient rows summed over its sorted entries in fixed chunks, partial rows of
+// the latents with several chunks added in chunk order (workspace slots 6-7): bit-reproducible.
+void topk_backward_sorted(cudaStream_t s, Workspace& ws, const SparseBackward& a,
+                          const float* dval) {
+    const int64_t entries = a.rows * a.k, n = a.n, d = a.d;
+    const int n32 = static_cast<int>(n);
+    const SortedEntries sorted = sort_entries_by_latent(s, ws, a);
     if (n > 0) {
         // Chunks of at least 32 entries, and at most ~4096 partial rows in all (a latent with
         // c > chunk entries needs ceil(c / chunk) <= 2c / chunk of them).
@@ -547,25 +570,41 @@ void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const floa
         float *part_enc = part, *part_dec = part + max_slots * d,
               *part_b = part + 2 * max_slots * d;
         const int c32 = static_cast<int>(chunk);
-        topk_chunk_counts_kernel<<<grid_for(n + 1, 256), 256, 0, s>>>(start, n32, c32, nch, multi);
+        topk_chunk_counts_kernel<<<grid_for(n + 1, 256), 256, 0, s>>>(sorted.start, n32, c32, nch,
+                                                                      multi);
         SAE_CUDA_LAUNCH_CHECK();
-        // Same length as the counts scan above: the same temporary storage serves.
+        // Same length as the counts scan: the same temporary storage serves.
+        size_t scan_bytes = sorted.scan_bytes;
         SAE_CUDA_CHECK(
-            cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, nch, chunk_start, n32 + 1, s));
+            cub::DeviceScan::ExclusiveSum(sorted.tmp, scan_bytes, nch, chunk_start, n32 + 1, s));
         SAE_CUDA_CHECK(
-            cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, multi, slot_start, n32 + 1, s));
+            cub::DeviceScan::ExclusiveSum(sorted.tmp, scan_bytes, multi, slot_start, n32 + 1, s));
         const int threads = d >= 256 ? 256 : 128;
         topk_grad_chunks_kernel<<<static_cast<unsigned>(max_chunks), threads, 0, s>>>(
-            x, derr, val, dval, start, ids_sorted, chunk_start, slot_start, n32, c32, k, d,
-            accumulate, dw_enc, dw_dec, db_enc, part_enc, part_dec, part_b);
+            a.x, a.derr, a.val, dval, sorted.start, sorted.ids_sorted, chunk_start, slot_start, n32,
+            c32, a.k, d, a.accumulate, a.dw_enc, a.dw_dec, a.db_enc, part_enc, part_dec, part_b);
         SAE_CUDA_LAUNCH_CHECK();
         topk_grad_finish_kernel<<<static_cast<unsigned>(n), threads, 0, s>>>(
-            start, nch, slot_start, d, accumulate, dw_enc, dw_dec, db_enc, fires, part_enc,
-            part_dec, part_b);
+            sorted.start, nch, slot_start, d, a.accumulate, a.dw_enc, a.dw_dec, a.db_enc, a.fires,
+            part_enc, part_dec, part_b);
         SAE_CUDA_LAUNCH_CHECK();
     }
-    add_int_to_stat_kernel<<<1, 1, 0, s>>>(start + n, stats + kStatL0);
+    add_int_to_stat_kernel<<<1, 1, 0, s>>>(sorted.start + n, a.stats + kStatL0);
     SAE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const SparseBackward& a) {
+    const int64_t entries = a.rows * a.k;
+    SAE_ENFORCE(entries < (int64_t(1) << 31) && a.n < (int64_t(1) << 31),
+                "topk_backward: {} entries or {} latents exceed the int32 index range", entries,
+                a.n);
+    const float* dval = topk_dval(s, ws, a);
+    if (deterministic)
+        topk_backward_sorted(s, ws, a, dval);
+    else
+        topk_backward_atomic(s, a, dval);
 }
 
 // The CPU backend's radix select (cpu_backend.cpp), with the histograms counted on the GPU:

@@ -101,16 +101,33 @@ void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host) {
     c.be.axpby(bias, c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
 }
 
+SparseBackward sparse_backward(const PassContext& c, const float* x, const float* derr,
+                               const int32_t* idx, const float* val, int64_t rows, int64_t k) {
+    SparseBackward a;
+    a.x = x, a.derr = derr, a.idx = idx, a.val = val, a.w_dec = c.seg(ParamLayout::kWDec);
+    a.rows = rows, a.n = c.n, a.k = k, a.d = c.d;
+    a.dw_enc = c.grad(ParamLayout::kWEnc), a.dw_dec = c.grad(ParamLayout::kWDec);
+    a.db_enc = c.grad(ParamLayout::kBEnc);
+    a.fires = c.fires, a.stats = c.stats;
+    return a;
+}
+
+std::vector<Architecture::OpUse> topk_uses(const SaeConfig& cfg, int64_t k, int64_t d,
+                                           int64_t latents) {
+    std::vector<Architecture::OpUse> uses;
+    if (k > 0) uses.push_back({BackendOp::topk_forward, OpShape{0, latents, k, d}, "sae.k"});
+    if (cfg.auxk_coeff > 0)
+        uses.push_back({BackendOp::topk_forward,
+                        OpShape{0, latents, resolved_k_aux(cfg, d, latents), d}, "sae.k_aux"});
+    return uses;
+}
+
 AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
     : k_aux_(resolved_k_aux(cfg, d, n)),
       coeff_(cfg.auxk_coeff),
       bias_(be, n),
       stats_(be, kStatCount),
-      fires_(be, n) {
-    SAE_ENFORCE(coeff_ <= 0 || k_aux_ <= be.max_topk(),
-                "sae.k_aux = {} exceeds the {} backend's top-k limit of {}; lower sae.k_aux",
-                k_aux_, be.name(), be.max_topk());
-}
+      fires_(be, n) {}
 
 void AuxK::backward(PassContext& c) {
     weight_ = 0;
@@ -135,9 +152,9 @@ void AuxK::backward(PassContext& c) {
     be.residual(ehat_.data(), target_.data(), B, d, aux_scale, scratch_.data(), scratch_.data() + d,
                 stats_.data());
     be.axpby(c.stats + kStatAux, stats_.data() + kStatSse, 1.0f, 1.0f, 1);
-    be.topk_backward(c.xc, ehat_.data(), idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, n,
-                     k, d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
-                     c.grad(ParamLayout::kBEnc), fires_.data(), stats_.data(), true, nullptr);
+    SparseBackward a = sparse_backward(c, c.xc, ehat_.data(), idx_.data(), val_.data(), B, k);
+    a.fires = fires_.data(), a.stats = stats_.data(), a.accumulate = true;
+    be.topk_backward(a);
 }
 
 }  // namespace saetrain::arch

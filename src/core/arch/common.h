@@ -56,6 +56,16 @@ double auxk_weight(double coeff, int64_t n_dead, int64_t k_aux);
 // pre + bias then selects among the dead latents only. `host`: scratch of n floats.
 void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host);
 
+// topk_backward's arguments for the selection (idx, val) [rows, k] of the rows x (the encoder's
+// input) with dL/dx_hat derr: into the SAE's gradients, c.fires and c.stats, overwriting.
+SparseBackward sparse_backward(const PassContext& c, const float* x, const float* derr,
+                               const int32_t* idx, const float* val, int64_t rows, int64_t k);
+
+// The top-k selections of `k` (key sae.k; 0: none) and of AuxK (sae.k_aux, when auxk_coeff > 0)
+// over `latents` latents, for Architecture::limited_ops.
+std::vector<Architecture::OpUse> topk_uses(const SaeConfig& cfg, int64_t k, int64_t d,
+                                           int64_t latents);
+
 class AuxK {
 public:
     AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be);

@@ -50,10 +50,14 @@ public:
         be.gemm(false, true, B, n, d, 1.0f, ahat_.data(), d, w_dec, d, 0.0f, dgate_.data(), n);
         be.row_norms(w_dec, n, d, c.dec_norms);
         const float l1_eff = static_cast<float>(l1_ / static_cast<double>(c.norm_rows));
-        be.gated_backward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("r_mag"), c.seg("b_mag"),
-                          c.dec_norms, l1_eff, B, n, dz_.data(), dgate_.data(),
-                          c.grad(ParamLayout::kBEnc), c.grad("r_mag"), c.grad("b_mag"),
-                          dpre_sum_.data(), c.col_scratch, c.fires, c.stats);
+        GatedBackward a;
+        a.pre = c.pre, a.b_gate = c.seg(ParamLayout::kBEnc), a.r_mag = c.seg("r_mag");
+        a.b_mag = c.seg("b_mag"), a.dec_norms = c.dec_norms, a.l1 = l1_eff, a.rows = B, a.n = n;
+        a.dz_to_dpre = dz_.data(), a.dgate = dgate_.data();
+        a.db_gate = c.grad(ParamLayout::kBEnc), a.dr_mag = c.grad("r_mag");
+        a.db_mag = c.grad("b_mag"), a.dpre_col_sum = dpre_sum_.data();
+        a.gate_col_sum = c.col_scratch, a.fires = c.fires, a.stats = c.stats;
+        be.gated_backward(a);
         encoder_weight_grad(c, dz_.data());
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
         encoder_input_grad(c, dpre_sum_.data());

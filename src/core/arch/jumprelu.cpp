@@ -33,9 +33,13 @@ public:
         decoder_backward_dense(c, z_.data(), dz_.data());
         decorr_.dense(c, z_.data(), dz_.data());
         const float l0_eff = static_cast<float>(l0_ / static_cast<double>(c.norm_rows));
-        be.jumprelu_backward(c.pre, c.seg("log_threshold"),
-                             static_cast<float>(cfg_.jumprelu_bandwidth), l0_eff, B, n, dz_.data(),
-                             c.grad(ParamLayout::kBEnc), c.grad("log_threshold"), c.fires, c.stats);
+        JumpReluBackward a;
+        a.v = c.pre, a.log_threshold = c.seg("log_threshold");
+        a.bandwidth = static_cast<float>(cfg_.jumprelu_bandwidth), a.l0 = l0_eff, a.rows = B,
+        a.n = n;
+        a.dz_to_dpre = dz_.data(), a.db_enc = c.grad(ParamLayout::kBEnc);
+        a.dlog_threshold = c.grad("log_threshold"), a.fires = c.fires, a.stats = c.stats;
+        be.jumprelu_backward(a);
         encoder_weight_grad(c, dz_.data());
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }

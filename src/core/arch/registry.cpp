@@ -37,6 +37,15 @@ const Architecture& arch_get(const std::string& name) {
 
 void Architecture::validate(const SaeConfig&, int64_t, const std::string&) const {}
 
+void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, const Backend& be) {
+    for (const Architecture::OpUse& use : arch_get(cfg.arch).limited_ops(cfg, d, n)) {
+        std::string why;
+        SAE_ENFORCE(be.supports(use.op, use.shape, &why),
+                    "{} = {}: the {} backend cannot train this {} SAE: {}; lower {}", use.key,
+                    use.shape.k, be.name(), cfg.arch, why, use.key);
+    }
+}
+
 void ArchPass::set_buffer(const std::string& name, const std::vector<float>&) {
     throw Error(fmt::format("this architecture keeps no tensor called '{}'", name));
 }

@@ -49,11 +49,7 @@ public:
           astats_(be, kStatCount),
           scratch_(be, 2 * d),
           afires_(be, n),
-          counts_(static_cast<size_t>(E_), 0) {
-        SAE_ENFORCE(k_ <= be.max_topk() && (aux_coeff_ <= 0 || k_aux_ <= be.max_topk()),
-                    "sae.k = {} and sae.k_aux = {}: the {} backend's top-k selects at most {}", k_,
-                    k_aux_, be.name(), be.max_topk());
-    }
+          counts_(static_cast<size_t>(E_), 0) {}
 
     bool uses_dense_pre() const override { return false; }
     void reserve(int64_t rows) override {
@@ -97,14 +93,12 @@ public:
 
     void backward(PassContext& c, int64_t, int64_t) override {
         Backend& be = c.be;
-        const int64_t B = c.B, d = c.d, n = c.n;
+        const int64_t B = c.B, d = c.d;
         // In expert order: dL/dy = p_e dL/dx_hat, and p_e dL/dp_e = (p_e dL/dx_hat) . y.
         be.gather_rows(derr_s_.data(), c.xhat, perm_.data(), p_sorted_.data(), 0.0f, B, d);
         be.row_dots(derr_s_.data(), ys_.data(), B, d, dots_.data());
-        be.topk_backward(xs_.data(), derr_s_.data(), idx_.data(), val_.data(),
-                         c.seg(ParamLayout::kWDec), B, n, k_, d, c.grad(ParamLayout::kWEnc),
-                         c.grad(ParamLayout::kWDec), c.grad(ParamLayout::kBEnc), c.fires, c.stats,
-                         false, nullptr);
+        be.topk_backward(
+            arch::sparse_backward(c, xs_.data(), derr_s_.data(), idx_.data(), val_.data(), B, k_));
         auxk(c);
         router_backward(c);
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
@@ -184,7 +178,7 @@ private:
         aux_weight_ = 0;
         if (aux_coeff_ <= 0 || c.n_dead == 0 || c.dead == nullptr) return;
         Backend& be = c.be;
-        const int64_t B = c.B, d = c.d, n = c.n, ne = ne_, ka = k_aux_;
+        const int64_t B = c.B, d = c.d, ne = ne_, ka = k_aux_;
         aux_weight_ = auxk_weight(aux_coeff_, c.n_dead, ka);
         ensure(aidx_, be, B * ka), ensure(aval_, be, B * ka);
         ensure(ehat_, be, B * d), ensure(target_, be, B * d);
@@ -210,10 +204,10 @@ private:
             be.sparse_decode(idx, val, c.seg(ParamLayout::kWDec), rows, k, d, ehat);
             be.residual(ehat, target_.data() + o * d, rows, d, aux_scale, scratch_.data(),
                         scratch_.data() + d, astats_.data());
-            be.topk_backward(xs_.data() + o * d, ehat, idx, val, c.seg(ParamLayout::kWDec), rows, n,
-                             k, d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
-                             c.grad(ParamLayout::kBEnc), afires_.data(), astats_.data(), true,
-                             nullptr);
+            SparseBackward a =
+                arch::sparse_backward(c, xs_.data() + o * d, ehat, idx, val, rows, k);
+            a.fires = afires_.data(), a.stats = astats_.data(), a.accumulate = true;
+            be.topk_backward(a);
         }
         be.axpby(c.stats + kStatAux, astats_.data() + kStatSse, 1.0f, 1.0f, 1);
     }
@@ -307,6 +301,9 @@ public:
     }
     std::string id_suffix(const SaeConfig& cfg) const override {
         return fmt::format("k{}-e{}", cfg.k, cfg.n_experts);
+    }
+    std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return arch::topk_uses(cfg, cfg.k, d, n / cfg.n_experts);  // each expert selects alone
     }
     std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t,
                                            int64_t d) const override {

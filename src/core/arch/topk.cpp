@@ -24,9 +24,9 @@ public:
     }
     void backward(PassContext& c, int64_t, int64_t) override {
         const float* extra = decorr_.sparse(c, idx_.data(), val_.data(), k_);
-        c.be.topk_backward(c.xc, c.xhat, idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B,
-                           c.n, k_, c.d, c.grad(ParamLayout::kWEnc), c.grad(ParamLayout::kWDec),
-                           c.grad(ParamLayout::kBEnc), c.fires, c.stats, false, extra);
+        SparseBackward a = sparse_backward(c, c.xc, c.xhat, idx_.data(), val_.data(), c.B, k_);
+        a.dval_extra = extra;
+        c.be.topk_backward(a);
         auxk_.backward(c);
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
@@ -63,6 +63,9 @@ public:
     std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
                                         Backend& be) const override {
         return std::make_unique<TopkPass>(cfg, d, n, be);
+    }
+    std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return topk_uses(cfg, cfg.k, d, n);
     }
 };
 
