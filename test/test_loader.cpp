@@ -21,6 +21,7 @@
 #include "../src/io/raw_shards.h"
 #include "saetrain/error.h"
 #include "saetrain/loader.h"
+#include "saetrain/sae_math.h"
 #include "saetrain/shards.h"
 #include "saetrain/stage.h"
 #include "saetrain/synth.h"
@@ -383,8 +384,8 @@ TEST(Loader, HalfConversionMatchesTheReferenceForEveryValue) {
     io::convert_to_f32(DType::f16, all.data(), got.data(), 65536);
     io::convert_to_f32(DType::bf16, all.data(), got_bf.data(), 65536);
     for (uint32_t k = 0; k < 65536; ++k) {
-        const float want = half_to_float(static_cast<uint16_t>(k));
-        const float want_bf = bf16_to_float(static_cast<uint16_t>(k));
+        const float want = math::fp16_bits_to_float(static_cast<uint16_t>(k));
+        const float want_bf = math::bf16_bits_to_float(static_cast<uint16_t>(k));
         // Bit-identical, except that a signalling NaN may come out quiet (the F16C instruction
         // sets the quiet bit); a NaN stays a NaN with the same sign.
         if (std::isnan(want)) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "saetrain/error.h"
+#include "saetrain/sae_math.h"
 #include "saetrain/shards.h"
 #include "saetrain/synth.h"
 #include "test_util.h"
@@ -78,56 +79,57 @@ std::vector<float> read_per_shard(const DatasetInfo& info) {
 // --- element conversion --------------------------------------------------------------------
 
 TEST(Half, KnownBitPatterns) {
-    EXPECT_EQ(float_to_half(1.0f), 0x3c00);
-    EXPECT_EQ(half_to_float(0x3c00), 1.0f);
-    EXPECT_EQ(float_to_half(-2.0f), 0xc000);
-    EXPECT_EQ(half_to_float(0xc000), -2.0f);
-    EXPECT_EQ(float_to_half(65504.0f), 0x7bff);  // largest finite half
-    EXPECT_EQ(half_to_float(0x7bff), 65504.0f);
-    EXPECT_EQ(float_to_half(0.0f), 0x0000);
-    EXPECT_EQ(float_to_half(-0.0f), 0x8000);
-    EXPECT_EQ(float_to_half(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
-    EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
-    EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));
-    EXPECT_EQ(half_to_float(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
-    EXPECT_EQ(half_to_float(0x8001), -std::ldexp(1.0f, -24));
+    EXPECT_EQ(math::float_to_fp16_bits(1.0f), 0x3c00);
+    EXPECT_EQ(math::fp16_bits_to_float(0x3c00), 1.0f);
+    EXPECT_EQ(math::float_to_fp16_bits(-2.0f), 0xc000);
+    EXPECT_EQ(math::fp16_bits_to_float(0xc000), -2.0f);
+    EXPECT_EQ(math::float_to_fp16_bits(65504.0f), 0x7bff);  // largest finite half
+    EXPECT_EQ(math::fp16_bits_to_float(0x7bff), 65504.0f);
+    EXPECT_EQ(math::float_to_fp16_bits(0.0f), 0x0000);
+    EXPECT_EQ(math::float_to_fp16_bits(-0.0f), 0x8000);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+    EXPECT_EQ(math::fp16_bits_to_float(0x0001), std::ldexp(1.0f, -24));
+    EXPECT_EQ(math::fp16_bits_to_float(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
+    EXPECT_EQ(math::fp16_bits_to_float(0x8001), -std::ldexp(1.0f, -24));
     const float inf = std::numeric_limits<float>::infinity();
-    EXPECT_EQ(float_to_half(inf), 0x7c00);
-    EXPECT_EQ(float_to_half(-inf), 0xfc00);
-    EXPECT_EQ(half_to_float(0x7c00), inf);
-    EXPECT_EQ(half_to_float(0xfc00), -inf);
-    EXPECT_EQ(float_to_half(1e6f), 0x7c00);  // overflow
-    uint16_t n = float_to_half(std::numeric_limits<float>::quiet_NaN());
+    EXPECT_EQ(math::float_to_fp16_bits(inf), 0x7c00);
+    EXPECT_EQ(math::float_to_fp16_bits(-inf), 0xfc00);
+    EXPECT_EQ(math::fp16_bits_to_float(0x7c00), inf);
+    EXPECT_EQ(math::fp16_bits_to_float(0xfc00), -inf);
+    EXPECT_EQ(math::float_to_fp16_bits(1e6f), 0x7c00);  // overflow
+    uint16_t n = math::float_to_fp16_bits(std::numeric_limits<float>::quiet_NaN());
     EXPECT_EQ(n & 0x7c00, 0x7c00);
     EXPECT_NE(n & 0x03ff, 0);
-    EXPECT_NE(float_to_half(f_of(0x7f800001u)) & 0x03ff, 0);  // payload only in low bits
-    EXPECT_TRUE(std::isnan(half_to_float(0x7e00)));
-    EXPECT_TRUE(std::isnan(half_to_float(0xfc01)));
+    EXPECT_NE(math::float_to_fp16_bits(f_of(0x7f800001u)) & 0x03ff, 0);  // payload only in low bits
+    EXPECT_TRUE(std::isnan(math::fp16_bits_to_float(0x7e00)));
+    EXPECT_TRUE(std::isnan(math::fp16_bits_to_float(0xfc01)));
 }
 
 TEST(Half, RoundsToNearestEven) {
     // 1 + 2^-11 is halfway between 1 (even) and 1 + 2^-10 (odd): goes down.
-    EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+    EXPECT_EQ(math::float_to_fp16_bits(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
     // 1 + 3*2^-11 is halfway between 0x3c01 (odd) and 0x3c02 (even): goes up.
-    EXPECT_EQ(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+    EXPECT_EQ(math::float_to_fp16_bits(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
     // Just above the halfway point goes up.
-    EXPECT_EQ(float_to_half(std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f)), 0x3c01);
+    EXPECT_EQ(math::float_to_fp16_bits(std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f)), 0x3c01);
     // 65520 is halfway between 65504 (odd mantissa) and 2^16 (overflow): rounds to inf.
-    EXPECT_EQ(float_to_half(65520.0f), 0x7c00);
-    EXPECT_EQ(float_to_half(std::nextafter(65520.0f, 0.0f)), 0x7bff);
+    EXPECT_EQ(math::float_to_fp16_bits(65520.0f), 0x7c00);
+    EXPECT_EQ(math::float_to_fp16_bits(std::nextafter(65520.0f, 0.0f)), 0x7bff);
     // Subnormal ties: 2^-25 -> 0 (even), 3*2^-25 -> 2*2^-24 (even), above 2^-25 -> 1.
-    EXPECT_EQ(float_to_half(std::ldexp(1.0f, -25)), 0x0000);
-    EXPECT_EQ(float_to_half(std::ldexp(3.0f, -25)), 0x0002);
-    EXPECT_EQ(float_to_half(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
-    EXPECT_EQ(float_to_half(std::ldexp(1.0f, -30)), 0x0000);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1.0f, -25)), 0x0000);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(3.0f, -25)), 0x0002);
+    EXPECT_EQ(math::float_to_fp16_bits(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1.0f, -30)), 0x0000);
     // Rounding up out of the subnormal range lands on the smallest normal.
-    EXPECT_EQ(float_to_half(std::ldexp(1023.75f, -24)), 0x0400);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1023.75f, -24)), 0x0400);
 }
 
 TEST(Half, EveryFiniteHalfRoundTrips) {
     for (uint32_t h = 0; h < 0x10000u; ++h) {
         if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue;  // nan
-        ASSERT_EQ(float_to_half(half_to_float(static_cast<uint16_t>(h))), h) << std::hex << h;
+        ASSERT_EQ(math::float_to_fp16_bits(math::fp16_bits_to_float(static_cast<uint16_t>(h))), h)
+            << std::hex << h;
     }
 }
 
@@ -139,8 +141,8 @@ TEST(Half, MatchesDoubleRoundingReference) {
     std::uniform_int_distribution<int> e(-28, 15);
     for (int i = 0; i < 20000; ++i) {
         float f = i % 2 ? u(rng) : std::ldexp(u(rng) / 70000.0f, e(rng));
-        uint16_t got = float_to_half(f);
-        float back = half_to_float(got);
+        uint16_t got = math::float_to_fp16_bits(f);
+        float back = math::fp16_bits_to_float(got);
         if (std::isinf(back)) {
             EXPECT_GE(std::fabs(f), 65520.0f) << f;
             continue;
@@ -150,7 +152,7 @@ TEST(Half, MatchesDoubleRoundingReference) {
         for (int dlt : {-1, 1}) {
             uint16_t nb = static_cast<uint16_t>(got + dlt);
             if ((got & 0x7fff) == 0 && dlt == -1) nb = static_cast<uint16_t>(got ^ 0x8000) + 1;
-            float nf = half_to_float(nb);
+            float nf = math::fp16_bits_to_float(nb);
             if (std::isnan(nf) || std::isinf(nf)) continue;
             double nerr = std::fabs(double(nf) - f);
             ASSERT_LE(err, nerr) << f;
@@ -162,25 +164,30 @@ TEST(Half, MatchesDoubleRoundingReference) {
 }
 
 TEST(Bf16, KnownBitPatternsAndRounding) {
-    EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
-    EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
-    EXPECT_EQ(float_to_bf16(-2.0f), 0xc000);
-    EXPECT_EQ(bf16_to_float(0xc000), -2.0f);
-    EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);      // tie -> even (down)
-    EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);  // tie -> even (up)
-    EXPECT_EQ(float_to_bf16(std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f)), 0x3f81);
-    EXPECT_EQ(float_to_bf16(f_of(0x00010000u)), 0x0001);  // smallest bf16 subnormal
-    EXPECT_EQ(bf16_to_float(0x0001), f_of(0x00010000u));
-    EXPECT_EQ(float_to_bf16(f_of(0x00008000u)), 0x0000);  // subnormal tie -> even zero
+    EXPECT_EQ(math::float_to_bf16_bits(1.0f), 0x3f80);
+    EXPECT_EQ(math::bf16_bits_to_float(0x3f80), 1.0f);
+    EXPECT_EQ(math::float_to_bf16_bits(-2.0f), 0xc000);
+    EXPECT_EQ(math::bf16_bits_to_float(0xc000), -2.0f);
+    EXPECT_EQ(math::float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8)), 0x3f80);  // tie -> even (down)
+    EXPECT_EQ(math::float_to_bf16_bits(1.0f + 3 * std::ldexp(1.0f, -8)),
+              0x3f82);  // tie -> even (up)
+    EXPECT_EQ(math::float_to_bf16_bits(std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f)), 0x3f81);
+    EXPECT_EQ(math::float_to_bf16_bits(f_of(0x00010000u)), 0x0001);  // smallest bf16 subnormal
+    EXPECT_EQ(math::bf16_bits_to_float(0x0001), f_of(0x00010000u));
+    EXPECT_EQ(math::float_to_bf16_bits(f_of(0x00008000u)), 0x0000);  // subnormal tie -> even zero
     const float inf = std::numeric_limits<float>::infinity();
-    EXPECT_EQ(float_to_bf16(inf), 0x7f80);
-    EXPECT_EQ(float_to_bf16(-inf), 0xff80);
-    EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds to inf
-    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
-    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(f_of(0x7f800001u)))));  // low payload
+    EXPECT_EQ(math::float_to_bf16_bits(inf), 0x7f80);
+    EXPECT_EQ(math::float_to_bf16_bits(-inf), 0xff80);
+    EXPECT_EQ(math::float_to_bf16_bits(std::numeric_limits<float>::max()),
+              0x7f80);  // rounds to inf
+    EXPECT_TRUE(std::isnan(math::bf16_bits_to_float(
+        math::float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN()))));
+    EXPECT_TRUE(std::isnan(
+        math::bf16_bits_to_float(math::float_to_bf16_bits(f_of(0x7f800001u)))));  // low payload
     for (uint32_t b = 0; b < 0x10000u; ++b) {
         if ((b & 0x7f80u) == 0x7f80u && (b & 0x7fu)) continue;  // nan
-        ASSERT_EQ(float_to_bf16(bf16_to_float(static_cast<uint16_t>(b))), b) << std::hex << b;
+        ASSERT_EQ(math::float_to_bf16_bits(math::bf16_bits_to_float(static_cast<uint16_t>(b))), b)
+            << std::hex << b;
     }
 }
 
@@ -211,9 +218,10 @@ TEST(Shards, RoundTripAllDtypesAndLayouts) {
             ASSERT_EQ(got.size(), ref.size());
             size_t bad = 0;
             for (size_t i = 0; i < ref.size(); ++i) {
-                float want = t == DType::f32   ? ref[i]
-                             : t == DType::f16 ? half_to_float(float_to_half(ref[i]))
-                                               : bf16_to_float(float_to_bf16(ref[i]));
+                float want = t == DType::f32 ? ref[i]
+                             : t == DType::f16
+                                 ? math::fp16_bits_to_float(math::float_to_fp16_bits(ref[i]))
+                                 : math::bf16_bits_to_float(math::float_to_bf16_bits(ref[i]));
                 if (std::memcmp(&want, &got[i], 4) != 0 && ++bad < 5)
                     ADD_FAILURE() << "element " << i << ": " << got[i] << " != " << want;
             }

@@ -83,10 +83,4 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-// Element conversion shared by readers and tests.
-float half_to_float(uint16_t h);
-float bf16_to_float(uint16_t b);
-uint16_t float_to_half(float f);  // round to nearest even
-uint16_t float_to_bf16(float f);  // round to nearest even
-
 }  // namespace saetrain

@@ -15,6 +15,7 @@
 
 #include "h5.h"
 #include "saetrain/error.h"
+#include "saetrain/sae_math.h"  // defines: fp16_bits_to_float, bf16_bits_to_float
 
 namespace saetrain::io {
 
@@ -393,36 +394,6 @@ const ShardLayout& RawRowReader::layout(size_t shard) const { return impl_->layo
 
 // --- conversion ----------------------------------------------------------------------------
 
-namespace {
-
-inline uint32_t bits_of(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-}
-inline float float_of(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-// Branch-free IEEE half -> float (exact, NaN payloads kept): move exponent and mantissa into
-// place and rebias; inf/nan get the rest of the float exponent range; subnormals are
-// renormalised by one float subtraction, which is exact. Written with selects so the compiler
-// vectorises the loop; the tests check all 65536 inputs against half_to_float.
-inline float half_fast(uint16_t h) {
-    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t o = static_cast<uint32_t>(h & 0x7fffu) << 13;
-    const uint32_t e = o & 0x0f800000u;
-    o += 0x38000000u;                                                     // rebias 15 -> 127
-    o += e == 0x0f800000u ? 0x38000000u : 0u;                             // inf/nan: exponent 255
-    const float sub = float_of(o + 0x00800000u) - float_of(0x38800000u);  // 2^-14 * 1.m - 2^-14
-    const uint32_t mag = e == 0 ? bits_of(sub) : o;
-    return float_of(mag | sign);
-}
-
-}  // namespace
-
 void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
     if (t == DType::f32) {
         std::memcpy(dst, src, static_cast<size_t>(n) * 4);
@@ -438,9 +409,9 @@ void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
             _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
         }
 #endif
-        for (; i < n; ++i) dst[i] = half_fast(s[i]);
+        for (; i < n; ++i) dst[i] = math::fp16_bits_to_float(s[i]);
     } else {
-        for (int64_t i = 0; i < n; ++i) dst[i] = float_of(static_cast<uint32_t>(s[i]) << 16);
+        for (int64_t i = 0; i < n; ++i) dst[i] = math::bf16_bits_to_float(s[i]);
     }
 }
 

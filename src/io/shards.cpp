@@ -4,12 +4,12 @@
 #include <glob.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 
 #include "h5.h"
 #include "saetrain/error.h"
+#include "saetrain/sae_math.h"
 
 namespace fs = std::filesystem;
 
@@ -34,76 +34,6 @@ DType dtype_parse(const std::string& s) {
     if (s == "f16" || s == "float16" || s == "fp16") return DType::f16;
     if (s == "bf16" || s == "bfloat16") return DType::bf16;
     throw Error(fmt::format("unknown dtype '{}'; use f32, f16 or bf16", s));
-}
-
-// --- element conversion --------------------------------------------------------------------
-
-namespace {
-
-uint32_t float_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-}
-
-float bits_float(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-}  // namespace
-
-float half_to_float(uint16_t h) {
-    uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-    if (exp == 0) {
-        // Zero or subnormal: mant * 2^-24, exact in float32.
-        float v = std::ldexp(static_cast<float>(mant), -24);
-        return sign ? -v : v;
-    }
-    if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));  // inf, nan (payload)
-    return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));        // rebias 15 -> 127
-}
-
-float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
-
-uint16_t float_to_half(float f) {
-    uint32_t x = float_bits(f);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) {  // inf or nan; keep nan a (quiet) nan whatever its payload
-        uint32_t nan = ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0;
-        return static_cast<uint16_t>(sign | 0x7c00u | nan);
-    }
-    // 65520 = 0x477ff000 is halfway between 65504 (max half) and 2^16; the tie goes to the
-    // even 2^16, which is infinity, so everything from there up overflows.
-    if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-    if (ax < 0x38800000u) {  // below 2^-14, the smallest normal half: subnormal or zero
-        // 2^-25 (0x33000000) is half the smallest subnormal; the tie rounds to even zero.
-        if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);
-        uint32_t e = ax >> 23;                      // 102..112
-        uint32_t m = (ax & 0x7fffffu) | 0x800000u;  // value = m * 2^(e-150)
-        uint32_t shift = 126u - e;                  // in units of 2^-24: m >> shift
-        uint32_t r = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1u);
-        uint32_t halfway = 1u << (shift - 1u);
-        if (rem > halfway || (rem == halfway && (r & 1u))) ++r;  // may carry into 0x400: ok
-        return static_cast<uint16_t>(sign | r);
-    }
-    uint32_t r = (ax >> 13) - (112u << 10);  // rebias exponent 127 -> 15, keep 10 mantissa bits
-    uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;  // carry may bump the exponent
-    return static_cast<uint16_t>(sign | r);
-}
-
-uint16_t float_to_bf16(float f) {
-    uint32_t x = float_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
-    // Round to nearest even on the low 16 bits; overflow carries to infinity as it should.
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return static_cast<uint16_t>(x >> 16);
 }
 
 // --- listing and validation ----------------------------------------------------------------
@@ -446,9 +376,9 @@ struct ShardReader::Impl {
             r = H5Dread(dset.get(), mem16.get(), mspace.get(), fspace.get(), H5P_DEFAULT,
                         raw.data());
             if (r >= 0 && info.dtype == DType::f16) {
-                for (size_t k = 0; k < elems; ++k) out[k] = half_to_float(raw[k]);
+                for (size_t k = 0; k < elems; ++k) out[k] = math::fp16_bits_to_float(raw[k]);
             } else if (r >= 0) {
-                for (size_t k = 0; k < elems; ++k) out[k] = bf16_to_float(raw[k]);
+                for (size_t k = 0; k < elems; ++k) out[k] = math::bf16_bits_to_float(raw[k]);
             }
         }
         if (r < 0) {
