@@ -1,9 +1,9 @@
 // test_loader — the prefetching, shuffling reader: exactly-once delivery over epochs and ranks,
-// determinism, restore at a cursor, agreement with ShardReader on every storage layout, shuffle
-// quality, staging, bounded buffers and errors that name the file.
+// determinism, restore at a cursor, agreement with the oracle (test/shard_oracle.h) on every
+// storage layout, shuffle quality, staging, bounded buffers and errors that name the file.
 //
 // Rows are identified by content: synthetic rows are random, so a hash of a row's bits maps it
-// back to its global row in the ShardReader read of the whole dataset (the oracle), and a match
+// back to its global row in the oracle's read of the whole dataset, and a match
 // also proves the values are bit-identical.
 #include <gtest/gtest.h>
 
@@ -25,6 +25,7 @@
 #include "saetrain/shards.h"
 #include "saetrain/stage.h"
 #include "saetrain/synth.h"
+#include "shard_oracle.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -48,7 +49,7 @@ uint64_t row_hash(const float* r, int64_t d) {
     return h;
 }
 
-// A synthetic dataset and its oracle: every row as ShardReader reads it, and a row -> id map.
+// A synthetic dataset and its oracle: every row as the oracle reads it, and a row -> id map.
 struct Fixture {
     TempDir dir;
     DatasetInfo info;
@@ -75,7 +76,7 @@ struct Fixture {
     void init(const DatasetInfo& i) {
         info = i;
         ref.resize(static_cast<size_t>(info.total_rows * info.d_model));
-        ShardReader r(info, RowRange{0, info.total_rows});
+        saetrain::testing::ShardOracle r(info, RowRange{0, info.total_rows});
         EXPECT_EQ(r.read(ref.data(), info.total_rows), info.total_rows);
         for (int64_t k = 0; k < info.total_rows; ++k)
             id_of[row_hash(ref.data() + k * info.d_model, info.d_model)] = k;
@@ -345,7 +346,7 @@ TEST(Loader, RejectsCursorsOutsideTheRun) {
 
 // --- layouts and values ----------------------------------------------------------------------
 
-TEST(Loader, H5pyFixturesMatchShardReader) {
+TEST(Loader, H5pyFixturesMatchTheOracle) {
     for (const char* name : {"/h5py_plain.h5", "/h5py_f16_chunked.h5"}) {
         Fixture fx(std::string(SAETRAIN_TEST_DATA) + name);
         for (int64_t shuffle : {int64_t{0}, int64_t{10}}) {

@@ -1,4 +1,5 @@
-// test_shards — listing, validation, sequential reads and element conversion of HDF5 shards.
+// test_shards — listing, validation, reads (the oracle's and read_rows) and element conversion
+// of HDF5 shards.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "saetrain/sae_math.h"
 #include "saetrain/shards.h"
 #include "saetrain/synth.h"
+#include "shard_oracle.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -32,6 +34,7 @@ float f_of(uint32_t u) {
 }
 
 using saetrain::testing::error_of;
+using saetrain::testing::ShardOracle;
 
 SynthOptions small_opts(const std::string& dir, DType t, bool chunked) {
     SynthOptions o;
@@ -49,7 +52,7 @@ SynthOptions small_opts(const std::string& dir, DType t, bool chunked) {
 
 // Reads the whole dataset with a cycle of awkward request sizes.
 std::vector<float> read_all_odd(const DatasetInfo& info) {
-    ShardReader r(info, RowRange{0, info.total_rows});
+    ShardOracle r(info, RowRange{0, info.total_rows});
     std::vector<float> out(static_cast<size_t>(info.total_rows * info.d_model));
     const int64_t sizes[] = {37, 1, 333, 2, 297, 101, 1000};
     int64_t at = 0;
@@ -68,7 +71,7 @@ std::vector<float> read_all_odd(const DatasetInfo& info) {
 std::vector<float> read_per_shard(const DatasetInfo& info) {
     std::vector<float> out(static_cast<size_t>(info.total_rows * info.d_model));
     for (const auto& s : info.shards) {
-        ShardReader r(info, RowRange{s.first_row, s.first_row + s.rows});
+        ShardOracle r(info, RowRange{s.first_row, s.first_row + s.rows});
         EXPECT_EQ(r.read(out.data() + s.first_row * info.d_model, s.rows + 5), s.rows);
     }
     return out;
@@ -245,7 +248,7 @@ TEST(Shards, RankRangesAndSeek) {
         std::vector<float> cat;
         for (int r = 0; r < world; ++r) {
             RowRange rr = partition_rows(info.total_rows, r, world);
-            ShardReader rd(info, rr);
+            ShardOracle rd(info, rr);
             std::vector<float> buf(static_cast<size_t>(rr.size() * d));
             int64_t at = 0;
             while (int64_t n = rd.read(buf.data() + at * d, 45)) at += n;
@@ -255,7 +258,7 @@ TEST(Shards, RankRangesAndSeek) {
         EXPECT_EQ(cat, all) << "world " << world;
     }
     // Seek across a boundary, backwards, and to the end.
-    ShardReader rd(info, RowRange{100, 900});
+    ShardOracle rd(info, RowRange{100, 900});
     std::vector<float> buf(static_cast<size_t>(10 * d));
     rd.seek(330);
     ASSERT_EQ(rd.read(buf.data(), 10), 10);  // rows 330..339 span shards 0 and 1
@@ -269,7 +272,32 @@ TEST(Shards, RankRangesAndSeek) {
     EXPECT_EQ(rd.read(buf.data(), 10), 0);
     EXPECT_THROW(rd.seek(99), Error);
     EXPECT_THROW(rd.seek(901), Error);
-    EXPECT_THROW(ShardReader(info, RowRange{0, info.total_rows + 1}), Error);
+    EXPECT_THROW(ShardOracle(info, RowRange{0, info.total_rows + 1}), Error);
+}
+
+// read_rows (the held-out rows' path: raw_shards and its conversion) against the oracle, on
+// every dtype and layout, over ranges that start, end and cross shard boundaries.
+TEST(Shards, ReadRowsMatchesTheOracle) {
+    TempDir tmp;
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+        for (bool chunked : {false, true}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + (chunked ? " chunked" : " contiguous"));
+            const std::string dir = tmp / (std::string(dtype_name(t)) + (chunked ? "_c" : "_n"));
+            synth_write(small_opts(dir, t, chunked));
+            const DatasetInfo info = dataset_open(dir);
+            for (RowRange rr : {RowRange{0, info.total_rows}, RowRange{330, 340},
+                                RowRange{334, 668}, RowRange{1000, 1001}, RowRange{5, 5}}) {
+                const std::vector<float> got = read_rows(info, rr);
+                const std::vector<float> want = saetrain::testing::oracle_rows(info, rr);
+                ASSERT_EQ(got.size(), want.size());
+                EXPECT_TRUE(got.empty() ||
+                            std::memcmp(got.data(), want.data(), got.size() * 4) == 0)
+                    << "rows [" << rr.begin << ", " << rr.end << ")";
+            }
+            const std::string msg = error_of([&] { read_rows(info, RowRange{0, 1002}); });
+            EXPECT_NE(msg.find("outside the dataset's 1001 rows"), std::string::npos) << msg;
+        }
+    }
 }
 
 TEST(Shards, ListingGlobAndSingleFile) {
