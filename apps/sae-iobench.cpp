@@ -6,20 +6,23 @@
 // naive baseline of random single-row HDF5 reads. Prints a fixed-width table (the raw figure is
 // the limit beside each reader figure) and, with --json, one JSON object.
 #include <fcntl.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "saetrain/error.h"
-#include "saetrain/loader.h"  // defines: ShardBatchSource, ShufflePlan, shuffle_quality
-#include "saetrain/shards.h"  // defines: dataset_open, ShardReader (the naive baseline)
+#include "saetrain/loader.h"   // defines: ShardBatchSource, LoaderOptions
+#include "saetrain/shards.h"   // defines: dataset_open, shard_index
+#include "saetrain/shuffle.h"  // defines: ShufflePlan, shuffle_quality
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -149,177 +152,245 @@ Figure reader_later_epochs(const DatasetInfo& info, LoaderOptions lo, int64_t ba
     return f;
 }
 
-// Random single-row reads through HDF5 (what a map-style dataset does), for max_s seconds.
+// One HDF5 id, closed when it goes out of scope.
+class H5Id {
+public:
+    H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+    ~H5Id() {
+        if (id_ >= 0) close_(id_);
+    }
+    H5Id(const H5Id&) = delete;
+    H5Id& operator=(const H5Id&) = delete;
+    hid_t get() const { return id_; }
+
+private:
+    hid_t id_;
+    herr_t (*close_)(hid_t);
+};
+
+// The shard the naive reader has open; it opens another when a row lies there.
+struct NaiveShard {
+    explicit NaiveShard(const std::string& path, const std::string& dataset)
+        : file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose),
+          dset(H5Dopen2(file.get(), dataset.c_str(), H5P_DEFAULT), H5Dclose),
+          space(H5Dget_space(dset.get()), H5Sclose) {
+        SAE_ENFORCE(space.get() >= 0, "cannot open dataset '{}' of {} with HDF5", dataset, path);
+    }
+    H5Id file, dset, space;
+};
+
+// Random single-row reads through HDF5 (what a map-style dataset does: one hyperslab H5Dread
+// per row, HDF5 converting to float32), for max_s seconds. The naive baseline, deliberately
+// plain: none of the reader's machinery. bfloat16 stored as 16-bit words comes out as integers
+// converted to float, the same work (the rows are discarded).
 Figure naive_pass(const DatasetInfo& info, double max_s, uint64_t seed) {
     Figure f;
     f.name = "naive random rows";
-    ShardReader r(info, RowRange{0, info.total_rows});
+    const hsize_t count[2] = {1, static_cast<hsize_t>(info.d_model)};
+    const H5Id mspace(H5Screate_simple(2, count, nullptr), H5Sclose);
+    std::unique_ptr<NaiveShard> open;
+    size_t open_index = 0;
     std::vector<float> row(static_cast<size_t>(info.d_model));
     std::mt19937_64 g(seed);
     std::uniform_int_distribution<int64_t> pick(0, info.total_rows - 1);
+    const double row_in = static_cast<double>(info.d_model * dtype_size(info.dtype));
     Progress p{f.name, 0};
     const auto t0 = Clock::now();
     while (since(t0) < max_s) {
-        r.seek(pick(g));
-        r.read(row.data(), 1);
+        const int64_t r = pick(g);
+        const size_t i = shard_index(info, r);
+        if (!open || i != open_index) {
+            open.reset();
+            open = std::make_unique<NaiveShard>(info.shards[i].path, info.dataset);
+            open_index = i;
+        }
+        const hsize_t start[2] = {static_cast<hsize_t>(r - info.shards[i].first_row), 0};
+        SAE_ENFORCE(H5Sselect_hyperslab(open->space.get(), H5S_SELECT_SET, start, nullptr, count,
+                                        nullptr) >= 0 &&
+                        H5Dread(open->dset.get(), H5T_NATIVE_FLOAT, mspace.get(), open->space.get(),
+                                H5P_DEFAULT, row.data()) >= 0,
+                    "shard {}: reading row {} with HDF5 failed", info.shards[i].path, start[0]);
         f.rows += 1;
-        if (static_cast<int64_t>(f.rows) % 256 == 0)
-            p.update(f.rows * static_cast<double>(info.d_model * dtype_size(info.dtype)) / 1e6);
+        if (static_cast<int64_t>(f.rows) % 256 == 0) p.update(f.rows * row_in / 1e6);
     }
     f.seconds = since(t0);
-    f.in_bytes = f.rows * static_cast<double>(info.d_model * dtype_size(info.dtype));
+    f.in_bytes = f.rows * row_in;
     f.out_bytes = f.rows * static_cast<double>(info.d_model * 4);
     p.done();
     return f;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-    CLI::App app{"Training reader throughput beside raw sequential reads of the same files."};
+// The command line.
+struct Args {
     std::string data;
     int64_t batch = 4096, shuffle_rows = 262144, read_mib = 8;
     double seconds = 0, naive_seconds = 5;
     int passes = 1;
     bool json = false, no_cold = false;
     uint64_t seed = 0;
-    app.add_option("DATA", data, "dataset: directory, glob or .h5 shard")->required();
-    app.add_option("--batch", batch, "rows per next() call, as data.batch_size")
+};
+
+void add_options(CLI::App& app, Args& a) {
+    app.add_option("DATA", a.data, "dataset: directory, glob or .h5 shard")->required();
+    app.add_option("--batch", a.batch, "rows per next() call, as data.batch_size")
         ->capture_default_str();
-    app.add_option("--shuffle-rows", shuffle_rows, "shuffle window rows (0: disk order)")
+    app.add_option("--shuffle-rows", a.shuffle_rows, "shuffle window rows (0: disk order)")
         ->capture_default_str();
-    app.add_option("--read-mib", read_mib, "MiB per read chunk")->capture_default_str();
-    app.add_option("--passes", passes, "passes per measurement (best is reported)")
+    app.add_option("--read-mib", a.read_mib, "MiB per read chunk")->capture_default_str();
+    app.add_option("--passes", a.passes, "passes per measurement (best is reported)")
         ->capture_default_str();
-    app.add_option("--seconds", seconds, "cap on each pass (0: whole dataset)")
+    app.add_option("--seconds", a.seconds, "cap on each pass (0: whole dataset)")
         ->capture_default_str();
-    app.add_option("--naive-seconds", naive_seconds, "time for random single-row reads")
+    app.add_option("--naive-seconds", a.naive_seconds, "time for random single-row reads")
         ->capture_default_str();
-    app.add_option("--seed", seed, "shuffle seed")->capture_default_str();
-    app.add_flag("--no-cold", no_cold, "skip the cold-cache passes");
-    app.add_flag("--json", json, "also print one JSON object");
+    app.add_option("--seed", a.seed, "shuffle seed")->capture_default_str();
+    app.add_flag("--no-cold", a.no_cold, "skip the cold-cache passes");
+    app.add_flag("--json", a.json, "also print one JSON object");
+}
+
+void print_setup(const Args& a, const DatasetInfo& info, const ShufflePlan& plan) {
+    const double row_in = static_cast<double>(info.d_model * dtype_size(info.dtype));
+    std::printf("dataset %s | %zu shard(s), %lld rows, d_model %lld, %s | %.1f MB\n",
+                a.data.c_str(), info.shards.size(), static_cast<long long>(info.total_rows),
+                static_cast<long long>(info.d_model), dtype_name(info.dtype),
+                static_cast<double>(info.total_rows) * row_in / 1e6);
+    std::printf(
+        "reader | chunks of %lld rows (%.1f MiB), windows of %lld chunks (%lld rows)"
+        ", batch %lld\n",
+        static_cast<long long>(plan.chunk_rows()),
+        static_cast<double>(plan.chunk_rows()) * row_in / (1 << 20),
+        static_cast<long long>(plan.window_chunks()),
+        static_cast<long long>(plan.chunk_rows() * plan.window_chunks()),
+        static_cast<long long>(a.batch));
+}
+
+// Every measurement of one run, and the reader's buffer bytes.
+struct Figures {
+    Figure raw_cold, reader_cold, raw_warm, reader_warm, reader_steady, naive;
+    int64_t buffer_bytes = 0;
+};
+
+Figures measure(const Args& a, const DatasetInfo& info, const LoaderOptions& lo) {
+    auto best = [&](auto pass) {
+        Figure b = pass();
+        for (int i = 1; i < a.passes; ++i) {
+            Figure f = pass();
+            if (f.in_MBps() > b.in_MBps()) b = f;
+        }
+        return b;
+    };
+    Figures r;
+    int64_t* buf = &r.buffer_bytes;
+    if (!a.no_cold) {
+        r.raw_cold = best([&] {
+            evict(info);
+            return raw_pass(info, "raw sequential cold", a.seconds);
+        });
+        r.reader_cold = best([&] {
+            evict(info);
+            return reader_pass(info, lo, a.batch, "reader cold", a.seconds, buf);
+        });
+    }
+    raw_pass(info, "warming the cache", 0);
+    r.raw_warm = best([&] { return raw_pass(info, "raw sequential warm", a.seconds); });
+    r.reader_warm =
+        best([&] { return reader_pass(info, lo, a.batch, "reader warm", a.seconds, buf); });
+    r.reader_steady =
+        best([&] { return reader_later_epochs(info, lo, a.batch, "reader warm epochs 2-4"); });
+    if (a.naive_seconds > 0) {
+        evict(info);
+        r.naive = naive_pass(info, a.naive_seconds, a.seed);
+    }
+    return r;
+}
+
+void print_table(const Figures& r, const ShuffleQuality& q, bool no_cold) {
+    std::printf("\n%-22s %10s %9s %10s %10s %12s %10s\n", "measure", "read", "time", "in",
+                "out f32", "rows/s", "of limit");
+    std::printf("%-22s %10s %9s %10s %10s %12s %10s\n", "", "MB", "s", "MB/s", "MB/s", "rows/s",
+                "%");
+    auto row = [&](const Figure& f, const Figure* limit) {
+        if (f.seconds <= 0) return;
+        char pct[32] = "";
+        if (limit && limit->in_MBps() > 0)
+            std::snprintf(pct, sizeof pct, "%.1f", 100.0 * f.in_MBps() / limit->in_MBps());
+        std::printf("%-22s %10.1f %9.2f %10.1f %10.1f %12.0f %10s\n", f.name.c_str(),
+                    f.in_bytes / 1e6, f.seconds, f.in_MBps(), f.out_MBps(), f.rows_per_s(), pct);
+    };
+    row(r.raw_cold, nullptr);
+    row(r.reader_cold, &r.raw_cold);
+    row(r.raw_warm, nullptr);
+    row(r.reader_warm, &r.raw_warm);
+    row(r.reader_steady, &r.raw_warm);
+    row(r.naive, no_cold ? nullptr : &r.raw_cold);
+    std::printf(
+        "\nlimits: the reader's cold figure is compared with raw sequential cold, its "
+        "warm figures with raw warm; naive with raw cold. Reader passes include its "
+        "construction; 'epochs 2-4' times the later epochs of one reader (steady state)\n");
+    std::printf(
+        "shuffle quality: displacement %.3f (1 = uniform permutation, 0 = disk order)"
+        " | batch-mean lag-1 corr %.3f (0 ideal) | batch-mean spread %.2f x ideal"
+        " (groups = shards)\n",
+        q.displacement, q.batch_corr, q.batch_spread);
+    std::printf(
+        "reader buffers: %.1f MB (two windows of stored rows, output ring, "
+        "permutation)\n",
+        static_cast<double>(r.buffer_bytes) / 1e6);
+}
+
+void print_json(const Args& a, const DatasetInfo& info, const Figures& r, const ShuffleQuality& q) {
+    nlohmann::json j;
+    j["dataset"] = a.data;
+    j["dtype"] = dtype_name(info.dtype);
+    j["rows"] = info.total_rows;
+    j["d_model"] = info.d_model;
+    j["batch"] = a.batch;
+    j["shuffle_rows"] = a.shuffle_rows;
+    j["read_mib"] = a.read_mib;
+    j["raw_cold_MBps"] = r.raw_cold.in_MBps();
+    j["reader_cold_MBps"] = r.reader_cold.in_MBps();
+    j["reader_cold_out_MBps"] = r.reader_cold.out_MBps();
+    j["raw_warm_MBps"] = r.raw_warm.in_MBps();
+    j["reader_warm_MBps"] = r.reader_warm.in_MBps();
+    j["reader_warm_out_MBps"] = r.reader_warm.out_MBps();
+    j["reader_warm_rows_per_s"] = r.reader_warm.rows_per_s();
+    j["reader_warm_epochs2to4_MBps"] = r.reader_steady.in_MBps();
+    j["reader_warm_epochs2to4_out_MBps"] = r.reader_steady.out_MBps();
+    j["naive_random_MBps"] = r.naive.in_MBps();
+    j["naive_random_rows_per_s"] = r.naive.rows_per_s();
+    j["cold_fraction_of_raw"] =
+        r.raw_cold.in_MBps() > 0 ? r.reader_cold.in_MBps() / r.raw_cold.in_MBps() : 0.0;
+    j["shuffle_quality"] = {{"displacement", q.displacement},
+                            {"batch_corr", q.batch_corr},
+                            {"batch_spread", q.batch_spread}};
+    j["reader_buffer_bytes"] = r.buffer_bytes;
+    std::printf("%s\n", j.dump().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Training reader throughput beside raw sequential reads of the same files."};
+    Args a;
+    add_options(app, a);
     CLI11_PARSE(app, argc, argv);
 
     try {
-        const DatasetInfo info = dataset_open(data);
+        const DatasetInfo info = dataset_open(a.data);
         LoaderOptions lo;
-        lo.shuffle_rows = shuffle_rows;
-        lo.read_bytes = read_mib << 20;
-        lo.seed = seed;
-        const double row_in = static_cast<double>(info.d_model * dtype_size(info.dtype));
-        std::printf("dataset %s | %zu shard(s), %lld rows, d_model %lld, %s | %.1f MB\n",
-                    data.c_str(), info.shards.size(), static_cast<long long>(info.total_rows),
-                    static_cast<long long>(info.d_model), dtype_name(info.dtype),
-                    static_cast<double>(info.total_rows) * row_in / 1e6);
-        const ShufflePlan plan =
-            ShufflePlan::from_options(info.total_rows, static_cast<int64_t>(row_in), lo);
-        std::printf(
-            "reader | chunks of %lld rows (%.1f MiB), windows of %lld chunks (%lld rows)"
-            ", batch %lld\n",
-            static_cast<long long>(plan.chunk_rows()),
-            static_cast<double>(plan.chunk_rows()) * row_in / (1 << 20),
-            static_cast<long long>(plan.window_chunks()),
-            static_cast<long long>(plan.chunk_rows() * plan.window_chunks()),
-            static_cast<long long>(batch));
-
-        auto best = [&](auto pass) {
-            Figure b = pass();
-            for (int i = 1; i < passes; ++i) {
-                Figure f = pass();
-                if (f.in_MBps() > b.in_MBps()) b = f;
-            }
-            return b;
-        };
-        int64_t buf_bytes = 0;
-        std::vector<Figure> figs;
-        Figure raw_cold, reader_cold, naive;
-        if (!no_cold) {
-            raw_cold = best([&] {
-                evict(info);
-                return raw_pass(info, "raw sequential cold", seconds);
-            });
-            reader_cold = best([&] {
-                evict(info);
-                return reader_pass(info, lo, batch, "reader cold", seconds, &buf_bytes);
-            });
-        }
-        raw_pass(info, "warming the cache", 0);
-        const Figure raw_warm =
-            best([&] { return raw_pass(info, "raw sequential warm", seconds); });
-        const Figure reader_warm =
-            best([&] { return reader_pass(info, lo, batch, "reader warm", seconds, &buf_bytes); });
-        const Figure reader_steady =
-            best([&] { return reader_later_epochs(info, lo, batch, "reader warm epochs 2-4"); });
-        if (naive_seconds > 0) {
-            evict(info);
-            naive = naive_pass(info, naive_seconds, seed);
-        }
-
+        lo.shuffle_rows = a.shuffle_rows;
+        lo.read_bytes = a.read_mib << 20;
+        lo.seed = a.seed;
+        const int64_t row_in = info.d_model * dtype_size(info.dtype);
+        const ShufflePlan plan = ShufflePlan::from_options(info.total_rows, row_in, lo);
+        print_setup(a, info, plan);
+        const Figures r = measure(a, info, lo);
         // Shuffle quality of the stream just measured (groups = shards, at least 2).
         const ShuffleQuality q =
-            shuffle_quality(plan.epoch_order(0), batch,
+            shuffle_quality(plan.epoch_order(0), a.batch,
                             std::max<int64_t>(2, static_cast<int64_t>(info.shards.size())));
-
-        std::printf("\n%-22s %10s %9s %10s %10s %12s %10s\n", "measure", "read", "time", "in",
-                    "out f32", "rows/s", "of limit");
-        std::printf("%-22s %10s %9s %10s %10s %12s %10s\n", "", "MB", "s", "MB/s", "MB/s", "rows/s",
-                    "%");
-        auto row = [&](const Figure& f, const Figure* limit) {
-            if (f.seconds <= 0) return;
-            char pct[32] = "";
-            if (limit && limit->in_MBps() > 0)
-                std::snprintf(pct, sizeof pct, "%.1f", 100.0 * f.in_MBps() / limit->in_MBps());
-            std::printf("%-22s %10.1f %9.2f %10.1f %10.1f %12.0f %10s\n", f.name.c_str(),
-                        f.in_bytes / 1e6, f.seconds, f.in_MBps(), f.out_MBps(), f.rows_per_s(),
-                        pct);
-        };
-        row(raw_cold, nullptr);
-        row(reader_cold, &raw_cold);
-        row(raw_warm, nullptr);
-        row(reader_warm, &raw_warm);
-        row(reader_steady, &raw_warm);
-        row(naive, no_cold ? nullptr : &raw_cold);
-        std::printf(
-            "\nlimits: the reader's cold figure is compared with raw sequential cold, its "
-            "warm figures with raw warm; naive with raw cold. Reader passes include its "
-            "construction; 'epochs 2-4' times the later epochs of one reader (steady state)\n");
-        std::printf(
-            "shuffle quality: displacement %.3f (1 = uniform permutation, 0 = disk order)"
-            " | batch-mean lag-1 corr %.3f (0 ideal) | batch-mean spread %.2f x ideal"
-            " (groups = shards)\n",
-            q.displacement, q.batch_corr, q.batch_spread);
-        std::printf(
-            "reader buffers: %.1f MB (two windows of stored rows, output ring, "
-            "permutation)\n",
-            static_cast<double>(buf_bytes) / 1e6);
-        if (json) {
-            nlohmann::json j;
-            j["dataset"] = data;
-            j["dtype"] = dtype_name(info.dtype);
-            j["rows"] = info.total_rows;
-            j["d_model"] = info.d_model;
-            j["batch"] = batch;
-            j["shuffle_rows"] = shuffle_rows;
-            j["read_mib"] = read_mib;
-            j["raw_cold_MBps"] = raw_cold.in_MBps();
-            j["reader_cold_MBps"] = reader_cold.in_MBps();
-            j["reader_cold_out_MBps"] = reader_cold.out_MBps();
-            j["raw_warm_MBps"] = raw_warm.in_MBps();
-            j["reader_warm_MBps"] = reader_warm.in_MBps();
-            j["reader_warm_out_MBps"] = reader_warm.out_MBps();
-            j["reader_warm_rows_per_s"] = reader_warm.rows_per_s();
-            j["reader_warm_epochs2to4_MBps"] = reader_steady.in_MBps();
-            j["reader_warm_epochs2to4_out_MBps"] = reader_steady.out_MBps();
-            j["naive_random_MBps"] = naive.in_MBps();
-            j["naive_random_rows_per_s"] = naive.rows_per_s();
-            j["cold_fraction_of_raw"] =
-                raw_cold.in_MBps() > 0 ? reader_cold.in_MBps() / raw_cold.in_MBps() : 0.0;
-            j["shuffle_quality"] = {{"displacement", q.displacement},
-                                    {"batch_corr", q.batch_corr},
-                                    {"batch_spread", q.batch_spread}};
-            j["reader_buffer_bytes"] = buf_bytes;
-            std::printf("%s\n", j.dump().c_str());
-        }
+        print_table(r, q, a.no_cold);
+        if (a.json) print_json(a, info, r, q);
     } catch (const Error& e) {
         std::fprintf(stderr, "sae-iobench: error: %s\n", e.what());
         return 1;

@@ -263,13 +263,7 @@ void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
     const RowRange part = partition_rows(all.size(), s.layout.replica, s.layout.replicas);
     const RowRange mine{all.begin + part.begin, all.begin + part.end};
     s.eval_local_rows = mine.size();
-    s.eval_x.resize(static_cast<size_t>(mine.size() * src.d_model));
-    ShardReader reader(src, mine);
-    for (int64_t got = 0; got < mine.size();) {
-        const int64_t n = reader.read(s.eval_x.data() + got * src.d_model, mine.size() - got);
-        SAE_ENFORCE(n > 0, "{}: held-out rows ended early at row {}", src.source, mine.begin + got);
-        got += n;
-    }
+    s.eval_x = read_rows(src, mine);
 }
 
 // `data` (and `eval_data`, the held-out shards when data.eval_path is set): the datasets as

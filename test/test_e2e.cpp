@@ -210,9 +210,8 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
     synth_write(so);
     const DatasetInfo data = dataset_open(so.out_dir);
     const int64_t held = 1000, train_rows = data.total_rows - held, batch = 128, d = 16;
-    std::vector<float> x(static_cast<size_t>(held * d));
-    ShardReader reader(data, {train_rows, data.total_rows});
-    ASSERT_EQ(reader.read(x.data(), held), held);
+    const std::vector<float> x = read_rows(data, {train_rows, data.total_rows});
+    ASSERT_EQ(static_cast<int64_t>(x.size()), held * d);
 
     SaeConfig cfg;
     cfg.arch = GetParam();

@@ -1,9 +1,9 @@
 // test_loader — the prefetching, shuffling reader: exactly-once delivery over epochs and ranks,
-// determinism, restore at a cursor, agreement with ShardReader on every storage layout, shuffle
-// quality, staging, bounded buffers and errors that name the file.
+// determinism, restore at a cursor, agreement with the oracle (test/shard_oracle.h) on every
+// storage layout, shuffle quality, staging, bounded buffers and errors that name the file.
 //
 // Rows are identified by content: synthetic rows are random, so a hash of a row's bits maps it
-// back to its global row in the ShardReader read of the whole dataset (the oracle), and a match
+// back to its global row in the oracle's read of the whole dataset, and a match
 // also proves the values are bit-identical.
 #include <gtest/gtest.h>
 
@@ -21,9 +21,11 @@
 #include "../src/io/raw_shards.h"
 #include "saetrain/error.h"
 #include "saetrain/loader.h"
+#include "saetrain/sae_math.h"
 #include "saetrain/shards.h"
 #include "saetrain/stage.h"
 #include "saetrain/synth.h"
+#include "shard_oracle.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -47,7 +49,7 @@ uint64_t row_hash(const float* r, int64_t d) {
     return h;
 }
 
-// A synthetic dataset and its oracle: every row as ShardReader reads it, and a row -> id map.
+// A synthetic dataset and its oracle: every row as the oracle reads it, and a row -> id map.
 struct Fixture {
     TempDir dir;
     DatasetInfo info;
@@ -74,7 +76,7 @@ struct Fixture {
     void init(const DatasetInfo& i) {
         info = i;
         ref.resize(static_cast<size_t>(info.total_rows * info.d_model));
-        ShardReader r(info, RowRange{0, info.total_rows});
+        saetrain::testing::ShardOracle r(info, RowRange{0, info.total_rows});
         EXPECT_EQ(r.read(ref.data(), info.total_rows), info.total_rows);
         for (int64_t k = 0; k < info.total_rows; ++k)
             id_of[row_hash(ref.data() + k * info.d_model, info.d_model)] = k;
@@ -344,7 +346,7 @@ TEST(Loader, RejectsCursorsOutsideTheRun) {
 
 // --- layouts and values ----------------------------------------------------------------------
 
-TEST(Loader, H5pyFixturesMatchShardReader) {
+TEST(Loader, H5pyFixturesMatchTheOracle) {
     for (const char* name : {"/h5py_plain.h5", "/h5py_f16_chunked.h5"}) {
         Fixture fx(std::string(SAETRAIN_TEST_DATA) + name);
         for (int64_t shuffle : {int64_t{0}, int64_t{10}}) {
@@ -383,8 +385,8 @@ TEST(Loader, HalfConversionMatchesTheReferenceForEveryValue) {
     io::convert_to_f32(DType::f16, all.data(), got.data(), 65536);
     io::convert_to_f32(DType::bf16, all.data(), got_bf.data(), 65536);
     for (uint32_t k = 0; k < 65536; ++k) {
-        const float want = half_to_float(static_cast<uint16_t>(k));
-        const float want_bf = bf16_to_float(static_cast<uint16_t>(k));
+        const float want = math::fp16_bits_to_float(static_cast<uint16_t>(k));
+        const float want_bf = math::bf16_bits_to_float(static_cast<uint16_t>(k));
         // Bit-identical, except that a signalling NaN may come out quiet (the F16C instruction
         // sets the quiet bit); a NaN stays a NaN with the same sign.
         if (std::isnan(want)) {

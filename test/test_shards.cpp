@@ -1,4 +1,5 @@
-// test_shards — listing, validation, sequential reads and element conversion of HDF5 shards.
+// test_shards — listing, validation, reads (the oracle's and read_rows) and element conversion
+// of HDF5 shards.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,8 +12,10 @@
 #include <vector>
 
 #include "saetrain/error.h"
+#include "saetrain/sae_math.h"
 #include "saetrain/shards.h"
 #include "saetrain/synth.h"
+#include "shard_oracle.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -31,6 +34,7 @@ float f_of(uint32_t u) {
 }
 
 using saetrain::testing::error_of;
+using saetrain::testing::ShardOracle;
 
 SynthOptions small_opts(const std::string& dir, DType t, bool chunked) {
     SynthOptions o;
@@ -48,7 +52,7 @@ SynthOptions small_opts(const std::string& dir, DType t, bool chunked) {
 
 // Reads the whole dataset with a cycle of awkward request sizes.
 std::vector<float> read_all_odd(const DatasetInfo& info) {
-    ShardReader r(info, RowRange{0, info.total_rows});
+    ShardOracle r(info, RowRange{0, info.total_rows});
     std::vector<float> out(static_cast<size_t>(info.total_rows * info.d_model));
     const int64_t sizes[] = {37, 1, 333, 2, 297, 101, 1000};
     int64_t at = 0;
@@ -67,7 +71,7 @@ std::vector<float> read_all_odd(const DatasetInfo& info) {
 std::vector<float> read_per_shard(const DatasetInfo& info) {
     std::vector<float> out(static_cast<size_t>(info.total_rows * info.d_model));
     for (const auto& s : info.shards) {
-        ShardReader r(info, RowRange{s.first_row, s.first_row + s.rows});
+        ShardOracle r(info, RowRange{s.first_row, s.first_row + s.rows});
         EXPECT_EQ(r.read(out.data() + s.first_row * info.d_model, s.rows + 5), s.rows);
     }
     return out;
@@ -78,56 +82,57 @@ std::vector<float> read_per_shard(const DatasetInfo& info) {
 // --- element conversion --------------------------------------------------------------------
 
 TEST(Half, KnownBitPatterns) {
-    EXPECT_EQ(float_to_half(1.0f), 0x3c00);
-    EXPECT_EQ(half_to_float(0x3c00), 1.0f);
-    EXPECT_EQ(float_to_half(-2.0f), 0xc000);
-    EXPECT_EQ(half_to_float(0xc000), -2.0f);
-    EXPECT_EQ(float_to_half(65504.0f), 0x7bff);  // largest finite half
-    EXPECT_EQ(half_to_float(0x7bff), 65504.0f);
-    EXPECT_EQ(float_to_half(0.0f), 0x0000);
-    EXPECT_EQ(float_to_half(-0.0f), 0x8000);
-    EXPECT_EQ(float_to_half(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
-    EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
-    EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));
-    EXPECT_EQ(half_to_float(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
-    EXPECT_EQ(half_to_float(0x8001), -std::ldexp(1.0f, -24));
+    EXPECT_EQ(math::float_to_fp16_bits(1.0f), 0x3c00);
+    EXPECT_EQ(math::fp16_bits_to_float(0x3c00), 1.0f);
+    EXPECT_EQ(math::float_to_fp16_bits(-2.0f), 0xc000);
+    EXPECT_EQ(math::fp16_bits_to_float(0xc000), -2.0f);
+    EXPECT_EQ(math::float_to_fp16_bits(65504.0f), 0x7bff);  // largest finite half
+    EXPECT_EQ(math::fp16_bits_to_float(0x7bff), 65504.0f);
+    EXPECT_EQ(math::float_to_fp16_bits(0.0f), 0x0000);
+    EXPECT_EQ(math::float_to_fp16_bits(-0.0f), 0x8000);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+    EXPECT_EQ(math::fp16_bits_to_float(0x0001), std::ldexp(1.0f, -24));
+    EXPECT_EQ(math::fp16_bits_to_float(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
+    EXPECT_EQ(math::fp16_bits_to_float(0x8001), -std::ldexp(1.0f, -24));
     const float inf = std::numeric_limits<float>::infinity();
-    EXPECT_EQ(float_to_half(inf), 0x7c00);
-    EXPECT_EQ(float_to_half(-inf), 0xfc00);
-    EXPECT_EQ(half_to_float(0x7c00), inf);
-    EXPECT_EQ(half_to_float(0xfc00), -inf);
-    EXPECT_EQ(float_to_half(1e6f), 0x7c00);  // overflow
-    uint16_t n = float_to_half(std::numeric_limits<float>::quiet_NaN());
+    EXPECT_EQ(math::float_to_fp16_bits(inf), 0x7c00);
+    EXPECT_EQ(math::float_to_fp16_bits(-inf), 0xfc00);
+    EXPECT_EQ(math::fp16_bits_to_float(0x7c00), inf);
+    EXPECT_EQ(math::fp16_bits_to_float(0xfc00), -inf);
+    EXPECT_EQ(math::float_to_fp16_bits(1e6f), 0x7c00);  // overflow
+    uint16_t n = math::float_to_fp16_bits(std::numeric_limits<float>::quiet_NaN());
     EXPECT_EQ(n & 0x7c00, 0x7c00);
     EXPECT_NE(n & 0x03ff, 0);
-    EXPECT_NE(float_to_half(f_of(0x7f800001u)) & 0x03ff, 0);  // payload only in low bits
-    EXPECT_TRUE(std::isnan(half_to_float(0x7e00)));
-    EXPECT_TRUE(std::isnan(half_to_float(0xfc01)));
+    EXPECT_NE(math::float_to_fp16_bits(f_of(0x7f800001u)) & 0x03ff, 0);  // payload only in low bits
+    EXPECT_TRUE(std::isnan(math::fp16_bits_to_float(0x7e00)));
+    EXPECT_TRUE(std::isnan(math::fp16_bits_to_float(0xfc01)));
 }
 
 TEST(Half, RoundsToNearestEven) {
     // 1 + 2^-11 is halfway between 1 (even) and 1 + 2^-10 (odd): goes down.
-    EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+    EXPECT_EQ(math::float_to_fp16_bits(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
     // 1 + 3*2^-11 is halfway between 0x3c01 (odd) and 0x3c02 (even): goes up.
-    EXPECT_EQ(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+    EXPECT_EQ(math::float_to_fp16_bits(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
     // Just above the halfway point goes up.
-    EXPECT_EQ(float_to_half(std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f)), 0x3c01);
+    EXPECT_EQ(math::float_to_fp16_bits(std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f)), 0x3c01);
     // 65520 is halfway between 65504 (odd mantissa) and 2^16 (overflow): rounds to inf.
-    EXPECT_EQ(float_to_half(65520.0f), 0x7c00);
-    EXPECT_EQ(float_to_half(std::nextafter(65520.0f, 0.0f)), 0x7bff);
+    EXPECT_EQ(math::float_to_fp16_bits(65520.0f), 0x7c00);
+    EXPECT_EQ(math::float_to_fp16_bits(std::nextafter(65520.0f, 0.0f)), 0x7bff);
     // Subnormal ties: 2^-25 -> 0 (even), 3*2^-25 -> 2*2^-24 (even), above 2^-25 -> 1.
-    EXPECT_EQ(float_to_half(std::ldexp(1.0f, -25)), 0x0000);
-    EXPECT_EQ(float_to_half(std::ldexp(3.0f, -25)), 0x0002);
-    EXPECT_EQ(float_to_half(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
-    EXPECT_EQ(float_to_half(std::ldexp(1.0f, -30)), 0x0000);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1.0f, -25)), 0x0000);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(3.0f, -25)), 0x0002);
+    EXPECT_EQ(math::float_to_fp16_bits(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1.0f, -30)), 0x0000);
     // Rounding up out of the subnormal range lands on the smallest normal.
-    EXPECT_EQ(float_to_half(std::ldexp(1023.75f, -24)), 0x0400);
+    EXPECT_EQ(math::float_to_fp16_bits(std::ldexp(1023.75f, -24)), 0x0400);
 }
 
 TEST(Half, EveryFiniteHalfRoundTrips) {
     for (uint32_t h = 0; h < 0x10000u; ++h) {
         if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue;  // nan
-        ASSERT_EQ(float_to_half(half_to_float(static_cast<uint16_t>(h))), h) << std::hex << h;
+        ASSERT_EQ(math::float_to_fp16_bits(math::fp16_bits_to_float(static_cast<uint16_t>(h))), h)
+            << std::hex << h;
     }
 }
 
@@ -139,8 +144,8 @@ TEST(Half, MatchesDoubleRoundingReference) {
     std::uniform_int_distribution<int> e(-28, 15);
     for (int i = 0; i < 20000; ++i) {
         float f = i % 2 ? u(rng) : std::ldexp(u(rng) / 70000.0f, e(rng));
-        uint16_t got = float_to_half(f);
-        float back = half_to_float(got);
+        uint16_t got = math::float_to_fp16_bits(f);
+        float back = math::fp16_bits_to_float(got);
         if (std::isinf(back)) {
             EXPECT_GE(std::fabs(f), 65520.0f) << f;
             continue;
@@ -150,7 +155,7 @@ TEST(Half, MatchesDoubleRoundingReference) {
         for (int dlt : {-1, 1}) {
             uint16_t nb = static_cast<uint16_t>(got + dlt);
             if ((got & 0x7fff) == 0 && dlt == -1) nb = static_cast<uint16_t>(got ^ 0x8000) + 1;
-            float nf = half_to_float(nb);
+            float nf = math::fp16_bits_to_float(nb);
             if (std::isnan(nf) || std::isinf(nf)) continue;
             double nerr = std::fabs(double(nf) - f);
             ASSERT_LE(err, nerr) << f;
@@ -162,25 +167,30 @@ TEST(Half, MatchesDoubleRoundingReference) {
 }
 
 TEST(Bf16, KnownBitPatternsAndRounding) {
-    EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
-    EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
-    EXPECT_EQ(float_to_bf16(-2.0f), 0xc000);
-    EXPECT_EQ(bf16_to_float(0xc000), -2.0f);
-    EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);      // tie -> even (down)
-    EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);  // tie -> even (up)
-    EXPECT_EQ(float_to_bf16(std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f)), 0x3f81);
-    EXPECT_EQ(float_to_bf16(f_of(0x00010000u)), 0x0001);  // smallest bf16 subnormal
-    EXPECT_EQ(bf16_to_float(0x0001), f_of(0x00010000u));
-    EXPECT_EQ(float_to_bf16(f_of(0x00008000u)), 0x0000);  // subnormal tie -> even zero
+    EXPECT_EQ(math::float_to_bf16_bits(1.0f), 0x3f80);
+    EXPECT_EQ(math::bf16_bits_to_float(0x3f80), 1.0f);
+    EXPECT_EQ(math::float_to_bf16_bits(-2.0f), 0xc000);
+    EXPECT_EQ(math::bf16_bits_to_float(0xc000), -2.0f);
+    EXPECT_EQ(math::float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8)), 0x3f80);  // tie -> even (down)
+    EXPECT_EQ(math::float_to_bf16_bits(1.0f + 3 * std::ldexp(1.0f, -8)),
+              0x3f82);  // tie -> even (up)
+    EXPECT_EQ(math::float_to_bf16_bits(std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f)), 0x3f81);
+    EXPECT_EQ(math::float_to_bf16_bits(f_of(0x00010000u)), 0x0001);  // smallest bf16 subnormal
+    EXPECT_EQ(math::bf16_bits_to_float(0x0001), f_of(0x00010000u));
+    EXPECT_EQ(math::float_to_bf16_bits(f_of(0x00008000u)), 0x0000);  // subnormal tie -> even zero
     const float inf = std::numeric_limits<float>::infinity();
-    EXPECT_EQ(float_to_bf16(inf), 0x7f80);
-    EXPECT_EQ(float_to_bf16(-inf), 0xff80);
-    EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds to inf
-    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
-    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(f_of(0x7f800001u)))));  // low payload
+    EXPECT_EQ(math::float_to_bf16_bits(inf), 0x7f80);
+    EXPECT_EQ(math::float_to_bf16_bits(-inf), 0xff80);
+    EXPECT_EQ(math::float_to_bf16_bits(std::numeric_limits<float>::max()),
+              0x7f80);  // rounds to inf
+    EXPECT_TRUE(std::isnan(math::bf16_bits_to_float(
+        math::float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN()))));
+    EXPECT_TRUE(std::isnan(
+        math::bf16_bits_to_float(math::float_to_bf16_bits(f_of(0x7f800001u)))));  // low payload
     for (uint32_t b = 0; b < 0x10000u; ++b) {
         if ((b & 0x7f80u) == 0x7f80u && (b & 0x7fu)) continue;  // nan
-        ASSERT_EQ(float_to_bf16(bf16_to_float(static_cast<uint16_t>(b))), b) << std::hex << b;
+        ASSERT_EQ(math::float_to_bf16_bits(math::bf16_bits_to_float(static_cast<uint16_t>(b))), b)
+            << std::hex << b;
     }
 }
 
@@ -211,9 +221,10 @@ TEST(Shards, RoundTripAllDtypesAndLayouts) {
             ASSERT_EQ(got.size(), ref.size());
             size_t bad = 0;
             for (size_t i = 0; i < ref.size(); ++i) {
-                float want = t == DType::f32   ? ref[i]
-                             : t == DType::f16 ? half_to_float(float_to_half(ref[i]))
-                                               : bf16_to_float(float_to_bf16(ref[i]));
+                float want = t == DType::f32 ? ref[i]
+                             : t == DType::f16
+                                 ? math::fp16_bits_to_float(math::float_to_fp16_bits(ref[i]))
+                                 : math::bf16_bits_to_float(math::float_to_bf16_bits(ref[i]));
                 if (std::memcmp(&want, &got[i], 4) != 0 && ++bad < 5)
                     ADD_FAILURE() << "element " << i << ": " << got[i] << " != " << want;
             }
@@ -237,7 +248,7 @@ TEST(Shards, RankRangesAndSeek) {
         std::vector<float> cat;
         for (int r = 0; r < world; ++r) {
             RowRange rr = partition_rows(info.total_rows, r, world);
-            ShardReader rd(info, rr);
+            ShardOracle rd(info, rr);
             std::vector<float> buf(static_cast<size_t>(rr.size() * d));
             int64_t at = 0;
             while (int64_t n = rd.read(buf.data() + at * d, 45)) at += n;
@@ -247,7 +258,7 @@ TEST(Shards, RankRangesAndSeek) {
         EXPECT_EQ(cat, all) << "world " << world;
     }
     // Seek across a boundary, backwards, and to the end.
-    ShardReader rd(info, RowRange{100, 900});
+    ShardOracle rd(info, RowRange{100, 900});
     std::vector<float> buf(static_cast<size_t>(10 * d));
     rd.seek(330);
     ASSERT_EQ(rd.read(buf.data(), 10), 10);  // rows 330..339 span shards 0 and 1
@@ -261,7 +272,32 @@ TEST(Shards, RankRangesAndSeek) {
     EXPECT_EQ(rd.read(buf.data(), 10), 0);
     EXPECT_THROW(rd.seek(99), Error);
     EXPECT_THROW(rd.seek(901), Error);
-    EXPECT_THROW(ShardReader(info, RowRange{0, info.total_rows + 1}), Error);
+    EXPECT_THROW(ShardOracle(info, RowRange{0, info.total_rows + 1}), Error);
+}
+
+// read_rows (the held-out rows' path: raw_shards and its conversion) against the oracle, on
+// every dtype and layout, over ranges that start, end and cross shard boundaries.
+TEST(Shards, ReadRowsMatchesTheOracle) {
+    TempDir tmp;
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+        for (bool chunked : {false, true}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + (chunked ? " chunked" : " contiguous"));
+            const std::string dir = tmp / (std::string(dtype_name(t)) + (chunked ? "_c" : "_n"));
+            synth_write(small_opts(dir, t, chunked));
+            const DatasetInfo info = dataset_open(dir);
+            for (RowRange rr : {RowRange{0, info.total_rows}, RowRange{330, 340},
+                                RowRange{334, 668}, RowRange{1000, 1001}, RowRange{5, 5}}) {
+                const std::vector<float> got = read_rows(info, rr);
+                const std::vector<float> want = saetrain::testing::oracle_rows(info, rr);
+                ASSERT_EQ(got.size(), want.size());
+                EXPECT_TRUE(got.empty() ||
+                            std::memcmp(got.data(), want.data(), got.size() * 4) == 0)
+                    << "rows [" << rr.begin << ", " << rr.end << ")";
+            }
+            const std::string msg = error_of([&] { read_rows(info, RowRange{0, 1002}); });
+            EXPECT_NE(msg.find("outside the dataset's 1001 rows"), std::string::npos) << msg;
+        }
+    }
 }
 
 TEST(Shards, ListingGlobAndSingleFile) {

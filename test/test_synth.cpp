@@ -12,6 +12,7 @@
 #include "saetrain/error.h"
 #include "saetrain/shards.h"
 #include "saetrain/synth.h"
+#include "shard_oracle.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -25,7 +26,7 @@ struct TempDir : saetrain::testing::TempDir {
 
 std::vector<float> read_rows(const std::string& dir, DatasetInfo* info_out = nullptr) {
     DatasetInfo info = dataset_open(dir);
-    ShardReader r(info, RowRange{0, info.total_rows});
+    saetrain::testing::ShardOracle r(info, RowRange{0, info.total_rows});
     std::vector<float> v(static_cast<size_t>(info.total_rows * info.d_model));
     EXPECT_EQ(r.read(v.data(), info.total_rows), info.total_rows);
     if (info_out) *info_out = info;

@@ -1,8 +1,9 @@
-// sae_math.h — per-element math shared by the CPU and CUDA backends.
+// sae_math.h — per-element math shared by the CPU and CUDA backends and the shard readers.
 //
 // Every function here is `__host__ __device__` under nvcc and plain inline otherwise, so the
 // CPU tests exercise exactly the code the GPU kernels run: activation functions and their
-// gradients, Adam's update of one element, fp16/bf16 widening and rounding to bf16.
+// gradients, Adam's update of one element, fp16/bf16 widening and rounding (the project's one
+// copy of each element conversion).
 #pragma once
 
 #include <cmath>
@@ -71,42 +72,79 @@ SAE_HD void adam_update(float& p, float& m, float& v, float g, const AdamScalars
     p -= s.lr * (m_hat / (sqrtf(v_hat) + s.eps) + s.weight_decay * p);
 }
 
-SAE_HD float bf16_bits_to_float(uint16_t b) {
-    uint32_t u = static_cast<uint32_t>(b) << 16;
+// The bits of a float and back (memcpy: defined behaviour, compiled to a register move).
+SAE_HD float float_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof(f));
     return f;
+}
+SAE_HD uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+// bfloat16 is the high half of a float.
+SAE_HD float bf16_bits_to_float(uint16_t b) {
+    return float_from_bits(static_cast<uint32_t>(b) << 16);
 }
 
 // Float to bf16 bits, rounded to nearest (ties to even), as the GPU's bf16 GEMM operands are:
 // values past the largest bf16 become infinities, NaNs stay (quiet) NaNs.
 SAE_HD uint16_t float_to_bf16_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
+    uint32_t u = float_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return static_cast<uint16_t>(u >> 16);
 }
 
 // IEEE half (fp16) bits to float, exactly (every half is a float): normals, subnormals, zeros,
-// infinities and NaNs.
+// infinities and NaNs (payload kept). The one fp16 widening of the project: the GPU's widen
+// kernel, the shard readers' conversion (beside F16C where the CPU has it) and the tests use it.
+// Branch-free, so that the readers' conversion loop vectorises: exponent and mantissa move into
+// place and are rebiased; inf/nan get the rest of the float exponent range; a subnormal half
+// is renormalised by one float subtraction of two normal floats, which is exact.
 SAE_HD float fp16_bits_to_float(uint16_t h) {
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (exp == 0x1fu) {
-        u = sign | 0x7f800000u | (man << 13);  // inf / NaN
-    } else if (exp != 0) {
-        u = sign | ((exp + 112u) << 23) | (man << 13);  // rebias 15 -> 127
-    } else if (man == 0) {
-        u = sign;  // +-0
-    } else {       // subnormal half: normalize the mantissa into a float normal
-        exp = 113u;
-        while ((man & 0x400u) == 0) man <<= 1, --exp;
-        u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+    uint32_t o = static_cast<uint32_t>(h & 0x7fffu) << 13;
+    const uint32_t e = o & 0x0f800000u;
+    o += 0x38000000u;                          // rebias 15 -> 127
+    o += e == 0x0f800000u ? 0x38000000u : 0u;  // inf/nan: exponent 255
+    // 2^-14 * 1.m - 2^-14 = 2^-14 * 0.m, the subnormal's value.
+    const float sub = float_from_bits(o + 0x00800000u) - float_from_bits(0x38800000u);
+    return float_from_bits((e == 0 ? float_bits(sub) : o) | sign);
+}
+
+// Float to fp16 bits, rounded to nearest (ties to even): values from 65520 up become
+// infinities, values below half the smallest subnormal zeros; NaNs stay (quiet) NaNs. What
+// sae-synth writes float16 shards with.
+SAE_HD uint16_t float_to_fp16_bits(float f) {
+    const uint32_t x = float_bits(f);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) {  // inf or nan; keep nan a (quiet) nan whatever its payload
+        const uint32_t nan = ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0;
+        return static_cast<uint16_t>(sign | 0x7c00u | nan);
     }
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
+    // 65520 = 0x477ff000 is halfway between 65504 (max half) and 2^16; the tie goes to the
+    // even 2^16, which is infinity, so everything from there up overflows.
+    if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+    if (ax < 0x38800000u) {  // below 2^-14, the smallest normal half: subnormal or zero
+        // 2^-25 (0x33000000) is half the smallest subnormal; the tie rounds to even zero.
+        if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);
+        const uint32_t e = ax >> 23;                      // 102..112
+        const uint32_t m = (ax & 0x7fffffu) | 0x800000u;  // value = m * 2^(e-150)
+        const uint32_t shift = 126u - e;                  // in units of 2^-24: m >> shift
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1u);
+        const uint32_t halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (r & 1u))) ++r;  // may carry into 0x400: ok
+        return static_cast<uint16_t>(sign | r);
+    }
+    uint32_t r = (ax >> 13) - (112u << 10);  // rebias exponent 127 -> 15, keep 10 mantissa bits
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;  // carry may bump the exponent
+    return static_cast<uint16_t>(sign | r);
 }
 
 // A uint32 whose unsigned order is the float order of x (a < b  <=>  key(a) < key(b)), used

@@ -7,8 +7,8 @@
 // Everything is validated on open, and a bad shard is named in the error.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,35 +58,14 @@ struct RowRange {
 // ranges are disjoint, ordered by rank and cover [0, total). Throws Error when total < world.
 RowRange partition_rows(int64_t total_rows, int rank, int world);
 
-// Sequential reader over a global row range, crossing shard boundaries seamlessly, converting
-// to float32. One thread at a time per reader; the io layer serializes its HDF5 calls behind
-// one process-wide lock (serial HDF5 builds are not thread-safe), so a background reader may
-// run beside a checkpoint write.
-class ShardReader {
-public:
-    ShardReader(const DatasetInfo& info, RowRange range);
-    ~ShardReader();
-    ShardReader(const ShardReader&) = delete;
-    ShardReader& operator=(const ShardReader&) = delete;
+// Index into info.shards of the shard holding global row `row` (0 <= row < total_rows).
+size_t shard_index(const DatasetInfo& info, int64_t row);
+// True when shard s holds some rows of `range`.
+bool shard_overlaps(const ShardInfo& s, RowRange range);
 
-    // Reads up to max_rows rows at the cursor into out [rows, d_model]; returns rows read
-    // (0 at the end of the range) and advances the cursor.
-    int64_t read(float* out, int64_t max_rows);
-    // Moves the cursor to global row `row` (within the range).
-    void seek(int64_t row);
-    int64_t position() const;    // global row of the cursor
-    int64_t bytes_read() const;  // bytes of shard data read so far (before conversion)
-    const RowRange& range() const;
-
-private:
-    struct Impl;
-    std::unique_ptr<Impl> impl_;
-};
-
-// Element conversion shared by readers and tests.
-float half_to_float(uint16_t h);
-float bf16_to_float(uint16_t b);
-uint16_t float_to_half(float f);  // round to nearest even
-uint16_t float_to_bf16(float f);  // round to nearest even
+// Global rows `range` as float32 [range.size(), d_model], through the training reader's path
+// (raw stored bytes by pread or H5Dread, then the same conversion): the held-out rows. Throws
+// Error naming the shard when a read fails.
+std::vector<float> read_rows(const DatasetInfo& info, RowRange range);
 
 }  // namespace saetrain

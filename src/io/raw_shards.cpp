@@ -1,4 +1,5 @@
-// raw_shards.cpp — layout probing, pread of stored rows, H5Dread fallback, conversion.
+// raw_shards.cpp — layout probing, pread of stored rows, H5Dread fallback, conversion, and
+// read_rows (shards.h) built on them.
 #include "raw_shards.h"
 
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 
 #include "h5.h"
 #include "saetrain/error.h"
+#include "saetrain/sae_math.h"  // defines: fp16_bits_to_float, bf16_bits_to_float
 
 namespace saetrain::io {
 
@@ -52,6 +54,109 @@ bool plain_type(hid_t dset, DType t, std::string* why) {
     return true;
 }
 
+// The extents of a chunked dataset whose chunks span whole rows, merged where adjacent on disk;
+// false (and out->why) when some chunk cannot be read with pread.
+bool chunk_extents(hid_t d, hid_t dcpl, const ShardInfo& shard, const DatasetInfo& info,
+                   ShardLayout* out) {
+    if (H5Pget_nfilters(dcpl) > 0) {
+        out->why = "chunks are filtered (compressed)";
+        return false;
+    }
+    hsize_t cdims[2] = {0, 0};
+    if (H5Pget_chunk(dcpl, 2, cdims) != 2 || static_cast<int64_t>(cdims[1]) != info.d_model) {
+        out->why = "chunks do not span whole rows";
+        return false;
+    }
+    const int64_t row_bytes = info.d_model * dtype_size(info.dtype);
+    const int64_t cr = static_cast<int64_t>(cdims[0]);
+    for (int64_t r = 0; r < shard.rows; r += cr) {
+        hsize_t coord[2] = {static_cast<hsize_t>(r), 0};
+        unsigned mask = 0;
+        haddr_t a = HADDR_UNDEF;
+        hsize_t size = 0;
+        // H5Dget_chunk_info_by_coord and H5Dread can disagree on a damaged chunk index (found
+        // by fuzzing: a record listed by the first is not found by the lookup the second uses,
+        // which then returns fill values; or a record at address 0, the superblock). So the
+        // chunk must also be found, at its full size, by the lookup behind H5Dread
+        // (H5Dget_chunk_storage_size); else H5Dread is used, and the raw path never delivers
+        // other bytes than it would.
+        hsize_t looked_up = 0;
+        if (H5Dget_chunk_info_by_coord(d, coord, &mask, &a, &size) < 0 || a == HADDR_UNDEF ||
+            a == 0 || H5Dget_chunk_storage_size(d, coord, &looked_up) < 0 ||
+            looked_up != static_cast<hsize_t>(cr * row_bytes)) {
+            out->why = "a chunk is not allocated or the chunk index is inconsistent";
+            out->extents.clear();
+            return false;
+        }
+        const int64_t n = std::min(cr, shard.rows - r);
+        Extent e{r, n, static_cast<int64_t>(a)};
+        Extent* last = out->extents.empty() ? nullptr : &out->extents.back();
+        // Merge when this chunk starts where the previous full chunk's bytes end.
+        if (last && last->rows % cr == 0 && last->offset + last->rows * row_bytes == e.offset)
+            last->rows += n;
+        else
+            out->extents.push_back(e);
+    }
+    return true;
+}
+
+// The extents of dataset d, when its storage can be read with pread; false and out->why when
+// not.
+bool storage_extents(hid_t f, hid_t d, const ShardInfo& shard, const DatasetInfo& info,
+                     ShardLayout* out) {
+    if (!plain_type(d, info.dtype, &out->why)) return false;
+    {
+        // HDF5 addresses are relative to the end of a user block; only trust them without one.
+        h5::Plist fcpl(SAE_H5_CHECK(H5Fget_create_plist(f)));
+        hsize_t ub = 0;
+        SAE_H5_CHECK(H5Pget_userblock(fcpl.get(), &ub));
+        if (ub != 0) {
+            out->why = "file has a user block";
+            return false;
+        }
+    }
+    h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(d)));
+    const H5D_layout_t lay = H5Pget_layout(dcpl.get());
+    if (lay == H5D_CHUNKED) return chunk_extents(d, dcpl.get(), shard, info, out);
+    if (lay != H5D_CONTIGUOUS) {
+        out->why = "compact layout";
+        return false;
+    }
+    const haddr_t a = H5Dget_offset(d);
+    if (a == HADDR_UNDEF || a == 0) {  // address 0 is the superblock, never data
+        out->why = "storage not allocated";
+        return false;
+    }
+    out->extents.push_back(Extent{0, shard.rows, static_cast<int64_t>(a)});
+    return true;
+}
+
+// Checks the extents lie inside the file and records which file they describe.
+void stat_extents(const ShardInfo& shard, int64_t row_bytes, ShardLayout* out) {
+    struct stat st {};
+    SAE_ENFORCE(::stat(shard.path.c_str(), &st) == 0, "shard {}: cannot stat ({})", shard.path,
+                std::strerror(errno));
+    for (const Extent& e : out->extents) {
+        SAE_ENFORCE(e.offset + e.rows * row_bytes <= static_cast<int64_t>(st.st_size),
+                    "shard {}: rows [{}, {}) lie beyond the end of the file ({} bytes); the file "
+                    "is truncated, re-write or re-copy it",
+                    shard.path, e.row, e.row + e.rows, st.st_size);
+    }
+    out->dev = static_cast<uint64_t>(st.st_dev), out->ino = static_cast<uint64_t>(st.st_ino);
+    out->size = static_cast<int64_t>(st.st_size);
+    out->mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+// Throws naming the shard when dataset d is not the [rows, d_model] that dataset_open saw.
+void check_shape(hid_t d, const ShardInfo& shard, const DatasetInfo& info) {
+    const std::vector<hsize_t> dims = h5::dataset_dims(d);
+    SAE_ENFORCE(dims.size() == 2 && static_cast<int64_t>(dims[0]) == shard.rows &&
+                    static_cast<int64_t>(dims[1]) == info.d_model,
+                "shard {}: its shape changed since the dataset was opened; do not modify shards "
+                "during a run",
+                shard.path);
+}
+
 }  // namespace
 
 ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info) {
@@ -60,89 +165,45 @@ ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info) {
     ShardLayout out;
     h5::File f = h5::open_file(shard.path);
     h5::Dataset d = h5::open_dataset(f.get(), info.dataset, shard.path);
-    if (!plain_type(d.get(), info.dtype, &out.why)) return out;
-    {
-        // HDF5 addresses are relative to the end of a user block; only trust them without one.
-        h5::Plist fcpl(SAE_H5_CHECK(H5Fget_create_plist(f.get())));
-        hsize_t ub = 0;
-        SAE_H5_CHECK(H5Pget_userblock(fcpl.get(), &ub));
-        if (ub != 0) {
-            out.why = "file has a user block";
-            return out;
-        }
-    }
-    const int64_t row_bytes = info.d_model * dtype_size(info.dtype);
-    h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(d.get())));
-    const H5D_layout_t lay = H5Pget_layout(dcpl.get());
-    if (lay == H5D_CONTIGUOUS) {
-        const haddr_t a = H5Dget_offset(d.get());
-        if (a == HADDR_UNDEF || a == 0) {  // address 0 is the superblock, never data
-            out.why = "storage not allocated";
-            return out;
-        }
-        out.extents.push_back(Extent{0, shard.rows, static_cast<int64_t>(a)});
-    } else if (lay == H5D_CHUNKED) {
-        if (H5Pget_nfilters(dcpl.get()) > 0) {
-            out.why = "chunks are filtered (compressed)";
-            return out;
-        }
-        hsize_t cdims[2] = {0, 0};
-        if (H5Pget_chunk(dcpl.get(), 2, cdims) != 2 ||
-            static_cast<int64_t>(cdims[1]) != info.d_model) {
-            out.why = "chunks do not span whole rows";
-            return out;
-        }
-        const int64_t cr = static_cast<int64_t>(cdims[0]);
-        for (int64_t r = 0; r < shard.rows; r += cr) {
-            hsize_t coord[2] = {static_cast<hsize_t>(r), 0};
-            unsigned mask = 0;
-            haddr_t a = HADDR_UNDEF;
-            hsize_t size = 0;
-            // H5Dget_chunk_info_by_coord and H5Dread can disagree on a damaged chunk index
-            // (found by fuzzing: a record listed by the first is not found by the lookup the
-            // second uses, which then returns fill values; or a record at address 0, the
-            // superblock). So the chunk must also be found, at its full size, by the lookup
-            // behind H5Dread (H5Dget_chunk_storage_size); else H5Dread is used, and the raw
-            // path never delivers other bytes than it would.
-            hsize_t looked_up = 0;
-            if (H5Dget_chunk_info_by_coord(d.get(), coord, &mask, &a, &size) < 0 ||
-                a == HADDR_UNDEF || a == 0 ||
-                H5Dget_chunk_storage_size(d.get(), coord, &looked_up) < 0 ||
-                looked_up != static_cast<hsize_t>(cr * row_bytes)) {
-                out.why = "a chunk is not allocated or the chunk index is inconsistent";
-                out.extents.clear();
-                return out;
-            }
-            const int64_t n = std::min(cr, shard.rows - r);
-            Extent e{r, n, static_cast<int64_t>(a)};
-            Extent* last = out.extents.empty() ? nullptr : &out.extents.back();
-            // Merge when this chunk starts where the previous full chunk's bytes end.
-            if (last && last->rows % cr == 0 && last->offset + last->rows * row_bytes == e.offset)
-                last->rows += n;
-            else
-                out.extents.push_back(e);
-        }
-    } else {
-        out.why = "compact layout";
-        return out;
-    }
-    struct stat st {};
-    SAE_ENFORCE(::stat(shard.path.c_str(), &st) == 0, "shard {}: cannot stat ({})", shard.path,
-                std::strerror(errno));
-    for (const Extent& e : out.extents) {
-        SAE_ENFORCE(e.offset + e.rows * row_bytes <= static_cast<int64_t>(st.st_size),
-                    "shard {}: rows [{}, {}) lie beyond the end of the file ({} bytes); the file "
-                    "is truncated, re-write or re-copy it",
-                    shard.path, e.row, e.row + e.rows, st.st_size);
-    }
-    out.dev = static_cast<uint64_t>(st.st_dev), out.ino = static_cast<uint64_t>(st.st_ino);
-    out.size = static_cast<int64_t>(st.st_size);
-    out.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    check_shape(d.get(), shard, info);
+    if (!storage_extents(f.get(), d.get(), shard, info, &out)) return out;
+    stat_extents(shard, info.d_model * dtype_size(info.dtype), &out);
     out.raw = true;
     return out;
 }
 
 // --- reader --------------------------------------------------------------------------------
+
+namespace {
+
+// Calls f(shard, shard_row, n) for the pieces of global rows [row, row + rows), shard by shard.
+template <class F>
+void for_each_shard_piece(const DatasetInfo& info, int64_t row, int64_t rows, F f) {
+    while (rows > 0) {
+        const size_t i = shard_index(info, row);
+        const ShardInfo& s = info.shards[i];
+        const int64_t here = std::min(rows, s.first_row + s.rows - row);
+        f(i, row - s.first_row, here);
+        row += here, rows -= here;
+    }
+}
+
+// Calls f(r, offset, n) for the runs on disk of a raw shard's rows [r, r + n) (shard-relative):
+// n rows from shard row r lie at byte `offset` of the file.
+template <class F>
+void for_each_extent(const ShardLayout& L, int64_t r, int64_t n, int64_t row_bytes, F f) {
+    auto e = std::upper_bound(L.extents.begin(), L.extents.end(), r,
+                              [](int64_t v, const Extent& x) { return v < x.row; });
+    --e;  // extents start at row 0 and tile the shard
+    while (n > 0) {
+        const int64_t k = std::min(n, e->row + e->rows - r);
+        f(r, e->offset + (r - e->row) * row_bytes, k);
+        r += k, n -= k;
+        ++e;
+    }
+}
+
+}  // namespace
 
 struct RawRowReader::Impl {
     DatasetInfo info;
@@ -297,15 +358,10 @@ struct RawRowReader::Impl {
     void read_shard(size_t i, int64_t r, int64_t n, char* out) {
         const ShardLayout& L = layouts[i];
         if (!L.raw) return h5_read(i, r, n, out);
-        auto it = std::upper_bound(L.extents.begin(), L.extents.end(), r,
-                                   [](int64_t v, const Extent& e) { return v < e.row; });
-        --it;  // extents start at row 0 and tile the shard
-        while (n > 0) {
-            const int64_t here = std::min(n, it->row + it->rows - r);
-            pread_all(i, r, it->offset + (r - it->row) * row_bytes, here * row_bytes, out);
-            out += here * row_bytes, r += here, n -= here;
-            ++it;
-        }
+        for_each_extent(L, r, n, row_bytes, [&](int64_t at, int64_t offset, int64_t k) {
+            pread_all(i, at, offset, k * row_bytes, out);
+            out += k * row_bytes;
+        });
     }
 };
 
@@ -321,10 +377,9 @@ RawRowReader::RawRowReader(const DatasetInfo& info, RowRange range) : impl_(new 
     m.fds.assign(info.shards.size(), -1);
     m.first = info.shards.size(), m.last = 0;
     for (size_t i = 0; i < info.shards.size(); ++i) {
-        const ShardInfo& s = info.shards[i];
-        if (s.first_row + s.rows <= range.begin || s.first_row >= range.end) continue;
+        if (!shard_overlaps(info.shards[i], range)) continue;
         m.first = std::min(m.first, i), m.last = i + 1;
-        m.layouts[i] = layout_probe(s, info);
+        m.layouts[i] = layout_probe(info.shards[i], info);
     }
 }
 
@@ -336,45 +391,26 @@ void RawRowReader::read(int64_t row, int64_t rows, void* out) {
                 "RawRowReader::read: rows [{}, {}) outside the range [{}, {})", row, row + rows,
                 m.range.begin, m.range.end);
     char* dst = static_cast<char*>(out);
-    while (rows > 0) {
-        auto it = std::upper_bound(m.info.shards.begin(), m.info.shards.end(), row,
-                                   [](int64_t r, const ShardInfo& s) { return r < s.first_row; });
-        const size_t i = static_cast<size_t>(std::distance(m.info.shards.begin(), it) - 1);
-        const ShardInfo& s = m.info.shards[i];
-        const int64_t here = std::min(rows, s.first_row + s.rows - row);
-        m.read_shard(i, row - s.first_row, here, dst);
-        dst += here * m.row_bytes, row += here, rows -= here;
-    }
+    for_each_shard_piece(m.info, row, rows, [&](size_t i, int64_t r, int64_t n) {
+        m.read_shard(i, r, n, dst);
+        dst += n * m.row_bytes;
+    });
 }
 
 void RawRowReader::will_need(int64_t row, int64_t rows) {
     Impl& m = *impl_;
     row = std::max(row, m.range.begin);
     rows = std::min(rows, m.range.end - row);
-    while (rows > 0) {
-        auto it = std::upper_bound(m.info.shards.begin(), m.info.shards.end(), row,
-                                   [](int64_t r, const ShardInfo& s) { return r < s.first_row; });
-        const size_t i = static_cast<size_t>(std::distance(m.info.shards.begin(), it) - 1);
-        const ShardInfo& s = m.info.shards[i];
-        const int64_t here = std::min(rows, s.first_row + s.rows - row);
+    for_each_shard_piece(m.info, row, rows, [&](size_t i, int64_t r, int64_t n) {
         const ShardLayout& L = m.layouts[i];
-        if (L.raw) {
-            const int fd = m.fd_of(i, row - s.first_row);
-            int64_t r = row - s.first_row, n = here;
-            auto e = std::upper_bound(L.extents.begin(), L.extents.end(), r,
-                                      [](int64_t v, const Extent& x) { return v < x.row; });
-            --e;  // extents start at row 0 and tile the shard
-            while (n > 0) {
-                const int64_t k = std::min(n, e->row + e->rows - r);
-                // Advice only: an error (say, a file system without readahead) changes nothing.
-                ::posix_fadvise(fd, static_cast<off_t>(e->offset + (r - e->row) * m.row_bytes),
-                                static_cast<off_t>(k * m.row_bytes), POSIX_FADV_WILLNEED);
-                r += k, n -= k;
-                ++e;
-            }
-        }
-        row += here, rows -= here;
-    }
+        if (!L.raw) return;
+        const int fd = m.fd_of(i, r);
+        for_each_extent(L, r, n, m.row_bytes, [&](int64_t, int64_t offset, int64_t k) {
+            // Advice only: an error (say, a file system without readahead) changes nothing.
+            ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(k * m.row_bytes),
+                            POSIX_FADV_WILLNEED);
+        });
+    });
 }
 
 int64_t RawRowReader::row_bytes() const { return impl_->row_bytes; }
@@ -393,36 +429,6 @@ const ShardLayout& RawRowReader::layout(size_t shard) const { return impl_->layo
 
 // --- conversion ----------------------------------------------------------------------------
 
-namespace {
-
-inline uint32_t bits_of(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-}
-inline float float_of(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-// Branch-free IEEE half -> float (exact, NaN payloads kept): move exponent and mantissa into
-// place and rebias; inf/nan get the rest of the float exponent range; subnormals are
-// renormalised by one float subtraction, which is exact. Written with selects so the compiler
-// vectorises the loop; the tests check all 65536 inputs against half_to_float.
-inline float half_fast(uint16_t h) {
-    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t o = static_cast<uint32_t>(h & 0x7fffu) << 13;
-    const uint32_t e = o & 0x0f800000u;
-    o += 0x38000000u;                                                     // rebias 15 -> 127
-    o += e == 0x0f800000u ? 0x38000000u : 0u;                             // inf/nan: exponent 255
-    const float sub = float_of(o + 0x00800000u) - float_of(0x38800000u);  // 2^-14 * 1.m - 2^-14
-    const uint32_t mag = e == 0 ? bits_of(sub) : o;
-    return float_of(mag | sign);
-}
-
-}  // namespace
-
 void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
     if (t == DType::f32) {
         std::memcpy(dst, src, static_cast<size_t>(n) * 4);
@@ -438,10 +444,31 @@ void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
             _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
         }
 #endif
-        for (; i < n; ++i) dst[i] = half_fast(s[i]);
+        for (; i < n; ++i) dst[i] = math::fp16_bits_to_float(s[i]);
     } else {
-        for (int64_t i = 0; i < n; ++i) dst[i] = float_of(static_cast<uint32_t>(s[i]) << 16);
+        for (int64_t i = 0; i < n; ++i) dst[i] = math::bf16_bits_to_float(s[i]);
     }
 }
 
 }  // namespace saetrain::io
+
+// --- whole ranges ---------------------------------------------------------------------------
+
+namespace saetrain {
+
+std::vector<float> read_rows(const DatasetInfo& info, RowRange range) {
+    io::RawRowReader reader(info, range);
+    const int64_t d = info.d_model, row_bytes = reader.row_bytes();
+    std::vector<float> out(static_cast<size_t>(range.size() * d));
+    // In requests of about 8 MiB of stored rows: the staging buffer stays small beside `out`.
+    const int64_t step = std::min(range.size(), std::max<int64_t>(1, (8 << 20) / row_bytes));
+    std::vector<char> stored(static_cast<size_t>(step * row_bytes));
+    for (int64_t row = range.begin; row < range.end; row += step) {
+        const int64_t n = std::min(step, range.end - row);
+        reader.read(row, n, stored.data());
+        io::convert_to_f32(info.dtype, stored.data(), out.data() + (row - range.begin) * d, n * d);
+    }
+    return out;
+}
+
+}  // namespace saetrain

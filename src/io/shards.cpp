@@ -1,10 +1,9 @@
-// shards.cpp — listing, validating and sequentially reading HDF5 activation shards.
+// shards.cpp — listing, validating, describing and partitioning HDF5 activation shards.
 #include "saetrain/shards.h"
 
 #include <glob.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -34,76 +33,6 @@ DType dtype_parse(const std::string& s) {
     if (s == "f16" || s == "float16" || s == "fp16") return DType::f16;
     if (s == "bf16" || s == "bfloat16") return DType::bf16;
     throw Error(fmt::format("unknown dtype '{}'; use f32, f16 or bf16", s));
-}
-
-// --- element conversion --------------------------------------------------------------------
-
-namespace {
-
-uint32_t float_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-}
-
-float bits_float(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-}  // namespace
-
-float half_to_float(uint16_t h) {
-    uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-    if (exp == 0) {
-        // Zero or subnormal: mant * 2^-24, exact in float32.
-        float v = std::ldexp(static_cast<float>(mant), -24);
-        return sign ? -v : v;
-    }
-    if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));  // inf, nan (payload)
-    return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));        // rebias 15 -> 127
-}
-
-float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
-
-uint16_t float_to_half(float f) {
-    uint32_t x = float_bits(f);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) {  // inf or nan; keep nan a (quiet) nan whatever its payload
-        uint32_t nan = ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0;
-        return static_cast<uint16_t>(sign | 0x7c00u | nan);
-    }
-    // 65520 = 0x477ff000 is halfway between 65504 (max half) and 2^16; the tie goes to the
-    // even 2^16, which is infinity, so everything from there up overflows.
-    if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-    if (ax < 0x38800000u) {  // below 2^-14, the smallest normal half: subnormal or zero
-        // 2^-25 (0x33000000) is half the smallest subnormal; the tie rounds to even zero.
-        if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);
-        uint32_t e = ax >> 23;                      // 102..112
-        uint32_t m = (ax & 0x7fffffu) | 0x800000u;  // value = m * 2^(e-150)
-        uint32_t shift = 126u - e;                  // in units of 2^-24: m >> shift
-        uint32_t r = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1u);
-        uint32_t halfway = 1u << (shift - 1u);
-        if (rem > halfway || (rem == halfway && (r & 1u))) ++r;  // may carry into 0x400: ok
-        return static_cast<uint16_t>(sign | r);
-    }
-    uint32_t r = (ax >> 13) - (112u << 10);  // rebias exponent 127 -> 15, keep 10 mantissa bits
-    uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;  // carry may bump the exponent
-    return static_cast<uint16_t>(sign | r);
-}
-
-uint16_t float_to_bf16(float f) {
-    uint32_t x = float_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
-    // Round to nearest even on the low 16 bits; overflow carries to infinity as it should.
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return static_cast<uint16_t>(x >> 16);
 }
 
 // --- listing and validation ----------------------------------------------------------------
@@ -365,146 +294,17 @@ RowRange partition_rows(int64_t total_rows, int rank, int world) {
     return RowRange{begin, begin + base + (rank < extra ? 1 : 0)};
 }
 
-// --- sequential reader ---------------------------------------------------------------------
+// --- lookup ------------------------------------------------------------------------------
 
-struct ShardReader::Impl {
-    DatasetInfo info;
-    RowRange range;
-    int64_t cursor = 0;
-    int64_t bytes = 0;
-    // The shard being read stays open between calls: sequential reads reopen nothing.
-    int64_t open_index = -1;
-    h5::File file;
-    h5::Dataset dset;
-    h5::Space fspace;
-    h5::Type mem16;  // raw 16-bit element type in native byte order
-    // The dataset has no fill value: H5Dread then leaves the buffer as it was where no chunk is
-    // stored (found by fuzzing), so such reads start from zeros, never from stale memory.
-    bool zero_fill = false;
-    std::vector<uint16_t> raw;  // [rows, d_model] staging for f16/bf16
-
-    size_t shard_of(int64_t row) const {
-        // Last shard whose first_row <= row.
-        auto it = std::upper_bound(info.shards.begin(), info.shards.end(), row,
-                                   [](int64_t r, const ShardInfo& s) { return r < s.first_row; });
-        return static_cast<size_t>(std::distance(info.shards.begin(), it) - 1);
-    }
-
-    void open(size_t i) {
-        if (open_index == static_cast<int64_t>(i)) return;
-        dset.reset();
-        fspace.reset();
-        mem16.reset();
-        file.reset();
-        open_index = -1;
-        const ShardInfo& s = info.shards[i];
-        file = h5::open_file(s.path);
-        // A 64 MiB chunk cache holds many row-chunks; w0=1 evicts fully read chunks first,
-        // which is exactly the sequential pattern.
-        h5::Plist dapl(SAE_H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
-        SAE_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 12421, 64u << 20, 1.0));
-        dset = h5::open_dataset(file.get(), info.dataset, s.path, dapl.get());
-        std::vector<hsize_t> dims = h5::dataset_dims(dset.get());
-        SAE_ENFORCE(dims.size() == 2 && static_cast<int64_t>(dims[0]) == s.rows &&
-                        static_cast<int64_t>(dims[1]) == info.d_model,
-                    "shard {}: its shape changed since the dataset was opened; do not modify "
-                    "shards during a run",
-                    s.path);
-        fspace = h5::Space(SAE_H5_CHECK(H5Dget_space(dset.get())));
-        {
-            h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(dset.get())));
-            H5D_fill_value_t fill = H5D_FILL_VALUE_DEFAULT;
-            SAE_H5_CHECK(H5Pfill_value_defined(dcpl.get(), &fill));
-            zero_fill = fill == H5D_FILL_VALUE_UNDEFINED;
-        }
-        if (info.dtype != DType::f32) {
-            // Read the stored 16-bit words without value conversion: same type as the file,
-            // only put into the host's byte order.
-            h5::Type ft(SAE_H5_CHECK(H5Dget_type(dset.get())));
-            mem16 = h5::Type(SAE_H5_CHECK(H5Tcopy(ft.get())));
-            SAE_H5_CHECK(H5Tset_order(mem16.get(), H5Tget_order(H5T_NATIVE_UINT16)));
-        }
-        open_index = static_cast<int64_t>(i);
-    }
-
-    // Reads n rows starting at global row `row`, all within shard i, into out.
-    void read_rows(size_t i, int64_t row, int64_t n, float* out) {
-        const ShardInfo& s = info.shards[i];
-        hsize_t start[2] = {static_cast<hsize_t>(row - s.first_row), 0};
-        hsize_t count[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(info.d_model)};
-        SAE_H5_CHECK(
-            H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
-        h5::Space mspace(SAE_H5_CHECK(H5Screate_simple(2, count, nullptr)));
-        size_t elems = static_cast<size_t>(n) * static_cast<size_t>(info.d_model);
-        herr_t r;
-        if (info.dtype == DType::f32) {
-            if (zero_fill) std::memset(out, 0, elems * sizeof(float));
-            r = H5Dread(dset.get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, out);
-        } else {
-            raw.resize(elems);
-            if (zero_fill) std::fill(raw.begin(), raw.end(), uint16_t{0});
-            r = H5Dread(dset.get(), mem16.get(), mspace.get(), fspace.get(), H5P_DEFAULT,
-                        raw.data());
-            if (r >= 0 && info.dtype == DType::f16) {
-                for (size_t k = 0; k < elems; ++k) out[k] = half_to_float(raw[k]);
-            } else if (r >= 0) {
-                for (size_t k = 0; k < elems; ++k) out[k] = bf16_to_float(raw[k]);
-            }
-        }
-        if (r < 0) {
-            std::string why = h5::last_error();
-            throw Error(fmt::format(
-                "shard {}: reading rows [{}, {}) failed{}; the file may be truncated or damaged",
-                s.path, start[0], start[0] + count[0], why.empty() ? "" : " (" + why + ")"));
-        }
-        bytes += static_cast<int64_t>(elems) * dtype_size(info.dtype);
-    }
-};
-
-ShardReader::ShardReader(const DatasetInfo& info, RowRange range) : impl_(new Impl) {
-    h5::init();
-    SAE_ENFORCE(range.begin >= 0 && range.begin <= range.end && range.end <= info.total_rows,
-                "row range [{}, {}) is outside the dataset's {} rows", range.begin, range.end,
-                info.total_rows);
-    SAE_ENFORCE(!info.shards.empty() && info.d_model > 0,
-                "dataset {}: no shards; open it with dataset_open first", info.source);
-    impl_->info = info;
-    impl_->range = range;
-    impl_->cursor = range.begin;
+size_t shard_index(const DatasetInfo& info, int64_t row) {
+    // Last shard whose first_row <= row.
+    auto it = std::upper_bound(info.shards.begin(), info.shards.end(), row,
+                               [](int64_t r, const ShardInfo& s) { return r < s.first_row; });
+    return static_cast<size_t>(std::distance(info.shards.begin(), it) - 1);
 }
 
-ShardReader::~ShardReader() {
-    auto guard = h5::lock();  // the open shard's handles close here
-    impl_.reset();
+bool shard_overlaps(const ShardInfo& s, RowRange range) {
+    return s.first_row < range.end && s.first_row + s.rows > range.begin;
 }
-
-int64_t ShardReader::read(float* out, int64_t max_rows) {
-    SAE_ENFORCE(max_rows >= 0, "ShardReader::read: max_rows is {}, must be >= 0", max_rows);
-    auto guard = h5::lock();
-    Impl& m = *impl_;
-    int64_t n = std::min(max_rows, m.range.end - m.cursor);
-    int64_t done = 0;
-    while (done < n) {
-        size_t i = m.shard_of(m.cursor);
-        const ShardInfo& s = m.info.shards[i];
-        int64_t here = std::min(n - done, s.first_row + s.rows - m.cursor);
-        m.open(i);
-        m.read_rows(i, m.cursor, here, out + done * m.info.d_model);
-        m.cursor += here;
-        done += here;
-    }
-    return n;
-}
-
-void ShardReader::seek(int64_t row) {
-    SAE_ENFORCE(row >= impl_->range.begin && row <= impl_->range.end,
-                "ShardReader::seek: row {} is outside the reader's range [{}, {})", row,
-                impl_->range.begin, impl_->range.end);
-    impl_->cursor = row;
-}
-
-int64_t ShardReader::position() const { return impl_->cursor; }
-int64_t ShardReader::bytes_read() const { return impl_->bytes; }
-const RowRange& ShardReader::range() const { return impl_->range; }
 
 }  // namespace saetrain

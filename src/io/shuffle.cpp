@@ -3,12 +3,14 @@
 // Everything is a pure function of (seed, epoch, window) through a portable generator
 // (splitmix64 with unbiased bounded draws), so the order is the same on every platform and
 // standard library: a cursor saved on one machine restores the same stream on another.
+#include "saetrain/shuffle.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
 #include "saetrain/error.h"
-#include "saetrain/loader.h"
+#include "saetrain/loader.h"  // LoaderOptions, for ShufflePlan::from_options
 
 namespace saetrain {
 

@@ -100,10 +100,9 @@ DatasetInfo stage_shards(const DatasetInfo& info, RowRange range, const std::str
     int64_t grand_total = 0;
     std::error_code ec;
     for (size_t i = 0; i < info.shards.size(); ++i) {
-        const ShardInfo& s = info.shards[i];
-        if (s.first_row + s.rows <= range.begin || s.first_row >= range.end) continue;
+        if (!shard_overlaps(info.shards[i], range)) continue;
         todo.push_back(i);
-        grand_total += static_cast<int64_t>(fs::file_size(s.path, ec));
+        grand_total += static_cast<int64_t>(fs::file_size(info.shards[i].path, ec));
     }
     const std::string root = stage_dir_resolve(dir_in);
     int64_t done_total = 0;

@@ -12,6 +12,7 @@
 
 #include "h5.h"
 #include "saetrain/error.h"
+#include "saetrain/sae_math.h"  // defines: float_to_fp16_bits, float_to_bf16_bits
 
 namespace fs = std::filesystem;
 
@@ -157,7 +158,8 @@ void write_shard(const std::string& path, const SynthOptions& o, int64_t rows, R
         if (o.dtype != DType::f32) {
             buf16.resize(elems);
             for (size_t i = 0; i < elems; ++i)
-                buf16[i] = o.dtype == DType::f16 ? float_to_half(buf[i]) : float_to_bf16(buf[i]);
+                buf16[i] = o.dtype == DType::f16 ? math::float_to_fp16_bits(buf[i])
+                                                 : math::float_to_bf16_bits(buf[i]);
             src = buf16.data();
         }
         SAE_H5_CHECK(H5Dwrite(ds.get(), mtype, mspace.get(), fspace.get(), H5P_DEFAULT, src));

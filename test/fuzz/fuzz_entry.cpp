@@ -19,7 +19,8 @@
 #include "saetrain/error.h"        // defines: Error (the one correct way to reject input)
 #include "saetrain/loader.h"       // defines: ShardBatchSource, LoaderOptions
 #include "saetrain/safetensors.h"  // defines: safetensors_read, safetensors_write
-#include "saetrain/shards.h"       // defines: dataset_open, ShardReader
+#include "saetrain/shards.h"       // defines: dataset_open
+#include "shard_oracle.h"          // defines: ShardOracle (the independent read)
 
 namespace fs = std::filesystem;
 
@@ -148,16 +149,16 @@ Outcome shard_read(const std::string& path) {
     constexpr float kUnwritten = -1234.5f;
     std::vector<float> direct(static_cast<size_t>(rows * d), kUnwritten);
     try {
-        ShardReader reader(info, RowRange{0, rows});
+        testing::ShardOracle reader(info, RowRange{0, rows});
         int64_t done = 0;
         while (done < rows) {
             const int64_t n =
                 reader.read(direct.data() + done * d, std::min<int64_t>(64, rows - done));
-            if (n <= 0) throw HarnessBug("ShardReader::read stopped before the end of its range");
+            if (n <= 0) throw HarnessBug("ShardOracle::read stopped before the end of its range");
             done += n;
         }
         if (reader.read(direct.data(), 1) != 0)
-            throw HarnessBug("ShardReader::read returned rows past the end of its range");
+            throw HarnessBug("ShardOracle::read returned rows past the end of its range");
     } catch (const Error&) {
         return Outcome::rejected;
     }
@@ -178,7 +179,7 @@ Outcome shard_read(const std::string& path) {
         }
         for (size_t i = 0; i < loaded.size(); ++i) {
             if (!same_float(loaded[i], direct[i]))
-                throw HarnessBug("ShardBatchSource and ShardReader disagree at element " +
+                throw HarnessBug("ShardBatchSource and ShardOracle disagree at element " +
                                  std::to_string(i));
         }
         opt.shuffle_rows = 5;

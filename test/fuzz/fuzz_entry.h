@@ -34,7 +34,7 @@ constexpr int64_t kMaxShardElems = int64_t{1} << 18;
 Outcome config_one(const uint8_t* data, size_t size);
 
 // Bytes as one .h5 shard in a temp file: dataset_open, then every row (up to kMaxShardElems
-// elements) through ShardReader and through ShardBatchSource in disk order, which must agree
+// elements) through ShardOracle and through ShardBatchSource in disk order, which must agree
 // bit for bit (NaNs compared as NaNs), then once more shuffled.
 Outcome shard_one(const uint8_t* data, size_t size);
 

@@ -21,6 +21,7 @@
 #include "saetrain/shared_source.h"
 #include "saetrain/synth.h"
 #include "saetrain/trainer.h"
+#include "shard_oracle.h"
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -139,7 +140,7 @@ TEST(Mpi, SharedStreamIsIdenticalAndExactlyOnce) {
     EXPECT_EQ(static_cast<int64_t>(seen.size()), total * d);
     // Same multiset of rows as the dataset read in order.
     std::vector<float> disk(total * d);
-    ShardReader reader(data, {0, total});
+    saetrain::testing::ShardOracle reader(data, {0, total});
     ASSERT_EQ(reader.read(disk.data(), total), total);
     auto sorted_rows = [d](const std::vector<float>& v) {
         std::vector<std::vector<float>> rows;
