@@ -1,3 +1,5 @@
+// metrics.cpp — MetricsRow's field table and what walks it: metrics.jsonl out and back in; the
+// console progress line; summary.csv.
 #include "saetrain/metrics.h"
 
 #include <cerrno>
@@ -6,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "saetrain/error.h"
 
@@ -30,18 +33,13 @@ void MetricsLog::write(const MetricsRow& row) {
 
 namespace {
 
-MetricsField field(const char* name, int64_t MetricsRow::*m,
-                   MetricsShown shown = MetricsShown::always) {
+template <class T>
+MetricsField field(const char* name, T MetricsRow::*m, MetricsShown shown = MetricsShown::always) {
     MetricsField f{name};
-    f.count = m;
-    f.shown = shown;
-    return f;
-}
-
-MetricsField field(const char* name, double MetricsRow::*m,
-                   MetricsShown shown = MetricsShown::always) {
-    MetricsField f{name};
-    f.value = m;
+    if constexpr (std::is_same_v<T, int64_t>)
+        f.count = m;
+    else
+        f.value = m;
     f.shown = shown;
     return f;
 }

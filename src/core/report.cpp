@@ -1,3 +1,5 @@
+// report.cpp — RunReporter: every rank's MetricsRow all-gathered as doubles (the field table
+// of metrics.h), rank 0's log lines and console, and finish()'s summary.csv and tables.
 #include "saetrain/report.h"
 
 #include <fmt/format.h>
@@ -72,7 +74,7 @@ std::vector<std::string> gather_strings(Communicator& world, const std::string& 
     std::string padded = mine;
     padded.resize(static_cast<size_t>(width));
     std::string all(static_cast<size_t>(width * world.size()), '\0');
-    world.allgather(padded.data(), all.data(), width);
+    if (width > 0) world.allgather(padded.data(), all.data(), width);  // every rank knows width
     std::vector<std::string> out;
     if (world.rank() != 0) return out;
     for (int p = 0; p < world.size(); ++p)
