@@ -37,112 +37,138 @@ void print_presets() {
                    g.source);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-    CLI::App app{"sae-perfmodel: predicted SAE training throughput per GPU (a paper model)"};
+// The flags, and the preset figures they leave to the chosen --gpu.
+struct Options {
     PerfInputs in;
     std::string gpu = "H100", math = "bf16", arch = kDefaultArch, mode = "sweep";
     double tflops = 0, hbm = 0, pcie = 0, nic = 0;
     int64_t experts = 16;
     bool list = false, json = false;
+};
+
+void add_options(CLI::App& app, Options& o) {
+    PerfInputs& in = o.in;
     app.add_option("--d-model", in.d_model, "activation width d")->capture_default_str();
     app.add_option("--n-latents", in.n_latents, "SAE latents n")->capture_default_str();
     app.add_option("--k", in.k, "active latents per token (topk)")->capture_default_str();
-    app.add_option("--experts", experts, "experts of a switch SAE (sae.n_experts)")
+    app.add_option("--experts", o.experts, "experts of a switch SAE (sae.n_experts)")
         ->capture_default_str();
-    app.add_option("--arch", arch, fmt::format("{} (sae.arch)", fmt::join(arch_names(), " | ")))
+    app.add_option("--arch", o.arch, fmt::format("{} (sae.arch)", fmt::join(arch_names(), " | ")))
         ->capture_default_str();
     app.add_option("--batch", in.batch, "rows per rank per step")->capture_default_str();
     app.add_option("--bytes-per-element", in.bytes_per_element,
                    "activation bytes per value on disk and PCIe (4 fp32, 2 bf16/fp16)")
         ->capture_default_str();
-    app.add_option("--mode", mode, "sweep | sweep_disjoint | data_parallel")->capture_default_str();
+    app.add_option("--mode", o.mode, "sweep | sweep_disjoint | data_parallel")
+        ->capture_default_str();
     app.add_option("--ranks", in.ranks, "GPUs (one rank each)")->capture_default_str();
-    app.add_option("--gpu", gpu,
+    app.add_option("--gpu", o.gpu,
                    "preset or device name: A100, \"H100 PCIe\", H100, H200, L40S, \"RTX 6000 "
                    "Ada\", T4 (--list-gpus)")
         ->capture_default_str();
-    app.add_option("--math", math, "GEMM precision for the preset peak: bf16 | tf32 | fp32")
+    app.add_option("--math", o.math, "GEMM precision for the preset peak: bf16 | tf32 | fp32")
         ->capture_default_str();
-    app.add_option("--tflops", tflops, "peak TFLOP/s (overrides the preset)");
+    app.add_option("--tflops", o.tflops, "peak TFLOP/s (overrides the preset)");
     app.add_option("--efficiency", in.compute_efficiency,
                    "fraction of peak a step reaches (0.6 ~ 600 of 989 TF on H100)")
         ->capture_default_str();
-    app.add_option("--hbm-gbps", hbm, "device memory GB/s (overrides the preset)");
+    app.add_option("--hbm-gbps", o.hbm, "device memory GB/s (overrides the preset)");
     app.add_option("--disk-gbps", in.disk_gbps, "read GB/s of one rank's stream")
         ->capture_default_str();
-    app.add_option("--pcie-gbps", pcie, "host-to-device GB/s (overrides the preset)");
-    app.add_option("--nic-gbps", nic, "per-GPU all-reduce/all-gather GB/s (overrides preset)");
-    app.add_flag("--list-gpus", list, "print the preset table and exit");
-    app.add_flag("--json", json, "print one JSON object instead of the table");
+    app.add_option("--pcie-gbps", o.pcie, "host-to-device GB/s (overrides the preset)");
+    app.add_option("--nic-gbps", o.nic, "per-GPU all-reduce/all-gather GB/s (overrides preset)");
+    app.add_flag("--list-gpus", o.list, "print the preset table and exit");
+    app.add_flag("--json", o.json, "print one JSON object instead of the table");
+}
+
+// The model's inputs: the flags, the preset's figures where no flag overrides them, and the
+// architecture's FLOPs per token. Throws Error for an unknown GPU, precision, arch or mode.
+PerfInputs resolve_inputs(const Options& o, const GpuPeak& g) {
+    PerfInputs in = o.in;
+    SAE_ENFORCE(o.math == "bf16" || o.math == "tf32" || o.math == "fp32",
+                "--math must be bf16, tf32 or fp32, not '{}'", o.math);
+    in.tflops = o.tflops > 0 ? o.tflops : peak_flops(g, math_mode_parse(o.math)) / 1e12;
+    in.hbm_gbps = o.hbm > 0 ? o.hbm : g.hbm_gbps;
+    in.pcie_gbps = o.pcie > 0 ? o.pcie : g.pcie_gbps;
+    in.nic_gbps = o.nic > 0 ? o.nic : g.nic_gbps;
+    const Architecture& a = arch_get(o.arch);
+    in.kind = a.sparse() ? SaeKind::topk : SaeKind::dense;
+    SaeConfig sc;
+    sc.arch = o.arch, sc.k = in.k, sc.n_experts = o.experts;
+    a.validate(sc, in.n_latents, "");
+    in.flops_per_token = a.flops_per_token(sc, in.d_model, in.n_latents);
+    if (o.mode == "sweep") {
+        in.mode = ParallelMode::sweep_shared;
+    } else if (o.mode == "sweep_disjoint") {
+        in.mode = ParallelMode::sweep_disjoint;
+    } else {
+        SAE_ENFORCE(o.mode == "data_parallel",
+                    "--mode must be sweep, sweep_disjoint or data_parallel, not '{}'", o.mode);
+        in.mode = ParallelMode::data_parallel;
+    }
+    return in;
+}
+
+void print_json(const Options& o, const GpuPeak& g, const PerfInputs& in, const PerfPrediction& p) {
+    std::string terms;
+    for (const auto* list : {&p.io_terms, &p.gpu_terms})
+        for (const PerfTerm& t : *list)
+            terms += fmt::format("{}\"{}\": {:.6g}", terms.empty() ? "" : ", ", t.name,
+                                 t.tokens_per_s());
+    fmt::print(
+        "{{\"kind\": \"prediction\", \"gpu\": \"{}\", \"d_model\": {}, \"n_latents\": {}, "
+        "\"k\": {}, \"arch\": \"{}\", \"mode\": \"{}\", \"ranks\": {}, "
+        "\"predicted_tokens_per_s_per_gpu\": {:.6g}, \"bound\": \"{}\", "
+        "\"predicted_tflops\": {:.4g}, \"term_tokens_per_s\": {{{}}}}}\n",
+        g.name, in.d_model, in.n_latents, in.k, o.arch, o.mode, in.ranks, p.tokens_per_s, p.bound,
+        p.achieved_tflops, terms);
+}
+
+void print_table(const Options& o, const GpuPeak& g, const PerfInputs& in,
+                 const PerfPrediction& p) {
+    fmt::print("PREDICTION (paper model from peak figures, not a measurement)\n");
+    fmt::print(
+        "  SAE: d={} n={} {} k={} batch={} | {} x {} ({} TF x {:.2f}, HBM {:.0f} GB/s, disk "
+        "{:g} GB/s, PCIe {:g} GB/s, NIC {:g} GB/s) | mode {}\n",
+        in.d_model, in.n_latents, o.arch, in.k, in.batch, in.ranks, g.name, in.tflops,
+        in.compute_efficiency, in.hbm_gbps, in.disk_gbps, in.pcie_gbps, in.nic_gbps, o.mode);
+    fmt::print("  FLOP/token {} | bytes/token {:g} | params {} | Adam {}B/step",
+               si(p.flops_per_token), p.bytes_per_token, si(static_cast<double>(p.params)),
+               si(p.optimizer_bytes_per_step));
+    if (p.allreduce_bytes_per_step > 0)
+        fmt::print(" | all-reduce {}B/step/rank", si(p.allreduce_bytes_per_step));
+    fmt::print("\n\n{:<12} {:<10} {:>16} {:>14}\n", "term", "stage", "alone: tokens/s",
+               "us per 1K tok");
+    for (const auto& [stage, terms] :
+         {std::pair{"overlapped", &p.io_terms}, std::pair{"GPU step", &p.gpu_terms}})
+        for (const PerfTerm& t : *terms)
+            fmt::print("{:<12} {:<10} {:>16} {:>14.2f}\n", t.name, stage, si(t.tokens_per_s()),
+                       t.seconds_per_token * 1e9);
+    fmt::print("\npredicted: {} tokens/s per GPU, bound: {}, {:.1f} TFLOP/s useful\n",
+               si(p.tokens_per_s), p.bound, p.achieved_tflops);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"sae-perfmodel: predicted SAE training throughput per GPU (a paper model)"};
+    Options o;
+    add_options(app, o);
     CLI11_PARSE(app, argc, argv);
 
     try {
-        if (list) {
+        if (o.list) {
             print_presets();
             return 0;
         }
-        const GpuPeak* g = find_gpu_peak(gpu);
-        SAE_ENFORCE(g != nullptr, "unknown --gpu '{}'; run --list-gpus for the presets", gpu);
-        SAE_ENFORCE(math == "bf16" || math == "tf32" || math == "fp32",
-                    "--math must be bf16, tf32 or fp32, not '{}'", math);
-        in.tflops = tflops > 0 ? tflops : peak_flops(*g, math_mode_parse(math)) / 1e12;
-        in.hbm_gbps = hbm > 0 ? hbm : g->hbm_gbps;
-        in.pcie_gbps = pcie > 0 ? pcie : g->pcie_gbps;
-        in.nic_gbps = nic > 0 ? nic : g->nic_gbps;
-        const Architecture& a = arch_get(arch);
-        in.kind = a.sparse() ? SaeKind::topk : SaeKind::dense;
-        SaeConfig sc;
-        sc.arch = arch, sc.k = in.k, sc.n_experts = experts;
-        a.validate(sc, in.n_latents, "");
-        in.flops_per_token = a.flops_per_token(sc, in.d_model, in.n_latents);
-        if (mode == "sweep") {
-            in.mode = ParallelMode::sweep_shared;
-        } else if (mode == "sweep_disjoint") {
-            in.mode = ParallelMode::sweep_disjoint;
-        } else {
-            SAE_ENFORCE(mode == "data_parallel",
-                        "--mode must be sweep, sweep_disjoint or data_parallel, not '{}'", mode);
-            in.mode = ParallelMode::data_parallel;
-        }
+        const GpuPeak* g = find_gpu_peak(o.gpu);
+        SAE_ENFORCE(g != nullptr, "unknown --gpu '{}'; run --list-gpus for the presets", o.gpu);
+        const PerfInputs in = resolve_inputs(o, *g);
         const PerfPrediction p = predict(in);
-
-        if (json) {
-            std::string terms;
-            for (const auto* list_ : {&p.io_terms, &p.gpu_terms})
-                for (const PerfTerm& t : *list_)
-                    terms += fmt::format("{}\"{}\": {:.6g}", terms.empty() ? "" : ", ", t.name,
-                                         t.tokens_per_s());
-            fmt::print(
-                "{{\"kind\": \"prediction\", \"gpu\": \"{}\", \"d_model\": {}, \"n_latents\": {}, "
-                "\"k\": {}, \"arch\": \"{}\", \"mode\": \"{}\", \"ranks\": {}, "
-                "\"predicted_tokens_per_s_per_gpu\": {:.6g}, \"bound\": \"{}\", "
-                "\"predicted_tflops\": {:.4g}, \"term_tokens_per_s\": {{{}}}}}\n",
-                g->name, in.d_model, in.n_latents, in.k, arch, mode, in.ranks, p.tokens_per_s,
-                p.bound, p.achieved_tflops, terms);
-            return 0;
-        }
-        fmt::print("PREDICTION (paper model from peak figures, not a measurement)\n");
-        fmt::print(
-            "  SAE: d={} n={} {} k={} batch={} | {} x {} ({} TF x {:.2f}, HBM {:.0f} GB/s, disk "
-            "{:g} GB/s, PCIe {:g} GB/s, NIC {:g} GB/s) | mode {}\n",
-            in.d_model, in.n_latents, arch, in.k, in.batch, in.ranks, g->name, in.tflops,
-            in.compute_efficiency, in.hbm_gbps, in.disk_gbps, in.pcie_gbps, in.nic_gbps, mode);
-        fmt::print("  FLOP/token {} | bytes/token {:g} | params {} | Adam {}B/step",
-                   si(p.flops_per_token), p.bytes_per_token, si(static_cast<double>(p.params)),
-                   si(p.optimizer_bytes_per_step));
-        if (p.allreduce_bytes_per_step > 0)
-            fmt::print(" | all-reduce {}B/step/rank", si(p.allreduce_bytes_per_step));
-        fmt::print("\n\n{:<12} {:<10} {:>16} {:>14}\n", "term", "stage", "alone: tokens/s",
-                   "us per 1K tok");
-        for (const auto& [stage, terms] :
-             {std::pair{"overlapped", &p.io_terms}, std::pair{"GPU step", &p.gpu_terms}})
-            for (const PerfTerm& t : *terms)
-                fmt::print("{:<12} {:<10} {:>16} {:>14.2f}\n", t.name, stage, si(t.tokens_per_s()),
-                           t.seconds_per_token * 1e9);
-        fmt::print("\npredicted: {} tokens/s per GPU, bound: {}, {:.1f} TFLOP/s useful\n",
-                   si(p.tokens_per_s), p.bound, p.achieved_tflops);
+        if (o.json)
+            print_json(o, *g, in, p);
+        else
+            print_table(o, *g, in, p);
         return 0;
     } catch (const Error& e) {
         std::fprintf(stderr, "sae-perfmodel: %s\n", e.what());

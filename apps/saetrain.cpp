@@ -610,11 +610,7 @@ int run(const Args& args, Communicator& world) {
     mine.tflops = res.tflops;
     // The quality gates: on the held-out rows when there are any, else the end of training.
     mine.gates = res.eval.rows > 0 ? res.eval.quality : trainer.training_quality();
-    for (const auto& [name, value] : trainer.arch_summary()) {
-        if (name == "expert_load_min") mine.expert_load_min = value;
-        if (name == "expert_load_max") mine.expert_load_max = value;
-        if (name == "expert_dead_max") mine.expert_dead_max = value;
-    }
+    mine.arch_figures = trainer.arch_summary();
     if (res.last.sae.empty()) {
         // Resumed with nothing left to train (stopped between the final checkpoint and
         // COMPLETE): report the SAE as the log last saw it, with that interval's rates, rather

@@ -35,6 +35,34 @@ struct MetricsRow {
     double eval_fvu = 0, eval_l0 = 0, eval_dead_fraction = 0, eval_dense_fraction = 0;
 };
 
+// ---- the field table ---------------------------------------------------------------------------
+// Every number of a MetricsRow, in struct order, described once: metrics.jsonl writes and reads
+// the logged ones in this order (after "sae"), TensorBoard takes the same ones but the step as
+// scalars, the report's all-gather packs all of them, and summary.csv formats them from here.
+// `sae` is the one string and is handled beside the table.
+enum class MetricsShown {
+    always,
+    when_known,     // value >= 0 (mfu: < 0 means no peak is known)
+    when_positive,  // value > 0 (memory high-water marks: 0 means not measured)
+    when_evaluated  // eval_rows > 0 (the held-out figures of an evaluation step)
+};
+
+struct MetricsField {
+    const char* name;                      // the metrics.jsonl key and summary.csv column
+    int64_t MetricsRow::*count = nullptr;  // an integer member, or
+    double MetricsRow::*value = nullptr;   // a real one (exactly one is set)
+    MetricsShown shown = MetricsShown::always;
+    bool logged = true;  // in metrics.jsonl; false: only gathered (total_steps, eta_s)
+    bool scalar = true;  // a TensorBoard scalar when logged; false: the step, which is the event's
+
+    double get(const MetricsRow& r) const;  // an integer as a double (exact below 2^53)
+    void set(MetricsRow& r, double v) const;
+    bool shown_in(const MetricsRow& r) const;
+};
+
+const std::vector<MetricsField>& metrics_fields();
+const MetricsField& metrics_field(const std::string& name);  // throws Error for an unknown name
+
 // Appends one JSON object per line; flushed after each write so a killed run keeps its log.
 class MetricsLog {
 public:

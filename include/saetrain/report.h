@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "saetrain/comm.h"
@@ -32,10 +33,10 @@ struct SaeSummary {
     double mfu = -1;               // whole run; < 0: no peak known (set by finish on rank 0)
     double feature_recovery = -1;  // < 0: no ground truth
     QualityGates gates;            // the end-of-run quality gates (quality.h); density unused
-    // Switch SAEs (Architecture summarize, over the last tenth of the steps): the smallest and
-    // largest fraction of tokens an expert received, and the largest fraction of an expert's
-    // latents that did not fire. < 0: not a Switch SAE.
-    double expert_load_min = -1, expert_load_max = -1, expert_dead_max = -1;
+    // The architecture's own figures over the last tenth of the steps (ArchPass::summarize,
+    // e.g. Switch's expert_load_min, expert_load_max, expert_dead_max), in its order; empty for
+    // architectures with none. Each becomes a summary.csv column and a console column.
+    std::vector<std::pair<std::string, double>> arch_figures;
 };
 
 class RunReporter {

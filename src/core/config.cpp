@@ -1,9 +1,9 @@
 // config.cpp — YAML in, typed structs out: overrides, unknown-key suggestions, type and value
 // checks, sweep expansion, readable SAE ids and the resolved YAML written back out.
 //
-// Every key lives in one table (kFields): its section, name, kind, allowed values and the struct
-// member it fills. Parsing, overrides, suggestions, sweeps and emission all walk that table, so a
-// new key is one line there plus, if it has a constraint, one line in validate().
+// Every key lives in one table (fields()): its section, name, kind, allowed values, the struct
+// member it fills and the rule its value must meet. Parsing, overrides, suggestions, sweeps,
+// validation and emission all walk that table, so a new key is one line there.
 #include "saetrain/config.h"
 
 #include <yaml-cpp/yaml.h>
@@ -101,6 +101,9 @@ struct Field {
     std::vector<std::string> choices;  // allowed values of an enum-like string; empty: any
     std::function<Value(const Config&, const SaeConfig&)> get;
     std::function<void(Config&, SaeConfig&, const Value&)> set;
+    // What is wrong with the value, as "<key> must be ... (got ...)"; "" when it meets its rule
+    // (or the key has none).
+    std::function<std::string(const Config&, const SaeConfig&)> problem;
 
     std::string full() const { return key.empty() ? section : section + "." + key; }
     bool sweepable() const { return section == "sae" || section == "train"; }
@@ -124,6 +127,57 @@ Field make_field(const char* section, const char* key, Access access,
     return f;
 }
 
+// A key's rule, written beside it in the table. `ok` sees the key's value and the config (for a
+// rule relative to another key); a rejected value reads "<key> <says> (got <value>)", or
+// "<key> <says>" where the value would say nothing (an empty string).
+template <class Ok>
+struct Rule {
+    Ok ok;
+    std::string says;
+    bool shows_value = true;
+};
+
+template <class Ok>
+Rule<Ok> must_be(std::string text, Ok ok) {
+    return {ok, "must be " + text};
+}
+
+auto at_least(int lo, const char* note = "") {
+    return must_be(fmt::format(">= {}{}", lo, note),
+                   [lo](const auto& v, const Config&) { return v >= lo; });
+}
+
+auto above(int lo) {
+    return must_be(fmt::format("> {}", lo), [lo](const auto& v, const Config&) { return v > lo; });
+}
+
+// [lo, hi] when `closed`, else [lo, hi).
+auto within(int lo, int hi, bool closed = true) {
+    return must_be(
+        fmt::format("in [{}, {}{}", lo, hi, closed ? "]" : ")"),
+        [=](const auto& v, const Config&) { return v >= lo && (closed ? v <= hi : v < hi); });
+}
+
+auto not_empty(std::string says = "must not be empty") {
+    auto ok = [](const std::string& v, const Config&) { return !v.empty(); };
+    return Rule<decltype(ok)>{ok, std::move(says), /*shows_value=*/false};
+}
+
+auto required(const char* what) { return not_empty(fmt::format("is required: {}", what)); }
+
+template <class Access, class Ok>
+Field make_field(const char* section, const char* key, Access access,
+                 std::vector<std::string> choices, Rule<Ok> rule) {
+    Field f = make_field(section, key, access, std::move(choices));
+    f.problem = [access, rule, full = f.full()](const Config& c, const SaeConfig& s) {
+        const auto& v = access(const_cast<Config&>(c), const_cast<SaeConfig&>(s));
+        if (rule.ok(v, c)) return std::string();
+        if (!rule.shows_value) return fmt::format("{} {}", full, rule.says);
+        return fmt::format("{} {} (got {})", full, rule.says, v);
+    };
+    return f;
+}
+
 const std::vector<std::string> kAny;
 const std::vector<std::string> kArchChoices = arch_names();
 const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant", "cosine_restarts"};
@@ -139,79 +193,92 @@ const std::vector<std::string> kGemmChoices = {"fp32", "tf32", "bf16"};
 const std::vector<std::string> kSections = {"run",     "data", "sae", "train",     "parallel",
                                             "backend", "gpu",  "log", "checkpoint"};
 
-#define SAE_KEY(section, name, choices) \
-    make_field(                         \
-        section, #name, [](Config&, SaeConfig & s) -> auto& { return s.name; }, choices)
-#define CFG_KEY(section, name, choices) \
-    make_field(                         \
-        #section, #name, [](Config & c, SaeConfig&) -> auto& { return c.section.name; }, choices)
+// KEY(section, name, allowed values[, rule]).
+#define SAE_KEY(section, name, ...) \
+    make_field(                     \
+        section, #name, [](Config&, SaeConfig & s) -> auto& { return s.name; }, __VA_ARGS__)
+#define CFG_KEY(section, name, ...)                                                      \
+    make_field(                                                                          \
+        #section, #name, [](Config & c, SaeConfig&) -> auto& { return c.section.name; }, \
+        __VA_ARGS__)
 
 // Table order is emission order and sweep order (sae keys, then train keys, last fastest).
 const std::vector<Field>& fields() {
     static const std::vector<Field> table = {
-        CFG_KEY(run, out_dir, kAny),
+        CFG_KEY(run, out_dir, kAny, not_empty()),
         CFG_KEY(run, seed, kAny),
-        CFG_KEY(data, path, kAny),
-        CFG_KEY(data, batch_size, kAny),
-        CFG_KEY(data, epochs, kAny),
-        CFG_KEY(data, max_tokens, kAny),
-        CFG_KEY(data, shuffle_buffer_rows, kAny),
-        CFG_KEY(data, dataset, kAny),
+        CFG_KEY(data, path, kAny, required("a directory or glob of .h5 shards")),
+        CFG_KEY(data, batch_size, kAny, at_least(1)),
+        CFG_KEY(
+            data, epochs, kAny,
+            must_be(">= 1 unless data.max_tokens > 0",
+                    [](int64_t v, const Config& c) { return v >= 1 || c.data.max_tokens > 0; })),
+        CFG_KEY(data, max_tokens, kAny, at_least(0, " (0: train for data.epochs)")),
+        CFG_KEY(data, shuffle_buffer_rows, kAny, at_least(0, " (0: no shuffling)")),
+        CFG_KEY(data, dataset, kAny, not_empty()),
         CFG_KEY(data, stage_dir, kAny),
-        CFG_KEY(data, read_bytes, kAny),
-        CFG_KEY(data, prefetch_bytes, kAny),
+        CFG_KEY(data, read_bytes, kAny, at_least(4096, " (one sequential request)")),
+        CFG_KEY(data, prefetch_bytes, kAny, at_least(1 << 20)),
         CFG_KEY(data, nonfinite, kNonfiniteChoices),
         CFG_KEY(data, eval_path, kAny),
-        CFG_KEY(data, eval_rows, kAny),
+        CFG_KEY(
+            data, eval_rows, kAny,
+            at_least(0, " (held-out rows; 0: all of data.eval_path, or no evaluation without it)")),
         CFG_KEY(data, normalize, kNormalizeChoices),
         SAE_KEY("sae", arch, kArchChoices),
-        SAE_KEY("sae", expansion, kAny),
-        SAE_KEY("sae", n_latents, kAny),
-        SAE_KEY("sae", k, kAny),
-        SAE_KEY("sae", l1_coeff, kAny),
-        SAE_KEY("sae", k_aux, kAny),
+        SAE_KEY("sae", expansion, kAny, at_least(1)),
+        SAE_KEY("sae", n_latents, kAny, at_least(0, " (0: use sae.expansion)")),
+        SAE_KEY("sae", k, kAny, at_least(1)),
+        SAE_KEY("sae", l1_coeff, kAny, at_least(0)),
+        SAE_KEY("sae", k_aux, kAny, at_least(0, " (0: d_model / 2)")),
         SAE_KEY("sae", jumprelu_bandwidth, kAny),
         SAE_KEY("sae", jumprelu_init_threshold, kAny),
-        SAE_KEY("sae", n_experts, kAny),
+        SAE_KEY("sae", n_experts, kAny, at_least(1)),
         SAE_KEY("sae", b_dec_init, kBDecInitChoices),
-        SAE_KEY("train", lr, kAny),
-        SAE_KEY("train", warmup_steps, kAny),
-        SAE_KEY("train", warmup_fraction, kAny),
+        SAE_KEY("train", lr, kAny, above(0)),
+        SAE_KEY("train", warmup_steps, kAny, at_least(0)),
+        SAE_KEY("train", warmup_fraction, kAny, within(0, 1, /*closed=*/false)),
         SAE_KEY("train", lr_decay, kDecayChoices),
-        SAE_KEY("train", decay_start, kAny),
-        SAE_KEY("train", restart_steps, kAny),
-        SAE_KEY("train", restart_mult, kAny),
-        SAE_KEY("train", lr_min_ratio, kAny),
-        SAE_KEY("train", l1_warmup_steps, kAny),
-        SAE_KEY("train", l1_warmup_fraction, kAny),
-        SAE_KEY("train", l0_coeff, kAny),
-        SAE_KEY("train", auxk_coeff, kAny),
-        SAE_KEY("train", balance_coeff, kAny),
-        SAE_KEY("train", decorr_coeff, kAny),
-        SAE_KEY("train", grad_clip, kAny),
-        SAE_KEY("train", accum_steps, kAny),
-        SAE_KEY("train", beta1, kAny),
-        SAE_KEY("train", beta2, kAny),
-        SAE_KEY("train", eps, kAny),
-        SAE_KEY("train", weight_decay, kAny),
+        SAE_KEY("train", decay_start, kAny, within(0, 1)),
+        SAE_KEY("train", restart_steps, kAny, at_least(0, " (0: a quarter of the run)")),
+        SAE_KEY("train", restart_mult, kAny, within(1, 100)),
+        SAE_KEY("train", lr_min_ratio, kAny, within(0, 1)),
+        SAE_KEY("train", l1_warmup_steps, kAny, at_least(0)),
+        SAE_KEY("train", l1_warmup_fraction, kAny, within(0, 1)),
+        SAE_KEY("train", l0_coeff, kAny, at_least(0)),
+        SAE_KEY("train", auxk_coeff, kAny, at_least(0, " (0: no AuxK)")),
+        SAE_KEY("train", balance_coeff, kAny, at_least(0, " (0: off)")),
+        SAE_KEY("train", decorr_coeff, kAny, at_least(0, " (0: off)")),
+        SAE_KEY("train", grad_clip, kAny, at_least(0, " (0 disables clipping)")),
+        SAE_KEY("train", accum_steps, kAny, at_least(1)),
+        SAE_KEY("train", beta1, kAny, within(0, 1, /*closed=*/false)),
+        SAE_KEY("train", beta2, kAny, within(0, 1, /*closed=*/false)),
+        SAE_KEY("train", eps, kAny, above(0)),
+        SAE_KEY("train", weight_decay, kAny, at_least(0)),
         SAE_KEY("train", normalize_decoder, kAny),
         SAE_KEY("train", encoder_init, kEncoderInitChoices),
-        SAE_KEY("train", dead_tokens, kAny),
-        SAE_KEY("train", max_bad_steps, kAny),
+        SAE_KEY("train", dead_tokens, kAny, at_least(1)),
+        SAE_KEY("train", max_bad_steps, kAny, at_least(1)),
         CFG_KEY(parallel, mode, kModeChoices),
         CFG_KEY(parallel, sweep_data, kSweepDataChoices),
-        CFG_KEY(parallel, replicas, kAny),
-        CFG_KEY(parallel, timeout_s, kAny),
+        CFG_KEY(parallel, replicas, kAny, at_least(1)),
+        CFG_KEY(parallel, timeout_s, kAny, at_least(0, " (0: no watchdog)")),
         make_field(
             "backend", "", [](Config & c, SaeConfig&) -> auto& { return c.backend; },
             kBackendChoices),
         CFG_KEY(gpu, gemm, kGemmChoices),
         CFG_KEY(gpu, deterministic, kAny),
-        CFG_KEY(log, every_steps, kAny),
-        CFG_KEY(log, peak_tflops, kAny),
-        CFG_KEY(log, eval_every_steps, kAny),
-        CFG_KEY(checkpoint, every_steps, kAny),
-        CFG_KEY(checkpoint, keep, kAny),
+        CFG_KEY(log, every_steps, kAny, at_least(1)),
+        CFG_KEY(log, peak_tflops, kAny,
+                at_least(0, " (TFLOP/s of one device; 0: the peak table by GPU name)")),
+        // Checked after log.every_steps (table order), so the division is by at least 1.
+        CFG_KEY(log, eval_every_steps, kAny,
+                must_be("a multiple of log.every_steps (0: only at the end)",
+                        [](int64_t v, const Config& c) {
+                            return v >= 0 && v % c.log.every_steps == 0;
+                        })),
+        CFG_KEY(checkpoint, every_steps, kAny, at_least(1)),
+        CFG_KEY(checkpoint, keep, kAny, at_least(1)),
     };
     return table;
 }
@@ -573,83 +640,25 @@ private:
         return cfg;
     }
 
-    template <class T>
-    void check(bool ok, const char* key, const char* rule, const T& got) const {
-        if (!ok) throw Error(fmt::format("{}{} must be {} (got {})", loc(key), key, rule, got));
-    }
-
+    // Each key's rule in table order, the sae.* and train.* ones at every sweep point; then the
+    // rules that span keys or need the architecture.
     void validate(const Config& c) const {
-        SAE_ENFORCE(!c.data.path.empty(),
-                    "{}data.path is required: a directory or glob of .h5 shards", loc("data.path"));
-        SAE_ENFORCE(!c.run.out_dir.empty(), "{}run.out_dir must not be empty", loc("run.out_dir"));
-        SAE_ENFORCE(!c.data.dataset.empty(), "{}data.dataset must not be empty",
-                    loc("data.dataset"));
-        check(c.data.batch_size >= 1, "data.batch_size", ">= 1", c.data.batch_size);
-        check(c.data.max_tokens >= 0, "data.max_tokens", ">= 0 (0: train for data.epochs)",
-              c.data.max_tokens);
-        check(c.data.epochs >= 1 || c.data.max_tokens > 0, "data.epochs",
-              ">= 1 unless data.max_tokens > 0", c.data.epochs);
-        check(c.data.shuffle_buffer_rows >= 0, "data.shuffle_buffer_rows", ">= 0 (0: no shuffling)",
-              c.data.shuffle_buffer_rows);
-        check(c.data.read_bytes >= 4096, "data.read_bytes", ">= 4096 (one sequential request)",
-              c.data.read_bytes);
-        check(c.data.prefetch_bytes >= 1 << 20, "data.prefetch_bytes", ">= 1048576",
-              c.data.prefetch_bytes);
-        check(c.parallel.replicas >= 1, "parallel.replicas", ">= 1", c.parallel.replicas);
-        check(c.parallel.timeout_s >= 0, "parallel.timeout_s", ">= 0 (0: no watchdog)",
-              c.parallel.timeout_s);
-        check(c.log.every_steps >= 1, "log.every_steps", ">= 1", c.log.every_steps);
-        check(c.data.eval_rows >= 0, "data.eval_rows",
-              ">= 0 (held-out rows; 0: all of data.eval_path, or no evaluation without it)",
-              c.data.eval_rows);
-        check(c.log.eval_every_steps >= 0 && c.log.eval_every_steps % c.log.every_steps == 0,
-              "log.eval_every_steps", "a multiple of log.every_steps (0: only at the end)",
-              c.log.eval_every_steps);
-        check(c.log.peak_tflops >= 0, "log.peak_tflops",
-              ">= 0 (TFLOP/s of one device; 0: the peak table by GPU name)", c.log.peak_tflops);
-        check(c.checkpoint.every_steps >= 1, "checkpoint.every_steps", ">= 1",
-              c.checkpoint.every_steps);
-        check(c.checkpoint.keep >= 1, "checkpoint.keep", ">= 1", c.checkpoint.keep);
+        for (const Field& f : fields())
+            if (!f.sweepable()) enforce(f, c, c.sae);
         SAE_ENFORCE(c.parallel.mode != "data_parallel" || c.sweep.size() == 1,
                     "{}parallel.mode: data_parallel trains one SAE, but the config sweeps {} "
                     "points; use mode: sweep or hybrid, or give single values",
                     loc("parallel.mode"), c.sweep.size());
         for (const SaeConfig& s : c.sweep) {
-            check(s.expansion >= 1, "sae.expansion", ">= 1", s.expansion);
-            check(s.n_latents >= 0, "sae.n_latents", ">= 0 (0: use sae.expansion)", s.n_latents);
-            check(s.k >= 1, "sae.k", ">= 1", s.k);
-            check(s.l1_coeff >= 0, "sae.l1_coeff", ">= 0", s.l1_coeff);
-            check(s.k_aux >= 0, "sae.k_aux", ">= 0 (0: d_model / 2)", s.k_aux);
-            check(s.l0_coeff >= 0, "train.l0_coeff", ">= 0", s.l0_coeff);
-            check(s.auxk_coeff >= 0, "train.auxk_coeff", ">= 0 (0: no AuxK)", s.auxk_coeff);
-            check(s.decorr_coeff >= 0, "train.decorr_coeff", ">= 0 (0: off)", s.decorr_coeff);
-            check(s.n_experts >= 1, "sae.n_experts", ">= 1", s.n_experts);
-            check(s.balance_coeff >= 0, "train.balance_coeff", ">= 0 (0: off)", s.balance_coeff);
+            for (const Field& f : fields())
+                if (f.sweepable()) enforce(f, c, s);
             arch_get(s.arch).validate(s, 0, loc("sae.arch"));
-            check(s.lr > 0, "train.lr", "> 0", s.lr);
-            check(s.warmup_steps >= 0, "train.warmup_steps", ">= 0", s.warmup_steps);
-            check(s.warmup_fraction >= 0 && s.warmup_fraction < 1, "train.warmup_fraction",
-                  "in [0, 1)", s.warmup_fraction);
-            check(s.decay_start >= 0 && s.decay_start <= 1, "train.decay_start", "in [0, 1]",
-                  s.decay_start);
-            check(s.lr_min_ratio >= 0 && s.lr_min_ratio <= 1, "train.lr_min_ratio", "in [0, 1]",
-                  s.lr_min_ratio);
-            check(s.restart_steps >= 0, "train.restart_steps", ">= 0 (0: a quarter of the run)",
-                  s.restart_steps);
-            check(s.restart_mult >= 1 && s.restart_mult <= 100, "train.restart_mult", "in [1, 100]",
-                  s.restart_mult);
-            check(s.l1_warmup_steps >= 0, "train.l1_warmup_steps", ">= 0", s.l1_warmup_steps);
-            check(s.l1_warmup_fraction >= 0 && s.l1_warmup_fraction <= 1,
-                  "train.l1_warmup_fraction", "in [0, 1]", s.l1_warmup_fraction);
-            check(s.grad_clip >= 0, "train.grad_clip", ">= 0 (0 disables clipping)", s.grad_clip);
-            check(s.accum_steps >= 1, "train.accum_steps", ">= 1", s.accum_steps);
-            check(s.beta1 >= 0 && s.beta1 < 1, "train.beta1", "in [0, 1)", s.beta1);
-            check(s.beta2 >= 0 && s.beta2 < 1, "train.beta2", "in [0, 1)", s.beta2);
-            check(s.eps > 0, "train.eps", "> 0", s.eps);
-            check(s.weight_decay >= 0, "train.weight_decay", ">= 0", s.weight_decay);
-            check(s.dead_tokens >= 1, "train.dead_tokens", ">= 1", s.dead_tokens);
-            check(s.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", s.max_bad_steps);
         }
+    }
+
+    void enforce(const Field& f, const Config& c, const SaeConfig& point) const {
+        const std::string problem = f.problem ? f.problem(c, point) : std::string();
+        if (!problem.empty()) throw Error(loc(f.full()) + problem);
     }
 };
 

@@ -1,3 +1,5 @@
+// metrics.cpp — MetricsRow's field table and what walks it: metrics.jsonl out and back in; the
+// console progress line; summary.csv.
 #include "saetrain/metrics.h"
 
 #include <cerrno>
@@ -6,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "saetrain/error.h"
 
@@ -26,33 +29,108 @@ void MetricsLog::write(const MetricsRow& row) {
                 "cannot write {}: {}", path_, std::strerror(errno));
 }
 
+// ---- the field table ---------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+MetricsField field(const char* name, T MetricsRow::*m, MetricsShown shown = MetricsShown::always) {
+    MetricsField f{name};
+    if constexpr (std::is_same_v<T, int64_t>)
+        f.count = m;
+    else
+        f.value = m;
+    f.shown = shown;
+    return f;
+}
+
+MetricsField unlogged(MetricsField f) {
+    f.logged = false;
+    return f;
+}
+
+MetricsField event_step(MetricsField f) {
+    f.scalar = false;
+    return f;
+}
+
+}  // namespace
+
+const std::vector<MetricsField>& metrics_fields() {
+    using R = MetricsRow;
+    using S = MetricsShown;
+    static const std::vector<MetricsField> table = {
+        event_step(field("step", &R::step)),
+        unlogged(field("total_steps", &R::total_steps)),
+        field("tokens", &R::tokens),
+        field("lr", &R::lr),
+        field("loss", &R::loss),
+        field("mse", &R::mse),
+        field("fvu", &R::fvu),
+        field("l0", &R::l0),
+        field("l1", &R::l1),
+        field("dead_fraction", &R::dead_fraction),
+        field("grad_norm", &R::grad_norm),
+        field("tokens_per_s", &R::tokens_per_s),
+        field("read_MBps", &R::read_MBps),
+        field("wait_fraction", &R::wait_fraction),
+        field("elapsed_s", &R::elapsed_s),
+        unlogged(field("eta_s", &R::eta_s)),
+        field("tflops", &R::tflops),
+        field("mfu", &R::mfu, S::when_known),  // absent, never a guess, when no peak is known
+        field("gpu_mem_peak_GB", &R::gpu_mem_peak_GB, S::when_positive),
+        field("host_mem_peak_GB", &R::host_mem_peak_GB, S::when_positive),
+        field("eval_rows", &R::eval_rows, S::when_evaluated),
+        field("eval_fvu", &R::eval_fvu, S::when_evaluated),
+        field("eval_l0", &R::eval_l0, S::when_evaluated),
+        field("eval_dead_fraction", &R::eval_dead_fraction, S::when_evaluated),
+        field("eval_dense_fraction", &R::eval_dense_fraction, S::when_evaluated),
+    };
+    return table;
+}
+
+const MetricsField& metrics_field(const std::string& name) {
+    for (const MetricsField& f : metrics_fields())
+        if (name == f.name) return f;
+    throw Error(fmt::format("metrics_field: no MetricsRow field '{}'", name));
+}
+
+double MetricsField::get(const MetricsRow& r) const {
+    return count ? static_cast<double>(r.*count) : r.*value;
+}
+
+void MetricsField::set(MetricsRow& r, double v) const {
+    if (count)
+        r.*count = static_cast<int64_t>(v);
+    else
+        r.*value = v;
+}
+
+bool MetricsField::shown_in(const MetricsRow& r) const {
+    switch (shown) {
+        case MetricsShown::always:
+            return true;
+        case MetricsShown::when_known:
+            return get(r) >= 0;
+        case MetricsShown::when_positive:
+            return get(r) > 0;
+        case MetricsShown::when_evaluated:
+            return r.eval_rows > 0;
+    }
+    return true;
+}
+
+// ---- metrics.jsonl ------------------------------------------------------------------------------
+
 std::string metrics_json(const MetricsRow& r) {
     nlohmann::ordered_json j;
     j["sae"] = r.sae;
-    j["step"] = r.step;
-    j["tokens"] = r.tokens;
-    j["lr"] = r.lr;
-    j["loss"] = r.loss;
-    j["mse"] = r.mse;
-    j["fvu"] = r.fvu;
-    j["l0"] = r.l0;
-    j["l1"] = r.l1;
-    j["dead_fraction"] = r.dead_fraction;
-    j["grad_norm"] = r.grad_norm;
-    j["tokens_per_s"] = r.tokens_per_s;
-    j["read_MBps"] = r.read_MBps;
-    j["wait_fraction"] = r.wait_fraction;
-    j["elapsed_s"] = r.elapsed_s;
-    j["tflops"] = r.tflops;
-    if (r.mfu >= 0) j["mfu"] = r.mfu;  // absent, never a guess, when no peak is known
-    if (r.gpu_mem_peak_GB > 0) j["gpu_mem_peak_GB"] = r.gpu_mem_peak_GB;
-    if (r.host_mem_peak_GB > 0) j["host_mem_peak_GB"] = r.host_mem_peak_GB;
-    if (r.eval_rows > 0) {
-        j["eval_rows"] = r.eval_rows;
-        j["eval_fvu"] = r.eval_fvu;
-        j["eval_l0"] = r.eval_l0;
-        j["eval_dead_fraction"] = r.eval_dead_fraction;
-        j["eval_dense_fraction"] = r.eval_dense_fraction;
+    for (const MetricsField& f : metrics_fields()) {
+        if (!f.logged || !f.shown_in(r)) continue;
+        if (f.count)
+            j[f.name] = r.*f.count;
+        else
+            j[f.name] = r.*f.value;
     }
     return j.dump();
 }
@@ -60,27 +138,20 @@ std::string metrics_json(const MetricsRow& r) {
 std::optional<MetricsRow> metrics_last_row(const std::string& path, const std::string& sae) {
     std::ifstream in(path);
     std::optional<MetricsRow> last;
+    const MetricsRow defaults;  // a key the line lacks keeps its default (mfu: -1, unknown)
     for (std::string line; std::getline(in, line);) {
         const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
         if (!j.is_object() || j.value("sae", std::string()) != sae) continue;
         MetricsRow r;
         r.sae = sae;
         try {  // a field of another type (null for NaN) skips the row
-            r.step = j.value("step", int64_t{0}), r.tokens = j.value("tokens", int64_t{0});
-            r.lr = j.value("lr", 0.0), r.loss = j.value("loss", 0.0), r.mse = j.value("mse", 0.0);
-            r.fvu = j.value("fvu", 0.0), r.l0 = j.value("l0", 0.0), r.l1 = j.value("l1", 0.0);
-            r.dead_fraction = j.value("dead_fraction", 0.0),
-            r.grad_norm = j.value("grad_norm", 0.0);
-            r.tokens_per_s = j.value("tokens_per_s", 0.0), r.read_MBps = j.value("read_MBps", 0.0);
-            r.wait_fraction = j.value("wait_fraction", 0.0),
-            r.elapsed_s = j.value("elapsed_s", 0.0);
-            r.tflops = j.value("tflops", 0.0), r.mfu = j.value("mfu", -1.0);
-            r.gpu_mem_peak_GB = j.value("gpu_mem_peak_GB", 0.0);
-            r.host_mem_peak_GB = j.value("host_mem_peak_GB", 0.0);
-            r.eval_rows = j.value("eval_rows", int64_t{0});
-            r.eval_fvu = j.value("eval_fvu", 0.0), r.eval_l0 = j.value("eval_l0", 0.0);
-            r.eval_dead_fraction = j.value("eval_dead_fraction", 0.0);
-            r.eval_dense_fraction = j.value("eval_dense_fraction", 0.0);
+            for (const MetricsField& f : metrics_fields()) {
+                if (!f.logged) continue;
+                if (f.count)
+                    r.*f.count = j.value(f.name, defaults.*f.count);
+                else
+                    r.*f.value = j.value(f.name, defaults.*f.value);
+            }
         } catch (const nlohmann::json::exception&) {
             continue;
         }
@@ -88,6 +159,8 @@ std::optional<MetricsRow> metrics_last_row(const std::string& path, const std::s
     }
     return last;
 }
+
+// ---- the console -------------------------------------------------------------------------------
 
 std::string format_count(double x) {
     if (x >= 1e9) return fmt::format("{:.1f}G", x / 1e9);

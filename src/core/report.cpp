@@ -1,3 +1,5 @@
+// report.cpp — RunReporter: every rank's MetricsRow all-gathered as doubles (the field table
+// of metrics.h), rank 0's log lines and console, and finish()'s summary.csv and tables.
 #include "saetrain/report.h"
 
 #include <fmt/format.h>
@@ -5,74 +7,105 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 
 namespace saetrain {
 namespace {
 
-// MetricsRow <-> a fixed block of doubles, so one all-gather moves every rank's row.
-enum Field : int {
+// ---- the all-gather blocks ---------------------------------------------------------------------
+// One rank's block: who it is, its device's peak, then every MetricsRow field in table order
+// (metrics_fields()), so one all-gather of doubles moves every rank's row; finish() appends the
+// whole-run figures (summary_pack).
+enum Slot : int {
     kConfig = 0,
     kReplica,
-    kStep,
-    kTotalSteps,
-    kTokens,
-    kLr,
-    kLoss,
-    kMse,
-    kFvu,
-    kL0,
-    kL1,
-    kDead,
-    kGradNorm,
-    kTokensPerS,
-    kReadMBps,
-    kWait,
-    kElapsed,
-    kEta,
-    kTflops,
-    kGpuMem,
-    kHostMem,
     kPeakFlops,  // this rank's device peak (0: unknown); MFU divides by the replicas' sum
-    kRecovery,   // finish() only
-    kEvalRows,
-    kEvalFvu,
-    kEvalL0,
-    kEvalDead,
-    kEvalDense,
-    kFields
+    kRow         // the first MetricsRow field
 };
 
 std::vector<double> pack(const MetricsRow& m, int config, int replica, double peak_flops) {
-    std::vector<double> v(kFields, 0.0);
-    v[kConfig] = config, v[kReplica] = replica;
-    v[kStep] = double(m.step), v[kTotalSteps] = double(m.total_steps);
-    v[kTokens] = double(m.tokens);
-    v[kLr] = m.lr, v[kLoss] = m.loss, v[kMse] = m.mse, v[kFvu] = m.fvu, v[kL0] = m.l0;
-    v[kL1] = m.l1, v[kDead] = m.dead_fraction, v[kGradNorm] = m.grad_norm;
-    v[kTokensPerS] = m.tokens_per_s, v[kReadMBps] = m.read_MBps, v[kWait] = m.wait_fraction;
-    v[kElapsed] = m.elapsed_s, v[kEta] = m.eta_s, v[kTflops] = m.tflops;
-    v[kGpuMem] = m.gpu_mem_peak_GB, v[kHostMem] = m.host_mem_peak_GB, v[kPeakFlops] = peak_flops;
-    v[kEvalRows] = double(m.eval_rows), v[kEvalFvu] = m.eval_fvu, v[kEvalL0] = m.eval_l0;
-    v[kEvalDead] = m.eval_dead_fraction, v[kEvalDense] = m.eval_dense_fraction;
+    std::vector<double> v = {double(config), double(replica), peak_flops};
+    for (const MetricsField& f : metrics_fields()) v.push_back(f.get(m));
     return v;
 }
 
 MetricsRow unpack(const double* v, const std::string& id) {
     MetricsRow m;
     m.sae = id;
-    m.step = static_cast<int64_t>(v[kStep]);
-    m.total_steps = static_cast<int64_t>(v[kTotalSteps]);
-    m.tokens = static_cast<int64_t>(v[kTokens]);
-    m.lr = v[kLr], m.loss = v[kLoss], m.mse = v[kMse], m.fvu = v[kFvu], m.l0 = v[kL0];
-    m.l1 = v[kL1], m.dead_fraction = v[kDead], m.grad_norm = v[kGradNorm];
-    m.tokens_per_s = v[kTokensPerS], m.read_MBps = v[kReadMBps], m.wait_fraction = v[kWait];
-    m.elapsed_s = v[kElapsed], m.eta_s = v[kEta], m.tflops = v[kTflops];
-    m.gpu_mem_peak_GB = v[kGpuMem], m.host_mem_peak_GB = v[kHostMem];
-    m.eval_rows = static_cast<int64_t>(v[kEvalRows]), m.eval_fvu = v[kEvalFvu];
-    m.eval_l0 = v[kEvalL0], m.eval_dead_fraction = v[kEvalDead];
-    m.eval_dense_fraction = v[kEvalDense];
+    const std::vector<MetricsField>& fields = metrics_fields();
+    for (size_t i = 0; i < fields.size(); ++i) fields[i].set(m, v[kRow + i]);
     return m;
 }
+
+// One rank's block as rank 0 reads it; `rest`: what follows the row (finish()'s figures).
+struct RankBlock {
+    int config = 0, replica = 0;
+    double peak_flops = 0;
+    MetricsRow row;
+    std::vector<double> rest;
+};
+
+std::vector<RankBlock> all_gather_blocks(Communicator& world, const std::vector<double>& mine,
+                                         const std::vector<std::string>& ids) {
+    const size_t stride = mine.size();
+    std::vector<double> all(stride * static_cast<size_t>(world.size()));
+    world.allgather(mine.data(), all.data(), static_cast<int64_t>(stride * sizeof(double)));
+    std::vector<RankBlock> blocks;
+    if (world.rank() != 0) return blocks;
+    const double* b = all.data();
+    for (int p = 0; p < world.size(); ++p, b += stride) {
+        RankBlock r;
+        r.config = static_cast<int>(b[kConfig]), r.replica = static_cast<int>(b[kReplica]);
+        r.peak_flops = b[kPeakFlops];
+        r.row = unpack(b, ids[static_cast<size_t>(r.config)]);
+        r.rest.assign(b + kRow + metrics_fields().size(), b + stride);
+        blocks.push_back(std::move(r));
+    }
+    return blocks;
+}
+
+// `mine` from every rank (the ranks' strings may differ in length), on rank 0; empty elsewhere.
+std::vector<std::string> gather_strings(Communicator& world, const std::string& mine) {
+    const int64_t n = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> sizes(static_cast<size_t>(world.size()));
+    world.allgather(&n, sizes.data(), sizeof(int64_t));
+    const int64_t width = *std::max_element(sizes.begin(), sizes.end());
+    std::string padded = mine;
+    padded.resize(static_cast<size_t>(width));
+    std::string all(static_cast<size_t>(width * world.size()), '\0');
+    if (width > 0) world.allgather(padded.data(), all.data(), width);  // every rank knows width
+    std::vector<std::string> out;
+    if (world.rank() != 0) return out;
+    for (int p = 0; p < world.size(); ++p)
+        out.push_back(all.substr(static_cast<size_t>(p * width), sizes[static_cast<size_t>(p)]));
+    return out;
+}
+
+// Named figures as bytes for gather_strings: each name, a NUL, the double's 8 bytes.
+std::string figures_encode(const std::vector<std::pair<std::string, double>>& figures) {
+    std::string out;
+    for (const auto& [name, value] : figures) {
+        out += name;
+        out.push_back('\0');
+        out.append(reinterpret_cast<const char*>(&value), sizeof(double));
+    }
+    return out;
+}
+
+std::vector<std::pair<std::string, double>> figures_decode(const std::string& bytes) {
+    std::vector<std::pair<std::string, double>> figures;
+    for (size_t at = 0; at < bytes.size();) {
+        const size_t end = bytes.find('\0', at);
+        double value = 0;
+        std::memcpy(&value, bytes.data() + end + 1, sizeof(double));
+        figures.emplace_back(bytes.substr(at, end - at), value);
+        at = end + 1 + sizeof(double);
+    }
+    return figures;
+}
+
+// ---- combining replicas ------------------------------------------------------------------------
 
 // What replicas of one SAE share: the sum of their devices' peaks (0 if any is unknown) and
 // the largest memory high-water marks.
@@ -85,219 +118,203 @@ struct ConfigTotals {
     }
 };
 
-std::map<int, ConfigTotals> config_totals(const std::vector<double>& all, int ranks, int stride) {
+std::map<int, ConfigTotals> config_totals(const std::vector<RankBlock>& blocks) {
     std::map<int, ConfigTotals> t;
-    for (int p = 0; p < ranks; ++p) {
-        const double* b = all.data() + static_cast<size_t>(p) * static_cast<size_t>(stride);
-        ConfigTotals& c = t[static_cast<int>(b[kConfig])];
-        c.peak_flops += b[kPeakFlops];
-        c.peak_known = c.peak_known && b[kPeakFlops] > 0;
-        c.gpu_mem = std::max(c.gpu_mem, b[kGpuMem]);
-        c.host_mem = std::max(c.host_mem, b[kHostMem]);
+    for (const RankBlock& b : blocks) {
+        ConfigTotals& c = t[b.config];
+        c.peak_flops += b.peak_flops;
+        c.peak_known = c.peak_known && b.peak_flops > 0;
+        c.gpu_mem = std::max(c.gpu_mem, b.row.gpu_mem_peak_GB);
+        c.host_mem = std::max(c.host_mem, b.row.host_mem_peak_GB);
     }
     return t;
 }
 
-std::string fmt_g(double v) { return fmt::format("{:.6g}", v); }
-
-}  // namespace
-
-RunReporter::RunReporter(Communicator& world, const RankLayout& layout,
-                         std::vector<std::string> ids, const std::string& metrics_path,
-                         double peak_flops, const std::string& tb_dir, int64_t resumed_step)
-    : world_(world), layout_(layout), ids_(std::move(ids)), peak_flops_(peak_flops) {
-    if (world_.rank() != 0) return;
-    if (!metrics_path.empty()) log_ = std::make_unique<MetricsLog>(metrics_path);
-    if (!tb_dir.empty()) tb_ = std::make_unique<TensorBoardWriter>(tb_dir, resumed_step);
+// An SAE's row: its replica 0's, with the MFU and memory high-water marks of all its replicas.
+MetricsRow sae_row(const RankBlock& replica0, const ConfigTotals& t) {
+    MetricsRow m = replica0.row;
+    m.mfu = t.mfu(m.tflops);
+    m.gpu_mem_peak_GB = t.gpu_mem, m.host_mem_peak_GB = t.host_mem;
+    return m;
 }
 
-RunReporter::~RunReporter() = default;
-
-void RunReporter::gather(const MetricsRow& mine) {
-    const std::vector<double> v = pack(mine, layout_.config, layout_.replica, peak_flops_);
-    std::vector<double> all(static_cast<size_t>(kFields * world_.size()));
-    world_.allgather(v.data(), all.data(), kFields * static_cast<int64_t>(sizeof(double)));
-    if (world_.rank() != 0) return;
-    const std::map<int, ConfigTotals> totals = config_totals(all, world_.size(), kFields);
+// The line below each interval's rows for a sweep or several ranks: token rate and TFLOP/s
+// over the SAEs, read bandwidth and waiting over the ranks, MFU over every device.
+void print_all_line(const std::vector<RankBlock>& blocks, const std::vector<MetricsRow>& rows) {
     double read_all = 0, wait_sum = 0, peak_all = 0, gpu_max = 0, host_max = 0;
     bool peak_known = true;
-    std::vector<MetricsRow> rows;
-    for (int p = 0; p < world_.size(); ++p) {
-        const double* b = all.data() + static_cast<size_t>(p) * kFields;
-        read_all += b[kReadMBps], wait_sum += b[kWait], peak_all += b[kPeakFlops];
-        peak_known = peak_known && b[kPeakFlops] > 0;
-        gpu_max = std::max(gpu_max, b[kGpuMem]), host_max = std::max(host_max, b[kHostMem]);
-        if (static_cast<int>(b[kReplica]) != 0) continue;
-        MetricsRow m = unpack(b, ids_[static_cast<size_t>(b[kConfig])]);
-        const ConfigTotals& t = totals.at(static_cast<int>(b[kConfig]));
-        m.mfu = t.mfu(m.tflops);
-        m.gpu_mem_peak_GB = t.gpu_mem, m.host_mem_peak_GB = t.host_mem;
-        rows.push_back(m);
+    for (const RankBlock& b : blocks) {
+        read_all += b.row.read_MBps, wait_sum += b.row.wait_fraction, peak_all += b.peak_flops;
+        peak_known = peak_known && b.peak_flops > 0;
+        gpu_max = std::max(gpu_max, b.row.gpu_mem_peak_GB);
+        host_max = std::max(host_max, b.row.host_mem_peak_GB);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    for (const MetricsRow& m : rows) {
-        if (log_) log_->write(m);
-        if (tb_) tb_->write(m.step, tensorboard_scalars(m));
-    }
-    log_write_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (const MetricsRow& m : rows) fmt::print("{}\n", progress_line(m));
-    if (rows.size() > 1 || world_.size() > 1) {
-        double tok = 0, tflops = 0;
-        for (const MetricsRow& m : rows) tok += m.tokens_per_s, tflops += m.tflops;
-        std::string perf = fmt::format("{} TFLOP/s", format_tflops(tflops));
-        if (peak_known && peak_all > 0)
-            perf += fmt::format(" | MFU {:.1f}%", 100.0 * tflops * 1e12 / peak_all);
-        if (gpu_max > 0) perf += fmt::format(" | GPU mem max {:.2f} GB", gpu_max);
-        if (host_max > 0) perf += fmt::format(" | host mem max {:.2f} GB", host_max);
-        fmt::print(
-            "all {} SAE(s) on {} rank(s) | {} tok/s trained | {} | read {:.1f} MB/s | wait "
-            "{:.1f}%\n",
-            rows.size(), world_.size(), format_count(tok), perf, read_all,
-            100.0 * wait_sum / world_.size());
-    }
-    std::fflush(stdout);
+    double tok = 0, tflops = 0;
+    for (const MetricsRow& m : rows) tok += m.tokens_per_s, tflops += m.tflops;
+    std::string perf = fmt::format("{} TFLOP/s", format_tflops(tflops));
+    if (peak_known && peak_all > 0)
+        perf += fmt::format(" | MFU {:.1f}%", 100.0 * tflops * 1e12 / peak_all);
+    if (gpu_max > 0) perf += fmt::format(" | GPU mem max {:.2f} GB", gpu_max);
+    if (host_max > 0) perf += fmt::format(" | host mem max {:.2f} GB", host_max);
+    const int ranks = static_cast<int>(blocks.size());
+    fmt::print(
+        "all {} SAE(s) on {} rank(s) | {} tok/s trained | {} | read {:.1f} MB/s | wait "
+        "{:.1f}%\n",
+        rows.size(), ranks, format_count(tok), perf, read_all, 100.0 * wait_sum / ranks);
 }
 
-std::vector<SaeSummary> RunReporter::finish(
-    const SaeSummary& mine, const std::string& summary_path,
-    const std::vector<std::string>& config_column_names,
-    const std::vector<std::map<std::string, std::string>>& config_columns) {
-    // The row block, then the whole-run figures.
-    enum : int {
-        kSteps = kFields,
-        kTokensAll,
-        kRate,
-        kWaitAll,
-        kTflopsAll,
-        kGatesMeasured,  // 0: none, 1: on the end of training, 2: on the held-out rows
-        kRelErr,
-        kZeros,
-        kDecorr,
-        kGateDead,
-        kGateDense,
-        kLoadMin,
-        kLoadMax,
-        kExpertDead,
-        kStride
+// ---- the summary -------------------------------------------------------------------------------
+
+// SaeSummary's whole-run figures after the row block; summary_unpack reads them in this order.
+std::vector<double> summary_pack(const SaeSummary& s) {
+    const QualityGates& g = s.gates;
+    return {s.feature_recovery,
+            double(s.steps),
+            double(s.tokens),
+            s.tokens_per_s,
+            s.wait_fraction,
+            s.tflops,
+            g.measured ? (g.held_out ? 2.0 : 1.0) : 0.0,  // on the end of training or held-out
+            g.rel_recon_err,
+            g.zeros_frac,
+            g.decorr_rms,
+            g.dead_fraction,
+            g.dense_fraction};
+}
+
+void summary_unpack(SaeSummary& s, const double* x) {
+    QualityGates& g = s.gates;
+    s.feature_recovery = x[0];
+    s.steps = static_cast<int64_t>(x[1]), s.tokens = static_cast<int64_t>(x[2]);
+    s.tokens_per_s = x[3], s.wait_fraction = x[4], s.tflops = x[5];
+    g.measured = x[6] > 0, g.held_out = x[6] > 1;
+    g.rel_recon_err = x[7], g.zeros_frac = x[8], g.decorr_rms = x[9];
+    g.dead_fraction = x[10], g.dense_fraction = x[11];
+}
+
+std::string fmt_g(double v) { return fmt::format("{:.6g}", v); }
+
+// A summary.csv column: its cell for one SAE ("" leaves it empty), and whether it is written
+// when every cell is empty (otherwise it is left out, as mfu is when no peak is known).
+struct Column {
+    std::string name;
+    std::function<std::string(const SaeSummary&)> cell;
+    bool always = true;
+};
+
+// The final interval's value of a MetricsRow field, shown as metrics.jsonl shows it.
+Column last_interval(const char* name, bool always = true) {
+    const MetricsField& f = metrics_field(name);
+    return {name,
+            [&f](const SaeSummary& s) {
+                if (!f.shown_in(s.last)) return std::string();
+                return f.count ? std::to_string(s.last.*f.count) : fmt_g(s.last.*f.value);
+            },
+            always};
+}
+
+std::vector<Column> summary_columns(const std::vector<SaeSummary>& sorted) {
+    auto gate = [](const char* name, double QualityGates::*m) {
+        return Column{name, [m](const SaeSummary& s) {
+                          return s.gates.measured ? fmt_g(s.gates.*m) : std::string();
+                      }};
     };
-    std::vector<double> v = pack(mine.last, layout_.config, layout_.replica, peak_flops_);
-    v[kRecovery] = mine.feature_recovery;
-    v.push_back(double(mine.steps));
-    v.push_back(double(mine.tokens));
-    v.push_back(mine.tokens_per_s);
-    v.push_back(mine.wait_fraction);
-    v.push_back(mine.tflops);
-    const QualityGates& g = mine.gates;
-    v.push_back(g.measured ? (g.held_out ? 2.0 : 1.0) : 0.0);
-    for (double x :
-         {g.rel_recon_err, g.zeros_frac, g.decorr_rms, g.dead_fraction, g.dense_fraction})
-        v.push_back(x);
-    for (double x : {mine.expert_load_min, mine.expert_load_max, mine.expert_dead_max})
-        v.push_back(x);
-    std::vector<double> all(static_cast<size_t>(kStride * world_.size()));
-    world_.allgather(v.data(), all.data(), kStride * static_cast<int64_t>(sizeof(double)));
-    std::vector<SaeSummary> out;
-    if (world_.rank() != 0) return out;
-    const std::map<int, ConfigTotals> totals = config_totals(all, world_.size(), kStride);
-    for (int p = 0; p < world_.size(); ++p) {
-        const double* b = all.data() + static_cast<size_t>(p) * kStride;
-        if (static_cast<int>(b[kReplica]) != 0) continue;
-        SaeSummary s;
-        s.config = static_cast<int>(b[kConfig]);
-        s.last = unpack(b, ids_[static_cast<size_t>(b[kConfig])]);
-        const ConfigTotals& t = totals.at(s.config);
-        s.last.mfu = t.mfu(s.last.tflops);
-        s.last.gpu_mem_peak_GB = t.gpu_mem, s.last.host_mem_peak_GB = t.host_mem;
-        s.feature_recovery = b[kRecovery];
-        s.steps = static_cast<int64_t>(b[kSteps]);
-        s.tokens = static_cast<int64_t>(b[kTokensAll]);
-        s.tokens_per_s = b[kRate];
-        s.wait_fraction = b[kWaitAll];
-        s.tflops = b[kTflopsAll];
-        s.mfu = t.mfu(s.tflops);
-        s.gates.measured = b[kGatesMeasured] > 0, s.gates.held_out = b[kGatesMeasured] > 1;
-        s.gates.rel_recon_err = b[kRelErr], s.gates.zeros_frac = b[kZeros];
-        s.gates.decorr_rms = b[kDecorr], s.gates.dead_fraction = b[kGateDead];
-        s.gates.dense_fraction = b[kGateDense];
-        s.expert_load_min = b[kLoadMin], s.expert_load_max = b[kLoadMax];
-        s.expert_dead_max = b[kExpertDead];
-        out.push_back(s);
+    std::vector<Column> cols = {
+        {"steps", [](const SaeSummary& s) { return std::to_string(s.steps); }},
+        {"tokens", [](const SaeSummary& s) { return std::to_string(s.tokens); }},
+        last_interval("mse"),
+        last_interval("fvu"),
+        last_interval("l0"),
+        last_interval("dead_fraction"),
+        {"tokens_per_s", [](const SaeSummary& s) { return fmt_g(s.tokens_per_s); }},
+        {"wait_fraction", [](const SaeSummary& s) { return fmt_g(s.wait_fraction); }},
+        {"tflops", [](const SaeSummary& s) { return fmt_g(s.tflops); }},
+        {"mfu", [](const SaeSummary& s) { return s.mfu >= 0 ? fmt_g(s.mfu) : ""; }, false},
+        last_interval("gpu_mem_peak_GB", false),
+        last_interval("host_mem_peak_GB"),
+        {"feature_recovery",
+         [](const SaeSummary& s) {
+             return s.feature_recovery >= 0 ? fmt_g(s.feature_recovery) : "";
+         },
+         false},
+        last_interval("eval_rows", false),
+        last_interval("eval_fvu", false),
+        last_interval("eval_l0", false),
+        last_interval("eval_dead_fraction", false),
+        last_interval("eval_dense_fraction", false),
+        gate("rel_recon_err", &QualityGates::rel_recon_err),
+        gate("zeros_frac", &QualityGates::zeros_frac),
+        gate("decorr_rms", &QualityGates::decorr_rms),
+        gate("gates_dead_fraction", &QualityGates::dead_fraction),
+        gate("gates_dense_fraction", &QualityGates::dense_fraction),
+        {"gates_on",
+         [](const SaeSummary& s) {
+             return s.gates.measured ? (s.gates.held_out ? "held-out" : "training") : "";
+         }},
+        {"gates",
+         [](const SaeSummary& s) {
+             return s.gates.measured ? (s.gates.pass() ? "PASS" : "FAIL") : "";
+         }},
+    };
+    // The architectures' figures, each name once, in the order the SAEs name them.
+    std::vector<std::string> figures;
+    for (const SaeSummary& s : sorted)
+        for (const auto& fig : s.arch_figures)
+            if (std::find(figures.begin(), figures.end(), fig.first) == figures.end())
+                figures.push_back(fig.first);
+    for (const std::string& name : figures)
+        cols.push_back({name,
+                        [name](const SaeSummary& s) {
+                            for (const auto& [n, v] : s.arch_figures)
+                                if (n == name) return fmt_g(v);
+                            return std::string();
+                        },
+                        false});
+    return cols;
+}
+
+void summary_csv_write(const std::string& path, const std::vector<SaeSummary>& sorted,
+                       const std::vector<std::string>& config_column_names,
+                       const std::vector<std::map<std::string, std::string>>& config_columns) {
+    std::vector<std::string> names = {"sae"};
+    names.insert(names.end(), config_column_names.begin(), config_column_names.end());
+    std::vector<std::map<std::string, std::string>> rows;
+    for (const SaeSummary& s : sorted) {
+        std::map<std::string, std::string> r;
+        if (s.config < static_cast<int>(config_columns.size()))
+            r = config_columns[static_cast<size_t>(s.config)];
+        r["sae"] = s.last.sae;
+        rows.push_back(std::move(r));
     }
-    std::sort(out.begin(), out.end(),
-              [](const SaeSummary& a, const SaeSummary& b) { return a.last.l0 < b.last.l0; });
-    auto any = [&](auto pred) { return std::any_of(out.begin(), out.end(), pred); };
-    const bool any_recovery = any([](const SaeSummary& s) { return s.feature_recovery >= 0; });
-    const bool any_mfu = any([](const SaeSummary& s) { return s.mfu >= 0; });
-    const bool any_gpu = any([](const SaeSummary& s) { return s.last.gpu_mem_peak_GB > 0; });
-    const bool any_eval = any([](const SaeSummary& s) { return s.last.eval_rows > 0; });
-    const bool any_experts = any([](const SaeSummary& s) { return s.expert_load_max >= 0; });
-    if (!summary_path.empty()) {
-        std::vector<std::string> cols = {"sae"};
-        cols.insert(cols.end(), config_column_names.begin(), config_column_names.end());
-        for (const char* c : {"steps", "tokens", "mse", "fvu", "l0", "dead_fraction",
-                              "tokens_per_s", "wait_fraction", "tflops"})
-            cols.push_back(c);
-        if (any_mfu) cols.push_back("mfu");
-        if (any_gpu) cols.push_back("gpu_mem_peak_GB");
-        cols.push_back("host_mem_peak_GB");
-        if (any_recovery) cols.push_back("feature_recovery");
-        if (any_eval)
-            for (const char* c :
-                 {"eval_rows", "eval_fvu", "eval_l0", "eval_dead_fraction", "eval_dense_fraction"})
-                cols.push_back(c);
-        for (const char* c : {"rel_recon_err", "zeros_frac", "decorr_rms", "gates_dead_fraction",
-                              "gates_dense_fraction", "gates_on", "gates"})
-            cols.push_back(c);
-        if (any_experts)
-            for (const char* c : {"expert_load_min", "expert_load_max", "expert_dead_max"})
-                cols.push_back(c);
-        std::vector<std::map<std::string, std::string>> rows;
-        for (const SaeSummary& s : out) {
-            std::map<std::string, std::string> r;
-            if (s.config < static_cast<int>(config_columns.size()))
-                r = config_columns[static_cast<size_t>(s.config)];
-            r["sae"] = s.last.sae;
-            r["steps"] = std::to_string(s.steps);
-            r["tokens"] = std::to_string(s.tokens);
-            r["mse"] = fmt_g(s.last.mse);
-            r["fvu"] = fmt_g(s.last.fvu);
-            r["l0"] = fmt_g(s.last.l0);
-            r["dead_fraction"] = fmt_g(s.last.dead_fraction);
-            r["tokens_per_s"] = fmt_g(s.tokens_per_s);
-            r["wait_fraction"] = fmt_g(s.wait_fraction);
-            r["tflops"] = fmt_g(s.tflops);
-            if (s.mfu >= 0) r["mfu"] = fmt_g(s.mfu);  // empty cell: no peak known
-            if (s.last.gpu_mem_peak_GB > 0) r["gpu_mem_peak_GB"] = fmt_g(s.last.gpu_mem_peak_GB);
-            if (s.last.host_mem_peak_GB > 0) r["host_mem_peak_GB"] = fmt_g(s.last.host_mem_peak_GB);
-            if (s.feature_recovery >= 0) r["feature_recovery"] = fmt_g(s.feature_recovery);
-            if (s.last.eval_rows > 0) {
-                r["eval_rows"] = std::to_string(s.last.eval_rows);
-                r["eval_fvu"] = fmt_g(s.last.eval_fvu);
-                r["eval_l0"] = fmt_g(s.last.eval_l0);
-                r["eval_dead_fraction"] = fmt_g(s.last.eval_dead_fraction);
-                r["eval_dense_fraction"] = fmt_g(s.last.eval_dense_fraction);
-            }
-            if (s.gates.measured) {
-                r["rel_recon_err"] = fmt_g(s.gates.rel_recon_err);
-                r["zeros_frac"] = fmt_g(s.gates.zeros_frac);
-                r["decorr_rms"] = fmt_g(s.gates.decorr_rms);
-                r["gates_dead_fraction"] = fmt_g(s.gates.dead_fraction);
-                r["gates_dense_fraction"] = fmt_g(s.gates.dense_fraction);
-                r["gates_on"] = s.gates.held_out ? "held-out" : "training";
-            }
-            r["gates"] = s.gates.measured ? (s.gates.pass() ? "PASS" : "FAIL") : "";
-            if (s.expert_load_max >= 0) {
-                r["expert_load_min"] = fmt_g(s.expert_load_min);
-                r["expert_load_max"] = fmt_g(s.expert_load_max);
-                r["expert_dead_max"] = fmt_g(s.expert_dead_max);
-            }
-            rows.push_back(std::move(r));
+    for (const Column& c : summary_columns(sorted)) {
+        bool any = false;
+        for (size_t i = 0; i < sorted.size(); ++i) {
+            std::string cell = c.cell(sorted[i]);
+            if (cell.empty()) continue;
+            any = true;
+            rows[i][c.name] = std::move(cell);
         }
-        summary_write(summary_path, cols, rows);
+        if (any || c.always) names.push_back(c.name);
     }
-    // Memory per SAE: the device's on GPUs, else the process's resident set on the host. The
-    // first fvu is the last log interval's training batches; the held-out block is the
-    // evaluation at the end (data.eval_path / data.eval_rows).
+    summary_write(path, names, rows);
+}
+
+// ---- the console tables ------------------------------------------------------------------------
+
+bool any_of(const std::vector<SaeSummary>& out, const std::function<bool(const SaeSummary&)>& p) {
+    return std::any_of(out.begin(), out.end(), p);
+}
+
+// Memory per SAE: the device's on GPUs, else the process's resident set on the host. The
+// first fvu is the last log interval's training batches; the held-out block is the
+// evaluation at the end (data.eval_path / data.eval_rows).
+void print_sweep_table(const std::vector<SaeSummary>& out) {
+    const bool any_recovery =
+        any_of(out, [](const SaeSummary& s) { return s.feature_recovery >= 0; });
+    const bool any_mfu = any_of(out, [](const SaeSummary& s) { return s.mfu >= 0; });
+    const bool any_gpu =
+        any_of(out, [](const SaeSummary& s) { return s.last.gpu_mem_peak_GB > 0; });
+    const bool any_eval = any_of(out, [](const SaeSummary& s) { return s.last.eval_rows > 0; });
     fmt::print("\n{:<28} {:>8} {:>10} {:>8} {:>8} {:>7} {:>10} {:>9}{} {:>11}{}{}\n",
                "sae (sorted by l0)", "steps", "train fvu", "l0", "dead %", "wait %", "tok/s",
                "TFLOP/s", any_mfu ? fmt::format(" {:>6}", "MFU %") : "",
@@ -320,7 +337,10 @@ std::vector<SaeSummary> RunReporter::finish(
                    s.feature_recovery >= 0 ? fmt::format("   {:>8.3f}", s.feature_recovery) : "",
                    held_out);
     }
-    // The quality gates (quality.h), one line per SAE.
+}
+
+// The quality gates (quality.h), one line per SAE.
+void print_gates_table(const std::vector<SaeSummary>& out) {
     fmt::print("\n{:<28} {:>9} {:>14} {:>11} {:>11} {:>7} {:>8}  {}\n", "quality gates", "on",
                "rel_recon_err", "zeros_frac", "decorr_rms", "dead %", "dense %", "gates");
     fmt::print("{:<28} {:>9} {:>14} {:>11} {:>11} {:>7} {:>8}\n", "(pass)", "",
@@ -341,15 +361,125 @@ std::vector<SaeSummary> RunReporter::finish(
                    q.decorr_rms, 100 * q.dead_fraction, 100 * q.dense_fraction,
                    why.empty() ? "PASS" : "FAIL: " + why);
     }
-    // Switch SAEs: how evenly the router spread the tokens (a uniform load is 1 / n_experts).
-    if (any_experts) {
-        fmt::print("\n{:<28} {:>16} {:>16} {:>22}\n", "experts (last 10% of steps)",
-                   "min token share", "max token share", "most dead in one, %");
-        for (const SaeSummary& s : out)
-            if (s.expert_load_max >= 0)
-                fmt::print("{:<28} {:>16.4f} {:>16.4f} {:>22.1f}\n", s.last.sae, s.expert_load_min,
-                           s.expert_load_max, 100 * s.expert_dead_max);
+}
+
+// How the console labels an architecture's figures. A figure not listed prints under its own
+// name, so a new architecture's figures need no entry here to be shown.
+struct FigureLabel {
+    const char* name;
+    const char* title;   // the table's, when this figure is a table's first
+    const char* header;  // the column's
+    int width;
+    double scale;  // 100: printed as a percentage
+    int decimals;
+};
+constexpr FigureLabel kFigureLabels[] = {
+    // Switch: how evenly the router spread the tokens (a uniform load is 1 / n_experts).
+    {"expert_load_min", "experts (last 10% of steps)", "min token share", 16, 1, 4},
+    {"expert_load_max", "experts (last 10% of steps)", "max token share", 16, 1, 4},
+    {"expert_dead_max", "experts (last 10% of steps)", "most dead in one, %", 22, 100, 1},
+};
+
+FigureLabel figure_label(const std::string& name) {
+    for (const FigureLabel& l : kFigureLabels)
+        if (name == l.name) return l;
+    const int width = std::max<int>(16, static_cast<int>(name.size()));
+    return {name.c_str(), "architecture figures (last 10% of steps)", name.c_str(), width, 1, 4};
+}
+
+// One table per set of figure names (one per architecture that has figures).
+void print_figure_tables(const std::vector<SaeSummary>& out) {
+    std::vector<std::vector<std::string>> printed;
+    for (const SaeSummary& first : out) {
+        std::vector<std::string> names;
+        for (const auto& fig : first.arch_figures) names.push_back(fig.first);
+        if (names.empty() || std::find(printed.begin(), printed.end(), names) != printed.end())
+            continue;
+        printed.push_back(names);
+        std::string line = fmt::format("\n{:<28}", figure_label(names[0]).title);
+        for (const std::string& n : names) {
+            const FigureLabel l = figure_label(n);
+            line += fmt::format(" {:>{}}", l.header, l.width);
+        }
+        fmt::print("{}\n", line);
+        for (const SaeSummary& s : out) {
+            if (s.arch_figures.size() != names.size() ||
+                !std::equal(names.begin(), names.end(), s.arch_figures.begin(),
+                            [](const std::string& n, const auto& fig) { return n == fig.first; }))
+                continue;
+            line = fmt::format("{:<28}", s.last.sae);
+            for (const auto& [n, v] : s.arch_figures) {
+                const FigureLabel l = figure_label(n);
+                line += fmt::format(" {:>{}.{}f}", l.scale * v, l.width, l.decimals);
+            }
+            fmt::print("{}\n", line);
+        }
     }
+}
+
+}  // namespace
+
+RunReporter::RunReporter(Communicator& world, const RankLayout& layout,
+                         std::vector<std::string> ids, const std::string& metrics_path,
+                         double peak_flops, const std::string& tb_dir, int64_t resumed_step)
+    : world_(world), layout_(layout), ids_(std::move(ids)), peak_flops_(peak_flops) {
+    if (world_.rank() != 0) return;
+    if (!metrics_path.empty()) log_ = std::make_unique<MetricsLog>(metrics_path);
+    if (!tb_dir.empty()) tb_ = std::make_unique<TensorBoardWriter>(tb_dir, resumed_step);
+}
+
+RunReporter::~RunReporter() = default;
+
+void RunReporter::gather(const MetricsRow& mine) {
+    const std::vector<RankBlock> blocks =
+        all_gather_blocks(world_, pack(mine, layout_.config, layout_.replica, peak_flops_), ids_);
+    if (world_.rank() != 0) return;
+    const std::map<int, ConfigTotals> totals = config_totals(blocks);
+    std::vector<MetricsRow> rows;
+    for (const RankBlock& b : blocks)
+        if (b.replica == 0) rows.push_back(sae_row(b, totals.at(b.config)));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const MetricsRow& m : rows) {
+        if (log_) log_->write(m);
+        if (tb_) tb_->write(m.step, tensorboard_scalars(m));
+    }
+    log_write_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const MetricsRow& m : rows) fmt::print("{}\n", progress_line(m));
+    if (rows.size() > 1 || world_.size() > 1) print_all_line(blocks, rows);
+    std::fflush(stdout);
+}
+
+std::vector<SaeSummary> RunReporter::finish(
+    const SaeSummary& mine, const std::string& summary_path,
+    const std::vector<std::string>& config_column_names,
+    const std::vector<std::map<std::string, std::string>>& config_columns) {
+    std::vector<double> v = pack(mine.last, layout_.config, layout_.replica, peak_flops_);
+    const std::vector<double> whole_run = summary_pack(mine);
+    v.insert(v.end(), whole_run.begin(), whole_run.end());
+    const std::vector<RankBlock> blocks = all_gather_blocks(world_, v, ids_);
+    const std::vector<std::string> figures =
+        gather_strings(world_, figures_encode(mine.arch_figures));
+    std::vector<SaeSummary> out;
+    if (world_.rank() != 0) return out;
+    const std::map<int, ConfigTotals> totals = config_totals(blocks);
+    for (size_t p = 0; p < blocks.size(); ++p) {
+        const RankBlock& b = blocks[p];
+        if (b.replica != 0) continue;
+        SaeSummary s;
+        s.config = b.config;
+        s.last = sae_row(b, totals.at(b.config));
+        summary_unpack(s, b.rest.data());
+        s.mfu = totals.at(b.config).mfu(s.tflops);
+        s.arch_figures = figures_decode(figures[p]);
+        out.push_back(s);
+    }
+    std::sort(out.begin(), out.end(),
+              [](const SaeSummary& a, const SaeSummary& b) { return a.last.l0 < b.last.l0; });
+    if (!summary_path.empty())
+        summary_csv_write(summary_path, out, config_column_names, config_columns);
+    print_sweep_table(out);
+    print_gates_table(out);
+    print_figure_tables(out);
     std::fflush(stdout);
     return out;
 }

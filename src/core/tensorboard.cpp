@@ -242,34 +242,15 @@ TbEvent tb_event_parse(const std::string& payload) {
 }
 
 std::vector<TbScalar> tensorboard_scalars(const MetricsRow& r) {
-    const std::string p = r.sae + "/";
-    auto f = [](double v) { return static_cast<float>(v); };
-    std::vector<TbScalar> v = {
-        {p + "tokens", f(double(r.tokens))},
-        {p + "lr", f(r.lr)},
-        {p + "loss", f(r.loss)},
-        {p + "mse", f(r.mse)},
-        {p + "fvu", f(r.fvu)},
-        {p + "l0", f(r.l0)},
-        {p + "l1", f(r.l1)},
-        {p + "dead_frac", f(r.dead_fraction)},
-        {p + "grad_norm", f(r.grad_norm)},
-        {p + "tokens_per_s", f(r.tokens_per_s)},
-        {p + "read_MBps", f(r.read_MBps)},
-        {p + "wait_frac", f(r.wait_fraction)},
-        {p + "elapsed_s", f(r.elapsed_s)},
-        {p + "tflops", f(r.tflops)},
-    };
-    // The same conditions as metrics_json: absent there, absent here.
-    if (r.mfu >= 0) v.emplace_back(p + "mfu", f(r.mfu));
-    if (r.gpu_mem_peak_GB > 0) v.emplace_back(p + "gpu_mem_peak_GB", f(r.gpu_mem_peak_GB));
-    if (r.host_mem_peak_GB > 0) v.emplace_back(p + "host_mem_peak_GB", f(r.host_mem_peak_GB));
-    if (r.eval_rows > 0) {
-        v.emplace_back(p + "eval_rows", f(double(r.eval_rows)));
-        v.emplace_back(p + "eval_fvu", f(r.eval_fvu));
-        v.emplace_back(p + "eval_l0", f(r.eval_l0));
-        v.emplace_back(p + "eval_dead_frac", f(r.eval_dead_fraction));
-        v.emplace_back(p + "eval_dense_frac", f(r.eval_dense_fraction));
+    std::vector<TbScalar> v;
+    for (const MetricsField& f : metrics_fields()) {
+        // The same fields and conditions as metrics_json: absent there, absent here.
+        if (!f.logged || !f.scalar || !f.shown_in(r)) continue;
+        std::string tag = r.sae + "/" + f.name;
+        const size_t fraction = tag.rfind("_fraction");
+        if (fraction != std::string::npos && fraction + 9 == tag.size())
+            tag.resize(fraction + 5);  // the tags these runs have always had: "_frac"
+        v.emplace_back(std::move(tag), static_cast<float>(f.get(r)));
     }
     return v;
 }
