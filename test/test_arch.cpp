@@ -449,7 +449,7 @@ struct SubspaceData {
     }
 };
 
-double dead_after(double auxk_coeff) {
+double dead_after(double auxk_coeff, uint64_t seed) {
     const int64_t d = 64, rows = 256;
     SubspaceData data(d, 256, 16, 21);
     SaeConfig cfg;
@@ -462,7 +462,7 @@ double dead_after(double auxk_coeff) {
     auto be = make_cpu_backend(2);
     auto self = make_self_comm();
     const int64_t steps = 3000;
-    SaeTrainer tr(cfg, d, steps, 0, *be, *self);
+    SaeTrainer tr(cfg, d, steps, seed, *be, *self);
     std::vector<float> x;
     data.fill(x, rows);
     tr.init(x.data(), rows);
@@ -474,12 +474,20 @@ double dead_after(double auxk_coeff) {
 }
 
 // AuxK at its default weight (1/32, k_aux = d_model / 2) on data where plain TopK leaves many
-// latents dead (measured: 58% without AuxK, 2% with it).
+// latents dead. One run at this learning rate is chaotic: the compiler's vectorization
+// (-march=native) changes its last bits and with them which latents die; on an AVX-512 EPYC
+// (2026-11-23) init seeds 0, 1, 2 left 10.5%, 1.2%, 2.0% dead with AuxK and 54-59% without it.
+// So the median over three seeds is the figure.
 TEST(ArchBehaviour, AuxKRevivesDeadLatents) {
-    const double plain = dead_after(0.0), aux = dead_after(1.0 / 32);
-    std::printf("dead latents: TopK %.1f%%, TopK + AuxK %.1f%%\n", 100 * plain, 100 * aux);
+    std::vector<double> aux;
+    for (uint64_t seed = 0; seed < 3; ++seed) aux.push_back(dead_after(1.0 / 32, seed));
+    std::sort(aux.begin(), aux.end());
+    const double plain = dead_after(0.0, 0);
+    std::printf(
+        "dead latents: TopK %.1f%%, TopK + AuxK %.1f%% (median of %.1f%%, %.1f%%, %.1f%%)\n",
+        100 * plain, 100 * aux[1], 100 * aux[0], 100 * aux[1], 100 * aux[2]);
     EXPECT_GT(plain, 0.2);
-    EXPECT_LT(aux, 0.05);
+    EXPECT_LT(aux[1], 0.05);
 }
 
 }  // namespace
