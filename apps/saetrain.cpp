@@ -2,15 +2,13 @@
 //
 //   saetrain CONFIG.yaml [--set key=value ...]      (mpirun/srun: one rank per device)
 //
-// Reads top-down: start MPI, set up everything that can fail locally (config, layout, data,
-// backend) and agree that it worked, then split the communicators, train, write the outputs
-// and report. Only rank 0 writes the run's shared files and the console.
-#include <fcntl.h>
+// Reads top-down (run() is the table of contents): start up, agreeing on failures (config,
+// data, layout, backend, this rank's slice); connect (the communicators and the stream of
+// batches); open run.out_dir; resume or start fresh; train; write the outputs and report.
+// Only rank 0 writes the run's files and the console. docs/architecture.md follows a batch
+// through the layers below.
 #include <fmt/format.h>
 #include <sched.h>
-#include <sys/file.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -18,7 +16,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -31,12 +28,14 @@
 #include "saetrain/checkpointer.h"      // defines: Checkpointer (committed checkpoints, resume)
 #include "saetrain/config.h"            // defines: config_load, config_to_yaml, sweep_ids
 #include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
+#include "saetrain/fault.h"             // defines: Fault, fault_from_env (SAETRAIN_FAULT)
 #include "saetrain/layout.h"            // defines: layout_for (which SAE / replica this rank is)
 #include "saetrain/loader.h"            // defines: ShardBatchSource (a rank's slice, shuffled)
 #include "saetrain/metrics.h"           // defines: metrics_last_row
 #include "saetrain/mpi_world.h"         // defines: MpiScope, make_mpi_world, node_placement
 #include "saetrain/perfmodel.h"         // defines: mfu_peak (the peak MFU is measured against)
 #include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
+#include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
 #include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, partition_rows
 #include "saetrain/shared_source.h"     // defines: SharedBatchSource (slices -> one stream)
@@ -72,161 +71,6 @@ int cpu_threads_for_rank(int local_size) {
     return std::max(1, cores / std::max(1, local_size));
 }
 
-// Test hook: SAETRAIN_FAULT="rank:when[:action[:phase]]" makes that rank throw (action `error`,
-// the default) or send itself a signal (TERM, USR1, KILL, STOP), so tests of failures and
-// signals land where they mean to by construction, not by racing the clock (test_cli,
-// test_resume, tools/fault-matrix.sh). `when` is a loop iteration, or `startup` (during set-up,
-// while the other ranks wait in the start-up agreement). Phase `step` (the default) fires at the
-// start of that iteration; `checkpoint` inside the checkpoint taken after that many iterations:
-// a rank that writes files (an SAE's replica 0) dies halfway through its weights temp file
-// (KILL only, through SAETRAIN_FAULT_KILL_IN_WRITE, see atomic_file.cpp), any other rank on
-// entering the checkpoint's collectives. Unset in normal runs.
-struct Fault {
-    static constexpr int64_t kStartup = -2;
-    int rank = -1;
-    int64_t iteration = -1;
-    int signal = 0;  // 0: throw
-    bool at_checkpoint = false;
-    bool fires(int r, int64_t iter, bool checkpoint) const {
-        return rank == r && iteration == iter && at_checkpoint == checkpoint;
-    }
-    void fire(int64_t iter) const {
-        if (signal != 0) {
-            // The wall-clock time of the signal, for tools/fault-matrix.sh's time to exit.
-            timespec now{};
-            ::clock_gettime(CLOCK_REALTIME, &now);
-            std::fprintf(stderr,
-                         "saetrain: SAETRAIN_FAULT: rank %d raises signal %d (%s) at %.3f\n", rank,
-                         signal, iter == kStartup ? "start-up" : "iteration",
-                         static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
-            std::fflush(stderr);
-            std::raise(signal);
-            return;
-        }
-        throw Error(iter == kStartup
-                        ? std::string("injected fault during start-up (SAETRAIN_FAULT)")
-                        : fmt::format("injected fault at iteration {} (SAETRAIN_FAULT)", iter));
-    }
-};
-Fault fault_from_env() {
-    Fault f;
-    const char* v = std::getenv("SAETRAIN_FAULT");
-    if (!v) return f;
-    char when[16] = "", action[16] = "error", phase[16] = "step";
-    const int got = std::sscanf(v, "%d:%15[^:]:%15[^:]:%15s", &f.rank, when, action, phase);
-    const std::map<std::string, int> signals = {
-        {"error", 0}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
-    const auto it = signals.find(action);
-    char* end = nullptr;
-    f.iteration = std::string(when) == "startup" ? Fault::kStartup : std::strtoll(when, &end, 10);
-    SAE_ENFORCE(got >= 2 && it != signals.end() && (end == nullptr || (*end == 0 && end != when)) &&
-                    (std::string(phase) == "step" || std::string(phase) == "checkpoint"),
-                "SAETRAIN_FAULT='{}': expected rank:iteration|startup[:error|TERM|USR1|KILL|STOP[:"
-                "step|checkpoint]]",
-                v);
-    f.signal = it->second;
-    f.at_checkpoint = std::string(phase) == "checkpoint";
-    return f;
-}
-
-// What a killed run can leave behind in out_dir, never read and never removed otherwise:
-// temp files of atomic writes (sae/<id>/*.h5.tmp.<pid>, checkpoints/*.commit.tmp), named by pid
-// so that every SIGKILL during a write would leave one more; and checkpoint pairs with no commit
-// marker (written but not committed, or rotated out while their deletion was deferred, see
-// Checkpointer::commit). Only rank 0 calls this, holding out_dir's lock, before the barrier that
-// lets anyone write.
-void remove_stale_files(const fs::path& out) {
-    std::error_code ec;
-    const std::vector<int64_t> committed = Checkpointer::committed_steps(out.string());
-    auto sweep = [&](const fs::path& dir, bool checkpoints) {
-        for (const auto& e : fs::directory_iterator(dir, ec)) {
-            const std::string name = e.path().filename().string();
-            const size_t at = name.rfind(".tmp");
-            const bool temp = at != std::string::npos && at > 0 &&
-                              name.find_first_not_of("0123456789", std::min(name.size(), at + 5)) ==
-                                  std::string::npos &&
-                              (at + 4 == name.size() || name[at + 4] == '.');
-            long long step = -1;
-            char rest[16] = "";
-            const bool pair = checkpoints && !temp &&
-                              std::sscanf(name.c_str(), "checkpoint-%lld%15s", &step, rest) == 2 &&
-                              (std::string(rest) == ".h5" || std::string(rest) == ".state.h5");
-            if (temp ||
-                (pair && std::find(committed.begin(), committed.end(), step) == committed.end()))
-                fs::remove(e.path(), ec);
-        }
-    };
-    sweep(out / "checkpoints", false);
-    for (const auto& e : fs::directory_iterator(out / "sae", ec))
-        if (e.is_directory(ec)) sweep(e.path(), true);
-}
-
-// On resume, metrics logged after the checkpoint will be logged again: drop them.
-void drop_metrics_after(const fs::path& path, int64_t step) {
-    std::ifstream in(path);
-    if (!in) return;
-    std::vector<std::string> keep;
-    for (std::string line; std::getline(in, line);) {
-        const size_t p = line.find("\"step\":");
-        if (p == std::string::npos || std::stoll(line.substr(p + 7)) <= step) keep.push_back(line);
-    }
-    in.close();
-    std::ofstream out(path, std::ios::trunc);
-    for (const std::string& l : keep) out << l << "\n";
-}
-
-// Everything a rank sets up before the first collective. Any failure here is agreed on by all
-// ranks (see agree_on_startup) so that the job ends with one message, not a hang.
-// An advisory lock on out_dir (flock on out_dir/.saetrain.lock), held by rank 0 for the whole
-// run: a second run on the same out_dir refuses to start, and a run that was killed leaves no
-// lock behind (the kernel drops it with the process), only the file, which blocks nothing.
-class OutDirLock {
-public:
-    explicit OutDirLock(const fs::path& out) {
-        std::error_code ec;
-        fs::create_directories(out, ec);
-        SAE_ENFORCE(!ec,
-                    "run.out_dir {}: cannot create it ({}); choose a directory this job can "
-                    "write",
-                    out.string(), ec.message());
-        const fs::path path = out / ".saetrain.lock";
-        fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        SAE_ENFORCE(fd_ >= 0,
-                    "run.out_dir {}: cannot create the lock file {} ({}); choose a directory "
-                    "this job can write",
-                    out.string(), path.string(), std::strerror(errno));
-        if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-            const int err = errno;
-            std::string holder(256, '\0');
-            const ssize_t got = ::pread(fd_, holder.data(), holder.size() - 1, 0);
-            holder.resize(got > 0 ? static_cast<size_t>(got) : 0);
-            while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0'))
-                holder.pop_back();
-            ::close(fd_);
-            fd_ = -1;
-            SAE_ENFORCE(err != EWOULDBLOCK,
-                        "{} is in use by another saetrain run ({}); wait for it to end or choose "
-                        "another run.out_dir",
-                        out.string(), holder.empty() ? "its lock file is empty" : holder);
-            throw Error(fmt::format("cannot lock {}: {}", path.string(), std::strerror(err)));
-        }
-        char host[256] = {};
-        ::gethostname(host, sizeof(host) - 1);
-        const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
-        if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
-            // The lock holds without the note; only the message of a refused run is poorer.
-        }
-    }
-    ~OutDirLock() {
-        if (fd_ >= 0) ::close(fd_);  // releases the lock
-    }
-    OutDirLock(const OutDirLock&) = delete;
-    OutDirLock& operator=(const OutDirLock&) = delete;
-
-private:
-    int fd_ = -1;
-};
-
 struct Setup {
     std::unique_ptr<OutDirLock> lock;  // rank 0: held until the process ends
     Config cfg;
@@ -244,6 +88,9 @@ struct Setup {
     int threads = 1;
     bool resume = false;    // out_dir has committed checkpoints
     bool complete = false;  // out_dir holds a finished run
+    const SaeConfig& sae() const { return cfg.sweep[static_cast<size_t>(layout.config)]; }
+    const std::string& id() const { return ids[static_cast<size_t>(layout.config)]; }
+    fs::path out() const { return cfg.run.out_dir; }
 };
 
 // The held-out rows (data.eval_path, or the last data.eval_rows rows of data.path, which
@@ -266,8 +113,84 @@ void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
     s.eval_x = read_rows(src, mine);
 }
 
-// `data` (and `eval_data`, the held-out shards when data.eval_path is set): the datasets as
-// rank 0 validated them.
+// What out_dir holds: a run to resume (committed checkpoints), a finished one, or one that died
+// before its first checkpoint, which restarts only if it is this same run (its config.yaml
+// agrees on every key that changes the result); anything else is kept. Rank 0 takes the lock.
+void inspect_out_dir(Setup& s, const Args& args, int rank) {
+    const fs::path out = s.out();
+    if (rank == 0) s.lock = std::make_unique<OutDirLock>(out.string());
+    s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
+    s.complete = !args.overwrite && fs::exists(out / "COMPLETE");
+    if (rank != 0 || s.resume || s.complete || args.overwrite || !fs::exists(out / "metrics.jsonl"))
+        return;
+    std::ifstream in(out / "config.yaml");
+    const std::string old((std::istreambuf_iterator<char>(in)), {});
+    const std::vector<std::string> diff =
+        old.empty() ? std::vector<std::string>{"no config.yaml"}
+                    : config_result_differences(old, config_to_yaml(s.cfg));
+    std::string keys;
+    for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
+    SAE_ENFORCE(diff.empty(),
+                "{} already holds another run with no committed checkpoint ({}); choose "
+                "another run.out_dir or pass --overwrite to replace it",
+                out.string(), keys);
+}
+
+// The backend the config asks for on this rank's device, checked against the SAE it trains.
+void choose_backend(Setup& s, const NodePlacement& place) {
+    BackendRequest request;
+    request.choice = s.cfg.backend;
+    request.threads = s.threads;
+    request.local_rank = place.local_rank;
+    request.gemm = s.cfg.gpu.gemm;
+    request.deterministic = s.cfg.gpu.deterministic;
+    s.backend = make_backend(request, &s.backend_note);
+    arch_check_backend(s.sae(), s.data.d_model, s.sae().resolved_latents(s.data.d_model),
+                       *s.backend);
+}
+
+// The rows of data.path that are trained on: all, less the held-out rows at its end when they
+// come from the same data.
+int64_t training_rows(const Setup& s, int world) {
+    const DataConfig& dc = s.cfg.data;
+    if (!dc.eval_path.empty() || dc.eval_rows == 0) return s.data.total_rows;
+    SAE_ENFORCE(dc.eval_rows + world <= s.data.total_rows,
+                "data.eval_rows = {} leaves too few of the {} rows of {} to train {} rank(s) "
+                "on; hold out fewer rows or give data.eval_path",
+                dc.eval_rows, s.data.total_rows, s.data.source, world);
+    return s.data.total_rows - dc.eval_rows;
+}
+
+// This rank's reader: its own disjoint, contiguous slice of the training rows.
+void open_slice(Setup& s, int64_t train_rows, int rank, int world) {
+    const DataConfig& dc = s.cfg.data;
+    LoaderOptions lo;
+    lo.epochs = dc.epochs;
+    lo.shuffle_rows = dc.shuffle_buffer_rows;
+    lo.seed = s.cfg.run.seed * 1000003u + static_cast<uint64_t>(rank);
+    lo.read_bytes = dc.read_bytes;
+    lo.ring_bytes = dc.prefetch_bytes;
+    lo.stage_dir = dc.stage_dir;
+    lo.progress = rank == 0;
+    if (dc.max_tokens > 0) {
+        // max_tokens counts one SAE's tokens: split over the ranks that feed that SAE.
+        lo.max_rows =
+            s.layout.shared
+                ? partition_rows(dc.max_tokens, rank, world).size()
+                : partition_rows(dc.max_tokens, s.layout.replica, s.layout.replicas).size();
+    }
+    lo.copy_threads = s.threads;
+    // Batches upload from the backend's host memory (pinned for a GPU: a DMA).
+    lo.allocator = s.backend->host_allocator();
+    // With the math on a device, the reader's conversion may use the rank's cores.
+    if (!s.backend->host_memory()) lo.convert_threads = s.threads;
+    s.local =
+        std::make_unique<ShardBatchSource>(s.data, partition_rows(train_rows, rank, world), lo);
+}
+
+// Everything a rank sets up before the first collective after the start-up agreement. `data`
+// (and `eval_data`, the held-out shards when data.eval_path is set): the datasets as rank 0
+// validated them.
 Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* eval_data, int rank,
              int world, const NodePlacement& place) {
     Setup s;
@@ -276,71 +199,12 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
     s.data = std::move(data);
     config_validate_for_data(s.cfg, s.data.d_model);
     s.ids = sweep_ids(s.cfg, s.data.d_model);
-    const fs::path out = s.cfg.run.out_dir;
-    if (rank == 0) s.lock = std::make_unique<OutDirLock>(out);
-    s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
-    s.complete = !args.overwrite && fs::exists(out / "COMPLETE");
-    if (rank == 0 && !s.resume && !s.complete && !args.overwrite &&
-        fs::exists(out / "metrics.jsonl")) {
-        // A run that died before its first checkpoint restarts, if it is this same run (its
-        // config.yaml agrees on every key that changes the result); anything else is kept.
-        std::ifstream in(out / "config.yaml");
-        const std::string old((std::istreambuf_iterator<char>(in)), {});
-        const std::vector<std::string> diff =
-            old.empty() ? std::vector<std::string>{"no config.yaml"}
-                        : config_result_differences(old, config_to_yaml(s.cfg));
-        std::string keys;
-        for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
-        SAE_ENFORCE(diff.empty(),
-                    "{} already holds another run with no committed checkpoint ({}); choose "
-                    "another run.out_dir or pass --overwrite to replace it",
-                    out.string(), keys);
-    }
-
-    // Each rank reads its own disjoint, contiguous slice of the global row space, less the
-    // held-out rows at its end when they come from the same data.
-    const DataConfig& dc = s.cfg.data;
-    int64_t train_rows = s.data.total_rows;
-    if (dc.eval_path.empty() && dc.eval_rows > 0) {
-        SAE_ENFORCE(dc.eval_rows + world <= s.data.total_rows,
-                    "data.eval_rows = {} leaves too few of the {} rows of {} to train {} rank(s) "
-                    "on; hold out fewer rows or give data.eval_path",
-                    dc.eval_rows, s.data.total_rows, s.data.source, world);
-        train_rows -= dc.eval_rows;
-    }
+    inspect_out_dir(s, args, rank);
+    const int64_t train_rows = training_rows(s, world);
     load_eval_rows(s, eval_data);
-    const RowRange range = partition_rows(train_rows, rank, world);
-    LoaderOptions lo;
-    lo.epochs = s.cfg.data.epochs;
-    lo.shuffle_rows = s.cfg.data.shuffle_buffer_rows;
-    lo.seed = s.cfg.run.seed * 1000003u + static_cast<uint64_t>(rank);
-    lo.read_bytes = s.cfg.data.read_bytes;
-    lo.ring_bytes = s.cfg.data.prefetch_bytes;
-    lo.stage_dir = s.cfg.data.stage_dir;
-    lo.progress = rank == 0;
-    if (s.cfg.data.max_tokens > 0) {
-        // max_tokens counts one SAE's tokens: split over the ranks that feed that SAE.
-        lo.max_rows =
-            s.layout.shared
-                ? partition_rows(s.cfg.data.max_tokens, rank, world).size()
-                : partition_rows(s.cfg.data.max_tokens, s.layout.replica, s.layout.replicas).size();
-    }
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
-    lo.copy_threads = s.threads;
-    BackendRequest request;
-    request.choice = s.cfg.backend;
-    request.threads = s.threads;
-    request.local_rank = place.local_rank;
-    request.gemm = s.cfg.gpu.gemm;
-    request.deterministic = s.cfg.gpu.deterministic;
-    s.backend = make_backend(request, &s.backend_note);
-    const SaeConfig& sae = s.cfg.sweep[static_cast<size_t>(s.layout.config)];
-    arch_check_backend(sae, s.data.d_model, sae.resolved_latents(s.data.d_model), *s.backend);
-    // Batches upload from the backend's host memory (pinned for a GPU: a DMA).
-    lo.allocator = s.backend->host_allocator();
-    // With the math on a device, the reader's conversion may use the rank's cores.
-    if (!s.backend->host_memory()) lo.convert_threads = s.threads;
-    s.local = std::make_unique<ShardBatchSource>(s.data, range, lo);
+    choose_backend(s, place);
+    open_slice(s, train_rows, rank, world);
     return s;
 }
 
@@ -376,34 +240,47 @@ void print_placement(Communicator& world, const NodePlacement& place, int thread
                        r.threads);
 }
 
-int run(const Args& args, Communicator& world) {
-    const bool root = world.rank() == 0;
-    const NodePlacement place = node_placement();
+// --- start-up ---------------------------------------------------------------------------------
+// Every rank reads the config; rank 0 alone lists and validates the shards and broadcasts what
+// it found (one metadata pass over a parallel file system per job, not one per rank); then
+// every rank sets up locally (its loader opens only the shards of its own slice). Returns
+// nothing when any rank failed (the lowest failing rank has said why).
+struct DataFound {
+    std::string packed, packed_eval;  // dataset_info_pack of data.path and data.eval_path
+};
+DataFound open_datasets(const Config& cfg) {
+    DataFound found;
+    const DatasetInfo data = dataset_open(cfg.data.path, cfg.data.dataset);
+    found.packed = dataset_info_pack(data);
+    if (!cfg.data.eval_path.empty()) {
+        const DatasetInfo ev = dataset_open(cfg.data.eval_path, cfg.data.dataset);
+        SAE_ENFORCE(ev.d_model == data.d_model,
+                    "data.eval_path {}: d_model {} differs from the training data's {} ({}); "
+                    "held-out rows must come from the same hook",
+                    ev.source, ev.d_model, data.d_model, data.source);
+        found.packed_eval = dataset_info_pack(ev);
+    }
+    return found;
+}
 
-    // --- set up, agreeing on failures -------------------------------------------------------
-    // Every rank reads the config; rank 0 alone lists and validates the shards and broadcasts
-    // what it found (one metadata pass over a parallel file system per job, not one per rank);
-    // then every rank sets up locally (its loader opens only the shards of its own slice).
+void bcast_string(Communicator& world, std::string& s) {
+    auto size = static_cast<int64_t>(s.size());
+    world.bcast(&size, sizeof(size), 0);
+    s.resize(static_cast<size_t>(size));
+    world.bcast(s.data(), size, 0);
+}
+
+std::optional<Setup> start_up(const Args& args, Communicator& world, const NodePlacement& place,
+                              Fault& fault) {
     std::optional<Config> config;
-    std::string error, packed, packed_eval;
+    DataFound found;
+    std::string error;
     try {
         config = config_load(args.config, args.sets);
-        if (root) {
-            const DatasetInfo data = dataset_open(config->data.path, config->data.dataset);
-            packed = dataset_info_pack(data);
-            if (!config->data.eval_path.empty()) {
-                const DatasetInfo ev = dataset_open(config->data.eval_path, config->data.dataset);
-                SAE_ENFORCE(ev.d_model == data.d_model,
-                            "data.eval_path {}: d_model {} differs from the training data's {} "
-                            "({}); held-out rows must come from the same hook",
-                            ev.source, ev.d_model, data.d_model, data.source);
-                packed_eval = dataset_info_pack(ev);
-            }
-        }
+        if (world.rank() == 0) found = open_datasets(*config);
     } catch (const std::exception& e) {
         error = e.what();
     }
-    Fault fault;
     try {
         fault = fault_from_env();
         if (fault.fires(world.rank(), Fault::kStartup, false)) fault.fire(Fault::kStartup);
@@ -412,131 +289,134 @@ int run(const Args& args, Communicator& world) {
     }
     // Bound every collective from the first one on (the start-up agreement included).
     set_collective_timeout(config ? config->parallel.timeout_s : ParallelConfig{}.timeout_s);
-    if (!agree_on_startup(world, error)) return 1;
-    for (std::string* p : {&packed, &packed_eval}) {
-        int64_t size = static_cast<int64_t>(p->size());
-        world.bcast(&size, sizeof(size), 0);
-        p->resize(static_cast<size_t>(size));
-        world.bcast(p->data(), size, 0);
-    }
+    if (!agree_on_startup(world, error)) return std::nullopt;
+    bcast_string(world, found.packed);
+    bcast_string(world, found.packed_eval);
     std::optional<Setup> setup;
     try {
         std::optional<DatasetInfo> eval_data;
-        if (!packed_eval.empty()) eval_data = dataset_info_unpack(packed_eval);
-        setup.emplace(set_up(args, std::move(*config), dataset_info_unpack(packed),
+        if (!found.packed_eval.empty()) eval_data = dataset_info_unpack(found.packed_eval);
+        setup.emplace(set_up(args, std::move(*config), dataset_info_unpack(found.packed),
                              eval_data ? &*eval_data : nullptr, world.rank(), world.size(), place));
     } catch (const std::exception& e) {
         error = e.what();
     }
-    if (!agree_on_startup(world, error)) return 1;
-    Setup& s = *setup;
-    const Config& cfg = s.cfg;
-    if (s.complete) {
-        if (root)
-            fmt::print(
-                "{} holds a finished run (COMPLETE); nothing to do. Pass --overwrite to "
-                "train it again.\n",
-                cfg.run.out_dir);
-        return 0;
-    }
-    const SaeConfig& sae = cfg.sweep[static_cast<size_t>(s.layout.config)];
-    const std::string& id = s.ids[static_cast<size_t>(s.layout.config)];
-    const fs::path out = cfg.run.out_dir;
+    if (!agree_on_startup(world, error)) return std::nullopt;
+    return setup;
+}
 
-    // --- communicators: replicas of one SAE; ranks that share a stream ------------------------
-    auto grads =
-        s.backend->gradient_comm(world.split(s.layout.config, s.layout.replica), place.local_rank,
-                                 place.local_size, cfg.parallel.timeout_s);
-    auto stream = world.split(s.layout.replica, s.layout.config);
+// --- connect: the replicas of one SAE, the ranks that share a stream -----------------------
+struct Connections {
+    std::unique_ptr<Communicator> grads;   // the replicas of this rank's SAE
+    std::unique_ptr<Communicator> stream;  // the ranks that read one stream (shared sweep data)
     std::unique_ptr<SharedBatchSource> shared;
+    BatchSource* source = nullptr;  // where this rank's batches come from
+    int64_t steps = 0;              // optimizer steps of the run
+};
+
+Connections connect(Setup& s, Communicator& world, const NodePlacement& place) {
+    Connections c;
+    c.grads =
+        s.backend->gradient_comm(world.split(s.layout.config, s.layout.replica), place.local_rank,
+                                 place.local_size, s.cfg.parallel.timeout_s);
+    c.stream = world.split(s.layout.replica, s.layout.config);
     if (s.layout.shared)
-        shared = std::make_unique<SharedBatchSource>(*s.local, *stream, cfg.data.batch_size);
-    BatchSource& source = shared ? static_cast<BatchSource&>(*shared) : *s.local;
+        c.shared = std::make_unique<SharedBatchSource>(*s.local, *c.stream, s.cfg.data.batch_size);
+    c.source = c.shared ? static_cast<BatchSource*>(c.shared.get()) : s.local.get();
     // One SAE consumes replicas x batch_size rows a step, from its whole stream.
     double stream_rows = static_cast<double>(s.local->total_rows());
-    (s.layout.shared ? world : *grads).allreduce_sum(&stream_rows, 1);
-    const int64_t steps =
-        total_steps_for(static_cast<int64_t>(stream_rows), cfg.data.batch_size * s.layout.replicas);
+    (s.layout.shared ? world : *c.grads).allreduce_sum(&stream_rows, 1);
+    c.steps = total_steps_for(static_cast<int64_t>(stream_rows),
+                              s.cfg.data.batch_size * s.layout.replicas);
+    return c;
+}
 
-    if (root) {
-        if (!s.resume)  // a fresh start: only what saetrain writes; anything else stays
-            for (const char* f :
-                 {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae", "tb", "report"})
-                fs::remove_all(out / f);
-        fs::create_directories(out);
-        remove_stale_files(out);
-        std::ofstream(out / "config.yaml") << config_to_yaml(cfg);
-        fmt::print("saetrain {} | {} rank(s): {} | backend {}{}\n", SAETRAIN_VERSION, world.size(),
-                   s.layout.describe(), s.backend->name(),
-                   s.backend_note.empty() ? "" : " | " + s.backend_note);
+// --- open run.out_dir (rank 0) ------------------------------------------------------------------
+// A fresh start removes only what saetrain writes; anything else stays.
+void prepare_out_dir(const Setup& s) {
+    const fs::path out = s.out();
+    if (!s.resume)
+        for (const char* f :
+             {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae", "tb", "report"})
+            fs::remove_all(out / f);
+    fs::create_directories(out);
+    remove_stale_files(out.string());
+    std::ofstream(out / "config.yaml") << config_to_yaml(s.cfg);
+}
+
+// Settings that the run's length makes meaningless: said before training.
+void warn_about_run_length(const Setup& s, int64_t steps) {
+    const int64_t run_tokens = steps * s.cfg.data.batch_size * s.layout.replicas;
+    for (size_t i = 0; i < s.cfg.sweep.size(); ++i) {
+        const SaeConfig& c = s.cfg.sweep[i];
+        const int64_t warmup = warmup_steps_for(c, steps);
+        if (warmup * 10 > steps)
+            fmt::print(stderr,
+                       "saetrain: warning: {}: train.warmup_steps = {} is {:.0f}% of the "
+                       "run's {} steps; the LR spends that long below train.lr\n",
+                       s.ids[i], warmup, 100.0 * double(warmup) / double(steps), steps);
+        if (c.dead_tokens * 2 > run_tokens)
+            fmt::print(stderr,
+                       "saetrain: warning: {}: train.dead_tokens = {} is more than half of the "
+                       "run's {} tokens per SAE, so few latents can ever count as dead; lower "
+                       "it{}\n",
+                       s.ids[i], c.dead_tokens, run_tokens,
+                       s.eval_rows > 0 ? " (the held-out dead % does not depend on it)"
+                                       : " or hold rows out (data.eval_rows) for a dead % "
+                                         "over them");
+    }
+}
+
+void print_banner(const Setup& s, int world_size, int64_t steps) {
+    fmt::print("saetrain {} | {} rank(s): {} | backend {}{}\n", SAETRAIN_VERSION, world_size,
+               s.layout.describe(), s.backend->name(),
+               s.backend_note.empty() ? "" : " | " + s.backend_note);
+    fmt::print(
+        "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", s.data.source,
+        s.data.shards.size(), s.data.total_rows, s.data.d_model, dtype_name(s.data.dtype),
+        static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) / 1e6);
+    fmt::print("{} step(s) of {} rows per SAE replica\n", steps, s.cfg.data.batch_size);
+    warn_about_run_length(s, steps);
+    if (s.eval_rows > 0)
         fmt::print(
-            "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", s.data.source,
-            s.data.shards.size(), s.data.total_rows, s.data.d_model, dtype_name(s.data.dtype),
-            static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) /
-                1e6);
-        fmt::print("{} step(s) of {} rows per SAE replica\n", steps, cfg.data.batch_size);
-        // Settings that the run's length makes meaningless: say so before training.
-        const int64_t run_tokens = steps * cfg.data.batch_size * s.layout.replicas;
-        for (size_t i = 0; i < cfg.sweep.size(); ++i) {
-            const SaeConfig& c = cfg.sweep[i];
-            const int64_t warmup = warmup_steps_for(c, steps);
-            if (warmup * 10 > steps)
-                fmt::print(stderr,
-                           "saetrain: warning: {}: train.warmup_steps = {} is {:.0f}% of the "
-                           "run's {} steps; the LR spends that long below train.lr\n",
-                           s.ids[i], warmup, 100.0 * double(warmup) / double(steps), steps);
-            if (c.dead_tokens * 2 > run_tokens)
-                fmt::print(stderr,
-                           "saetrain: warning: {}: train.dead_tokens = {} is more than half of the "
-                           "run's {} tokens per SAE, so few latents can ever count as dead; lower "
-                           "it{}\n",
-                           s.ids[i], c.dead_tokens, run_tokens,
-                           s.eval_rows > 0 ? " (the held-out dead % does not depend on it)"
-                                           : " or hold rows out (data.eval_rows) for a dead % "
-                                             "over them");
-        }
-        if (s.eval_rows > 0)
-            fmt::print(
-                "held-out: {} rows from {}, never trained on ({:.1f} MB in memory, split among "
-                "an SAE's replicas)\n",
-                s.eval_rows, s.eval_source,
-                static_cast<double>(s.eval_rows * s.data.d_model * 4) / 1e6);
-    }
-    print_placement(world, place, s.threads);
-    world.barrier();  // out_dir exists before anyone writes into it
+            "held-out: {} rows from {}, never trained on ({:.1f} MB in memory, split among "
+            "an SAE's replicas)\n",
+            s.eval_rows, s.eval_source,
+            static_cast<double>(s.eval_rows * s.data.d_model * 4) / 1e6);
+}
 
-    // --- model, resume ------------------------------------------------------------------------
-    SaeTrainer trainer(sae, s.data.d_model, steps, cfg.run.seed, *s.backend, *grads);
-    const fs::path sae_dir = out / "sae" / id;
-    const bool writer = s.layout.replica == 0;  // replicas are identical: one writes
-    auto meta_now = [&](const SaeTrainer& t) {
-        return SaeMeta{sae.arch, id, config_to_yaml(cfg), sae.k, t.step_count(), t.tokens()};
-    };
-    Checkpointer checkpoints(world, *grads, out.string(), sae_dir.string(), meta_now(trainer),
-                             cfg.checkpoint.keep);
-    LoopOptions opt;
-    opt.threads = s.threads;
-    int64_t resumed_step = -1;  // metrics.jsonl and tb/ keep what was logged up to it
-    if (s.resume) {
-        const auto at = checkpoints.resume(trainer, config_to_yaml(cfg), args.allow_config_change);
-        SAE_ENFORCE(at.has_value(),
-                    "{}: no committed checkpoint could be loaded (see the warnings above); pass "
-                    "--overwrite to start over",
-                    out.string());
-        s.local->restore(ReaderCursor{at->epoch, at->offset});
-        opt.start_iteration = at->iteration;
-        opt.initialized = true;
-        resumed_step = at->step;
-        if (root) {
-            drop_metrics_after(out / "metrics.jsonl", at->step);
-            fmt::print("resumed from the checkpoint at step {} ({} iterations done)\n", at->step,
-                       at->iteration);
-        }
-    }
+// --- resume or start fresh ----------------------------------------------------------------------
+SaeMeta sae_meta(const Setup& s, const SaeTrainer& t) {
+    return SaeMeta{s.sae().arch, s.id(),         config_to_yaml(s.cfg),
+                   s.sae().k,    t.step_count(), t.tokens()};
+}
 
-    // --- train ---------------------------------------------------------------------------------
-    // MFU: against log.peak_tflops, or the table's peak for this rank's GPU and GEMM precision.
-    const MfuPeak peak = mfu_peak(cfg.log.peak_tflops, s.backend->device_name(),
+// Loads the newest committed checkpoint into `trainer` and the reader's cursor, and sets where
+// the loop starts; returns the step it was taken at (metrics.jsonl and tb/ keep what was logged
+// up to it), or -1 for a fresh start.
+int64_t resume_if_any(Setup& s, const Args& args, Communicator& world, Checkpointer& checkpoints,
+                      SaeTrainer& trainer, LoopOptions& opt) {
+    if (!s.resume) return -1;
+    const auto at = checkpoints.resume(trainer, config_to_yaml(s.cfg), args.allow_config_change);
+    SAE_ENFORCE(at.has_value(),
+                "{}: no committed checkpoint could be loaded (see the warnings above); pass "
+                "--overwrite to start over",
+                s.out().string());
+    s.local->restore(ReaderCursor{at->epoch, at->offset});
+    opt.start_iteration = at->iteration;
+    opt.initialized = true;
+    if (world.rank() == 0) {
+        drop_metrics_after((s.out() / "metrics.jsonl").string(), at->step);
+        fmt::print("resumed from the checkpoint at step {} ({} iterations done)\n", at->step,
+                   at->iteration);
+    }
+    return at->step;
+}
+
+// --- train --------------------------------------------------------------------------------------
+// MFU: against log.peak_tflops, or the table's peak for this rank's GPU and GEMM precision.
+MfuPeak announce_peak(const Setup& s, bool root) {
+    const MfuPeak peak = mfu_peak(s.cfg.log.peak_tflops, s.backend->device_name(),
                                   math_mode_parse(s.backend->gemm_precision()));
     if (root)
         fmt::print("{}\n",
@@ -544,39 +424,49 @@ int run(const Args& args, Communicator& world) {
                        ? fmt::format("MFU against {:.4g} TFLOP/s per device ({})",
                                      peak.flops / 1e12, peak.source)
                        : fmt::format("TFLOP/s counted as model FLOPs; no MFU: {}", peak.source));
-    RunReporter reporter(world, s.layout, s.ids, (out / "metrics.jsonl").string(), peak.flops,
-                         (out / "tb").string(), resumed_step);
+    return peak;
+}
+
+// The loop's hooks: reports to rank 0, checkpoints, stop signals, held-out evaluation and the
+// SAETRAIN_FAULT test hook. `writer`: this rank writes its SAE's files (replica 0).
+void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter& reporter,
+                    Checkpointer& checkpoints, const Fault& fault, bool writer) {
+    opt.threads = s.threads;
     opt.world = &world;
     opt.batch_allocator = s.backend->host_allocator();
-    opt.batch_size = cfg.data.batch_size;
-    opt.log_every = cfg.log.every_steps;
-    opt.checkpoint_every = cfg.checkpoint.every_steps;
-    opt.sae_id = id;
-    opt.report = [&](const MetricsRow& m) { reporter.gather(m); };
+    opt.batch_size = s.cfg.data.batch_size;
+    opt.log_every = s.cfg.log.every_steps;
+    opt.checkpoint_every = s.cfg.checkpoint.every_steps;
+    opt.sae_id = s.id();
+    opt.report = [&reporter](const MetricsRow& m) { reporter.gather(m); };
     if (fault.at_checkpoint && fault.rank == world.rank() && writer) {
         SAE_ENFORCE(fault.signal == SIGKILL, "SAETRAIN_FAULT: only KILL lands mid-write");
         // Before any writer thread exists: the atomic writer reads it on the write it names.
-        ::setenv("SAETRAIN_FAULT_KILL_IN_WRITE",
-                 (sae_dir / fmt::format("checkpoint-{}.h5", fault.iteration)).c_str(), 1);
+        ::setenv(
+            "SAETRAIN_FAULT_KILL_IN_WRITE",
+            (s.out() / "sae" / s.id() / fmt::format("checkpoint-{}.h5", fault.iteration)).c_str(),
+            1);
     }
-    opt.checkpoint = [&](SaeTrainer& t, int64_t iteration) {
+    opt.checkpoint = [&s, &world, &checkpoints, &fault, writer](SaeTrainer& t, int64_t iteration) {
         if (!writer && fault.fires(world.rank(), iteration, true)) fault.fire(iteration);
         const ReaderCursor c = s.local->cursor();
         checkpoints.save(t, iteration, c.epoch, c.offset, /*wait=*/false);
     };
     opt.stop_requested = [] { return g_stop_signal.load() != 0; };
-    opt.stop_on_nonfinite = cfg.data.nonfinite == "stop";
+    opt.stop_on_nonfinite = s.cfg.data.nonfinite == "stop";
     if (s.eval_rows > 0) {
-        opt.evaluate = [&](SaeTrainer& t) {
-            return t.evaluate(s.eval_x.data(), s.eval_local_rows, cfg.data.batch_size);
+        opt.evaluate = [&s](SaeTrainer& t) {
+            return t.evaluate(s.eval_x.data(), s.eval_local_rows, s.cfg.data.batch_size);
         };
-        opt.eval_every = cfg.log.eval_every_steps;
+        opt.eval_every = s.cfg.log.eval_every_steps;
     }
-    opt.on_iteration = [&](int64_t iter) {
+    opt.on_iteration = [&world, &fault](int64_t iter) {
         if (fault.fires(world.rank(), iter, false)) fault.fire(iter);
     };
-    const LoopResult res = train_loop(trainer, source, opt);
-    if (root && res.seconds > 0)
+}
+
+void print_loop_end(const LoopResult& res, const RunReporter& reporter, Communicator& world) {
+    if (world.rank() == 0 && res.seconds > 0)
         fmt::print(
             "rank 0 time: {:.2f} s | batches {:.2f} s (waiting for the reader {:.2f} s) | "
             "NaN/Inf check {:.2f} s | steps {:.2f} s | other {:.2f} s | writing metrics.jsonl "
@@ -589,78 +479,134 @@ int run(const Args& args, Communicator& world) {
                    "saetrain: warning: rank {}: skipped {} batch(es) holding NaN/Inf "
                    "(data.nonfinite: skip) and {} step(s) with a non-finite loss or gradient\n",
                    world.rank(), res.nonfinite_batches, res.skipped_steps);
-    // The last checkpoint: committed before anything else is written.
-    const ReaderCursor end_cursor = s.local->cursor();
-    checkpoints.save(trainer, res.iterations, end_cursor.epoch, end_cursor.offset, /*wait=*/true);
-    if (res.stopped) {
-        if (root)
-            fmt::print(stderr,
-                       "saetrain: stopped by a signal after {} steps; checkpoint committed in {}. "
-                       "Run the same command to continue (exit code {}).\n",
-                       trainer.step_count(), (out / "checkpoints").string(), kExitStopped);
-        return kExitStopped;
-    }
+}
 
-    // --- write and report ----------------------------------------------------------------------
+// --- write and report ---------------------------------------------------------------------------
+// This rank's SAE as the summary reports it. The quality gates: on the held-out rows when there
+// are any, else the end of training.
+SaeSummary summarize(const Setup& s, const LoopResult& res, SaeTrainer& trainer) {
     SaeSummary mine;
     mine.config = s.layout.config;
     mine.last = res.last;
     mine.steps = res.steps, mine.tokens = res.tokens;
     mine.tokens_per_s = res.tokens_per_s, mine.wait_fraction = res.wait_fraction;
     mine.tflops = res.tflops;
-    // The quality gates: on the held-out rows when there are any, else the end of training.
     mine.gates = res.eval.rows > 0 ? res.eval.quality : trainer.training_quality();
     mine.arch_figures = trainer.arch_summary();
     if (res.last.sae.empty()) {
         // Resumed with nothing left to train (stopped between the final checkpoint and
         // COMPLETE): report the SAE as the log last saw it, with that interval's rates, rather
         // than an empty interval of zeros.
-        if (auto logged = metrics_last_row((out / "metrics.jsonl").string(), id)) {
+        if (auto logged = metrics_last_row((s.out() / "metrics.jsonl").string(), s.id())) {
             mine.last = *logged;
             mine.tokens_per_s = logged->tokens_per_s, mine.wait_fraction = logged->wait_fraction;
             mine.tflops = logged->tflops;
         }
         if (res.eval.rows > 0) attach_eval(mine.last, res.eval);
     }
-    if (writer) {
-        // On the raw activations: data.normalize's scale folded into the weights.
-        const SaeWeights w = fold_activation_scale(trainer.weights());
-        sae_write_h5((sae_dir / "final.h5").string(), w, meta_now(trainer));
-        if (mine.gates.measured)
-            density_histogram_write((sae_dir / "feature_density.csv").string(), mine.gates.density);
-        const fs::path truth = fs::path(cfg.data.path) / "ground_truth.h5";
-        if (fs::is_regular_file(truth)) {
-            int64_t m = 0, dt = 0;
-            const std::vector<float> f = synth_read_features(truth.string(), &m, &dt);
-            if (dt == w.d_model)
-                mine.feature_recovery =
-                    feature_recovery(f.data(), m, w.w_dec.data(), w.n_latents, dt);
-        }
+    return mine;
+}
+
+// sae/<id>/final.h5 on the raw activations (data.normalize's scale folded into the weights),
+// its feature-density histogram, and the recovery of planted features when the data has them.
+void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
+    const fs::path sae_dir = s.out() / "sae" / s.id();
+    const SaeWeights w = fold_activation_scale(trainer.weights());
+    sae_write_h5((sae_dir / "final.h5").string(), w, sae_meta(s, trainer));
+    if (mine.gates.measured)
+        density_histogram_write((sae_dir / "feature_density.csv").string(), mine.gates.density);
+    const fs::path truth = fs::path(s.cfg.data.path) / "ground_truth.h5";
+    if (fs::is_regular_file(truth)) {
+        int64_t m = 0, dt = 0;
+        const std::vector<float> f = synth_read_features(truth.string(), &m, &dt);
+        if (dt == w.d_model)
+            mine.feature_recovery = feature_recovery(f.data(), m, w.w_dec.data(), w.n_latents, dt);
     }
-    // summary.csv: arch, n_latents, the keys any architecture reads (blank in the rows of
-    // architectures that do not read them: the same columns in every run), lr.
+}
+
+// summary.csv's config columns: arch, n_latents, the keys any architecture reads (blank in the
+// rows of architectures that do not read them: the same columns in every run), lr.
+void config_columns(const Setup& s, std::vector<std::string>& names,
+                    std::vector<std::map<std::string, std::string>>& rows) {
     std::vector<std::string> keys;
     for (const Architecture* a : architectures())
         for (const std::string& k : a->keys())
             if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
-    std::vector<std::string> names = {"arch", "n_latents"};
+    names = {"arch", "n_latents"};
     for (const std::string& k : keys) names.push_back(k.substr(k.find('.') + 1));
     names.emplace_back("lr");
-    std::vector<std::map<std::string, std::string>> columns;
-    for (const SaeConfig& c : cfg.sweep) {
+    for (const SaeConfig& c : s.cfg.sweep) {
         std::map<std::string, std::string> row = {
             {"arch", c.arch},
             {"n_latents", std::to_string(c.resolved_latents(s.data.d_model))},
             {"lr", fmt::format("{:g}", c.lr)}};
         for (const std::string& k : arch_get(c.arch).keys())
-            row[k.substr(k.find('.') + 1)] = sae_key_text(cfg, c, k);
-        columns.push_back(std::move(row));
+            row[k.substr(k.find('.') + 1)] = sae_key_text(s.cfg, c, k);
+        rows.push_back(std::move(row));
     }
-    reporter.finish(mine, (out / "summary.csv").string(), names, columns);
+}
+
+// --- the run ------------------------------------------------------------------------------------
+int run(const Args& args, Communicator& world) {
+    const bool root = world.rank() == 0;
+    const NodePlacement place = node_placement();
+    Fault fault;
+    std::optional<Setup> setup = start_up(args, world, place, fault);
+    if (!setup) return 1;
+    Setup& s = *setup;
+    if (s.complete) {
+        if (root)
+            fmt::print(
+                "{} holds a finished run (COMPLETE); nothing to do. Pass --overwrite to "
+                "train it again.\n",
+                s.cfg.run.out_dir);
+        return 0;
+    }
+    Connections conn = connect(s, world, place);
+    if (root) {
+        prepare_out_dir(s);
+        print_banner(s, world.size(), conn.steps);
+    }
+    print_placement(world, place, s.threads);
+    world.barrier();  // out_dir exists before anyone writes into it
+
+    SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
+                       *conn.grads);
+    const bool writer = s.layout.replica == 0;  // replicas are identical: one writes
+    Checkpointer checkpoints(world, *conn.grads, s.out().string(),
+                             (s.out() / "sae" / s.id()).string(), sae_meta(s, trainer),
+                             s.cfg.checkpoint.keep);
+    LoopOptions opt;
+    const int64_t resumed_step = resume_if_any(s, args, world, checkpoints, trainer, opt);
+
+    const MfuPeak peak = announce_peak(s, root);
+    RunReporter reporter(world, s.layout, s.ids, (s.out() / "metrics.jsonl").string(), peak.flops,
+                         (s.out() / "tb").string(), resumed_step);
+    set_loop_hooks(opt, s, world, reporter, checkpoints, fault, writer);
+    const LoopResult res = train_loop(trainer, *conn.source, opt);
+    print_loop_end(res, reporter, world);
+    // The last checkpoint: committed before anything else is written.
+    const ReaderCursor end = s.local->cursor();
+    checkpoints.save(trainer, res.iterations, end.epoch, end.offset, /*wait=*/true);
+    if (res.stopped) {
+        if (root)
+            fmt::print(stderr,
+                       "saetrain: stopped by a signal after {} steps; checkpoint committed in {}. "
+                       "Run the same command to continue (exit code {}).\n",
+                       trainer.step_count(), (s.out() / "checkpoints").string(), kExitStopped);
+        return kExitStopped;
+    }
+
+    SaeSummary mine = summarize(s, res, trainer);
+    if (writer) write_sae(s, trainer, mine);
+    std::vector<std::string> names;
+    std::vector<std::map<std::string, std::string>> rows;
+    config_columns(s, names, rows);
+    reporter.finish(mine, (s.out() / "summary.csv").string(), names, rows);
     world.barrier();
     if (root) {
-        std::ofstream(out / "COMPLETE") << trainer.step_count() << "\n";
-        fmt::print("wrote {}/summary.csv and sae/<id>/final.h5\n", out.string());
+        std::ofstream(s.out() / "COMPLETE") << trainer.step_count() << "\n";
+        fmt::print("wrote {}/summary.csv and sae/<id>/final.h5\n", s.out().string());
     }
     return 0;
 }

@@ -1,0 +1,55 @@
+// SAETRAIN_FAULT: parse it, and fire where it says (fault.h).
+#include "saetrain/fault.h"
+
+#include <fmt/format.h>
+#include <time.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "saetrain/error.h"
+
+namespace saetrain {
+
+void Fault::fire(int64_t iter) const {
+    if (signal != 0) {
+        // The wall-clock time of the signal, for tools/fault-matrix.sh's time to exit.
+        timespec now{};
+        ::clock_gettime(CLOCK_REALTIME, &now);
+        std::fprintf(stderr, "saetrain: SAETRAIN_FAULT: rank %d raises signal %d (%s) at %.3f\n",
+                     rank, signal, iter == kStartup ? "start-up" : "iteration",
+                     static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
+        std::fflush(stderr);
+        std::raise(signal);
+        return;
+    }
+    throw Error(iter == kStartup
+                    ? std::string("injected fault during start-up (SAETRAIN_FAULT)")
+                    : fmt::format("injected fault at iteration {} (SAETRAIN_FAULT)", iter));
+}
+
+Fault fault_from_env() {
+    Fault f;
+    const char* v = std::getenv("SAETRAIN_FAULT");
+    if (!v) return f;
+    char when[16] = "", action[16] = "error", phase[16] = "step";
+    const int got = std::sscanf(v, "%d:%15[^:]:%15[^:]:%15s", &f.rank, when, action, phase);
+    const std::map<std::string, int> signals = {
+        {"error", 0}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
+    const auto it = signals.find(action);
+    char* end = nullptr;
+    f.iteration = std::string(when) == "startup" ? Fault::kStartup : std::strtoll(when, &end, 10);
+    SAE_ENFORCE(got >= 2 && it != signals.end() && (end == nullptr || (*end == 0 && end != when)) &&
+                    (std::string(phase) == "step" || std::string(phase) == "checkpoint"),
+                "SAETRAIN_FAULT='{}': expected rank:iteration|startup[:error|TERM|USR1|KILL|STOP[:"
+                "step|checkpoint]]",
+                v);
+    f.signal = it->second;
+    f.at_checkpoint = std::string(phase) == "checkpoint";
+    return f;
+}
+
+}  // namespace saetrain
