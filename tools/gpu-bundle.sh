@@ -27,14 +27,15 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
         -DSAETRAIN_NATIVE=OFF -DSAETRAIN_TESTS=ON -DSAETRAIN_BENCH=ON
 fi
 cmake --build "$build" -j"$(nproc)" --target saetrain sae-synth sae-inspect sae-perfmodel \
-    sae-iobench sae-export test_cuda_backend test_cuda_comm bench_step
+    sae-iobench sae-export test_backend_parity test_cuda_backend test_cuda_comm bench_step
 
 # --- stage --------------------------------------------------------------------------------------
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 for b in apps/saetrain apps/sae-synth apps/sae-inspect apps/sae-perfmodel apps/sae-iobench \
-    apps/sae-export test/test_cuda_backend test/test_cuda_comm bench/bench_step; do
+    apps/sae-export test/test_backend_parity test/test_cuda_backend test/test_cuda_comm \
+    bench/bench_step; do
     cp "$build/$b" "$stage/bin/"
 done
 
@@ -70,6 +71,8 @@ done
 cat > "$stage/CTestTestfile.cmake.in" <<'EOF'
 # The GPU tests of saetrain in the unpacked bundle (written by tools/gpu-bundle.sh).
 set(_skip "\\[  SKIPPED \\]")
+add_test(test_backend_parity_cuda "@B@/bin/test_backend_parity" "--gtest_filter=*/cuda")
+set_tests_properties(test_backend_parity_cuda PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "${_skip}")
 add_test(test_cuda_backend "@B@/bin/test_cuda_backend")
 set_tests_properties(test_cuda_backend PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "${_skip}")
 foreach(np 1 2)

@@ -108,9 +108,9 @@ fi
 if want test; then
     run ctest 420 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 300
     grep -E "Test +#" "$logs/ctest.log" | sed 's/^ */ctest: /' | tee -a "$summary"
-    "$B/bin/test_cuda_backend" --gtest_output="xml:$logs/test_cuda_backend.xml" \
-        --gtest_filter='*HundredTraining*' > /dev/null 2>&1  # for the recorded worst losses
-    grep -o 'worst_rel_loss="[^"]*"' "$logs/test_cuda_backend.xml" 2>/dev/null |
+    "$B/bin/test_backend_parity" --gtest_output="xml:$logs/test_backend_parity.xml" \
+        --gtest_filter='*HundredTraining*/cuda' > /dev/null 2>&1  # the recorded worst losses
+    grep -o 'worst_rel_loss="[^"]*"' "$logs/test_backend_parity.xml" 2>/dev/null |
         sed 's/^/100-step parity: /' | tee -a "$summary"
 fi
 

@@ -52,37 +52,54 @@ __device__ __forceinline__ void warp_count(unsigned* hist, uint32_t bin, bool ac
         atomicAdd(&hist[bin], static_cast<unsigned>(__popc(same)));
 }
 
-// Selection of one row per block (see the file comment). kCached: the row's keys are first
-// copied to shared memory (n floats fit), so the five passes read shared memory, not L2.
-template <bool kCached>
-__global__ void __launch_bounds__(kSelectThreads)
-    topk_select_kernel(const float* pre, const float* bias, int n, int k, int k_pad, bool relu,
-                       int32_t* idx_out, float* val_out) {
-    extern __shared__ uint32_t row_keys[];  // [n] when kCached
-    using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
-    __shared__ typename Scan::TempStorage scan_tmp;
-    __shared__ unsigned hist[kHists][256];
-    __shared__ unsigned long long picks[kMaxTopk];
-    __shared__ uint32_t s_prefix;
-    __shared__ int s_remaining, s_eq_total, s_gt_base, s_eq_base;
-    const int tid = threadIdx.x, lane = tid % 32;
-    const float* p = pre + static_cast<int64_t>(blockIdx.x) * n;
-    unsigned* my_hist = hist[tid / 64];
-    auto key_at = [&](int i) -> uint32_t {
-        if constexpr (kCached) return row_keys[i];
-        return math::float_order_key(p[i] + bias[i]);
-    };
-    if constexpr (kCached) {
-        for (int i = tid; i < n; i += kSelectThreads)
-            row_keys[i] = math::float_order_key(p[i] + bias[i]);
-    }
+// The selection kernel's shared state (one row per block).
+struct SelectShared {
+    unsigned hist[kHists][256];
+    unsigned long long picks[kMaxTopk];
+    uint32_t prefix;
+    int remaining, eq_total, gt_base, eq_base;
+};
 
-    // 1. Radix select, 8 bits per pass from the top: after pass j, `prefix` holds the top
-    //    8(j+1) bits of T and `remaining` how many of the elements matching it must be taken.
+// After a pass's histogram is summed into hist[0]: the bin b where the count from the top
+// first reaches `remaining` (0 if never), found by warp 0 with lane l holding bins 255 - 8l
+// down to 248 - 8l. Sets sh.prefix (prefix with b at `shift`), sh.remaining (what is still to
+// take from bin b) and sh.eq_total (bin b's count).
+__device__ __forceinline__ void find_threshold_bin(SelectShared& sh, uint32_t prefix, int shift,
+                                                   int remaining) {
+    const int lane = threadIdx.x % 32;
+    unsigned chunk = 0;
+    for (int j = 0; j < 8; ++j) chunk += sh.hist[0][255 - 8 * lane - j];
+    unsigned before = chunk;  // inclusive prefix over lanes, lane 0 = the top bins
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned v = __shfl_up_sync(0xffffffffu, before, o);
+        if (lane >= o) before += v;
+    }
+    before -= chunk;
+    const unsigned hit = __ballot_sync(0xffffffffu, static_cast<int>(before + chunk) >= remaining);
+    const int owner = hit ? __ffs(hit) - 1 : 31;
+    if (lane == owner) {
+        int above = static_cast<int>(before), b = 255 - 8 * lane;
+        for (int stop = b - 7; b > stop; --b) {
+            if (above + static_cast<int>(sh.hist[0][b]) >= remaining) break;
+            above += static_cast<int>(sh.hist[0][b]);
+        }
+        sh.prefix = prefix | (static_cast<uint32_t>(b) << shift);
+        sh.remaining = remaining - above;
+        sh.eq_total = static_cast<int>(sh.hist[0][b]);
+    }
+}
+
+// 1. Radix select, 8 bits per pass from the top: after pass j, `prefix` holds the top 8(j+1)
+//    bits of the k-th largest key T and `remaining` how many of the elements matching it must
+//    be taken. Returns T; sh.remaining is then the count of keys == T to take.
+template <class KeyAt>
+__device__ __forceinline__ uint32_t radix_select(SelectShared& sh, KeyAt key_at, int n, int k) {
+    const int tid = threadIdx.x;
+    unsigned* my_hist = sh.hist[tid / 64];
     uint32_t prefix = 0, mask = 0;
     int remaining = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < kHists * 256; i += kSelectThreads) (&hist[0][0])[i] = 0;
+        for (int i = tid; i < kHists * 256; i += kSelectThreads) (&sh.hist[0][0])[i] = 0;
         __syncthreads();
         // Every lane of a warp runs the same number of iterations (warp_count is collective).
         for (int base = 0; base < n; base += kSelectThreads) {
@@ -92,76 +109,57 @@ __global__ void __launch_bounds__(kSelectThreads)
         }
         __syncthreads();
         for (int b = tid; b < 256; b += kSelectThreads)
-            for (int h = 1; h < kHists; ++h) hist[0][b] += hist[h][b];
+            for (int h = 1; h < kHists; ++h) sh.hist[0][b] += sh.hist[h][b];
         __syncthreads();
-        // The bin b where the count from the top first reaches `remaining` (0 if never): warp 0,
-        // lane l holding bins 255 - 8l down to 248 - 8l.
-        if (tid < 32) {
-            unsigned chunk = 0;
-            for (int j = 0; j < 8; ++j) chunk += hist[0][255 - 8 * lane - j];
-            unsigned before = chunk;  // inclusive prefix over lanes, lane 0 = the top bins
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned v = __shfl_up_sync(0xffffffffu, before, o);
-                if (lane >= o) before += v;
-            }
-            before -= chunk;
-            const unsigned hit =
-                __ballot_sync(0xffffffffu, static_cast<int>(before + chunk) >= remaining);
-            const int owner = hit ? __ffs(hit) - 1 : 31;
-            if (lane == owner) {
-                int above = static_cast<int>(before), b = 255 - 8 * lane;
-                for (int stop = b - 7; b > stop; --b) {
-                    if (above + static_cast<int>(hist[0][b]) >= remaining) break;
-                    above += static_cast<int>(hist[0][b]);
-                }
-                s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-                s_remaining = remaining - above;
-                s_eq_total = static_cast<int>(hist[0][b]);
-            }
-        }
+        if (tid < 32) find_threshold_bin(sh, prefix, shift, remaining);
         __syncthreads();
-        prefix = s_prefix;
-        remaining = s_remaining;
+        prefix = sh.prefix;
+        remaining = sh.remaining;
         mask |= 0xffu << shift;
     }
-    const uint32_t T = prefix;
-    const int need_eq = remaining, n_gt = k - remaining;
-    // After the last pass the chosen bin counts the keys equal to T exactly.
-    const bool take_all_eq = s_eq_total == need_eq;
+    return prefix;
+}
 
-    // 2. Compaction. Keys > T all go in, in any order (the sort below orders them); keys == T
-    //    too when all of them are needed (no tie to break: the usual case for real data).
-    if (tid == 0) s_gt_base = 0, s_eq_base = 0;
-    for (int i = k + tid; i < k_pad; i += kSelectThreads) picks[i] = 0;  // sorts last
+// 2. Compaction into sh.picks. Keys > T all go in, in any order (the sort orders them); keys
+//    == T too when all of them are needed (no tie to break: the usual case for real data);
+//    otherwise the need_eq lowest indices among them, found by an ordered block scan.
+template <class KeyAt, class Scan>
+__device__ __forceinline__ void compact_picks(SelectShared& sh, typename Scan::TempStorage& tmp,
+                                              KeyAt key_at, int n, int k, int k_pad, uint32_t T) {
+    const int tid = threadIdx.x;
+    const int need_eq = sh.remaining, n_gt = k - need_eq;
+    // After the last pass the chosen bin counts the keys equal to T exactly.
+    const bool take_all_eq = sh.eq_total == need_eq;
+    if (tid == 0) sh.gt_base = 0, sh.eq_base = 0;
+    for (int i = k + tid; i < k_pad; i += kSelectThreads) sh.picks[i] = 0;  // sorts last
     __syncthreads();
     for (int i = tid; i < n; i += kSelectThreads) {
         const uint32_t key = key_at(i);
         if (key > T || (take_all_eq && key == T))
-            picks[atomicAdd(&s_gt_base, 1)] = pick_key(key, static_cast<uint32_t>(i));
+            sh.picks[atomicAdd(&sh.gt_base, 1)] = pick_key(key, static_cast<uint32_t>(i));
     }
     __syncthreads();
-    if (!take_all_eq) {
-        // Ties at T: the need_eq lowest indices among them, found by an ordered block scan.
-        for (int base = 0; base < n; base += kSelectThreads) {
-            const int i = base + tid;
-            const bool eq = i < n && key_at(i) == T;
-            unsigned long long before, total;
-            Scan(scan_tmp).ExclusiveSum(static_cast<unsigned long long>(eq), before, total);
-            const int eq_pos = s_eq_base + static_cast<int>(before);
-            if (eq && eq_pos < need_eq)
-                picks[n_gt + eq_pos] = pick_key(T, static_cast<uint32_t>(i));
-            __syncthreads();  // everyone read the base (and scan_tmp is free again)
-            if (tid == 0) s_eq_base += static_cast<int>(total);
-            __syncthreads();
-            if (s_eq_base >= need_eq) break;  // uniform across the block
-        }
+    if (take_all_eq) return;
+    for (int base = 0; base < n; base += kSelectThreads) {
+        const int i = base + tid;
+        const bool eq = i < n && key_at(i) == T;
+        unsigned long long before, total;
+        Scan(tmp).ExclusiveSum(static_cast<unsigned long long>(eq), before, total);
+        const int eq_pos = sh.eq_base + static_cast<int>(before);
+        if (eq && eq_pos < need_eq) sh.picks[n_gt + eq_pos] = pick_key(T, static_cast<uint32_t>(i));
+        __syncthreads();  // everyone read the base (and the scan's storage is free again)
+        if (tid == 0) sh.eq_base += static_cast<int>(total);
+        __syncthreads();
+        if (sh.eq_base >= need_eq) break;  // uniform across the block
     }
+}
 
-    // 3. Bitonic sort of the k_pad picks, descending: value desc, then index asc.
+// 3. Bitonic sort of the k_pad picks, descending: value desc, then index asc.
+__device__ __forceinline__ void bitonic_sort_desc(unsigned long long* picks, int k_pad) {
     for (int size = 2; size <= k_pad; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             __syncthreads();
-            for (int t = tid; t < k_pad / 2; t += kSelectThreads) {
+            for (int t = threadIdx.x; t < k_pad / 2; t += kSelectThreads) {
                 const int a = 2 * stride * (t / stride) + t % stride, b = a + stride;
                 const bool desc = (a & size) == 0;
                 const unsigned long long va = picks[a], vb = picks[b];
@@ -170,8 +168,33 @@ __global__ void __launch_bounds__(kSelectThreads)
         }
     }
     __syncthreads();
+}
+
+// Selection of one row per block (see the file comment). kCached: the row's keys are first
+// copied to shared memory (n floats fit), so the five passes read shared memory, not L2.
+template <bool kCached>
+__global__ void __launch_bounds__(kSelectThreads)
+    topk_select_kernel(const float* pre, const float* bias, int n, int k, int k_pad, bool relu,
+                       int32_t* idx_out, float* val_out) {
+    extern __shared__ uint32_t row_keys[];  // [n] when kCached
+    using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    __shared__ SelectShared sh;
+    const int tid = threadIdx.x;
+    const float* p = pre + static_cast<int64_t>(blockIdx.x) * n;
+    auto key_at = [&](int i) -> uint32_t {
+        if constexpr (kCached) return row_keys[i];
+        return math::float_order_key(p[i] + bias[i]);
+    };
+    if constexpr (kCached) {
+        for (int i = tid; i < n; i += kSelectThreads)
+            row_keys[i] = math::float_order_key(p[i] + bias[i]);
+    }
+    const uint32_t T = radix_select(sh, key_at, n, k);
+    compact_picks<decltype(key_at), Scan>(sh, scan_tmp, key_at, n, k, k_pad, T);
+    bitonic_sort_desc(sh.picks, k_pad);
     for (int j = tid; j < k; j += kSelectThreads) {
-        const unsigned long long v = picks[j];
+        const unsigned long long v = sh.picks[j];
         const int64_t o = static_cast<int64_t>(blockIdx.x) * k + j;
         idx_out[o] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(v & 0xffffffffu));
         const float value = math::float_from_order_key(static_cast<uint32_t>(v >> 32));
