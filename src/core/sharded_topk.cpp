@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "saetrain/backend.h"
+#include "saetrain/comm.h"
+#include "saetrain/error.h"
 #include "saetrain/sae_math.h"
 
 namespace saetrain {
@@ -32,6 +35,28 @@ void merge_topk_candidates(const float* cand_val, const int32_t* cand_idx, int64
             val[r * k + j] = relu ? math::relu(best_v) : best_v;
         }
     }
+}
+
+void sharded_topk_forward(Backend& be, Communicator& group, const float* pre, const float* b_enc,
+                          int64_t rows, int64_t n_local, int64_t k, int32_t first_latent,
+                          int32_t* idx, float* val, bool relu, ShardedTopkScratch& scratch) {
+    SAE_ENFORCE(k <= n_local, "sae.k = {} exceeds the {} latents of a latent shard", k, n_local);
+    const int64_t count = rows * k, shards = group.size();
+    be.topk_forward(pre, b_enc, rows, n_local, k, idx, val, /*relu=*/false);
+    be.offset_indices(idx, count, first_latent);
+    scratch.val.resize(static_cast<size_t>(count));
+    scratch.idx.resize(static_cast<size_t>(count));
+    scratch.all_val.resize(static_cast<size_t>(shards * count));
+    scratch.all_idx.resize(static_cast<size_t>(shards * count));
+    const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
+    be.download(scratch.val.data(), val, bytes);
+    be.download(scratch.idx.data(), idx, bytes);
+    group.allgather(scratch.val.data(), scratch.all_val.data(), bytes);
+    group.allgather(scratch.idx.data(), scratch.all_idx.data(), bytes);
+    merge_topk_candidates(scratch.all_val.data(), scratch.all_idx.data(), shards, rows, k,
+                          scratch.idx.data(), scratch.val.data(), relu);
+    be.upload(idx, scratch.idx.data(), bytes);
+    be.upload(val, scratch.val.data(), bytes);
 }
 
 }  // namespace saetrain

@@ -18,6 +18,7 @@
 #include "saetrain/layout.h"
 #include "saetrain/loader.h"
 #include "saetrain/mpi_world.h"
+#include "saetrain/sharded_topk.h"
 #include "saetrain/shared_source.h"
 #include "saetrain/synth.h"
 #include "saetrain/trainer.h"
@@ -278,6 +279,34 @@ TEST(Mpi, HybridSplitsConfigsAndReplicas) {
 }
 
 }  // namespace
+
+// The latent-sharded TopK over the world (each rank one latent shard, uneven when the world
+// does not divide n) equals topk_forward over all the latents on every rank, bit for bit, on
+// tie-heavy inputs (issue 15).
+TEST(Mpi, ShardedTopkEqualsTheUnshardedSelection) {
+    const int P = g_world->size(), me = g_world->rank();
+    const int64_t rows = 37, n = 1001, k = 16;
+    std::mt19937 rng(7);  // the same inputs on every rank
+    std::uniform_int_distribution<int> q(-8, 8);
+    std::vector<float> pre(static_cast<size_t>(rows * n)), bias(static_cast<size_t>(n));
+    for (float& v : pre) v = 0.25f * static_cast<float>(q(rng));
+    for (int64_t r = 0; r < rows; r += 4)  // rows with fewer than k positive values
+        for (int64_t i = 0; i < n; ++i) pre[r * n + i] = -std::abs(pre[r * n + i]);
+    for (float& v : bias) v = 0.0625f * static_cast<float>(q(rng));
+    auto be = make_cpu_backend(1);
+    std::vector<int32_t> want_idx(rows * k), got_idx(rows * k);
+    std::vector<float> want_val(rows * k), got_val(rows * k);
+    be->topk_forward(pre.data(), bias.data(), rows, n, k, want_idx.data(), want_val.data(), true);
+    const int64_t lo = n * me / P, hi = n * (me + 1) / P, nl = hi - lo;
+    std::vector<float> mine(static_cast<size_t>(rows * nl));
+    for (int64_t r = 0; r < rows; ++r)
+        std::copy(pre.begin() + r * n + lo, pre.begin() + r * n + hi, mine.begin() + r * nl);
+    ShardedTopkScratch scratch;
+    sharded_topk_forward(*be, *g_world, mine.data(), bias.data() + lo, rows, nl, k,
+                         static_cast<int32_t>(lo), got_idx.data(), got_val.data(), true, scratch);
+    EXPECT_EQ(got_idx, want_idx) << "rank " << me;
+    EXPECT_EQ(got_val, want_val) << "rank " << me;
+}
 
 int main(int argc, char** argv) {
     MpiScope mpi(&argc, &argv);
