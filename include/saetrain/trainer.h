@@ -162,6 +162,26 @@ private:
     void accumulate_gradients(const float* x_host, int64_t rows);
     // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
     void apply_update(StepResult& r);
+    // apply_update's phases. The architecture's sums for after_step (zeros from a replica
+    // that had no rows).
+    std::vector<double> step_arch_sums(int64_t rows);
+    // Sums the gradient, r's metrics, arch_sums and fires_host_ over the replicas; returns the
+    // squared norm of the summed gradient when the update is split (else 0: not yet known).
+    double reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums);
+    // The split update's reduce-scatter: this replica's owned ranges summed over the replicas
+    // (and projected); returns their squared norm.
+    double reduce_owned_gradient();
+    // sae.normalize_decoder: removes from the owned W_dec rows' gradient its part parallel
+    // to the rows.
+    void project_decoder_gradient();
+    // Sets r.grad_norm (and r.clipped); returns Adam's grad_scale, 1 / rows with clipping.
+    float clip_gradient(StepResult& r, double sum_sq);
+    // A non-finite loss or gradient: marks r skipped and returns true (throws after
+    // train.max_bad_steps in a row).
+    bool skip_nonfinite(StepResult& r);
+    // After the update: the architecture's after_step, the quality window, dead latents and
+    // the counters.
+    void finish_step(const StepResult& r, const std::vector<double>& arch_sums);
     // Adam and decoder renormalization on this replica's owned ranges (all of them when it
     // does not split the update) of the reduced gradient; the metrics are decided before.
     void optimizer_step(float grad_scale, float lr, int64_t t);
