@@ -68,10 +68,10 @@ int main(int argc, char** argv) {
             "data_parallel {} | d_model {} n_latents {} k {} | {} rank(s) x 1 thread, {} "
             "rows/rank/step | optimizer: {}\n",
             arch, d, n, k, world->size(), batch,
-            independent         ? "one per rank (no exchange)"
-            : tr.sharded()      ? "node-shared, split over the replicas"
-            : world->size() > 1 ? "gradients all-reduced by messages"
-                                : "one rank");
+            independent          ? "one per rank (no exchange)"
+            : tr.splits_update() ? "node-shared, split over the replicas"
+            : world->size() > 1  ? "gradients all-reduced by messages"
+                                 : "one rank");
         fmt::print("{:>8} {:>14} {:>18}\n", "ranks", "tokens/s", "tokens/s per rank");
         fmt::print("{:>8} {:>14.0f} {:>18.0f}\n", world->size(), tps, tps / world->size());
         fmt::print("RESULT dp_tokens_per_s={:.1f} ranks={}\n", tps, world->size());

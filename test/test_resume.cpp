@@ -480,8 +480,8 @@ TEST_F(Resume, KillBeforeACommitMarkerLeavesEveryCommittedCheckpointReadable) {
             << id;
 }
 
-// A replica that fails mid-run in data-parallel mode (its peers wait in the shared-memory
-// optimizer's fence) ends the job at once with its message, not after the watchdog's timeout:
+// A replica that fails mid-run in data-parallel mode (its peers wait in the fence of the update
+// split over node memory) ends the job at once with its message, not after the watchdog's timeout:
 // the failing rank must not block in a collective (freeing the shared window) on its way out.
 TEST_F(Resume, DataParallelFailureEndsTheJobAtOnce) {
     const std::string cfg = config("fault", "parallel: {mode: data_parallel, timeout_s: 20}\n");

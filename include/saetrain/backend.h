@@ -106,7 +106,7 @@ public:
     virtual void fill(float* x, int64_t n, float value) = 0;
     virtual void synchronize() = 0;
     // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer
-    // may place parameters in memory shared with other ranks of the node.
+    // may place parameters in node memory that the other ranks of the node map too.
     virtual bool host_memory() const { return false; }
     // Whether `op` runs at `shape` (the CUDA top-k sorts a row's selection in shared memory,
     // so k has a limit); when not, `why` says what the limit is. Asked where a run is

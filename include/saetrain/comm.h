@@ -11,11 +11,11 @@
 
 namespace saetrain {
 
-// Memory that every rank of a group on one node maps (an MPI-3 shared window): one `common`
-// area for the group and one segment per rank. Writes are ordered only by fence().
-class NodeSharedMemory {
+// Node memory: memory that every rank of a group on one node maps (an MPI-3 shared window),
+// one `common` area for the group and one segment per rank. Writes are ordered only by fence().
+class NodeMemory {
 public:
-    virtual ~NodeSharedMemory() = default;
+    virtual ~NodeMemory() = default;
     virtual float* common() = 0;
     virtual float* segment(int rank) = 0;
     // Collective over the group: every rank's writes before it are visible to every rank's
@@ -43,13 +43,13 @@ public:
     virtual void barrier() = 0;
     // Ranks with the same color form a new group, ordered by key (then by rank).
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
-    // Collective over every rank of the group (each calls it, wanting it or not). Node-shared
-    // memory of `common_floats` + size() x `segment_floats` (zeroed segments; the common area
+    // Collective over every rank of the group (each calls it, wanting it or not). Node memory
+    // of `common_floats` + size() x `segment_floats` (zeroed segments; the common area
     // is the caller's to initialize), or nullptr on every rank unless every rank wants it, all
     // share one node, the node has room for it and SAETRAIN_NO_SHM is not set.
-    virtual std::unique_ptr<NodeSharedMemory> share_node_memory(int64_t /*common_floats*/,
-                                                                int64_t /*segment_floats*/,
-                                                                bool /*want*/) {
+    virtual std::unique_ptr<NodeMemory> share_node_memory(int64_t /*common_floats*/,
+                                                          int64_t /*segment_floats*/,
+                                                          bool /*want*/) {
         return nullptr;
     }
 };

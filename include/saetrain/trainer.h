@@ -8,11 +8,12 @@
 // whole contiguous rows per latent. The architecture (an ArchPass) runs the activation, the
 // decoder and their backward pass; the trainer runs everything the architectures share.
 //
-// Data-parallel replicas that share one node and host memory (the CPU backend) keep one copy of
-// the parameters and Adam moments per node, in node-shared memory, and split the optimizer
-// step: each replica owns a contiguous range of latents (their rows of every per-latent
-// segment; the last one also b_dec), sums that range of every replica's gradient (in rank
-// order), and updates it alone. Nothing is copied back: every replica reads the same
+// Data-parallel replicas on one node with host memory (the CPU backend) keep one copy of the
+// parameters and Adam moments per node, in node memory that every replica maps, and split the
+// optimizer update: each replica owns a contiguous range of latents (their rows of every
+// per-latent segment; the last one also b_dec and the other segments that belong to no
+// latent), sums its owned range of every replica's gradient (in rank order), and updates it
+// alone. Nothing is copied back: every replica reads the same
 // parameters. Elsewhere (GPUs, several nodes) the gradients are all-reduced and every replica
 // applies the same full update.
 //
@@ -101,7 +102,7 @@ public:
     // Host copies of the flat parameter and gradient buffers (layout above), and a setter.
     // After step() the gradients are the ones summed over replicas. set_params_host, init and
     // restore are collective over the replicas, which must pass the same values; so is
-    // grads_host after a step when sharded().
+    // grads_host after a step when splits_update().
     std::vector<float> params_host() const;
     std::vector<float> grads_host() const;
     void set_params_host(const std::vector<float>& p);
@@ -131,8 +132,8 @@ public:
     const Architecture& arch() const { return arch_; }
     const ParamLayout& layout() const { return layout_; }
     Backend& backend() { return be_; }
-    // Parameters and optimizer are in node-shared memory, the step split across replicas.
-    bool sharded() const { return shared_ != nullptr; }
+    // Parameters and Adam moments are in node memory, the update split across the replicas.
+    bool splits_update() const { return node_mem_ != nullptr; }
     DeviceArray<float>& batch_buffer() { return x_; }
 
 private:
@@ -161,21 +162,42 @@ private:
     void accumulate_gradients(const float* x_host, int64_t rows);
     // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
     void apply_update(StepResult& r);
-    // Adam and decoder renormalization on this replica's ranges (all of them when not
-    // sharded) of the reduced gradient; the metrics are decided before.
+    // apply_update's phases. The architecture's sums for after_step (zeros from a replica
+    // that had no rows).
+    std::vector<double> step_arch_sums(int64_t rows);
+    // Sums the gradient, r's metrics, arch_sums and fires_host_ over the replicas; returns the
+    // squared norm of the summed gradient when the update is split (else 0: not yet known).
+    double reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums);
+    // The split update's reduce-scatter: this replica's owned ranges summed over the replicas
+    // (and projected); returns their squared norm.
+    double reduce_owned_gradient();
+    // sae.normalize_decoder: removes from the owned W_dec rows' gradient its part parallel
+    // to the rows.
+    void project_decoder_gradient();
+    // Sets r.grad_norm (and r.clipped); returns Adam's grad_scale, 1 / rows with clipping.
+    float clip_gradient(StepResult& r, double sum_sq);
+    // A non-finite loss or gradient: marks r skipped and returns true (throws after
+    // train.max_bad_steps in a row).
+    bool skip_nonfinite(StepResult& r);
+    // After the update: the architecture's after_step, the quality window, dead latents and
+    // the counters.
+    void finish_step(const StepResult& r, const std::vector<double>& arch_sums);
+    // Adam and decoder renormalization on this replica's owned ranges (all of them when it
+    // does not split the update) of the reduced gradient; the metrics are decided before.
     void optimizer_step(float grad_scale, float lr, int64_t t);
     // Flat-buffer ranges of latent rows [lo, hi): their rows of every per-latent segment, and
-    // the other segments (b_dec) when `with_shared`, in segment order; some counts may be 0.
-    // ranges_of(q): the ones replica q owns when sharded (the last replica also owns b_dec).
+    // the segments that belong to no latent (b_dec, ...) when `with_non_latent`, in segment
+    // order; some counts may be 0. owned_ranges(q): the ones replica q owns when the update is
+    // split (the last replica also owns b_dec).
     struct Range {
         int64_t offset, count;
         bool decay;
     };
-    std::vector<Range> ranges(int64_t lo, int64_t hi, bool with_shared) const;
-    std::vector<Range> ranges_of(int64_t q) const;
-    // Writes the parameter-shaped host vector `src` into `dst` (collective when sharded: each
-    // replica writes its own range, then a fence).
-    void write_shared(float* dst, const std::vector<float>& src);
+    std::vector<Range> ranges(int64_t lo, int64_t hi, bool with_non_latent) const;
+    std::vector<Range> owned_ranges(int64_t q) const;
+    // Writes the parameter-shaped host vector `src` into the flat buffer `dst` (collective when
+    // the update is split: each replica writes its owned range, then a fence).
+    void write_flat(float* dst, const std::vector<float>& src);
     int64_t off(int segment) const {
         return layout_.segments()[static_cast<size_t>(segment)].offset;
     }
@@ -193,12 +215,12 @@ private:
     float input_scale_ = 1.0f;  // data.normalize: every batch is multiplied by it
 
     int64_t n_params_;
-    // Node-shared parameters, moments and per-replica gradients, or null; see above.
-    std::unique_ptr<NodeSharedMemory> shared_;
-    int64_t shard_lo_ = 0, shard_hi_ = 0;  // this replica's latent rows when sharded
-    bool shard_b_dec_ = true;
-    bool reduced_ = false;  // the gradient buffer holds this replica's range summed
-    DeviceArray<float> own_params_, own_grads_, own_m_, own_v_;  // when not sharded
+    // Parameters, moments and per-replica gradients in node memory, or null; see above.
+    std::unique_ptr<NodeMemory> node_mem_;
+    int64_t owned_lo_ = 0, owned_hi_ = 0;  // this replica's owned latent rows [lo, hi)
+    bool owns_b_dec_ = true;  // and b_dec and the segments of no latent (the last replica)
+    bool reduced_ = false;    // the gradient buffer holds this replica's range summed
+    DeviceArray<float> local_params_, local_grads_, local_m_, local_v_;  // without node memory
     float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
     DeviceArray<float> x_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;
     DeviceArray<int32_t> fires_;

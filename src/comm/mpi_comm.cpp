@@ -84,15 +84,15 @@ double shm_room_bytes() {
     return static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
 }
 
-// --- node-shared memory ----------------------------------------------------------------------
+// --- node memory -----------------------------------------------------------------------------
 // One MPI-3 shared window: rank 0's part holds the common area, then every rank its segment.
 // Each rank zeroes (first-touches) its own segment; the caller initializes the common area, so
 // the pages a rank updates can sit on its own socket.
-class NodeShared final : public NodeSharedMemory {
+class MpiNodeMemory final : public NodeMemory {
     static int64_t pad64(int64_t floats) { return (floats + 63) / 64 * 64; }
 
 public:
-    NodeShared(MPI_Comm comm, int64_t common_floats, int64_t segment_floats)
+    MpiNodeMemory(MPI_Comm comm, int64_t common_floats, int64_t segment_floats)
         : comm_(comm), common_floats_(common_floats), segment_floats_(segment_floats) {
         MPI_Comm_rank(comm_, &rank_);
         MPI_Comm_size(comm_, &size_);
@@ -124,7 +124,7 @@ public:
     static double bytes(int64_t common_floats, int64_t segment_floats, int ranks) {
         return 4.0 * static_cast<double>(pad64(common_floats) + pad64(segment_floats) * ranks);
     }
-    ~NodeShared() override {
+    ~MpiNodeMemory() override {
         // MPI_Win_free is collective: while an exception unwinds (this rank is about to abort
         // the job) peers may be waiting elsewhere, so leave the window to the abort.
         if (std::uncaught_exceptions() > 0) return;
@@ -132,8 +132,8 @@ public:
         MPI_Win_unlock_all(win_);
         MPI_Win_free(&win_);
     }
-    NodeShared(const NodeShared&) = delete;
-    NodeShared& operator=(const NodeShared&) = delete;
+    MpiNodeMemory(const MpiNodeMemory&) = delete;
+    MpiNodeMemory& operator=(const MpiNodeMemory&) = delete;
 
     float* common() override { return common_; }
     float* segment(int rank) override { return segments_ + stride_ * rank; }
@@ -222,11 +222,10 @@ public:
         return std::make_unique<MpiComm>(out, true);
     }
 
-    std::unique_ptr<NodeSharedMemory> share_node_memory(int64_t common_floats,
-                                                        int64_t segment_floats,
-                                                        bool want) override {
+    std::unique_ptr<NodeMemory> share_node_memory(int64_t common_floats, int64_t segment_floats,
+                                                  bool want) override {
         // Every rank must agree: the window is allocated collectively.
-        const double need = NodeShared::bytes(common_floats, segment_floats, size_);
+        const double need = MpiNodeMemory::bytes(common_floats, segment_floats, size_);
         int64_t cannot = want && node_comm_ != MPI_COMM_NULL ? 0 : 1;
         if (!cannot) {
             const double room = shm_room_bytes();
@@ -243,7 +242,7 @@ public:
         }
         allreduce_max(&cannot, 1);
         if (cannot) return nullptr;
-        return std::make_unique<NodeShared>(node_comm_, common_floats, segment_floats);
+        return std::make_unique<MpiNodeMemory>(node_comm_, common_floats, segment_floats);
     }
 
     MPI_Comm handle() const { return comm_; }

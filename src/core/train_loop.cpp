@@ -46,6 +46,287 @@ bool all_finite(const float* x, int64_t n, int threads) {
     return bad == 0;
 }
 
+// The batch buffer, from opt.batch_allocator when one is given (pinned memory on a CUDA rank),
+// else the heap.
+class BatchBuffer {
+public:
+    BatchBuffer(const HostAllocator& allocator, int64_t floats) {
+        const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+        if (!allocator.alloc) {
+            heap_.resize(static_cast<size_t>(floats));
+            data_ = heap_.data();
+            return;
+        }
+        void* p = allocator.alloc(bytes);
+        SAE_ENFORCE(p != nullptr, "cannot allocate the {:.1f} MB batch buffer ({} memory)",
+                    static_cast<double>(bytes) / 1e6, allocator.name);
+        allocated_ = {static_cast<float*>(p),
+                      [free = allocator.free, bytes](float* q) { free(q, bytes); }};
+        data_ = allocated_.get();
+    }
+    float* data() const { return data_; }
+
+private:
+    std::vector<float> heap_;
+    std::unique_ptr<float, std::function<void(float*)>> allocated_;
+    float* data_ = nullptr;
+};
+
+// One run of the loop: the state train_loop's phases share.
+class TrainLoop {
+public:
+    TrainLoop(SaeTrainer& trainer, BatchSource& source, const LoopOptions& opt)
+        : trainer_(trainer),
+          source_(source),
+          opt_(opt),
+          d_(source.d_model()),
+          batch_(opt.batch_allocator, opt.batch_size * source.d_model()),
+          threads_(std::max(1, opt.threads)),
+          // Model FLOPs per token (the architecture's count): what TFLOP/s and MFU count. TopK
+          // runs sparse kernels on every backend, so its count is 2*d*n + 8*k*d.
+          flops_per_token_(
+              trainer.arch().flops_per_token(trainer.config(), d_, trainer.n_latents())),
+          tokens_at_start_(trainer.tokens()),  // > 0 when resuming
+          iter_(opt.start_iteration),
+          initialized_(opt.initialized) {
+        start_interval();
+    }
+
+    // Iterates until no rank has data left or the ranks agree to stop.
+    void run();
+    // The final partial interval and the evaluation at the end.
+    void report_end();
+    // The run's totals and rates.
+    LoopResult summarize();
+
+private:
+    bool next_batch();
+    void fetch();
+    int64_t usable_rows();
+    bool initialize(int64_t use);
+    void train(int64_t use);
+    StepResult step(int64_t use, bool fetch_ahead);
+    EvalResult evaluate();
+    MetricsRow metrics_row(const EvalResult* e);
+    void emit(const EvalResult* e);
+    void start_interval();
+
+    SaeTrainer& trainer_;
+    BatchSource& source_;
+    const LoopOptions& opt_;
+    const int64_t d_;
+    BatchBuffer batch_;
+    const int threads_;
+    const double flops_per_token_;
+    const int64_t tokens_at_start_;
+    const Clock::time_point t_start_ = Clock::now();
+    LoopResult res_;
+    int64_t iter_;
+    bool initialized_;
+    // The batch in batch_: its rows and whether every value is finite. `held_`: it was fetched
+    // during the previous step (LoopOptions::overlap) and is not trained yet.
+    int64_t rows_ = 0;
+    bool finite_ = true, held_ = false, stopping_ = false;
+    // The log interval: its sums, its start, the source's counters then, and the seconds of
+    // evaluation in it (kept out of its rates).
+    Interval iv_;
+    Clock::time_point t_interval_;
+    double wait_at_interval_ = 0;
+    int64_t bytes_at_interval_ = 0;
+    double eval_in_interval_ = 0;
+};
+
+void TrainLoop::run() {
+    for (;; ++iter_) {
+        if (opt_.on_iteration) opt_.on_iteration(iter_);
+        if (!next_batch()) break;                         // the ranks agree: stop, or no data
+        const int64_t use = usable_rows();                // 0 for a batch holding NaN or Inf
+        if (!initialized_ && !initialize(use)) continue;  // no rank has a usable batch yet
+        train(use);                                       // the step, its log row, checkpoint
+    }
+}
+
+// Agrees with the other ranks whether to stop and whether any rank has data, fetching the
+// batch unless one is held; false: leave the loop (the same on every rank).
+bool TrainLoop::next_batch() {
+    // [any rank has data, any rank wants to stop]: one all-reduce, same decision everywhere
+    int64_t flags[2] = {0, opt_.stop_requested && opt_.stop_requested() ? 1 : 0};
+    if (opt_.world) opt_.world->allreduce_max(&flags[1], 1);
+    stopping_ = stopping_ || flags[1] != 0;
+    // A held batch is trained before stopping: the source has delivered it, and the
+    // checkpoint that follows a stop must not count it as consumed.
+    if (!held_) {
+        if (stopping_) {
+            res_.stopped = true;
+            return false;
+        }
+        fetch();
+    }
+    held_ = false;
+    flags[0] = rows_ > 0 ? 1 : 0;
+    if (opt_.world) opt_.world->allreduce_max(&flags[0], 1);
+    return flags[0] != 0;
+}
+
+void TrainLoop::fetch() {
+    auto t = Clock::now();
+    rows_ = source_.next(batch_.data(), opt_.batch_size);
+    res_.data_s += seconds_since(t);
+    t = Clock::now();
+    finite_ = rows_ == 0 || all_finite(batch_.data(), rows_ * d_, threads_);
+    res_.check_s += seconds_since(t);
+}
+
+// The rows of the batch the step trains on: all of them, or none when it holds NaN or Inf.
+int64_t TrainLoop::usable_rows() {
+    if (finite_) return rows_;
+    SAE_ENFORCE(!opt_.stop_on_nonfinite,
+                "the batch of iteration {} holds NaN or Inf values (data.nonfinite: stop); "
+                "inspect the shards with sae-inspect or set data.nonfinite: skip",
+                iter_);
+    ++res_.nonfinite_batches;
+    return 0;  // still joins the step's collectives, with no rows
+}
+
+// The SAE starts from the first batch that some rank can use: until then batches holding
+// NaN/Inf (data.nonfinite: skip) are passed over without a step (false).
+bool TrainLoop::initialize(int64_t use) {
+    int64_t usable = use > 0 ? 1 : 0;
+    if (opt_.world) opt_.world->allreduce_max(&usable, 1);
+    if (!usable) return false;
+    trainer_.init(batch_.data(), use), initialized_ = true;
+    return true;
+}
+
+// One step on the batch, then the log interval's row and the checkpoint when they are due.
+void TrainLoop::train(int64_t use) {
+    // Fetch the next batch while the device computes this step, unless a checkpoint follows
+    // the step (its cursor must count trained batches only) or the ranks are stopping; the
+    // conditions are the same on every rank, so a collective source stays in step.
+    const bool checkpoint_after =
+        opt_.checkpoint && opt_.checkpoint_every > 0 && (iter_ + 1) % opt_.checkpoint_every == 0;
+    const StepResult r = step(use, opt_.overlap && !stopping_ && !checkpoint_after);
+    res_.skipped_steps += r.skipped ? 1 : 0;
+    if (r.rows > 0 && !r.skipped) iv_.add(r);
+    if (opt_.log_every > 0 && (iter_ + 1) % opt_.log_every == 0) {
+        const bool eval_now =
+            opt_.evaluate && opt_.eval_every > 0 && (iter_ + 1) % opt_.eval_every == 0;
+        const EvalResult e = eval_now ? evaluate() : EvalResult{};
+        emit(eval_now ? &e : nullptr);
+    }
+    if (checkpoint_after) opt_.checkpoint(trainer_, iter_ + 1);
+}
+
+StepResult TrainLoop::step(int64_t use, bool fetch_ahead) {
+    auto t_step = Clock::now();
+    trainer_.step_begin(batch_.data(), use);  // the batch is uploaded: batch_ is free again
+    if (fetch_ahead) {
+        res_.step_s += seconds_since(t_step);
+        fetch();
+        held_ = true;
+        t_step = Clock::now();
+    }
+    const StepResult r = trainer_.step_end();
+    res_.step_s += seconds_since(t_step);
+    return r;
+}
+
+// Runs the evaluation, its time kept out of the interval's rates.
+EvalResult TrainLoop::evaluate() {
+    const auto t = Clock::now();
+    res_.eval = opt_.evaluate(trainer_);
+    const double s = seconds_since(t);
+    eval_in_interval_ += s, res_.eval_s += s;
+    return res_.eval;
+}
+
+MetricsRow TrainLoop::metrics_row(const EvalResult* e) {
+    const double dt = seconds_since(t_interval_) - eval_in_interval_;
+    const double elapsed = seconds_since(t_start_) - res_.eval_s;
+    const double rows = static_cast<double>(std::max<int64_t>(iv_.rows, 1));
+    const double steps = static_cast<double>(std::max<int64_t>(iv_.steps, 1));
+    const int64_t total_steps = trainer_.total_steps();
+    MetricsRow m;
+    m.sae = opt_.sae_id;
+    m.step = trainer_.step_count();
+    m.total_steps = total_steps;
+    m.tokens = trainer_.tokens();
+    m.lr = iv_.lr;
+    m.loss = iv_.loss / steps;
+    m.mse = iv_.sse / (rows * static_cast<double>(d_));
+    m.fvu = iv_.sst > 0 ? iv_.sse / iv_.sst : 0.0;
+    m.l0 = iv_.l0 / rows;
+    m.l1 = iv_.l1 / rows;
+    m.dead_fraction = trainer_.dead_fraction();
+    m.grad_norm = iv_.grad_norm / steps;
+    m.tokens_per_s = dt > 0 ? static_cast<double>(iv_.rows) / dt : 0.0;
+    m.read_MBps =
+        dt > 0 ? static_cast<double>(source_.bytes_read() - bytes_at_interval_) / dt / 1e6 : 0.0;
+    m.wait_fraction = dt > 0 ? (source_.wait_seconds() - wait_at_interval_) / dt : 0.0;
+    m.elapsed_s = elapsed;
+    m.tflops = flops_per_token_ * m.tokens_per_s / 1e12;
+    m.gpu_mem_peak_GB = static_cast<double>(trainer_.backend().device_memory_peak_bytes()) / 1e9;
+    m.host_mem_peak_GB = static_cast<double>(host_peak_rss_bytes()) / 1e9;
+    if (e) attach_eval(m, *e);
+    const double per_step = m.step > 0 ? elapsed / static_cast<double>(m.step) : 0.0;
+    m.eta_s = per_step * static_cast<double>(std::max<int64_t>(total_steps - m.step, 0));
+    return m;
+}
+
+// Reports the interval's row (with the evaluation `e`, if any) and starts the next interval.
+void TrainLoop::emit(const EvalResult* e) {
+    const MetricsRow m = metrics_row(e);
+    if (opt_.report) opt_.report(m);
+    res_.last = m;
+    start_interval();
+}
+
+void TrainLoop::start_interval() {
+    iv_ = Interval{};
+    eval_in_interval_ = 0;
+    t_interval_ = Clock::now();
+    wait_at_interval_ = source_.wait_seconds();
+    bytes_at_interval_ = source_.bytes_read();
+}
+
+void TrainLoop::report_end() {
+    // The final partial interval; the condition depends only on iteration counts, which every
+    // rank shares, because emit() may be collective.
+    // The evaluation at the end rides on that row; when the last iteration was already logged
+    // without one, that row is reported again with it (same step; the later line wins).
+    const int64_t iter = iter_, start = opt_.start_iteration;
+    const bool partial = iter > start && (opt_.log_every <= 0 || iter % opt_.log_every != 0);
+    if (!(opt_.evaluate && initialized_)) {
+        if (partial) emit(nullptr);
+        return;
+    }
+    const bool evaluated_last =
+        !partial && iter > start && opt_.eval_every > 0 && iter % opt_.eval_every == 0;
+    if (!evaluated_last) evaluate();  // else res_.eval holds that evaluation already
+    if (partial) {
+        emit(&res_.eval);
+    } else if (!evaluated_last && iter > start) {
+        MetricsRow m = res_.last;
+        attach_eval(m, res_.eval);
+        if (opt_.report) opt_.report(m);
+        res_.last = m;
+    }
+}
+
+LoopResult TrainLoop::summarize() {
+    LoopResult res = res_;
+    res.iterations = iter_;
+    res.steps = trainer_.step_count();
+    res.tokens = trainer_.tokens();
+    res.seconds = seconds_since(t_start_) - res.eval_s;
+    // Tokens trained by this process: a resumed run's earlier tokens took no time here.
+    res.tokens_per_s =
+        res.seconds > 0 ? static_cast<double>(res.tokens - tokens_at_start_) / res.seconds : 0.0;
+    res.tflops = flops_per_token_ * res.tokens_per_s / 1e12;
+    res.wait_fraction = res.seconds > 0 ? source_.wait_seconds() / res.seconds : 0.0;
+    return res;
+}
+
 }  // namespace
 
 void attach_eval(MetricsRow& m, const EvalResult& e) {
@@ -57,192 +338,12 @@ int64_t total_steps_for(int64_t rows, int64_t batch_size) {
     return (rows + batch_size - 1) / batch_size;
 }
 
+// The phases of a run; each is a TrainLoop method above.
 LoopResult train_loop(SaeTrainer& trainer, BatchSource& source, const LoopOptions& opt) {
-    const int64_t batch_size = opt.batch_size, d = source.d_model();
-    const int64_t total_steps = trainer.total_steps();
-    // The batch buffer, from opt.batch_allocator when one is given.
-    const size_t batch_bytes = static_cast<size_t>(batch_size * d) * sizeof(float);
-    std::vector<float> heap_batch;
-    std::unique_ptr<float, std::function<void(float*)>> owned_batch;
-    float* batch = nullptr;
-    if (opt.batch_allocator.alloc) {
-        void* p = opt.batch_allocator.alloc(batch_bytes);
-        SAE_ENFORCE(p != nullptr, "cannot allocate the {:.1f} MB batch buffer ({} memory)",
-                    static_cast<double>(batch_bytes) / 1e6, opt.batch_allocator.name);
-        owned_batch = {static_cast<float*>(p), [free = opt.batch_allocator.free,
-                                                batch_bytes](float* q) { free(q, batch_bytes); }};
-        batch = owned_batch.get();
-    } else {
-        heap_batch.resize(static_cast<size_t>(batch_size * d));
-        batch = heap_batch.data();
-    }
-    const auto t_start = Clock::now();
-    auto t_interval = t_start;
-    double wait_at_interval = source.wait_seconds();
-    int64_t bytes_at_interval = source.bytes_read();
-    Interval iv;
-    LoopResult res;
-    // Model FLOPs per token (the architecture's count): what TFLOP/s and MFU count. TopK runs
-    // sparse kernels on every backend, so its count is 2*d*n + 8*k*d.
-    const double flops_per_token =
-        trainer.arch().flops_per_token(trainer.config(), d, trainer.n_latents());
-    const int64_t tokens_at_start = trainer.tokens();  // > 0 when resuming
-
-    // Runs the evaluation, its time kept out of the interval's rates.
-    double eval_in_interval = 0;
-    auto evaluate = [&] {
-        const auto t = Clock::now();
-        res.eval = opt.evaluate(trainer);
-        const double s = seconds_since(t);
-        eval_in_interval += s, res.eval_s += s;
-        return res.eval;
-    };
-    auto emit = [&](const EvalResult* e) {
-        const double dt = seconds_since(t_interval) - eval_in_interval;
-        const double elapsed = seconds_since(t_start) - res.eval_s;
-        const double rows = static_cast<double>(std::max<int64_t>(iv.rows, 1));
-        const double steps = static_cast<double>(std::max<int64_t>(iv.steps, 1));
-        MetricsRow m;
-        m.sae = opt.sae_id;
-        m.step = trainer.step_count();
-        m.total_steps = total_steps;
-        m.tokens = trainer.tokens();
-        m.lr = iv.lr;
-        m.loss = iv.loss / steps;
-        m.mse = iv.sse / (rows * static_cast<double>(d));
-        m.fvu = iv.sst > 0 ? iv.sse / iv.sst : 0.0;
-        m.l0 = iv.l0 / rows;
-        m.l1 = iv.l1 / rows;
-        m.dead_fraction = trainer.dead_fraction();
-        m.grad_norm = iv.grad_norm / steps;
-        m.tokens_per_s = dt > 0 ? static_cast<double>(iv.rows) / dt : 0.0;
-        m.read_MBps =
-            dt > 0 ? static_cast<double>(source.bytes_read() - bytes_at_interval) / dt / 1e6 : 0.0;
-        m.wait_fraction = dt > 0 ? (source.wait_seconds() - wait_at_interval) / dt : 0.0;
-        m.elapsed_s = elapsed;
-        m.tflops = flops_per_token * m.tokens_per_s / 1e12;
-        m.gpu_mem_peak_GB = static_cast<double>(trainer.backend().device_memory_peak_bytes()) / 1e9;
-        m.host_mem_peak_GB = static_cast<double>(host_peak_rss_bytes()) / 1e9;
-        if (e) attach_eval(m, *e);
-        const double per_step = m.step > 0 ? elapsed / static_cast<double>(m.step) : 0.0;
-        m.eta_s = per_step * static_cast<double>(std::max<int64_t>(total_steps - m.step, 0));
-        if (opt.report) opt.report(m);
-        res.last = m;
-        iv = Interval{};
-        eval_in_interval = 0;
-        t_interval = Clock::now();
-        wait_at_interval = source.wait_seconds();
-        bytes_at_interval = source.bytes_read();
-    };
-
-    int64_t iter = opt.start_iteration;
-    bool initialized = opt.initialized;
-    const int threads = std::max(1, opt.threads);
-    // The batch in `batch`: its rows and whether every value is finite. `held`: it was fetched
-    // during the previous step (LoopOptions::overlap) and is not trained yet.
-    int64_t rows = 0;
-    bool finite = true, held = false, stopping = false;
-    auto fetch = [&] {
-        auto t = Clock::now();
-        rows = source.next(batch, batch_size);
-        res.data_s += seconds_since(t);
-        t = Clock::now();
-        finite = rows == 0 || all_finite(batch, rows * d, threads);
-        res.check_s += seconds_since(t);
-    };
-    for (;; ++iter) {
-        if (opt.on_iteration) opt.on_iteration(iter);
-        // [any rank has data, any rank wants to stop]: one all-reduce, same decision everywhere
-        int64_t flags[2] = {0, opt.stop_requested && opt.stop_requested() ? 1 : 0};
-        if (opt.world) opt.world->allreduce_max(&flags[1], 1);
-        stopping = stopping || flags[1] != 0;
-        // A held batch is trained before stopping: the source has delivered it, and the
-        // checkpoint that follows a stop must not count it as consumed.
-        if (!held) {
-            if (stopping) {
-                res.stopped = true;
-                break;
-            }
-            fetch();
-        }
-        held = false;
-        flags[0] = rows > 0 ? 1 : 0;
-        if (opt.world) opt.world->allreduce_max(&flags[0], 1);
-        if (!flags[0]) break;
-        int64_t use = rows;
-        if (!finite) {
-            SAE_ENFORCE(!opt.stop_on_nonfinite,
-                        "the batch of iteration {} holds NaN or Inf values (data.nonfinite: stop); "
-                        "inspect the shards with sae-inspect or set data.nonfinite: skip",
-                        iter);
-            ++res.nonfinite_batches;
-            use = 0;  // still joins the step's collectives, with no rows
-        }
-        if (!initialized) {
-            // The SAE starts from the first batch that some rank can use: until then batches
-            // holding NaN/Inf (data.nonfinite: skip) are passed over without a step.
-            int64_t usable = use > 0 ? 1 : 0;
-            if (opt.world) opt.world->allreduce_max(&usable, 1);
-            if (!usable) continue;
-            trainer.init(batch, use), initialized = true;
-        }
-        // Fetch the next batch while the device computes this step, unless a checkpoint follows
-        // the step (its cursor must count trained batches only) or the ranks are stopping; the
-        // conditions are the same on every rank, so a collective source stays in step.
-        const bool checkpoint_after =
-            opt.checkpoint && opt.checkpoint_every > 0 && (iter + 1) % opt.checkpoint_every == 0;
-        const bool ahead = opt.overlap && !stopping && !checkpoint_after;
-        auto t_step = Clock::now();
-        trainer.step_begin(batch, use);  // the batch is uploaded: `batch` is free again
-        if (ahead) {
-            res.step_s += seconds_since(t_step);
-            fetch();
-            held = true;
-            t_step = Clock::now();
-        }
-        const StepResult r = trainer.step_end();
-        res.step_s += seconds_since(t_step);
-        res.skipped_steps += r.skipped ? 1 : 0;
-        if (r.rows > 0 && !r.skipped) iv.add(r);
-        if (opt.log_every > 0 && (iter + 1) % opt.log_every == 0) {
-            const bool eval_now =
-                opt.evaluate && opt.eval_every > 0 && (iter + 1) % opt.eval_every == 0;
-            const EvalResult e = eval_now ? evaluate() : EvalResult{};
-            emit(eval_now ? &e : nullptr);
-        }
-        if (checkpoint_after) opt.checkpoint(trainer, iter + 1);
-    }
-    // The final partial interval; the condition depends only on iteration counts, which every
-    // rank shares, because emit() may be collective.
-    // The evaluation at the end rides on that row; when the last iteration was already logged
-    // without one, that row is reported again with it (same step; the later line wins).
-    const bool partial =
-        iter > opt.start_iteration && (opt.log_every <= 0 || iter % opt.log_every != 0);
-    if (opt.evaluate && initialized) {
-        const bool evaluated_last = !partial && iter > opt.start_iteration && opt.eval_every > 0 &&
-                                    iter % opt.eval_every == 0;
-        if (!evaluated_last) evaluate();  // else res.eval holds that evaluation already
-        if (partial) {
-            emit(&res.eval);
-        } else if (!evaluated_last && iter > opt.start_iteration) {
-            MetricsRow m = res.last;
-            attach_eval(m, res.eval);
-            if (opt.report) opt.report(m);
-            res.last = m;
-        }
-    } else if (partial) {
-        emit(nullptr);
-    }
-    res.iterations = iter;
-    res.steps = trainer.step_count();
-    res.tokens = trainer.tokens();
-    res.seconds = seconds_since(t_start) - res.eval_s;
-    // Tokens trained by this process: a resumed run's earlier tokens took no time here.
-    res.tokens_per_s =
-        res.seconds > 0 ? static_cast<double>(res.tokens - tokens_at_start) / res.seconds : 0.0;
-    res.tflops = flops_per_token * res.tokens_per_s / 1e12;
-    res.wait_fraction = res.seconds > 0 ? source.wait_seconds() / res.seconds : 0.0;
-    return res;
+    TrainLoop loop(trainer, source, opt);  // the batch buffer, the clocks, the counters
+    loop.run();                            // step until the data ends or the ranks stop
+    loop.report_end();                     // the last interval's row and the final evaluation
+    return loop.summarize();               // totals and rates over this process's part
 }
 
 }  // namespace saetrain

@@ -35,29 +35,29 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
     arch_.validate(cfg, n_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_));
     arch_check_backend(cfg, d_, n_, be_);
     if (comm_.size() > 1)
-        shared_ = comm_.share_node_memory(3 * n_params_, n_params_, be_.host_memory());
-    if (shared_) {
-        params_ = shared_->common();
+        node_mem_ = comm_.share_node_memory(3 * n_params_, n_params_, be_.host_memory());
+    if (node_mem_) {
+        params_ = node_mem_->common();
         m_ = params_ + n_params_;
         v_ = m_ + n_params_;
-        grads_ = shared_->segment(comm_.rank());
+        grads_ = node_mem_->segment(comm_.rank());
         const int64_t r = comm_.rank(), R = comm_.size();
-        shard_lo_ = n_ * r / R, shard_hi_ = n_ * (r + 1) / R;
-        shard_b_dec_ = r == R - 1;
+        owned_lo_ = n_ * r / R, owned_hi_ = n_ * (r + 1) / R;
+        owns_b_dec_ = r == R - 1;
         // Each replica zeroes (first-touches) the ranges it will update.
         for (float* a : {params_, m_, v_})
-            for (const Range& g : ranges_of(r))
+            for (const Range& g : owned_ranges(r))
                 std::fill(a + g.offset, a + g.offset + g.count, 0.0f);
-        shared_->fence();
+        node_mem_->fence();
     } else {
-        own_params_ = DeviceArray<float>(backend, n_params_);
-        own_grads_ = DeviceArray<float>(backend, n_params_);
-        own_m_ = DeviceArray<float>(backend, n_params_);
-        own_v_ = DeviceArray<float>(backend, n_params_);
-        params_ = own_params_.data(), grads_ = own_grads_.data();
-        m_ = own_m_.data(), v_ = own_v_.data();
+        local_params_ = DeviceArray<float>(backend, n_params_);
+        local_grads_ = DeviceArray<float>(backend, n_params_);
+        local_m_ = DeviceArray<float>(backend, n_params_);
+        local_v_ = DeviceArray<float>(backend, n_params_);
+        params_ = local_params_.data(), grads_ = local_grads_.data();
+        m_ = local_m_.data(), v_ = local_v_.data();
         for (float* a : {params_, grads_, m_, v_}) be_.fill(a, n_params_, 0.0f);
-        shard_lo_ = 0, shard_hi_ = n_, shard_b_dec_ = true;
+        owned_lo_ = 0, owned_hi_ = n_, owns_b_dec_ = true;
     }
 }
 
@@ -345,91 +345,112 @@ StepResult SaeTrainer::collect_gradients() {
     return r;
 }
 
+// Gradients are of the summed loss (see step): they and the step's metrics are summed over the
+// replicas, then divided by the rows of all replicas through Adam's grad_scale.
 void SaeTrainer::apply_update(StepResult& r) {
-    const int64_t n = n_, d = d_;
-    const float* w_dec = params_ + off(ParamLayout::kWDec);
-    float* g_w_dec = grads_ + off(ParamLayout::kWDec);
-    // The architecture's sums for after_step (zeros from a replica that had no rows).
+    std::vector<double> arch_sums = step_arch_sums(r.rows);
+    double sum_sq = 0;  // of the summed gradient (after the decoder projection)
+    if (comm_.size() > 1) sum_sq = reduce_over_replicas(r, arch_sums);
+    if (r.rows == 0) return;  // no replica had data: nothing to learn from
+    if (!splits_update()) {
+        project_decoder_gradient();
+        sum_sq = be_.sum_squares(grads_, n_params_);
+    }
+    const float grad_scale = clip_gradient(r, sum_sq);
+    if (skip_nonfinite(r)) return;
+    r.lr = lr_at(cfg_, step_, total_steps_);
+    optimizer_step(grad_scale, static_cast<float>(r.lr), step_ + 1);
+    if (splits_update()) node_mem_->fence();  // every range updated before anyone reads them
+    finish_step(r, arch_sums);
+}
+
+std::vector<double> SaeTrainer::step_arch_sums(int64_t rows) {
     std::vector<double> arch_sums = pass_->step_sums();
-    if (r.rows == 0)
+    if (rows == 0)
         std::fill(arch_sums.begin(), arch_sums.end(), 0.0);
     else
         arch_sums = pending_arch_sums_;
-    // Gradients are of the summed loss (see step): sum them, and the step's metrics, over the
-    // replicas, then divide by the rows of all replicas through Adam's grad_scale.
-    double sum_sq = 0;
-    if (comm_.size() > 1) {
-        std::vector<double> m = {
-            double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0, r.aux, r.sum_sq_x};
-        if (sharded()) {
-            // Reduce-scatter in shared memory: this replica's range, summed over replicas.
-            shared_->fence();  // every replica's gradient is complete
-            const auto mine = ranges_of(comm_.rank());
-            for (const Range& g : mine) shared_->sum_segments(g.offset, g.count);
-            reduced_ = true;
-            if (cfg_.normalize_decoder)
-                be_.project_out_parallel(w_dec + shard_lo_ * d, g_w_dec + shard_lo_ * d,
-                                         shard_hi_ - shard_lo_, d);
-            double partial = 0;
-            for (const Range& g : mine) partial += be_.sum_squares(grads_ + g.offset, g.count);
-            m.push_back(partial);
-        } else {
-            comm_.allreduce_sum(grads_, n_params_);
-            reduced_ = true;
-        }
-        const size_t a0 = m.size();
-        m.insert(m.end(), arch_sums.begin(), arch_sums.end());
-        m.insert(m.end(), fires_host_.begin(), fires_host_.end());
-        comm_.allreduce_sum(m.data(), static_cast<int64_t>(m.size()));
-        r.rows = static_cast<int64_t>(m[0]);
-        r.loss = m[1] / m[0], r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5], r.aux = m[6];
-        r.sum_sq_x = m[7];
-        if (sharded()) sum_sq = m[8];
-        std::copy(m.begin() + a0, m.begin() + a0 + arch_sums.size(), arch_sums.begin());
-        const size_t f0 = a0 + arch_sums.size();
-        for (int64_t i = 0; i < n; ++i) fires_host_[i] = static_cast<int32_t>(m[f0 + i]);
-    }
-    if (r.rows == 0) return;  // no replica had data: nothing to learn from
-    const double rows_all = static_cast<double>(r.rows);
-    if (!sharded()) {
-        if (cfg_.normalize_decoder) be_.project_out_parallel(w_dec, g_w_dec, n, d);
-        sum_sq = be_.sum_squares(grads_, n_params_);
-    }
+    return arch_sums;
+}
 
+double SaeTrainer::reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums) {
+    std::vector<double> m = {
+        double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0, r.aux, r.sum_sq_x};
+    if (splits_update())
+        m.push_back(reduce_owned_gradient());
+    else
+        comm_.allreduce_sum(grads_, n_params_);
+    reduced_ = true;
+    const size_t a0 = m.size();
+    m.insert(m.end(), arch_sums.begin(), arch_sums.end());
+    m.insert(m.end(), fires_host_.begin(), fires_host_.end());
+    comm_.allreduce_sum(m.data(), static_cast<int64_t>(m.size()));
+    r.rows = static_cast<int64_t>(m[0]);
+    r.loss = m[1] / m[0], r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5], r.aux = m[6];
+    r.sum_sq_x = m[7];
+    std::copy(m.begin() + a0, m.begin() + a0 + arch_sums.size(), arch_sums.begin());
+    const size_t f0 = a0 + arch_sums.size();
+    for (int64_t i = 0; i < n_; ++i) fires_host_[i] = static_cast<int32_t>(m[f0 + i]);
+    return splits_update() ? m[8] : 0.0;
+}
+
+double SaeTrainer::reduce_owned_gradient() {
+    // Reduce-scatter in node memory: this replica's owned range, summed over replicas.
+    node_mem_->fence();  // every replica's gradient is complete
+    const auto mine = owned_ranges(comm_.rank());
+    for (const Range& g : mine) node_mem_->sum_segments(g.offset, g.count);
+    project_decoder_gradient();
+    double partial = 0;
+    for (const Range& g : mine) partial += be_.sum_squares(grads_ + g.offset, g.count);
+    return partial;
+}
+
+void SaeTrainer::project_decoder_gradient() {
+    if (!cfg_.normalize_decoder) return;
+    const int64_t at = off(ParamLayout::kWDec) + owned_lo_ * d_;
+    be_.project_out_parallel(params_ + at, grads_ + at, owned_hi_ - owned_lo_, d_);
+}
+
+float SaeTrainer::clip_gradient(StepResult& r, double sum_sq) {
+    const double rows_all = static_cast<double>(r.rows);
     float grad_scale = static_cast<float>(1.0 / rows_all);
     r.grad_norm = std::sqrt(sum_sq) / rows_all;
     if (cfg_.grad_clip > 0 && r.grad_norm > cfg_.grad_clip) {
         grad_scale *= static_cast<float>(cfg_.grad_clip / r.grad_norm);
         r.clipped = true;
     }
+    return grad_scale;
+}
+
+bool SaeTrainer::skip_nonfinite(StepResult& r) {
     // A non-finite gradient (every replica sees the same all-reduced value, so all decide
     // alike): apply nothing, count it, and give up after max_bad_steps in a row.
-    if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) {
-        r.skipped = true;
-        ++bad_in_a_row_;
-        SAE_ENFORCE(bad_in_a_row_ < cfg_.max_bad_steps,
-                    "the loss or gradient was not finite for {} steps in a row (at step {}; "
-                    "train.max_bad_steps); lower train.lr or check the data. The last committed "
-                    "checkpoint predates the problem",
-                    bad_in_a_row_, step_);
-        return;
+    if (std::isfinite(r.grad_norm) && std::isfinite(r.loss)) {
+        bad_in_a_row_ = 0;
+        return false;
     }
-    bad_in_a_row_ = 0;
-    r.lr = lr_at(cfg_, step_, total_steps_);
-    optimizer_step(grad_scale, static_cast<float>(r.lr), step_ + 1);
-    if (sharded()) shared_->fence();  // every range updated before anyone reads parameters
+    r.skipped = true;
+    ++bad_in_a_row_;
+    SAE_ENFORCE(bad_in_a_row_ < cfg_.max_bad_steps,
+                "the loss or gradient was not finite for {} steps in a row (at step {}; "
+                "train.max_bad_steps); lower train.lr or check the data. The last committed "
+                "checkpoint predates the problem",
+                bad_in_a_row_, step_);
+    return true;
+}
 
+void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
     if (step_ >= window_start_) {
         window_rows_ += r.rows, window_sse_ += r.sse, window_sum_sq_ += r.sum_sq_x;
         window_l0_ += r.l0;
-        for (int64_t i = 0; i < n; ++i) window_fired_[i] += fires_host_[i];
+        for (int64_t i = 0; i < n_; ++i) window_fired_[i] += fires_host_[i];
         if (window_arch_sums_.size() != arch_sums.size())
             window_arch_sums_.assign(arch_sums.size(), 0.0);
         for (size_t i = 0; i < arch_sums.size(); ++i) window_arch_sums_[i] += arch_sums[i];
     }
     n_dead_ = 0;
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < n_; ++i) {
         since_fired_[i] = fires_host_[i] > 0 ? 0 : since_fired_[i] + r.rows;
         dead_[i] = since_fired_[i] >= cfg_.dead_tokens;
         n_dead_ += dead_[i];
@@ -450,29 +471,30 @@ void SaeTrainer::optimizer_step(float grad_scale, float lr, int64_t t) {
                         0.0f,
                         grad_scale};
     const auto wd = static_cast<float>(cfg_.weight_decay);
-    for (const Range& g : ranges(shard_lo_, shard_hi_, shard_b_dec_)) {
+    for (const Range& g : ranges(owned_lo_, owned_hi_, owns_b_dec_)) {
         if (g.count == 0) continue;
         // Weights (W_enc, W_dec) get weight decay, biases and thresholds do not.
         s.weight_decay = g.decay ? wd : 0.0f;
         be_.adam(params_ + g.offset, grads_ + g.offset, m_ + g.offset, v_ + g.offset, g.count, s);
     }
     if (cfg_.normalize_decoder)
-        be_.normalize_rows(params_ + off(ParamLayout::kWDec) + shard_lo_ * d_,
-                           shard_hi_ - shard_lo_, d_);
+        be_.normalize_rows(params_ + off(ParamLayout::kWDec) + owned_lo_ * d_,
+                           owned_hi_ - owned_lo_, d_);
 }
 
-std::vector<SaeTrainer::Range> SaeTrainer::ranges(int64_t lo, int64_t hi, bool with_shared) const {
+std::vector<SaeTrainer::Range> SaeTrainer::ranges(int64_t lo, int64_t hi,
+                                                  bool with_non_latent) const {
     std::vector<Range> out;
     for (const ParamSegment& s : layout_.segments()) {
         if (s.per_latent)
             out.push_back({s.offset + lo * s.cols, (hi - lo) * s.cols, s.decay});
         else
-            out.push_back({s.offset, with_shared ? s.size() : 0, s.decay});
+            out.push_back({s.offset, with_non_latent ? s.size() : 0, s.decay});
     }
     return out;
 }
 
-std::vector<SaeTrainer::Range> SaeTrainer::ranges_of(int64_t q) const {
+std::vector<SaeTrainer::Range> SaeTrainer::owned_ranges(int64_t q) const {
     const int64_t R = comm_.size();
     return ranges(n_ * q / R, n_ * (q + 1) / R, q == R - 1);
 }
@@ -594,35 +616,35 @@ std::vector<float> SaeTrainer::params_host() const {
 
 std::vector<float> SaeTrainer::grads_host() const {
     std::vector<float> g(static_cast<size_t>(n_params_));
-    if (!(sharded() && reduced_)) {
+    if (!(splits_update() && reduced_)) {
         be_.download(g.data(), grads_, n_params_ * static_cast<int64_t>(sizeof(float)));
         return g;
     }
     // Each replica's range of the summed gradient sits in that replica's segment; the fences
     // keep every replica out of its next step (which overwrites its segment) meanwhile.
-    shared_->fence();
+    node_mem_->fence();
     for (int64_t q = 0; q < comm_.size(); ++q) {
-        const float* seg = shared_->segment(static_cast<int>(q));
-        for (const Range& r : ranges_of(q))
+        const float* seg = node_mem_->segment(static_cast<int>(q));
+        for (const Range& r : owned_ranges(q))
             std::copy(seg + r.offset, seg + r.offset + r.count, g.begin() + r.offset);
     }
-    shared_->fence();
+    node_mem_->fence();
     return g;
 }
 
-void SaeTrainer::write_shared(float* dst, const std::vector<float>& src) {
+void SaeTrainer::write_flat(float* dst, const std::vector<float>& src) {
     SAE_ENFORCE(static_cast<int64_t>(src.size()) == n_params_,
                 "parameter buffer has {} values, expected {}", src.size(), n_params_);
-    if (!sharded()) {
+    if (!splits_update()) {
         be_.upload(dst, src.data(), n_params_ * static_cast<int64_t>(sizeof(float)));
         return;
     }
-    for (const Range& r : ranges_of(comm_.rank()))
+    for (const Range& r : owned_ranges(comm_.rank()))
         std::copy(src.begin() + r.offset, src.begin() + r.offset + r.count, dst + r.offset);
-    shared_->fence();
+    node_mem_->fence();
 }
 
-void SaeTrainer::set_params_host(const std::vector<float>& p) { write_shared(params_, p); }
+void SaeTrainer::set_params_host(const std::vector<float>& p) { write_flat(params_, p); }
 
 TrainState SaeTrainer::state() const {
     TrainState s;
@@ -677,9 +699,9 @@ void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
             if (key == name) pass_->set_buffer(name, v), found = true;
         SAE_ENFORCE(found, "checkpoint of a {} SAE has no '{}' tensor", cfg_.arch, name);
     }
-    write_shared(params_, p);
-    write_shared(m_, s.adam_m);
-    write_shared(v_, s.adam_v);
+    write_flat(params_, p);
+    write_flat(m_, s.adam_m);
+    write_flat(v_, s.adam_v);
     since_fired_ = s.since_fired;
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {

@@ -138,7 +138,7 @@ void populate(char* p, size_t bytes) {
 
 // The same without writing, for memory another thread may be writing into; false when the
 // kernel cannot (before Linux 5.14).
-bool populate_shared(char* p, size_t bytes) {
+bool populate_without_writing(char* p, size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
     return ::madvise(p, bytes, MADV_POPULATE_WRITE) == 0;
 #else
@@ -357,7 +357,7 @@ struct ShardBatchSource::Impl {
             for (size_t end = windows[0].bytes.bytes(); !full_windows.try_pop(&ready);) {
                 const size_t begin = end > step ? end - step : 0;
                 if (static_cast<int64_t>(begin) <= reader_at.load(std::memory_order_relaxed) ||
-                    !populate_shared(p0 + begin, end - begin))
+                    !populate_without_writing(p0 + begin, end - begin))
                     break;
                 end = begin;
             }

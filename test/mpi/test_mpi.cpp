@@ -192,9 +192,9 @@ TEST(Mpi, DataParallelReplicasAgreeWithOneProcessReference) {
             name != "batchtopk" && name != "auxk" && name != "switch-balanced";
         auto be = make_cpu_backend(1);
         SaeTrainer tr(cfg, d, 20, 3, *be, w);
-        // One node: the optimizer is split over node-shared memory unless the environment
+        // One node: the optimizer update is split over node memory unless the environment
         // asks for message passing (the test_mpi_np2_messages run).
-        EXPECT_EQ(tr.sharded(), std::getenv("SAETRAIN_NO_SHM") == nullptr);
+        EXPECT_EQ(tr.splits_update(), std::getenv("SAETRAIN_NO_SHM") == nullptr);
         std::mt19937 rng(100 + w.rank());  // each replica its own rows
         std::normal_distribution<float> normal(0.0f, 1.0f);
         std::vector<float> x(rows * d);
