@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
             "rows/rank/step | optimizer: {}\n",
             arch, d, n, k, world->size(), batch,
             independent          ? "one per rank (no exchange)"
-            : tr.splits_update() ? "node-shared, split over the replicas"
+            : tr.splits_update() ? "node memory, update split over the replicas"
             : world->size() > 1  ? "gradients all-reduced by messages"
                                  : "one rank");
         fmt::print("{:>8} {:>14} {:>18}\n", "ranks", "tokens/s", "tokens/s per rank");

@@ -102,7 +102,7 @@ public:
         const int64_t mine = rank_ == 0 ? common_pad + stride_ * size_ : 0;
         float* base = nullptr;
         {
-            Watch w("node-shared memory allocation");
+            Watch w("node memory allocation");
             const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(mine) * 4, sizeof(float),
                                                    MPI_INFO_NULL, comm_, &base, &win_);
             SAE_ENFORCE(rc == MPI_SUCCESS,
@@ -128,7 +128,7 @@ public:
         // MPI_Win_free is collective: while an exception unwinds (this rank is about to abort
         // the job) peers may be waiting elsewhere, so leave the window to the abort.
         if (std::uncaught_exceptions() > 0) return;
-        Watch w("node-shared memory release");
+        Watch w("node memory release");
         MPI_Win_unlock_all(win_);
         MPI_Win_free(&win_);
     }
@@ -138,7 +138,7 @@ public:
     float* common() override { return common_; }
     float* segment(int rank) override { return segments_ + stride_ * rank; }
     void fence() override {
-        Watch w("node-shared memory fence");
+        Watch w("node memory fence");
         MPI_Win_sync(win_);
         SAE_MPI_CHECK(MPI_Barrier(comm_));
         MPI_Win_sync(win_);
