@@ -67,6 +67,18 @@ struct Figure {
     double rows_per_s() const { return seconds > 0 ? rows / seconds : 0; }
 };
 
+// Bytes per row in the files.
+double row_bytes_in(const DatasetInfo& info) {
+    return static_cast<double>(info.d_model * dtype_size(info.dtype));
+}
+
+// The figure of a reader that has delivered f.rows rows (float32) since t0.
+void finish_rows(Figure& f, const DatasetInfo& info, Clock::time_point t0) {
+    f.seconds = since(t0);
+    f.in_bytes = f.rows * row_bytes_in(info);
+    f.out_bytes = f.rows * static_cast<double>(info.d_model * 4);
+}
+
 // Every byte of every file, in order, with 1 MiB requests.
 Figure raw_pass(const DatasetInfo& info, const char* name, double max_s) {
     Figure f;
@@ -89,7 +101,7 @@ Figure raw_pass(const DatasetInfo& info, const char* name, double max_s) {
         if (max_s > 0 && since(t0) > max_s) break;
     }
     f.seconds = since(t0);
-    f.rows = f.in_bytes / static_cast<double>(info.d_model * dtype_size(info.dtype));
+    f.rows = f.in_bytes / row_bytes_in(info);
     p.done();
     return f;
 }
@@ -99,7 +111,7 @@ Figure reader_pass(const DatasetInfo& info, const LoaderOptions& lo, int64_t bat
                    const char* name, double max_s, int64_t* buffer_bytes) {
     Figure f;
     f.name = name;
-    const double row_in = static_cast<double>(info.d_model * dtype_size(info.dtype));
+    const double row_in = row_bytes_in(info);
     Progress p{name, static_cast<double>(info.total_rows) * row_in / 1e6};
     std::vector<float> out(static_cast<size_t>(batch * info.d_model));
     const auto t0 = Clock::now();
@@ -110,9 +122,7 @@ Figure reader_pass(const DatasetInfo& info, const LoaderOptions& lo, int64_t bat
         p.update(f.rows * row_in / 1e6);
         if (max_s > 0 && since(t0) > max_s) break;
     }
-    f.seconds = since(t0);
-    f.in_bytes = f.rows * row_in;
-    f.out_bytes = f.rows * static_cast<double>(info.d_model * 4);
+    finish_rows(f, info, t0);
     *buffer_bytes = src.buffer_bytes();
     p.done();
     return f;
@@ -128,7 +138,7 @@ Figure reader_later_epochs(const DatasetInfo& info, LoaderOptions lo, int64_t ba
     f.name = name;
     lo.epochs = 4;
     lo.max_rows = 0;
-    const double row_in = static_cast<double>(info.d_model * dtype_size(info.dtype));
+    const double row_in = row_bytes_in(info);
     Progress p{name, 4 * static_cast<double>(info.total_rows) * row_in / 1e6};
     std::vector<float> out(static_cast<size_t>(batch * info.d_model));
     ShardBatchSource src(info, RowRange{0, info.total_rows}, lo);
@@ -145,9 +155,7 @@ Figure reader_later_epochs(const DatasetInfo& info, LoaderOptions lo, int64_t ba
         f.rows += static_cast<double>(got);
         p.update((static_cast<double>(rows) + f.rows) * row_in / 1e6);
     }
-    f.seconds = since(t0);
-    f.in_bytes = f.rows * row_in;
-    f.out_bytes = f.rows * static_cast<double>(info.d_model * 4);
+    finish_rows(f, info, t0);
     p.done();
     return f;
 }
@@ -193,7 +201,7 @@ Figure naive_pass(const DatasetInfo& info, double max_s, uint64_t seed) {
     std::vector<float> row(static_cast<size_t>(info.d_model));
     std::mt19937_64 g(seed);
     std::uniform_int_distribution<int64_t> pick(0, info.total_rows - 1);
-    const double row_in = static_cast<double>(info.d_model * dtype_size(info.dtype));
+    const double row_in = row_bytes_in(info);
     Progress p{f.name, 0};
     const auto t0 = Clock::now();
     while (since(t0) < max_s) {
@@ -213,9 +221,7 @@ Figure naive_pass(const DatasetInfo& info, double max_s, uint64_t seed) {
         f.rows += 1;
         if (static_cast<int64_t>(f.rows) % 256 == 0) p.update(f.rows * row_in / 1e6);
     }
-    f.seconds = since(t0);
-    f.in_bytes = f.rows * row_in;
-    f.out_bytes = f.rows * static_cast<double>(info.d_model * 4);
+    finish_rows(f, info, t0);
     p.done();
     return f;
 }
@@ -249,7 +255,7 @@ void add_options(CLI::App& app, Args& a) {
 }
 
 void print_setup(const Args& a, const DatasetInfo& info, const ShufflePlan& plan) {
-    const double row_in = static_cast<double>(info.d_model * dtype_size(info.dtype));
+    const double row_in = row_bytes_in(info);
     std::printf("dataset %s | %zu shard(s), %lld rows, d_model %lld, %s | %.1f MB\n",
                 a.data.c_str(), info.shards.size(), static_cast<long long>(info.total_rows),
                 static_cast<long long>(info.d_model), dtype_name(info.dtype),

@@ -50,28 +50,22 @@ const char* kind_name(Kind k) {
     return "a value";
 }
 
+// The Kind of each of Value's types.
 template <class T>
-struct KindOf;
-template <>
-struct KindOf<int64_t> {
-    static constexpr Kind value = Kind::integer;
-};
-template <>
-struct KindOf<uint64_t> {
-    static constexpr Kind value = Kind::unsigned_integer;
-};
-template <>
-struct KindOf<double> {
-    static constexpr Kind value = Kind::number;
-};
-template <>
-struct KindOf<bool> {
-    static constexpr Kind value = Kind::boolean;
-};
-template <>
-struct KindOf<std::string> {
-    static constexpr Kind value = Kind::string;
-};
+constexpr Kind kind_of() {
+    if constexpr (std::is_same_v<T, int64_t>)
+        return Kind::integer;
+    else if constexpr (std::is_same_v<T, uint64_t>)
+        return Kind::unsigned_integer;
+    else if constexpr (std::is_same_v<T, double>)
+        return Kind::number;
+    else if constexpr (std::is_same_v<T, bool>)
+        return Kind::boolean;
+    else {
+        static_assert(std::is_same_v<T, std::string>, "a Value type");
+        return Kind::string;
+    }
+}
 
 template <class T>
 Value to_value(const T& v) {
@@ -117,7 +111,7 @@ Field make_field(const char* section, const char* key, Access access,
     Field f;
     f.section = section;
     f.key = key;
-    f.kind = KindOf<T>::value;
+    f.kind = kind_of<T>();
     f.choices = std::move(choices);
     // The accessor only reads here; the casts let one accessor serve both directions.
     f.get = [access](const Config& c, const SaeConfig& s) {

@@ -27,6 +27,34 @@ constexpr int64_t kColBlock = 256;  // columns per reduction block: 1 KiB of flo
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The L1 (activation column sums times decoder norms) and L0 (fire counts) statistics of the
+// column blocks of ReLU and Gated backward passes: summed per block in parallel, added to the
+// statistics in block order, so the result does not depend on the thread count.
+class BlockL1L0 {
+public:
+    explicit BlockL1L0(int64_t n) : l1_(ceil_div(n, kColBlock)), l0_(l1_.size()) {}
+    int64_t blocks() const { return static_cast<int64_t>(l1_.size()); }
+    // Block b's w columns: act [w] their activation sums, norms [w] their decoder norms, fired [w]
+    // their fire counts.
+    void set(int64_t b, int64_t w, const float* act, const float* norms, const float* fired) {
+        double s1 = 0, f = 0;
+        for (int64_t c = 0; c < w; ++c) {
+            s1 += double(act[c]) * norms[c];
+            f += fired[c];
+        }
+        l1_[b] = s1, l0_[b] = f;
+    }
+    void add_to(float* stats) const {
+        for (size_t b = 0; b < l1_.size(); ++b) {
+            stats[kStatL1] += static_cast<float>(l1_[b]);
+            stats[kStatL0] += static_cast<float>(l0_[b]);
+        }
+    }
+
+private:
+    std::vector<double> l1_, l0_;
+};
+
 // Keeps the k largest of a row (ties: the lower index wins) in a min-heap whose top is the
 // current worst kept element. After the heap fills, most elements fail one comparison against
 // the top, so a row costs about n comparisons plus a few heap updates.
@@ -252,8 +280,8 @@ public:
     void relu_backward(const float* z, float* dz, const float* norms, float l1, int64_t rows,
                        int64_t n, float* db_enc, float* z_col_sum, int32_t* fires,
                        float* stats) override {
-        const int64_t nb = ceil_div(n, kColBlock);
-        std::vector<double> l1s(nb), l0s(nb);
+        BlockL1L0 sums(n);
+        const int64_t nb = sums.blocks();
 #pragma omp parallel for schedule(static)
         for (int64_t b = 0; b < nb; ++b) {
             const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
@@ -272,20 +300,14 @@ public:
                     fsum[c] += zr[c] > 0.0f ? 1.0f : 0.0f;
                 }
             }
-            double s1 = 0, f = 0;
             for (int64_t c = 0; c < w; ++c) {
                 db_enc[c0 + c] = gsum[c];
                 z_col_sum[c0 + c] = zsum[c];
                 fires[c0 + c] = static_cast<int32_t>(fsum[c]);  // exact: counts < 2^24 rows
-                s1 += double(zsum[c]) * norms[c0 + c];
-                f += fsum[c];
             }
-            l1s[b] = s1, l0s[b] = f;
+            sums.set(b, w, zsum, norms + c0, fsum);
         }
-        for (int64_t b = 0; b < nb; ++b) {
-            stats[kStatL1] += static_cast<float>(l1s[b]);
-            stats[kStatL0] += static_cast<float>(l0s[b]);
-        }
+        sums.add_to(stats);
     }
 
     void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n, int64_t k,
@@ -498,8 +520,8 @@ public:
     void gated_backward(const GatedBackward& args) override {
         const auto& [pre, b_gate, r_mag, b_mag, norms, l1, rows, n, dz, dgate, db_gate, dr_mag,
                      db_mag, dpre_col_sum, gate_col_sum, fires, stats] = args;
-        const int64_t nb = ceil_div(n, kColBlock);
-        std::vector<double> l1s(nb), l0s(nb);
+        BlockL1L0 sums(n);
+        const int64_t nb = sums.blocks();
 #pragma omp parallel for schedule(static)
         for (int64_t b = 0; b < nb; ++b) {
             const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
@@ -522,20 +544,14 @@ public:
                     sf[c] += math::gated(gv, mv) > 0.0f ? 1.0f : 0.0f;
                 }
             }
-            double s1 = 0, f = 0;
             for (int64_t c = 0; c < w; ++c) {
                 db_gate[c0 + c] = sg[c], db_mag[c0 + c] = sm[c], dr_mag[c0 + c] = sr[c];
                 dpre_col_sum[c0 + c] = sp[c], gate_col_sum[c0 + c] = sa[c];
                 fires[c0 + c] = static_cast<int32_t>(sf[c]);
-                s1 += double(sa[c]) * norms[c0 + c];
-                f += sf[c];
             }
-            l1s[b] = s1, l0s[b] = f;
+            sums.set(b, w, sa, norms + c0, sf);
         }
-        for (int64_t b = 0; b < nb; ++b) {
-            stats[kStatL1] += static_cast<float>(l1s[b]);
-            stats[kStatL0] += static_cast<float>(l0s[b]);
-        }
+        sums.add_to(stats);
     }
 
     void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows, int64_t n,

@@ -155,15 +155,22 @@ constexpr int kColTile = 32, kRowLanes = 8;
 struct RowSlices {
     int slices;
     int64_t rows_per;
+    dim3 grid;   // (column tiles, slices): one block per kColTile columns of one slice
+    dim3 block;  // (kColTile, kRowLanes)
 };
 RowSlices row_slices(int64_t rows, int64_t cols) {
-    if (rows <= 0) return {1, 1};  // one empty slice: the partials come out zero
-    // Enough blocks to fill a large GPU (~4 per SM on 132 SMs) without slices under 64 rows.
     const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
-    const int64_t want = std::max<int64_t>(1, 512 / col_tiles + 1);
-    const int64_t slices = std::min<int64_t>(std::min<int64_t>((rows + 63) / 64, want), 1024);
-    const int64_t per = (rows + slices - 1) / slices;
-    return {static_cast<int>((rows + per - 1) / per), per};
+    int slices = 1;  // rows <= 0: one empty slice, the partials come out zero
+    int64_t per = 1;
+    if (rows > 0) {
+        // Enough blocks to fill a large GPU (~4 per SM on 132 SMs) without slices under 64 rows.
+        const int64_t want = std::max<int64_t>(1, 512 / col_tiles + 1);
+        const int64_t most = std::min<int64_t>(std::min<int64_t>((rows + 63) / 64, want), 1024);
+        per = (rows + most - 1) / most;
+        slices = static_cast<int>((rows + per - 1) / per);
+    }
+    return {slices, per, dim3(static_cast<unsigned>(col_tiles), static_cast<unsigned>(slices)),
+            dim3(kColTile, kRowLanes)};
 }
 
 __global__ void residual_kernel(float* xh, const float* x, int64_t rows, int64_t d,
@@ -709,14 +716,12 @@ void residual(cudaStream_t s, Workspace& ws, float* xh, const float* x, int64_t 
               float grad_scale, float* x_col_sum, float* db_dec, float* stats) {
     if (d <= 0) return;
     const RowSlices sl = row_slices(rows, d);
-    const dim3 grid(static_cast<unsigned>((d + kColTile - 1) / kColTile),
-                    static_cast<unsigned>(sl.slices));
-    const int64_t blocks = int64_t(grid.x) * grid.y;
+    const int64_t blocks = int64_t(sl.grid.x) * sl.grid.y;
     auto* part_x = ws.get<float>(0, sl.slices * d);
     auto* part_e = ws.get<float>(1, sl.slices * d);
     auto* part_d = ws.get<double>(2, 2 * blocks);
-    residual_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
-        xh, x, rows, d, sl.rows_per, grad_scale, part_x, part_e, part_d, part_d + blocks);
+    residual_kernel<<<sl.grid, sl.block, 0, s>>>(xh, x, rows, d, sl.rows_per, grad_scale, part_x,
+                                                 part_e, part_d, part_d + blocks);
     SAE_CUDA_LAUNCH_CHECK();
     sum_slices_kernel<<<grid_for(d), kThreads, 0, s>>>(part_x, part_e, sl.slices, d, x_col_sum,
                                                        db_dec);
@@ -736,14 +741,12 @@ void relu_backward(cudaStream_t s, Workspace& ws, const float* z, float* dz, con
                    int32_t* fires, float* stats) {
     if (n <= 0) return;
     const RowSlices sl = row_slices(rows, n);
-    const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
-                    static_cast<unsigned>(sl.slices));
     auto* part_g = ws.get<float>(0, sl.slices * n);
     auto* part_z = ws.get<float>(1, sl.slices * n);
     auto* part_f = ws.get<int32_t>(2, sl.slices * n);
     auto* col = ws.get<double>(3, 2 * n);
-    relu_backward_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
-        z, dz, norms, l1, rows, n, sl.rows_per, part_g, part_z, part_f);
+    relu_backward_kernel<<<sl.grid, sl.block, 0, s>>>(z, dz, norms, l1, rows, n, sl.rows_per,
+                                                      part_g, part_z, part_f);
     SAE_CUDA_LAUNCH_CHECK();
     relu_backward_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(
         part_g, part_z, part_f, sl.slices, n, norms, db_enc, z_col_sum, fires, col, col + n);
@@ -764,14 +767,12 @@ void jumprelu_backward(cudaStream_t s, Workspace& ws, const JumpReluBackward& a)
     const int64_t rows = a.rows, n = a.n;
     if (n <= 0) return;
     const RowSlices sl = row_slices(rows, n);
-    const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
-                    static_cast<unsigned>(sl.slices));
     auto* part_f = ws.get<float>(0, 2 * sl.slices * n);
     auto* part_i = ws.get<int32_t>(1, sl.slices * n);
     auto* col_l0 = ws.get<double>(2, n);
-    jumprelu_backward_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
-        a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0, rows, n, sl.rows_per, part_f,
-        part_i);
+    jumprelu_backward_kernel<<<sl.grid, sl.block, 0, s>>>(a.v, a.dz_to_dpre, a.log_threshold,
+                                                          a.bandwidth, a.l0, rows, n, sl.rows_per,
+                                                          part_f, part_i);
     SAE_CUDA_LAUNCH_CHECK();
     jumprelu_backward_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(
         part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires, col_l0);
@@ -791,14 +792,12 @@ void gated_backward(cudaStream_t s, Workspace& ws, const GatedBackward& a) {
     const int64_t rows = a.rows, n = a.n;
     if (n <= 0) return;
     const RowSlices sl = row_slices(rows, n);
-    const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
-                    static_cast<unsigned>(sl.slices));
     auto* part_f = ws.get<float>(0, 5 * sl.slices * n);
     auto* part_i = ws.get<int32_t>(1, sl.slices * n);
     auto* col = ws.get<double>(2, 2 * n);
-    gated_backward_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
-        a.pre, a.b_gate, a.r_mag, a.b_mag, a.dec_norms, a.l1, rows, n, sl.rows_per, a.dz_to_dpre,
-        a.dgate, part_f, part_i);
+    gated_backward_kernel<<<sl.grid, sl.block, 0, s>>>(a.pre, a.b_gate, a.r_mag, a.b_mag,
+                                                       a.dec_norms, a.l1, rows, n, sl.rows_per,
+                                                       a.dz_to_dpre, a.dgate, part_f, part_i);
     SAE_CUDA_LAUNCH_CHECK();
     gated_backward_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(
         part_f, part_i, sl.slices, n, a.dec_norms, a.db_gate, a.db_mag, a.dr_mag, a.dpre_col_sum,
@@ -828,17 +827,14 @@ void decorr_standardize(cudaStream_t s, Workspace& ws, const float* z, const int
         SAE_CUDA_CHECK(cudaMemcpyAsync(u, z, sizeof(float) * total, cudaMemcpyDeviceToDevice, s));
     }
     const RowSlices sl = row_slices(rows, n);
-    const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
-                    static_cast<unsigned>(sl.slices));
-    const dim3 block(kColTile, kRowLanes);
     auto* part = ws.get<double>(0, sl.slices * n);
     auto* col = ws.get<double>(1, 2 * n);
     double *mean = col, *inv = col + n;
-    decorr_moment_kernel<<<grid, block, 0, s>>>(u, nullptr, rows, n, sl.rows_per, part);
+    decorr_moment_kernel<<<sl.grid, sl.block, 0, s>>>(u, nullptr, rows, n, sl.rows_per, part);
     SAE_CUDA_LAUNCH_CHECK();
     decorr_mean_kernel<<<grid_for(n), kThreads, 0, s>>>(part, sl.slices, rows, n, mean);
     SAE_CUDA_LAUNCH_CHECK();
-    decorr_moment_kernel<<<grid, block, 0, s>>>(u, mean, rows, n, sl.rows_per, part);
+    decorr_moment_kernel<<<sl.grid, sl.block, 0, s>>>(u, mean, rows, n, sl.rows_per, part);
     SAE_CUDA_LAUNCH_CHECK();
     decorr_inv_norm_kernel<<<grid_for(n), kThreads, 0, s>>>(part, sl.slices, n, inv, inv_norm);
     SAE_CUDA_LAUNCH_CHECK();
@@ -866,13 +862,10 @@ void decorr_apply(cudaStream_t s, Workspace& ws, const float* z, const int32_t* 
                   const float* factor, float scale, float* dz) {
     if (rows <= 0 || n <= 0) return;
     const RowSlices sl = row_slices(rows, n);
-    const dim3 grid(static_cast<unsigned>((n + kColTile - 1) / kColTile),
-                    static_cast<unsigned>(sl.slices));
     auto* part = ws.get<double>(0, 2 * sl.slices * n);
     auto* col = ws.get<float>(1, 2 * n);
     float *dmean = col, *udu = col + n;
-    decorr_grad_cols_kernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(u, du, rows, n, sl.rows_per,
-                                                                       part);
+    decorr_grad_cols_kernel<<<sl.grid, sl.block, 0, s>>>(u, du, rows, n, sl.rows_per, part);
     SAE_CUDA_LAUNCH_CHECK();
     decorr_grad_cols_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(part, sl.slices, rows, n, dmean,
                                                                     udu);

@@ -18,14 +18,13 @@ namespace {
 // L0 of 23.6 for the training 32 (held-out FVU 0.1415), 0.1 gave 32.5 (FVU 0.1187).
 constexpr double kThresholdRate = 0.1;
 
-class BatchTopkPass final : public ArchPass {
+class BatchTopkPass final : public SelectionPass {
 public:
     BatchTopkPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-        : k_(cfg.k), be_(be), auxk_(cfg, d, n, be), decorr_(cfg), width_(cfg.k) {}
+        : SelectionPass(cfg, d, n, be), k_(cfg.k) {}
     void reserve(int64_t rows) override {
         rows_cap_ = std::max(rows_cap_, rows);  // the buffers hold the most rows seen, each width_
-        ensure(idx_, be_, rows_cap_ * width_);
-        ensure(val_, be_, rows_cap_ * width_);
+        reserve_selection(rows_cap_);
     }
     void forward(PassContext& c, bool training) override {
         encode(c);
@@ -44,21 +43,8 @@ public:
             width_ = widest;
             reserve(c.B);
         }
-        c.be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B, width_, c.d,
-                           c.xhat);
+        decode_selection(c);
     }
-    void backward(PassContext& c, int64_t, int64_t) override {
-        const float* extra = decorr_.sparse(c, idx_.data(), val_.data(), width_);
-        SparseBackward a = sparse_backward(c, c.xc, c.xhat, idx_.data(), val_.data(), c.B, width_);
-        a.dval_extra = extra;
-        c.be.topk_backward(a);
-        auxk_.backward(c);
-        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
-    }
-    double penalty(const float* st) const override {
-        return auxk_.penalty(st) + decorr_.penalty(st);
-    }
-    Activations activations() const override { return {nullptr, idx_.data(), val_.data(), width_}; }
     std::vector<double> step_sums() const override { return {batch_t_, 1.0}; }
     void after_step(const std::vector<double>& sums) override {
         if (sums.size() != 2 || !(sums[1] > 0)) return;
@@ -77,15 +63,9 @@ public:
 
 private:
     int64_t k_;
-    Backend& be_;
-    AuxK auxk_;
-    Decorrelation decorr_;
-    int64_t width_;
     int64_t rows_cap_ = 0;
     float threshold_ = 0;  // the inference threshold (0: not estimated yet)
     double batch_t_ = 0;   // this step's batch threshold
-    DeviceArray<int32_t> idx_;
-    DeviceArray<float> val_;
 };
 
 class BatchTopk final : public KSelection {

@@ -112,6 +112,39 @@ private:
     DeviceArray<float> extra_;
 };
 
+// What the TopK and BatchTopK passes share: a selection (idx, val) [rows, width] of latents per
+// row, its sparse decoder, and a backward through topk_backward with the decorrelation
+// penalty's gradient, then AuxK and the decoder bias's path through the encoder input.
+class SelectionPass : public ArchPass {
+public:
+    SelectionPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
+        : be_(be), auxk_(cfg, d, n, be), decorr_(cfg), width_(cfg.k) {}
+    void backward(PassContext& c, int64_t step, int64_t total_steps) override;
+    double penalty(const float* st) const override {
+        return auxk_.penalty(st) + decorr_.penalty(st);
+    }
+    Activations activations() const override { return {nullptr, idx_.data(), val_.data(), width_}; }
+
+protected:
+    // Grows the selection to hold `rows` rows of width_ (contents are not kept).
+    void reserve_selection(int64_t rows) {
+        ensure(idx_, be_, rows * width_);
+        ensure(val_, be_, rows * width_);
+    }
+    // ctx.xhat += the selection's rows of W_dec, weighted by their values.
+    void decode_selection(PassContext& c) {
+        c.be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B, width_, c.d,
+                           c.xhat);
+    }
+
+    Backend& be_;
+    AuxK auxk_;
+    Decorrelation decorr_;
+    int64_t width_;  // entries per row: k for TopK, the widest row so far for BatchTopK
+    DeviceArray<int32_t> idx_;
+    DeviceArray<float> val_;
+};
+
 const Architecture& relu_arch();
 const Architecture& topk_arch();
 const Architecture& batchtopk_arch();

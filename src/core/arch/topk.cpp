@@ -2,46 +2,21 @@
 // with AuxK on the latents that died. Sparse kernels: one dense GEMM (the encoder) and O(k d)
 // per token for the decoder and the backward pass.
 #include "common.h"
-#include "saetrain/error.h"
 
 namespace saetrain::arch {
 namespace {
 
-class TopkPass final : public ArchPass {
+class TopkPass final : public SelectionPass {
 public:
     TopkPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-        : k_(cfg.k), be_(be), auxk_(cfg, d, n, be), decorr_(cfg) {}
-    void reserve(int64_t rows) override {
-        ensure(idx_, be_, rows * k_);
-        ensure(val_, be_, rows * k_);
-    }
+        : SelectionPass(cfg, d, n, be) {}
+    void reserve(int64_t rows) override { reserve_selection(rows); }
     void forward(PassContext& c, bool) override {
         encode(c);
-        c.be.topk_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n, k_, idx_.data(), val_.data(),
-                          true);
-        c.be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B, k_, c.d,
-                           c.xhat);
+        c.be.topk_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n, width_, idx_.data(),
+                          val_.data(), true);
+        decode_selection(c);
     }
-    void backward(PassContext& c, int64_t, int64_t) override {
-        const float* extra = decorr_.sparse(c, idx_.data(), val_.data(), k_);
-        SparseBackward a = sparse_backward(c, c.xc, c.xhat, idx_.data(), val_.data(), c.B, k_);
-        a.dval_extra = extra;
-        c.be.topk_backward(a);
-        auxk_.backward(c);
-        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
-    }
-    double penalty(const float* st) const override {
-        return auxk_.penalty(st) + decorr_.penalty(st);
-    }
-    Activations activations() const override { return {nullptr, idx_.data(), val_.data(), k_}; }
-
-private:
-    int64_t k_;
-    Backend& be_;
-    AuxK auxk_;
-    Decorrelation decorr_;
-    DeviceArray<int32_t> idx_;
-    DeviceArray<float> val_;
 };
 
 class Topk final : public KSelection {
