@@ -38,7 +38,7 @@
 #include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
 #include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, partition_rows
-#include "saetrain/shared_source.h"     // defines: SharedBatchSource (slices -> one stream)
+#include "saetrain/shared_source.h"     // defines: SharedBatchSource, BroadcastBatchSource
 #include "saetrain/synth.h"             // defines: synth_read_features, feature_recovery
 #include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
 
@@ -79,7 +79,7 @@ struct Setup {
     std::vector<std::string> ids;
     std::unique_ptr<Backend> backend;
     std::string backend_note;
-    std::unique_ptr<ShardBatchSource> local;  // this rank's slice
+    std::unique_ptr<ShardBatchSource> local;  // this rank's slice (null: a latent shard > 0)
     // Held-out rows: this replica's share of them, [eval_local_rows, d_model] (see
     // load_eval_rows); eval_rows is the whole set's size (0: no evaluation).
     std::vector<float> eval_x;
@@ -91,6 +91,8 @@ struct Setup {
     const SaeConfig& sae() const { return cfg.sweep[static_cast<size_t>(layout.config)]; }
     const std::string& id() const { return ids[static_cast<size_t>(layout.config)]; }
     fs::path out() const { return cfg.run.out_dir; }
+    // Where this rank's reader is (nowhere on a latent shard that receives its batches).
+    ReaderCursor cursor() const { return local ? local->cursor() : ReaderCursor{}; }
 };
 
 // The held-out rows (data.eval_path, or the last data.eval_rows rows of data.path, which
@@ -151,32 +153,34 @@ void choose_backend(Setup& s, const NodePlacement& place) {
 
 // The rows of data.path that are trained on: all, less the held-out rows at its end when they
 // come from the same data.
-int64_t training_rows(const Setup& s, int world) {
+int64_t training_rows(const Setup& s, int readers) {
     const DataConfig& dc = s.cfg.data;
     if (!dc.eval_path.empty() || dc.eval_rows == 0) return s.data.total_rows;
-    SAE_ENFORCE(dc.eval_rows + world <= s.data.total_rows,
+    SAE_ENFORCE(dc.eval_rows + readers <= s.data.total_rows,
                 "data.eval_rows = {} leaves too few of the {} rows of {} to train {} rank(s) "
                 "on; hold out fewer rows or give data.eval_path",
-                dc.eval_rows, s.data.total_rows, s.data.source, world);
+                dc.eval_rows, s.data.total_rows, s.data.source, readers);
     return s.data.total_rows - dc.eval_rows;
 }
 
-// This rank's reader: its own disjoint, contiguous slice of the training rows.
-void open_slice(Setup& s, int64_t train_rows, int rank, int world) {
+// This rank's reader: its own disjoint, contiguous slice of the training rows; `reader` of
+// `readers` (RankLayout::reader: each replica's first latent shard reads for the others).
+void open_slice(Setup& s, int64_t train_rows, int reader, int readers) {
+    if (reader < 0) return;
     const DataConfig& dc = s.cfg.data;
     LoaderOptions lo;
     lo.epochs = dc.epochs;
     lo.shuffle_rows = dc.shuffle_buffer_rows;
-    lo.seed = s.cfg.run.seed * 1000003u + static_cast<uint64_t>(rank);
+    lo.seed = s.cfg.run.seed * 1000003u + static_cast<uint64_t>(reader);
     lo.read_bytes = dc.read_bytes;
     lo.ring_bytes = dc.prefetch_bytes;
     lo.stage_dir = dc.stage_dir;
-    lo.progress = rank == 0;
+    lo.progress = reader == 0;
     if (dc.max_tokens > 0) {
         // max_tokens counts one SAE's tokens: split over the ranks that feed that SAE.
         lo.max_rows =
             s.layout.shared
-                ? partition_rows(dc.max_tokens, rank, world).size()
+                ? partition_rows(dc.max_tokens, reader, readers).size()
                 : partition_rows(dc.max_tokens, s.layout.replica, s.layout.replicas).size();
     }
     lo.copy_threads = s.threads;
@@ -185,7 +189,7 @@ void open_slice(Setup& s, int64_t train_rows, int rank, int world) {
     // With the math on a device, the reader's conversion may use the rank's cores.
     if (!s.backend->host_memory()) lo.convert_threads = s.threads;
     s.local =
-        std::make_unique<ShardBatchSource>(s.data, partition_rows(train_rows, rank, world), lo);
+        std::make_unique<ShardBatchSource>(s.data, partition_rows(train_rows, reader, readers), lo);
 }
 
 // Everything a rank sets up before the first collective after the start-up agreement. `data`
@@ -198,13 +202,16 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
     s.layout = layout_for(s.cfg, world, rank);
     s.data = std::move(data);
     config_validate_for_data(s.cfg, s.data.d_model);
+    for (const SaeConfig& c : s.cfg.sweep)
+        check_latent_sharding(c, s.data.d_model, c.resolved_latents(s.data.d_model),
+                              s.layout.shards, s.cfg.source + ": ");
     s.ids = sweep_ids(s.cfg, s.data.d_model);
     inspect_out_dir(s, args, rank);
-    const int64_t train_rows = training_rows(s, world);
+    const int64_t train_rows = training_rows(s, s.layout.readers());
     load_eval_rows(s, eval_data);
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     choose_backend(s, place);
-    open_slice(s, train_rows, rank, world);
+    open_slice(s, train_rows, s.layout.reader(), s.layout.readers());
     return s;
 }
 
@@ -307,27 +314,52 @@ std::optional<Setup> start_up(const Args& args, Communicator& world, const NodeP
 
 // --- connect: the replicas of one SAE, the ranks that share a stream -----------------------
 struct Connections {
-    std::unique_ptr<Communicator> grads;   // the replicas of this rank's SAE
+    std::unique_ptr<Communicator> grads;   // the replicas of this rank's SAE (its latent shard)
     std::unique_ptr<Communicator> stream;  // the ranks that read one stream (shared sweep data)
+    std::unique_ptr<Communicator> shards;  // the latent shards of this replica (host buffers)
+    std::unique_ptr<Communicator> shards_backend;  // the same, for backend buffers
+    LatentShard shard;                             // this rank's part of the SAE (count 1: all)
     std::unique_ptr<SharedBatchSource> shared;
+    std::unique_ptr<BroadcastBatchSource> from_reader;  // latent shards: the first one reads
     BatchSource* source = nullptr;  // where this rank's batches come from
     int64_t steps = 0;              // optimizer steps of the run
 };
 
+// The latent shards of this rank's replica: one communicator for host buffers (the top-k
+// candidates), one for the backend's (the partial reconstructions: NCCL on GPUs).
+void connect_shards(Connections& c, Setup& s, Communicator& world, const NodePlacement& place) {
+    const RankLayout& l = s.layout;
+    const int group = l.config * l.replicas + l.replica;
+    c.shards = world.split(group, l.shard);
+    c.shards_backend = s.backend->gradient_comm(world.split(group, l.shard), place.local_rank,
+                                                place.local_size, s.cfg.parallel.timeout_s);
+    c.shard.group = c.shards.get();
+    c.shard.backend_group = c.shards_backend.get();
+    c.shard.index = l.shard, c.shard.count = l.shards;
+    c.shard.n_total = s.sae().resolved_latents(s.data.d_model);
+}
+
 Connections connect(Setup& s, Communicator& world, const NodePlacement& place) {
     Connections c;
-    c.grads =
-        s.backend->gradient_comm(world.split(s.layout.config, s.layout.replica), place.local_rank,
-                                 place.local_size, s.cfg.parallel.timeout_s);
-    c.stream = world.split(s.layout.replica, s.layout.config);
-    if (s.layout.shared)
+    const RankLayout& l = s.layout;
+    c.grads = s.backend->gradient_comm(world.split(l.config * l.shards + l.shard, l.replica),
+                                       place.local_rank, place.local_size,
+                                       s.cfg.parallel.timeout_s);
+    c.stream = world.split(l.replica * l.shards + l.shard, l.config);
+    if (l.shared && s.local)
         c.shared = std::make_unique<SharedBatchSource>(*s.local, *c.stream, s.cfg.data.batch_size);
     c.source = c.shared ? static_cast<BatchSource*>(c.shared.get()) : s.local.get();
+    if (l.shards > 1) {
+        connect_shards(c, s, world, place);
+        c.from_reader =
+            std::make_unique<BroadcastBatchSource>(c.source, *c.shards, s.data.d_model);
+        c.source = c.from_reader.get();
+    }
     // One SAE consumes replicas x batch_size rows a step, from its whole stream.
-    double stream_rows = static_cast<double>(s.local->total_rows());
-    (s.layout.shared ? world : *c.grads).allreduce_sum(&stream_rows, 1);
-    c.steps = total_steps_for(static_cast<int64_t>(stream_rows),
-                              s.cfg.data.batch_size * s.layout.replicas);
+    double stream_rows = static_cast<double>(
+        l.shared ? (s.local ? s.local->total_rows() : 0) : c.source->total_rows());
+    (l.shared ? world : *c.grads).allreduce_sum(&stream_rows, 1);
+    c.steps = total_steps_for(static_cast<int64_t>(stream_rows), s.cfg.data.batch_size * l.replicas);
     return c;
 }
 
@@ -402,7 +434,7 @@ int64_t resume_if_any(Setup& s, const Args& args, Communicator& world, Checkpoin
                 "{}: no committed checkpoint could be loaded (see the warnings above); pass "
                 "--overwrite to start over",
                 s.out().string());
-    s.local->restore(ReaderCursor{at->epoch, at->offset});
+    if (s.local) s.local->restore(ReaderCursor{at->epoch, at->offset});
     opt.start_iteration = at->iteration;
     opt.initialized = true;
     if (world.rank() == 0) {
@@ -449,7 +481,7 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
     }
     opt.checkpoint = [&s, &world, &checkpoints, &fault, writer](SaeTrainer& t, int64_t iteration) {
         if (!writer && fault.fires(world.rank(), iteration, true)) fault.fire(iteration);
-        const ReaderCursor c = s.local->cursor();
+        const ReaderCursor c = s.cursor();
         checkpoints.save(t, iteration, c.epoch, c.offset, /*wait=*/false);
     };
     opt.stop_requested = [] { return g_stop_signal.load() != 0; };
@@ -511,7 +543,9 @@ SaeSummary summarize(const Setup& s, const LoopResult& res, SaeTrainer& trainer)
 // its feature-density histogram, and the recovery of planted features when the data has them.
 void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
     const fs::path sae_dir = s.out() / "sae" / s.id();
-    const SaeWeights w = fold_activation_scale(trainer.weights());
+    SaeWeights w = trainer.weights();  // collective over the latent shards
+    if (s.layout.shard != 0) return;   // the first shard holds the whole SAE
+    w = fold_activation_scale(w);
     sae_write_h5((sae_dir / "final.h5").string(), w, sae_meta(s, trainer));
     if (mine.gates.measured)
         density_histogram_write((sae_dir / "feature_density.csv").string(), mine.gates.density);
@@ -571,11 +605,12 @@ int run(const Args& args, Communicator& world) {
     world.barrier();  // out_dir exists before anyone writes into it
 
     SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
-                       *conn.grads);
-    const bool writer = s.layout.replica == 0;  // replicas are identical: one writes
+                       *conn.grads, &conn.shard);
+    // Replicas are identical: replica 0 writes (its latent shards gather the SAE to shard 0).
+    const bool writer = s.layout.replica == 0;
     Checkpointer checkpoints(world, *conn.grads, s.out().string(),
                              (s.out() / "sae" / s.id()).string(), sae_meta(s, trainer),
-                             s.cfg.checkpoint.keep);
+                             s.cfg.checkpoint.keep, s.layout.shard);
     LoopOptions opt;
     const int64_t resumed_step = resume_if_any(s, args, world, checkpoints, trainer, opt);
 
@@ -586,7 +621,7 @@ int run(const Args& args, Communicator& world) {
     const LoopResult res = train_loop(trainer, *conn.source, opt);
     print_loop_end(res, reporter, world);
     // The last checkpoint: committed before anything else is written.
-    const ReaderCursor end = s.local->cursor();
+    const ReaderCursor end = s.cursor();
     checkpoints.save(trainer, res.iterations, end.epoch, end.offset, /*wait=*/true);
     if (res.stopped) {
         if (root)

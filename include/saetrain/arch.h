@@ -23,6 +23,8 @@
 
 namespace saetrain {
 
+struct LatentShard;  // sharded_topk.h
+
 // The architecture of an SaeConfig that does not name one.
 inline constexpr const char* kDefaultArch = "topk";
 
@@ -75,7 +77,11 @@ struct PassContext {
     float norm_rows = 1;           // the loss is summed over rows and divided by this
     // Latents dead before this step (host: 1 = dead) and their count, for AuxK.
     const std::vector<uint8_t>* dead = nullptr;
-    int64_t n_dead = 0;
+    int64_t n_dead = 0;  // over the whole SAE (all latent shards)
+    // A latent-sharded SAE (parallel.latent_shards > 1): n, the segments and `dead` are this
+    // shard's latents; x_hat is the sum of the shards' partial reconstructions (see
+    // Architecture::shardable). Null: the whole SAE.
+    const LatentShard* shard = nullptr;
     const float* seg(int i) const { return p + layout.segments()[static_cast<size_t>(i)].offset; }
     float* grad(int i) const { return g + layout.segments()[static_cast<size_t>(i)].offset; }
     const float* seg(const std::string& name) const { return p + layout.offset(name); }
@@ -187,6 +193,11 @@ public:
         OpShape shape;
         std::string key;
     };
+    // Whether its pass trains a latent shard (PassContext::shard): a partial x_hat that the
+    // trainer sums over the shards (encode() adds b_dec on the first shard only), top-k
+    // selections through select_topk (common.h), stats that are sums over latents (L0, L1), and
+    // no state over all latents in its step_sums. ReLU, JumpReLU and TopK do.
+    virtual bool shardable() const { return false; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {
         return {};

@@ -28,9 +28,10 @@ struct ResumePoint {
 
 class Checkpointer {
 public:
-    // world: every rank; replicas: this SAE's replicas (replica 0 writes); sae_dir: out/sae/<id>.
+    // world: every rank; replicas: this SAE's replicas (replica 0 writes); sae_dir: out/sae/<id>;
+    // shard: this rank's latent shard (the trainer gathers the SAE to shard 0, which writes).
     Checkpointer(Communicator& world, Communicator& replicas, std::string out_dir,
-                 std::string sae_dir, SaeMeta meta, int64_t keep);
+                 std::string sae_dir, SaeMeta meta, int64_t keep, int shard = 0);
     ~Checkpointer();
     Checkpointer(const Checkpointer&) = delete;
     Checkpointer& operator=(const Checkpointer&) = delete;
@@ -58,6 +59,7 @@ private:
 
     Communicator& world_;
     Communicator& replicas_;
+    bool writes_;  // replica 0, latent shard 0: this rank writes the SAE's files
     std::string out_dir_, sae_dir_;
     SaeMeta meta_;
     int64_t keep_;

@@ -17,6 +17,17 @@ namespace saetrain {
 class Backend;
 class Communicator;
 
+// This rank's part of a latent-sharded SAE (parallel.latent_shards = S > 1): shard `index` of
+// the S shards of one replica holds the contiguous latents [first(), first() + n_local()).
+struct LatentShard {
+    Communicator* group = nullptr;          // the S shards, in latent order; host buffers
+    Communicator* backend_group = nullptr;  // the same ranks, for backend buffers (NCCL on GPUs)
+    int64_t index = 0, count = 1;           // this shard, and S
+    int64_t n_total = 0;                    // the SAE's latents; S divides them
+    int64_t n_local() const { return n_total / count; }
+    int64_t first() const { return index * n_local(); }
+};
+
 // cand_val, cand_idx: [shards][rows][k] as an all-gather lays them out, each shard's row sorted
 // best first (topk_forward's order: value descending, then id ascending), ids global. Writes
 // [rows][k] into idx and val, best first, the values ReLU'd when `relu` (0 where it cut).
@@ -38,5 +49,17 @@ struct ShardedTopkScratch {
 void sharded_topk_forward(Backend& be, Communicator& group, const float* pre, const float* b_enc,
                           int64_t rows, int64_t n_local, int64_t k, int32_t first_latent,
                           int32_t* idx, float* val, bool relu, ShardedTopkScratch& scratch);
+
+// Keeps the entries of a global selection [count] that fall in [first, first + n_local), their
+// ids made local (minus first); every other entry becomes (0, 0.0f), which the decoder and
+// topk_backward treat as absent.
+void keep_own_entries(int32_t* idx, float* val, int64_t count, int64_t first, int64_t n_local);
+
+// What a shard's pass uses: the global selection of sharded_topk_forward over `shard`'s group,
+// then keep_own_entries, so that the shard decodes and back-propagates its own latents only
+// (local ids into its parameter segments).
+void sharded_topk_own(Backend& be, const LatentShard& shard, const float* pre, const float* b_enc,
+                      int64_t rows, int64_t k, int32_t* idx, float* val, bool relu,
+                      ShardedTopkScratch& scratch);
 
 }  // namespace saetrain

@@ -35,4 +35,27 @@ private:
     double exchange_s_ = 0;
 };
 
+// One reader's batches, passed to every rank of `group` (the latent shards of one replica,
+// which train on the same rows): group rank 0 reads from `reader`, and broadcasts each batch,
+// so disk traffic does not grow with the number of shards.
+class BroadcastBatchSource final : public BatchSource {
+public:
+    // Collective: every rank of `group` constructs it together; `reader` is used on rank 0
+    // only (the others may pass null).
+    BroadcastBatchSource(BatchSource* reader, Communicator& group, int64_t d_model);
+    int64_t d_model() const override { return d_; }
+    int64_t total_rows() const override { return total_; }
+    int64_t next(float* out, int64_t rows) override;  // collective
+    int64_t bytes_read() const override { return reader_ ? reader_->bytes_read() : 0; }
+    double wait_seconds() const override {
+        return (reader_ ? reader_->wait_seconds() : 0.0) + exchange_s_;
+    }
+
+private:
+    BatchSource* reader_;  // null except on group rank 0
+    Communicator& group_;
+    int64_t d_, total_ = 0;
+    double exchange_s_ = 0;
+};
+
 }  // namespace saetrain

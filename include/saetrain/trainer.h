@@ -33,6 +33,7 @@
 #include "saetrain/comm.h"
 #include "saetrain/config.h"
 #include "saetrain/quality.h"
+#include "saetrain/sharded_topk.h"
 #include "saetrain/train_state.h"
 
 namespace saetrain {
@@ -62,11 +63,20 @@ struct EvalResult {
     QualityGates quality;       // the quality gates on these rows (quality.h)
 };
 
+// Throws Error (prefixed by `where`) when an SAE of `cfg` (d_model d, n_total latents) cannot be
+// split into `shards` latent shards (parallel.latent_shards): its architecture, a shard count
+// that does not divide the latents, a k larger than a shard.
+void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
+                           const std::string& where);
+
 class SaeTrainer {
 public:
-    // grad_comm: the replicas of this SAE (data-parallel); gradients are averaged over it.
+    // grad_comm: the replicas of this SAE (data-parallel, the same latent shard of each);
+    // gradients are averaged over it. shard: this rank's latent shard of a sharded SAE
+    // (parallel.latent_shards > 1; null: the whole SAE). Every shard of a replica trains on the
+    // same rows and calls every method alike (each is collective over the shards).
     SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
-               Backend& backend, Communicator& grad_comm);
+               Backend& backend, Communicator& grad_comm, const LatentShard* shard = nullptr);
     ~SaeTrainer();
 
     // Initializes the parameters: decoder rows random unit vectors (from the seed), W_enc as
@@ -99,7 +109,8 @@ public:
     // gradient buffer; returns L. `x_dev` is in backend memory.
     StepResult compute_gradients(const float* x_dev, int64_t rows, int64_t norm_rows = 0);
 
-    // Host copies of the flat parameter and gradient buffers (layout above), and a setter.
+    // Host copies of the flat parameter and gradient buffers (layout above; this shard's
+    // latents on a latent shard), and a setter.
     // After step() the gradients are the ones summed over replicas. set_params_host, init and
     // restore are collective over the replicas, which must pass the same values; so is
     // grads_host after a step when splits_update().
@@ -107,14 +118,20 @@ public:
     std::vector<float> grads_host() const;
     void set_params_host(const std::vector<float>& p);
 
-    SaeWeights weights() const;  // in the file layout (W_enc [d, n])
-    // Optimizer state and counters for a checkpoint (cursors and iteration are the caller's).
+    // The whole SAE in the file layout (W_enc [d, n]). On a latent shard: collective over the
+    // shards, the first shard gets the whole SAE and the others empty weights (n_latents 0).
+    SaeWeights weights() const;
+    // Optimizer state and counters for a checkpoint (cursors and iteration are the caller's);
+    // gathered like weights().
     TrainState state() const;
-    // Continues from a checkpoint: weights in the file layout, and its state. Bitwise: the
-    // next step is the one the uninterrupted run would have taken.
+    // Continues from a checkpoint: weights in the file layout, and its state, of the whole SAE
+    // (a latent shard takes its latents: the checkpoint may come from any shard count).
+    // Bitwise: the next step is the one the uninterrupted run would have taken.
     void restore(const SaeWeights& w, const TrainState& s);
     int64_t d_model() const { return d_; }
-    int64_t n_latents() const { return n_; }
+    int64_t n_latents() const { return n_total_; }  // the whole SAE's
+    int64_t local_latents() const { return n_; }    // this shard's (all without sharding)
+    bool sharded() const { return shard_.count > 1; }
     // data.normalize's factor c (1 without it): the SAE trains on c * x.
     float input_scale() const { return input_scale_; }
     int64_t step_count() const { return step_; }
@@ -201,14 +218,34 @@ private:
     int64_t off(int segment) const {
         return layout_.segments()[static_cast<size_t>(segment)].offset;
     }
+    // Latent sharding. The whole SAE's flat buffer (whole_layout_) from the shards' `flat`
+    // (backend memory) on the first shard, empty on the others; this shard's part of a whole
+    // flat buffer; and the same for per-latent host vectors.
+    std::vector<float> gather_flat(const float* flat) const;
+    std::vector<float> own_part(const std::vector<float>& whole) const;
+    template <class T>
+    std::vector<T> gather_latents(const std::vector<T>& mine) const;
+    // The SAE's squared gradient norm from this shard's sum_sq (summed over the shards, the
+    // segments every shard holds counted once).
+    double sum_over_shards(double sum_sq) const;
+    // The whole SAE's per-latent values from every shard's (all-gathered over the shards).
+    std::vector<double> all_latents(const std::vector<double>& mine) const;
+    // n_dead_total_ from every shard's n_dead_.
+    void count_dead_over_shards();
+    // After the forward pass: x_hat summed over the shards.
+    void reduce_x_hat(int64_t rows);
+    // SaeWeights of a whole flat buffer (whole_layout_).
+    SaeWeights weights_of(const std::vector<float>& p) const;
 
     SaeConfig cfg_;
-    int64_t d_, n_, total_steps_;
+    LatentShard shard_;  // count 1: not sharded
+    int64_t d_, n_total_, n_, total_steps_;
     uint64_t seed_;
     Backend& be_;
     Communicator& comm_;
     const Architecture& arch_;
-    ParamLayout layout_;
+    ParamLayout layout_;        // this shard's latents
+    ParamLayout whole_layout_;  // the whole SAE's (== layout_ without sharding)
     std::unique_ptr<ArchPass> pass_;
     int64_t step_ = 0, tokens_ = 0;
     int64_t bad_in_a_row_ = 0;
@@ -228,7 +265,8 @@ private:
     int64_t pending_rows_ = -1;         // rows of the step begun and not yet ended (-1: none)
     std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
     std::vector<uint8_t> dead_;         // host: 1 for latents dead before this step
-    int64_t n_dead_ = 0;
+    int64_t n_dead_ = 0;        // of this shard's latents
+    int64_t n_dead_total_ = 0;  // of the SAE's
     std::vector<int32_t> fires_host_;
     std::vector<float> xcol_host_;           // the last collected batch's column sums of x
     std::vector<double> pending_arch_sums_;  // the pending step's ArchPass::step_sums

@@ -256,6 +256,7 @@ const std::vector<Field>& fields() {
         CFG_KEY(parallel, mode, kModeChoices),
         CFG_KEY(parallel, sweep_data, kSweepDataChoices),
         CFG_KEY(parallel, replicas, kAny, at_least(1)),
+        CFG_KEY(parallel, latent_shards, kAny, at_least(1, " (1: no latent sharding)")),
         CFG_KEY(parallel, timeout_s, kAny, at_least(0, " (0: no watchdog)")),
         make_field(
             "backend", "", [](Config & c, SaeConfig&) -> auto& { return c.backend; },

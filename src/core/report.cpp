@@ -107,6 +107,10 @@ std::vector<std::pair<std::string, double>> figures_decode(const std::string& by
 
 // ---- combining replicas ------------------------------------------------------------------------
 
+// The replica a rank's block reports as: its own, or -1 on a latent shard other than the
+// first (the same SAE's figures again; its block still counts for the MFU and memory).
+int row_replica(const RankLayout& l) { return l.shard == 0 ? l.replica : -1; }
+
 // What replicas of one SAE share: the sum of their devices' peaks (0 if any is unknown) and
 // the largest memory high-water marks.
 struct ConfigTotals {
@@ -432,7 +436,7 @@ RunReporter::~RunReporter() = default;
 
 void RunReporter::gather(const MetricsRow& mine) {
     const std::vector<RankBlock> blocks =
-        all_gather_blocks(world_, pack(mine, layout_.config, layout_.replica, peak_flops_), ids_);
+        all_gather_blocks(world_, pack(mine, layout_.config, row_replica(layout_), peak_flops_), ids_);
     if (world_.rank() != 0) return;
     const std::map<int, ConfigTotals> totals = config_totals(blocks);
     std::vector<MetricsRow> rows;
@@ -453,7 +457,7 @@ std::vector<SaeSummary> RunReporter::finish(
     const SaeSummary& mine, const std::string& summary_path,
     const std::vector<std::string>& config_column_names,
     const std::vector<std::map<std::string, std::string>>& config_columns) {
-    std::vector<double> v = pack(mine.last, layout_.config, layout_.replica, peak_flops_);
+    std::vector<double> v = pack(mine.last, layout_.config, row_replica(layout_), peak_flops_);
     const std::vector<double> whole_run = summary_pack(mine);
     v.insert(v.end(), whole_run.begin(), whole_run.end());
     const std::vector<RankBlock> blocks = all_gather_blocks(world_, v, ids_);

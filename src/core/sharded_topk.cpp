@@ -37,9 +37,13 @@ void merge_topk_candidates(const float* cand_val, const int32_t* cand_idx, int64
     }
 }
 
-void sharded_topk_forward(Backend& be, Communicator& group, const float* pre, const float* b_enc,
-                          int64_t rows, int64_t n_local, int64_t k, int32_t first_latent,
-                          int32_t* idx, float* val, bool relu, ShardedTopkScratch& scratch) {
+namespace {
+
+// The local selection, its exchange and the merge: the global [rows, k] selection lands in
+// scratch.idx and scratch.val (host).
+void select_global(Backend& be, Communicator& group, const float* pre, const float* b_enc,
+                   int64_t rows, int64_t n_local, int64_t k, int32_t first_latent, int32_t* idx,
+                   float* val, bool relu, ShardedTopkScratch& scratch) {
     SAE_ENFORCE(k <= n_local, "sae.k = {} exceeds the {} latents of a latent shard", k, n_local);
     const int64_t count = rows * k, shards = group.size();
     be.topk_forward(pre, b_enc, rows, n_local, k, idx, val, /*relu=*/false);
@@ -55,8 +59,40 @@ void sharded_topk_forward(Backend& be, Communicator& group, const float* pre, co
     group.allgather(scratch.idx.data(), scratch.all_idx.data(), bytes);
     merge_topk_candidates(scratch.all_val.data(), scratch.all_idx.data(), shards, rows, k,
                           scratch.idx.data(), scratch.val.data(), relu);
+}
+
+void upload_selection(Backend& be, int32_t* idx, float* val, const ShardedTopkScratch& scratch) {
+    const auto bytes = static_cast<int64_t>(scratch.val.size() * sizeof(float));
     be.upload(idx, scratch.idx.data(), bytes);
     be.upload(val, scratch.val.data(), bytes);
+}
+
+}  // namespace
+
+void sharded_topk_forward(Backend& be, Communicator& group, const float* pre, const float* b_enc,
+                          int64_t rows, int64_t n_local, int64_t k, int32_t first_latent,
+                          int32_t* idx, float* val, bool relu, ShardedTopkScratch& scratch) {
+    select_global(be, group, pre, b_enc, rows, n_local, k, first_latent, idx, val, relu, scratch);
+    upload_selection(be, idx, val, scratch);
+}
+
+void keep_own_entries(int32_t* idx, float* val, int64_t count, int64_t first, int64_t n_local) {
+    for (int64_t i = 0; i < count; ++i) {
+        const int64_t local = int64_t{idx[i]} - first;
+        const bool own = local >= 0 && local < n_local;
+        idx[i] = own ? static_cast<int32_t>(local) : 0;
+        val[i] = own ? val[i] : 0.0f;
+    }
+}
+
+void sharded_topk_own(Backend& be, const LatentShard& shard, const float* pre, const float* b_enc,
+                      int64_t rows, int64_t k, int32_t* idx, float* val, bool relu,
+                      ShardedTopkScratch& scratch) {
+    select_global(be, *shard.group, pre, b_enc, rows, shard.n_local(), k,
+                  static_cast<int32_t>(shard.first()), idx, val, relu, scratch);
+    keep_own_entries(scratch.idx.data(), scratch.val.data(), rows * k, shard.first(),
+                     shard.n_local());
+    upload_selection(be, idx, val, scratch);
 }
 
 }  // namespace saetrain

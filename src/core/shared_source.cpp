@@ -44,4 +44,21 @@ int64_t SharedBatchSource::next(float* out, int64_t rows) {
     return done;
 }
 
+BroadcastBatchSource::BroadcastBatchSource(BatchSource* reader, Communicator& group, int64_t d_model)
+    : reader_(group.rank() == 0 ? reader : nullptr), group_(group), d_(d_model) {
+    SAE_ENFORCE(group.rank() != 0 || reader != nullptr,
+                "BroadcastBatchSource: the group's first rank needs a reader");
+    total_ = reader_ ? reader_->total_rows() : 0;
+    group.bcast(&total_, sizeof(total_), 0);
+}
+
+int64_t BroadcastBatchSource::next(float* out, int64_t rows) {
+    int64_t got = reader_ ? reader_->next(out, rows) : 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    group_.bcast(&got, sizeof(got), 0);
+    if (got > 0) group_.bcast(out, got * d_ * static_cast<int64_t>(sizeof(float)), 0);
+    exchange_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return got;
+}
+
 }  // namespace saetrain

@@ -4,22 +4,37 @@
 #include <cmath>
 #include <random>
 
+#include "arch/common.h"
 #include "saetrain/error.h"
 #include "saetrain/schedule.h"
 
 namespace saetrain {
 
+namespace {
+
+LatentShard shard_or_whole(const LatentShard* shard, int64_t n_total) {
+    if (shard && shard->count > 1) return *shard;
+    LatentShard whole;
+    whole.n_total = n_total;
+    return whole;
+}
+
+}  // namespace
+
 SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
-                       Backend& backend, Communicator& grad_comm)
+                       Backend& backend, Communicator& grad_comm, const LatentShard* shard)
     : cfg_(cfg),
+      shard_(shard_or_whole(shard, cfg.resolved_latents(d_model))),
       d_(d_model),
-      n_(cfg.resolved_latents(d_model)),
+      n_total_(cfg.resolved_latents(d_model)),
+      n_(shard_.n_local()),
       total_steps_(total_steps),
       seed_(seed),
       be_(backend),
       comm_(grad_comm),
       arch_(arch_get(cfg.arch)),
       layout_(n_, d_, arch_.extra_params(cfg, n_, d_)),
+      whole_layout_(n_total_, d_, arch_.extra_params(cfg, n_total_, d_)),
       pass_(arch_.make_pass(cfg, d_, n_, backend)),
       n_params_(layout_.total()),
       dec_norms_(backend, n_),
@@ -32,9 +47,10 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       fires_host_(static_cast<size_t>(n_), 0),
       window_start_(total_steps - std::max<int64_t>(1, total_steps / 10)),
       window_fired_(static_cast<size_t>(n_), 0.0) {
-    arch_.validate(cfg, n_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_));
+    arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
+    check_latent_sharding(cfg, d_, n_total_, shard_.count, "");
     arch_check_backend(cfg, d_, n_, be_);
-    if (comm_.size() > 1)
+    if (comm_.size() > 1 && !sharded())
         node_mem_ = comm_.share_node_memory(3 * n_params_, n_params_, be_.host_memory());
     if (node_mem_) {
         params_ = node_mem_->common();
@@ -80,7 +96,8 @@ PassContext SaeTrainer::context(const float* x, int64_t rows) {
     c.x = x, c.xc = xc_.data(), c.pre = pre_.data(), c.xhat = xhat_.data();
     c.stats = stats_.data(), c.fires = fires_.data();
     c.dec_norms = dec_norms_.data(), c.col_scratch = zsum_.data();
-    c.dead = &dead_, c.n_dead = n_dead_;
+    c.dead = &dead_, c.n_dead = n_dead_total_;
+    c.shard = sharded() ? &shard_ : nullptr;
     return c;
 }
 
@@ -151,9 +168,13 @@ void SaeTrainer::init(const float* x_raw, int64_t rows) {
     std::mt19937_64 rng(seed_);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     float* w_dec = p.data() + off(ParamLayout::kWDec);
-    for (int64_t i = 0; i < n_; ++i) {
+    // A latent shard draws every row in order and keeps its own: the whole SAE's start.
+    std::vector<float> drawn(static_cast<size_t>(d_));
+    const int64_t first = shard_.first();
+    for (int64_t i = 0; i < n_total_; ++i) {
         double s = 0;
-        float* row = w_dec + i * d_;
+        const bool own = i >= first && i < first + n_;
+        float* row = own ? w_dec + (i - first) * d_ : drawn.data();
         for (int64_t c = 0; c < d_; ++c) row[c] = normal(rng), s += double(row[c]) * row[c];
         const float inv = static_cast<float>(1.0 / std::sqrt(s));
         for (int64_t c = 0; c < d_; ++c) row[c] *= inv;
@@ -217,6 +238,11 @@ StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t n
 void SaeTrainer::forward(const float* x, int64_t B, bool training) {
     PassContext c = context(x, B);
     pass_->forward(c, training);
+    reduce_x_hat(B);
+}
+
+void SaeTrainer::reduce_x_hat(int64_t rows) {
+    if (sharded()) shard_.backend_group->allreduce_sum(xhat_.data(), rows * d_);
 }
 
 void SaeTrainer::reconstruct(const float* x_host, int64_t rows, int64_t batch_rows,
@@ -238,7 +264,8 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
     batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
-    const int64_t d = d_, n = n_;
+    const int64_t d = d_;
+    int64_t n = n_;
     // Sums over this replica's rows, then over the replicas, in one all-reduce:
     // [rows, sse, sum ||x||^2, l0, column sums of x (d), firing rows per latent (n)].
     std::vector<double> sums(static_cast<size_t>(4 + d + n), 0.0);
@@ -285,6 +312,13 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     std::vector<double> decorr = local_decorr;
     comm_.allreduce_sum(decorr.data(), 2);
     comm_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+    if (sharded()) {  // L0 and the firing counts are per latent; decorrelation: each shard's
+        double part[3] = {sums[3], decorr[0], decorr[1]};
+        shard_.group->allreduce_sum(part, 3);
+        sums[3] = part[0], decorr = {part[1], part[2]};
+    }
+    const std::vector<double> fired_all = all_latents(std::vector<double>(fired, fired + n));
+    n = n_total_;
     EvalResult e;
     e.rows = static_cast<int64_t>(sums[0]);
     if (e.rows == 0) return e;
@@ -294,11 +328,10 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     e.fvu = sst > 0 ? sums[1] / sst : 0.0;
     e.l0 = sums[3] / sums[0];
     int64_t dead = 0, dense = 0;
-    for (int64_t i = 0; i < n; ++i) dead += fired[i] == 0, dense += fired[i] > 0.1 * sums[0];
+    for (double f : fired_all) dead += f == 0, dense += f > 0.1 * sums[0];
     e.dead_fraction = static_cast<double>(dead) / static_cast<double>(n);
     e.dense_fraction = static_cast<double>(dense) / static_cast<double>(n);
-    quality_from_sums(e.quality, e.rows, sums[1], sums[2], sums[3],
-                      std::vector<double>(fired, fired + n));
+    quality_from_sums(e.quality, e.rows, sums[1], sums[2], sums[3], fired_all);
     e.quality.held_out = true;
     e.quality.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
     return e;
@@ -316,9 +349,14 @@ void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_row
     c.grad_scale = 2.0f / static_cast<float>(norm_rows);
     c.norm_rows = static_cast<float>(norm_rows);
     pass_->forward(c, true);
+    reduce_x_hat(B);
     be_.residual(c.xhat, x, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
                  stats_.data());
+    // On a latent shard b_dec's gradient is the residual's term (once, on the first shard) plus
+    // every shard's term through its encoder input, summed below.
+    if (sharded() && shard_.index > 0) be_.fill(c.grad(ParamLayout::kBDec), d, 0.0f);
     pass_->backward(c, step_, total_steps_);
+    if (sharded()) shard_.backend_group->allreduce_sum(c.grad(ParamLayout::kBDec), d);
 }
 
 StepResult SaeTrainer::collect_gradients() {
@@ -330,6 +368,11 @@ StepResult SaeTrainer::collect_gradients() {
     be_.download(st, stats_.data(), sizeof(st));
     be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
     be_.download(fires_host_.data(), fires_.data(), n * static_cast<int64_t>(sizeof(int32_t)));
+    if (sharded()) {  // sums over latents: each shard holds its own latents' part
+        double part[2] = {st[kStatL1], st[kStatL0]};
+        shard_.group->allreduce_sum(part, 2);
+        st[kStatL1] = static_cast<float>(part[0]), st[kStatL0] = static_cast<float>(part[1]);
+    }
     pending_arch_sums_ = pass_->step_sums();
     StepResult r;
     r.rows = B;
@@ -354,7 +397,7 @@ void SaeTrainer::apply_update(StepResult& r) {
     if (r.rows == 0) return;  // no replica had data: nothing to learn from
     if (!splits_update()) {
         project_decoder_gradient();
-        sum_sq = be_.sum_squares(grads_, n_params_);
+        sum_sq = sum_over_shards(be_.sum_squares(grads_, n_params_));
     }
     const float grad_scale = clip_gradient(r, sum_sq);
     if (skip_nonfinite(r)) return;
@@ -455,6 +498,7 @@ void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arc
         dead_[i] = since_fired_[i] >= cfg_.dead_tokens;
         n_dead_ += dead_[i];
     }
+    count_dead_over_shards();
     ++step_;
     tokens_ += r.rows;
 }
@@ -574,7 +618,8 @@ StepResult SaeTrainer::step_end() {
 
 QualityGates SaeTrainer::training_quality() {
     QualityGates q;
-    quality_from_sums(q, window_rows_, window_sse_, window_sum_sq_, window_l0_, window_fired_);
+    quality_from_sums(q, window_rows_, window_sse_, window_sum_sq_, window_l0_,
+                      all_latents(window_fired_));
     // The last step's activations, still in the architecture's buffers.
     std::vector<double> decorr = {0.0, 0.0};
     if (last_rows_ > 0 && step_ > 0) {
@@ -594,6 +639,7 @@ QualityGates SaeTrainer::training_quality() {
                   1.0};
     }
     comm_.allreduce_sum(decorr.data(), 2);
+    if (sharded()) shard_.group->allreduce_sum(decorr.data(), 2);  // each shard's latents
     q.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
     return q;
 }
@@ -603,9 +649,15 @@ std::vector<std::pair<std::string, double>> SaeTrainer::arch_summary() const {
 }
 
 double SaeTrainer::dead_fraction() const {
-    int64_t dead = 0;
-    for (int64_t s : since_fired_) dead += s >= cfg_.dead_tokens;
-    return static_cast<double>(dead) / static_cast<double>(n_);
+    return static_cast<double>(n_dead_total_) / static_cast<double>(n_total_);
+}
+
+void SaeTrainer::count_dead_over_shards() {
+    n_dead_total_ = n_dead_;
+    if (!sharded()) return;
+    double dead = static_cast<double>(n_dead_);
+    shard_.group->allreduce_sum(&dead, 1);
+    n_dead_total_ = static_cast<int64_t>(dead);
 }
 
 std::vector<float> SaeTrainer::params_host() const {
@@ -650,31 +702,29 @@ TrainState SaeTrainer::state() const {
     TrainState s;
     s.step = step_;
     s.tokens = tokens_;
-    s.adam_m.resize(static_cast<size_t>(n_params_));
-    s.adam_v.resize(static_cast<size_t>(n_params_));
-    const int64_t bytes = n_params_ * static_cast<int64_t>(sizeof(float));
-    be_.download(s.adam_m.data(), m_, bytes);
-    be_.download(s.adam_v.data(), v_, bytes);
-    s.since_fired = since_fired_;
+    s.adam_m = gather_flat(m_);
+    s.adam_v = gather_flat(v_);
+    s.since_fired = gather_latents(since_fired_);
     return s;
 }
 
 void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
-    SAE_ENFORCE(w.d_model == d_ && w.n_latents == n_,
+    const int64_t n = n_total_, whole = whole_layout_.total();
+    SAE_ENFORCE(w.d_model == d_ && w.n_latents == n,
                 "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}", w.d_model,
-                w.n_latents, d_, n_);
-    SAE_ENFORCE(static_cast<int64_t>(s.adam_m.size()) == n_params_ &&
-                    static_cast<int64_t>(s.adam_v.size()) == n_params_ &&
-                    static_cast<int64_t>(s.since_fired.size()) == n_,
-                "checkpoint state does not match an SAE of {} latents", n_);
-    std::vector<float> p(static_cast<size_t>(n_params_));
-    for (int64_t l = 0; l < n_; ++l)
-        for (int64_t c = 0; c < d_; ++c) p[l * d_ + c] = w.w_enc[c * n_ + l];  // from [d, n]
-    std::copy(w.w_dec.begin(), w.w_dec.end(), p.begin() + off(ParamLayout::kWDec));
-    std::copy(w.b_enc.begin(), w.b_enc.end(), p.begin() + off(ParamLayout::kBEnc));
-    std::copy(w.b_dec.begin(), w.b_dec.end(), p.begin() + off(ParamLayout::kBDec));
+                w.n_latents, d_, n);
+    SAE_ENFORCE(static_cast<int64_t>(s.adam_m.size()) == whole &&
+                    static_cast<int64_t>(s.adam_v.size()) == whole &&
+                    static_cast<int64_t>(s.since_fired.size()) == n,
+                "checkpoint state does not match an SAE of {} latents", n);
+    std::vector<float> p(static_cast<size_t>(whole));
+    for (int64_t l = 0; l < n; ++l)
+        for (int64_t c = 0; c < d_; ++c) p[l * d_ + c] = w.w_enc[c * n + l];  // from [d, n]
+    const auto& segs = whole_layout_.segments();
+    std::copy(w.w_dec.begin(), w.w_dec.end(), p.begin() + segs[ParamLayout::kWDec].offset);
+    std::copy(w.b_enc.begin(), w.b_enc.end(), p.begin() + segs[ParamLayout::kBEnc].offset);
+    std::copy(w.b_dec.begin(), w.b_dec.end(), p.begin() + segs[ParamLayout::kBDec].offset);
     // The architecture's own parameters, then its buffers.
-    const auto& segs = layout_.segments();
     for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i) {
         const std::vector<float>* t = nullptr;
         for (const auto& [name, value] : w.extra)
@@ -699,28 +749,41 @@ void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
             if (key == name) pass_->set_buffer(name, v), found = true;
         SAE_ENFORCE(found, "checkpoint of a {} SAE has no '{}' tensor", cfg_.arch, name);
     }
-    write_flat(params_, p);
-    write_flat(m_, s.adam_m);
-    write_flat(v_, s.adam_v);
-    since_fired_ = s.since_fired;
+    write_flat(params_, own_part(p));
+    write_flat(m_, own_part(s.adam_m));
+    write_flat(v_, own_part(s.adam_v));
+    since_fired_.assign(s.since_fired.begin() + shard_.first(),
+                        s.since_fired.begin() + shard_.first() + n_);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {
         dead_[i] = since_fired_[i] >= cfg_.dead_tokens;
         n_dead_ += dead_[i];
     }
+    count_dead_over_shards();
     step_ = s.step;
     tokens_ = s.tokens;
 }
 
 SaeWeights SaeTrainer::weights() const {
-    const std::vector<float> p = params_host();
+    SaeWeights w = weights_of(gather_flat(params_));
+    // BatchTopK's threshold and the like: the same on every shard.
+    if (w.n_latents > 0)
+        for (auto& b : pass_->buffers()) w.extra.push_back(std::move(b));
+    if (w.n_latents > 0 && cfg_.normalize != "none")
+        w.extra.emplace_back("activation_scale", std::vector<float>{input_scale_});
+    return w;
+}
+
+SaeWeights SaeTrainer::weights_of(const std::vector<float>& p) const {
     SaeWeights w;
-    w.d_model = d_, w.n_latents = n_;
-    w.w_enc.resize(static_cast<size_t>(d_ * n_));
-    for (int64_t l = 0; l < n_; ++l)
-        for (int64_t c = 0; c < d_; ++c) w.w_enc[c * n_ + l] = p[l * d_ + c];  // to [d, n]
-    const auto& segs = layout_.segments();
-    auto slice = [&](int i) {
+    if (p.empty()) return w;  // a latent shard other than the first
+    const int64_t n = n_total_;
+    w.d_model = d_, w.n_latents = n;
+    w.w_enc.resize(static_cast<size_t>(d_ * n));
+    for (int64_t l = 0; l < n; ++l)
+        for (int64_t c = 0; c < d_; ++c) w.w_enc[c * n + l] = p[l * d_ + c];  // to [d, n]
+    const auto& segs = whole_layout_.segments();
+    auto slice = [&](size_t i) {
         return std::vector<float>(p.begin() + segs[i].offset,
                                   p.begin() + segs[i].offset + segs[i].size());
     };
@@ -728,11 +791,102 @@ SaeWeights SaeTrainer::weights() const {
     w.b_enc = slice(ParamLayout::kBEnc);
     w.b_dec = slice(ParamLayout::kBDec);
     for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
-        w.extra.emplace_back(segs[i].name, slice(static_cast<int>(i)));
-    for (auto& b : pass_->buffers()) w.extra.push_back(std::move(b));
-    if (cfg_.normalize != "none")
-        w.extra.emplace_back("activation_scale", std::vector<float>{input_scale_});
+        w.extra.emplace_back(segs[i].name, slice(i));
     return w;
+}
+
+// --- latent sharding ---------------------------------------------------------------------------
+
+void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
+                           const std::string& where) {
+    if (shards <= 1) return;
+    const Architecture& a = arch_get(cfg.arch);
+    SAE_ENFORCE(a.shardable(),
+                "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (topk, relu "
+                "and jumprelu can)",
+                where, shards, cfg.arch);
+    SAE_ENFORCE(n_total % shards == 0,
+                "{}parallel.latent_shards = {} does not divide the SAE's {} latents", where, shards,
+                n_total);
+    SAE_ENFORCE(cfg.decorr_coeff == 0,
+                "{}train.decorr_coeff needs every latent's activations in one place; it is not "
+                "available with parallel.latent_shards = {}",
+                where, shards);
+    const int64_t n_local = n_total / shards;
+    SAE_ENFORCE(!a.sparse() || cfg.k <= n_local,
+                "{}sae.k = {} exceeds the {} latents of one of the {} latent shards", where, cfg.k,
+                n_local, shards);
+    SAE_ENFORCE(!a.sparse() || cfg.auxk_coeff <= 0 || arch::resolved_k_aux(cfg, d, n_total) <= n_local,
+                "{}sae.k_aux = {} exceeds the {} latents of one of the {} latent shards", where,
+                arch::resolved_k_aux(cfg, d, n_total), n_local, shards);
+}
+
+std::vector<float> SaeTrainer::gather_flat(const float* flat) const {
+    std::vector<float> mine(static_cast<size_t>(n_params_));
+    be_.download(mine.data(), flat, n_params_ * static_cast<int64_t>(sizeof(float)));
+    if (!sharded()) return mine;
+    Communicator& group = *shard_.group;
+    const bool root = group.rank() == 0;
+    std::vector<float> whole(root ? static_cast<size_t>(whole_layout_.total()) : 0);
+    const auto& segs = layout_.segments();
+    const auto& wsegs = whole_layout_.segments();
+    std::vector<float> blocks;
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const ParamSegment& g = segs[i];
+        if (!g.per_latent) {  // the same on every shard: the first's
+            if (root) std::copy_n(mine.begin() + g.offset, g.size(), whole.begin() + wsegs[i].offset);
+            continue;
+        }
+        // In chunks of rows, so that no message passes MPI's 2 GiB count limit.
+        const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 26) / std::max<int64_t>(1, g.cols));
+        for (int64_t r0 = 0; r0 < g.rows; r0 += chunk) {
+            const int64_t rows = std::min(chunk, g.rows - r0), count = rows * g.cols;
+            blocks.resize(root ? static_cast<size_t>(count * shard_.count) : 0);
+            group.gather(mine.data() + g.offset + r0 * g.cols, blocks.data(),
+                         count * static_cast<int64_t>(sizeof(float)), 0);
+            for (int64_t q = 0; root && q < shard_.count; ++q)
+                std::copy_n(blocks.begin() + q * count, count,
+                            whole.begin() + wsegs[i].offset + (q * g.rows + r0) * g.cols);
+        }
+    }
+    return whole;
+}
+
+std::vector<float> SaeTrainer::own_part(const std::vector<float>& whole) const {
+    if (!sharded()) return whole;
+    std::vector<float> mine(static_cast<size_t>(n_params_));
+    const auto& segs = layout_.segments();
+    const auto& wsegs = whole_layout_.segments();
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const int64_t from = wsegs[i].offset + (segs[i].per_latent ? shard_.first() * segs[i].cols : 0);
+        std::copy_n(whole.begin() + from, segs[i].size(), mine.begin() + segs[i].offset);
+    }
+    return mine;
+}
+
+template <class T>
+std::vector<T> SaeTrainer::gather_latents(const std::vector<T>& mine) const {
+    if (!sharded()) return mine;
+    Communicator& group = *shard_.group;
+    std::vector<T> whole(group.rank() == 0 ? static_cast<size_t>(n_total_) : 0);
+    group.gather(mine.data(), whole.data(), n_ * static_cast<int64_t>(sizeof(T)), 0);
+    return whole;
+}
+
+std::vector<double> SaeTrainer::all_latents(const std::vector<double>& mine) const {
+    if (!sharded()) return mine;
+    std::vector<double> whole(static_cast<size_t>(n_total_));
+    shard_.group->allgather(mine.data(), whole.data(), n_ * static_cast<int64_t>(sizeof(double)));
+    return whole;
+}
+
+double SaeTrainer::sum_over_shards(double sum_sq) const {
+    if (!sharded()) return sum_sq;
+    if (shard_.index > 0)  // b_dec and the other segments every shard holds: counted once
+        for (const ParamSegment& g : layout_.segments())
+            if (!g.per_latent) sum_sq -= be_.sum_squares(grads_ + g.offset, g.size());
+    shard_.group->allreduce_sum(&sum_sq, 1);
+    return sum_sq;
 }
 
 }  // namespace saetrain

@@ -77,7 +77,9 @@ std::vector<std::string> config_result_differences(const std::string& old_yaml,
         "run.out_dir",         "log.every_steps", "log.peak_tflops",     "checkpoint.every_steps",
         "checkpoint.keep",     "data.stage_dir",  "data.prefetch_bytes", "backend",
         "parallel.timeout_s",  "gpu.gemm",        "gpu.deterministic",   "data.eval_path",
-        "log.eval_every_steps"};
+        "log.eval_every_steps",
+        // The same SAE on any number of latent shards (a checkpoint holds the whole SAE).
+        "parallel.latent_shards"};
     // A key one side lacks (a run from a version without it) counts as its default value.
     static const Config default_config;
     static const auto defaults = flatten(config_to_yaml(default_config));
@@ -102,9 +104,10 @@ std::vector<std::string> config_result_differences(const std::string& old_yaml,
 }
 
 Checkpointer::Checkpointer(Communicator& world, Communicator& replicas, std::string out_dir,
-                           std::string sae_dir, SaeMeta meta, int64_t keep)
+                           std::string sae_dir, SaeMeta meta, int64_t keep, int shard)
     : world_(world),
       replicas_(replicas),
+      writes_(replicas.rank() == 0 && shard == 0),
       out_dir_(std::move(out_dir)),
       sae_dir_(std::move(sae_dir)),
       meta_(std::move(meta)),
@@ -171,7 +174,7 @@ void Checkpointer::commit(int64_t step, int64_t iteration) {
 }
 
 void Checkpointer::remove_files(const std::vector<int64_t>& steps) const {
-    if (replicas_.rank() != 0) return;  // replica 0 of each SAE writes (and removes) its files
+    if (!writes_) return;  // replica 0 of each SAE writes (and removes) its files
     std::error_code ec;
     for (const int64_t step : steps) {
         fs::remove(checkpoint_weights_path(sae_dir_, step), ec);
@@ -209,7 +212,8 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
     pending_step_ = trainer.step_count();
     pending_iteration_ = iteration;
     if (replicas_.rank() == 0) {
-        // Snapshot now (device -> host); the files are written while training goes on.
+        // Snapshot now (device -> host); the files are written while training goes on. Every
+        // latent shard of replica 0 joins the snapshot; the first shard gets the whole SAE.
         SaeWeights w = trainer.weights();
         TrainState s = trainer.state();
         s.iteration = iteration;
@@ -218,7 +222,7 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
         meta.step = s.step;
         meta.tokens = s.tokens;
         const std::string dir = sae_dir_;
-        writer_ = std::thread([this, w = std::move(w), s = std::move(s), meta, dir] {
+        if (writes_) writer_ = std::thread([this, w = std::move(w), s = std::move(s), meta, dir] {
             try {
                 sae_write_h5(checkpoint_weights_path(dir, s.step), w, meta);
                 train_state_write(checkpoint_state_path(dir, s.step), w, s);

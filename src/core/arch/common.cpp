@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "saetrain/comm.h"
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
 
@@ -14,7 +15,22 @@ void encode(PassContext& c) {
     c.be.sub_rows(c.xc, c.x, b_dec, c.B, c.d);
     c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg(ParamLayout::kWEnc), c.d, 0.0f,
               c.pre, c.n);
-    c.be.broadcast_rows(c.xhat, b_dec, c.B, c.d);
+    if (c.shard && c.shard->index > 0)
+        c.be.fill(c.xhat, c.B * c.d, 0.0f);
+    else
+        c.be.broadcast_rows(c.xhat, b_dec, c.B, c.d);
+}
+
+void select_topk(PassContext& c, const float* bias, int64_t k, int32_t* idx, float* val, bool relu,
+                 ShardedTopkScratch& scratch) {
+    if (c.shard)
+        sharded_topk_own(c.be, *c.shard, c.pre, bias, c.B, k, idx, val, relu, scratch);
+    else
+        c.be.topk_forward(c.pre, bias, c.B, c.n, k, idx, val, relu);
+}
+
+void sum_over_shards(PassContext& c, float* data, int64_t count) {
+    if (c.shard) c.shard->backend_group->allreduce_sum(data, count);
 }
 
 void encoder_input_grad(PassContext& c, const float* dpre_col_sum) {
@@ -133,7 +149,7 @@ void AuxK::backward(PassContext& c) {
     weight_ = 0;
     if (coeff_ <= 0 || c.n_dead == 0 || c.dead == nullptr) return;
     Backend& be = c.be;
-    const int64_t B = c.B, d = c.d, n = c.n;
+    const int64_t B = c.B, d = c.d;
     const int64_t k = std::min(k_aux_, c.n_dead);
     weight_ = auxk_weight(coeff_, c.n_dead, k_aux_);
     ensure(ehat_, be, B * d), ensure(target_, be, B * d), ensure(scratch_, be, 2 * d);
@@ -142,9 +158,10 @@ void AuxK::backward(PassContext& c) {
     // The selected pre-activations as they are, negative ones included (as OpenAI's AuxK): with
     // a ReLU, a dead latent whose pre-activations the auxiliary loss pushed below zero would get
     // no gradient again and stay dead for good.
-    be.topk_forward(c.pre, bias_.data(), B, n, k, idx_.data(), val_.data(), false);
+    select_topk(c, bias_.data(), k, idx_.data(), val_.data(), false, scratch_host_);
     be.fill(ehat_.data(), B * d, 0.0f);
     be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k, d, ehat_.data());
+    sum_over_shards(c, ehat_.data(), B * d);  // the shards' partial e_hat
     // e = x - x_hat = -(dL/dx_hat) / grad_scale; then e_hat - e in place, scaled to its gradient.
     be.axpby(target_.data(), c.xhat, -1.0f / c.grad_scale, 0.0f, B * d);
     be.fill(stats_.data(), kStatCount, 0.0f);

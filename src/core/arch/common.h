@@ -6,12 +6,21 @@
 #include <vector>
 
 #include "saetrain/arch.h"
+#include "saetrain/sharded_topk.h"
 
 namespace saetrain::arch {
 
 // ctx.xc = x - b_dec; ctx.pre = xc W_enc^T (b_enc is the activation's to add); ctx.xhat = b_dec
-// in every row (the decoder adds z W_dec).
+// in every row (the decoder adds z W_dec); on a latent shard other than the first, xhat = 0, so
+// that the shards' partial reconstructions sum to one x_hat.
 void encode(PassContext& ctx);
+// The top k of ctx.pre + bias per row into (idx, val) [B, k] (ReLU'd when `relu`): topk_forward,
+// or on a latent shard the exact global selection with this shard's own entries kept (local
+// ids, the others absent; sharded_topk_own).
+void select_topk(PassContext& ctx, const float* bias, int64_t k, int32_t* idx, float* val,
+                 bool relu, ShardedTopkScratch& scratch);
+// On a latent shard: data [count] (backend memory) summed over the shards, in place.
+void sum_over_shards(PassContext& ctx, float* data, int64_t count);
 // b_dec also enters through the encoder input x - b_dec: G.b_dec -= dpre_col_sum^T W_enc,
 // with dpre_col_sum [n] the column sums of dL/dpre.
 void encoder_input_grad(PassContext& ctx, const float* dpre_col_sum);
@@ -81,6 +90,7 @@ private:
     DeviceArray<float> bias_, ehat_, target_, val_, scratch_, stats_;
     DeviceArray<int32_t> idx_, fires_;
     std::vector<float> mask_host_;
+    ShardedTopkScratch scratch_host_;
 };
 
 // W_enc [d, n], b_enc [n] (named `b_enc_name`), W_dec [n, d], b_dec [d]: SAELens's four.
@@ -143,6 +153,7 @@ protected:
     int64_t width_;  // entries per row: k for TopK, the widest row so far for BatchTopK
     DeviceArray<int32_t> idx_;
     DeviceArray<float> val_;
+    ShardedTopkScratch scratch_;
 };
 
 const Architecture& relu_arch();

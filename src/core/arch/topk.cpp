@@ -13,8 +13,8 @@ public:
     void reserve(int64_t rows) override { reserve_selection(rows); }
     void forward(PassContext& c, bool) override {
         encode(c);
-        c.be.topk_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n, width_, idx_.data(),
-                          val_.data(), true);
+        select_topk(c, c.seg(ParamLayout::kBEnc), width_, idx_.data(), val_.data(), true,
+                    scratch_);
         decode_selection(c);
     }
 };
@@ -39,6 +39,7 @@ public:
                                         Backend& be) const override {
         return std::make_unique<TopkPass>(cfg, d, n, be);
     }
+    bool shardable() const override { return true; }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return topk_uses(cfg, cfg.k, d, n);
     }
