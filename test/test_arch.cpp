@@ -772,3 +772,42 @@ TEST(ArchGradients, DecorrelationPenaltyMatchesFiniteDifferences) {
 }
 
 }  // namespace
+
+// parallel.latent_shards: what cannot be sharded is refused at start-up, naming the key.
+TEST(LatentSharding, UnshardableConfigsAreRefusedNamingTheKey) {
+    auto error_of = [](const SaeConfig& c, int64_t n, int64_t shards) -> std::string {
+        try {
+            check_latent_sharding(c, 64, n, shards, "cfg.yaml: ");
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    SaeConfig c;
+    c.arch = "topk";
+    c.k = 32;
+    EXPECT_EQ(error_of(c, 256, 4), "");
+    EXPECT_EQ(error_of(c, 250, 1), "");  // one shard: nothing to check
+    EXPECT_NE(error_of(c, 250, 4).find("cfg.yaml: parallel.latent_shards = 4 does not divide the "
+                                       "SAE's 250 latents"),
+              std::string::npos);
+    EXPECT_NE(error_of(c, 64, 4).find("sae.k = 32 exceeds the 16 latents of one of the 4"),
+              std::string::npos);
+    c.k = 4;
+    c.auxk_coeff = 0.03;  // the default k_aux: d_model / 2 = 32 > 16
+    EXPECT_NE(error_of(c, 64, 4).find("sae.k_aux = 32 exceeds"), std::string::npos);
+    c.decorr_coeff = 0.1;
+    EXPECT_NE(error_of(c, 256, 4).find("train.decorr_coeff"), std::string::npos);
+    for (const char* arch : {"batchtopk", "gated", "switch"}) {
+        SaeConfig a;
+        a.arch = arch;
+        EXPECT_NE(error_of(a, 256, 2).find(std::string("a ") + arch + " SAE cannot be"),
+                  std::string::npos)
+            << arch;
+    }
+    for (const char* arch : {"relu", "jumprelu"}) {
+        SaeConfig a;
+        a.arch = arch;
+        EXPECT_EQ(error_of(a, 256, 2), "") << arch;
+    }
+}

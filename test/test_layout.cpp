@@ -66,4 +66,46 @@ TEST(Layout, HybridIsConfigMajor) {
     EXPECT_NE(error_of(sweep_of(2, "sweep", 2), 4).find("hybrid"), std::string::npos);
 }
 
+
+// parallel.latent_shards = S: configs x replicas x shards, shards of one replica neighbouring
+// ranks; each replica's first shard is its reader.
+TEST(Layout, LatentShardsAreNeighboursWithinAReplica) {
+    Config c = sweep_of(2, "hybrid", 3);
+    c.parallel.latent_shards = 2;
+    for (int r = 0; r < 12; ++r) {
+        const RankLayout l = layout_for(c, 12, r);
+        EXPECT_EQ(l.shards, 2);
+        EXPECT_EQ(l.shard, r % 2) << r;
+        EXPECT_EQ(l.replica, r / 2 % 3) << r;
+        EXPECT_EQ(l.config, r / 6) << r;
+        EXPECT_EQ(l.reader(), l.shard == 0 ? r / 2 : -1) << r;
+        EXPECT_EQ(l.readers(), 6);
+    }
+    EXPECT_NE(layout_for(c, 12, 3).describe().find("x 2 latent shards"), std::string::npos);
+    Config dp = sweep_of(1, "data_parallel");
+    dp.parallel.latent_shards = 4;
+    EXPECT_EQ(layout_for(dp, 8, 5).replicas, 2);
+    EXPECT_EQ(layout_for(dp, 8, 5).replica, 1);
+    EXPECT_EQ(layout_for(dp, 8, 5).shard, 1);
+    Config sw = sweep_of(3, "sweep");
+    sw.parallel.latent_shards = 2;
+    EXPECT_EQ(layout_for(sw, 6, 5).config, 2);
+}
+
+TEST(Layout, LatentShardErrorsNameTheRankCounts) {
+    Config c = sweep_of(1, "data_parallel");
+    c.parallel.latent_shards = 4;
+    EXPECT_NE(error_of(c, 6).find("parallel.latent_shards = 4 does not divide the job's 6 rank"),
+              std::string::npos)
+        << error_of(c, 6);
+    Config h = sweep_of(2, "hybrid", 2);
+    h.parallel.latent_shards = 2;
+    EXPECT_NE(error_of(h, 4).find("x 2 latent shards needs 8 ranks, but the job has 4"),
+              std::string::npos)
+        << error_of(h, 4);
+    Config sw = sweep_of(2, "sweep");
+    sw.parallel.latent_shards = 2;
+    EXPECT_NE(error_of(sw, 2).find("run with 4 rank(s)"), std::string::npos) << error_of(sw, 2);
+}
+
 }  // namespace

@@ -521,4 +521,41 @@ TEST_F(Resume, DamagedNewestCheckpointFallsBackAndConfigChangesAreRefused) {
         << r.out;
 }
 
+// Latent sharding (issue 15), the issue's "done when": 2 replicas x 2 latent shards on 4 ranks
+// train, stop at a signal, resume bitwise and export. A run stopped on 2 shards resumes on one
+// rank (resharding: the checkpoint holds the whole SAE) and completes.
+TEST_F(Resume, LatentShardedRunResumesBitwiseReshardsAndExports) {
+    const std::string mpi4 =
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " SAETRAIN_MPIEXEC
+        " --oversubscribe -np 4 ";
+    const std::string grid =
+        " --threads 1 --set data.epochs=1 --set parallel.latent_shards=2 --set "
+        "parallel.mode=hybrid --set parallel.replicas=2";
+    const std::string ref_cfg = config("ref"), cfg = config("stopped");
+    Result r = run(mpi4 + bin("saetrain") + " " + ref_cfg + grid);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("1 SAE x 2 replicas x 2 latent shards"), std::string::npos) << r.out;
+    const std::string cmd = mpi4 + bin("saetrain") + " " + cfg + grid;
+    r = run("SAETRAIN_FAULT=3:40:USR1 " + cmd);  // the last shard of the last replica
+    ASSERT_EQ(r.code, 75) << r.out;
+    r = run(cmd);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from the checkpoint at step"), std::string::npos) << r.out;
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "stopped", "topk-x4-k6"),
+                   "2 replicas x 2 latent shards");
+    r = run(bin("sae-export") + " " + (dir / "stopped/sae/topk-x4-k6/final.h5").string() +
+            " --format saelens --out " + (dir / "export").string());
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(fs::exists(dir / "export" / "cfg.json"));
+
+    // Stopped on 2 shards (2 ranks), resumed on 1 rank.
+    const std::string two = std::string(kMpi) + bin("saetrain") + " " + config("reshard") +
+                            " --threads 1 --set data.epochs=1 --set parallel.latent_shards=2";
+    ASSERT_EQ(run("SAETRAIN_FAULT=1:40:USR1 " + two).code, 75);
+    r = run(bin("saetrain") + " " + config("reshard") + " --threads 1 --set data.epochs=1");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from the checkpoint at step"), std::string::npos) << r.out;
+    EXPECT_EQ(final_of(dir / "reshard", "topk-x4-k6").n_latents, 256);
+}
+
 }  // namespace

@@ -71,3 +71,13 @@ TEST(ShardedTopk, OneShardIsTheLocalSelection) {
     auto be = make_cpu_backend(1);
     check(Case{20, 200, 8, 1}, 5, *be);
 }
+
+// A shard keeps its own entries of the global selection with local ids; the others become
+// absent (0, 0.0f), including an entry just outside its range on either side.
+TEST(ShardedTopk, KeepOwnEntriesMakesIdsLocalAndDropsTheRest) {
+    std::vector<int32_t> idx = {9, 10, 19, 20, 0, 15};
+    std::vector<float> val = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, -6.0f};
+    keep_own_entries(idx.data(), val.data(), 6, 10, 10);  // latents [10, 20)
+    EXPECT_EQ(idx, (std::vector<int32_t>{0, 0, 9, 0, 0, 5}));
+    EXPECT_EQ(val, (std::vector<float>{0.0f, 2.0f, 3.0f, 0.0f, 0.0f, -6.0f}));
+}
