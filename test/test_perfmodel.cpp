@@ -9,6 +9,7 @@
 
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
+#include "test_util.h"
 
 using namespace saetrain;
 
@@ -243,6 +244,40 @@ TEST(PerfModel, RejectsShardingsTheTrainerWould) {
     EXPECT_NO_THROW(predict(in));
     in.nvlink_gbps = 0;
     EXPECT_THROW(predict(in), Error);
+}
+
+// The program a user runs: its grid flags reach the model, the JSON line carries the new
+// fields, and a sharding the trainer would refuse is an error naming the flags.
+TEST(PerfModel, CliLatentShards) {
+    const std::string bin = std::string(SAETRAIN_BIN_DIR) + "/sae-perfmodel";
+    saetrain::testing::CommandResult r = saetrain::testing::run_command(
+        bin + " --d-model 1000 --n-latents 100000 --k 10 --batch 1000 --replicas 2 " +
+        "--latent-shards 2 --nodes 1 --json");
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (const char* field :
+         {"\"ranks\": 4,", "\"nodes\": 1,", "\"replicas\": 2,", "\"latent_shards\": 2,",
+          "\"batch\": 1000,", "\"mode\": \"data_parallel\"",
+          "\"predicted_tokens_per_s_per_replica\": ", "\"predicted_tokens_per_s_total\": ",
+          "\"x_hat reduce\": ", "\"top-k gather\": ", "\"all-reduce\": ",
+          // MemoryPerGpuAboutHalvesWithTwoShardsOfAWideSae's 1847210432 B
+          "\"predicted_memory_per_gpu_GB\": 1.847,"})
+        EXPECT_NE(r.out.find(field), std::string::npos) << field << "\n" << r.out;
+    r = saetrain::testing::run_command(bin + " --n-latents 1000 --latent-shards 3");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--n-latents 1000 is not a multiple of --latent-shards 3"),
+              std::string::npos)
+        << r.out;
+    r = saetrain::testing::run_command(bin + " --latent-shards 0");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--latent-shards must be at least 1"), std::string::npos) << r.out;
+    r = saetrain::testing::run_command(bin + " --replicas 2 --ranks 3");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--ranks 3 disagrees"), std::string::npos) << r.out;
+    // The table names the grid and prints the memory per GPU.
+    r = saetrain::testing::run_command(bin + " --n-latents 24576 --replicas 2 --latent-shards 4");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("grid: 2 replicas x 4 latent shards"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("memory per GPU: "), std::string::npos) << r.out;
 }
 
 TEST(PerfModel, PeakTableAndLookup) {
