@@ -11,9 +11,10 @@
 //   Optimizer: Adam(W) in fp32 moves 28 B/param per step (read p, g, m, v; write p, m, v) over
 //     HBM; params = 2*d*n + n + d.
 //   Gradient all-reduce (data_parallel, fp32): 4 B/param, ring factor 2(R-1)/R over the
-//     per-GPU network bandwidth.
+//     per-GPU network bandwidth (the intra-node link when every rank is on one node).
 //   Data: d * bytes_per_element per token from disk, then across PCIe; in sweep mode with
-//     shared data each rank reads 1/N of the stream and the batches are all-gathered.
+//     shared data each of the G SAEs' readers reads 1/G of the stream and the batches are
+//     all-gathered.
 //   Latent shards (parallel.latent_shards = S): each replica is S GPUs of one node, each with
 //     n/S latents (its rows of W_enc, b_enc, W_dec; b_dec whole). Compute and Adam divide by S;
 //     the shard group adds, over the intra-node link, the batch broadcast (4*d B/token), the
