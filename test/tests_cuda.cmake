@@ -2,6 +2,7 @@
 # CPU-runnable: the GEMM layout mapping the CUDA backend uses, and the paper performance model.
 saetrain_add_test(test_gemm_layout saetrain::core)
 saetrain_add_test(test_perfmodel saetrain::core)
+add_dependencies(test_perfmodel sae-perfmodel)  # its CLI test runs the program
 
 # GPU tests (label `gpu`): without a visible CUDA device they skip, naming the reason, and ctest
 # reports them as skipped (GoogleTest's "[  SKIPPED ]" line), never as passed. `ctest -L gpu` is

@@ -1,21 +1,29 @@
 // perfmodel.h — a paper model of SAE training on GPUs, and the peak table MFU is reported
 // against.
 //
-// The model predicts tokens/s per GPU from the SAE shape and hardware figures, and names the
-// bound. It is arithmetic on published peak figures, never a measurement: every output says
-// "prediction". Formulas (docs/cuda.md, /shared/references/performance-limits.md section 4):
+// The model predicts tokens/s and memory per GPU from the SAE shape, the rank grid and hardware
+// figures, and names the bound. It is arithmetic on published peak figures, never a
+// measurement: every output says "prediction". Formulas (docs/cuda.md,
+// /shared/references/performance-limits.md section 4):
 //   FLOPs/token: dense SAE 10*d*n (five d x n GEMMs: encoder, decoder, decoder dgrad and
 //     wgrad, encoder wgrad); TopK with sparse kernels 2*d*n + 8*k*d (only the encoder forward
 //     stays dense).
 //   Optimizer: Adam(W) in fp32 moves 28 B/param per step (read p, g, m, v; write p, m, v) over
 //     HBM; params = 2*d*n + n + d.
-//   Gradient all-reduce (data_parallel, fp32): 4 B/param, ring factor 2(N-1)/N over the
-//     per-GPU network bandwidth.
+//   Gradient all-reduce (data_parallel, fp32): 4 B/param, ring factor 2(R-1)/R over the
+//     per-GPU network bandwidth (the intra-node link when every rank is on one node).
 //   Data: d * bytes_per_element per token from disk, then across PCIe; in sweep mode with
-//     shared data each rank reads 1/N of the stream and the batches are all-gathered.
+//     shared data each of the G SAEs' readers reads 1/G of the stream and the batches are
+//     all-gathered.
+//   Latent shards (parallel.latent_shards = S): each replica is S GPUs of one node, each with
+//     n/S latents (its rows of W_enc, b_enc, W_dec; b_dec whole). Compute and Adam divide by S;
+//     the shard group adds, over the intra-node link, the batch broadcast (4*d B/token), the
+//     top-k candidates' all-gather ((S-1)*k*8 B/token, TopK only) and the all-reduce of x_hat
+//     (2(S-1)/S * 4*d B/token, and b_dec's gradient once a step); the replicas all-reduce
+//     only their shard's gradient.
 // Pipeline: disk, PCIe and the GPU step overlap (background reader, copy stream); inside the
-// GPU step, compute, optimizer and all-reduce run one after the other (no overlap assumed, so
-// the prediction is conservative where an implementation overlaps the all-reduce).
+// GPU step, compute, optimizer and the collectives run one after the other (no overlap
+// assumed, so the prediction is conservative where an implementation overlaps them).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +42,8 @@ struct GpuPeak {
     double hbm_gbps;     // device memory bandwidth, GB/s
     double pcie_gbps;    // host-to-device, one direction, GB/s (link rate, not measured)
     double nic_gbps;     // typical per-GPU network bandwidth of nodes with this GPU, GB/s
+    double nvlink_gbps;  // GPU to GPU inside a node, one direction, GB/s (PCIe rate without
+                         // an NVLink switch)
     const char* source;  // where the figures come from
 };
 
@@ -71,37 +81,64 @@ struct PerfInputs {
     int64_t k = 32;
     SaeKind kind = SaeKind::topk;
     double flops_per_token = 0;    // the architecture's count (arch.h); 0: sae_flops_per_token
-    int64_t batch = 4096;          // rows per rank per step
+    int64_t batch = 4096;          // rows per replica per step (data.batch_size)
     double bytes_per_element = 4;  // activations on disk and over PCIe (2 for bf16/fp16)
     ParallelMode mode = ParallelMode::sweep_shared;
-    int ranks = 1;
+    int ranks = 1;  // GPUs in all: configs x replicas x latent_shards
+    // parallel.latent_shards: each replica's latents split over S neighbouring GPUs of one
+    // node; n_latents must divide by S, and (TopK) every shard must hold at least k latents.
+    int latent_shards = 1;
+    // Nodes the ranks span; 0: not said, and the replicas' gradient all-reduce runs at
+    // nic_gbps as given. 1: it stays inside the node (nvlink_gbps); more: it crosses the NICs.
+    int nodes = 0;
     // Hardware, per GPU (GB/s = 1e9 bytes/s).
     double tflops = 494.7;            // peak for the math mode used
     double compute_efficiency = 0.6;  // fraction of peak a mixed-shape step reaches
     double hbm_gbps = 3350;
     double disk_gbps = 1.0;  // this rank's read stream
     double pcie_gbps = 50;
-    double nic_gbps = 48;  // all-reduce and all-gather bandwidth per GPU
+    double nic_gbps = 48;      // all-reduce and all-gather bandwidth per GPU
+    double nvlink_gbps = 450;  // inside a node, one direction: the shard group's collectives
 };
 
-// One term of the model: seconds per token it costs, and tokens/s if it alone were the limit.
+// One term of the model: seconds per token of one replica's step it costs, and the replica's
+// tokens/s if it alone were the limit (per GPU as well when latent_shards = 1).
 struct PerfTerm {
-    std::string name;  // disk, PCIe, all-gather, compute, optimizer, all-reduce
+    std::string name;  // disk, PCIe, all-gather, compute, optimizer, all-reduce, batch bcast,
+                       // top-k gather, x_hat reduce
     double seconds_per_token = 0;
     double tokens_per_s() const { return seconds_per_token > 0 ? 1.0 / seconds_per_token : 0; }
+};
+
+// Device memory of one GPU, in bytes: what the trainer allocates for its share of the SAE and
+// for one batch. Not counted: the CUDA context, NCCL's buffers, AuxK's and the architectures'
+// own scratch beyond the latent gradient.
+struct PerfMemory {
+    double state = 0;        // parameters, gradient, Adam m and v: 16 B per local parameter
+    double activations = 0;  // x, xc, x_hat [B, d]; pre (and dz, dense) [B, n/S]; [n/S] scratch
+    double topk = 0;         // the selection [B, k] and the gathered candidates [S, B, k]
+    double workspace = 0;    // the cuBLASLt workspace
+    double total() const { return state + activations + topk + workspace; }
 };
 
 struct PerfPrediction {
     double flops_per_token = 0;
     double bytes_per_token = 0;
-    int64_t params = 0;
-    double optimizer_bytes_per_step = 0;
-    double allreduce_bytes_per_step = 0;  // on the wire per rank, ring factor included
+    int64_t params = 0;                   // the whole SAE
+    int replicas = 1;                     // of each SAE (data_parallel: ranks / latent_shards)
+    int64_t local_latents = 0;            // n / latent_shards
+    int64_t local_params = 0;             // one GPU's: 2*d*n/S + n/S + d (b_dec whole)
+    double optimizer_bytes_per_step = 0;  // per GPU
+    double allreduce_bytes_per_step = 0;  // replicas' gradients on the wire per rank, ring included
+    double shard_bytes_per_step = 0;      // per GPU over the intra-node link (latent shards)
     std::vector<PerfTerm> io_terms;       // overlapped with the GPU step
     std::vector<PerfTerm> gpu_terms;      // summed into the GPU step
-    double tokens_per_s = 0;              // per GPU
+    PerfMemory memory;                    // per GPU
+    double tokens_per_s = 0;              // per GPU: a replica's tokens/s over its S GPUs
+    double replica_tokens_per_s = 0;      // one replica (S GPUs together)
+    double total_tokens_per_s = 0;        // every rank: SAE-tokens/s of all configs and replicas
     std::string bound;                    // the name of the largest term on the slower side
-    double achieved_tflops = 0;           // useful FLOP/s at tokens_per_s
+    double achieved_tflops = 0;           // useful FLOP/s per GPU at tokens_per_s
 };
 
 int64_t sae_params(int64_t d_model, int64_t n_latents);
@@ -109,6 +146,8 @@ int64_t sae_params(int64_t d_model, int64_t n_latents);
 // with sparse kernels. The one formula behind the predictions and the TFLOP/s and MFU a run
 // reports.
 double sae_flops_per_token(SaeKind kind, int64_t d_model, int64_t n_latents, int64_t k);
+// Throws Error naming the input for a shape or grid the trainer would refuse (n_latents not a
+// multiple of latent_shards, ranks not a multiple of it, a shard group across nodes, ...).
 PerfPrediction predict(const PerfInputs& in);
 
 }  // namespace saetrain
