@@ -321,8 +321,8 @@ struct Connections {
     LatentShard shard;                             // this rank's part of the SAE (count 1: all)
     std::unique_ptr<SharedBatchSource> shared;
     std::unique_ptr<BroadcastBatchSource> from_reader;  // latent shards: the first one reads
-    BatchSource* source = nullptr;  // where this rank's batches come from
-    int64_t steps = 0;              // optimizer steps of the run
+    BatchSource* source = nullptr;                      // where this rank's batches come from
+    int64_t steps = 0;                                  // optimizer steps of the run
 };
 
 // The latent shards of this rank's replica: one communicator for host buffers (the top-k
@@ -342,24 +342,24 @@ void connect_shards(Connections& c, Setup& s, Communicator& world, const NodePla
 Connections connect(Setup& s, Communicator& world, const NodePlacement& place) {
     Connections c;
     const RankLayout& l = s.layout;
-    c.grads = s.backend->gradient_comm(world.split(l.config * l.shards + l.shard, l.replica),
-                                       place.local_rank, place.local_size,
-                                       s.cfg.parallel.timeout_s);
+    c.grads =
+        s.backend->gradient_comm(world.split(l.config * l.shards + l.shard, l.replica),
+                                 place.local_rank, place.local_size, s.cfg.parallel.timeout_s);
     c.stream = world.split(l.replica * l.shards + l.shard, l.config);
     if (l.shared && s.local)
         c.shared = std::make_unique<SharedBatchSource>(*s.local, *c.stream, s.cfg.data.batch_size);
     c.source = c.shared ? static_cast<BatchSource*>(c.shared.get()) : s.local.get();
     if (l.shards > 1) {
         connect_shards(c, s, world, place);
-        c.from_reader =
-            std::make_unique<BroadcastBatchSource>(c.source, *c.shards, s.data.d_model);
+        c.from_reader = std::make_unique<BroadcastBatchSource>(c.source, *c.shards, s.data.d_model);
         c.source = c.from_reader.get();
     }
     // One SAE consumes replicas x batch_size rows a step, from its whole stream.
-    double stream_rows = static_cast<double>(
-        l.shared ? (s.local ? s.local->total_rows() : 0) : c.source->total_rows());
+    double stream_rows = static_cast<double>(l.shared ? (s.local ? s.local->total_rows() : 0)
+                                                      : c.source->total_rows());
     (l.shared ? world : *c.grads).allreduce_sum(&stream_rows, 1);
-    c.steps = total_steps_for(static_cast<int64_t>(stream_rows), s.cfg.data.batch_size * l.replicas);
+    c.steps =
+        total_steps_for(static_cast<int64_t>(stream_rows), s.cfg.data.batch_size * l.replicas);
     return c;
 }
 
@@ -604,8 +604,8 @@ int run(const Args& args, Communicator& world) {
     print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it
 
-    SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
-                       *conn.grads, &conn.shard);
+    SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend, *conn.grads,
+                       &conn.shard);
     // Replicas are identical: replica 0 writes (its latent shards gather the SAE to shard 0).
     const bool writer = s.layout.replica == 0;
     Checkpointer checkpoints(world, *conn.grads, s.out().string(),

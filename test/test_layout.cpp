@@ -66,7 +66,6 @@ TEST(Layout, HybridIsConfigMajor) {
     EXPECT_NE(error_of(sweep_of(2, "sweep", 2), 4).find("hybrid"), std::string::npos);
 }
 
-
 // parallel.latent_shards = S: configs x replicas x shards, shards of one replica neighbouring
 // ranks; each replica's first shard is its reader.
 TEST(Layout, LatentShardsAreNeighboursWithinAReplica) {

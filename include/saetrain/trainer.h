@@ -265,8 +265,8 @@ private:
     int64_t pending_rows_ = -1;         // rows of the step begun and not yet ended (-1: none)
     std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
     std::vector<uint8_t> dead_;         // host: 1 for latents dead before this step
-    int64_t n_dead_ = 0;        // of this shard's latents
-    int64_t n_dead_total_ = 0;  // of the SAE's
+    int64_t n_dead_ = 0;                // of this shard's latents
+    int64_t n_dead_total_ = 0;          // of the SAE's
     std::vector<int32_t> fires_host_;
     std::vector<float> xcol_host_;           // the last collected batch's column sums of x
     std::vector<double> pending_arch_sums_;  // the pending step's ArchPass::step_sums

@@ -210,8 +210,8 @@ public:
     }
     void gather(const void* send, void* recv, int64_t bytes, int root) override {
         Watch w("MPI gather");
-        SAE_MPI_CHECK(MPI_Gather(send, to_int(bytes), MPI_BYTE, recv, to_int(bytes), MPI_BYTE,
-                                 root, comm_));
+        SAE_MPI_CHECK(
+            MPI_Gather(send, to_int(bytes), MPI_BYTE, recv, to_int(bytes), MPI_BYTE, root, comm_));
     }
     void bcast(void* data, int64_t bytes, int root) override {
         Watch w("MPI broadcast");

@@ -35,8 +35,8 @@ RankLayout layout_for(const Config& cfg, int world_ranks, int rank) {
         SAE_ENFORCE(world == g,
                     "{}: the sweep has {} SAE config(s){} but the job has {} rank(s); run with {} "
                     "rank(s) (one SAE per rank{}: mpirun -np {} / srun -n {})",
-                    cfg.source, g, per, world_ranks, g * S, g * S,
-                    S > 1 ? " per shard" : "", g * S, g * S);
+                    cfg.source, g, per, world_ranks, g * S, g * S, S > 1 ? " per shard" : "", g * S,
+                    g * S);
         l.replicas = 1;
     } else if (mode == "data_parallel") {
         SAE_ENFORCE(g == 1,

@@ -435,8 +435,8 @@ RunReporter::RunReporter(Communicator& world, const RankLayout& layout,
 RunReporter::~RunReporter() = default;
 
 void RunReporter::gather(const MetricsRow& mine) {
-    const std::vector<RankBlock> blocks =
-        all_gather_blocks(world_, pack(mine, layout_.config, row_replica(layout_), peak_flops_), ids_);
+    const std::vector<RankBlock> blocks = all_gather_blocks(
+        world_, pack(mine, layout_.config, row_replica(layout_), peak_flops_), ids_);
     if (world_.rank() != 0) return;
     const std::map<int, ConfigTotals> totals = config_totals(blocks);
     std::vector<MetricsRow> rows;

@@ -44,7 +44,8 @@ int64_t SharedBatchSource::next(float* out, int64_t rows) {
     return done;
 }
 
-BroadcastBatchSource::BroadcastBatchSource(BatchSource* reader, Communicator& group, int64_t d_model)
+BroadcastBatchSource::BroadcastBatchSource(BatchSource* reader, Communicator& group,
+                                           int64_t d_model)
     : reader_(group.rank() == 0 ? reader : nullptr), group_(group), d_(d_model) {
     SAE_ENFORCE(group.rank() != 0 || reader != nullptr,
                 "BroadcastBatchSource: the group's first rank needs a reader");

@@ -816,9 +816,10 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
     SAE_ENFORCE(!a.sparse() || cfg.k <= n_local,
                 "{}sae.k = {} exceeds the {} latents of one of the {} latent shards", where, cfg.k,
                 n_local, shards);
-    SAE_ENFORCE(!a.sparse() || cfg.auxk_coeff <= 0 || arch::resolved_k_aux(cfg, d, n_total) <= n_local,
-                "{}sae.k_aux = {} exceeds the {} latents of one of the {} latent shards", where,
-                arch::resolved_k_aux(cfg, d, n_total), n_local, shards);
+    SAE_ENFORCE(
+        !a.sparse() || cfg.auxk_coeff <= 0 || arch::resolved_k_aux(cfg, d, n_total) <= n_local,
+        "{}sae.k_aux = {} exceeds the {} latents of one of the {} latent shards", where,
+        arch::resolved_k_aux(cfg, d, n_total), n_local, shards);
 }
 
 std::vector<float> SaeTrainer::gather_flat(const float* flat) const {
@@ -834,11 +835,13 @@ std::vector<float> SaeTrainer::gather_flat(const float* flat) const {
     for (size_t i = 0; i < segs.size(); ++i) {
         const ParamSegment& g = segs[i];
         if (!g.per_latent) {  // the same on every shard: the first's
-            if (root) std::copy_n(mine.begin() + g.offset, g.size(), whole.begin() + wsegs[i].offset);
+            if (root)
+                std::copy_n(mine.begin() + g.offset, g.size(), whole.begin() + wsegs[i].offset);
             continue;
         }
         // In chunks of rows, so that no message passes MPI's 2 GiB count limit.
-        const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 26) / std::max<int64_t>(1, g.cols));
+        const int64_t chunk =
+            std::max<int64_t>(1, (int64_t{1} << 26) / std::max<int64_t>(1, g.cols));
         for (int64_t r0 = 0; r0 < g.rows; r0 += chunk) {
             const int64_t rows = std::min(chunk, g.rows - r0), count = rows * g.cols;
             blocks.resize(root ? static_cast<size_t>(count * shard_.count) : 0);
@@ -858,7 +861,8 @@ std::vector<float> SaeTrainer::own_part(const std::vector<float>& whole) const {
     const auto& segs = layout_.segments();
     const auto& wsegs = whole_layout_.segments();
     for (size_t i = 0; i < segs.size(); ++i) {
-        const int64_t from = wsegs[i].offset + (segs[i].per_latent ? shard_.first() * segs[i].cols : 0);
+        const int64_t from =
+            wsegs[i].offset + (segs[i].per_latent ? shard_.first() * segs[i].cols : 0);
         std::copy_n(whole.begin() + from, segs[i].size(), mine.begin() + segs[i].offset);
     }
     return mine;

@@ -74,10 +74,9 @@ void injected_kill_before_commit(int64_t step) {
 std::vector<std::string> config_result_differences(const std::string& old_yaml,
                                                    const std::string& new_yaml) {
     static const std::vector<std::string> harmless = {
-        "run.out_dir",         "log.every_steps", "log.peak_tflops",     "checkpoint.every_steps",
-        "checkpoint.keep",     "data.stage_dir",  "data.prefetch_bytes", "backend",
-        "parallel.timeout_s",  "gpu.gemm",        "gpu.deterministic",   "data.eval_path",
-        "log.eval_every_steps",
+        "run.out_dir", "log.every_steps", "log.peak_tflops", "checkpoint.every_steps",
+        "checkpoint.keep", "data.stage_dir", "data.prefetch_bytes", "backend", "parallel.timeout_s",
+        "gpu.gemm", "gpu.deterministic", "data.eval_path", "log.eval_every_steps",
         // The same SAE on any number of latent shards (a checkpoint holds the whole SAE).
         "parallel.latent_shards"};
     // A key one side lacks (a run from a version without it) counts as its default value.
@@ -222,14 +221,15 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
         meta.step = s.step;
         meta.tokens = s.tokens;
         const std::string dir = sae_dir_;
-        if (writes_) writer_ = std::thread([this, w = std::move(w), s = std::move(s), meta, dir] {
-            try {
-                sae_write_h5(checkpoint_weights_path(dir, s.step), w, meta);
-                train_state_write(checkpoint_state_path(dir, s.step), w, s);
-            } catch (...) {
-                write_error_ = std::current_exception();
-            }
-        });
+        if (writes_)
+            writer_ = std::thread([this, w = std::move(w), s = std::move(s), meta, dir] {
+                try {
+                    sae_write_h5(checkpoint_weights_path(dir, s.step), w, meta);
+                    train_state_write(checkpoint_state_path(dir, s.step), w, s);
+                } catch (...) {
+                    write_error_ = std::current_exception();
+                }
+            });
     }
     if (wait) {
         join_and_commit();

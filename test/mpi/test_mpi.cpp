@@ -280,7 +280,6 @@ TEST(Mpi, HybridSplitsConfigsAndReplicas) {
     for (uint64_t v : hs) EXPECT_EQ(v, hs[0]);
 }
 
-
 // --- latent sharding (issue 15) -----------------------------------------------------------------
 
 // The world as R replicas x S latent shards (rank = replica * S + shard, as layout.h numbers
@@ -369,7 +368,8 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
                 all = all_replicas_rows(g, x);
                 const StepResult a = tr.step(x.data(), rows);
                 const StepResult b = ref.step(all.data(), rows * g.R);
-                EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss) << name << " S " << S << " step " << step;
+                EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss)
+                    << name << " S " << S << " step " << step;
                 EXPECT_NEAR(a.l0, b.l0, 1e-3) << name << " S " << S << " step " << step;
                 EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-5 * b.grad_norm) << name << " S " << S;
                 EXPECT_EQ(a.clipped, b.clipped) << name << " S " << S << " step " << step;
