@@ -230,6 +230,10 @@ private:
     double sum_over_shards(double sum_sq) const;
     // The whole SAE's per-latent values from every shard's (all-gathered over the shards).
     std::vector<double> all_latents(const std::vector<double>& mine) const;
+    // decorrelation_rms (quality.h) of activations on host (dense [rows, n_] or `width` pairs
+    // per row) over the whole SAE: a latent shard gathers every shard's non-zero activations.
+    double decorrelation_of(const float* dense, const int32_t* idx, const float* val, int64_t width,
+                            int64_t rows) const;
     // n_dead_total_ from every shard's n_dead_.
     void count_dead_over_shards();
     // After the forward pass: x_hat summed over the shards.

@@ -305,18 +305,15 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
             fired[a.dense ? i % n : idx[i]] += 1;
         }
         if (r0 == 0)  // the first batch's latent correlations (quality.h)
-            local_decorr = {decorrelation_rms(a.dense ? act.data() : nullptr, idx.data(),
-                                              act.data(), per_row, B, n),
+            local_decorr = {decorrelation_of(a.dense ? act.data() : nullptr, idx.data(), act.data(),
+                                             per_row, B),
                             1.0};
     }
     std::vector<double> decorr = local_decorr;
     comm_.allreduce_sum(decorr.data(), 2);
     comm_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
-    if (sharded()) {  // L0 and the firing counts are per latent; decorrelation: each shard's
-        double part[3] = {sums[3], decorr[0], decorr[1]};
-        shard_.group->allreduce_sum(part, 3);
-        sums[3] = part[0], decorr = {part[1], part[2]};
-    }
+    if (sharded()) shard_.group->allreduce_sum(&sums[3], 1);  // L0: each shard its latents'
+
     const std::vector<double> fired_all = all_latents(std::vector<double>(fired, fired + n));
     n = n_total_;
     EvalResult e;
@@ -634,12 +631,11 @@ QualityGates SaeTrainer::training_quality() {
             be_.download(act.data(), a.val, rows * per_row * int64_t{sizeof(float)});
             be_.download(idx.data(), a.idx, rows * per_row * int64_t{sizeof(int32_t)});
         }
-        decorr = {decorrelation_rms(a.dense ? act.data() : nullptr, idx.data(), act.data(), per_row,
-                                    rows, n_),
-                  1.0};
+        decorr = {
+            decorrelation_of(a.dense ? act.data() : nullptr, idx.data(), act.data(), per_row, rows),
+            1.0};
     }
     comm_.allreduce_sum(decorr.data(), 2);
-    if (sharded()) shard_.group->allreduce_sum(decorr.data(), 2);  // each shard's latents
     q.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
     return q;
 }
@@ -875,6 +871,47 @@ std::vector<T> SaeTrainer::gather_latents(const std::vector<T>& mine) const {
     std::vector<T> whole(group.rank() == 0 ? static_cast<size_t>(n_total_) : 0);
     group.gather(mine.data(), whole.data(), n_ * static_cast<int64_t>(sizeof(T)), 0);
     return whole;
+}
+
+double SaeTrainer::decorrelation_of(const float* dense, const int32_t* idx, const float* val,
+                                    int64_t width, int64_t rows) const {
+    if (!sharded()) return decorrelation_rms(dense, idx, val, width, rows, n_);
+    // Every shard's non-zero activations of the rows decorrelation_rms looks at, as (global
+    // id, value) pairs, W per row (W: the most any shard has in a row; value 0 pads).
+    rows = std::min<int64_t>(rows, 2048);
+    const int64_t per_row = dense ? n_ : width;
+    auto value = [&](int64_t r, int64_t j) {
+        return dense ? dense[r * n_ + j] : val[r * width + j];
+    };
+    auto latent = [&](int64_t r, int64_t j) { return dense ? j : int64_t{idx[r * width + j]}; };
+    int64_t W = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t c = 0;
+        for (int64_t j = 0; j < per_row; ++j) c += value(r, j) != 0.0f;
+        W = std::max(W, c);
+    }
+    shard_.group->allreduce_max(&W, 1);
+    if (W == 0) return 0.0;
+    std::vector<int32_t> my_idx(static_cast<size_t>(rows * W), 0);
+    std::vector<float> my_val(static_cast<size_t>(rows * W), 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0, c = 0; j < per_row; ++j)
+            if (value(r, j) != 0.0f) {
+                my_idx[r * W + c] = static_cast<int32_t>(shard_.first() + latent(r, j));
+                my_val[r * W + c++] = value(r, j);
+            }
+    const int64_t S = shard_.count, block = rows * W;
+    std::vector<int32_t> all_idx(static_cast<size_t>(S * block)), pairs_idx(all_idx.size());
+    std::vector<float> all_val(all_idx.size()), pairs_val(all_idx.size());
+    shard_.group->allgather(my_idx.data(), all_idx.data(), block * int64_t{sizeof(int32_t)});
+    shard_.group->allgather(my_val.data(), all_val.data(), block * int64_t{sizeof(float)});
+    for (int64_t q = 0; q < S; ++q)  // row r: every shard's W pairs side by side
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < W; ++j) {
+                pairs_idx[(r * S + q) * W + j] = all_idx[q * block + r * W + j];
+                pairs_val[(r * S + q) * W + j] = all_val[q * block + r * W + j];
+            }
+    return decorrelation_rms(nullptr, pairs_idx.data(), pairs_val.data(), S * W, rows, n_total_);
 }
 
 std::vector<double> SaeTrainer::all_latents(const std::vector<double>& mine) const {

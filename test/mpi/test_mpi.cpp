@@ -375,6 +375,23 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
                 EXPECT_EQ(a.clipped, b.clipped) << name << " S " << S << " step " << step;
             }
             EXPECT_EQ(tr.dead_fraction(), ref.dead_fraction()) << name << " S " << S;
+            // Held-out figures and the gates over the whole SAE (the decorrelation of one
+            // replica's rows equals the reference's on all rows only with one replica).
+            for (float& v : x) v = normal(rng);
+            all = all_replicas_rows(g, x);
+            const EvalResult ea = tr.evaluate(x.data(), rows, 32);
+            const EvalResult eb = ref.evaluate(all.data(), rows * g.R, 32 * g.R);
+            EXPECT_NEAR(ea.fvu, eb.fvu, 1e-5 * eb.fvu) << name << " S " << S;
+            EXPECT_NEAR(ea.l0, eb.l0, 1e-9) << name << " S " << S;
+            EXPECT_EQ(ea.dead_fraction, eb.dead_fraction) << name << " S " << S;
+            const QualityGates qa = tr.training_quality(), qb = ref.training_quality();
+            EXPECT_NEAR(qa.zeros_frac, qb.zeros_frac, 1e-9) << name << " S " << S;
+            if (g.R == 1) {
+                EXPECT_GT(qb.decorr_rms, 0.0) << name;
+                EXPECT_NEAR(qa.decorr_rms, qb.decorr_rms, 1e-6) << name << " S " << S;
+                EXPECT_NEAR(ea.quality.decorr_rms, eb.quality.decorr_rms, 1e-6)
+                    << name << " S " << S;
+            }
             const SaeWeights got = tr.weights(), want = ref.weights();
             if (g.shard != 0) {
                 EXPECT_EQ(got.n_latents, 0);  // the first shard holds the whole SAE
