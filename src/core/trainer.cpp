@@ -798,8 +798,8 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
     if (shards <= 1) return;
     const Architecture& a = arch_get(cfg.arch);
     SAE_ENFORCE(a.shardable(),
-                "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (topk, relu "
-                "and jumprelu can)",
+                "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (topk, "
+                "batchtopk, relu and jumprelu can)",
                 where, shards, cfg.arch);
     SAE_ENFORCE(n_total % shards == 0,
                 "{}parallel.latent_shards = {} does not divide the SAE's {} latents", where, shards,
@@ -808,14 +808,12 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
                 "{}train.decorr_coeff needs every latent's activations in one place; it is not "
                 "available with parallel.latent_shards = {}",
                 where, shards);
+    // Each top-k selection (sae.k, sae.k_aux) runs within a shard before the merge.
     const int64_t n_local = n_total / shards;
-    SAE_ENFORCE(!a.sparse() || cfg.k <= n_local,
-                "{}sae.k = {} exceeds the {} latents of one of the {} latent shards", where, cfg.k,
-                n_local, shards);
-    SAE_ENFORCE(
-        !a.sparse() || cfg.auxk_coeff <= 0 || arch::resolved_k_aux(cfg, d, n_total) <= n_local,
-        "{}sae.k_aux = {} exceeds the {} latents of one of the {} latent shards", where,
-        arch::resolved_k_aux(cfg, d, n_total), n_local, shards);
+    for (const Architecture::OpUse& use : a.limited_ops(cfg, d, n_total))
+        SAE_ENFORCE(use.op != BackendOp::topk_forward || use.shape.k <= n_local,
+                    "{}{} = {} exceeds the {} latents of one of the {} latent shards", where,
+                    use.key, use.shape.k, n_local, shards);
 }
 
 std::vector<float> SaeTrainer::gather_flat(const float* flat) const {

@@ -344,8 +344,11 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 48;
     for (const int S : shard_counts(w.size()))
-        for (const char* name_c : {"topk", "auxk", "relu", "jumprelu"}) {
+        for (const char* name_c : {"topk", "auxk", "batchtopk", "relu", "jumprelu"}) {
             const std::string name = name_c;
+            // BatchTopK selects over each replica's batch: the one-process reference over all
+            // rows is the same SAE only with one replica.
+            if (name == "batchtopk" && S != w.size()) continue;
             SaeConfig cfg = small_sae(name == "auxk" ? "topk" : name);
             if (name == "auxk") cfg.dead_tokens = 1, cfg.k_aux = 3;
             cfg.normalize_decoder = true;

@@ -5,8 +5,10 @@
 // there, and in exports, the SAE is a JumpReLU with that one threshold for every latent.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "common.h"
+#include "saetrain/comm.h"
 #include "saetrain/error.h"
 
 namespace saetrain::arch {
@@ -32,17 +34,10 @@ public:
         float t = threshold_;
         if (training) {
             t = c.be.batch_threshold(c.pre, b_enc, c.B, c.n, k_ * c.B);
+            if (c.shard) t = threshold_over_shards(c, t, k_ * c.B);
             batch_t_ = t;
         }
-        // Rows keep different counts: the buffer is as wide as the widest row seen so far (its
-        // padding has value 0 and costs the sparse kernels a skipped entry).
-        for (;;) {
-            const int64_t widest =
-                c.be.select_above(c.pre, b_enc, t, c.B, c.n, width_, idx_.data(), val_.data());
-            if (widest <= width_) break;
-            width_ = widest;
-            reserve(c.B);
-        }
+        select_above(c, t);
         decode_selection(c);
     }
     std::vector<double> step_sums() const override { return {batch_t_, 1.0}; }
@@ -62,6 +57,50 @@ public:
     }
 
 private:
+    // The selection of pre + b_enc >= t. Rows keep different counts: the buffer is as wide as
+    // the widest row seen so far (its padding has value 0 and costs the sparse kernels a
+    // skipped entry).
+    void select_above(PassContext& c, float t) {
+        const float* b_enc = c.seg(ParamLayout::kBEnc);
+        for (;;) {
+            const int64_t widest =
+                c.be.select_above(c.pre, b_enc, t, c.B, c.n, width_, idx_.data(), val_.data());
+            if (widest <= width_) break;
+            width_ = widest;
+            reserve(c.B);
+        }
+    }
+    // On a latent shard: the batch threshold over every shard's latents, from this shard's
+    // (`mine`, the count-th largest of its own values). Each shard contributes its `count`
+    // largest positive values (those >= mine; 0s pad), and the count-th largest of them all is
+    // the whole batch's: every value of the global top `count` is among its shard's top
+    // `count`. The same float as batch_threshold over all latents; when fewer than `count`
+    // values are positive, the smallest positive one; 0 when none is.
+    float threshold_over_shards(PassContext& c, float mine, int64_t count) {
+        count = std::max<int64_t>(count, 1);
+        select_above(c, mine);
+        std::vector<float>& top = scratch_.val;
+        top.resize(static_cast<size_t>(c.B * width_));
+        c.be.download(top.data(), val_.data(), c.B * width_ * int64_t{sizeof(float)});
+        top.erase(std::remove_if(top.begin(), top.end(), [](float v) { return !(v > 0.0f); }),
+                  top.end());
+        if (static_cast<int64_t>(top.size()) > count) {
+            std::nth_element(top.begin(), top.begin() + count, top.end(), std::greater<float>());
+            top.resize(static_cast<size_t>(count));
+        }
+        top.resize(static_cast<size_t>(count), 0.0f);
+        std::vector<float>& all = scratch_.all_val;
+        all.resize(static_cast<size_t>(count * c.shard->count));
+        c.shard->group->allgather(top.data(), all.data(), count * int64_t{sizeof(float)});
+        all.erase(std::remove_if(all.begin(), all.end(), [](float v) { return !(v > 0.0f); }),
+                  all.end());
+        if (all.empty()) return 0.0f;
+        if (static_cast<int64_t>(all.size()) < count)
+            return *std::min_element(all.begin(), all.end());
+        std::nth_element(all.begin(), all.begin() + (count - 1), all.end(), std::greater<float>());
+        return all[static_cast<size_t>(count - 1)];
+    }
+
     int64_t k_;
     int64_t rows_cap_ = 0;
     float threshold_ = 0;  // the inference threshold (0: not estimated yet)
@@ -92,6 +131,7 @@ public:
                                         Backend& be) const override {
         return std::make_unique<BatchTopkPass>(cfg, d, n, be);
     }
+    bool shardable() const override { return true; }
     // The batch selection has no k limit (batch_threshold, select_above); AuxK's has.
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return topk_uses(cfg, 0, d, n);
