@@ -194,9 +194,9 @@ public:
         std::string key;
     };
     // Whether its pass trains a latent shard (PassContext::shard): a partial x_hat that the
-    // trainer sums over the shards (encode() adds b_dec on the first shard only), top-k
+    // trainer sums over the shards (start_reconstruction: b_dec on the first shard only), top-k
     // selections through select_topk (common.h), stats that are sums over latents (L0, L1), and
-    // no state over all latents in its step_sums. ReLU, JumpReLU, TopK and BatchTopK do.
+    // no state over all latents in its step_sums. All but Switch do.
     virtual bool shardable() const { return false; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {

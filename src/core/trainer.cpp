@@ -799,7 +799,7 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
     const Architecture& a = arch_get(cfg.arch);
     SAE_ENFORCE(a.shardable(),
                 "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (topk, "
-                "batchtopk, relu and jumprelu can)",
+                "batchtopk, relu, jumprelu and gated can)",
                 where, shards, cfg.arch);
     SAE_ENFORCE(n_total % shards == 0,
                 "{}parallel.latent_shards = {} does not divide the SAE's {} latents", where, shards,

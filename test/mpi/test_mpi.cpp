@@ -344,7 +344,7 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 48;
     for (const int S : shard_counts(w.size()))
-        for (const char* name_c : {"topk", "auxk", "batchtopk", "relu", "jumprelu"}) {
+        for (const char* name_c : {"topk", "auxk", "batchtopk", "relu", "jumprelu", "gated"}) {
             const std::string name = name_c;
             // BatchTopK selects over each replica's batch: the one-process reference over all
             // rows is the same SAE only with one replica.

@@ -15,10 +15,14 @@ void encode(PassContext& c) {
     c.be.sub_rows(c.xc, c.x, b_dec, c.B, c.d);
     c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg(ParamLayout::kWEnc), c.d, 0.0f,
               c.pre, c.n);
+    start_reconstruction(c, c.xhat);
+}
+
+void start_reconstruction(PassContext& c, float* out) {
     if (c.shard && c.shard->index > 0)
-        c.be.fill(c.xhat, c.B * c.d, 0.0f);
+        c.be.fill(out, c.B * c.d, 0.0f);
     else
-        c.be.broadcast_rows(c.xhat, b_dec, c.B, c.d);
+        c.be.broadcast_rows(out, c.seg(ParamLayout::kBDec), c.B, c.d);
 }
 
 void select_topk(PassContext& c, const float* bias, int64_t k, int32_t* idx, float* val, bool relu,

@@ -14,6 +14,9 @@ namespace saetrain::arch {
 // in every row (the decoder adds z W_dec); on a latent shard other than the first, xhat = 0, so
 // that the shards' partial reconstructions sum to one x_hat.
 void encode(PassContext& ctx);
+// out [B, d] = b_dec in every row, where a reconstruction starts (0 on a latent shard after the
+// first: the shards' partial reconstructions then sum to one with b_dec once).
+void start_reconstruction(PassContext& ctx, float* out);
 // The top k of ctx.pre + bias per row into (idx, val) [B, k] (ReLU'd when `relu`): topk_forward,
 // or on a latent shard the exact global selection with this shard's own entries kept (local
 // ids, the others absent; sharded_topk_own).
