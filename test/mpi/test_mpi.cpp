@@ -416,6 +416,65 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
         }
 }
 
+// Chaos-free: at every step of a longer run, the sharded gradient equals the one a single
+// process computes from the same parameters and dead-latent state on all replicas' rows (the
+// whole SAE restored from the shards' weights() and state() before each step), with AuxK
+// active, gradient accumulation over two chunks and data.normalize. Over many steps two runs
+// drift apart through top-k flips at near-ties (round-off decides them); this compares each
+// step's gradient alone, where only summation order differs (bound as above).
+TEST(Mpi, LatentShardGradientsEqualOneProcessFromTheSameParameters) {
+    Communicator& w = *g_world;
+    const int64_t d = 16, rows = 48;
+    SaeConfig cfg = small_sae("topk");
+    cfg.dead_tokens = 1, cfg.k = 2, cfg.k_aux = 3, cfg.accum_steps = 2;  // latents die
+    cfg.normalize = "expected_average_only_in";
+    ShardGrid g = shard_grid(w, 2, cfg.n_latents);
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    SaeTrainer tr(cfg, d, 40, 9, *be, *g.replicas, &g.part);
+    std::mt19937 rng(300 + g.replica);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(rows * d);
+    for (float& v : x) v = normal(rng);
+    tr.init(x.data(), rows);
+    double worst = 0;
+    bool aux_ran = false;
+    for (int step = 0; step < 30; ++step) {
+        for (float& v : x) v = normal(rng);
+        std::vector<float> all = all_replicas_rows(g, x);
+        // The whole SAE as it is now, restored into one process on the first shard.
+        const SaeWeights sw = tr.weights();
+        const TrainState st = tr.state();
+        SaeTrainer ref(cfg, d, 40, 9, *be, *self);
+        std::vector<float> want(static_cast<size_t>(ref.layout().total()));
+        const StepResult r = tr.step(x.data(), rows);
+        aux_ran = aux_ran || r.aux > 0;
+        if (g.shard == 0) {
+            ref.restore(sw, st);
+            for (float& v : all) v *= ref.input_scale();  // as step() uploads them
+            ref.compute_gradients(all.data(), rows * g.R, 1);
+            want = ref.grads_host();
+        }
+        g.shards->bcast(want.data(), static_cast<int64_t>(want.size() * sizeof(float)), 0);
+        // This shard's rows of every per-latent segment, and the segments all shards hold.
+        const std::vector<float> got = tr.grads_host();
+        double scale = 0, diff = 0;
+        const auto& whole = ref.layout().segments();
+        for (size_t i = 0; i < whole.size(); ++i) {
+            const ParamSegment& m = tr.layout().segments()[i];
+            const int64_t from = whole[i].offset + (m.per_latent ? g.part.first() * m.cols : 0);
+            for (int64_t e = 0; e < m.size(); ++e) {
+                scale = std::max(scale, double(std::abs(want[from + e])));
+                diff = std::max(diff, double(std::abs(got[m.offset + e] - want[from + e])));
+            }
+        }
+        EXPECT_LT(diff, 1e-5 * scale) << "step " << step << " shard " << g.shard;
+        worst = std::max(worst, diff / scale);
+    }
+    EXPECT_TRUE(aux_ran) << "no latent died: AuxK was never exercised";
+    if (w.rank() == 0) std::printf("30 steps: gradients within %.2g of the largest\n", worst);
+}
+
 // A sharded SAE's checkpoint holds the whole SAE: restored on the same grid the next step is
 // bitwise the one the uninterrupted trainer takes; restored on one process (another shard
 // count) it is the same step within round-off (the bound above).
