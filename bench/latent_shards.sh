@@ -15,7 +15,7 @@ field() { sed -n "s/^RESULT.* $1=\([0-9.]*\).*/\1/p;s/^RESULT $1=\([0-9.]*\).*/\
 run() {  # np, options...: prints the bench's line to stderr, the RESULT line to stdout
     local np=$1
     shift
-    mpirun -np "$np" --oversubscribe "$bench" "$@" | tee -a /dev/stderr | grep '^RESULT'
+    mpirun -np "$np" --oversubscribe "$bench" "$@" | tee >(cat >&2) | grep '^RESULT'
 }
 mem=(--latents 196608 --batch 1024 --steps 1)
 one_mem=$(run 1 "${mem[@]}")
