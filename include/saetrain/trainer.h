@@ -17,6 +17,13 @@
 // parameters. Elsewhere (GPUs, several nodes) the gradients are all-reduced and every replica
 // applies the same full update.
 //
+// A latent-sharded SAE (parallel.latent_shards = S, a LatentShard given) is S trainers, one
+// per rank, each holding n / S latents of every per-latent segment (b_dec and the segments of
+// no latent whole on each), trained on the same rows: the partial reconstructions, b_dec's
+// gradient, the sums over latents and the gradient norm are summed over the shards every step,
+// the top-k selections are merged exactly (sharded_topk.h), and the backward pass and Adam are
+// each shard's own. Checkpoints gather the whole SAE onto the first shard.
+//
 // Forward: pre = (x - b_dec) W_enc^T; z = the architecture's activation of it;
 // x_hat = z W_dec + b_dec. The loss per step is
 //   L = mean_t ||x_hat_t - x_t||^2 + the architecture's penalty (L1, L0, AuxK, ...) / rows.
