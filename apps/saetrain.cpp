@@ -41,6 +41,7 @@
 #include "saetrain/shared_source.h"     // defines: SharedBatchSource, BroadcastBatchSource
 #include "saetrain/synth.h"             // defines: synth_read_features, feature_recovery
 #include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
+#include "saetrain/train_state.h"       // defines: write_streamed (latent-sharded SAE files)
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -543,13 +544,21 @@ SaeSummary summarize(const Setup& s, const LoopResult& res, SaeTrainer& trainer)
 // its feature-density histogram, and the recovery of planted features when the data has them.
 void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
     const fs::path sae_dir = s.out() / "sae" / s.id();
-    SaeWeights w = trainer.weights();  // collective over the latent shards
-    if (s.layout.shard != 0) return;   // the first shard holds the whole SAE
-    w = fold_activation_scale(w);
-    sae_write_h5((sae_dir / "final.h5").string(), w, sae_meta(s, trainer));
+    const std::string final_h5 = (sae_dir / "final.h5").string();
+    const fs::path truth = fs::path(s.cfg.data.path) / "ground_truth.h5";
+    SaeWeights w;
+    if (trainer.sharded()) {
+        // Streamed from every latent shard to the first, which writes it (no whole copy).
+        write_streamed(trainer, s.layout.shard == 0, final_h5, "", sae_meta(s, trainer), {},
+                       /*folded=*/true);
+        if (s.layout.shard != 0) return;
+        if (fs::is_regular_file(truth)) w = sae_read_h5(final_h5);  // for the recovery below
+    } else {
+        w = fold_activation_scale(trainer.weights());
+        sae_write_h5(final_h5, w, sae_meta(s, trainer));
+    }
     if (mine.gates.measured)
         density_histogram_write((sae_dir / "feature_density.csv").string(), mine.gates.density);
-    const fs::path truth = fs::path(s.cfg.data.path) / "ground_truth.h5";
     if (fs::is_regular_file(truth)) {
         int64_t m = 0, dt = 0;
         const std::vector<float> f = synth_read_features(truth.string(), &m, &dt);

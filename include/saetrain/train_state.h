@@ -35,6 +35,18 @@ void train_state_write(const std::string& path, const SaeWeights& w, const Train
 // checkpoint); throws Error naming the file on any mismatch or damage.
 TrainState train_state_read(const std::string& path, const SaeWeights& w);
 
+class SaeTrainer;
+
+// A latent-sharded trainer's checkpoint pair (state_path empty: only the weights, as final.h5
+// with `folded`: fold_activation_scale's), the same files as sae_write_h5 + train_state_write
+// of weights() and state(), but streamed from SaeTrainer::stream_weights/stream_state: no rank
+// holds the whole SAE. Collective over the trainer's shards; the first shard (`writes`)
+// writes both files atomically, the others send their parts. `header`: step, tokens, iteration
+// and cursors. A failure is thrown on the writer once every shard has finished the stream.
+void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights_path,
+                    const std::string& state_path, const SaeMeta& meta, const TrainState& header,
+                    bool folded);
+
 // Paths of step S's pair in an SAE directory.
 std::string checkpoint_weights_path(const std::string& sae_dir, int64_t step);
 std::string checkpoint_state_path(const std::string& sae_dir, int64_t step);

@@ -22,7 +22,8 @@
 // no latent whole on each), trained on the same rows: the partial reconstructions, b_dec's
 // gradient, the sums over latents and the gradient norm are summed over the shards every step,
 // the top-k selections are merged exactly (sharded_topk.h), and the backward pass and Adam are
-// each shard's own. Checkpoints gather the whole SAE onto the first shard.
+// each shard's own. Checkpoints and final.h5 stream the whole SAE to the first shard chunk by
+// chunk as it writes them (stream_weights, stream_state; write_streamed in train_state.h).
 //
 // Forward: pre = (x - b_dec) W_enc^T; z = the architecture's activation of it;
 // x_hat = z W_dec + b_dec. The loss per step is
@@ -31,7 +32,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "saetrain/arch.h"
@@ -75,6 +78,21 @@ struct EvalResult {
 // that does not divide the latents, a k larger than a shard.
 void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
                            const std::string& where);
+
+// A piece of one of the whole SAE's tensors, as SaeTrainer::stream_weights/stream_state hand
+// them out: elements [offset, offset + count) of tensor `tensor` (an index into the list of
+// weight_tensors() or state_tensors()), in its flat file order; f32 or i64 is set.
+struct TensorChunk {
+    int tensor = 0;
+    int64_t offset = 0, count = 0;
+    const float* f32 = nullptr;
+    const int64_t* i64 = nullptr;
+};
+struct TensorInfo {
+    std::string name;
+    std::vector<int64_t> shape;
+    bool i64 = false;
+};
 
 class SaeTrainer {
 public:
@@ -131,6 +149,16 @@ public:
     // Optimizer state and counters for a checkpoint (cursors and iteration are the caller's);
     // gathered like weights().
     TrainState state() const;
+    // Latent sharding without a whole copy anywhere: the whole SAE's tensors in file order
+    // (weights() and state()'s, the same values), streamed chunk by chunk (at most 64 MiB each)
+    // to `sink` on the first shard, each tensor's chunks in order; collective over the shards
+    // (the others pass an empty sink). `folded`: as fold_activation_scale(weights()) (for
+    // final.h5). The tensors, in order:
+    std::vector<TensorInfo> weight_tensors(bool folded) const;
+    std::vector<TensorInfo> state_tensors() const;  // adam_m, adam_v, since_fired
+    using ChunkSink = std::function<void(const TensorChunk&)>;
+    void stream_weights(bool folded, const ChunkSink& sink) const;
+    void stream_state(const ChunkSink& sink) const;
     // Continues from a checkpoint: weights in the file layout, and its state, of the whole SAE
     // (a latent shard takes its latents: the checkpoint may come from any shard count).
     // Bitwise: the next step is the one the uninterrupted run would have taken.
@@ -245,6 +273,12 @@ private:
     void count_dead_over_shards();
     // After the forward pass: x_hat summed over the shards.
     void reduce_x_hat(int64_t rows);
+    // stream_*'s pieces: this shard's rows [n_ x cols] of a per-latent tensor (host), sent
+    // shard by shard in chunks to the first shard's sink for tensor `t` from element `base`,
+    // each value v as v * mul / div (fold_activation_scale's arithmetic).
+    template <class T>
+    void stream_latents(const T* mine, int64_t cols, int t, int64_t base, float mul, float div,
+                        const ChunkSink& sink) const;
     // SaeWeights of a whole flat buffer (whole_layout_).
     SaeWeights weights_of(const std::vector<float>& p) const;
 

@@ -929,3 +929,123 @@ double SaeTrainer::sum_over_shards(double sum_sq) const {
 }
 
 }  // namespace saetrain
+
+// --- the whole SAE streamed to the first shard (latent sharding) -------------------------------
+
+namespace saetrain {
+
+namespace {
+constexpr int64_t kChunkElements = int64_t{1} << 24;  // 64 MiB of floats
+}  // namespace
+
+std::vector<TensorInfo> SaeTrainer::weight_tensors(bool folded) const {
+    const int64_t n = n_total_, d = d_;
+    std::vector<TensorInfo> t = {{"W_enc", {d, n}, false},
+                                 {"W_dec", {n, d}, false},
+                                 {"b_enc", {n}, false},
+                                 {"b_dec", {d}, false}};
+    const auto& segs = whole_layout_.segments();
+    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
+        t.push_back({segs[i].name, {segs[i].size()}, false});
+    for (const auto& [name, v] : pass_->buffers())
+        t.push_back({name, {static_cast<int64_t>(v.size())}, false});
+    if (!folded && cfg_.normalize != "none") t.push_back({"activation_scale", {1}, false});
+    return t;
+}
+
+std::vector<TensorInfo> SaeTrainer::state_tensors() const {
+    return {{"adam_m", {whole_layout_.total()}, false},
+            {"adam_v", {whole_layout_.total()}, false},
+            {"since_fired", {n_total_}, true}};
+}
+
+template <class T>
+void SaeTrainer::stream_latents(const T* mine, int64_t cols, int t, int64_t base, float mul,
+                                float div, const ChunkSink& sink) const {
+    Communicator& group = *shard_.group;
+    const int64_t rows = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(1, cols));
+    std::vector<T> buf;
+    for (int64_t q = 0; q < shard_.count; ++q)
+        for (int64_t r0 = 0; r0 < n_; r0 += rows) {
+            const int64_t count = std::min(rows, n_ - r0) * cols;
+            buf.resize(static_cast<size_t>(count));
+            if (q == shard_.index) std::copy_n(mine + r0 * cols, count, buf.begin());
+            group.bcast(buf.data(), count * static_cast<int64_t>(sizeof(T)), static_cast<int>(q));
+            if (group.rank() != 0) continue;
+            TensorChunk c{t, base + (q * n_ + r0) * cols, count, nullptr, nullptr};
+            if constexpr (std::is_same_v<T, int64_t>) {
+                c.i64 = buf.data();
+            } else {
+                if (mul != 1.0f || div != 1.0f)
+                    for (float& v : buf) v = v * mul / div;  // as fold_activation_scale
+                c.f32 = buf.data();
+            }
+            sink(c);
+        }
+}
+
+void SaeTrainer::stream_weights(bool folded, const ChunkSink& sink) const {
+    SAE_ENFORCE(sharded(), "SaeTrainer::stream_weights is for latent-sharded SAEs");
+    std::vector<float> p(static_cast<size_t>(n_params_));
+    be_.download(p.data(), params_, n_params_ * static_cast<int64_t>(sizeof(float)));
+    const float c = folded && cfg_.normalize != "none" ? input_scale_ : 1.0f;
+    Communicator& group = *shard_.group;
+    const bool root = group.rank() == 0;
+    // W_enc [d, n]: blocks of file rows, each shard's columns transposed from its latent rows.
+    const int64_t n = n_total_, block = std::max<int64_t>(1, kChunkElements / n);
+    std::vector<float> part, rows_out;
+    for (int64_t c0 = 0; c0 < d_; c0 += block) {
+        const int64_t cb = std::min(block, d_ - c0);
+        rows_out.resize(root ? static_cast<size_t>(cb * n) : 0);
+        for (int64_t q = 0; q < shard_.count; ++q) {
+            part.resize(static_cast<size_t>(cb * n_));
+            if (q == shard_.index)
+                for (int64_t r = 0; r < cb; ++r)
+                    for (int64_t l = 0; l < n_; ++l) part[r * n_ + l] = p[l * d_ + c0 + r] * c;
+            group.bcast(part.data(), cb * n_ * int64_t{sizeof(float)}, static_cast<int>(q));
+            for (int64_t r = 0; root && r < cb; ++r)
+                std::copy_n(part.begin() + r * n_, n_, rows_out.begin() + r * n + q * n_);
+        }
+        if (root) sink({0, c0 * n, cb * n, rows_out.data(), nullptr});
+    }
+    stream_latents(p.data() + off(ParamLayout::kWDec), d_, 1, 0, 1.0f, c, sink);
+    stream_latents(p.data() + off(ParamLayout::kBEnc), 1, 2, 0, 1.0f, 1.0f, sink);
+    std::vector<float> b_dec(p.begin() + off(ParamLayout::kBDec),
+                             p.begin() + off(ParamLayout::kBDec) + d_);
+    for (float& v : b_dec) v /= c;
+    if (root) sink({3, 0, d_, b_dec.data(), nullptr});
+    int t = 4;
+    const auto& segs = layout_.segments();
+    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i, ++t) {
+        if (segs[i].per_latent)
+            stream_latents(p.data() + segs[i].offset, segs[i].cols, t, 0, 1.0f, 1.0f, sink);
+        else if (root)
+            sink({t, 0, segs[i].size(), p.data() + segs[i].offset, nullptr});
+    }
+    for (const auto& [name, v] : pass_->buffers()) {
+        if (root) sink({t, 0, static_cast<int64_t>(v.size()), v.data(), nullptr});
+        ++t;
+    }
+    if (!folded && cfg_.normalize != "none" && root) sink({t, 0, 1, &input_scale_, nullptr});
+}
+
+void SaeTrainer::stream_state(const ChunkSink& sink) const {
+    SAE_ENFORCE(sharded(), "SaeTrainer::stream_state is for latent-sharded SAEs");
+    const bool root = shard_.group->rank() == 0;
+    const auto& segs = layout_.segments();
+    const auto& wsegs = whole_layout_.segments();
+    std::vector<float> a(static_cast<size_t>(n_params_));
+    for (int which = 0; which < 2; ++which) {
+        be_.download(a.data(), which == 0 ? m_ : v_, n_params_ * int64_t{sizeof(float)});
+        for (size_t i = 0; i < segs.size(); ++i) {
+            if (segs[i].per_latent)
+                stream_latents(a.data() + segs[i].offset, segs[i].cols, which, wsegs[i].offset,
+                               1.0f, 1.0f, sink);
+            else if (root)
+                sink({which, wsegs[i].offset, segs[i].size(), a.data() + segs[i].offset, nullptr});
+        }
+    }
+    stream_latents(since_fired_.data(), 1, 2, 0, 1.0f, 1.0f, sink);
+}
+
+}  // namespace saetrain

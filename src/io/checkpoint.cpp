@@ -11,6 +11,7 @@
 
 #include "atomic_file.h"
 #include "h5.h"
+#include "sae_file.h"
 #include "saetrain/error.h"
 
 namespace fs = std::filesystem;
@@ -31,20 +32,25 @@ void write_file(const std::string& path, const SaeWeights& w, const SaeMeta& met
         h5::write_f32(f.get(), name, value.data(), {static_cast<hsize_t>(value.size())});
         names += (names.empty() ? "" : ",") + name;
     }
-    if (!names.empty()) h5::write_attr_string(f.get(), "extra", names);
-    h5::write_attr_string(f.get(), "arch", meta.arch);
-    h5::write_attr_string(f.get(), "id", meta.id);
-    h5::write_attr_string(f.get(), "config", meta.config_yaml);
-    h5::write_attr_int64(f.get(), "k", meta.k);
-    h5::write_attr_int64(f.get(), "d_model", w.d_model);
-    h5::write_attr_int64(f.get(), "n_latents", w.n_latents);
-    h5::write_attr_int64(f.get(), "step", meta.step);
-    h5::write_attr_int64(f.get(), "tokens", meta.tokens);
+    write_sae_attributes(f.get(), meta, w.d_model, w.n_latents, names);
     SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({}); is the disk full?", path,
                 h5::os_error().empty() ? h5::last_error() : h5::os_error());
 }
 
 }  // namespace
+
+void write_sae_attributes(hid_t file, const SaeMeta& meta, int64_t d, int64_t n,
+                          const std::string& extra_names) {
+    if (!extra_names.empty()) h5::write_attr_string(file, "extra", extra_names);
+    h5::write_attr_string(file, "arch", meta.arch);
+    h5::write_attr_string(file, "id", meta.id);
+    h5::write_attr_string(file, "config", meta.config_yaml);
+    h5::write_attr_int64(file, "k", meta.k);
+    h5::write_attr_int64(file, "d_model", d);
+    h5::write_attr_int64(file, "n_latents", n);
+    h5::write_attr_int64(file, "step", meta.step);
+    h5::write_attr_int64(file, "tokens", meta.tokens);
+}
 
 SaeWeights fold_activation_scale(const SaeWeights& w) {
     SaeWeights out = w;

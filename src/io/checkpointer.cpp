@@ -210,9 +210,23 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
     replicas_.allgather(mine, cursors.data(), sizeof(mine));
     pending_step_ = trainer.step_count();
     pending_iteration_ = iteration;
-    if (replicas_.rank() == 0) {
-        // Snapshot now (device -> host); the files are written while training goes on. Every
-        // latent shard of replica 0 joins the snapshot; the first shard gets the whole SAE.
+    if (replicas_.rank() == 0 && trainer.sharded()) {
+        // Every latent shard of replica 0 streams its part to the first shard, which writes
+        // it as it arrives: no rank ever holds the whole SAE. Synchronous (the shards'
+        // collectives run on this thread); a failure is reported at the commit, as below.
+        TrainState header;
+        header.step = trainer.step_count(), header.tokens = trainer.tokens();
+        header.iteration = iteration, header.cursors = cursors;
+        SaeMeta meta = meta_;
+        meta.step = header.step, meta.tokens = header.tokens;
+        try {
+            write_streamed(trainer, writes_, checkpoint_weights_path(sae_dir_, header.step),
+                           checkpoint_state_path(sae_dir_, header.step), meta, header, false);
+        } catch (...) {
+            write_error_ = std::current_exception();
+        }
+    } else if (replicas_.rank() == 0) {
+        // Snapshot now (device -> host); the files are written while training goes on.
         SaeWeights w = trainer.weights();
         TrainState s = trainer.state();
         s.iteration = iteration;

@@ -9,18 +9,13 @@
 
 #include "atomic_file.h"
 #include "h5.h"
+#include "sae_file.h"
 #include "saetrain/error.h"
 
 namespace fs = std::filesystem;
 
 namespace saetrain {
 namespace {
-
-uint64_t fnv1a(const void* p, size_t bytes, uint64_t h) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
 
 template <typename T>
 uint64_t mix(const std::vector<T>& v, uint64_t h) {
@@ -59,18 +54,39 @@ int64_t attr_or_throw(hid_t f, const std::string& name, const std::string& path)
 
 }  // namespace
 
-uint64_t train_state_checksum(const SaeWeights& w, const TrainState& s) {
-    uint64_t h = 1469598103934665603ull;
+namespace {
+
+// train_state_checksum up to the reader cursors: the weights, the moments, the counters.
+uint64_t checksum_before_cursors(const SaeWeights& w, const TrainState& s) {
+    uint64_t h = kFnvBasis;
     for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec}) h = mix(*v, h);
     for (const auto& [name, value] : w.extra) {
         h = fnv1a(name.data(), name.size(), h);
         h = mix(value, h);
     }
     for (const auto* v : {&s.adam_m, &s.adam_v}) h = mix(*v, h);
-    h = mix(s.since_fired, h);
+    return mix(s.since_fired, h);
+}
+
+uint64_t checksum_from_cursors(const TrainState& s, uint64_t h) {
     h = mix(s.cursors, h);
     for (int64_t x : {s.step, s.tokens, s.iteration}) h = fnv1a(&x, sizeof(x), h);
     return h;
+}
+
+}  // namespace
+
+uint64_t train_state_checksum(const SaeWeights& w, const TrainState& s) {
+    return checksum_from_cursors(s, checksum_before_cursors(w, s));
+}
+
+void write_train_state_attributes(hid_t f, const TrainState& s, uint64_t before_cursors) {
+    write_i64(f, "data_cursors", s.cursors);
+    h5::write_attr_int64(f, "step", s.step);
+    h5::write_attr_int64(f, "tokens", s.tokens);
+    h5::write_attr_int64(f, "iteration", s.iteration);
+    h5::write_attr_string(f, "checksum",
+                          fmt::format("{:016x}", checksum_from_cursors(s, before_cursors)));
 }
 
 std::string checkpoint_weights_path(const std::string& sae_dir, int64_t step) {
@@ -89,12 +105,7 @@ void train_state_write(const std::string& path, const SaeWeights& w, const Train
         h5::write_f32(f.get(), "adam_m", s.adam_m.data(), {s.adam_m.size()});
         h5::write_f32(f.get(), "adam_v", s.adam_v.data(), {s.adam_v.size()});
         write_i64(f.get(), "since_fired", s.since_fired);
-        write_i64(f.get(), "data_cursors", s.cursors);
-        h5::write_attr_int64(f.get(), "step", s.step);
-        h5::write_attr_int64(f.get(), "tokens", s.tokens);
-        h5::write_attr_int64(f.get(), "iteration", s.iteration);
-        h5::write_attr_string(f.get(), "checksum",
-                              fmt::format("{:016x}", train_state_checksum(w, s)));
+        write_train_state_attributes(f.get(), s, checksum_before_cursors(w, s));
         SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({}); is the disk full?", tmp,
                     h5::os_error().empty() ? h5::last_error() : h5::os_error());
     });

@@ -330,6 +330,28 @@ std::vector<int> shard_counts(int world) {
     return out;
 }
 
+// This rank's replica's rows: `rows` x d normal values per batch from a stream seeded by
+// seed + replica (every shard of a replica draws the same).
+struct ReplicaRows {
+    ReplicaRows(uint32_t seed, int replica, int64_t rows, int64_t d)
+        : rng(seed + static_cast<uint32_t>(replica)), x(static_cast<size_t>(rows * d)) {
+        next();
+    }
+    std::vector<float>& next() {
+        for (float& v : x) v = normal(rng);
+        return x;
+    }
+    std::mt19937 rng;
+    std::normal_distribution<float> normal{0.0f, 1.0f};
+    std::vector<float> x;
+};
+
+// Initializes `tr` on the first batch of `data` and trains it `steps` steps on the next ones.
+void init_and_train(SaeTrainer& tr, ReplicaRows& data, int64_t rows, int steps) {
+    tr.init(data.x.data(), rows);
+    for (int s = 0; s < steps; ++s) tr.step(data.next().data(), rows);
+}
+
 // A latent-sharded SAE (S shards x R replicas) trains like one process training the whole SAE
 // on all replicas' rows: the same loss every step and the same weights after them, for every
 // shardable architecture, with AuxK active ("auxk": latents dead from the first step).
@@ -489,15 +511,8 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     ShardGrid g = shard_grid(w, 2, cfg.n_latents);
     auto be = make_cpu_backend(1);
     SaeTrainer tr(cfg, d, 30, 5, *be, *g.replicas, &g.part);
-    std::mt19937 rng(200 + g.replica);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(rows * d);
-    for (float& v : x) v = normal(rng);
-    tr.init(x.data(), rows);
-    for (int step = 0; step < 8; ++step) {
-        for (float& v : x) v = normal(rng);
-        tr.step(x.data(), rows);
-    }
+    ReplicaRows data(200, g.replica, rows, d);
+    init_and_train(tr, data, rows, 8);
     const SaeWeights sw = tr.weights();
     const TrainState st = tr.state();
     if (w.rank() == 0) {
@@ -519,7 +534,7 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     EXPECT_EQ(resumed.params_host(), tr.params_host()) << "rank " << w.rank();
     EXPECT_EQ(one.dead_fraction(), tr.dead_fraction());
     for (int step = 0; step < 3; ++step) {
-        for (float& v : x) v = normal(rng);
+        const std::vector<float>& x = data.next();
         const std::vector<float> all = all_replicas_rows(g, x);
         const StepResult a = tr.step(x.data(), rows);
         const StepResult b = resumed.step(x.data(), rows);
@@ -532,6 +547,65 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     if (g.shard == 0) {
         EXPECT_LT(max_diff(got.w_dec, want.w_dec), 1e-5 * max_abs(want.w_dec));
     }
+}
+
+// A sharded SAE's checkpoint pair and final.h5, streamed (write_streamed: no rank holds the
+// whole SAE), hold what the gathered weights() and state() written by sae_write_h5 and
+// train_state_write hold, and pass the same checksum: for an architecture with extra
+// per-latent parameters (Gated), one with a buffer (BatchTopK) and data.normalize's scale
+// (folded into final.h5).
+TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
+    Communicator& w = *g_world;
+    const int64_t d = 16, rows = 40;
+    int64_t pid = getpid();
+    w.bcast(&pid, sizeof(pid), 0);
+    const fs::path dir = fs::temp_directory_path() / ("saetrain_mpi_stream_" + std::to_string(pid));
+    for (const int S : shard_counts(w.size()))
+        for (const char* arch : {"gated", "batchtopk", "topk"}) {
+            SaeConfig cfg = small_sae(arch);
+            cfg.normalize = "expected_average_only_in";
+            ShardGrid g = shard_grid(w, S, cfg.n_latents);
+            auto be = make_cpu_backend(1);
+            SaeTrainer tr(cfg, d, 30, 5, *be, *g.replicas, &g.part);
+            ReplicaRows data(400, g.replica, rows, d);
+            init_and_train(tr, data, rows, 3);
+            if (g.replica != 0) continue;
+            const bool first = g.shard == 0;
+            if (first) fs::create_directories(dir);
+            g.shards->barrier();
+            const SaeMeta meta{arch, "t", "", cfg.k, tr.step_count(), tr.tokens()};
+            TrainState header;
+            header.step = tr.step_count(), header.tokens = tr.tokens(), header.iteration = 7;
+            header.cursors = {1, 2};
+            const auto at = [&](const char* f) { return (dir / f).string(); };
+            write_streamed(tr, first, at("s.h5"), at("s.state.h5"), meta, header, false);
+            write_streamed(tr, first, at("f.h5"), "", meta, {}, true);
+            const SaeWeights sw = tr.weights();
+            TrainState st = tr.state();
+            if (!first) continue;
+            st.iteration = 7, st.cursors = {1, 2};
+            sae_write_h5(at("g.h5"), sw, meta);
+            train_state_write(at("g.state.h5"), sw, st);
+            sae_write_h5(at("gf.h5"), fold_activation_scale(sw), meta);
+            for (const auto& [streamed, gathered] :
+                 {std::pair{"s.h5", "g.h5"}, {"f.h5", "gf.h5"}}) {
+                const SaeWeights a = sae_read_h5(at(streamed)), b = sae_read_h5(at(gathered));
+                EXPECT_TRUE(a.w_enc == b.w_enc && a.w_dec == b.w_dec && a.b_enc == b.b_enc &&
+                            a.b_dec == b.b_dec && a.extra == b.extra)
+                    << arch << " S " << S << ": " << streamed << " differs from " << gathered;
+            }
+            try {  // a throw here must not leave the other ranks in the next collective
+                const SaeWeights a = sae_read_h5(at("s.h5"));
+                const TrainState sa = train_state_read(at("s.state.h5"), a);  // the checksum
+                EXPECT_TRUE(sa.adam_m == st.adam_m && sa.adam_v == st.adam_v &&
+                            sa.since_fired == st.since_fired && sa.cursors == st.cursors &&
+                            sa.iteration == 7 && sa.step == st.step)
+                    << arch << " S " << S;
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << arch << " S " << S << ": " << e.what();
+            }
+            fs::remove_all(dir);
+        }
 }
 
 // The first shard's reader feeds every shard of its group the same rows, and the end of the
