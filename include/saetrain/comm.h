@@ -6,10 +6,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
-#include <vector>
 
 namespace saetrain {
 
@@ -41,9 +39,6 @@ public:
     virtual void allreduce_max(int64_t* data, int64_t n) = 0;  // in place
     // recv holds size() * bytes, rank r's block at r * bytes.
     virtual void allgather(const void* send, void* recv, int64_t bytes) = 0;
-    // recv (used on `root` only; null elsewhere) holds size() * bytes, rank r's block at
-    // r * bytes. Default: an all-gather through a temporary buffer.
-    virtual void gather(const void* send, void* recv, int64_t bytes, int root);
     virtual void bcast(void* data, int64_t bytes, int root) = 0;
     virtual void barrier() = 0;
     // Ranks with the same color form a new group, ordered by key (then by rank).
@@ -58,12 +53,6 @@ public:
         return nullptr;
     }
 };
-
-inline void Communicator::gather(const void* send, void* recv, int64_t bytes, int root) {
-    std::vector<char> all(static_cast<size_t>(bytes) * static_cast<size_t>(size()));
-    allgather(send, all.data(), bytes);
-    if (rank() == root) std::memcpy(recv, all.data(), all.size());
-}
 
 // A group of one: every collective is a copy or nothing.
 std::unique_ptr<Communicator> make_self_comm();

@@ -253,13 +253,12 @@ private:
     int64_t off(int segment) const {
         return layout_.segments()[static_cast<size_t>(segment)].offset;
     }
-    // Latent sharding. The whole SAE's flat buffer (whole_layout_) from the shards' `flat`
-    // (backend memory) on the first shard, empty on the others; this shard's part of a whole
-    // flat buffer; and the same for per-latent host vectors.
-    std::vector<float> gather_flat(const float* flat) const;
+    // A host copy of a flat buffer (backend memory) of this trainer's layout.
+    std::vector<float> host_copy(const float* flat) const;
+    // Latent sharding: this shard's part of a whole flat buffer (whole_layout_); weights()
+    // collected from stream_weights on the first shard (empty weights on the others).
     std::vector<float> own_part(const std::vector<float>& whole) const;
-    template <class T>
-    std::vector<T> gather_latents(const std::vector<T>& mine) const;
+    SaeWeights streamed_weights() const;
     // The SAE's squared gradient norm from this shard's sum_sq (summed over the shards, the
     // segments every shard holds counted once).
     double sum_over_shards(double sum_sq) const;

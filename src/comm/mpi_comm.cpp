@@ -208,11 +208,6 @@ public:
         SAE_MPI_CHECK(
             MPI_Allgather(send, to_int(bytes), MPI_BYTE, recv, to_int(bytes), MPI_BYTE, comm_));
     }
-    void gather(const void* send, void* recv, int64_t bytes, int root) override {
-        Watch w("MPI gather");
-        SAE_MPI_CHECK(
-            MPI_Gather(send, to_int(bytes), MPI_BYTE, recv, to_int(bytes), MPI_BYTE, root, comm_));
-    }
     void bcast(void* data, int64_t bytes, int root) override {
         Watch w("MPI broadcast");
         SAE_MPI_CHECK(MPI_Bcast(data, to_int(bytes), MPI_BYTE, root, comm_));

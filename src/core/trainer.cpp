@@ -656,9 +656,11 @@ void SaeTrainer::count_dead_over_shards() {
     n_dead_total_ = static_cast<int64_t>(dead);
 }
 
-std::vector<float> SaeTrainer::params_host() const {
+std::vector<float> SaeTrainer::params_host() const { return host_copy(params_); }
+
+std::vector<float> SaeTrainer::host_copy(const float* flat) const {
     std::vector<float> p(static_cast<size_t>(n_params_));
-    be_.download(p.data(), params_, n_params_ * static_cast<int64_t>(sizeof(float)));
+    be_.download(p.data(), flat, n_params_ * static_cast<int64_t>(sizeof(float)));
     return p;
 }
 
@@ -698,9 +700,23 @@ TrainState SaeTrainer::state() const {
     TrainState s;
     s.step = step_;
     s.tokens = tokens_;
-    s.adam_m = gather_flat(m_);
-    s.adam_v = gather_flat(v_);
-    s.since_fired = gather_latents(since_fired_);
+    if (!sharded()) {
+        s.adam_m = host_copy(m_);
+        s.adam_v = host_copy(v_);
+        s.since_fired = since_fired_;
+        return s;
+    }
+    if (shard_.group->rank() == 0) {  // the first shard collects the stream
+        s.adam_m.resize(static_cast<size_t>(whole_layout_.total()));
+        s.adam_v.resize(s.adam_m.size());
+        s.since_fired.resize(static_cast<size_t>(n_total_));
+    }
+    stream_state([&](const TensorChunk& c) {
+        if (c.i64)
+            std::copy_n(c.i64, c.count, s.since_fired.begin() + c.offset);
+        else
+            std::copy_n(c.f32, c.count, (c.tensor == 0 ? s.adam_m : s.adam_v).begin() + c.offset);
+    });
     return s;
 }
 
@@ -761,18 +777,37 @@ void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
 }
 
 SaeWeights SaeTrainer::weights() const {
-    SaeWeights w = weights_of(gather_flat(params_));
-    // BatchTopK's threshold and the like: the same on every shard.
-    if (w.n_latents > 0)
-        for (auto& b : pass_->buffers()) w.extra.push_back(std::move(b));
-    if (w.n_latents > 0 && cfg_.normalize != "none")
+    if (sharded()) return streamed_weights();
+    SaeWeights w = weights_of(params_host());
+    for (auto& b : pass_->buffers()) w.extra.push_back(std::move(b));  // BatchTopK's threshold
+    if (cfg_.normalize != "none")
         w.extra.emplace_back("activation_scale", std::vector<float>{input_scale_});
+    return w;
+}
+
+SaeWeights SaeTrainer::streamed_weights() const {
+    const std::vector<TensorInfo> tensors = weight_tensors(false);
+    SaeWeights w;
+    std::vector<std::vector<float>*> into;  // by tensor index, on the first shard
+    if (shard_.group->rank() == 0) {
+        w.d_model = d_, w.n_latents = n_total_;
+        for (size_t i = 4; i < tensors.size(); ++i) w.extra.emplace_back(tensors[i].name, 0);
+        into = {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec};
+        for (auto& [name, v] : w.extra) into.push_back(&v);
+        for (size_t i = 0; i < tensors.size(); ++i) {
+            int64_t size = 1;
+            for (int64_t s : tensors[i].shape) size *= s;
+            into[i]->resize(static_cast<size_t>(size));
+        }
+    }
+    stream_weights(false, [&](const TensorChunk& c) {
+        std::copy_n(c.f32, c.count, into[static_cast<size_t>(c.tensor)]->begin() + c.offset);
+    });
     return w;
 }
 
 SaeWeights SaeTrainer::weights_of(const std::vector<float>& p) const {
     SaeWeights w;
-    if (p.empty()) return w;  // a latent shard other than the first
     const int64_t n = n_total_;
     w.d_model = d_, w.n_latents = n;
     w.w_enc.resize(static_cast<size_t>(d_ * n));
@@ -816,39 +851,6 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
                     use.key, use.shape.k, n_local, shards);
 }
 
-std::vector<float> SaeTrainer::gather_flat(const float* flat) const {
-    std::vector<float> mine(static_cast<size_t>(n_params_));
-    be_.download(mine.data(), flat, n_params_ * static_cast<int64_t>(sizeof(float)));
-    if (!sharded()) return mine;
-    Communicator& group = *shard_.group;
-    const bool root = group.rank() == 0;
-    std::vector<float> whole(root ? static_cast<size_t>(whole_layout_.total()) : 0);
-    const auto& segs = layout_.segments();
-    const auto& wsegs = whole_layout_.segments();
-    std::vector<float> blocks;
-    for (size_t i = 0; i < segs.size(); ++i) {
-        const ParamSegment& g = segs[i];
-        if (!g.per_latent) {  // the same on every shard: the first's
-            if (root)
-                std::copy_n(mine.begin() + g.offset, g.size(), whole.begin() + wsegs[i].offset);
-            continue;
-        }
-        // In chunks of rows, so that no message passes MPI's 2 GiB count limit.
-        const int64_t chunk =
-            std::max<int64_t>(1, (int64_t{1} << 26) / std::max<int64_t>(1, g.cols));
-        for (int64_t r0 = 0; r0 < g.rows; r0 += chunk) {
-            const int64_t rows = std::min(chunk, g.rows - r0), count = rows * g.cols;
-            blocks.resize(root ? static_cast<size_t>(count * shard_.count) : 0);
-            group.gather(mine.data() + g.offset + r0 * g.cols, blocks.data(),
-                         count * static_cast<int64_t>(sizeof(float)), 0);
-            for (int64_t q = 0; root && q < shard_.count; ++q)
-                std::copy_n(blocks.begin() + q * count, count,
-                            whole.begin() + wsegs[i].offset + (q * g.rows + r0) * g.cols);
-        }
-    }
-    return whole;
-}
-
 std::vector<float> SaeTrainer::own_part(const std::vector<float>& whole) const {
     if (!sharded()) return whole;
     std::vector<float> mine(static_cast<size_t>(n_params_));
@@ -860,15 +862,6 @@ std::vector<float> SaeTrainer::own_part(const std::vector<float>& whole) const {
         std::copy_n(whole.begin() + from, segs[i].size(), mine.begin() + segs[i].offset);
     }
     return mine;
-}
-
-template <class T>
-std::vector<T> SaeTrainer::gather_latents(const std::vector<T>& mine) const {
-    if (!sharded()) return mine;
-    Communicator& group = *shard_.group;
-    std::vector<T> whole(group.rank() == 0 ? static_cast<size_t>(n_total_) : 0);
-    group.gather(mine.data(), whole.data(), n_ * static_cast<int64_t>(sizeof(T)), 0);
-    return whole;
 }
 
 double SaeTrainer::decorrelation_of(const float* dense, const int32_t* idx, const float* val,

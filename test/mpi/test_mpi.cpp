@@ -550,8 +550,8 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
 }
 
 // A sharded SAE's checkpoint pair and final.h5, streamed (write_streamed: no rank holds the
-// whole SAE), hold what the gathered weights() and state() written by sae_write_h5 and
-// train_state_write hold, and pass the same checksum: for an architecture with extra
+// whole SAE), hold what weights() and state(), collected in memory and written by sae_write_h5
+// and train_state_write, hold, and pass the same checksum: for an architecture with extra
 // per-latent parameters (Gated), one with a buffer (BatchTopK) and data.normalize's scale
 // (folded into final.h5).
 TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
