@@ -29,7 +29,7 @@ struct ResumePoint {
 class Checkpointer {
 public:
     // world: every rank; replicas: this SAE's replicas (replica 0 writes); sae_dir: out/sae/<id>;
-    // shard: this rank's latent shard (the trainer gathers the SAE to shard 0, which writes).
+    // shard: this rank's latent shard (every shard streams its part to shard 0, which writes).
     Checkpointer(Communicator& world, Communicator& replicas, std::string out_dir,
                  std::string sae_dir, SaeMeta meta, int64_t keep, int shard = 0);
     ~Checkpointer();

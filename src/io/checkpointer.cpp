@@ -235,15 +235,14 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
         meta.step = s.step;
         meta.tokens = s.tokens;
         const std::string dir = sae_dir_;
-        if (writes_)
-            writer_ = std::thread([this, w = std::move(w), s = std::move(s), meta, dir] {
-                try {
-                    sae_write_h5(checkpoint_weights_path(dir, s.step), w, meta);
-                    train_state_write(checkpoint_state_path(dir, s.step), w, s);
-                } catch (...) {
-                    write_error_ = std::current_exception();
-                }
-            });
+        writer_ = std::thread([this, w = std::move(w), s = std::move(s), meta, dir] {
+            try {
+                sae_write_h5(checkpoint_weights_path(dir, s.step), w, meta);
+                train_state_write(checkpoint_state_path(dir, s.step), w, s);
+            } catch (...) {
+                write_error_ = std::current_exception();
+            }
+        });
     }
     if (wait) {
         join_and_commit();
