@@ -1,6 +1,7 @@
 // test_checkpoint — SAE weights round trip exactly, writes are atomic (no temp left behind,
 // overwrite replaces), and bad files are rejected with an error naming them.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "saetrain/error.h"
 #include "saetrain/shards.h"
 #include "saetrain/synth.h"
+#include "saetrain/train_state.h"
 #include "shard_oracle.h"
 #include "test_util.h"
 
@@ -223,4 +225,105 @@ TEST(Checkpoint, ConfigDifferencesIgnoreHarmlessKeysAndNewDefaults) {
     EXPECT_TRUE(config_result_differences(old, base).empty());
     // ... but a non-default value for it is one.
     EXPECT_EQ(config_result_differences(old, yaml({"train.max_bad_steps=3"})).size(), 1u);
+}
+
+// A checkpoint pair read in pieces (CheckpointFiles, a latent shard's resume) gives the blocks
+// the pair holds, its header and meta; verify() passes on the pair as written and fails when
+// any tensor it covers differs (the weights, an extra tensor, the state) or the pair is mixed.
+TEST(Checkpoint, FilesReadInPiecesAndVerifiedInOnePass) {
+    TempDir tmp;
+    const int64_t d = 6, n = 20;
+    SaeWeights w = random_weights(d, n, 3);
+    w.extra = {{"r_mag", std::vector<float>(n, 0.5f)}, {"threshold", {0.25f}}};
+    TrainState s;
+    s.step = 40, s.tokens = 4000, s.iteration = 41;
+    const int64_t params = 2 * d * n + n + d + n + 1;
+    for (auto* v : {&s.adam_m, &s.adam_v}) {
+        v->resize(static_cast<size_t>(params));
+        for (size_t i = 0; i < v->size(); ++i) (*v)[i] = 0.001f * float(i) + (v == &s.adam_v);
+    }
+    for (int64_t i = 0; i < n; ++i) s.since_fired.push_back(i * 10);
+    s.cursors = {1, 77, 2, 5};
+    SaeMeta meta{"gated", "g", "sae:\n  arch: gated\n", 0, 40, 4000};
+    const std::string wp = tmp / "w.h5", sp = tmp / "w.state.h5";
+    sae_write_h5(wp, w, meta);
+    train_state_write(sp, w, s);
+
+    CheckpointFiles f(wp, sp);
+    EXPECT_NO_THROW(f.verify());
+    EXPECT_EQ(f.meta().config_yaml, meta.config_yaml);
+    EXPECT_EQ(f.meta().step, 40);
+    const TrainState h = f.header();
+    EXPECT_EQ(h.cursors, s.cursors);
+    EXPECT_EQ(h.iteration, 41);
+    EXPECT_EQ(*f.shape("W_enc"), (std::vector<int64_t>{d, n}));
+    EXPECT_EQ(*f.shape("adam_v"), (std::vector<int64_t>{params}));
+    EXPECT_FALSE(f.shape("log_threshold").has_value());
+    // The blocks a shard of latents [5, 15) reads, against the same from memory.
+    const TensorsInMemory mem(w, s);
+    auto both = [&](const std::string& name, std::vector<int64_t> start,
+                    std::vector<int64_t> count) {
+        int64_t size = 1;
+        for (int64_t c : count) size *= c;
+        std::vector<float> a(static_cast<size_t>(size)), b(a.size(), -1.0f);
+        f.read(name, start, count, a.data());
+        mem.read(name, start, count, b.data());
+        EXPECT_EQ(a, b) << name;
+        return a;
+    };
+    const std::vector<float> cols = both("W_enc", {0, 5}, {d, 10});
+    EXPECT_EQ(cols[static_cast<size_t>(1 * 10 + 2)], w.w_enc[static_cast<size_t>(1 * n + 7)]);
+    both("W_dec", {5, 0}, {10, d});
+    both("r_mag", {5}, {10});
+    both("adam_v", {d * n + 5 * d}, {10 * d});
+    std::vector<int64_t> fired(10);
+    f.read("since_fired", 5, 10, fired.data());
+    EXPECT_EQ(fired.front(), 50);
+    EXPECT_EQ(fired.back(), 140);
+    std::vector<float> out(100);
+    EXPECT_THROW(f.read("W_dec", {15, 0}, {10, d}, out.data()), Error);  // past the end
+
+    // Anything the checksum covers, changed, is caught.
+    // (The state file keeps the checksum of w and s: a changed state value is written over the
+    // file's own, as a damaged disk would.)
+    auto mismatch = [&](SaeWeights w2, TrainState s2, const char* what) {
+        const std::string wp2 = tmp / "w2.h5", sp2 = tmp / "w2.state.h5";
+        sae_write_h5(wp2, w2, meta);
+        train_state_write(sp2, w, s);
+        {
+            const hid_t file = H5Fopen(sp2.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+            ASSERT_GE(file, 0);
+            for (const auto& [name, v] : {std::pair{"since_fired", &s2.since_fired},
+                                          std::pair{"data_cursors", &s2.cursors}}) {
+                const hid_t set = H5Dopen2(file, name, H5P_DEFAULT);
+                EXPECT_GE(H5Dwrite(set, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v->data()),
+                          0);
+                H5Dclose(set);
+            }
+            H5Fclose(file);
+        }
+        CheckpointFiles g(wp2, sp2);
+        try {
+            g.verify();
+            ADD_FAILURE() << what << ": verify() passed";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << what;
+            EXPECT_NE(std::string(e.what()).find(sp2), std::string::npos) << what;
+        }
+    };
+    SaeWeights w2 = w;
+    w2.w_enc[static_cast<size_t>(d * n - 1)] += 1e-3f;
+    mismatch(w2, s, "the last W_enc value");
+    w2 = w;
+    w2.extra[1].second[0] = 0.5f;
+    mismatch(w2, s, "an extra tensor");
+    w2 = w;
+    std::swap(w2.extra[0], w2.extra[1]);
+    mismatch(w2, s, "the extra tensors' order");
+    TrainState s2 = s;
+    s2.since_fired.back() += 1;
+    mismatch(w, s2, "since_fired");
+    s2 = s;
+    s2.cursors[3] = 6;
+    mismatch(w, s2, "a cursor");
 }

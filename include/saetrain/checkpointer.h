@@ -5,8 +5,10 @@
 // one write is in flight. At the next checkpoint (or at finish) every rank waits for its write,
 // all ranks agree it succeeded, and only then rank 0 writes checkpoints/step-S.commit. Resume
 // considers committed steps only, newest first, and uses the first one whose files every rank
-// can load and verify: a torn or damaged checkpoint falls back to the one before. The newest
-// checkpoint.keep committed checkpoints are kept.
+// can load and verify: a torn or damaged checkpoint falls back to the one before. (A latent
+// shard reads only its rows of the files, and the SAE's writer verifies the checksum in one
+// pass over them, so no rank holds the whole SAE.) The newest checkpoint.keep committed
+// checkpoints are kept.
 #pragma once
 
 #include <exception>
@@ -56,6 +58,12 @@ private:
     void join_and_commit();
     void commit(int64_t step, int64_t iteration);
     void remove_files(const std::vector<int64_t>& steps) const;  // this SAE's pairs at `steps`
+    // resume's pieces, collective: whether any rank failed to load the checkpoint at `step`
+    // (`error` non-empty here; the lowest such rank prints a warning), and the refusal of a
+    // checkpoint written under a config that changes the result.
+    bool agree_failed(const std::string& error, int64_t step);
+    void check_resumable(const std::string& old_yaml, const std::string& config_yaml,
+                         bool allow_config_change, int64_t step);
 
     Communicator& world_;
     Communicator& replicas_;

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,66 @@ class SaeTrainer;
 void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights_path,
                     const std::string& state_path, const SaeMeta& meta, const TrainState& header,
                     bool folded);
+
+// Pieces of a checkpoint's tensors, by the names weight_tensors() and state_tensors() give
+// them, in their file shapes: what SaeTrainer::read_part reads its latents from. In memory
+// (the whole SAE: TensorsInMemory) or from the files, block by block (CheckpointFiles,
+// below), so a latent shard reads only its part.
+class TensorSource {
+public:
+    virtual ~TensorSource() = default;
+    // The tensor's shape; nullopt when the checkpoint has no tensor of that name.
+    virtual std::optional<std::vector<int64_t>> shape(const std::string& name) const = 0;
+    // The block [start, start + count) of each dimension, row-major, into `out`.
+    virtual void read(const std::string& name, const std::vector<int64_t>& start,
+                      const std::vector<int64_t>& count, float* out) const = 0;
+    virtual void read(const std::string& name, int64_t start, int64_t count,
+                      int64_t* out) const = 0;  // since_fired
+};
+
+// A whole SAE's weights and state as a TensorSource (they must outlive it).
+class TensorsInMemory final : public TensorSource {
+public:
+    TensorsInMemory(const SaeWeights& w, const TrainState& s) : w_(w), s_(s) {}
+    std::optional<std::vector<int64_t>> shape(const std::string& name) const override;
+    void read(const std::string& name, const std::vector<int64_t>& start,
+              const std::vector<int64_t>& count, float* out) const override;
+    void read(const std::string& name, int64_t start, int64_t count, int64_t* out) const override;
+
+private:
+    const std::vector<float>* find(const std::string& name) const;
+    const SaeWeights& w_;
+    const TrainState& s_;
+};
+
+// A checkpoint pair opened to be read in pieces: a latent shard's resume reads only its rows
+// (SaeTrainer::read_part), and one rank checks the checksum in one pass, chunk by chunk, so no
+// rank holds the whole SAE. Errors name the file.
+class CheckpointFiles final : public TensorSource {
+public:
+    CheckpointFiles(std::string weights_path, std::string state_path);
+    ~CheckpointFiles() override;
+    CheckpointFiles(const CheckpointFiles&) = delete;
+    CheckpointFiles& operator=(const CheckpointFiles&) = delete;
+
+    // The weights file's attributes (step, tokens, config, ...).
+    SaeMeta meta() const;
+    // step, tokens, iteration and the reader cursors (no tensors).
+    TrainState header() const;
+    // Reads both files through in checksum order and compares the state file's checksum;
+    // throws when the pair is damaged or does not belong together.
+    void verify() const;
+
+    std::optional<std::vector<int64_t>> shape(const std::string& name) const override;
+    void read(const std::string& name, const std::vector<int64_t>& start,
+              const std::vector<int64_t>& count, float* out) const override;
+    void read(const std::string& name, int64_t start, int64_t count, int64_t* out) const override;
+
+private:
+    struct Files;
+    std::string weights_path_, state_path_;
+    std::unique_ptr<Files> files_;
+};
 
 // Paths of step S's pair in an SAE directory.
 std::string checkpoint_weights_path(const std::string& sae_dir, int64_t step);

@@ -94,6 +94,14 @@ struct TensorInfo {
     bool i64 = false;
 };
 
+// This trainer's part of a checkpoint (SaeTrainer::read_part), ready for restore().
+struct CheckpointPart {
+    std::vector<float> params, adam_m, adam_v;  // this shard's flat layout
+    std::vector<int64_t> since_fired;           // this shard's latents
+    std::vector<NamedTensor> buffers;           // the architecture's (BatchTopK's threshold)
+    float input_scale = 1.0f;
+};
+
 class SaeTrainer {
 public:
     // grad_comm: the replicas of this SAE (data-parallel, the same latent shard of each);
@@ -163,6 +171,12 @@ public:
     // (a latent shard takes its latents: the checkpoint may come from any shard count).
     // Bitwise: the next step is the one the uninterrupted run would have taken.
     void restore(const SaeWeights& w, const TrainState& s);
+    // The same in two halves, so that a latent shard reads only its part of the files and
+    // every rank can agree the reads succeeded before anything changes: read_part reads this
+    // trainer's latents (throws on a checkpoint of another SAE; not collective), restore
+    // installs them (collective, as restore above).
+    CheckpointPart read_part(const TensorSource& src) const;
+    void restore(CheckpointPart part, int64_t step, int64_t tokens);
     int64_t d_model() const { return d_; }
     int64_t n_latents() const { return n_total_; }  // the whole SAE's
     int64_t local_latents() const { return n_; }    // this shard's (all without sharding)
@@ -255,9 +269,8 @@ private:
     }
     // A host copy of a flat buffer (backend memory) of this trainer's layout.
     std::vector<float> host_copy(const float* flat) const;
-    // Latent sharding: this shard's part of a whole flat buffer (whole_layout_); weights()
-    // collected from stream_weights on the first shard (empty weights on the others).
-    std::vector<float> own_part(const std::vector<float>& whole) const;
+    // Latent sharding: weights() collected from stream_weights on the first shard (empty
+    // weights on the others).
     SaeWeights streamed_weights() const;
     // The SAE's squared gradient norm from this shard's sum_sq (summed over the shards, the
     // segments every shard holds counted once).

@@ -721,59 +721,146 @@ TrainState SaeTrainer::state() const {
 }
 
 void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
-    const int64_t n = n_total_, whole = whole_layout_.total();
-    SAE_ENFORCE(w.d_model == d_ && w.n_latents == n,
-                "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}", w.d_model,
-                w.n_latents, d_, n);
-    SAE_ENFORCE(static_cast<int64_t>(s.adam_m.size()) == whole &&
-                    static_cast<int64_t>(s.adam_v.size()) == whole &&
-                    static_cast<int64_t>(s.since_fired.size()) == n,
+    restore(read_part(TensorsInMemory(w, s)), s.step, s.tokens);
+}
+
+CheckpointPart SaeTrainer::read_part(const TensorSource& src) const {
+    const int64_t n = n_total_, first = shard_.first();
+    const auto w_enc = src.shape("W_enc"), w_dec = src.shape("W_dec");
+    SAE_ENFORCE(w_enc && w_dec && w_dec->size() == 2,
+                "checkpoint has no W_enc and W_dec [n_latents, d_model]");
+    SAE_ENFORCE(*w_dec == (std::vector<int64_t>{n, d_}) && *w_enc == (std::vector<int64_t>{d_, n}),
+                "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}",
+                (*w_dec)[1], (*w_dec)[0], d_, n);
+    auto size_of = [&](const std::string& name) -> int64_t {
+        const auto shape = src.shape(name);
+        if (!shape) return -1;
+        int64_t size = 1;
+        for (int64_t x : *shape) size *= x;
+        return size;
+    };
+    SAE_ENFORCE(size_of("adam_m") == whole_layout_.total() &&
+                    size_of("adam_v") == whole_layout_.total() && size_of("since_fired") == n,
                 "checkpoint state does not match an SAE of {} latents", n);
-    std::vector<float> p(static_cast<size_t>(whole));
-    for (int64_t l = 0; l < n; ++l)
-        for (int64_t c = 0; c < d_; ++c) p[l * d_ + c] = w.w_enc[c * n + l];  // from [d, n]
-    const auto& segs = whole_layout_.segments();
-    std::copy(w.w_dec.begin(), w.w_dec.end(), p.begin() + segs[ParamLayout::kWDec].offset);
-    std::copy(w.b_enc.begin(), w.b_enc.end(), p.begin() + segs[ParamLayout::kBEnc].offset);
-    std::copy(w.b_dec.begin(), w.b_dec.end(), p.begin() + segs[ParamLayout::kBDec].offset);
-    // The architecture's own parameters, then its buffers.
-    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i) {
-        const std::vector<float>* t = nullptr;
-        for (const auto& [name, value] : w.extra)
-            if (name == segs[i].name) t = &value;
-        SAE_ENFORCE(t && static_cast<int64_t>(t->size()) == segs[i].size(),
-                    "checkpoint of a {} SAE has no '{}' tensor of {} values", cfg_.arch,
-                    segs[i].name, segs[i].size());
-        std::copy(t->begin(), t->end(), p.begin() + segs[i].offset);
+    const auto& segs = layout_.segments();
+    const auto& wsegs = whole_layout_.segments();
+    CheckpointPart part;
+    part.params.resize(static_cast<size_t>(n_params_));
+    // W_enc [d, n]: this shard's columns, in blocks of file rows, transposed to latent rows.
+    const int64_t block = std::max<int64_t>(1, (int64_t{1} << 24) / n_);
+    std::vector<float> rows;
+    for (int64_t c0 = 0; c0 < d_; c0 += block) {
+        const int64_t cb = std::min(block, d_ - c0);
+        rows.resize(static_cast<size_t>(cb * n_));
+        src.read("W_enc", {c0, first}, {cb, n_}, rows.data());
+        for (int64_t r = 0; r < cb; ++r)
+            for (int64_t l = 0; l < n_; ++l) part.params[l * d_ + c0 + r] = rows[r * n_ + l];
     }
+    // The other segments, and every segment's moments: this shard's rows of a per-latent
+    // segment, the others whole.
+    part.adam_m.resize(part.params.size());
+    part.adam_v.resize(part.params.size());
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const int64_t from = segs[i].per_latent ? first * segs[i].cols : 0, count = segs[i].size();
+        float* p = part.params.data() + segs[i].offset;
+        if (i == ParamLayout::kWDec) {
+            src.read("W_dec", {first, 0}, {n_, d_}, p);
+        } else if (i != ParamLayout::kWEnc) {
+            // The architecture's own parameters are among the file's `extra` tensors.
+            SAE_ENFORCE(size_of(segs[i].name) == wsegs[i].size(),
+                        "checkpoint of a {} SAE has no '{}' tensor of {} values", cfg_.arch,
+                        segs[i].name, wsegs[i].size());
+            src.read(segs[i].name, {from}, {count}, p);
+        }
+        src.read("adam_m", {wsegs[i].offset + from}, {count}, part.adam_m.data() + segs[i].offset);
+        src.read("adam_v", {wsegs[i].offset + from}, {count}, part.adam_v.data() + segs[i].offset);
+    }
+    part.since_fired.resize(static_cast<size_t>(n_));
+    src.read("since_fired", first, n_, part.since_fired.data());
+    auto whole = [&](const std::string& name) {
+        std::vector<float> v(static_cast<size_t>(std::max<int64_t>(size_of(name), 0)));
+        if (!v.empty()) src.read(name, {0}, {static_cast<int64_t>(v.size())}, v.data());
+        return v;
+    };
     if (cfg_.normalize != "none") {
-        bool found = false;
-        for (const auto& [key, v] : w.extra)
-            if (key == "activation_scale" && v.size() == 1) input_scale_ = v[0], found = true;
-        SAE_ENFORCE(found,
+        const std::vector<float> c = whole("activation_scale");
+        SAE_ENFORCE(c.size() == 1,
                     "checkpoint has no 'activation_scale' tensor, but data.normalize is {}; it "
                     "was written without normalization",
                     cfg_.normalize);
+        part.input_scale = c[0];
     }
     for (const auto& [name, value] : pass_->buffers()) {
-        bool found = false;
-        for (const auto& [key, v] : w.extra)
-            if (key == name) pass_->set_buffer(name, v), found = true;
-        SAE_ENFORCE(found, "checkpoint of a {} SAE has no '{}' tensor", cfg_.arch, name);
+        SAE_ENFORCE(size_of(name) >= 0, "checkpoint of a {} SAE has no '{}' tensor", cfg_.arch,
+                    name);
+        part.buffers.emplace_back(name, whole(name));
     }
-    write_flat(params_, own_part(p));
-    write_flat(m_, own_part(s.adam_m));
-    write_flat(v_, own_part(s.adam_v));
-    since_fired_.assign(s.since_fired.begin() + shard_.first(),
-                        s.since_fired.begin() + shard_.first() + n_);
+    return part;
+}
+
+void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
+    input_scale_ = part.input_scale;
+    for (const auto& [name, value] : part.buffers) pass_->set_buffer(name, value);
+    write_flat(params_, part.params);
+    write_flat(m_, part.adam_m);
+    write_flat(v_, part.adam_v);
+    since_fired_ = std::move(part.since_fired);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {
         dead_[i] = since_fired_[i] >= cfg_.dead_tokens;
         n_dead_ += dead_[i];
     }
     count_dead_over_shards();
-    step_ = s.step;
-    tokens_ = s.tokens;
+    step_ = step;
+    tokens_ = tokens;
+}
+
+// --- TensorsInMemory ---------------------------------------------------------------------------
+
+const std::vector<float>* TensorsInMemory::find(const std::string& name) const {
+    for (const auto& [key, t] :
+         std::initializer_list<std::pair<const char*, const std::vector<float>*>>{
+             {"W_enc", &w_.w_enc},
+             {"W_dec", &w_.w_dec},
+             {"b_enc", &w_.b_enc},
+             {"b_dec", &w_.b_dec},
+             {"adam_m", &s_.adam_m},
+             {"adam_v", &s_.adam_v}})
+        if (name == key) return t;
+    for (const auto& [key, t] : w_.extra)
+        if (key == name) return &t;
+    return nullptr;
+}
+
+std::optional<std::vector<int64_t>> TensorsInMemory::shape(const std::string& name) const {
+    if (name == "W_enc") return std::vector<int64_t>{w_.d_model, w_.n_latents};
+    if (name == "W_dec") return std::vector<int64_t>{w_.n_latents, w_.d_model};
+    if (name == "since_fired")
+        return std::vector<int64_t>{static_cast<int64_t>(s_.since_fired.size())};
+    const std::vector<float>* t = find(name);
+    if (!t) return std::nullopt;
+    return std::vector<int64_t>{static_cast<int64_t>(t->size())};
+}
+
+void TensorsInMemory::read(const std::string& name, const std::vector<int64_t>& start,
+                           const std::vector<int64_t>& count, float* out) const {
+    const std::vector<float>* t = find(name);
+    SAE_ENFORCE(t && start.size() == count.size(), "no tensor '{}' in the checkpoint", name);
+    const std::vector<int64_t> dims = *shape(name);
+    SAE_ENFORCE(dims.size() == start.size(), "tensor '{}' has {} dimensions", name, dims.size());
+    for (size_t i = 0; i < start.size(); ++i)
+        SAE_ENFORCE(start[i] >= 0 && count[i] >= 0 && start[i] + count[i] <= dims[i],
+                    "tensor '{}': block out of its bounds", name);
+    const int64_t cols = dims.size() == 2 ? dims[1] : 1, width = dims.size() == 2 ? count[1] : 1;
+    if (dims.size() == 1) return (void)std::copy_n(t->begin() + start[0], count[0], out);
+    for (int64_t r = 0; r < count[0]; ++r)
+        std::copy_n(t->begin() + (start[0] + r) * cols + start[1], width, out + r * width);
+}
+
+void TensorsInMemory::read(const std::string& name, int64_t start, int64_t count,
+                           int64_t* out) const {
+    SAE_ENFORCE(name == "since_fired", "no integer tensor '{}' in the checkpoint", name);
+    std::copy_n(s_.since_fired.begin() + start, count, out);
 }
 
 SaeWeights SaeTrainer::weights() const {
@@ -849,19 +936,6 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
         SAE_ENFORCE(use.op != BackendOp::topk_forward || use.shape.k <= n_local,
                     "{}{} = {} exceeds the {} latents of one of the {} latent shards", where,
                     use.key, use.shape.k, n_local, shards);
-}
-
-std::vector<float> SaeTrainer::own_part(const std::vector<float>& whole) const {
-    if (!sharded()) return whole;
-    std::vector<float> mine(static_cast<size_t>(n_params_));
-    const auto& segs = layout_.segments();
-    const auto& wsegs = whole_layout_.segments();
-    for (size_t i = 0; i < segs.size(); ++i) {
-        const int64_t from =
-            wsegs[i].offset + (segs[i].per_latent ? shard_.first() * segs[i].cols : 0);
-        std::copy_n(whole.begin() + from, segs[i].size(), mine.begin() + segs[i].offset);
-    }
-    return mine;
 }
 
 double SaeTrainer::decorrelation_of(const float* dense, const int32_t* idx, const float* val,

@@ -125,20 +125,11 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
                 path, n);
     SAE_ENFORCE(dbd == std::vector<hsize_t>({d}), "file {}: b_dec shape is not [d_model={}]", path,
                 d);
-    if (auto names = h5::read_attr_string(f.get(), "extra")) {
-        size_t start = 0;
-        while (start <= names->size()) {
-            const size_t comma = std::min(names->find(',', start), names->size());
-            const std::string name = names->substr(start, comma - start);
-            SAE_ENFORCE(!name.empty() && h5::link_exists(f.get(), name),
-                        "file {}: attribute extra names '{}', which is not a dataset there", path,
-                        name);
-            std::vector<hsize_t> dims;
-            w.extra.emplace_back(name, h5::read_f32(f.get(), name, path, &dims));
-            SAE_ENFORCE(dims.size() == 1, "file {}: dataset '{}' should be 1-D, is {}-D", path,
-                        name, dims.size());
-            start = comma + 1;
-        }
+    for (const std::string& name : read_extra_names(f.get(), path)) {
+        std::vector<hsize_t> dims;
+        w.extra.emplace_back(name, h5::read_f32(f.get(), name, path, &dims));
+        SAE_ENFORCE(dims.size() == 1, "file {}: dataset '{}' should be 1-D, is {}-D", path, name,
+                    dims.size());
     }
     if (auto a = h5::read_attr_int64(f.get(), "d_model"))
         SAE_ENFORCE(*a == w.d_model, "file {}: attribute d_model={} disagrees with W_dec's {}",
@@ -146,16 +137,33 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
     if (auto a = h5::read_attr_int64(f.get(), "n_latents"))
         SAE_ENFORCE(*a == w.n_latents, "file {}: attribute n_latents={} disagrees with W_dec's {}",
                     path, *a, w.n_latents);
-    if (meta) {
-        *meta = SaeMeta{};
-        meta->arch = h5::read_attr_string(f.get(), "arch").value_or("");
-        meta->id = h5::read_attr_string(f.get(), "id").value_or("");
-        meta->config_yaml = h5::read_attr_string(f.get(), "config").value_or("");
-        meta->k = h5::read_attr_int64(f.get(), "k").value_or(0);
-        meta->step = h5::read_attr_int64(f.get(), "step").value_or(0);
-        meta->tokens = h5::read_attr_int64(f.get(), "tokens").value_or(0);
-    }
+    if (meta) *meta = read_sae_meta(f.get());
     return w;
+}
+
+SaeMeta read_sae_meta(hid_t f) {
+    SaeMeta meta;
+    meta.arch = h5::read_attr_string(f, "arch").value_or("");
+    meta.id = h5::read_attr_string(f, "id").value_or("");
+    meta.config_yaml = h5::read_attr_string(f, "config").value_or("");
+    meta.k = h5::read_attr_int64(f, "k").value_or(0);
+    meta.step = h5::read_attr_int64(f, "step").value_or(0);
+    meta.tokens = h5::read_attr_int64(f, "tokens").value_or(0);
+    return meta;
+}
+
+std::vector<std::string> read_extra_names(hid_t f, const std::string& path) {
+    std::vector<std::string> out;
+    const auto names = h5::read_attr_string(f, "extra");
+    for (size_t start = 0; names && start <= names->size();) {
+        const size_t comma = std::min(names->find(',', start), names->size());
+        out.push_back(names->substr(start, comma - start));
+        SAE_ENFORCE(!out.back().empty() && h5::link_exists(f, out.back()),
+                    "file {}: attribute extra names '{}', which is not a dataset there", path,
+                    out.back());
+        start = comma + 1;
+    }
+    return out;
 }
 
 std::vector<int64_t> checkpoint_steps(const std::string& dir) {

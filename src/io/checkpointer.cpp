@@ -256,6 +256,54 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
 
 void Checkpointer::finish() { join_and_commit(); }
 
+namespace {
+
+// One committed checkpoint of an SAE, as resume reads it before deciding to use it: the whole
+// pair verified (sae_read_h5, train_state_read), or, on a latent shard, the files opened, their
+// header read, and the checksum verified by `verifies` alone, in one pass over the files.
+struct Candidate {
+    SaeMeta meta;
+    TrainState state;  // only the header with `files`
+    SaeWeights weights;
+    std::unique_ptr<CheckpointFiles> files;
+    int64_t d_model = 0, n_latents = 0;
+};
+
+Candidate open_candidate(const std::string& sae_dir, int64_t step, bool sharded, bool verifies) {
+    Candidate c;
+    const std::string wpath = checkpoint_weights_path(sae_dir, step);
+    const std::string spath = checkpoint_state_path(sae_dir, step);
+    if (!sharded) {
+        c.weights = sae_read_h5(wpath, &c.meta);
+        c.state = train_state_read(spath, c.weights);
+        c.d_model = c.weights.d_model, c.n_latents = c.weights.n_latents;
+        return c;
+    }
+    c.files = std::make_unique<CheckpointFiles>(wpath, spath);
+    c.meta = c.files->meta();
+    c.state = c.files->header();
+    const auto dims = c.files->shape("W_dec");
+    SAE_ENFORCE(dims && dims->size() == 2,
+                "file {}: not an SAE checkpoint (no dataset W_dec [n_latents, d_model])", wpath);
+    c.n_latents = (*dims)[0], c.d_model = (*dims)[1];
+    if (verifies) c.files->verify();
+    return c;
+}
+
+}  // namespace
+
+bool Checkpointer::agree_failed(const std::string& error, int64_t step) {
+    int64_t failed = error.empty() ? 0 : world_.size() - world_.rank();
+    world_.allreduce_max(&failed, 1);
+    if (failed == 0) return false;
+    if (world_.size() - world_.rank() == failed)  // the lowest rank that failed says why
+        std::fprintf(stderr,
+                     "saetrain: warning: rank %d: checkpoint at step %lld unusable (%s); trying an "
+                     "older one\n",
+                     world_.rank(), static_cast<long long>(step), error.c_str());
+    return true;
+}
+
 std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::string& config_yaml,
                                                 bool allow_config_change) {
     // Rank 0's listing decides the candidates, so every rank tries the same ones.
@@ -266,53 +314,40 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
     if (count > 0) world_.bcast(steps.data(), count * static_cast<int64_t>(sizeof(int64_t)), 0);
     for (int64_t step : steps) {
         std::string error;
-        SaeWeights w;
-        TrainState s;
-        SaeMeta meta;
+        Candidate c;
         try {
-            w = sae_read_h5(checkpoint_weights_path(sae_dir_, step), &meta);
-            s = train_state_read(checkpoint_state_path(sae_dir_, step), w);
-            SAE_ENFORCE(static_cast<int64_t>(s.cursors.size()) == 2 * replicas_.size(),
+            c = open_candidate(sae_dir_, step, trainer.sharded(), writes_);
+            SAE_ENFORCE(static_cast<int64_t>(c.state.cursors.size()) == 2 * replicas_.size(),
                         "checkpoint {} was written by {} replica(s) of this SAE, the job has {}; "
                         "resume with the same number of ranks",
-                        checkpoint_state_path(sae_dir_, step), s.cursors.size() / 2,
+                        checkpoint_state_path(sae_dir_, step), c.state.cursors.size() / 2,
                         replicas_.size());
         } catch (const std::exception& e) {
             error = e.what();
         }
-        int64_t failed = error.empty() ? 0 : world_.size() - world_.rank();
-        world_.allreduce_max(&failed, 1);
-        if (failed != 0) {
-            if (world_.size() - world_.rank() == failed)
-                std::fprintf(stderr,
-                             "saetrain: warning: rank %d: checkpoint at step %lld unusable (%s); "
-                             "trying an older one\n",
-                             world_.rank(), static_cast<long long>(step), error.c_str());
-            continue;
-        }
-        const std::vector<std::string> diff =
-            config_result_differences(meta.config_yaml, config_yaml);
-        int64_t differs = diff.empty() ? 0 : 1;
-        world_.allreduce_max(&differs, 1);
-        if (differs && !allow_config_change) {
-            std::string keys;
-            for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
-            throw Error(fmt::format(
-                "{}: the checkpoint at step {} was trained with a different config ({}); "
-                "resuming would change the result. Restore those values, pass "
-                "--allow-config-change to resume anyway, or --overwrite to start over",
-                out_dir_, step, keys.empty() ? "on another SAE" : keys));
-        }
+        if (agree_failed(error, step)) continue;
+        check_resumable(c.meta.config_yaml, config_yaml, allow_config_change, step);
         // The data's d_model is not in the config: a run whose shards were replaced by another
         // model's or hook's activations is refused here, naming what changed.
-        SAE_ENFORCE(w.d_model == trainer.d_model() && w.n_latents == trainer.n_latents(),
+        SAE_ENFORCE(c.d_model == trainer.d_model() && c.n_latents == trainer.n_latents(),
                     "{}: the checkpoint at step {} ({}) holds an SAE of d_model {} x {} latents, "
                     "but the data at data.path now has d_model {} ({} latents): the shards "
                     "changed since the run started. Restore them, or use another run.out_dir "
                     "(or --overwrite) for the new data",
-                    out_dir_, step, checkpoint_weights_path(sae_dir_, step), w.d_model, w.n_latents,
+                    out_dir_, step, checkpoint_weights_path(sae_dir_, step), c.d_model, c.n_latents,
                     trainer.d_model(), trainer.n_latents());
-        trainer.restore(w, s);
+        CheckpointPart part;
+        if (c.files) {  // a latent shard reads its rows; every rank must have them
+            try {
+                part = trainer.read_part(*c.files);
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+            if (agree_failed(error, step)) continue;
+        } else {
+            part = trainer.read_part(TensorsInMemory(c.weights, c.state));
+        }
+        trainer.restore(std::move(part), c.state.step, c.state.tokens);
         // Newer markers whose files failed to load are useless: drop them so they are not
         // tried (and reported) again.
         if (world_.rank() == 0)
@@ -323,9 +358,9 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
             }
         ResumePoint p;
         p.step = step;
-        p.iteration = s.iteration;
-        p.epoch = s.cursors[static_cast<size_t>(2 * replicas_.rank())];
-        p.offset = s.cursors[static_cast<size_t>(2 * replicas_.rank() + 1)];
+        p.iteration = c.state.iteration;
+        p.epoch = c.state.cursors[static_cast<size_t>(2 * replicas_.rank())];
+        p.offset = c.state.cursors[static_cast<size_t>(2 * replicas_.rank() + 1)];
         committed_ = steps;
         std::sort(committed_.begin(), committed_.end());
         committed_.erase(std::upper_bound(committed_.begin(), committed_.end(), step),
@@ -333,6 +368,21 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
         return p;
     }
     return std::nullopt;
+}
+
+void Checkpointer::check_resumable(const std::string& old_yaml, const std::string& config_yaml,
+                                   bool allow_config_change, int64_t step) {
+    const std::vector<std::string> diff = config_result_differences(old_yaml, config_yaml);
+    int64_t differs = diff.empty() ? 0 : 1;
+    world_.allreduce_max(&differs, 1);
+    if (!differs || allow_config_change) return;
+    std::string keys;
+    for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
+    throw Error(fmt::format(
+        "{}: the checkpoint at step {} was trained with a different config ({}); resuming would "
+        "change the result. Restore those values, pass --allow-config-change to resume anyway, "
+        "or --overwrite to start over",
+        out_dir_, step, keys.empty() ? "on another SAE" : keys));
 }
 
 }  // namespace saetrain

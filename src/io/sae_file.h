@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "saetrain/checkpoint.h"
 #include "saetrain/train_state.h"
@@ -21,6 +22,18 @@ void write_sae_attributes(hid_t file, const SaeMeta& meta, int64_t d, int64_t n,
 // A state file's data_cursors and attributes, its checksum finished from `before_cursors` (the
 // hash of the weights, the moments and since_fired).
 void write_train_state_attributes(hid_t file, const TrainState& s, uint64_t before_cursors);
+
+// The checksum of a state file from the hash of the weights, the moments and since_fired
+// (`before_cursors`): the reader cursors, step, tokens and iteration added.
+uint64_t checksum_from_cursors(const TrainState& s, uint64_t before_cursors);
+// A state file's step, tokens, iteration and cursors into `s`; its checksum attribute.
+void read_train_state_header(hid_t file, const std::string& path, TrainState& s);
+std::string stored_checksum(hid_t file, const std::string& path);
+
+// An SAE file's attributes (write_sae_attributes'), and the names its `extra` attribute lists,
+// each checked to be a dataset there.
+SaeMeta read_sae_meta(hid_t file);
+std::vector<std::string> read_extra_names(hid_t file, const std::string& path);
 
 inline constexpr uint64_t kFnvBasis = 1469598103934665603ull;
 

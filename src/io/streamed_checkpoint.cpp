@@ -1,7 +1,9 @@
 // streamed_checkpoint.cpp — a latent-sharded SAE's files without a whole copy in memory
 // (train_state.h, write_streamed): the trainer streams the whole SAE's tensors to its first
 // shard chunk by chunk, which writes each chunk into its place and hashes it in file order, so
-// the files and their checksum are those sae_write_h5 and train_state_write would write.
+// the files and their checksum are those sae_write_h5 and train_state_write would write. And the
+// way back (CheckpointFiles): a shard reads only its blocks of those files, and one pass over
+// them, chunk by chunk, checks the checksum.
 #include <exception>
 
 #include "atomic_file.h"
@@ -18,10 +20,10 @@ namespace {
 // its name (the weights' extra tensors) and its element count, as mix() hashes them.
 struct StreamHash {
     uint64_t h = kFnvBasis;
-    void begin(const TensorInfo& t, bool named) {
-        if (named) h = fnv1a(t.name.data(), t.name.size(), h);
+    void begin(const std::string& name, bool named, const std::vector<int64_t>& shape) {
+        if (named) h = fnv1a(name.data(), name.size(), h);
         uint64_t count = 1;
-        for (int64_t s : t.shape) count *= static_cast<uint64_t>(s);
+        for (int64_t s : shape) count *= static_cast<uint64_t>(s);
         h = fnv1a(&count, sizeof(count), h);
     }
     void add(const TensorChunk& c) {
@@ -79,7 +81,7 @@ void write_one(const std::string& path, const std::vector<TensorInfo>& tensors, 
             streamed = true;
             stream([&](const TensorChunk& c) {
                 const TensorInfo& t = tensors[static_cast<size_t>(c.tensor)];
-                if (c.offset == 0) hash.begin(t, named && c.tensor >= 4);
+                if (c.offset == 0) hash.begin(t.name, named && c.tensor >= 4, t.shape);
                 hash.add(c);
                 if (chunk_failed) return;
                 try {
@@ -134,6 +136,154 @@ void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights
             [&](const SaeTrainer::ChunkSink& s) { t.stream_state(s); },
             [&](hid_t f) { write_train_state_attributes(f, header, hash.h); });
     if (failed) std::rethrow_exception(failed);
+}
+
+// --- CheckpointFiles ---------------------------------------------------------------------------
+
+namespace {
+
+constexpr hsize_t kReadChunkElements = hsize_t{1} << 24;  // 64 MiB of floats
+
+bool in_state_file(const std::string& name) {
+    return name == "adam_m" || name == "adam_v" || name == "since_fired";
+}
+
+// Reads the block [start, start + count) of dataset `name` as `type`, throwing naming the file.
+void read_block(hid_t file, const std::string& path, const std::string& name,
+                const std::vector<int64_t>& start, const std::vector<int64_t>& count, hid_t type,
+                void* out) {
+    h5::Dataset d = h5::open_dataset(file, name, path);
+    const std::vector<hsize_t> dims = h5::dataset_dims(d.get());
+    SAE_ENFORCE(dims.size() == start.size() && start.size() == count.size(),
+                "file {}: dataset '{}' has {} dimensions, expected {}", path, name, dims.size(),
+                start.size());
+    std::vector<hsize_t> s(start.size()), c(count.size());
+    for (size_t i = 0; i < dims.size(); ++i) {
+        SAE_ENFORCE(
+            start[i] >= 0 && count[i] >= 0 && static_cast<hsize_t>(start[i] + count[i]) <= dims[i],
+            "file {}: dataset '{}' is smaller than an SAE of this shape needs", path, name);
+        s[i] = static_cast<hsize_t>(start[i]), c[i] = static_cast<hsize_t>(count[i]);
+        if (c[i] == 0) return;
+    }
+    h5::Space file_space(SAE_H5_CHECK(H5Dget_space(d.get())));
+    SAE_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, s.data(), nullptr, c.data(),
+                                     nullptr));
+    h5::Space mem(SAE_H5_CHECK(H5Screate_simple(static_cast<int>(c.size()), c.data(), nullptr)));
+    if (H5Dread(d.get(), type, mem.get(), file_space.get(), H5P_DEFAULT, out) < 0) {
+        const std::string os = h5::os_error();
+        throw Error(fmt::format("file {}: reading dataset '{}' failed ({}); the file is damaged",
+                                path, name, os.empty() ? h5::last_error() : os));
+    }
+}
+
+// Hashes dataset `name` whole, as mix() does (its name first when `named`), a block of rows at
+// a time.
+void hash_dataset(hid_t file, const std::string& path, const std::string& name, bool named,
+                  bool i64, StreamHash& hash) {
+    std::vector<hsize_t> dims;
+    {
+        h5::Dataset d = h5::open_dataset(file, name, path);
+        dims = h5::dataset_dims(d.get());
+    }
+    SAE_ENFORCE(!dims.empty() && dims.size() <= 2, "file {}: dataset '{}' has {} dimensions", path,
+                name, dims.size());
+    std::vector<int64_t> shape(dims.begin(), dims.end());
+    hash.begin(name, named, shape);
+    const int64_t cols = dims.size() == 2 ? shape[1] : 1;
+    const int64_t rows =
+        std::max<int64_t>(1, static_cast<int64_t>(kReadChunkElements) / std::max<int64_t>(cols, 1));
+    std::vector<float> f32;
+    std::vector<int64_t> i64s;
+    for (int64_t r0 = 0; r0 < shape[0]; r0 += rows) {
+        const int64_t rb = std::min(rows, shape[0] - r0);
+        std::vector<int64_t> start = {r0}, count = {rb};
+        if (dims.size() == 2) start.push_back(0), count.push_back(cols);
+        TensorChunk c{0, 0, rb * cols, nullptr, nullptr};
+        if (i64) {
+            i64s.resize(static_cast<size_t>(c.count));
+            read_block(file, path, name, start, count, H5T_NATIVE_INT64, i64s.data());
+            c.i64 = i64s.data();
+        } else {
+            f32.resize(static_cast<size_t>(c.count));
+            read_block(file, path, name, start, count, H5T_NATIVE_FLOAT, f32.data());
+            c.f32 = f32.data();
+        }
+        hash.add(c);
+    }
+}
+
+}  // namespace
+
+struct CheckpointFiles::Files {
+    h5::File weights, state;
+};
+
+CheckpointFiles::CheckpointFiles(std::string weights_path, std::string state_path)
+    : weights_path_(std::move(weights_path)), state_path_(std::move(state_path)) {
+    auto guard = h5::lock();
+    h5::init();
+    files_ = std::make_unique<Files>();
+    files_->weights = h5::open_file(weights_path_);
+    files_->state = h5::open_file(state_path_);
+}
+
+CheckpointFiles::~CheckpointFiles() {
+    auto guard = h5::lock();
+    files_.reset();
+}
+
+SaeMeta CheckpointFiles::meta() const {
+    auto guard = h5::lock();
+    return read_sae_meta(files_->weights.get());
+}
+
+TrainState CheckpointFiles::header() const {
+    auto guard = h5::lock();
+    TrainState s;
+    read_train_state_header(files_->state.get(), state_path_, s);
+    return s;
+}
+
+void CheckpointFiles::verify() const {
+    auto guard = h5::lock();
+    const hid_t w = files_->weights.get(), st = files_->state.get();
+    StreamHash hash;
+    for (const char* name : {"W_enc", "W_dec", "b_enc", "b_dec"})
+        hash_dataset(w, weights_path_, name, false, false, hash);
+    for (const std::string& name : read_extra_names(w, weights_path_))
+        hash_dataset(w, weights_path_, name, true, false, hash);
+    for (const char* name : {"adam_m", "adam_v"})
+        hash_dataset(st, state_path_, name, false, false, hash);
+    hash_dataset(st, state_path_, "since_fired", false, true, hash);
+    SAE_ENFORCE(stored_checksum(st, state_path_) ==
+                    fmt::format("{:016x}", checksum_from_cursors(header(), hash.h)),
+                "checkpoint {}: checksum mismatch: the checkpoint is damaged or its weights "
+                "file does not belong to it",
+                state_path_);
+}
+
+std::optional<std::vector<int64_t>> CheckpointFiles::shape(const std::string& name) const {
+    auto guard = h5::lock();
+    const bool state = in_state_file(name);
+    const hid_t f = state ? files_->state.get() : files_->weights.get();
+    if (!h5::link_exists(f, name)) return std::nullopt;
+    h5::Dataset d = h5::open_dataset(f, name, state ? state_path_ : weights_path_);
+    const std::vector<hsize_t> dims = h5::dataset_dims(d.get());
+    return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+void CheckpointFiles::read(const std::string& name, const std::vector<int64_t>& start,
+                           const std::vector<int64_t>& count, float* out) const {
+    auto guard = h5::lock();
+    const bool state = in_state_file(name);
+    read_block(state ? files_->state.get() : files_->weights.get(),
+               state ? state_path_ : weights_path_, name, start, count, H5T_NATIVE_FLOAT, out);
+}
+
+void CheckpointFiles::read(const std::string& name, int64_t start, int64_t count,
+                           int64_t* out) const {
+    auto guard = h5::lock();
+    read_block(files_->state.get(), state_path_, name, {start}, {count}, H5T_NATIVE_INT64, out);
 }
 
 }  // namespace saetrain

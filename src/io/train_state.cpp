@@ -68,13 +68,26 @@ uint64_t checksum_before_cursors(const SaeWeights& w, const TrainState& s) {
     return mix(s.since_fired, h);
 }
 
+}  // namespace
+
 uint64_t checksum_from_cursors(const TrainState& s, uint64_t h) {
     h = mix(s.cursors, h);
     for (int64_t x : {s.step, s.tokens, s.iteration}) h = fnv1a(&x, sizeof(x), h);
     return h;
 }
 
-}  // namespace
+void read_train_state_header(hid_t f, const std::string& path, TrainState& s) {
+    s.cursors = read_i64(f, "data_cursors", path, 2 << 20);
+    s.step = attr_or_throw(f, "step", path);
+    s.tokens = attr_or_throw(f, "tokens", path);
+    s.iteration = attr_or_throw(f, "iteration", path);
+}
+
+std::string stored_checksum(hid_t f, const std::string& path) {
+    const auto sum = h5::read_attr_string(f, "checksum");
+    SAE_ENFORCE(sum.has_value(), "checkpoint state {}: attribute 'checksum' is missing", path);
+    return *sum;
+}
 
 uint64_t train_state_checksum(const SaeWeights& w, const TrainState& s) {
     return checksum_from_cursors(s, checksum_before_cursors(w, s));
@@ -125,15 +138,12 @@ TrainState train_state_read(const std::string& path, const SaeWeights& w) {
                 "checkpoint state {}: Adam moments hold {} and {} values, the weights at least {}",
                 path, s.adam_m.size(), s.adam_v.size(), params);
     s.since_fired = read_i64(f.get(), "since_fired", path, w.b_enc.size());
-    s.cursors = read_i64(f.get(), "data_cursors", path, 2 << 20);
-    s.step = attr_or_throw(f.get(), "step", path);
-    s.tokens = attr_or_throw(f.get(), "tokens", path);
-    s.iteration = attr_or_throw(f.get(), "iteration", path);
-    const auto sum = h5::read_attr_string(f.get(), "checksum");
-    SAE_ENFORCE(sum.has_value() && *sum == fmt::format("{:016x}", train_state_checksum(w, s)),
-                "checkpoint {}: checksum mismatch: the checkpoint is damaged or its weights "
-                "file does not belong to it",
-                path);
+    read_train_state_header(f.get(), path, s);
+    SAE_ENFORCE(
+        stored_checksum(f.get(), path) == fmt::format("{:016x}", train_state_checksum(w, s)),
+        "checkpoint {}: checksum mismatch: the checkpoint is damaged or its weights "
+        "file does not belong to it",
+        path);
     return s;
 }
 

@@ -523,11 +523,29 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     w.barrier();
     const SaeWeights rw = sae_read_h5((dir / "w.h5").string());
     const TrainState rs = train_state_read((dir / "s.h5").string(), rw);
+    // The resume path of a run: each shard reads only its blocks of the files (and one rank
+    // verifies the checksum); the same trainer as one restored from the whole SAE in memory.
+    SaeTrainer from_files(cfg, d, 30, 5, *be, *g.replicas, &g.part);
+    {
+        CheckpointFiles files((dir / "w.h5").string(), (dir / "s.h5").string());
+        if (w.rank() == 0) {
+            EXPECT_NO_THROW(files.verify());
+        }
+        from_files.restore(from_files.read_part(files), rs.step, rs.tokens);
+    }
     w.barrier();
     if (w.rank() == 0) fs::remove_all(dir);
 
     SaeTrainer resumed(cfg, d, 30, 5, *be, *g.replicas, &g.part);
     resumed.restore(rw, rs);
+    EXPECT_EQ(from_files.params_host(), tr.params_host()) << "rank " << w.rank();
+    const TrainState fs_state = from_files.state();
+    if (g.shard == 0) {
+        EXPECT_TRUE(fs_state.adam_m == st.adam_m && fs_state.adam_v == st.adam_v &&
+                    fs_state.since_fired == st.since_fired && fs_state.step == st.step &&
+                    fs_state.tokens == st.tokens);
+    }
+    EXPECT_EQ(from_files.dead_fraction(), tr.dead_fraction());
     auto self = make_self_comm();
     SaeTrainer one(cfg, d, 30, 5, *be, *self);  // the same SAE unsharded, on all replicas' rows
     one.restore(rw, rs);
@@ -538,6 +556,7 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
         const std::vector<float> all = all_replicas_rows(g, x);
         const StepResult a = tr.step(x.data(), rows);
         const StepResult b = resumed.step(x.data(), rows);
+        EXPECT_EQ(from_files.step(x.data(), rows).loss, a.loss) << "step " << step;
         const StepResult c = one.step(all.data(), rows * g.R);
         EXPECT_EQ(a.loss, b.loss) << "step " << step;
         EXPECT_NEAR(a.loss, c.loss, 1e-5 * c.loss) << "step " << step;
