@@ -558,4 +558,34 @@ TEST_F(Resume, LatentShardedRunResumesBitwiseReshardsAndExports) {
     EXPECT_EQ(final_of(dir / "reshard", "topk-x4-k6").n_latents, 256);
 }
 
+// A latent-sharded resume reads each shard's blocks of the files and verifies the checksum on one
+// rank: damage anywhere in the newest pair (here in the second shard's half of the moments,
+// which the first shard never reads for itself) still falls back to the previous checkpoint on
+// every rank, and the run completes bitwise equal to an uninterrupted one.
+TEST_F(Resume, LatentShardedDamagedNewestCheckpointFallsBack) {
+    const std::string grid = " --threads 1 --set data.epochs=1 --set parallel.latent_shards=2";
+    Result r = run(std::string(kMpi) + bin("saetrain") + " " + config("ref") + grid);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string cmd = std::string(kMpi) + bin("saetrain") + " " + config("dmg") + grid;
+    ASSERT_EQ(run("SAETRAIN_FAULT=1:60:USR1 " + cmd).code, 75);
+    const auto steps = Checkpointer::committed_steps((dir / "dmg").string());
+    ASSERT_EQ(steps.size(), 2u);
+    // adam_v is the state file's second half: 15/16 of the file is 7/8 into it, in W_dec's
+    // moments of latents [3n/4, n), which the second shard reads.
+    const fs::path newest = checkpoint_state_path((dir / "dmg/sae/topk-x4-k6").string(), steps[0]);
+    {
+        std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(static_cast<std::streamoff>(fs::file_size(newest) * 15 / 16));
+        f.write("\x13\x37\x13\x37", 4);
+    }
+    r = run(cmd);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("checksum mismatch"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(fmt::format("resumed from the checkpoint at step {}", steps[1])),
+              std::string::npos)
+        << r.out;
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "dmg", "topk-x4-k6"),
+                   "2 latent shards, resumed past a damaged checkpoint");
+}
+
 }  // namespace
