@@ -7,28 +7,116 @@
 // rows in memory and passes every batch to the other shards (BroadcastBatchSource, as saetrain
 // does), so the broadcast is part of each timed step. Prints the tokens/s over the timed steps
 // and each rank's peak resident memory (VmHWM) at the end of training, with the bytes of its
-// parameters, gradient and Adam moments: the training footprint, without the whole-SAE copy a
-// checkpoint gathers onto the first shard.
+// parameters, gradient and Adam moments: the training footprint.
+//
+// --checkpoint-dir DIR then times a checkpoint of the SAE written to DIR (sharded: streamed to
+// the first shard, write_streamed; unsharded: weights() and state() written as a run's writer
+// thread does) beside the same bytes written sequentially with one fsync (the disk's limit, in
+// the same run), and the resume from it (sharded: each shard reads its blocks, the first
+// verifies the checksum in a streaming pass; the files are likely in page cache).
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "saetrain/backend.h"
+#include "saetrain/error.h"
 #include "saetrain/metrics.h"
 #include "saetrain/mpi_world.h"
 #include "saetrain/shared_source.h"
+#include "saetrain/train_state.h"
 #include "saetrain/trainer.h"
 
 using namespace saetrain;
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Seconds to write `bytes` to `path` in 64 MiB writes and fsync it.
+double raw_write_seconds(const std::string& path, int64_t bytes) {
+    std::vector<char> block(size_t{64} << 20, 1);
+    const auto t0 = Clock::now();
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    SAE_ENFORCE(f != nullptr, "cannot create {}", path);
+    for (int64_t left = bytes; left > 0; left -= static_cast<int64_t>(block.size()))
+        std::fwrite(block.data(), 1, std::min<size_t>(block.size(), static_cast<size_t>(left)), f);
+    std::fflush(f);
+    fsync(fileno(f));
+    std::fclose(f);
+    const double secs = seconds_since(t0);
+    fs::remove(path);
+    return secs;
+}
+
+void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir,
+                     const SaeConfig& cfg) {
+    const bool first = world.rank() == 0;
+    const std::string wpath = (fs::path(dir) / "bench.h5").string();
+    const std::string spath = (fs::path(dir) / "bench.state.h5").string();
+    if (first) fs::create_directories(dir);
+    TrainState header;
+    header.step = tr.step_count(), header.tokens = tr.tokens(), header.cursors = {0, 0};
+    const SaeMeta meta{cfg.arch, "bench", "", cfg.k, header.step, header.tokens};
+    world.barrier();
+    auto t0 = Clock::now();
+    if (tr.sharded()) {
+        write_streamed(tr, first, wpath, spath, meta, header, false);
+    } else {
+        const SaeWeights w = tr.weights();
+        TrainState s = tr.state();
+        s.cursors = header.cursors;
+        sae_write_h5(wpath, w, meta);
+        train_state_write(spath, w, s);
+    }
+    world.barrier();
+    const double write_s = seconds_since(t0);
+    int64_t bytes = 0;
+    double raw_s = 0;
+    if (first) {
+        bytes = static_cast<int64_t>(fs::file_size(wpath) + fs::file_size(spath));
+        raw_s = raw_write_seconds((fs::path(dir) / "raw.bin").string(), bytes);
+    }
+    world.barrier();
+    t0 = Clock::now();
+    if (tr.sharded()) {
+        CheckpointFiles files(wpath, spath);
+        if (first) files.verify();
+        tr.restore(tr.read_part(files), header.step, header.tokens);
+    } else {
+        const SaeWeights w = sae_read_h5(wpath);
+        tr.restore(w, train_state_read(spath, w));
+    }
+    world.barrier();
+    const double resume_s = seconds_since(t0);
+    if (!first) return;
+    fs::remove(wpath), fs::remove(spath);
+    const double gb = static_cast<double>(bytes) / 1e9;
+    fmt::print(
+        "checkpoint of {:.2f} GB: written in {:.2f} s ({:.2f} GB/s; the same bytes written "
+        "sequentially with fsync: {:.2f} s, {:.2f} GB/s = {:.0f}% of the disk); resumed in {:.2f} "
+        "s ({:.2f} GB/s)\n",
+        gb, write_s, gb / write_s, raw_s, gb / raw_s, 100.0 * raw_s / write_s, resume_s,
+        gb / resume_s);
+    fmt::print("RESULT checkpoint_write_s={:.3f} raw_write_s={:.3f} resume_s={:.3f}\n", write_s,
+               raw_s, resume_s);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
     MpiScope mpi(&argc, &argv);
     auto world = make_mpi_world();
     int64_t d = 768, n = 98304, k = 32, batch = 4096, steps = 3;
-    std::string arch = "topk";
+    std::string arch = "topk", checkpoint_dir;
     CLI::App app{"bench_latent_shards: one SAE over the ranks' latent shards"};
     app.add_option("--d-model", d)->capture_default_str();
     app.add_option("--latents", n)->capture_default_str();
@@ -36,6 +124,8 @@ int main(int argc, char** argv) {
     app.add_option("--batch", batch, "rows per step")->capture_default_str();
     app.add_option("--steps", steps, "timed steps (after one warm-up step)")->capture_default_str();
     app.add_option("--arch", arch, "topk | relu | jumprelu")->capture_default_str();
+    app.add_option("--checkpoint-dir", checkpoint_dir,
+                   "also time a checkpoint written there, and the resume from it");
     CLI11_PARSE(app, argc, argv);
     const int S = world->size(), me = world->rank();
 
@@ -90,5 +180,6 @@ int main(int argc, char** argv) {
         fmt::print("RESULT tokens_per_s={:.1f} peak_bytes={:.0f} state_bytes={:.0f}\n", tok_s,
                    worst, state_bytes);
     }
+    if (!checkpoint_dir.empty()) time_checkpoint(tr, *world, checkpoint_dir, cfg);
     return 0;
 }
