@@ -10,6 +10,8 @@
 #include <string>
 #include <thread>
 
+#include "../src/io/h5.h"
+#include "../src/io/sae_file.h"
 #include "saetrain/checkpoint.h"
 #include "saetrain/checkpointer.h"
 #include "saetrain/config.h"
@@ -326,4 +328,41 @@ TEST(Checkpoint, FilesReadInPiecesAndVerifiedInOnePass) {
     s2 = s;
     s2.cursors[3] = 6;
     mismatch(w, s2, "a cursor");
+}
+
+// The checksum: XXH3-64 (its published value of no input; the same value whatever the pieces the
+// bytes come in) in new checkpoints, while a pair written before it (test/data/legacy_fnv, a
+// Gated SAE at step 10 with an FNV-1a 64 checksum) still verifies, whole and in pieces, and
+// still catches a changed value.
+TEST(Checkpoint, NewChecksumsAreXxh3AndOlderFnvCheckpointsStillVerify) {
+    EXPECT_EQ(Checksum().text(), "xxh3:2d06800538d394c2");
+    const std::string text = "saetrain";
+    Checksum whole, pieces;
+    whole.add(text.data(), text.size());
+    pieces.add(text.data(), 1), pieces.add(text.data() + 1, 0), pieces.add(text.data() + 1, 7);
+    EXPECT_EQ(whole.text(), pieces.text());
+    EXPECT_EQ(whole.text(), "xxh3:8858ed63f8aaa9f7");
+
+    const std::string dir = std::string(SAETRAIN_TEST_DATA) + "/legacy_fnv";
+    const std::string wp = dir + "/checkpoint-10.h5", sp = dir + "/checkpoint-10.state.h5";
+    SaeWeights w = sae_read_h5(wp);
+    TrainState s;
+    ASSERT_NO_THROW(s = train_state_read(sp, w));
+    EXPECT_EQ(s.step, 10);
+    CheckpointFiles files(wp, sp);
+    EXPECT_NO_THROW(files.verify());
+    w.w_dec[3] += 1e-3f;
+    EXPECT_THROW(train_state_read(sp, w), Error);
+    w.w_dec[3] -= 1e-3f;
+
+    // Written again, the same pair holds an XXH3 checksum, and verifies both ways.
+    TempDir tmp;
+    const std::string wp2 = tmp / "w.h5", sp2 = tmp / "w.state.h5";
+    sae_write_h5(wp2, w, SaeMeta{"gated", "g", "", 0, 10, 640});
+    train_state_write(sp2, w, s);
+    const std::string stored = train_state_checksum(w, s);
+    EXPECT_EQ(stored.rfind("xxh3:", 0), 0u) << stored;
+    EXPECT_EQ(h5::read_attr_string(h5::open_file(sp2).get(), "checksum"), stored);
+    EXPECT_NO_THROW(train_state_read(sp2, w));
+    EXPECT_NO_THROW(CheckpointFiles(wp2, sp2).verify());
 }

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config clang-format
       libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev libopenblas-openmp-dev
-      libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
+      libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev libxxhash-dev
       bc util-linux)  # bc, setpriv: tools/fault-matrix.sh and tools/soak.sh
 missing=()
 for p in "${pkgs[@]}"; do

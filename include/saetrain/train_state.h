@@ -27,8 +27,10 @@ struct TrainState {
     std::vector<int64_t> cursors;       // [replicas x 2]: (epoch, offset) of each replica's reader
 };
 
-// FNV-1a 64 over the weights' and the state's tensors, in a fixed order.
-uint64_t train_state_checksum(const SaeWeights& w, const TrainState& s);
+// The checksum a state file stores: XXH3-64 over the weights' and the state's tensors, in a
+// fixed order ("xxh3:" and 16 hex digits; files written before it hold FNV-1a 64, which
+// train_state_read still verifies).
+std::string train_state_checksum(const SaeWeights& w, const TrainState& s);
 
 // Writes `path` atomically (temp file in the same directory, fsync, rename, fsync of the
 // directory). `w` is only read to checksum it with the state.

@@ -19,13 +19,37 @@ namespace saetrain {
 void write_sae_attributes(hid_t file, const SaeMeta& meta, int64_t d, int64_t n,
                           const std::string& extra_names);
 
-// A state file's data_cursors and attributes, its checksum finished from `before_cursors` (the
-// hash of the weights, the moments and since_fired).
-void write_train_state_attributes(hid_t file, const TrainState& s, uint64_t before_cursors);
+// The checksum of a checkpoint pair: the bytes of its tensors (each one's element count first,
+// an extra tensor's name before that), then the reader cursors, step, tokens and iteration,
+// fed in that order in pieces of any size. XXH3-64, stored as "xxh3:" and 16 hex digits;
+// checkpoints written before it hold an FNV-1a 64 (16 hex digits alone; from a nonstandard
+// basis, checksum.cpp) and still verify.
+class Checksum {
+public:
+    enum class Kind { xxh3, fnv1a };
+    explicit Checksum(Kind kind = Kind::xxh3);
+    ~Checksum();
+    Checksum(const Checksum&) = delete;
+    Checksum& operator=(const Checksum&) = delete;
+    // The kind a stored checksum was made with.
+    static Kind kind_of(const std::string& stored);
 
-// The checksum of a state file from the hash of the weights, the moments and since_fired
-// (`before_cursors`): the reader cursors, step, tokens and iteration added.
-uint64_t checksum_from_cursors(const TrainState& s, uint64_t before_cursors);
+    void add(const void* data, size_t bytes);
+    void add_count(uint64_t elements) { add(&elements, sizeof(elements)); }
+    // The reader cursors, step, tokens and iteration: the end of the stream.
+    void add_header(const TrainState& s);
+    std::string text() const;  // as stored
+
+private:
+    Kind kind_;
+    uint64_t fnv_;
+    void* xxh_ = nullptr;  // XXH3_state_t
+};
+
+// A state file's data_cursors and attributes, with the checksum finished from `sum` (fed the
+// weights, the moments and since_fired).
+void write_train_state_attributes(hid_t file, const TrainState& s, Checksum& sum);
+
 // A state file's step, tokens, iteration and cursors into `s`; its checksum attribute.
 void read_train_state_header(hid_t file, const std::string& path, TrainState& s);
 std::string stored_checksum(hid_t file, const std::string& path);
@@ -34,13 +58,5 @@ std::string stored_checksum(hid_t file, const std::string& path);
 // each checked to be a dataset there.
 SaeMeta read_sae_meta(hid_t file);
 std::vector<std::string> read_extra_names(hid_t file, const std::string& path);
-
-inline constexpr uint64_t kFnvBasis = 1469598103934665603ull;
-
-inline uint64_t fnv1a(const void* p, size_t bytes, uint64_t h) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
 
 }  // namespace saetrain

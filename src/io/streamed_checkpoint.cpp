@@ -16,19 +16,22 @@
 namespace saetrain {
 namespace {
 
-// The checksum (train_state_checksum) built up chunk by chunk: before a tensor's first chunk,
-// its name (the weights' extra tensors) and its element count, as mix() hashes them.
+// The checksum (sae_file.h) built up chunk by chunk: before a tensor's first chunk, its name
+// (the weights' extra tensors) and its element count, as train_state_checksum adds them.
 struct StreamHash {
-    uint64_t h = kFnvBasis;
+    Checksum sum;
+    explicit StreamHash(Checksum::Kind kind = Checksum::Kind::xxh3) : sum(kind) {}
     void begin(const std::string& name, bool named, const std::vector<int64_t>& shape) {
-        if (named) h = fnv1a(name.data(), name.size(), h);
+        if (named) sum.add(name.data(), name.size());
         uint64_t count = 1;
         for (int64_t s : shape) count *= static_cast<uint64_t>(s);
-        h = fnv1a(&count, sizeof(count), h);
+        sum.add_count(count);
     }
     void add(const TensorChunk& c) {
-        h = c.f32 ? fnv1a(c.f32, static_cast<size_t>(c.count) * sizeof(float), h)
-                  : fnv1a(c.i64, static_cast<size_t>(c.count) * sizeof(int64_t), h);
+        if (c.f32)
+            sum.add(c.f32, static_cast<size_t>(c.count) * sizeof(float));
+        else
+            sum.add(c.i64, static_cast<size_t>(c.count) * sizeof(int64_t));
     }
 };
 
@@ -134,7 +137,7 @@ void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights
         run(
             state_path, t.state_tensors(), false, hash,
             [&](const SaeTrainer::ChunkSink& s) { t.stream_state(s); },
-            [&](hid_t f) { write_train_state_attributes(f, header, hash.h); });
+            [&](hid_t f) { write_train_state_attributes(f, header, hash.sum); });
     if (failed) std::rethrow_exception(failed);
 }
 
@@ -247,7 +250,8 @@ TrainState CheckpointFiles::header() const {
 void CheckpointFiles::verify() const {
     auto guard = h5::lock();
     const hid_t w = files_->weights.get(), st = files_->state.get();
-    StreamHash hash;
+    const std::string stored = stored_checksum(st, state_path_);
+    StreamHash hash(Checksum::kind_of(stored));
     for (const char* name : {"W_enc", "W_dec", "b_enc", "b_dec"})
         hash_dataset(w, weights_path_, name, false, false, hash);
     for (const std::string& name : read_extra_names(w, weights_path_))
@@ -255,8 +259,8 @@ void CheckpointFiles::verify() const {
     for (const char* name : {"adam_m", "adam_v"})
         hash_dataset(st, state_path_, name, false, false, hash);
     hash_dataset(st, state_path_, "since_fired", false, true, hash);
-    SAE_ENFORCE(stored_checksum(st, state_path_) ==
-                    fmt::format("{:016x}", checksum_from_cursors(header(), hash.h)),
+    hash.sum.add_header(header());
+    SAE_ENFORCE(stored == hash.sum.text(),
                 "checkpoint {}: checksum mismatch: the checkpoint is damaged or its weights "
                 "file does not belong to it",
                 state_path_);

@@ -18,11 +18,9 @@ namespace saetrain {
 namespace {
 
 template <typename T>
-uint64_t mix(const std::vector<T>& v, uint64_t h) {
-    h = fnv1a(&h, 0, h);
-    const uint64_t n = v.size();
-    h = fnv1a(&n, sizeof(n), h);
-    return fnv1a(v.data(), v.size() * sizeof(T), h);
+void mix(const std::vector<T>& v, Checksum& sum) {
+    sum.add_count(v.size());
+    sum.add(v.data(), v.size() * sizeof(T));
 }
 
 void write_i64(hid_t loc, const std::string& name, const std::vector<int64_t>& v) {
@@ -56,25 +54,25 @@ int64_t attr_or_throw(hid_t f, const std::string& name, const std::string& path)
 
 namespace {
 
-// train_state_checksum up to the reader cursors: the weights, the moments, the counters.
-uint64_t checksum_before_cursors(const SaeWeights& w, const TrainState& s) {
-    uint64_t h = kFnvBasis;
-    for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec}) h = mix(*v, h);
+// The checksum up to the reader cursors: the weights, the moments, the counters.
+void checksum_before_cursors(const SaeWeights& w, const TrainState& s, Checksum& sum) {
+    for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec}) mix(*v, sum);
     for (const auto& [name, value] : w.extra) {
-        h = fnv1a(name.data(), name.size(), h);
-        h = mix(value, h);
+        sum.add(name.data(), name.size());
+        mix(value, sum);
     }
-    for (const auto* v : {&s.adam_m, &s.adam_v}) h = mix(*v, h);
-    return mix(s.since_fired, h);
+    for (const auto* v : {&s.adam_m, &s.adam_v}) mix(*v, sum);
+    mix(s.since_fired, sum);
+}
+
+std::string checksum_of(const SaeWeights& w, const TrainState& s, Checksum::Kind kind) {
+    Checksum sum(kind);
+    checksum_before_cursors(w, s, sum);
+    sum.add_header(s);
+    return sum.text();
 }
 
 }  // namespace
-
-uint64_t checksum_from_cursors(const TrainState& s, uint64_t h) {
-    h = mix(s.cursors, h);
-    for (int64_t x : {s.step, s.tokens, s.iteration}) h = fnv1a(&x, sizeof(x), h);
-    return h;
-}
 
 void read_train_state_header(hid_t f, const std::string& path, TrainState& s) {
     s.cursors = read_i64(f, "data_cursors", path, 2 << 20);
@@ -89,17 +87,17 @@ std::string stored_checksum(hid_t f, const std::string& path) {
     return *sum;
 }
 
-uint64_t train_state_checksum(const SaeWeights& w, const TrainState& s) {
-    return checksum_from_cursors(s, checksum_before_cursors(w, s));
+std::string train_state_checksum(const SaeWeights& w, const TrainState& s) {
+    return checksum_of(w, s, Checksum::Kind::xxh3);
 }
 
-void write_train_state_attributes(hid_t f, const TrainState& s, uint64_t before_cursors) {
+void write_train_state_attributes(hid_t f, const TrainState& s, Checksum& sum) {
     write_i64(f, "data_cursors", s.cursors);
     h5::write_attr_int64(f, "step", s.step);
     h5::write_attr_int64(f, "tokens", s.tokens);
     h5::write_attr_int64(f, "iteration", s.iteration);
-    h5::write_attr_string(f, "checksum",
-                          fmt::format("{:016x}", checksum_from_cursors(s, before_cursors)));
+    sum.add_header(s);
+    h5::write_attr_string(f, "checksum", sum.text());
 }
 
 std::string checkpoint_weights_path(const std::string& sae_dir, int64_t step) {
@@ -118,7 +116,9 @@ void train_state_write(const std::string& path, const SaeWeights& w, const Train
         h5::write_f32(f.get(), "adam_m", s.adam_m.data(), {s.adam_m.size()});
         h5::write_f32(f.get(), "adam_v", s.adam_v.data(), {s.adam_v.size()});
         write_i64(f.get(), "since_fired", s.since_fired);
-        write_train_state_attributes(f.get(), s, checksum_before_cursors(w, s));
+        Checksum sum;
+        checksum_before_cursors(w, s, sum);
+        write_train_state_attributes(f.get(), s, sum);
         SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({}); is the disk full?", tmp,
                     h5::os_error().empty() ? h5::last_error() : h5::os_error());
     });
@@ -139,11 +139,11 @@ TrainState train_state_read(const std::string& path, const SaeWeights& w) {
                 path, s.adam_m.size(), s.adam_v.size(), params);
     s.since_fired = read_i64(f.get(), "since_fired", path, w.b_enc.size());
     read_train_state_header(f.get(), path, s);
-    SAE_ENFORCE(
-        stored_checksum(f.get(), path) == fmt::format("{:016x}", train_state_checksum(w, s)),
-        "checkpoint {}: checksum mismatch: the checkpoint is damaged or its weights "
-        "file does not belong to it",
-        path);
+    const std::string stored = stored_checksum(f.get(), path);
+    SAE_ENFORCE(stored == checksum_of(w, s, Checksum::kind_of(stored)),
+                "checkpoint {}: checksum mismatch: the checkpoint is damaged or its weights "
+                "file does not belong to it",
+                path);
     return s;
 }
 
