@@ -4,11 +4,12 @@
 // its pair of files (train_state.h) on a background thread while training continues; at most
 // one write is in flight. At the next checkpoint (or at finish) every rank waits for its write,
 // all ranks agree it succeeded, and only then rank 0 writes checkpoints/step-S.commit. Resume
-// considers committed steps only, newest first, and uses the first one whose files every rank
-// can load and verify: a torn or damaged checkpoint falls back to the one before. (A latent
-// shard reads only its rows of the files, and the SAE's writer verifies the checksum in one
-// pass over them, so no rank holds the whole SAE.) The newest checkpoint.keep committed
-// checkpoints are kept.
+// considers committed steps only, newest first, and uses the first one that verifies and that
+// every rank could read: a torn or damaged checkpoint falls back to the one before. The SAE's
+// writer verifies the checksum in one streaming pass over the pair; replica 0 of each latent
+// shard reads only its part of the files and broadcasts it to the other replicas, so the files
+// are read once however many replicas resume, and no rank holds more than its own part. The
+// newest checkpoint.keep committed checkpoints are kept.
 #pragma once
 
 #include <exception>

@@ -258,28 +258,21 @@ void Checkpointer::finish() { join_and_commit(); }
 
 namespace {
 
-// One committed checkpoint of an SAE, as resume reads it before deciding to use it: the whole
-// pair verified (sae_read_h5, train_state_read), or, on a latent shard, the files opened, their
-// header read, and the checksum verified by `verifies` alone, in one pass over the files.
+// One committed checkpoint of an SAE, as resume reads it before deciding to use it: the pair
+// opened, its meta and header read (small), and, on the SAE's writer (`verifies`), its checksum
+// checked in one streaming pass over both files. The tensors are read afterwards, by replica 0
+// of each latent shard, only its part (SaeTrainer::read_part).
 struct Candidate {
     SaeMeta meta;
-    TrainState state;  // only the header with `files`
-    SaeWeights weights;
+    TrainState state;  // the header: step, tokens, iteration, cursors
     std::unique_ptr<CheckpointFiles> files;
     int64_t d_model = 0, n_latents = 0;
 };
 
-Candidate open_candidate(const std::string& sae_dir, int64_t step, bool sharded, bool verifies) {
+Candidate open_candidate(const std::string& sae_dir, int64_t step, bool verifies) {
     Candidate c;
     const std::string wpath = checkpoint_weights_path(sae_dir, step);
-    const std::string spath = checkpoint_state_path(sae_dir, step);
-    if (!sharded) {
-        c.weights = sae_read_h5(wpath, &c.meta);
-        c.state = train_state_read(spath, c.weights);
-        c.d_model = c.weights.d_model, c.n_latents = c.weights.n_latents;
-        return c;
-    }
-    c.files = std::make_unique<CheckpointFiles>(wpath, spath);
+    c.files = std::make_unique<CheckpointFiles>(wpath, checkpoint_state_path(sae_dir, step));
     c.meta = c.files->meta();
     c.state = c.files->header();
     const auto dims = c.files->shape("W_dec");
@@ -288,6 +281,47 @@ Candidate open_candidate(const std::string& sae_dir, int64_t step, bool sharded,
     c.n_latents = (*dims)[0], c.d_model = (*dims)[1];
     if (verifies) c.files->verify();
     return c;
+}
+
+// Broadcasts `bytes` from `root` in pieces of at most 64 MiB (a GPU communicator stages host
+// buffers through device memory).
+void bcast_pieces(Communicator& comm, void* data, int64_t bytes, int root) {
+    constexpr int64_t kPiece = int64_t{64} << 20;
+    auto* p = static_cast<char*>(data);
+    for (int64_t at = 0; at < bytes; at += kPiece)
+        comm.bcast(p + at, std::min(kPiece, bytes - at), root);
+}
+
+// Replica 0's part of the checkpoint to every replica (the same latent shard of each): one read
+// of the files however many replicas resume.
+void share_part(CheckpointPart& part, Communicator& replicas) {
+    std::vector<int64_t> sizes = {static_cast<int64_t>(part.params.size()),
+                                  static_cast<int64_t>(part.since_fired.size()),
+                                  static_cast<int64_t>(part.buffers.size())};
+    for (const auto& [name, v] : part.buffers) {
+        sizes.push_back(static_cast<int64_t>(name.size()));
+        sizes.push_back(static_cast<int64_t>(v.size()));
+    }
+    int64_t count = static_cast<int64_t>(sizes.size());
+    replicas.bcast(&count, sizeof(count), 0);
+    sizes.resize(static_cast<size_t>(count));
+    replicas.bcast(sizes.data(), count * int64_t{sizeof(int64_t)}, 0);
+    const auto n_params = static_cast<size_t>(sizes[0]);
+    for (auto* v : {&part.params, &part.adam_m, &part.adam_v}) {
+        v->resize(n_params);
+        bcast_pieces(replicas, v->data(), sizes[0] * int64_t{sizeof(float)}, 0);
+    }
+    part.since_fired.resize(static_cast<size_t>(sizes[1]));
+    bcast_pieces(replicas, part.since_fired.data(), sizes[1] * int64_t{sizeof(int64_t)}, 0);
+    part.buffers.resize(static_cast<size_t>(sizes[2]));
+    for (size_t i = 0; i < part.buffers.size(); ++i) {
+        auto& [name, v] = part.buffers[i];
+        name.resize(static_cast<size_t>(sizes[3 + 2 * i]));
+        v.resize(static_cast<size_t>(sizes[4 + 2 * i]));
+        replicas.bcast(name.data(), static_cast<int64_t>(name.size()), 0);
+        replicas.bcast(v.data(), static_cast<int64_t>(v.size() * sizeof(float)), 0);
+    }
+    replicas.bcast(&part.input_scale, sizeof(float), 0);
 }
 
 }  // namespace
@@ -316,7 +350,7 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
         std::string error;
         Candidate c;
         try {
-            c = open_candidate(sae_dir_, step, trainer.sharded(), writes_);
+            c = open_candidate(sae_dir_, step, writes_);
             SAE_ENFORCE(static_cast<int64_t>(c.state.cursors.size()) == 2 * replicas_.size(),
                         "checkpoint {} was written by {} replica(s) of this SAE, the job has {}; "
                         "resume with the same number of ranks",
@@ -336,17 +370,18 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
                     "(or --overwrite) for the new data",
                     out_dir_, step, checkpoint_weights_path(sae_dir_, step), c.d_model, c.n_latents,
                     trainer.d_model(), trainer.n_latents());
+        // Replica 0 of each latent shard reads its part; the other replicas receive it.
         CheckpointPart part;
-        if (c.files) {  // a latent shard reads its rows; every rank must have them
+        if (replicas_.rank() == 0) {
             try {
                 part = trainer.read_part(*c.files);
             } catch (const std::exception& e) {
                 error = e.what();
             }
-            if (agree_failed(error, step)) continue;
-        } else {
-            part = trainer.read_part(TensorsInMemory(c.weights, c.state));
         }
+        if (agree_failed(error, step)) continue;
+        c.files.reset();
+        if (replicas_.size() > 1) share_part(part, replicas_);
         trainer.restore(std::move(part), c.state.step, c.state.tokens);
         // Newer markers whose files failed to load are useless: drop them so they are not
         // tried (and reported) again.
