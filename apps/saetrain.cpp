@@ -97,7 +97,8 @@ struct Setup {
 };
 
 // The held-out rows (data.eval_path, or the last data.eval_rows rows of data.path, which
-// are then not trained on): replica q of R holds its contiguous share of them in memory.
+// are then not trained on): replica q of R holds its contiguous share of them in memory (its
+// first latent shard only: evaluate() broadcasts each batch to the others).
 void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
     const DataConfig& dc = s.cfg.data;
     const DatasetInfo& src = eval_data ? *eval_data : s.data;
@@ -113,7 +114,7 @@ void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
     const RowRange part = partition_rows(all.size(), s.layout.replica, s.layout.replicas);
     const RowRange mine{all.begin + part.begin, all.begin + part.end};
     s.eval_local_rows = mine.size();
-    s.eval_x = read_rows(src, mine);
+    if (s.layout.shard == 0) s.eval_x = read_rows(src, mine);
 }
 
 // What out_dir holds: a run to resume (committed checkpoints), a finished one, or one that died

@@ -129,7 +129,9 @@ public:
 
     // Forward pass only, on x [rows, d_model] (host memory) of this replica, in batches of at
     // most `batch_rows`; collective over the replicas, whose rows together are the set.
-    // Changes no parameter or optimizer state (training after it is bitwise the same).
+    // Changes no parameter or optimizer state (training after it is bitwise the same). On a
+    // latent shard only the first shard's x is read (the others may pass null, with the same
+    // rows): it broadcasts each batch to the others.
     EvalResult evaluate(const float* x_host, int64_t rows, int64_t batch_rows);
     // The same inference pass on x [rows, d_model] (host memory), its x_hat written to
     // x_hat_host [rows, d_model] in the units of x (data.normalize's scale undone). This

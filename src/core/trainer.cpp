@@ -276,9 +276,17 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     std::vector<float> act;
     std::vector<double> local_decorr = {0.0, 0.0};  // [decorr_rms, 1 when measured]
     DeviceArray<float> db_dec_scratch(be_, d);
+    std::vector<float> shared;  // latent shards: the first shard's batch, broadcast
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
         const int64_t B = std::min(batch_rows, rows - r0);
-        upload_batch(x_host + r0 * d, B);
+        const float* xb = shard_.index == 0 ? x_host + r0 * d : nullptr;
+        if (sharded()) {
+            shared.resize(static_cast<size_t>(B * d));
+            if (xb) std::copy_n(xb, B * d, shared.begin());
+            shard_.group->bcast(shared.data(), B * d * int64_t{sizeof(float)}, 0);
+            xb = shared.data();
+        }
+        upload_batch(xb, B);
         forward(x_.data(), B, false);
         be_.fill(stats_.data(), kStatCount, 0.0f);
         be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
