@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -431,7 +432,10 @@ SaeMeta sae_meta(const Setup& s, const SaeTrainer& t) {
 int64_t resume_if_any(Setup& s, const Args& args, Communicator& world, Checkpointer& checkpoints,
                       SaeTrainer& trainer, LoopOptions& opt) {
     if (!s.resume) return -1;
+    const auto t0 = std::chrono::steady_clock::now();
     const auto at = checkpoints.resume(trainer, config_to_yaml(s.cfg), args.allow_config_change);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     SAE_ENFORCE(at.has_value(),
                 "{}: no committed checkpoint could be loaded (see the warnings above); pass "
                 "--overwrite to start over",
@@ -441,8 +445,10 @@ int64_t resume_if_any(Setup& s, const Args& args, Communicator& world, Checkpoin
     opt.initialized = true;
     if (world.rank() == 0) {
         drop_metrics_after((s.out() / "metrics.jsonl").string(), at->step);
-        fmt::print("resumed from the checkpoint at step {} ({} iterations done)\n", at->step,
-                   at->iteration);
+        fmt::print(
+            "resumed from the checkpoint at step {} ({} iterations done; read and "
+            "verified in {:.1f} s)\n",
+            at->step, at->iteration, secs);
     }
     return at->step;
 }
