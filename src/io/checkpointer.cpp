@@ -259,9 +259,9 @@ void Checkpointer::finish() { join_and_commit(); }
 namespace {
 
 // One committed checkpoint of an SAE, as resume reads it before deciding to use it: the pair
-// opened, its meta and header read (small), and, on the SAE's writer (`verifies`), its checksum
-// checked in one streaming pass over both files. The tensors are read afterwards, by replica 0
-// of each latent shard, only its part (SaeTrainer::read_part).
+// opened, its meta and header read (small). Its checksum is checked afterwards by the SAE's
+// writer, in one streaming pass over both files, and its tensors read by replica 0 of each
+// latent shard, only its part (SaeTrainer::read_part).
 struct Candidate {
     SaeMeta meta;
     TrainState state;  // the header: step, tokens, iteration, cursors
@@ -269,7 +269,7 @@ struct Candidate {
     int64_t d_model = 0, n_latents = 0;
 };
 
-Candidate open_candidate(const std::string& sae_dir, int64_t step, bool verifies) {
+Candidate open_candidate(const std::string& sae_dir, int64_t step) {
     Candidate c;
     const std::string wpath = checkpoint_weights_path(sae_dir, step);
     c.files = std::make_unique<CheckpointFiles>(wpath, checkpoint_state_path(sae_dir, step));
@@ -279,7 +279,6 @@ Candidate open_candidate(const std::string& sae_dir, int64_t step, bool verifies
     SAE_ENFORCE(dims && dims->size() == 2,
                 "file {}: not an SAE checkpoint (no dataset W_dec [n_latents, d_model])", wpath);
     c.n_latents = (*dims)[0], c.d_model = (*dims)[1];
-    if (verifies) c.files->verify();
     return c;
 }
 
@@ -350,7 +349,7 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
         std::string error;
         Candidate c;
         try {
-            c = open_candidate(sae_dir_, step, writes_);
+            c = open_candidate(sae_dir_, step);
             SAE_ENFORCE(static_cast<int64_t>(c.state.cursors.size()) == 2 * replicas_.size(),
                         "checkpoint {} was written by {} replica(s) of this SAE, the job has {}; "
                         "resume with the same number of ranks",
@@ -370,14 +369,14 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
                     "(or --overwrite) for the new data",
                     out_dir_, step, checkpoint_weights_path(sae_dir_, step), c.d_model, c.n_latents,
                     trainer.d_model(), trainer.n_latents());
-        // Replica 0 of each latent shard reads its part; the other replicas receive it.
+        // The SAE's writer verifies the checksum while replica 0 of every other latent shard
+        // reads its part (then the writer reads its own); the other replicas receive theirs.
         CheckpointPart part;
-        if (replicas_.rank() == 0) {
-            try {
-                part = trainer.read_part(*c.files);
-            } catch (const std::exception& e) {
-                error = e.what();
-            }
+        try {
+            if (writes_) c.files->verify();
+            if (replicas_.rank() == 0) part = trainer.read_part(*c.files);
+        } catch (const std::exception& e) {
+            error = e.what();
         }
         if (agree_failed(error, step)) continue;
         c.files.reset();
