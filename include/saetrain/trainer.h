@@ -285,6 +285,9 @@ private:
                             int64_t rows) const;
     // n_dead_total_ from every shard's n_dead_.
     void count_dead_over_shards();
+    // Rows [r0, r0 + rows) of x_host; on a latent shard the first shard's, broadcast into buf.
+    const float* first_shards_rows(const float* x_host, int64_t r0, int64_t rows,
+                                   std::vector<float>& buf) const;
     // After the forward pass: x_hat summed over the shards.
     void reduce_x_hat(int64_t rows);
     // stream_*'s pieces: this shard's rows [n_ x cols] of a per-latent tensor (host), sent

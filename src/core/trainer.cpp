@@ -260,6 +260,15 @@ void SaeTrainer::reconstruct(const float* x_host, int64_t rows, int64_t batch_ro
         for (int64_t i = 0; i < rows * d_; ++i) x_hat_host[i] /= input_scale_;
 }
 
+const float* SaeTrainer::first_shards_rows(const float* x_host, int64_t r0, int64_t rows,
+                                           std::vector<float>& buf) const {
+    if (!sharded()) return x_host + r0 * d_;
+    buf.resize(static_cast<size_t>(rows * d_));
+    if (shard_.index == 0) std::copy_n(x_host + r0 * d_, rows * d_, buf.begin());
+    shard_.group->bcast(buf.data(), rows * d_ * int64_t{sizeof(float)}, 0);
+    return buf.data();
+}
+
 EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch_rows) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
@@ -279,14 +288,7 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     std::vector<float> shared;  // latent shards: the first shard's batch, broadcast
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
         const int64_t B = std::min(batch_rows, rows - r0);
-        const float* xb = shard_.index == 0 ? x_host + r0 * d : nullptr;
-        if (sharded()) {
-            shared.resize(static_cast<size_t>(B * d));
-            if (xb) std::copy_n(xb, B * d, shared.begin());
-            shard_.group->bcast(shared.data(), B * d * int64_t{sizeof(float)}, 0);
-            xb = shared.data();
-        }
-        upload_batch(xb, B);
+        upload_batch(first_shards_rows(x_host, r0, B, shared), B);
         forward(x_.data(), B, false);
         be_.fill(stats_.data(), kStatCount, 0.0f);
         be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
