@@ -14,7 +14,7 @@
 #include "saetrain/checkpoint.h"  // defines: sae_is_checkpoint, sae_read_h5, SaeWeights
 #include "saetrain/error.h"
 #include "saetrain/shards.h"       // defines: dataset_open, DatasetInfo
-#include "saetrain/train_state.h"  // defines: train_state_read (a checkpoint's checksum)
+#include "saetrain/train_state.h"  // defines: CheckpointFiles (a checkpoint's checksum)
 
 namespace fs = std::filesystem;
 
@@ -49,9 +49,11 @@ void print_sae(const std::string& path) {
     if (name.rfind("checkpoint-", 0) == 0 && name.find(".state.") == std::string::npos) {
         const std::string state =
             saetrain::checkpoint_state_path(p.parent_path().string(), meta.step);
-        if (fs::exists(state)) {
-            const saetrain::TrainState s = saetrain::train_state_read(state, w);
-            fmt::print("  state {}: checksum ok (iteration {})\n", state, s.iteration);
+        if (fs::exists(state)) {  // streamed: the moments are never all in memory
+            const saetrain::CheckpointFiles files(path, state);
+            files.verify();
+            fmt::print("  state {}: checksum ok (iteration {})\n", state,
+                       files.header().iteration);
         }
     }
 }
