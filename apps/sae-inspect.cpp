@@ -52,8 +52,7 @@ void print_sae(const std::string& path) {
         if (fs::exists(state)) {  // streamed: the moments are never all in memory
             const saetrain::CheckpointFiles files(path, state);
             files.verify();
-            fmt::print("  state {}: checksum ok (iteration {})\n", state,
-                       files.header().iteration);
+            fmt::print("  state {}: checksum ok (iteration {})\n", state, files.header().iteration);
         }
     }
 }
