@@ -39,13 +39,17 @@ uint64_t fnv1a(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
     return h;
 }
 
-// Synthetic shards written once by rank 0 into a directory every rank sees.
-std::string shared_dataset(const std::string& name, int64_t rows, int64_t d) {
-    // Rank 0's pid, broadcast, keeps concurrent runs of the suite apart.
+// A temporary directory's path, the same on every rank (collective): rank 0's pid, broadcast,
+// keeps concurrent runs of the suite apart.
+fs::path shared_temp_dir(const std::string& name) {
     int64_t pid = getpid();
     g_world->bcast(&pid, sizeof(pid), 0);
-    const fs::path dir =
-        fs::temp_directory_path() / ("saetrain_mpi_" + name + "_" + std::to_string(pid));
+    return fs::temp_directory_path() / ("saetrain_mpi_" + name + "_" + std::to_string(pid));
+}
+
+// Synthetic shards written once by rank 0 into a directory every rank sees.
+std::string shared_dataset(const std::string& name, int64_t rows, int64_t d) {
+    const fs::path dir = shared_temp_dir(name);
     if (g_world->rank() == 0) {
         fs::remove_all(dir);
         SynthOptions so;
@@ -504,9 +508,7 @@ TEST(Mpi, LatentShardGradientsEqualOneProcessFromTheSameParameters) {
 TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 40;
-    int64_t pid = getpid();
-    w.bcast(&pid, sizeof(pid), 0);
-    const fs::path dir = fs::temp_directory_path() / ("saetrain_mpi_ckpt_" + std::to_string(pid));
+    const fs::path dir = shared_temp_dir("ckpt");
     SaeConfig cfg = small_sae("topk");
     cfg.dead_tokens = 100, cfg.k_aux = 3;  // some latents die in the window: AuxK state resumes
     ShardGrid g = shard_grid(w, 2, cfg.n_latents);
@@ -577,9 +579,7 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
 TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 40;
-    int64_t pid = getpid();
-    w.bcast(&pid, sizeof(pid), 0);
-    const fs::path dir = fs::temp_directory_path() / ("saetrain_mpi_stream_" + std::to_string(pid));
+    const fs::path dir = shared_temp_dir("stream");
     for (const int S : shard_counts(w.size()))
         for (const char* arch : {"gated", "batchtopk", "topk"}) {
             SaeConfig cfg = small_sae(arch);
