@@ -46,7 +46,7 @@ void Checksum::add(const void* data, size_t bytes) {
 }
 
 void Checksum::add_header(const TrainState& s) {
-    add_count(s.cursors.size());
+    begin_tensor(s.cursors.size());
     add(s.cursors.data(), s.cursors.size() * sizeof(int64_t));
     for (int64_t x : {s.step, s.tokens, s.iteration}) add(&x, sizeof(x));
 }

@@ -35,7 +35,12 @@ public:
     static Kind kind_of(const std::string& stored);
 
     void add(const void* data, size_t bytes);
-    void add_count(uint64_t elements) { add(&elements, sizeof(elements)); }
+    // Before a tensor's values: its name (an extra tensor's; "" for the others), its element
+    // count.
+    void begin_tensor(uint64_t elements, const std::string& name = "") {
+        add(name.data(), name.size());
+        add(&elements, sizeof(elements));
+    }
     // The reader cursors, step, tokens and iteration: the end of the stream.
     void add_header(const TrainState& s);
     std::string text() const;  // as stored

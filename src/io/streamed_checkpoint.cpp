@@ -22,10 +22,9 @@ struct StreamHash {
     Checksum sum;
     explicit StreamHash(Checksum::Kind kind = Checksum::Kind::xxh3) : sum(kind) {}
     void begin(const std::string& name, bool named, const std::vector<int64_t>& shape) {
-        if (named) sum.add(name.data(), name.size());
         uint64_t count = 1;
         for (int64_t s : shape) count *= static_cast<uint64_t>(s);
-        sum.add_count(count);
+        sum.begin_tensor(count, named ? name : "");
     }
     void add(const TensorChunk& c) {
         if (c.f32)

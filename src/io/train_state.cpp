@@ -18,8 +18,8 @@ namespace saetrain {
 namespace {
 
 template <typename T>
-void mix(const std::vector<T>& v, Checksum& sum) {
-    sum.add_count(v.size());
+void mix(const std::vector<T>& v, Checksum& sum, const std::string& name = "") {
+    sum.begin_tensor(v.size(), name);
     sum.add(v.data(), v.size() * sizeof(T));
 }
 
@@ -57,10 +57,7 @@ namespace {
 // The checksum up to the reader cursors: the weights, the moments, the counters.
 void checksum_before_cursors(const SaeWeights& w, const TrainState& s, Checksum& sum) {
     for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec}) mix(*v, sum);
-    for (const auto& [name, value] : w.extra) {
-        sum.add(name.data(), name.size());
-        mix(value, sum);
-    }
+    for (const auto& [name, value] : w.extra) mix(value, sum, name);
     for (const auto* v : {&s.adam_m, &s.adam_v}) mix(*v, sum);
     mix(s.since_fired, sum);
 }
