@@ -229,7 +229,7 @@ private:
 // down by op. `x` is a pinned (or heap) buffer of x_floats floats for the batch.
 int bench_on_data(Backend& be, const std::string& path, const std::vector<std::string>& archs,
                   int64_t n, int64_t k, int64_t experts, int64_t batch, int64_t train_steps,
-                  int reps, float* x, int64_t x_floats, bool breakdown) {
+                  int reps, float* x, int64_t x_floats, bool breakdown, int64_t dead_tokens) {
     const DatasetInfo info = dataset_open(path);
     const int64_t d = info.d_model;
     LoaderOptions lo;
@@ -251,6 +251,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
         cfg.k = k;
         cfg.l1_coeff = 5.0;
         cfg.n_experts = experts;
+        if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
         TimedBackend timed(be);
         timed.active = false;
         SaeTrainer tr(cfg, d, train_steps + reps + 2, 0, timed, *self);
@@ -278,7 +279,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
             timed.active = true;
             tr.step(batch_mem, batch);
             for (const auto& [op, sec] : timed.seconds)
-                fmt::print("    {:<28} {:>9.1f} ms\n", op, sec * 1e3);
+                fmt::print("    {:<28} {:>9.3f} ms\n", op, sec * 1e3);
         }
         const double step_s = t[t.size() / 2];
         fmt::print("{:<10} step {:.2f} ms, {:.0f} tokens/s after {} steps (dead {:.1f}%)\n", arch,
@@ -291,7 +292,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
 }  // namespace
 
 int main(int argc, char** argv) {
-    int64_t d = 768, n = 6144, k = 32, batch = 4096, experts = 16;
+    int64_t d = 768, n = 6144, k = 32, batch = 4096, experts = 16, dead_tokens = 0;
     int reps = 5, threads = 0, device = 0;
     bool json = false, breakdown = false, pinned = true;
     std::string backend = "cpu", gemm = "fp32";
@@ -314,6 +315,9 @@ int main(int argc, char** argv) {
                    "time steps on batches from these shards (a directory or glob), after "
                    "--train-steps steps of training on them, instead of on one random batch");
     app.add_option("--train-steps", train_steps, "with --data: steps before timing");
+    app.add_option("--dead-tokens", dead_tokens,
+                   "train.dead_tokens (0: the default): small values make latents dead within "
+                   "the warm-up, so TopK's AuxK selection runs in the timed steps");
     app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--device", device, "CUDA device (--backend cuda)");
     app.add_option("--gemm", gemm, "CUDA GEMM operands: fp32 | tf32 | bf16 (--backend cuda)")
@@ -358,7 +362,7 @@ int main(int argc, char** argv) {
 
     if (!data.empty())
         return bench_on_data(*be, data, archs, n, k, experts, batch, train_steps, reps, x,
-                             static_cast<int64_t>(x_heap.size()), breakdown);
+                             static_cast<int64_t>(x_heap.size()), breakdown, dead_tokens);
 
     nlohmann::ordered_json out;
     out["backend"] = be->name();
@@ -392,6 +396,7 @@ int main(int argc, char** argv) {
         cfg.l1_coeff = 1.0;
         cfg.n_experts = experts;
         cfg.warmup_steps = 0;
+        if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
         tr.init(x, batch);
         const double step_s = time_median(*be, reps, [&] { tr.step(x, batch); });
@@ -407,8 +412,11 @@ int main(int argc, char** argv) {
             timed.seconds.clear();
             tt.step(x, batch);
             for (const auto& [op, sec] : timed.seconds)
-                fmt::print("    {:<28} {:>9.1f} ms\n", op, sec * 1e3);
+                fmt::print("    {:<28} {:>9.3f} ms\n", op, sec * 1e3);
         }
+        if (dead_tokens > 0)
+            fmt::print("{:<10} dead latents after the timed steps: {:.1f}%\n", arch,
+                       100.0 * tr.dead_fraction());
         const double vs_time = topk_s > 0 ? step_s / topk_s : 0;
         const double vs_flops = topk_flops > 0 ? flops_per_token / topk_flops : 0;
         fmt::print("{:<10} {:>10.1f} {:>11.0f} {:>11.2f} {:>11.0f} {:>9.1f} {:>8.2f} {:>9.2f}\n",

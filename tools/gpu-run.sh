@@ -8,18 +8,22 @@
 # Usage (from the repository root on the GPU machine; the device tool: carry .gpu-bundle and
 # run `OUT=$OUT bash tools/gpu-run.sh`):
 #   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,bench,torch,databench,e2e,
-#                                     sweep2,model
+#                                     sweep2,model,peers,auxk
 #                                     (default: all of them, in that order)
-# Environment: OUT (results folder; default ./gpu-out), BUNDLE (default
+# Environment: OUT (results folder; default ./gpu-out), CTEST_TIMEOUT (seconds per GPU test,
+# default 300), BUNDLE (default
 # .gpu-bundle/saetrain-gpu.tar.gz), E2E_ROWS (default 1000000), E2E_EPOCHS (default 3),
 # BENCH_ARGS (extra bench_step arguments), RUN_BACKEND (default cuda; cpu for a dry run of the
-# script on a machine without a GPU).
+# script on a machine without a GPU), PEER_ROWS (default 1000000: train rows of the peers'
+# synthetic set, plus a tenth held out), PEER_EPOCHS (default 3), PEERS_SITE (default
+# .peers/peers-site.tar.xz: SAELens, sparsify and what they need beyond the GPU machine's
+# Python, made by tools/gpu-peers-site.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu-out}
 BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.gz}
-steps=${1:-env,test,bench,torch,databench,e2e,sweep2,model}
+steps=${1:-env,test,bench,torch,databench,e2e,sweep2,model,peers,auxk}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
 summary="$OUT/summary.txt"
@@ -89,6 +93,23 @@ for b in "$B"/bin/*; do
     [ -n "$missing" ] && note "$(basename "$b"): missing libraries: $missing"
 done
 
+# --- the peers' data: synthetic d 768 rows with planted features, written on the CPU in the
+# background while the GPU steps run (one generator, so train and held-out rows share the
+# features; the last of 11 shards is held out).
+pdata=/tmp/peers/data
+peer_rows=${PEER_ROWS:-1000000}
+synth_pid=
+if (want peers || want auxk) && [ ! -d "$pdata/train" ]; then
+    (
+        sae-synth --out "$pdata/all" --d-model 768 --features 24576 --active 32 \
+            --rows $((peer_rows + peer_rows / 10)) --shards 11 --seed 5 &&
+            mkdir -p "$pdata/train" "$pdata/eval/synth" &&
+            mv "$pdata"/all/shard_0000[0-9].h5 "$pdata/train/" &&
+            mv "$pdata/all/shard_00010.h5" "$pdata/eval/synth/"
+    ) > "$logs/peers_synth.log" 2>&1 &
+    synth_pid=$!
+fi
+
 # --- env: the machine as found ------------------------------------------------------------------
 if want env; then
     {
@@ -106,7 +127,9 @@ fi
 
 # --- test: ctest -L gpu over the bundle's test file ---------------------------------------------
 if want test; then
-    run ctest 420 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 300
+    per_test=${CTEST_TIMEOUT:-300}
+    run ctest $((per_test + 120)) ctest --test-dir "$B" -L gpu --output-on-failure \
+        --timeout "$per_test"
     grep -E "Test +#" "$logs/ctest.log" | sed 's/^ */ctest: /' | tee -a "$summary"
     "$B/bin/test_backend_parity" --gtest_output="xml:$logs/test_backend_parity.xml" \
         --gtest_filter='*HundredTraining*/cuda' > /dev/null 2>&1  # the recorded worst losses
@@ -207,5 +230,50 @@ if want model; then
                 --d-model 768 --n-latents 24576 --k 32 --batch 4096 --bytes-per-element 2 \
                 --disk-gbps 20
         done
+    done
+fi
+
+# --- peers: saetrain beside sparsify's and SAELens's own trainers, same rows, same GPU --------
+# bench/peers/run.sh with DEVICE=cuda: every tool trains d 768 x 24,576 latents, k 32, batch
+# 4096 on the same rows in the same order for PEER_EPOCHS passes, and one evaluator measures
+# each on the held-out rows. A short sparsify run first fills Triton's kernel cache, so its
+# compilation is not timed.
+if want peers || want auxk; then
+    [ -n "$synth_pid" ] && wait "$synth_pid"
+    [ -d "$pdata/train" ] || note "peers: no synthetic data (see peers_synth.log)"
+fi
+if want peers && [ -d "$pdata/train" ]; then
+    site=/tmp/peers-site
+    rm -rf "$site" && mkdir -p "$site"
+    if tar -xJf "${PEERS_SITE:-.peers/peers-site.tar.xz}" -C "$site"; then
+        export PYTHONPATH=$site
+        python3 -c 'import sae_lens, sparsify, torch; print("peers: sae_lens", sae_lens.__version__,
+"sparsify", sparsify.__version__, "torch", torch.__version__)' 2>&1 | tee -a "$summary"
+        peer_env=(DEVICE=cuda OUT=/tmp/peers HOOK=synth EXPANSION=32 K=32 BATCH=4096 LR=4e-4
+            EPOCHS=${PEER_EPOCHS:-3} THREADS=8 SAETRAIN=$B/bin/saetrain
+            SAE_EXPORT=$B/bin/sae-export PYTHON=python3 PYTHONUNBUFFERED=1)
+        env "${peer_env[@]}" STEPS=topk SPARSIFY_OPTIMIZERS=adam EPOCHS=1 \
+            bash -c 'python3 bench/peers/train_peer.py --tool sparsify --arch topk --train \
+                "$OUT/data/train" --eval "$OUT/data/eval/synth" --max-tokens 16384 \
+                --eval-max-rows 4096 --expansion 32 --device cuda --json /tmp/warm.json' \
+            > "$logs/peers_warmup.log" 2>&1
+        run peers 600 env "${peer_env[@]}" STEPS="topk table" bash bench/peers/run.sh
+        sed -n '/^| tool/,$p' /tmp/peers/table.md | tee -a "$summary"
+        cp -r /tmp/peers/results "$logs/peers_results" 2>/dev/null
+        cp -r /tmp/peers/logs "$logs/peers_logs" 2>/dev/null
+        unset PYTHONPATH
+    else
+        note "peers: cannot unpack ${PEERS_SITE:-.peers/peers-site.tar.xz} (make it with tools/gpu-peers-site.sh)"
+    fi
+fi
+
+# --- auxk: the TopK step with dead latents present (AuxK's second selection runs) ------------
+if want auxk && [ -d "$pdata/train" ]; then
+    for dead in 0 204800; do  # the default (none dead in 300 steps) and 50 steps' worth
+        run "auxk_dead$dead" 300 bench_step --backend cuda --data "$pdata/train" --arch topk \
+            --latents 24576 --k 32 --batch 4096 --train-steps 300 --reps 20 --breakdown \
+            --gemm bf16 --dead-tokens $dead
+        grep -E "^topk " "$logs/auxk_dead$dead.log" | sed "s/^/auxk dead_tokens $dead: /" |
+            tee -a "$summary"
     done
 fi

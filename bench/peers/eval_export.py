@@ -50,13 +50,15 @@ def main():
     ap.add_argument("--eval-max-rows", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="where the evaluator runs (cpu, cuda)")
     a = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(a.threads)
     ev = read_rows(a.eval, a.eval_max_rows)
-    m, cfg = evaluate_saelens_dir(a.export_dir, ev, batch_size=a.batch_size)
+    m, cfg = evaluate_saelens_dir(a.export_dir, ev, batch_size=a.batch_size,
+                                  device=a.device)
     arch = "topk" if cfg.get("architecture") == "topk" else "relu"
     out = {"tool": a.tool, "arch": arch}
     if arch == "topk":

@@ -33,6 +33,7 @@
 #
 # Sizes and settings (environment):
 #   TOKENS=1000000 EVAL_TOKENS=TOKENS/10 BATCH=4096 EXPANSION=16 K=32 LR=4e-4 THREADS=2 SEED=0
+#   EPOCHS=1 (passes over the train rows, in the same order, for every tool)
 #   L1S_SAETRAIN="2 5 10 20 50"  L1S_SAELENS="2 5 10 20 50"  L0_RANGE=20,100
 #   SPARSIFY_OPTIMIZERS="adam signum"  SPARSIFY_SIGNUM_LR=auto
 #   SPARSIFY_WARMUP_STEPS, SPARSIFY_AUXK_ALPHA: unset = sparsify's defaults (1000 warm-up
@@ -41,6 +42,10 @@
 #   OUT=runs/peers  CONFIG=configs/minilm.yaml (configs/quickstart.yaml when absent)
 #   PYTHON (default .venv/bin/python, else python3; make .venv with tools/setup-venv.sh)
 #   SAETRAIN=build/cpu/apps/saetrain SAE_EXPORT=build/cpu/apps/sae-export
+#   DEVICE=cpu: cuda trains every tool and runs the evaluator on the GPU (saetrain with
+#   backend cuda and gpu.gemm GPU_GEMM, default bf16; sparsify with its Triton kernels; the
+#   peers with their own mixed-precision defaults); STEPS without extract/shuffle and a
+#   ready OUT/data/train and OUT/data/eval/HOOK (e.g. sae-synth shards) skip the MiniLM part.
 # Everything not set here is each tool's default (saetrain: CONFIG's values; README.md
 # beside this script lists the peers' defaults). Timings: tok/s is tokens / wall seconds of
 # the training loop (the peers: their trainer's fit(), data already in memory; saetrain: its
@@ -65,6 +70,7 @@ K="${K:-32}"
 LR="${LR:-4e-4}"
 THREADS="${THREADS:-2}"
 SEED="${SEED:-0}"
+EPOCHS="${EPOCHS:-1}"
 L1S_SAETRAIN="${L1S_SAETRAIN:-2 5 10 20 50}"
 L1S_SAELENS="${L1S_SAELENS:-2 5 10 20 50}"
 L0_RANGE="${L0_RANGE:-20,100}"
@@ -78,6 +84,8 @@ CONFIG="${CONFIG:-configs/minilm.yaml}"
 SAETRAIN="${SAETRAIN:-build/cpu/apps/saetrain}"
 SAE_EXPORT="${SAE_EXPORT:-build/cpu/apps/sae-export}"
 STEPS="${STEPS:-extract shuffle topk relu table}"
+DEVICE="${DEVICE:-cpu}"
+GPU_GEMM="${GPU_GEMM:-bf16}"
 
 say() { echo "peers: $*"; }
 die() { echo "peers: error: $*" >&2; exit 1; }
@@ -88,7 +96,14 @@ if [ ! -f "$CONFIG" ]; then
     CONFIG=configs/quickstart.yaml
 fi
 export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
-export SPARSIFY_DISABLE_TRITON="${SPARSIFY_DISABLE_TRITON:-1}"
+# sparsify's Triton kernels need a GPU; on a CPU it must be told not to load them.
+if [ "$DEVICE" = cpu ]; then
+    export SPARSIFY_DISABLE_TRITON="${SPARSIFY_DISABLE_TRITON:-1}"
+    device_args=()
+else
+    export SPARSIFY_DISABLE_TRITON="${SPARSIFY_DISABLE_TRITON:-0}"
+    device_args=(--set backend=cuda --set "gpu.gemm=$GPU_GEMM")
+fi
 DATA="$OUT/data"
 TRAIN="$DATA/train"
 EVAL="$DATA/eval/$(echo "$HOOK" | sed 's/[^A-Za-z0-9_.-]/_/g')"
@@ -170,9 +185,9 @@ saetrain_run() {  # NAME ARCH_SETTINGS...
     [ -x "$SAETRAIN" ] || { echo "peers: $SAETRAIN not built; skipping saetrain $name" >&2; failed+=("saetrain-$name"); return 0; }
     run_logged "saetrain-$name" "$SAETRAIN" "$CONFIG" --overwrite --threads "$THREADS" \
         --set "data.path=$TRAIN" --set "data.eval_path=$EVAL" --set data.shuffle_buffer_rows=0 \
-        --set data.epochs=1 --set data.max_tokens=0 --set "data.batch_size=$BATCH" \
+        --set "data.epochs=$EPOCHS" --set data.max_tokens=0 --set "data.batch_size=$BATCH" \
         --set "sae.expansion=$EXPANSION" --set "run.seed=$SEED" \
-        --set "run.out_dir=$out" "$@" || return 0
+        --set "run.out_dir=$out" "${device_args[@]}" "$@" || return 0
     local ids
     ids=$(ls "$out/sae" 2>/dev/null || true)
     if [ "$(echo "$ids" | wc -w)" -ne 1 ]; then
@@ -185,7 +200,7 @@ saetrain_run() {  # NAME ARCH_SETTINGS...
         --out "$out/export" --hook-name "$HOOK" || return 0
     run_logged "eval-saetrain-$name" "$PYTHON" bench/peers/eval_export.py "$out/export" \
         --eval "$EVAL" --summary "$out/summary.csv" --sae-id "$ids" --threads "$THREADS" \
-        --batch-size "$BATCH" --json "$RES/saetrain-$name.json" || return 0
+        --batch-size "$BATCH" --device "$DEVICE" --json "$RES/saetrain-$name.json" || return 0
 }
 
 peer_run() {  # NAME train_peer.py ARGS...
@@ -194,7 +209,8 @@ peer_run() {  # NAME train_peer.py ARGS...
     rm -f "$RES/$name.json"
     run_logged "$name" "$PYTHON" bench/peers/train_peer.py --train "$TRAIN" --eval "$EVAL" \
         --batch-size "$BATCH" --expansion "$EXPANSION" --threads "$THREADS" --seed "$SEED" \
-        --tmp-dir "$OUT/scratch" --json "$RES/$name.json" "$@" || return 0
+        --epochs "$EPOCHS" \
+        --tmp-dir "$OUT/scratch" --device "$DEVICE" --json "$RES/$name.json" "$@" || return 0
 }
 
 # --- (c, d) TopK ------------------------------------------------------------------------------
@@ -202,6 +218,10 @@ if want topk; then
     saetrain_run "topk-k$K" --set sae.arch=topk --set "sae.k=$K"  # saetrain's default lr
     saetrain_run "topk-k$K-lr$LR" --set sae.arch=topk --set "sae.k=$K" --set "train.lr=$LR"
     peer_run "saelens-topk-k$K" --tool saelens --arch topk --k "$K" --lr "$LR"
+    if [ "$DEVICE" != cpu ]; then  # SAELens's mixed precision (off by default) on a GPU
+        peer_run "saelens-topk-k$K-autocast" --tool saelens --arch topk --k "$K" --lr "$LR" \
+            --autocast
+    fi
     for opt in $SPARSIFY_OPTIMIZERS; do
         lr="$LR"
         [ "$opt" = signum ] && lr="$SPARSIFY_SIGNUM_LR"

@@ -201,9 +201,9 @@ def load_saelens_dir(path):
     return w, cfg
 
 
-def evaluate_saelens_dir(path, rows, batch_size=4096):
+def evaluate_saelens_dir(path, rows, batch_size=4096, device="cpu"):
     w, cfg = load_saelens_dir(path)
     arch = "topk" if cfg.get("architecture") == "topk" else "relu"
     return evaluate(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], arch, rows,
                     k=cfg.get("k"), apply_b_dec_to_input=cfg.get("apply_b_dec_to_input", True),
-                    batch_size=batch_size), cfg
+                    batch_size=batch_size, device=device), cfg

@@ -8,8 +8,8 @@ training loop and evaluates the result on held-out rows with bench/peers/sae_eva
         --lr 4e-4 --threads 2 --max-tokens N] --json OUT
 
 Data: the first --max-tokens rows of --train (0: all), read into memory first (not timed),
-then fed in order in batches of --batch-size rows with no shuffling; the last batch may be
-partial and is trained (both tools, as saetrain does). Run bench/peers/shuffle_shards.py on
+then fed in order in batches of --batch-size rows with no shuffling, --epochs times; the last
+batch of each pass may be partial and is trained (both tools, as saetrain does). Run bench/peers/shuffle_shards.py on
 the data once beforehand so every tool sees the same shuffled order.
 
 What each tool runs (README.md beside this file has the full list of defaults):
@@ -78,20 +78,21 @@ def train_saelens(a, x, device):
         sae = StandardTrainingSAE(StandardTrainingSAEConfig(
             d_in=d, d_sae=n, l1_coefficient=a.l1_coeff, dtype="float32", device=device))
     lr = 3e-4 if a.lr == "auto" else float(a.lr)  # LanguageModelSAERunnerConfig.lr default
-    tokens = x.shape[0]
+    tokens = x.shape[0] * a.epochs
     cfg = SAETrainerConfig(
         total_training_samples=tokens,
         train_batch_size_samples=a.batch_size,
         lr=lr,
         lr_end=lr / 10,  # what LanguageModelSAERunnerConfig.__post_init__ sets (unused: constant)
         device=device,
+        autocast=a.autocast,
         n_checkpoints=0,
         checkpoint_path=None,
         save_final_checkpoint=False,
         logger=LoggingConfig(log_to_wandb=False),
     )
     xt = torch.from_numpy(x).to(device)  # in the device's memory before the clock starts
-    batches = batches_of(xt, a.batch_size)
+    batches = batches_of(xt, a.batch_size) * a.epochs
     provider = iter(batches)
     trainer = SAETrainer(cfg=cfg, sae=sae, data_provider=provider)
     last = {}
@@ -128,6 +129,7 @@ def train_saelens(a, x, device):
         "trainer": "sae_lens.training.sae_trainer.SAETrainer.fit",
         "sae_class": type(sae).__name__,
         "lr_scheduler": cfg.lr_scheduler_name,
+        "autocast": cfg.autocast,
         "lr_warm_up_steps": cfg.lr_warm_up_steps,
         "dead_feature_window": cfg.dead_feature_window,
         "apply_b_dec_to_input": sae.cfg.apply_b_dec_to_input,
@@ -197,10 +199,10 @@ def train_sparsify(a, x, device):
             self.b = batch_size
 
         def __len__(self):
-            return (N + self.b - 1) // self.b
+            return a.epochs * ((N + self.b - 1) // self.b)
 
         def __getitem__(self, i):
-            lo = i * self.b
+            lo = (i % ((N + self.b - 1) // self.b)) * self.b
             return {"input_ids": torch.arange(lo, min(N, lo + self.b), dtype=torch.long)}
 
     sae_cfg = SparseCoderConfig(expansion_factor=a.expansion, k=a.k)
@@ -257,7 +259,8 @@ def train_sparsify(a, x, device):
         "normalize_decoder": sae_cfg.normalize_decoder,
         "decoder_impl": sparsify.sparse_coder.decoder_impl.__name__,
     }
-    return dict(lr=lr, n_latents=sae.num_latents, tokens=N, steps=steps, seconds=seconds,
+    return dict(lr=lr, n_latents=sae.num_latents, tokens=N * a.epochs, steps=steps,
+                seconds=seconds,
                 train_fvu_last=float(last["fvu"]) if "fvu" in last else None,
                 weights=weights, apply_b_dec_to_input=True, info=info)
 
@@ -276,11 +279,16 @@ def main():
     ap.add_argument("--lr", default="4e-4", help="learning rate, or 'auto': the tool's default")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--max-tokens", type=int, default=0, help="train rows to use (0: all)")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="passes over the train rows, in the same order each time")
     ap.add_argument("--eval-max-rows", type=int, default=0, help="eval rows to use (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="torch seed for the SAE's init")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--optimizer", default="adam", choices=["adam", "signum"],
                     help="sparsify only: adam (at --lr) or signum (sparsify's default)")
+    ap.add_argument("--autocast", action="store_true",
+                    help="saelens only: SAETrainerConfig.autocast (bf16 mixed precision; "
+                    "SAELens's default is off)")
     ap.add_argument("--auxk-alpha", type=float, default=None,
                     help="sparsify only: TrainConfig.auxk_alpha (default: sparsify's)")
     ap.add_argument("--warmup-steps", type=int, default=None,
@@ -318,6 +326,8 @@ def main():
         out["k"] = a.k
     else:
         out["l1_coeff"] = a.l1_coeff
+    if a.tool == "saelens" and a.autocast:
+        out["setting_extra"] = "autocast bf16"
     if a.tool == "sparsify":
         out["optimizer"] = a.optimizer
         extra = []
