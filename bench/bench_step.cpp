@@ -209,6 +209,16 @@ public:
               const math::AdamScalars& s) override {
         timed("adam", [&] { be_.adam(p, g, m, v, n, s); });
     }
+    double optimizer_grad_sum_squares(const float* p, float* g, int64_t n,
+                                      const UnitRows& u) override {
+        double r = 0;
+        timed("optimizer_sum_squares", [&] { r = be_.optimizer_grad_sum_squares(p, g, n, u); });
+        return r;
+    }
+    void optimizer_apply(float* p, float* g, float* m, float* v, const std::vector<AdamRange>& r,
+                         const UnitRows& u, math::AdamScalars s, float wd) override {
+        timed("optimizer_apply", [&] { be_.optimizer_apply(p, g, m, v, r, u, s, wd); });
+    }
 
 private:
     template <typename F>

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "saetrain/host_alloc.h"
 #include "saetrain/sae_math.h"  // defines: math::AdamScalars
@@ -72,6 +73,19 @@ struct GatedBackward {
     float* gate_col_sum = nullptr;  // [n] of relu(g)
     int32_t* fires = nullptr;       // [n]
     float* stats = nullptr;         // adds L1 (sum relu(g) * norm) and L0
+};
+
+// The optimizer step's view of the flat parameter buffer (SaeTrainer::optimizer_step).
+struct AdamRange {
+    int64_t offset = 0, count = 0;
+    bool decay = false;  // AdamW's weight decay applies (weights yes, biases and thresholds no)
+};
+// Decoder rows kept at unit norm (sae.normalize_decoder): their gradient loses its radial part
+// (project_out_parallel) before it is measured and applied, and the rows are renormalized after
+// the update. offset < 0: none.
+struct UnitRows {
+    int64_t offset = -1, rows = 0, cols = 0;
+    bool any() const { return offset >= 0 && rows > 0 && cols > 0; }
 };
 
 // The ops whose shapes a backend may limit, for supports(): a run asks before it trains.
@@ -247,6 +261,21 @@ public:
     // Adam(W) over n elements; see math::adam_update.
     virtual void adam(float* p, const float* g, float* m, float* v, int64_t n,
                       const math::AdamScalars& s) = 0;
+
+    // --- the optimizer step, in two calls around the host's clipping decision -------------
+    // 1. The sum of squares of the gradient g[0, count) with the unit rows' radial part
+    //    projected out. Default: project_out_parallel in place, then sum_squares. A backend may
+    //    instead leave g as it is and project in optimizer_apply (the CUDA backend does: one
+    //    pass fewer over the decoder's gradient): after this call g is only an input to (2).
+    virtual double optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,
+                                              const UnitRows& unit);
+    // 2. Adam(W) over every range (s.weight_decay = weight_decay where the range decays, else
+    //    0; s.grad_scale carries the clipping and averaging), the unit rows' gradient projected
+    //    as in (1) (again: a second projection changes nothing but rounding), and the unit rows
+    //    renormalized after the update. Default: adam per range, then normalize_rows.
+    virtual void optimizer_apply(float* params, float* grads, float* m, float* v,
+                                 const std::vector<AdamRange>& ranges, const UnitRows& unit,
+                                 math::AdamScalars s, float weight_decay);
 
     // --- for reports (metrics.jsonl, the sweep table); the defaults describe the host CPU ---
     // The accelerator's name as its driver reports it ("NVIDIA H100 80GB HBM3"), which selects

@@ -241,6 +241,8 @@ private:
     double reduce_owned_gradient();
     // sae.normalize_decoder: removes from the owned W_dec rows' gradient its part parallel
     // to the rows.
+    // The decoder rows this rank updates, when sae.normalize_decoder keeps them at unit norm.
+    UnitRows unit_rows() const;
     void project_decoder_gradient();
     // Sets r.grad_norm (and r.clipped); returns Adam's grad_scale, 1 / rows with clipping.
     float clip_gradient(StepResult& r, double sum_sq);

@@ -11,4 +11,24 @@ std::unique_ptr<Communicator> Backend::gradient_comm(std::unique_ptr<Communicato
     return replicas;
 }
 
+double Backend::optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,
+                                           const UnitRows& unit) {
+    if (unit.any())
+        project_out_parallel(params + unit.offset, grads + unit.offset, unit.rows, unit.cols);
+    return sum_squares(grads, count);
+}
+
+// The gradient was projected in place by optimizer_grad_sum_squares (or by the trainer's split
+// update): projecting again here would change nothing but rounding, so this does not.
+void Backend::optimizer_apply(float* params, float* grads, float* m, float* v,
+                              const std::vector<AdamRange>& ranges, const UnitRows& unit,
+                              math::AdamScalars s, float weight_decay) {
+    for (const AdamRange& r : ranges) {
+        if (r.count == 0) continue;
+        s.weight_decay = r.decay ? weight_decay : 0.0f;
+        adam(params + r.offset, grads + r.offset, m + r.offset, v + r.offset, r.count, s);
+    }
+    if (unit.any()) normalize_rows(params + unit.offset, unit.rows, unit.cols);
+}
+
 }  // namespace saetrain

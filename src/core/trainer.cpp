@@ -402,10 +402,9 @@ void SaeTrainer::apply_update(StepResult& r) {
     double sum_sq = 0;  // of the summed gradient (after the decoder projection)
     if (comm_.size() > 1) sum_sq = reduce_over_replicas(r, arch_sums);
     if (r.rows == 0) return;  // no replica had data: nothing to learn from
-    if (!splits_update()) {
-        project_decoder_gradient();
-        sum_sq = sum_over_shards(be_.sum_squares(grads_, n_params_));
-    }
+    if (!splits_update())     // the decoder's gradient projected (now or in the update)
+        sum_sq = sum_over_shards(
+            be_.optimizer_grad_sum_squares(params_, grads_, n_params_, unit_rows()));
     const float grad_scale = clip_gradient(r, sum_sq);
     if (skip_nonfinite(r)) return;
     r.lr = lr_at(cfg_, step_, total_steps_);
@@ -455,10 +454,17 @@ double SaeTrainer::reduce_owned_gradient() {
     return partial;
 }
 
+UnitRows SaeTrainer::unit_rows() const {
+    UnitRows u;
+    if (cfg_.normalize_decoder)
+        u.offset = off(ParamLayout::kWDec) + owned_lo_ * d_, u.rows = owned_hi_ - owned_lo_,
+        u.cols = d_;
+    return u;
+}
+
 void SaeTrainer::project_decoder_gradient() {
-    if (!cfg_.normalize_decoder) return;
-    const int64_t at = off(ParamLayout::kWDec) + owned_lo_ * d_;
-    be_.project_out_parallel(params_ + at, grads_ + at, owned_hi_ - owned_lo_, d_);
+    const UnitRows u = unit_rows();
+    if (u.any()) be_.project_out_parallel(params_ + u.offset, grads_ + u.offset, u.rows, u.cols);
 }
 
 float SaeTrainer::clip_gradient(StepResult& r, double sum_sq) {
@@ -521,16 +527,12 @@ void SaeTrainer::optimizer_step(float grad_scale, float lr, int64_t t) {
                         1.0f / bc2,
                         0.0f,
                         grad_scale};
-    const auto wd = static_cast<float>(cfg_.weight_decay);
-    for (const Range& g : ranges(owned_lo_, owned_hi_, owns_b_dec_)) {
-        if (g.count == 0) continue;
-        // Weights (W_enc, W_dec) get weight decay, biases and thresholds do not.
-        s.weight_decay = g.decay ? wd : 0.0f;
-        be_.adam(params_ + g.offset, grads_ + g.offset, m_ + g.offset, v_ + g.offset, g.count, s);
-    }
-    if (cfg_.normalize_decoder)
-        be_.normalize_rows(params_ + off(ParamLayout::kWDec) + owned_lo_ * d_,
-                           owned_hi_ - owned_lo_, d_);
+    // Weights (W_enc, W_dec) get weight decay, biases and thresholds do not.
+    std::vector<AdamRange> adam_ranges;
+    for (const Range& g : ranges(owned_lo_, owned_hi_, owns_b_dec_))
+        adam_ranges.push_back({g.offset, g.count, g.decay});
+    be_.optimizer_apply(params_, grads_, m_, v_, adam_ranges, unit_rows(), s,
+                        static_cast<float>(cfg_.weight_decay));
 }
 
 std::vector<SaeTrainer::Range> SaeTrainer::ranges(int64_t lo, int64_t hi,

@@ -9,6 +9,7 @@
 #include "handles.h"
 #include "kernels.h"
 #include "lt_gemm.h"
+#include "optimizer.h"
 #include "saetrain/backend_registry.h"
 #include "saetrain/comm.h"
 #include "saetrain/cuda_device.h"
@@ -203,6 +204,16 @@ public:
     void adam(float* p, const float* g, float* m, float* v, int64_t n,
               const math::AdamScalars& s) override {
         cuda::adam(stream(), p, g, m, v, n, s);
+    }
+    // The fused optimizer (optimizer.h): two passes over the parameters instead of five.
+    double optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,
+                                      const UnitRows& unit) override {
+        return cuda::optimizer_grad_sum_squares(stream(), ws_, params, grads, count, unit);
+    }
+    void optimizer_apply(float* params, float* grads, float* m, float* v,
+                         const std::vector<AdamRange>& ranges, const UnitRows& unit,
+                         math::AdamScalars s, float weight_decay) override {
+        cuda::optimizer_apply(stream(), params, grads, m, v, ranges, unit, s, weight_decay);
     }
 
     // --- for reports ------------------------------------------------------------------------
