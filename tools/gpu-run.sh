@@ -8,12 +8,13 @@
 # Usage (from the repository root on the GPU machine; the device tool: carry .gpu-bundle and
 # run `OUT=$OUT bash tools/gpu-run.sh`):
 #   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,bench,torch,databench,e2e,
-#                                     sweep2,model,peers,auxk
+#                                     sweep2,model,peers,auxk,profile
 #                                     (default: all of them, in that order)
 # Environment: OUT (results folder; default ./gpu-out), CTEST_TIMEOUT (seconds per GPU test,
 # default 300), BUNDLE (default
 # .gpu-bundle/saetrain-gpu.tar.gz), E2E_ROWS (default 1000000), E2E_EPOCHS (default 3),
-# BENCH_ARGS (extra bench_step arguments), RUN_BACKEND (default cuda; cpu for a dry run of the
+# BENCH_ARGS (extra bench_step arguments), BENCH_MODES (default "fp32 tf32 bf16": GEMM modes
+# timed at batch 4096), BENCH_MODES_16K (default "fp32 bf16": at batch 16384), RUN_BACKEND (default cuda; cpu for a dry run of the
 # script on a machine without a GPU), PEER_ROWS (default 1000000: train rows of the peers'
 # synthetic set, plus a tenth held out), PEER_EPOCHS (default 3), PEERS_SITE (default
 # .peers/peers-site.tar.xz: SAELens, sparsify and what they need beyond the GPU machine's
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu-out}
 BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.gz}
-steps=${1:-env,test,bench,torch,databench,e2e,sweep2,model,peers,auxk}
+steps=${1:-env,test,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
 summary="$OUT/summary.txt"
@@ -141,13 +142,13 @@ fi
 shape="--d-model 768 --latents 24576 --k 32 --batch 4096"  # bench_step's and the torch script's
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 if want bench; then
-    for mode in fp32 tf32 bf16; do
+    for mode in ${BENCH_MODES:-fp32 tf32 bf16}; do
         run "bench_step_$mode" 300 bench_step --backend cuda $shape --reps 30 --breakdown --json \
             --gemm $mode ${BENCH_ARGS:-}
         grep -E '^(topk|relu) ' "$logs/bench_step_$mode.log" | sed "s/^/bench $mode: /" |
             tee -a "$summary"
     done
-    for mode in fp32 bf16; do  # a larger batch spreads the Adam step over more tokens
+    for mode in ${BENCH_MODES_16K:-fp32 bf16}; do  # a larger batch spreads Adam over more tokens
         run "bench_step_${mode}_b16k" 300 bench_step --backend cuda --d-model 768 \
             --latents 24576 --k 32 --batch 16384 --reps 20 --json --gemm $mode ${BENCH_ARGS:-}
         grep -E '^(topk|relu) ' "$logs/bench_step_${mode}_b16k.log" |
@@ -276,4 +277,16 @@ if want auxk && [ -d "$pdata/train" ]; then
         grep -E "^topk " "$logs/auxk_dead$dead.log" | sed "s/^/auxk dead_tokens $dead: /" |
             tee -a "$summary"
     done
+fi
+
+# --- profile: every kernel of one bf16 TopK step, by Nsight Compute ---------------------------
+if want profile; then
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    if [ -n "$ncu_bin" ]; then
+        run profile 300 "$ncu_bin" --csv --metrics gpu__time_duration.sum bench_step \
+            --backend cuda $shape --arch topk --reps 1 --gemm bf16 ${BENCH_ARGS:-}
+        python3 tools/ncu_step_table.py "$logs/profile.log" | tee -a "$summary"
+    else
+        note "profile: ncu not found"
+    fi
 fi

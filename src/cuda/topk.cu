@@ -1,15 +1,16 @@
 // TopK kernels: per-row selection, sparse decode and the sparse backward.
 //
-// Selection (one block per row): a 4-pass radix select over order-preserving 32-bit keys of
-// pre + b_enc finds the k-th largest key T; one pass then takes every element above T (shared
-// atomics: order does not matter, the picks are sorted next) and the elements equal to T, all
-// of them when all are needed, else the lowest-index ones (an ordered block scan), and a
-// bitonic sort of the k picks by (value desc, index asc) gives exactly the CPU backend's
-// output, including its tie rule (the lower index wins). A row that fits in shared memory
-// (n up to ~50K on H100) is read from device memory once and the passes run on the copy;
-// wider rows are re-read from L2 each pass. Histogram increments are aggregated per warp and
-// bin: the first pass sees few distinct exponents, and 512 threads hitting one counter would
-// serialize.
+// Selection (one block per row), on order-preserving 32-bit keys of pre + b_enc. A row that
+// fits in shared memory (n up to ~55K on H100) is read from device memory once, and only the
+// keys at or above a bound from group maxima are sorted (topk_pruned_kernel: ~k (1 + k / 2G)
+// candidates for typical rows). The general method, for wider rows and as the pruned kernel's
+// fallback: a 4-pass radix select finds the k-th largest key T; one pass then takes every
+// element above T (shared atomics: order does not matter, the picks are sorted next) and the
+// elements equal to T, all of them when all are needed, else the lowest-index ones (an ordered
+// block scan). Either way a bitonic sort of the picks by (value desc, index asc) gives exactly
+// the CPU backend's output, including its tie rule (the lower index wins). Histogram increments
+// are aggregated per warp and bin: the first pass sees few distinct exponents, and 512 threads
+// hitting one counter would serialize.
 //
 // Backward, deterministic: entries (row, slot) are sorted by latent with a stable radix sort
 // (cub::DeviceRadixSort), so each latent's gradient row is summed by one block in row order,
@@ -170,31 +171,11 @@ __device__ __forceinline__ void bitonic_sort_desc(unsigned long long* picks, int
     __syncthreads();
 }
 
-// Selection of one row per block (see the file comment). kCached: the row's keys are first
-// copied to shared memory (n floats fit), so the five passes read shared memory, not L2.
-template <bool kCached>
-__global__ void __launch_bounds__(kSelectThreads)
-    topk_select_kernel(const float* pre, const float* bias, int n, int k, int k_pad, bool relu,
-                       int32_t* idx_out, float* val_out) {
-    extern __shared__ uint32_t row_keys[];  // [n] when kCached
-    using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
-    __shared__ typename Scan::TempStorage scan_tmp;
-    __shared__ SelectShared sh;
-    const int tid = threadIdx.x;
-    const float* p = pre + static_cast<int64_t>(blockIdx.x) * n;
-    auto key_at = [&](int i) -> uint32_t {
-        if constexpr (kCached) return row_keys[i];
-        return math::float_order_key(p[i] + bias[i]);
-    };
-    if constexpr (kCached) {
-        for (int i = tid; i < n; i += kSelectThreads)
-            row_keys[i] = math::float_order_key(p[i] + bias[i]);
-    }
-    const uint32_t T = radix_select(sh, key_at, n, k);
-    compact_picks<decltype(key_at), Scan>(sh, scan_tmp, key_at, n, k, k_pad, T);
-    bitonic_sort_desc(sh.picks, k_pad);
-    for (int j = tid; j < k; j += kSelectThreads) {
-        const unsigned long long v = sh.picks[j];
+// The k best picks (sorted, first k of `picks`) to the row's outputs.
+__device__ __forceinline__ void write_picks(const unsigned long long* picks, int k, bool relu,
+                                            int32_t* idx_out, float* val_out) {
+    for (int j = threadIdx.x; j < k; j += kSelectThreads) {
+        const unsigned long long v = picks[j];
         const int64_t o = static_cast<int64_t>(blockIdx.x) * k + j;
         idx_out[o] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(v & 0xffffffffu));
         const float value = math::float_from_order_key(static_cast<uint32_t>(v >> 32));
@@ -202,26 +183,221 @@ __global__ void __launch_bounds__(kSelectThreads)
     }
 }
 
-// x_hat[r] += sum_j val[r,j] * w_dec[idx[r,j]]: one block per row, j in order (as the CPU).
-// The row's pairs pass through shared memory kMaxTopk at a time (BatchTopK rows may keep more).
+// Selection of one row per block, the keys computed on the fly from device memory (L2) in each
+// pass: for rows too wide for shared memory (see topk_pruned_kernel for the others).
+__global__ void __launch_bounds__(kSelectThreads)
+    topk_select_kernel(const float* pre, const float* bias, int n, int k, int k_pad, bool relu,
+                       int32_t* idx_out, float* val_out) {
+    using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    __shared__ SelectShared sh;
+    const float* p = pre + static_cast<int64_t>(blockIdx.x) * n;
+    auto key_at = [&](int i) -> uint32_t { return math::float_order_key(p[i] + bias[i]); };
+    const uint32_t T = radix_select(sh, key_at, n, k);
+    compact_picks<decltype(key_at), Scan>(sh, scan_tmp, key_at, n, k, k_pad, T);
+    bitonic_sort_desc(sh.picks, k_pad);
+    write_picks(sh.picks, k, relu, idx_out, val_out);
+}
+
+// --- selection pruned by group maxima ------------------------------------------------------
+// A radix select looks at every key four times; most rows need far less. Split the row into G
+// groups (each thread's keys, or a quad of threads'): the k-th largest group maximum T0 bounds
+// the row's k-th largest key from below (the k groups with the largest maxima hold k distinct
+// keys >= T0), so the row's top k are among the keys >= T0. For exchangeable values there are
+// about k (1 + k / 2G) of those (~37 for k 32, G 128, whatever n is). So: one pass reads the row
+// from device memory into shared memory as order keys (16-byte loads) and takes each thread's
+// maximum; T0 by counting among the G maxima; one pass over the shared copy appends the keys
+// >= T0 to a candidate list (warp-aggregated atomics); a bitonic sort of the candidates by
+// (value desc, index asc) gives the first k. A row with more than kCandidates candidates (heavy
+// ties, adversarial orders) runs the radix select on the same shared copy instead. Either way
+// the output is topk_select_kernel's, bit for bit. Two blocks fit an SM for n up to ~55K
+// (96 KB of keys each at n 24,576), so one block's sort overlaps the other's loads.
+constexpr int kCandidates = 1024;  // >= 2 * kMaxTopk: k picks always fit
+struct PrunedShared {
+    unsigned long long cand[kCandidates];
+    uint32_t maxima[kSelectThreads];
+    int count;
+    uint32_t t0;
+};
+union SelectOrPruned {  // the fallback's state reuses the candidates' space
+    SelectShared sel;
+    PrunedShared pr;
+};
+
+__device__ __forceinline__ uint4 order_keys(float4 a, float4 b) {
+    return make_uint4(math::float_order_key(a.x + b.x), math::float_order_key(a.y + b.y),
+                      math::float_order_key(a.z + b.z), math::float_order_key(a.w + b.w));
+}
+
+// Appends pick_key(key, i) to pr.cand when key >= t0 (one shared atomic per warp). Collective:
+// every lane of the warp calls it the same number of times.
+__device__ __forceinline__ void push_candidate(PrunedShared& pr, uint32_t key, int i, bool valid,
+                                               uint32_t t0) {
+    const bool take = valid && key >= t0;
+    const unsigned mask = __ballot_sync(0xffffffffu, take);
+    if (mask == 0) return;
+    const int lane = threadIdx.x % 32, leader = __ffs(mask) - 1;
+    int base = 0;
+    if (lane == leader) base = atomicAdd(&pr.count, __popc(mask));
+    base = __shfl_sync(0xffffffffu, base, leader);
+    const int pos = base + __popc(mask & ((1u << lane) - 1u));
+    if (take && pos < kCandidates) pr.cand[pos] = pick_key(key, static_cast<uint32_t>(i));
+}
+
+// kGroupLanes threads form a group: 4 (G = 128 groups) for k <= 128, 1 (G = 512) above.
+template <int kGroupLanes>
+__global__ void __launch_bounds__(kSelectThreads, 2)
+    topk_pruned_kernel(const float* pre, const float* bias, int n, int k, int k_pad, bool relu,
+                       bool vec, int32_t* idx_out, float* val_out) {
+    extern __shared__ uint32_t row_keys[];  // [n]
+    using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    __shared__ SelectOrPruned u;
+    constexpr int kGroups = kSelectThreads / kGroupLanes;
+    const int tid = threadIdx.x;
+    const float* p = pre + static_cast<int64_t>(blockIdx.x) * n;
+    const int n4 = vec ? n / 4 : 0;  // vec: n % 4 == 0 and 16-byte aligned rows
+
+    // 1. Keys into shared memory; each thread's maximum, then its group's.
+    uint32_t mx = 0;
+    {
+        const auto* p4 = reinterpret_cast<const float4*>(p);
+        const auto* b4 = reinterpret_cast<const float4*>(bias);
+        auto* k4 = reinterpret_cast<uint4*>(row_keys);
+#pragma unroll 4
+        for (int i = tid; i < n4; i += kSelectThreads) {
+            const uint4 key = order_keys(p4[i], b4[i]);
+            k4[i] = key;
+            mx = max(mx, max(max(key.x, key.y), max(key.z, key.w)));
+        }
+        for (int i = 4 * n4 + tid; i < n; i += kSelectThreads) {
+            const uint32_t key = math::float_order_key(p[i] + bias[i]);
+            row_keys[i] = key;
+            mx = max(mx, key);
+        }
+    }
+    for (int o = 1; o < kGroupLanes; o <<= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (tid % kGroupLanes == 0) u.pr.maxima[tid / kGroupLanes] = mx;
+    if (tid == 0) u.pr.count = 0;
+    __syncthreads();
+
+    // 2. T0, the k-th largest of the G maxima: the one with fewer than k above it and at least
+    //    k at or above it (equal maxima all write the same value).
+    if (tid < kGroups) {
+        const uint32_t m = u.pr.maxima[tid];
+        int above = 0, at_least = 0;
+        for (int j = 0; j < kGroups; ++j) {
+            const uint32_t o = u.pr.maxima[j];
+            above += o > m;
+            at_least += o >= m;
+        }
+        if (above < k && at_least >= k) u.pr.t0 = m;
+    }
+    __syncthreads();
+    const uint32_t t0 = u.pr.t0;
+
+    // 3. The candidates, each thread over the keys it loaded (warp-uniform trip counts).
+    {
+        const auto* k4 = reinterpret_cast<const uint4*>(row_keys);
+        for (int base = 0; base < n4; base += kSelectThreads) {
+            const int i = base + tid;
+            const bool in = i < n4;
+            const uint4 key = in ? k4[i] : make_uint4(0, 0, 0, 0);
+            push_candidate(u.pr, key.x, 4 * i, in, t0);
+            push_candidate(u.pr, key.y, 4 * i + 1, in, t0);
+            push_candidate(u.pr, key.z, 4 * i + 2, in, t0);
+            push_candidate(u.pr, key.w, 4 * i + 3, in, t0);
+        }
+        for (int base = 4 * n4; base < n; base += kSelectThreads) {
+            const int i = base + tid;
+            push_candidate(u.pr, i < n ? row_keys[i] : 0u, i, i < n, t0);
+        }
+    }
+    __syncthreads();
+    const int count = u.pr.count;
+    if (count > kCandidates) {  // uniform: the radix select on the shared copy
+        __syncthreads();        // every thread has read count before u.sel overwrites it
+        auto key_at = [&](int i) -> uint32_t { return row_keys[i]; };
+        const uint32_t T = radix_select(u.sel, key_at, n, k);
+        compact_picks<decltype(key_at), Scan>(u.sel, scan_tmp, key_at, n, k, k_pad, T);
+        bitonic_sort_desc(u.sel.picks, k_pad);
+        write_picks(u.sel.picks, k, relu, idx_out, val_out);
+        return;
+    }
+    int m_pad = k_pad;
+    while (m_pad < count) m_pad <<= 1;
+    for (int i = count + tid; i < m_pad; i += kSelectThreads) u.pr.cand[i] = 0;  // sorts last
+    bitonic_sort_desc(u.pr.cand, m_pad);
+    write_picks(u.pr.cand, k, relu, idx_out, val_out);
+}
+
+// --- vector widths ---------------------------------------------------------------------------
+// The sparse kernels move rows of d floats as V-float vectors: V = 4 (16-byte loads) when d % 4
+// == 0 and every row pointer is 16-byte aligned, else V = 1. Per column the arithmetic is the
+// same in both (acc += a * w in entry order), so results do not depend on V, except dval's dot
+// product, whose partial sums group by vector.
+template <int V>
+struct VecOf;
+template <>
+struct VecOf<1> {
+    using T = float;
+};
+template <>
+struct VecOf<4> {
+    using T = float4;
+};
+__device__ __forceinline__ void axpy(float a, float x, float& acc) { acc += a * x; }
+__device__ __forceinline__ void axpy(float a, float4 x, float4& acc) {
+    acc.x += a * x.x, acc.y += a * x.y, acc.z += a * x.z, acc.w += a * x.w;
+}
+__device__ __forceinline__ float dot(float a, float b) { return a * b; }
+__device__ __forceinline__ float dot(float4 a, float4 b) {
+    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+template <typename T>
+__device__ __forceinline__ T vzero() {
+    if constexpr (sizeof(T) == sizeof(float))
+        return 0.0f;
+    else
+        return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// x_hat[r] += sum_j val[r,j] * w_dec[idx[r,j]]: one block per row, j in order (as the CPU),
+// four rows of W_dec in flight per thread. The row's pairs pass through shared memory kMaxTopk
+// at a time (BatchTopK rows may keep more). dv = d / V columns.
+template <int V>
 __global__ void sparse_decode_kernel(const int32_t* idx, const float* val, const float* w_dec,
-                                     int64_t k, int64_t d, float* x_hat) {
+                                     int64_t k, int64_t dv, float* x_hat) {
+    using T = typename VecOf<V>::T;
     __shared__ int32_t s_idx[kMaxTopk];
     __shared__ float s_val[kMaxTopk];
     const int64_t r = blockIdx.x;
+    const T* w = reinterpret_cast<const T*>(w_dec);
+    T* xh = reinterpret_cast<T*>(x_hat) + r * dv;
     for (int64_t j0 = 0; j0 < k; j0 += kMaxTopk) {
-        const int64_t m = k - j0 < kMaxTopk ? k - j0 : kMaxTopk;
+        const int m = static_cast<int>(k - j0 < kMaxTopk ? k - j0 : kMaxTopk);
         __syncthreads();  // the previous chunk is used up
-        for (int64_t j = threadIdx.x; j < m; j += blockDim.x)
+        for (int j = threadIdx.x; j < m; j += blockDim.x)
             s_idx[j] = idx[r * k + j0 + j], s_val[j] = val[r * k + j0 + j];
         __syncthreads();
-        for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-            float acc = x_hat[r * d + c];
-            for (int64_t j = 0; j < m; ++j) {
-                const float a = s_val[j];
-                if (a != 0.0f) acc += a * w_dec[static_cast<int64_t>(s_idx[j]) * d + c];
+        for (int64_t c = threadIdx.x; c < dv; c += blockDim.x) {
+            T acc = xh[c];
+            int j = 0;
+            for (; j + 4 <= m; j += 4) {  // four independent loads, then the adds in order
+                T w4[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    w4[u] = s_val[j + u] != 0.0f ? w[static_cast<int64_t>(s_idx[j + u]) * dv + c]
+                                                 : vzero<T>();
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (s_val[j + u] != 0.0f) axpy(s_val[j + u], w4[u], acc);
             }
-            x_hat[r * d + c] = acc;
+            for (; j < m; ++j)
+                if (s_val[j] != 0.0f)
+                    axpy(s_val[j], w[static_cast<int64_t>(s_idx[j]) * dv + c], acc);
+            xh[c] = acc;
         }
     }
 }
@@ -242,10 +418,12 @@ __global__ void topk_entries_kernel(const int32_t* idx, const float* val, int64_
 // dval[e] = (val != 0) * (derr[r] . w_dec[idx] + dval_extra[e]) (no extra term when
 // dval_extra is null): one warp per entry, fixed butterfly order. The warps stride over the
 // entries: the grid is capped (grid_for), and rows * k can exceed what one warp per entry in a
-// capped grid covers (2^20 blocks x 8 warps = 8,388,608 entries).
+// capped grid covers (2^20 blocks x 8 warps = 8,388,608 entries). dv = d / V.
+template <int V>
 __global__ void topk_dval_kernel(const float* derr, const int32_t* idx, const float* val,
                                  const float* w_dec, const float* dval_extra, int64_t entries,
-                                 int64_t k, int64_t d, float* dval) {
+                                 int64_t k, int64_t dv, float* dval) {
+    using T = typename VecOf<V>::T;
     const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
     for (int64_t e = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; e < entries;
@@ -254,10 +432,10 @@ __global__ void topk_dval_kernel(const float* derr, const int32_t* idx, const fl
             if (lane == 0) dval[e] = 0.0f;
             continue;
         }
-        const float* er = derr + (e / k) * d;
-        const float* w = w_dec + static_cast<int64_t>(idx[e]) * d;
+        const T* er = reinterpret_cast<const T*>(derr) + (e / k) * dv;
+        const T* w = reinterpret_cast<const T*>(w_dec) + static_cast<int64_t>(idx[e]) * dv;
         float s = 0;
-        for (int64_t c = lane; c < d; c += 32) s += er[c] * w[c];
+        for (int64_t c = lane; c < dv; c += 32) s += dot(er[c], w[c]);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (dval_extra) s += dval_extra[e];  // after the dot product, as the CPU adds it
         if (lane == 0) dval[e] = s;
@@ -283,14 +461,22 @@ __global__ void topk_chunk_counts_kernel(const int32_t* start, int32_t n, int32_
 
 // One block per chunk (blocks past the last chunk return): its entries' contributions in
 // entry (row) order. With `accumulate`, a latent of one chunk starts from the gradient's
-// current value (as the CPU does); partial rows always start from zero.
+// current value (as the CPU does); partial rows always start from zero. The chunk's entries
+// (row, val, dval) are staged in shared memory kStage at a time, so the column loop issues four
+// independent row loads of derr and of x per thread instead of a chain of dependent ones.
+// dv = d / V.
+constexpr int kStage = 128;
+template <int V>
 __global__ void topk_grad_chunks_kernel(const float* x, const float* derr, const float* val,
                                         const float* dval, const int32_t* start,
                                         const int32_t* sorted_ids, const int32_t* chunk_start,
                                         const int32_t* slot_start, int32_t n, int32_t chunk,
-                                        int64_t k, int64_t d, bool accumulate, float* dw_enc,
+                                        int64_t k, int64_t dv, bool accumulate, float* dw_enc,
                                         float* dw_dec, float* db_enc, float* part_enc,
                                         float* part_dec, float* part_b) {
+    using T = typename VecOf<V>::T;
+    __shared__ int64_t s_row[kStage];
+    __shared__ float s_val[kStage], s_dval[kStage];
     const int32_t b = blockIdx.x;
     if (b >= chunk_start[n]) return;
     int32_t lo = 0, hi = n - 1;  // the latent l with chunk_start[l] <= b < chunk_start[l + 1]
@@ -305,22 +491,43 @@ __global__ void topk_grad_chunks_kernel(const float* x, const float* derr, const
     const bool whole = chunk_start[l + 1] - chunk_start[l] == 1;
     const int32_t s = start[l] + j * chunk, t = min(start[l + 1], s + chunk);
     const int64_t slot = whole ? 0 : slot_start[l] + j;
-    float* out_enc = whole ? dw_enc + l * d : part_enc + slot * d;
-    float* out_dec = whole ? dw_dec + l * d : part_dec + slot * d;
+    T* out_enc = reinterpret_cast<T*>(whole ? dw_enc : part_enc) + (whole ? l : slot) * dv;
+    T* out_dec = reinterpret_cast<T*>(whole ? dw_dec : part_dec) + (whole ? l : slot) * dv;
+    const T* xv = reinterpret_cast<const T*>(x);
+    const T* ev = reinterpret_cast<const T*>(derr);
     const bool add = whole && accumulate;
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        float gd = add ? out_dec[c] : 0.0f, ge = add ? out_enc[c] : 0.0f;
-        for (int32_t q = s; q < t; ++q) {
-            const int64_t e = sorted_ids[q], r = e / k;
-            gd += val[e] * derr[r * d + c];
-            ge += dval[e] * x[r * d + c];
+    float gb = add && threadIdx.x == 0 ? db_enc[l] : 0.0f;
+    for (int32_t q0 = s; q0 < t; q0 += kStage) {
+        const int m = min(kStage, t - q0);
+        __syncthreads();  // the previous stage is used up
+        for (int i = threadIdx.x; i < m; i += blockDim.x) {
+            const int64_t e = sorted_ids[q0 + i];
+            s_row[i] = (e / k) * dv, s_val[i] = val[e], s_dval[i] = dval[e];
         }
-        out_dec[c] = gd;
-        out_enc[c] = ge;
+        __syncthreads();
+        const bool from_zero = q0 == s && !add;  // later stages continue from the output
+        for (int64_t c = threadIdx.x; c < dv; c += blockDim.x) {
+            T gd = from_zero ? vzero<T>() : out_dec[c];
+            T ge = from_zero ? vzero<T>() : out_enc[c];
+            int i = 0;
+            for (; i + 4 <= m; i += 4) {
+                T e4[4], x4[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    e4[u] = ev[s_row[i + u] + c], x4[u] = xv[s_row[i + u] + c];
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    axpy(s_val[i + u], e4[u], gd), axpy(s_dval[i + u], x4[u], ge);
+            }
+            for (; i < m; ++i)
+                axpy(s_val[i], ev[s_row[i] + c], gd), axpy(s_dval[i], xv[s_row[i] + c], ge);
+            out_dec[c] = gd;
+            out_enc[c] = ge;
+        }
+        if (threadIdx.x == 0)
+            for (int i = 0; i < m; ++i) gb += s_dval[i];
     }
     if (threadIdx.x == 0) {
-        float gb = add ? db_enc[l] : 0.0f;
-        for (int32_t q = s; q < t; ++q) gb += dval[sorted_ids[q]];
         if (whole)
             db_enc[l] = gb;
         else
@@ -459,7 +666,8 @@ void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t 
     if (rows <= 0) return;
     int k_pad = 1;
     while (k_pad < k) k_pad <<= 1;
-    // Cache the row in shared memory when it fits beside the kernel's static arrays.
+    // The pruned selection when the row's keys fit in shared memory beside the kernel's static
+    // arrays, else the radix select from device memory.
     static const int optin = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
@@ -468,23 +676,28 @@ void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t 
         return v;
     }();
     static const size_t static_bytes = [] {
-        cudaFuncAttributes attr{};
-        SAE_CUDA_CHECK(cudaFuncGetAttributes(&attr, topk_select_kernel<true>));
-        return attr.sharedSizeBytes;
+        cudaFuncAttributes a{}, b{};
+        SAE_CUDA_CHECK(cudaFuncGetAttributes(&a, topk_pruned_kernel<4>));
+        SAE_CUDA_CHECK(cudaFuncGetAttributes(&b, topk_pruned_kernel<1>));
+        return std::max(a.sharedSizeBytes, b.sharedSizeBytes);
     }();
     static size_t raised_to = 0;  // the dynamic shared-memory limit is raised once per size
     const size_t row_bytes = static_cast<size_t>(n) * sizeof(uint32_t);
     if (static_bytes + row_bytes <= static_cast<size_t>(optin)) {
         if (row_bytes > raised_to) {
-            SAE_CUDA_CHECK(cudaFuncSetAttribute(topk_select_kernel<true>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(row_bytes)));
+            for (const void* f : {reinterpret_cast<const void*>(topk_pruned_kernel<4>),
+                                  reinterpret_cast<const void*>(topk_pruned_kernel<1>)})
+                SAE_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(row_bytes)));
             raised_to = row_bytes;
         }
-        topk_select_kernel<true><<<static_cast<unsigned>(rows), kSelectThreads, row_bytes, s>>>(
-            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, idx, val);
+        const bool vec = n % 4 == 0 && (reinterpret_cast<uintptr_t>(pre) & 15u) == 0 &&
+                         (reinterpret_cast<uintptr_t>(b_enc) & 15u) == 0;
+        const auto kernel = k <= kSelectThreads / 4 ? topk_pruned_kernel<4> : topk_pruned_kernel<1>;
+        kernel<<<static_cast<unsigned>(rows), kSelectThreads, row_bytes, s>>>(
+            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, vec, idx, val);
     } else {
-        topk_select_kernel<false><<<static_cast<unsigned>(rows), kSelectThreads, 0, s>>>(
+        topk_select_kernel<<<static_cast<unsigned>(rows), kSelectThreads, 0, s>>>(
             pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, idx, val);
     }
     SAE_CUDA_LAUNCH_CHECK();
@@ -494,9 +707,16 @@ void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const f
                    int64_t rows, int64_t k, int64_t d, float* x_hat) {
     SAE_ENFORCE(k >= 1, "sparse_decode: k = {} < 1", k);
     if (rows <= 0) return;
-    const int threads = d >= 256 ? 256 : 128;
-    sparse_decode_kernel<<<static_cast<unsigned>(rows), threads, 0, s>>>(idx, val, w_dec, k, d,
-                                                                         x_hat);
+    // One thread per V columns, whole warps, at most 256.
+    auto threads_for = [](int64_t cols) {
+        return static_cast<int>(std::clamp<int64_t>((cols + 31) / 32 * 32, 32, 256));
+    };
+    if (d % 4 == 0 && aligned16(w_dec) && aligned16(x_hat))
+        sparse_decode_kernel<4><<<static_cast<unsigned>(rows), threads_for(d / 4), 0, s>>>(
+            idx, val, w_dec, k, d / 4, x_hat);
+    else
+        sparse_decode_kernel<1>
+            <<<static_cast<unsigned>(rows), threads_for(d), 0, s>>>(idx, val, w_dec, k, d, x_hat);
     SAE_CUDA_LAUNCH_CHECK();
 }
 
@@ -508,8 +728,12 @@ const float* topk_dval(cudaStream_t s, Workspace& ws, const SparseBackward& a) {
     const int64_t entries = a.rows * a.k;
     auto* dval = ws.get<float>(0, std::max<int64_t>(entries, 1));
     if (entries > 0) {
-        topk_dval_kernel<<<grid_for(entries * 32, 256), 256, 0, s>>>(
-            a.derr, a.idx, a.val, a.w_dec, a.dval_extra, entries, a.k, a.d, dval);
+        if (a.d % 4 == 0 && aligned16(a.derr) && aligned16(a.w_dec))
+            topk_dval_kernel<4><<<grid_for(entries * 32, 256), 256, 0, s>>>(
+                a.derr, a.idx, a.val, a.w_dec, a.dval_extra, entries, a.k, a.d / 4, dval);
+        else
+            topk_dval_kernel<1><<<grid_for(entries * 32, 256), 256, 0, s>>>(
+                a.derr, a.idx, a.val, a.w_dec, a.dval_extra, entries, a.k, a.d, dval);
         SAE_CUDA_LAUNCH_CHECK();
     }
     return dval;
@@ -603,9 +827,20 @@ void topk_backward_sorted(cudaStream_t s, Workspace& ws, const SparseBackward& a
         SAE_CUDA_CHECK(
             cub::DeviceScan::ExclusiveSum(sorted.tmp, scan_bytes, multi, slot_start, n32 + 1, s));
         const int threads = d >= 256 ? 256 : 128;
-        topk_grad_chunks_kernel<<<static_cast<unsigned>(max_chunks), threads, 0, s>>>(
-            a.x, a.derr, a.val, dval, sorted.start, sorted.ids_sorted, chunk_start, slot_start, n32,
-            c32, a.k, d, a.accumulate, a.dw_enc, a.dw_dec, a.db_enc, part_enc, part_dec, part_b);
+        const bool vec = d % 4 == 0 && aligned16(a.x) && aligned16(a.derr) && aligned16(a.dw_enc) &&
+                         aligned16(a.dw_dec) && aligned16(part_enc) && aligned16(part_dec);
+        if (vec)
+            topk_grad_chunks_kernel<4>
+                <<<static_cast<unsigned>(max_chunks),
+                   static_cast<int>(std::clamp<int64_t>((d / 4 + 31) / 32 * 32, 32, 256)), 0, s>>>(
+                    a.x, a.derr, a.val, dval, sorted.start, sorted.ids_sorted, chunk_start,
+                    slot_start, n32, c32, a.k, d / 4, a.accumulate, a.dw_enc, a.dw_dec, a.db_enc,
+                    part_enc, part_dec, part_b);
+        else
+            topk_grad_chunks_kernel<1><<<static_cast<unsigned>(max_chunks), threads, 0, s>>>(
+                a.x, a.derr, a.val, dval, sorted.start, sorted.ids_sorted, chunk_start, slot_start,
+                n32, c32, a.k, d, a.accumulate, a.dw_enc, a.dw_dec, a.db_enc, part_enc, part_dec,
+                part_b);
         SAE_CUDA_LAUNCH_CHECK();
         topk_grad_finish_kernel<<<static_cast<unsigned>(n), threads, 0, s>>>(
             sorted.start, nch, slot_start, d, a.accumulate, a.dw_enc, a.dw_dec, a.db_enc, a.fires,
