@@ -100,7 +100,7 @@ done
 pdata=/tmp/peers/data
 peer_rows=${PEER_ROWS:-1000000}
 synth_pid=
-if (want peers || want auxk) && [ ! -d "$pdata/train" ]; then
+if want peers && [ ! -d "$pdata/train" ]; then
     (
         sae-synth --out "$pdata/all" --d-model 768 --features 24576 --active 32 \
             --rows $((peer_rows + peer_rows / 10)) --shards 11 --seed 5 &&
@@ -239,7 +239,7 @@ fi
 # 4096 on the same rows in the same order for PEER_EPOCHS passes, and one evaluator measures
 # each on the held-out rows. A short sparsify run first fills Triton's kernel cache, so its
 # compilation is not timed.
-if want peers || want auxk; then
+if want peers; then
     [ -n "$synth_pid" ] && wait "$synth_pid"
     [ -d "$pdata/train" ] || note "peers: no synthetic data (see peers_synth.log)"
 fi
@@ -252,7 +252,8 @@ if want peers && [ -d "$pdata/train" ]; then
 "sparsify", sparsify.__version__, "torch", torch.__version__)' 2>&1 | tee -a "$summary"
         peer_env=(DEVICE=cuda OUT=/tmp/peers HOOK=synth EXPANSION=32 K=32 BATCH=4096 LR=4e-4
             EPOCHS=${PEER_EPOCHS:-3} THREADS=8 SAETRAIN=$B/bin/saetrain
-            SAE_EXPORT=$B/bin/sae-export PYTHON=python3 PYTHONUNBUFFERED=1)
+            SAE_EXPORT=$B/bin/sae-export PYTHON=python3 PYTHONUNBUFFERED=1
+            "SAETRAIN_EXTRA=--set checkpoint.every_steps=1000000 --set log.eval_every_steps=0")
         env "${peer_env[@]}" STEPS=topk SPARSIFY_OPTIMIZERS=adam EPOCHS=1 \
             bash -c 'python3 bench/peers/train_peer.py --tool sparsify --arch topk --train \
                 "$OUT/data/train" --eval "$OUT/data/eval/synth" --max-tokens 16384 \
@@ -269,9 +270,15 @@ if want peers && [ -d "$pdata/train" ]; then
 fi
 
 # --- auxk: the TopK step with dead latents present (AuxK's second selection runs) ------------
-if want auxk && [ -d "$pdata/train" ]; then
-    for dead in 0 204800; do  # the default (none dead in 300 steps) and 50 steps' worth
-        run "auxk_dead$dead" 300 bench_step --backend cuda --data "$pdata/train" --arch topk \
+# Rows made of 1,024 planted features leave most of 24,576 latents without work: with
+# dead_tokens 81,920 (20 steps of 4096 rows) many are dead after 300 steps, and AuxK runs.
+if want auxk; then
+    adata=/tmp/auxk-data
+    [ -d "$adata" ] || sae-synth --out "$adata" --d-model 768 --features 1024 --active 8 \
+        --rows 200000 --shards 2 --seed 9 > "$logs/auxk_synth.log" 2>&1
+    rm -f "$adata/ground_truth.h5"
+    for dead in 0 81920; do  # the default (none dead in 300 steps), then 20 steps' worth
+        run "auxk_dead$dead" 300 bench_step --backend cuda --data "$adata" --arch topk \
             --latents 24576 --k 32 --batch 4096 --train-steps 300 --reps 20 --breakdown \
             --gemm bf16 --dead-tokens $dead
         grep -E "^topk " "$logs/auxk_dead$dead.log" | sed "s/^/auxk dead_tokens $dead: /" |

@@ -42,6 +42,8 @@
 #   OUT=runs/peers  CONFIG=configs/minilm.yaml (configs/quickstart.yaml when absent)
 #   PYTHON (default .venv/bin/python, else python3; make .venv with tools/setup-venv.sh)
 #   SAETRAIN=build/cpu/apps/saetrain SAE_EXPORT=build/cpu/apps/sae-export
+#   SAETRAIN_EXTRA="--set key=value ...": more overrides for every saetrain run (e.g. no
+#   periodic checkpoints or held-out evaluations, as the peers' runs here have none)
 #   DEVICE=cpu: cuda trains every tool and runs the evaluator on the GPU (saetrain with
 #   backend cuda and gpu.gemm GPU_GEMM, default bf16; sparsify with its Triton kernels; the
 #   peers with their own mixed-precision defaults); STEPS without extract/shuffle and a
@@ -187,7 +189,7 @@ saetrain_run() {  # NAME ARCH_SETTINGS...
         --set "data.path=$TRAIN" --set "data.eval_path=$EVAL" --set data.shuffle_buffer_rows=0 \
         --set "data.epochs=$EPOCHS" --set data.max_tokens=0 --set "data.batch_size=$BATCH" \
         --set "sae.expansion=$EXPANSION" --set "run.seed=$SEED" \
-        --set "run.out_dir=$out" "${device_args[@]}" "$@" || return 0
+        --set "run.out_dir=$out" "${device_args[@]}" ${SAETRAIN_EXTRA:-} "$@" || return 0
     local ids
     ids=$(ls "$out/sae" 2>/dev/null || true)
     if [ "$(echo "$ids" | wc -w)" -ne 1 ]; then

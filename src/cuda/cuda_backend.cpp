@@ -121,7 +121,7 @@ public:
     }
     void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n, int64_t k,
                       int32_t* idx, float* val, bool relu) override {
-        cuda::topk_forward(stream(), pre, b_enc, rows, n, k, idx, val, relu);
+        cuda::topk_forward(stream(), ws_, pre, b_enc, rows, n, k, idx, val, relu);
     }
     void sparse_decode(const int32_t* idx, const float* val, const float* w_dec, int64_t rows,
                        int64_t k, int64_t d, float* x_hat) override {

@@ -54,8 +54,8 @@ void relu_backward(cudaStream_t s, Workspace& ws, const float* z, float* dz, con
 
 // Largest supported k: the selection is sorted in shared memory by one block.
 constexpr int64_t kMaxTopk = 512;
-void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t rows, int64_t n,
-                  int64_t k, int32_t* idx, float* val, bool relu);
+void topk_forward(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc, int64_t rows,
+                  int64_t n, int64_t k, int32_t* idx, float* val, bool relu);
 void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const float* w_dec,
                    int64_t rows, int64_t k, int64_t d, float* x_hat);
 void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const SparseBackward& a);

@@ -1,16 +1,16 @@
 // TopK kernels: per-row selection, sparse decode and the sparse backward.
 //
-// Selection (one block per row), on order-preserving 32-bit keys of pre + b_enc. A row that
-// fits in shared memory (n up to ~55K on H100) is read from device memory once, and only the
-// keys at or above a bound from group maxima are sorted (topk_pruned_kernel: ~k (1 + k / 2G)
-// candidates for typical rows). The general method, for wider rows and as the pruned kernel's
-// fallback: a 4-pass radix select finds the k-th largest key T; one pass then takes every
-// element above T (shared atomics: order does not matter, the picks are sorted next) and the
-// elements equal to T, all of them when all are needed, else the lowest-index ones (an ordered
-// block scan). Either way a bitonic sort of the picks by (value desc, index asc) gives exactly
-// the CPU backend's output, including its tie rule (the lower index wins). Histogram increments
-// are aggregated per warp and bin: the first pass sees few distinct exponents, and 512 threads
-// hitting one counter would serialize.
+// Selection (one block per row), on order-preserving 32-bit keys of pre + b_enc. A row whose
+// 16-bit key prefixes fit in shared memory (n up to ~110K on H100) is read from device memory
+// once, and only the keys at or above a bound from group maxima are sorted
+// (topk_pruned_kernel: ~k (1 + k / 2G) candidates for typical rows). The general method, for wider
+// rows and as the pruned kernel's fallback: a 4-pass radix select finds the k-th largest key T; one
+// pass then takes every element above T (shared atomics: order does not matter, the picks are
+// sorted next) and the elements equal to T, all of them when all are needed, else the lowest-index
+// ones (an ordered block scan). Either way a bitonic sort of the picks by (value desc, index asc)
+// gives exactly the CPU backend's output, including its tie rule (the lower index wins). Histogram
+// increments are aggregated per warp and bin: the first pass sees few distinct exponents, and 512
+// threads hitting one counter would serialize.
 //
 // Backward, deterministic: entries (row, slot) are sorted by latent with a stable radix sort
 // (cub::DeviceRadixSort), so each latent's gradient row is summed by one block in row order,
@@ -155,12 +155,13 @@ __device__ __forceinline__ void compact_picks(SelectShared& sh, typename Scan::T
     }
 }
 
-// 3. Bitonic sort of the k_pad picks, descending: value desc, then index asc.
+// 3. Bitonic sort of the k_pad picks, descending: value desc, then index asc (kBlock threads).
+template <int kBlock = kSelectThreads>
 __device__ __forceinline__ void bitonic_sort_desc(unsigned long long* picks, int k_pad) {
     for (int size = 2; size <= k_pad; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             __syncthreads();
-            for (int t = threadIdx.x; t < k_pad / 2; t += kSelectThreads) {
+            for (int t = threadIdx.x; t < k_pad / 2; t += kBlock) {
                 const int a = 2 * stride * (t / stride) + t % stride, b = a + stride;
                 const bool desc = (a & size) == 0;
                 const unsigned long long va = picks[a], vb = picks[b];
@@ -171,12 +172,13 @@ __device__ __forceinline__ void bitonic_sort_desc(unsigned long long* picks, int
     __syncthreads();
 }
 
-// The k best picks (sorted, first k of `picks`) to the row's outputs.
+// The k best picks (sorted, first k of `picks`) to row `row`'s outputs (kBlock threads).
+template <int kBlock = kSelectThreads>
 __device__ __forceinline__ void write_picks(const unsigned long long* picks, int k, bool relu,
-                                            int32_t* idx_out, float* val_out) {
-    for (int j = threadIdx.x; j < k; j += kSelectThreads) {
+                                            int64_t row, int32_t* idx_out, float* val_out) {
+    for (int j = threadIdx.x; j < k; j += kBlock) {
         const unsigned long long v = picks[j];
-        const int64_t o = static_cast<int64_t>(blockIdx.x) * k + j;
+        const int64_t o = row * k + j;
         idx_out[o] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(v & 0xffffffffu));
         const float value = math::float_from_order_key(static_cast<uint32_t>(v >> 32));
         val_out[o] = relu ? math::relu(value) : value;
@@ -184,19 +186,23 @@ __device__ __forceinline__ void write_picks(const unsigned long long* picks, int
 }
 
 // Selection of one row per block, the keys computed on the fly from device memory (L2) in each
-// pass: for rows too wide for shared memory (see topk_pruned_kernel for the others).
+// pass: for rows too wide for shared memory, and for the rows topk_pruned_kernel hands over
+// (rows_list: the first *list_count of them, one per block; null: block b selects row b).
 __global__ void __launch_bounds__(kSelectThreads)
     topk_select_kernel(const float* pre, const float* bias, int n, int k, int k_pad, bool relu,
-                       int32_t* idx_out, float* val_out) {
+                       const int* rows_list, const int* list_count, int32_t* idx_out,
+                       float* val_out) {
     using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
     __shared__ typename Scan::TempStorage scan_tmp;
     __shared__ SelectShared sh;
-    const float* p = pre + static_cast<int64_t>(blockIdx.x) * n;
+    if (rows_list && static_cast<int>(blockIdx.x) >= *list_count) return;
+    const int64_t row = rows_list ? rows_list[blockIdx.x] : blockIdx.x;
+    const float* p = pre + row * n;
     auto key_at = [&](int i) -> uint32_t { return math::float_order_key(p[i] + bias[i]); };
     const uint32_t T = radix_select(sh, key_at, n, k);
     compact_picks<decltype(key_at), Scan>(sh, scan_tmp, key_at, n, k, k_pad, T);
     bitonic_sort_desc(sh.picks, k_pad);
-    write_picks(sh.picks, k, relu, idx_out, val_out);
+    write_picks(sh.picks, k, relu, row, idx_out, val_out);
 }
 
 // --- selection pruned by group maxima ------------------------------------------------------
@@ -204,24 +210,24 @@ __global__ void __launch_bounds__(kSelectThreads)
 // groups (each thread's keys, or a quad of threads'): the k-th largest group maximum T0 bounds
 // the row's k-th largest key from below (the k groups with the largest maxima hold k distinct
 // keys >= T0), so the row's top k are among the keys >= T0. For exchangeable values there are
-// about k (1 + k / 2G) of those (~37 for k 32, G 128, whatever n is). So: one pass reads the row
-// from device memory into shared memory as order keys (16-byte loads) and takes each thread's
-// maximum; T0 by counting among the G maxima; one pass over the shared copy appends the keys
-// >= T0 to a candidate list (warp-aggregated atomics); a bitonic sort of the candidates by
-// (value desc, index asc) gives the first k. A row with more than kCandidates candidates (heavy
-// ties, adversarial orders) runs the radix select on the same shared copy instead. Either way
-// the output is topk_select_kernel's, bit for bit. Two blocks fit an SM for n up to ~55K
-// (96 KB of keys each at n 24,576), so one block's sort overlaps the other's loads.
-constexpr int kCandidates = 1024;  // >= 2 * kMaxTopk: k picks always fit
+// about k (1 + k / 2G) of those (~40 for k 32, G 64, whatever n is). So: one pass reads the row
+// from device memory (16-byte loads), keeps each key's high 16 bits in shared memory and each
+// thread's maximum of the full keys; T0 by counting among the G maxima; one pass over the
+// shared prefixes finds the keys whose prefix reaches T0's (a few more than the candidates),
+// recomputes those keys exactly from device memory (L2: just read) and appends the ones >= T0
+// to a candidate list; a bitonic sort of the candidates by (value desc, index asc) gives the
+// first k. A row with more than kPrunedCandidates candidates (heavy ties, adversarial orders)
+// is listed for topk_select_kernel, launched after this one. Either way the output is the
+// radix select's, bit for bit. 2 bytes of shared memory per latent: four blocks of 256 threads
+// fit an SM up to n ~26K (48 KB each at n 24,576), so one block's sort overlaps three blocks'
+// loads.
+constexpr int kPrunedThreads = 256;
+constexpr int kPrunedCandidates = 512;  // >= kMaxTopk: k picks always fit
 struct PrunedShared {
-    unsigned long long cand[kCandidates];
-    uint32_t maxima[kSelectThreads];
+    unsigned long long cand[kPrunedCandidates];
+    uint32_t maxima[kPrunedThreads];
     int count;
     uint32_t t0;
-};
-union SelectOrPruned {  // the fallback's state reuses the candidates' space
-    SelectShared sel;
-    PrunedShared pr;
 };
 
 __device__ __forceinline__ uint4 order_keys(float4 a, float4 b) {
@@ -229,106 +235,88 @@ __device__ __forceinline__ uint4 order_keys(float4 a, float4 b) {
                       math::float_order_key(a.z + b.z), math::float_order_key(a.w + b.w));
 }
 
-// Appends pick_key(key, i) to pr.cand when key >= t0 (one shared atomic per warp). Collective:
-// every lane of the warp calls it the same number of times.
-__device__ __forceinline__ void push_candidate(PrunedShared& pr, uint32_t key, int i, bool valid,
-                                               uint32_t t0) {
-    const bool take = valid && key >= t0;
-    const unsigned mask = __ballot_sync(0xffffffffu, take);
-    if (mask == 0) return;
-    const int lane = threadIdx.x % 32, leader = __ffs(mask) - 1;
-    int base = 0;
-    if (lane == leader) base = atomicAdd(&pr.count, __popc(mask));
-    base = __shfl_sync(0xffffffffu, base, leader);
-    const int pos = base + __popc(mask & ((1u << lane) - 1u));
-    if (take && pos < kCandidates) pr.cand[pos] = pick_key(key, static_cast<uint32_t>(i));
+// The row's key i recomputed from device memory; appended when it reaches t0.
+__device__ __forceinline__ void check_candidate(PrunedShared& pr, const float* p, const float* bias,
+                                                int i, uint32_t t0) {
+    const uint32_t key = math::float_order_key(p[i] + bias[i]);
+    if (key < t0) return;
+    const int pos = atomicAdd(&pr.count, 1);
+    if (pos < kPrunedCandidates) pr.cand[pos] = pick_key(key, static_cast<uint32_t>(i));
 }
 
-// kGroupLanes threads form a group: 4 (G = 128 groups) for k <= 128, 1 (G = 512) above.
+// kGroupLanes threads form a group: 4 (G = 64 groups) for k <= 64, 1 (G = 256) up to k 256.
 template <int kGroupLanes>
-__global__ void __launch_bounds__(kSelectThreads, 2)
+__global__ void __launch_bounds__(kPrunedThreads, 4)
     topk_pruned_kernel(const float* pre, const float* bias, int n, int k, int k_pad, bool relu,
-                       bool vec, int32_t* idx_out, float* val_out) {
-    extern __shared__ uint32_t row_keys[];  // [n]
-    using Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
-    __shared__ typename Scan::TempStorage scan_tmp;
-    __shared__ SelectOrPruned u;
-    constexpr int kGroups = kSelectThreads / kGroupLanes;
+                       bool vec, int32_t* idx_out, float* val_out, int* overflow_rows,
+                       int* overflow_count) {
+    extern __shared__ uint2 row_hi_raw[];  // [ceil(n / 4)]: 4 key prefixes each
+    auto* row_hi = reinterpret_cast<uint16_t*>(row_hi_raw);
+    __shared__ PrunedShared pr;
+    constexpr int kGroups = kPrunedThreads / kGroupLanes;
     const int tid = threadIdx.x;
     const float* p = pre + static_cast<int64_t>(blockIdx.x) * n;
     const int n4 = vec ? n / 4 : 0;  // vec: n % 4 == 0 and 16-byte aligned rows
 
-    // 1. Keys into shared memory; each thread's maximum, then its group's.
+    // 1. Key prefixes into shared memory; each thread's maximum key, then its group's.
     uint32_t mx = 0;
     {
         const auto* p4 = reinterpret_cast<const float4*>(p);
         const auto* b4 = reinterpret_cast<const float4*>(bias);
-        auto* k4 = reinterpret_cast<uint4*>(row_keys);
 #pragma unroll 4
-        for (int i = tid; i < n4; i += kSelectThreads) {
+        for (int i = tid; i < n4; i += kPrunedThreads) {
             const uint4 key = order_keys(p4[i], b4[i]);
-            k4[i] = key;
+            row_hi_raw[i] = make_uint2((key.x >> 16) | (key.y & 0xffff0000u),
+                                       (key.z >> 16) | (key.w & 0xffff0000u));
             mx = max(mx, max(max(key.x, key.y), max(key.z, key.w)));
         }
-        for (int i = 4 * n4 + tid; i < n; i += kSelectThreads) {
+        for (int i = 4 * n4 + tid; i < n; i += kPrunedThreads) {
             const uint32_t key = math::float_order_key(p[i] + bias[i]);
-            row_keys[i] = key;
+            row_hi[i] = static_cast<uint16_t>(key >> 16);
             mx = max(mx, key);
         }
     }
     for (int o = 1; o < kGroupLanes; o <<= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (tid % kGroupLanes == 0) u.pr.maxima[tid / kGroupLanes] = mx;
-    if (tid == 0) u.pr.count = 0;
+    if (tid % kGroupLanes == 0) pr.maxima[tid / kGroupLanes] = mx;
+    if (tid == 0) pr.count = 0;
     __syncthreads();
 
     // 2. T0, the k-th largest of the G maxima: the one with fewer than k above it and at least
     //    k at or above it (equal maxima all write the same value).
     if (tid < kGroups) {
-        const uint32_t m = u.pr.maxima[tid];
+        const uint32_t m = pr.maxima[tid];
         int above = 0, at_least = 0;
         for (int j = 0; j < kGroups; ++j) {
-            const uint32_t o = u.pr.maxima[j];
+            const uint32_t o = pr.maxima[j];
             above += o > m;
             at_least += o >= m;
         }
-        if (above < k && at_least >= k) u.pr.t0 = m;
+        if (above < k && at_least >= k) pr.t0 = m;
     }
     __syncthreads();
-    const uint32_t t0 = u.pr.t0;
+    const uint32_t t0 = pr.t0, t0_hi = t0 >> 16;
 
-    // 3. The candidates, each thread over the keys it loaded (warp-uniform trip counts).
-    {
-        const auto* k4 = reinterpret_cast<const uint4*>(row_keys);
-        for (int base = 0; base < n4; base += kSelectThreads) {
-            const int i = base + tid;
-            const bool in = i < n4;
-            const uint4 key = in ? k4[i] : make_uint4(0, 0, 0, 0);
-            push_candidate(u.pr, key.x, 4 * i, in, t0);
-            push_candidate(u.pr, key.y, 4 * i + 1, in, t0);
-            push_candidate(u.pr, key.z, 4 * i + 2, in, t0);
-            push_candidate(u.pr, key.w, 4 * i + 3, in, t0);
-        }
-        for (int base = 4 * n4; base < n; base += kSelectThreads) {
-            const int i = base + tid;
-            push_candidate(u.pr, i < n ? row_keys[i] : 0u, i, i < n, t0);
-        }
+    // 3. The candidates: prefixes >= T0's, checked exactly (few per row; most threads skip).
+    for (int i = tid; i < n4; i += kPrunedThreads) {
+        const uint2 h = row_hi_raw[i];
+        if ((h.x & 0xffffu) >= t0_hi) check_candidate(pr, p, bias, 4 * i, t0);
+        if ((h.x >> 16) >= t0_hi) check_candidate(pr, p, bias, 4 * i + 1, t0);
+        if ((h.y & 0xffffu) >= t0_hi) check_candidate(pr, p, bias, 4 * i + 2, t0);
+        if ((h.y >> 16) >= t0_hi) check_candidate(pr, p, bias, 4 * i + 3, t0);
     }
+    for (int i = 4 * n4 + tid; i < n; i += kPrunedThreads)
+        if (row_hi[i] >= t0_hi) check_candidate(pr, p, bias, i, t0);
     __syncthreads();
-    const int count = u.pr.count;
-    if (count > kCandidates) {  // uniform: the radix select on the shared copy
-        __syncthreads();        // every thread has read count before u.sel overwrites it
-        auto key_at = [&](int i) -> uint32_t { return row_keys[i]; };
-        const uint32_t T = radix_select(u.sel, key_at, n, k);
-        compact_picks<decltype(key_at), Scan>(u.sel, scan_tmp, key_at, n, k, k_pad, T);
-        bitonic_sort_desc(u.sel.picks, k_pad);
-        write_picks(u.sel.picks, k, relu, idx_out, val_out);
+    const int count = pr.count;
+    if (count > kPrunedCandidates) {  // uniform: topk_select_kernel takes the row
+        if (tid == 0) overflow_rows[atomicAdd(overflow_count, 1)] = static_cast<int>(blockIdx.x);
         return;
     }
     int m_pad = k_pad;
     while (m_pad < count) m_pad <<= 1;
-    for (int i = count + tid; i < m_pad; i += kSelectThreads) u.pr.cand[i] = 0;  // sorts last
-    bitonic_sort_desc(u.pr.cand, m_pad);
-    write_picks(u.pr.cand, k, relu, idx_out, val_out);
+    for (int i = count + tid; i < m_pad; i += kPrunedThreads) pr.cand[i] = 0;  // sorts last
+    bitonic_sort_desc<kPrunedThreads>(pr.cand, m_pad);
+    write_picks<kPrunedThreads>(pr.cand, k, relu, blockIdx.x, idx_out, val_out);
 }
 
 // --- vector widths ---------------------------------------------------------------------------
@@ -464,7 +452,9 @@ __global__ void topk_chunk_counts_kernel(const int32_t* start, int32_t n, int32_
 // current value (as the CPU does); partial rows always start from zero. The chunk's entries
 // (row, val, dval) are staged in shared memory kStage at a time, so the column loop issues four
 // independent row loads of derr and of x per thread instead of a chain of dependent ones.
-// dv = d / V.
+// dv = d / V. (Computing dval here instead, one warp per staged entry reading the latent's
+// decoder row once, measured slower on an H100: 0.40 ms for this kernel against 0.24 + 0.12 ms
+// for it and topk_dval_kernel, which gathers W_dec rows per entry.)
 constexpr int kStage = 128;
 template <int V>
 __global__ void topk_grad_chunks_kernel(const float* x, const float* derr, const float* val,
@@ -658,16 +648,16 @@ int grid_for(int64_t n, int threads) {
 
 }  // namespace
 
-void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t rows, int64_t n,
-                  int64_t k, int32_t* idx, float* val, bool relu) {
+void topk_forward(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc, int64_t rows,
+                  int64_t n, int64_t k, int32_t* idx, float* val, bool relu) {
     SAE_ENFORCE(k >= 1 && k <= kMaxTopk,
                 "CUDA top-k supports 1 <= k <= {} (got k = {}); use a smaller sae.k", kMaxTopk, k);
     SAE_ENFORCE(k <= n && n < (int64_t(1) << 31), "top-k: k = {} > n_latents = {}", k, n);
     if (rows <= 0) return;
     int k_pad = 1;
     while (k_pad < k) k_pad <<= 1;
-    // The pruned selection when the row's keys fit in shared memory beside the kernel's static
-    // arrays, else the radix select from device memory.
+    // The pruned selection when the row's key prefixes fit in shared memory and k <= 256 (then
+    // the radix select for the rows it hands over), else the radix select for every row.
     static const int optin = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
@@ -682,8 +672,8 @@ void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t 
         return std::max(a.sharedSizeBytes, b.sharedSizeBytes);
     }();
     static size_t raised_to = 0;  // the dynamic shared-memory limit is raised once per size
-    const size_t row_bytes = static_cast<size_t>(n) * sizeof(uint32_t);
-    if (static_bytes + row_bytes <= static_cast<size_t>(optin)) {
+    const size_t row_bytes = static_cast<size_t>((n + 3) / 4) * sizeof(uint2);
+    if (k <= kPrunedThreads && static_bytes + row_bytes <= static_cast<size_t>(optin)) {
         if (row_bytes > raised_to) {
             for (const void* f : {reinterpret_cast<const void*>(topk_pruned_kernel<4>),
                                   reinterpret_cast<const void*>(topk_pruned_kernel<1>)})
@@ -691,14 +681,23 @@ void topk_forward(cudaStream_t s, const float* pre, const float* b_enc, int64_t 
                                                     static_cast<int>(row_bytes)));
             raised_to = row_bytes;
         }
+        auto* list = ws.get<int>(0, rows + 1);  // [0]: how many rows overflowed, then their ids
+        SAE_CUDA_CHECK(cudaMemsetAsync(list, 0, sizeof(int), s));
         const bool vec = n % 4 == 0 && (reinterpret_cast<uintptr_t>(pre) & 15u) == 0 &&
                          (reinterpret_cast<uintptr_t>(b_enc) & 15u) == 0;
-        const auto kernel = k <= kSelectThreads / 4 ? topk_pruned_kernel<4> : topk_pruned_kernel<1>;
-        kernel<<<static_cast<unsigned>(rows), kSelectThreads, row_bytes, s>>>(
-            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, vec, idx, val);
+        const auto kernel = k <= kPrunedThreads / 4 ? topk_pruned_kernel<4> : topk_pruned_kernel<1>;
+        kernel<<<static_cast<unsigned>(rows), kPrunedThreads, row_bytes, s>>>(
+            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, vec, idx, val,
+            list + 1, list);
+        SAE_CUDA_LAUNCH_CHECK();
+        // The rows with too many candidates (usually none: every block but *list returns).
+        topk_select_kernel<<<static_cast<unsigned>(rows), kSelectThreads, 0, s>>>(
+            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, list + 1, list, idx,
+            val);
     } else {
         topk_select_kernel<<<static_cast<unsigned>(rows), kSelectThreads, 0, s>>>(
-            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, idx, val);
+            pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, nullptr, nullptr,
+            idx, val);
     }
     SAE_CUDA_LAUNCH_CHECK();
 }
@@ -827,8 +826,9 @@ void topk_backward_sorted(cudaStream_t s, Workspace& ws, const SparseBackward& a
         SAE_CUDA_CHECK(
             cub::DeviceScan::ExclusiveSum(sorted.tmp, scan_bytes, multi, slot_start, n32 + 1, s));
         const int threads = d >= 256 ? 256 : 128;
-        const bool vec = d % 4 == 0 && aligned16(a.x) && aligned16(a.derr) && aligned16(a.dw_enc) &&
-                         aligned16(a.dw_dec) && aligned16(part_enc) && aligned16(part_dec);
+        const bool vec = d % 4 == 0 && aligned16(a.x) && aligned16(a.derr) && aligned16(a.w_dec) &&
+                         aligned16(a.dw_enc) && aligned16(a.dw_dec) && aligned16(part_enc) &&
+                         aligned16(part_dec);
         if (vec)
             topk_grad_chunks_kernel<4>
                 <<<static_cast<unsigned>(max_chunks),
