@@ -138,6 +138,12 @@ public:
                       float* v, bool relu) override {
         timed("topk_forward", [&] { be_.topk_forward(p, b, r, n, k, i, v, relu); });
     }
+    void topk_forward_columns(const float* p, const float* b, int64_t r, int64_t n,
+                              const int32_t* cols, int64_t count, int64_t k, int32_t* i, float* v,
+                              bool relu, float* scratch) override {
+        timed("topk_forward_columns",
+              [&] { be_.topk_forward_columns(p, b, r, n, cols, count, k, i, v, relu, scratch); });
+    }
     void sparse_decode(const int32_t* i, const float* v, const float* w, int64_t r, int64_t k,
                        int64_t d, float* xh) override {
         timed("sparse_decode", [&] { be_.sparse_decode(i, v, w, r, k, d, xh); });

@@ -358,6 +358,42 @@ void BackendParity::sparse_both_modes(int64_t d) {
     }
 }
 
+// AuxK's selection among the dead latents: the CPU's masked bias and full top-k against the
+// backend's own method (CUDA: the columns gathered first), bit for bit: a few columns, half of
+// them, all of them, k equal to the count (every column picked, sorted), ties (quantized
+// values), raw values (relu false) and ReLU'd ones.
+TEST_P(BackendParity, TopkAmongColumnsMatchesTheMaskedSelection) {
+    const int64_t rows = 37, n = 5000;
+    auto pre = randn(rows * n, 41), bias = randn(n, 42, 0.5f);
+    for (int64_t i = 0; i < rows * n; i += 3) pre[i] = std::round(pre[i] * 4.0f) / 4.0f;
+    std::mt19937 rng(43);
+    for (const int64_t count : {int64_t{1}, int64_t{123}, int64_t{2500}, n}) {
+        std::vector<int32_t> all(n);
+        for (int64_t i = 0; i < n; ++i) all[i] = static_cast<int32_t>(i);
+        std::shuffle(all.begin(), all.end(), rng);
+        std::vector<int32_t> cols(all.begin(), all.begin() + count);
+        std::sort(cols.begin(), cols.end());
+        for (const int64_t k : {std::min<int64_t>(count, 32), std::min<int64_t>(count, 300)}) {
+            for (const bool relu : {false, true}) {
+                std::vector<int32_t> idx(rows * k, -1);
+                std::vector<float> val(rows * k, -1.0f), scratch(n);
+                Buf<float> gpre(*be, pre), gbias(*be, bias), gval(*be, val), gscratch(*be, scratch);
+                Buf<int32_t> gcols(*be, cols), gidx(*be, idx);
+                oracle->topk_forward_columns(pre.data(), bias.data(), rows, n, cols.data(), count,
+                                             k, idx.data(), val.data(), relu, scratch.data());
+                be->topk_forward_columns(gpre.p(), gbias.p(), rows, n, gcols.p(), count, k,
+                                         gidx.p(), gval.p(), relu, gscratch.p());
+                const std::string where = "count=" + std::to_string(count) +
+                                          " k=" + std::to_string(k) + (relu ? " relu" : "");
+                EXPECT_EQ(gidx.get(), idx) << where;
+                EXPECT_EQ(gval.get(), val) << where;
+                for (int32_t i : idx)  // never a column outside the set
+                    EXPECT_TRUE(std::binary_search(cols.begin(), cols.end(), i)) << where;
+            }
+        }
+    }
+}
+
 // d 96 moves rows as 16-byte vectors on the CUDA backend, d 97 as single floats.
 TEST_P(BackendParity, SparseDecodeAndBackwardBothModes) {
     for (const int64_t d : {96, 97}) {

@@ -177,6 +177,14 @@ public:
     // entry with val == 0 as absent.
     virtual void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n,
                               int64_t k, int32_t* idx, float* val, bool relu) = 0;
+    // AuxK's selection: per row the k largest of pre + bias among the columns `cols` (`count`
+    // of them, ascending, in backend memory; k <= count), exactly as topk_forward selects them
+    // with every other column's bias at -inf. scratch: n floats. Default: that masked bias
+    // (bias + 0 or -inf) and topk_forward over all n columns; the CUDA backend gathers the
+    // columns into a [rows, count] block first, so few dead latents cost little.
+    virtual void topk_forward_columns(const float* pre, const float* bias, int64_t rows, int64_t n,
+                                      const int32_t* cols, int64_t count, int64_t k, int32_t* idx,
+                                      float* val, bool relu, float* scratch);
     // x_hat[r] += sum_j val[r,j] * w_dec[idx[r,j]] (x_hat holds b_dec already).
     virtual void sparse_decode(const int32_t* idx, const float* val, const float* w_dec,
                                int64_t rows, int64_t k, int64_t d, float* x_hat) = 0;

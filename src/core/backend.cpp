@@ -1,6 +1,9 @@
 // Backend's default behaviour where a backend has nothing of its own to add (backend.h).
 #include "saetrain/backend.h"
 
+#include <limits>
+#include <vector>
+
 #include "saetrain/comm.h"
 
 namespace saetrain {
@@ -9,6 +12,18 @@ std::unique_ptr<Communicator> Backend::gradient_comm(std::unique_ptr<Communicato
                                                      int /*local_rank*/, int /*local_size*/,
                                                      double /*timeout_s*/) {
     return replicas;
+}
+
+void Backend::topk_forward_columns(const float* pre, const float* bias, int64_t rows, int64_t n,
+                                   const int32_t* cols, int64_t count, int64_t k, int32_t* idx,
+                                   float* val, bool relu, float* scratch) {
+    std::vector<int32_t> chosen(static_cast<size_t>(count));
+    download(chosen.data(), cols, count * static_cast<int64_t>(sizeof(int32_t)));
+    std::vector<float> mask(static_cast<size_t>(n), -std::numeric_limits<float>::infinity());
+    for (int32_t c : chosen) mask[static_cast<size_t>(c)] = 0.0f;
+    upload(scratch, mask.data(), n * static_cast<int64_t>(sizeof(float)));
+    axpby(scratch, bias, 1.0f, 1.0f, n);
+    topk_forward(pre, scratch, rows, n, k, idx, val, relu);
 }
 
 double Backend::optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,

@@ -123,6 +123,12 @@ public:
                       int32_t* idx, float* val, bool relu) override {
         cuda::topk_forward(stream(), ws_, pre, b_enc, rows, n, k, idx, val, relu);
     }
+    void topk_forward_columns(const float* pre, const float* bias, int64_t rows, int64_t n,
+                              const int32_t* cols, int64_t count, int64_t k, int32_t* idx,
+                              float* val, bool relu, float* /*scratch*/) override {
+        cuda::topk_forward_columns(stream(), ws_, pre, bias, rows, n, cols, count, k, idx, val,
+                                   relu);
+    }
     void sparse_decode(const int32_t* idx, const float* val, const float* w_dec, int64_t rows,
                        int64_t k, int64_t d, float* x_hat) override {
         cuda::sparse_decode(stream(), idx, val, w_dec, rows, k, d, x_hat);

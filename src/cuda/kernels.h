@@ -56,6 +56,10 @@ void relu_backward(cudaStream_t s, Workspace& ws, const float* z, float* dz, con
 constexpr int64_t kMaxTopk = 512;
 void topk_forward(cudaStream_t s, Workspace& ws, const float* pre, const float* b_enc, int64_t rows,
                   int64_t n, int64_t k, int32_t* idx, float* val, bool relu);
+// Backend::topk_forward_columns (workspace slots 0-2).
+void topk_forward_columns(cudaStream_t s, Workspace& ws, const float* pre, const float* bias,
+                          int64_t rows, int64_t n, const int32_t* cols, int64_t count, int64_t k,
+                          int32_t* idx, float* val, bool relu);
 void sparse_decode(cudaStream_t s, const int32_t* idx, const float* val, const float* w_dec,
                    int64_t rows, int64_t k, int64_t d, float* x_hat);
 void topk_backward(cudaStream_t s, Workspace& ws, bool deterministic, const SparseBackward& a);

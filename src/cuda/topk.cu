@@ -319,6 +319,23 @@ __global__ void __launch_bounds__(kPrunedThreads, 4)
     write_picks<kPrunedThreads>(pr.cand, k, relu, blockIdx.x, idx_out, val_out);
 }
 
+// --- top-k among some columns (AuxK) ---------------------------------------------------------
+// out [rows, count] = pre[r, cols[j]] + bias[cols[j]]: the selection's input, narrowed.
+__global__ void gather_columns_kernel(const float* pre, const float* bias, const int32_t* cols,
+                                      int64_t rows, int64_t n, int64_t count, float* out) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * count;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t c = cols[i % count];
+        out[i] = pre[(i / count) * n + c] + bias[c];
+    }
+}
+// idx[i] = cols[idx[i]]: the narrowed selection's positions back to latent ids.
+__global__ void map_columns_kernel(int32_t* idx, const int32_t* cols, int64_t total) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+         i += int64_t(gridDim.x) * blockDim.x)
+        idx[i] = cols[idx[i]];
+}
+
 // --- vector widths ---------------------------------------------------------------------------
 // The sparse kernels move rows of d floats as V-float vectors: V = 4 (16-byte loads) when d % 4
 // == 0 and every row pointer is 16-byte aligned, else V = 1. Per column the arithmetic is the
@@ -699,6 +716,26 @@ void topk_forward(cudaStream_t s, Workspace& ws, const float* pre, const float* 
             pre, b_enc, static_cast<int>(n), static_cast<int>(k), k_pad, relu, nullptr, nullptr,
             idx, val);
     }
+    SAE_CUDA_LAUNCH_CHECK();
+}
+
+// The columns ascend, so the narrowed row orders ties like the whole row (lower index first)
+// and its values are the same floats (pre + bias, then + 0: only -0 becomes +0, which the order
+// keys do anyway): the selection is topk_forward's with the other columns at -inf.
+void topk_forward_columns(cudaStream_t s, Workspace& ws, const float* pre, const float* bias,
+                          int64_t rows, int64_t n, const int32_t* cols, int64_t count, int64_t k,
+                          int32_t* idx, float* val, bool relu) {
+    SAE_ENFORCE(k >= 1 && k <= count && count <= n,
+                "top-k among columns: k = {} of {} columns of {}", k, count, n);
+    if (rows <= 0) return;
+    auto* sub = ws.get<float>(1, rows * count);
+    auto* zero = ws.get<float>(2, count);
+    SAE_CUDA_CHECK(cudaMemsetAsync(zero, 0, sizeof(float) * count, s));
+    gather_columns_kernel<<<grid_for(rows * count, 256), 256, 0, s>>>(pre, bias, cols, rows, n,
+                                                                      count, sub);
+    SAE_CUDA_LAUNCH_CHECK();
+    topk_forward(s, ws, sub, zero, rows, count, k, idx, val, relu);  // workspace slot 0 only
+    map_columns_kernel<<<grid_for(rows * k, 256), 256, 0, s>>>(idx, cols, rows * k);
     SAE_CUDA_LAUNCH_CHECK();
 }
 

@@ -158,11 +158,24 @@ void AuxK::backward(PassContext& c) {
     weight_ = auxk_weight(coeff_, c.n_dead, k_aux_);
     ensure(ehat_, be, B * d), ensure(target_, be, B * d), ensure(scratch_, be, 2 * d);
     ensure(val_, be, B * k), ensure(idx_, be, B * k);
-    dead_only_bias(c, bias_.data(), mask_host_);
     // The selected pre-activations as they are, negative ones included (as OpenAI's AuxK): with
     // a ReLU, a dead latent whose pre-activations the auxiliary loss pushed below zero would get
-    // no gradient again and stay dead for good.
-    select_topk(c, bias_.data(), k, idx_.data(), val_.data(), false, scratch_host_);
+    // no gradient again and stay dead for good. Among the dead latents only: on a latent shard
+    // through the masked bias and the sharded top-k, else by their ids (the backend may then
+    // look at those columns alone).
+    if (c.shard) {
+        dead_only_bias(c, bias_.data(), mask_host_);
+        select_topk(c, bias_.data(), k, idx_.data(), val_.data(), false, scratch_host_);
+    } else {
+        dead_ids_host_.clear();
+        for (int64_t i = 0; i < c.n; ++i)
+            if ((*c.dead)[i]) dead_ids_host_.push_back(static_cast<int32_t>(i));
+        const auto count = static_cast<int64_t>(dead_ids_host_.size());
+        ensure(dead_ids_, be, count);
+        be.upload(dead_ids_.data(), dead_ids_host_.data(), count * int64_t{sizeof(int32_t)});
+        be.topk_forward_columns(c.pre, c.seg(ParamLayout::kBEnc), B, c.n, dead_ids_.data(), count,
+                                k, idx_.data(), val_.data(), false, bias_.data());
+    }
     be.fill(ehat_.data(), B * d, 0.0f);
     be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k, d, ehat_.data());
     sum_over_shards(c, ehat_.data(), B * d);  // the shards' partial e_hat

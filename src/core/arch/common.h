@@ -91,8 +91,9 @@ private:
     double coeff_;
     double weight_ = 0;  // the last step's auxk_coeff * scale
     DeviceArray<float> bias_, ehat_, target_, val_, scratch_, stats_;
-    DeviceArray<int32_t> idx_, fires_;
+    DeviceArray<int32_t> idx_, fires_, dead_ids_;
     std::vector<float> mask_host_;
+    std::vector<int32_t> dead_ids_host_;
     ShardedTopkScratch scratch_host_;
 };
 
