@@ -8,7 +8,7 @@
 # Usage (from the repository root on the GPU machine; the device tool: carry .gpu-bundle and
 # run `OUT=$OUT bash tools/gpu-run.sh`):
 #   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,bench,torch,databench,e2e,
-#                                     sweep2,model,peers,auxk,profile
+#                                     sweep2,model,peers,auxk,profile,modes
 #                                     (default: all of them, in that order)
 # Environment: OUT (results folder; default ./gpu-out), CTEST_TIMEOUT (seconds per GPU test,
 # default 300), BUNDLE (default
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu-out}
 BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.gz}
-steps=${1:-env,test,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile}
+steps=${1:-env,test,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile,modes}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
 summary="$OUT/summary.txt"
@@ -296,4 +296,10 @@ if want profile; then
     else
         note "profile: ncu not found"
     fi
+fi
+
+# --- modes: every parallel mode on 2-4 ranks sharing the GPU, delay mode on, against one rank --
+if want modes; then
+    run modes 420 bash tools/gpu-modes.sh "$B/bin" /tmp/gpu-modes
+    grep "^gpu-modes:" "$logs/modes.log" | tee -a "$summary" > /dev/null
 fi
