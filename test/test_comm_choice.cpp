@@ -136,13 +136,13 @@ TEST(CommChoice, CpuRankInAGpuGroupIsRefusedInOneLine) {
     const std::string what =
         what_of({gpu_rank(0, "n1", 1), gpu_rank(1, "n1", 2), cpu_rank(2, "n2"), cpu_rank(3, "n2")});
     EXPECT_EQ(what,
-              "one group of ranks mixes backends: ranks 2,3 (node n2) train on the CPU and ranks "
-              "0,1 (node n1) on GPUs, but the replicas and latent shards of an SAE exchange "
-              "buffers with one kind of communicator; give every rank a GPU (check "
+              "one group of ranks mixes backends: ranks 2,3 (node n2) on the CPU, ranks 0,1 "
+              "(node n1) on GPUs; the replicas and latent shards of an SAE exchange buffers "
+              "through one kind of communicator, so give every rank a GPU (check "
               "CUDA_VISIBLE_DEVICES and the job's GPU request) or set backend: cpu");
     EXPECT_EQ(what.find('\n'), std::string::npos);
     const std::string one = what_of({cpu_rank(0, "a"), gpu_rank(1, "b", 1), gpu_rank(2, "c", 2)});
-    EXPECT_NE(one.find("rank 0 (node a) train on the CPU and ranks 1,2 (nodes b,c) on GPUs"),
+    EXPECT_NE(one.find("rank 0 (node a) on the CPU, ranks 1,2 (nodes b,c) on GPUs;"),
               std::string::npos)
         << one;
 }

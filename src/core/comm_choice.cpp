@@ -187,9 +187,9 @@ CommChoice comm_choose(const std::vector<CommFacts>& ranks) {
     CommChoice choice;
     if (gpu.empty()) return choice;  // CPU ranks: MPI on host memory, as before
     SAE_ENFORCE(cpu.empty(),
-                "one group of ranks mixes backends: {} ({}) train on the CPU and {} ({}) on GPUs, "
-                "but the replicas and latent shards of an SAE exchange buffers with one kind of "
-                "communicator; give every rank a GPU (check CUDA_VISIBLE_DEVICES and the job's "
+                "one group of ranks mixes backends: {} ({}) on the CPU, {} ({}) on GPUs; the "
+                "replicas and latent shards of an SAE exchange buffers through one kind of "
+                "communicator, so give every rank a GPU (check CUDA_VISIBLE_DEVICES and the job's "
                 "GPU request) or set backend: cpu",
                 comm_rank_list(cpu), hosts_of(ranks, cpu), comm_rank_list(gpu),
                 hosts_of(ranks, gpu));
