@@ -73,7 +73,9 @@ public:
     }
     void barrier() override { inner_->barrier(); }
     std::unique_ptr<Communicator> split(int color, int key) override {
-        return std::make_unique<DelayComm>(inner_->split(color, key), stream_, delay_us_);
+        std::unique_ptr<Communicator> part = inner_->split(color, key);
+        if (!part) return nullptr;  // NCCL: this rank asked for no group
+        return std::make_unique<DelayComm>(std::move(part), stream_, delay_us_);
     }
 
 private:

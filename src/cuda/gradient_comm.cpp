@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <string>
+#include <vector>
+
 #include "saetrain/cuda_collective_delay.h"  // defines: make_cuda_collective_delay_comm
 #include "saetrain/cuda_staged_comm.h"  // defines: make_cuda_staged_comm, make_cuda_ordered_comm
 #include "saetrain/error.h"
@@ -21,12 +24,25 @@ std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> group,
         if (choice) *choice = CommChoice{};
         return group;
     }
-    // Read before the agreement: a malformed value then fails on every rank of the group alike
-    // (the environment is the job's), not on some after the others made their communicator.
-    const int64_t delay_us = collective_delay_us_from_env();
-    // The same kind on every rank, or the same saetrain::Error on every rank: nothing below is
-    // entered by only part of the group.
-    CommChoice agreed = comm_agree(*group, mine);
+    // A malformed value (on some nodes only, perhaps: the launcher may not forward it) is a
+    // refusal inside the agreement, so the other ranks are not left in the next set-up call.
+    int64_t delay_us = 0;
+    std::string refusal;
+    try {
+        delay_us = collective_delay_us_from_env();
+    } catch (const Error& e) {
+        refusal = e.what();
+    }
+    // comm_agree, with this rank's refusal: the same kind on every rank, or the same
+    // saetrain::Error on every rank, so nothing below is entered by only part of the group.
+    const std::vector<CommFacts> facts = comm_gather_facts(*group, mine);
+    CommChoice agreed;
+    try {
+        if (refusal.empty()) agreed = comm_choose(facts);
+    } catch (const Error& e) {
+        refusal = e.what();
+    }
+    comm_check_agreement(*group, agreed.kind, refusal, facts);
     // Each kind orders its reads of a device buffer after the kernels queued on `stream`:
     std::unique_ptr<Communicator> out;
     switch (agreed.kind) {

@@ -113,7 +113,9 @@ public:
     }
     void barrier() override { inner_->barrier(); }
     std::unique_ptr<Communicator> split(int color, int key) override {
-        return std::make_unique<OrderedComm>(inner_->split(color, key), stream_);
+        std::unique_ptr<Communicator> part = inner_->split(color, key);
+        if (!part) return nullptr;
+        return std::make_unique<OrderedComm>(std::move(part), stream_);
     }
 
 private:
