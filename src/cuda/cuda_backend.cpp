@@ -84,8 +84,10 @@ public:
     CommFacts comm_facts() const override {
         CommFacts f;
         f.device_uuid = cuda_device_uuid(device_);
-        SAE_ENFORCE(f.device_uuid.size() == 16, "backend cuda: cannot read the UUID of device {}",
-                    device_);
+        // Unreadable (never seen): all zeros, so that such GPUs on one host count as one shared
+        // GPU and never get NCCL on a guess. Not a throw: this rank would leave its group
+        // waiting in the agreement.
+        if (f.device_uuid.size() != 16) f.device_uuid.assign(16, '\0');
         f.device = device_;
         f.nccl = SAETRAIN_HAVE_NCCL != 0;
         f.mpi_cuda_aware = mpi_cuda_aware();
