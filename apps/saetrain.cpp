@@ -27,6 +27,7 @@
 #include "saetrain/build_config.h"      // defines: SAETRAIN_VERSION
 #include "saetrain/checkpoint.h"        // defines: sae_write_h5
 #include "saetrain/checkpointer.h"      // defines: Checkpointer (committed checkpoints, resume)
+#include "saetrain/comm_choice.h"       // defines: comm_job_warnings (GPUs that ranks share)
 #include "saetrain/config.h"            // defines: config_load, config_to_yaml, sweep_ids
 #include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
 #include "saetrain/fault.h"             // defines: Fault, fault_from_env (SAETRAIN_FAULT)
@@ -328,32 +329,77 @@ struct Connections {
     int64_t steps = 0;                                  // optimizer steps of the run
 };
 
-// The latent shards of this rank's replica: one communicator for host buffers (the top-k
-// candidates), one for the backend's (the partial reconstructions: NCCL on GPUs).
-void connect_shards(Connections& c, Setup& s, Communicator& world, const NodePlacement& place) {
+// The communicator one group exchanges backend buffers through (Backend::gradient_comm: its
+// ranks agree on one kind before any is made); the group's first rank keeps the decision's notes
+// for the job's warnings.
+std::unique_ptr<Communicator> backend_comm(Setup& s, std::unique_ptr<Communicator> group,
+                                           int world_rank, const NodePlacement& place,
+                                           std::vector<std::string>& notes) {
+    CommChoice choice;
+    std::unique_ptr<Communicator> comm = s.backend->gradient_comm(
+        std::move(group), world_rank, place.host, s.cfg.parallel.timeout_s, &choice);
+    if (comm->rank() == 0) notes.insert(notes.end(), choice.notes.begin(), choice.notes.end());
+    return comm;
+}
+
+// The groups whose buffers live on the backend: the replicas of this rank's SAE (its latent
+// shard; the gradients) and, with latent shards, the shards of its replica (the partial
+// reconstructions). Each group agrees on its communicator kind; then the job agrees that every
+// group got one (a refusal is printed once, by the lowest failing rank, and every rank returns
+// false), and rank 0 prints each warning once however many groups saw it.
+bool connect_backend_groups(Connections& c, Setup& s, Communicator& world,
+                            const NodePlacement& place) {
     const RankLayout& l = s.layout;
-    const int group = l.config * l.replicas + l.replica;
-    c.shards = world.split(group, l.shard);
-    c.shards_backend = s.backend->gradient_comm(world.split(group, l.shard), place.local_rank,
-                                                place.local_size, s.cfg.parallel.timeout_s);
+    // Every rank makes the same splits in the same order before any group's set-up can fail.
+    std::unique_ptr<Communicator> replicas = world.split(l.config * l.shards + l.shard, l.replica);
+    std::unique_ptr<Communicator> shards =
+        l.shards > 1 ? world.split(l.config * l.replicas + l.replica, l.shard) : nullptr;
+    std::vector<std::string> notes;
+    std::string error;
+    try {
+        c.grads = backend_comm(s, std::move(replicas), world.rank(), place, notes);
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    try {
+        if (shards)
+            c.shards_backend = backend_comm(s, std::move(shards), world.rank(), place, notes);
+    } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+    }
+    if (!agree_on_startup(world, error)) return false;
+    CommFacts mine = s.backend->comm_facts();
+    mine.world_rank = world.rank();
+    mine.host = place.host;
+    const std::vector<std::string> warnings = comm_job_warnings(world, mine, notes);
+    if (world.rank() == 0)
+        for (const std::string& w : warnings) fmt::print(stderr, "saetrain: warning: {}\n", w);
+    return true;
+}
+
+// The latent shards of this rank's replica: one communicator for host buffers (the top-k
+// candidates) beside the backend's (connect_backend_groups: NCCL on GPUs).
+void connect_shards(Connections& c, Setup& s, Communicator& world) {
+    const RankLayout& l = s.layout;
+    c.shards = world.split(l.config * l.replicas + l.replica, l.shard);
     c.shard.group = c.shards.get();
     c.shard.backend_group = c.shards_backend.get();
     c.shard.index = l.shard, c.shard.count = l.shards;
     c.shard.n_total = s.sae().resolved_latents(s.data.d_model);
 }
 
-Connections connect(Setup& s, Communicator& world, const NodePlacement& place) {
-    Connections c;
+// Nothing when a group could not agree on its communicator (the lowest failing rank said why).
+std::optional<Connections> connect(Setup& s, Communicator& world, const NodePlacement& place) {
+    std::optional<Connections> out(std::in_place);
+    Connections& c = *out;
     const RankLayout& l = s.layout;
-    c.grads =
-        s.backend->gradient_comm(world.split(l.config * l.shards + l.shard, l.replica),
-                                 place.local_rank, place.local_size, s.cfg.parallel.timeout_s);
+    if (!connect_backend_groups(c, s, world, place)) return std::nullopt;
     c.stream = world.split(l.replica * l.shards + l.shard, l.config);
     if (l.shared && s.local)
         c.shared = std::make_unique<SharedBatchSource>(*s.local, *c.stream, s.cfg.data.batch_size);
     c.source = c.shared ? static_cast<BatchSource*>(c.shared.get()) : s.local.get();
     if (l.shards > 1) {
-        connect_shards(c, s, world, place);
+        connect_shards(c, s, world);
         c.from_reader = std::make_unique<BroadcastBatchSource>(c.source, *c.shards, s.data.d_model);
         c.source = c.from_reader.get();
     }
@@ -363,7 +409,7 @@ Connections connect(Setup& s, Communicator& world, const NodePlacement& place) {
     (l.shared ? world : *c.grads).allreduce_sum(&stream_rows, 1);
     c.steps =
         total_steps_for(static_cast<int64_t>(stream_rows), s.cfg.data.batch_size * l.replicas);
-    return c;
+    return out;
 }
 
 // --- open run.out_dir (rank 0) ------------------------------------------------------------------
@@ -612,7 +658,10 @@ int run(const Args& args, Communicator& world) {
                 s.cfg.run.out_dir);
         return 0;
     }
-    Connections conn = connect(s, world, place);
+    if (fault.fires(world.rank(), Fault::kConnect, false)) fault.fire(Fault::kConnect);
+    std::optional<Connections> connected = connect(s, world, place);
+    if (!connected) return 1;
+    Connections& conn = *connected;
     if (root) {
         prepare_out_dir(s);
         print_banner(s, world.size(), conn.steps);

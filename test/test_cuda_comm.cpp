@@ -1,19 +1,26 @@
-// The GPU communicators against MPI (the reference) under mpirun, at any world size: NcclComm
-// and the host-staged MPI communicator (cuda_staged_comm.h), every collective on device buffers
-// (ordered after a CudaBackend's stream) and on host buffers, and a split. Skips, with the
-// reason, where no CUDA device is visible; the NCCL cases also skip where ranks share a GPU
-// (NCCL refuses two ranks on one device), the staged ones run there. Run:
+// The GPU communicators against MPI (the reference) under mpirun, at any world size: NcclComm,
+// the host-staged MPI communicator and CUDA-aware MPI ordered after the stream
+// (cuda_staged_comm.h), and whatever Backend::gradient_comm agrees on for the group ("agreed"):
+// every collective on device buffers (ordered after a CudaBackend's stream) and on host buffers,
+// and a split. Then the collective-delay debug mode (cuda_collective_delay.h): ordered
+// collectives under it see the data; a staged copy on the wrong stream reads the NaN poison.
+// Skips, with the reason, where no CUDA device is visible; the NCCL cases also skip where ranks
+// share a GPU (NCCL refuses two ranks on one device), the CUDA-aware ones where MPI is not; the
+// staged ones run there. Run:
 //   mpirun -np 2 test_cuda_comm    (and -np 4 on a node with 4 GPUs)
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "saetrain/backend.h"
+#include "saetrain/comm_choice.h"
 #include "saetrain/cuda_backend.h"
+#include "saetrain/cuda_collective_delay.h"
 #include "saetrain/cuda_device.h"
 #include "saetrain/cuda_staged_comm.h"
 #include "saetrain/mpi_world.h"
@@ -28,39 +35,73 @@ namespace {
 
 using saetrain::testing::randn;
 
-// GetParam(): "nccl" or "staged".
-class GpuCommVsMpi : public ::testing::TestWithParam<const char*> {
+// True on every rank when `mine` is true on every rank.
+bool on_every_rank(bool mine) {
+    int v = mine ? 1 : 0, all = 0;
+    MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all != 0;
+}
+
+// A CUDA backend on this rank's device (local rank % visible devices), or a skip.
+class OnGpu {
+protected:
+    // False (the caller skips) when some rank sees no device.
+    bool start() {
+        const int devices = cuda_device_count();
+        if (!on_every_rank(devices > 0)) return false;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        place = node_placement();
+        device = place.local_rank % devices;
+        be = make_cuda_backend(device);
+        return true;
+    }
+    int rank = 0, size = 1, device = 0;
+    NodePlacement place;
+    std::unique_ptr<Backend> be;
+};
+
+constexpr const char* kNoDevice =
+    "no CUDA device visible on at least one rank: these tests need GPUs";
+
+// GetParam(): "nccl", "staged", "ordered" (CUDA-aware MPI) or "agreed" (gradient_comm's choice).
+class GpuCommVsMpi : public ::testing::TestWithParam<const char*>, protected OnGpu {
 protected:
     void SetUp() override {
-        const int devices = cuda_device_count();
-        int any = devices, world = 0;
-        MPI_Allreduce(&devices, &any, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (any == 0)
-            GTEST_SKIP() << "no CUDA device visible on at least one rank: these tests need GPUs";
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &world);
-        size = world;
-        const NodePlacement place = node_placement();
-        const int device = place.local_rank % devices;
-        be = make_cuda_backend(device);
-        if (std::string(GetParam()) == "staged") {
-            comm = make_cuda_staged_comm(make_mpi_world(), cuda_backend_stream(*be));
+        if (!start()) GTEST_SKIP() << kNoDevice;
+        const std::string kind = GetParam();
+        void* stream = cuda_backend_stream(*be);
+        if (kind == "staged") {
+            comm = make_cuda_staged_comm(make_mpi_world(), stream);
+            return;
+        }
+        if (kind == "ordered") {
+            if (!on_every_rank(mpi_cuda_aware()))
+                GTEST_SKIP() << "MPI is not CUDA-aware on every rank (MPIX_Query_cuda_support)";
+            comm = make_cuda_ordered_comm(make_mpi_world(), stream);
+            return;
+        }
+        if (kind == "agreed") {
+            comm = be->gradient_comm(make_mpi_world(), rank, place.host, 120, &choice);
             return;
         }
 #if SAETRAIN_HAVE_NCCL
-        int own_gpu = place.local_size <= devices ? 1 : 0, all_own = 0;
-        MPI_Allreduce(&own_gpu, &all_own, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (!all_own) GTEST_SKIP() << "ranks share a GPU on some node: NCCL needs one GPU per rank";
+        // NCCL refuses two ranks on one GPU: the same UUID on one host (comm_choice.h).
+        CommFacts mine = be->comm_facts();
+        mine.world_rank = rank;
+        mine.host = place.host;
+        auto world = make_mpi_world();
+        if (!comm_shared_gpus(comm_gather_facts(*world, mine)).empty())
+            GTEST_SKIP() << "ranks share a GPU on some node: NCCL needs one GPU per rank";
         NcclOptions o;
         o.timeout_seconds = 120;
-        o.compute_stream = cuda_backend_stream(*be);
+        o.compute_stream = stream;
         comm = make_nccl_comm(MPI_COMM_WORLD, device, o);
 #else
         GTEST_SKIP() << "built without NCCL";
 #endif
     }
-    int rank = 0, size = 1;
-    std::unique_ptr<Backend> be;
+    CommChoice choice;
     std::unique_ptr<Communicator> comm;
 };
 
@@ -136,8 +177,101 @@ TEST_P(GpuCommVsMpi, SplitMatchesMpiSplit) {
     MPI_Comm_free(&mpi_sub);
 }
 
-INSTANTIATE_TEST_SUITE_P(Comm, GpuCommVsMpi, ::testing::Values("nccl", "staged"),
+INSTANTIATE_TEST_SUITE_P(Comm, GpuCommVsMpi,
+                         ::testing::Values("nccl", "staged", "ordered", "agreed"),
                          [](const auto& p) { return std::string(p.param); });
+
+// --- the collective-delay debug mode ---------------------------------------------------------
+namespace {
+
+class CollectiveDelay : public ::testing::Test, protected OnGpu {
+protected:
+    void SetUp() override {
+        if (!start()) GTEST_SKIP() << kNoDevice;
+    }
+    void TearDown() override { unsetenv("SAETRAIN_DEBUG_COLLECTIVE_DELAY_US"); }
+};
+
+}  // namespace
+
+// The group's own communicator (gradient_comm: NCCL, CUDA-aware MPI or staged, whichever the
+// ranks agree on) under SAETRAIN_DEBUG_COLLECTIVE_DELAY_US: each collective's input is NaN for
+// 20 ms on the compute stream right after the kernel that wrote it, so only a collective ordered
+// after that stream sums the real values. Small integers: the sums are exact in any order.
+TEST_F(CollectiveDelay, OrderedCollectivesSeeTheDataUnderTheDelay) {
+    if (size < 2) GTEST_SKIP() << "a group of one rank has no collective to delay: run at np >= 2";
+    setenv("SAETRAIN_DEBUG_COLLECTIVE_DELAY_US", "20000", 1);
+    CommChoice choice;
+    auto comm = be->gradient_comm(make_mpi_world(), rank, place.host, 120, &choice);
+    ASSERT_NE(comm->name().find("NaN delay"), std::string::npos) << comm->name();
+    const int64_t n = 1 << 16;
+    DeviceArray<float> d(*be, n);
+    be->fill(d.data(), n, static_cast<float>(rank + 1));  // a kernel, still queued
+    comm->allreduce_sum(d.data(), n);
+    std::vector<float> got(n);
+    be->download(got.data(), d.data(), d.bytes());
+    const float want = static_cast<float>(size * (size + 1) / 2);
+    int64_t wrong = 0;
+    for (float x : got) wrong += x != want;
+    EXPECT_EQ(wrong, 0) << "through " << comm_kind_name(choice.kind) << ": got " << got[0];
+
+    DeviceArray<double> b(*be, 8);
+    std::vector<double> mine(8, static_cast<double>(rank + 1)), bgot(8);
+    be->upload(b.data(), mine.data(), b.bytes());
+    comm->bcast(b.data(), b.bytes(), size - 1);
+    be->download(bgot.data(), b.data(), b.bytes());
+    for (double x : bgot) EXPECT_EQ(x, static_cast<double>(size));
+
+    DeviceArray<float> g(*be, 4 * size);
+    be->fill(d.data(), 4, static_cast<float>(rank));
+    comm->allgather(d.data(), g.data(), 4 * sizeof(float));
+    std::vector<float> all(static_cast<size_t>(4 * size));
+    be->download(all.data(), g.data(), g.bytes());
+    for (int q = 0; q < size; ++q)
+        for (int i = 0; i < 4; ++i) EXPECT_EQ(all[q * 4 + i], static_cast<float>(q));
+}
+
+// The mode's point: a collective NOT ordered after the stream that wrote its input reads the
+// poison every time. The staged communicator copies on a second backend's stream (the bug the
+// mode is there to catch); the gathered host copy is NaN from every rank. With the right stream,
+// the same call gathers the values.
+TEST_F(CollectiveDelay, CollectiveOnTheWrongStreamReadsThePoison) {
+    auto other = make_cuda_backend(device);  // another stream on the same GPU
+    for (const bool right : {true, false}) {
+        void* copies_on = cuda_backend_stream(right ? *be : *other);
+        auto comm = make_cuda_collective_delay_comm(
+            make_cuda_staged_comm(make_mpi_world(), copies_on), cuda_backend_stream(*be), 200000);
+        DeviceArray<float> d(*be, 256);
+        be->fill(d.data(), 256, static_cast<float>(rank + 1));
+        std::vector<float> got(static_cast<size_t>(256 * size));
+        comm->allgather(d.data(), got.data(), 256 * sizeof(float));
+        int64_t nan = 0, real = 0;
+        for (int q = 0; q < size; ++q)
+            for (int i = 0; i < 256; ++i) {
+                const float x = got[static_cast<size_t>(q * 256 + i)];
+                nan += std::isnan(x);
+                real += x == static_cast<float>(q + 1);
+            }
+        if (right) {
+            EXPECT_EQ(real, 256 * size) << "ordered on the producing stream";
+        } else {
+            EXPECT_EQ(nan, 256 * size) << "a copy on another stream must read the NaN poison";
+        }
+        be->synchronize();  // the restore, before the buffer is freed
+    }
+}
+
+TEST(CollectiveDelayEnv, ParsesMicrosecondsAndRefusesTheRest) {
+    unsetenv("SAETRAIN_DEBUG_COLLECTIVE_DELAY_US");
+    EXPECT_EQ(collective_delay_us_from_env(), 0);
+    setenv("SAETRAIN_DEBUG_COLLECTIVE_DELAY_US", "1500", 1);
+    EXPECT_EQ(collective_delay_us_from_env(), 1500);
+    for (const char* bad : {"abc", "-5", "12ms", "99999999999"}) {
+        setenv("SAETRAIN_DEBUG_COLLECTIVE_DELAY_US", bad, 1);
+        EXPECT_THROW(collective_delay_us_from_env(), Error) << bad;
+    }
+    unsetenv("SAETRAIN_DEBUG_COLLECTIVE_DELAY_US");
+}
 
 int main(int argc, char** argv) {
     MpiScope mpi(&argc, &argv);

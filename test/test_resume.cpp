@@ -215,6 +215,20 @@ TEST_F(Resume, StoppedOrKilledRankEndsTheJob) {
     }
 }
 
+// A rank that never arrives at the communicators' set-up (it stopped before the first split):
+// the ranks waiting in MPI_Comm_split are under the watchdog too, so the job ends with the line
+// naming the waiting rank and the call, not a hang (before issue 27 the splits, the NCCL id
+// broadcast and its init were outside it).
+TEST_F(Resume, RankMissingAtTheCommunicatorSetUpEndsTheJob) {
+    const std::string cfg = config("split", "parallel: {mode: data_parallel, timeout_s: 3}\n");
+    const Result r = run(std::string("SAETRAIN_FAULT=1:connect:STOP ") + kMpi + bin("saetrain") +
+                         " " + cfg + " --overwrite --threads 1");
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.code, 124) << "the job hung\n" << r.out;
+    EXPECT_NE(r.out.find("rank 0"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("MPI_Comm_split has waited"), std::string::npos) << r.out;
+}
+
 // A full disk while a checkpoint is written (SAETRAIN_FAULT_DISK_FULL: the 5th atomic write of
 // a checkpoint file, i.e. the third checkpoint's weights, fails with ENOSPC after writing part
 // of its temp file): one line naming the file, exit 1, the previous checkpoints intact and no

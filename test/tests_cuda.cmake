@@ -16,14 +16,21 @@ if(SAETRAIN_CUDA)
 
     # The GPU communicators against MPI: an MPI program (own main) run under mpirun at 2 ranks
     # (all ranks skip when any sees no device), one ctest entry per communicator so that the
-    # host-staged one shows as passed on a one-GPU node, where NCCL's cases skip.
+    # host-staged one shows as passed on a one-GPU node, where NCCL's cases skip (and the
+    # CUDA-aware MPI ones where MPI is not); `agreed` is what Backend::gradient_comm chooses.
+    # `delay`: the collective-delay debug mode (SAETRAIN_DEBUG_COLLECTIVE_DELAY_US).
     add_executable(test_cuda_comm test_cuda_comm.cpp)
     target_link_libraries(test_cuda_comm PRIVATE saetrain::cuda saetrain::comm GTest::gtest)
     saetrain_set_warnings(test_cuda_comm)
-    foreach(comm nccl staged)
+    foreach(comm nccl staged ordered agreed delay)
+        if(comm STREQUAL "delay")
+            set(_filter "CollectiveDelay*")
+        else()
+            set(_filter "Comm/GpuCommVsMpi.*/${comm}")
+        endif()
         add_test(NAME test_cuda_comm_${comm}_np2
             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
-                    $<TARGET_FILE:test_cuda_comm> --gtest_filter=*/${comm})
+                    $<TARGET_FILE:test_cuda_comm> --gtest_filter=${_filter})
         set_tests_properties(test_cuda_comm_${comm}_np2 PROPERTIES LABELS gpu TIMEOUT 300
             PROCESSORS 2 SKIP_REGULAR_EXPRESSION "${_gtest_skipped}"
             ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")

@@ -76,9 +76,14 @@ set_tests_properties(test_backend_parity_cuda PROPERTIES LABELS gpu SKIP_REGULAR
 add_test(test_cuda_backend "@B@/bin/test_cuda_backend")
 set_tests_properties(test_cuda_backend PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "${_skip}")
 foreach(np 1 2)
-    foreach(comm nccl staged)
+    foreach(comm nccl staged ordered agreed delay)
+        if(comm STREQUAL "delay")
+            set(_filter "CollectiveDelay*")
+        else()
+            set(_filter "Comm/GpuCommVsMpi.*/${comm}")
+        endif()
         add_test(test_cuda_comm_${comm}_np${np} "@B@/usr/bin/mpirun" "-np" "${np}"
-            "--oversubscribe" "@B@/bin/test_cuda_comm" "--gtest_filter=*/${comm}")
+            "--oversubscribe" "@B@/bin/test_cuda_comm" "--gtest_filter=${_filter}")
         set_tests_properties(test_cuda_comm_${comm}_np${np} PROPERTIES LABELS gpu TIMEOUT 300
             SKIP_REGULAR_EXPRESSION "${_skip}")
     endforeach()

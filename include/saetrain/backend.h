@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "saetrain/comm_choice.h"  // defines: CommFacts, CommChoice
 #include "saetrain/host_alloc.h"
 #include "saetrain/sae_math.h"  // defines: math::AdamScalars
 
@@ -134,13 +135,26 @@ public:
     virtual HostAllocator host_allocator() const { return {}; }
     // The stream (cudaStream_t as void*) every op is queued on; null for the CPU.
     virtual void* native_stream() const { return nullptr; }
-    // The communicator the replicas of one SAE average their gradients through, made from
-    // `replicas` (MPI on host memory): the CPU uses it as it is; the CUDA backend returns NCCL
-    // when each rank of the node has a GPU of its own (local_size <= the visible devices), else
-    // MPI on host copies of its device buffers. Called by every rank of `replicas`.
-    virtual std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> replicas,
-                                                        int local_rank, int local_size,
-                                                        double timeout_s);
+    // What this rank brings to a group's communicator decision (comm_choice.h): its GPU's UUID
+    // and ordinal, whether the build has NCCL and the MPI library reads device memory. The CPU:
+    // no GPU (an empty UUID).
+    virtual CommFacts comm_facts() const { return {}; }
+    // The communicator a group of ranks exchanges this backend's buffers through (the replicas
+    // of one SAE their gradients, the latent shards of one replica their partial
+    // reconstructions), made from `group` (MPI on host memory). Collective over `group`: every
+    // rank's comm_facts (with `world_rank` and `host`, this rank's MPI_COMM_WORLD rank and
+    // processor name) are gathered and every rank checks that all decided the same kind
+    // (comm_agree) before any communicator is made. The CPU returns `group` as it is (kind
+    // host); the CUDA backend makes NCCL when every rank has NCCL and a GPU no other rank of the
+    // group has (same device UUID), else CUDA-aware MPI when every rank's MPI is, each
+    // collective after the backend's stream, else MPI staged through host copies on that stream
+    // (src/cuda/gradient_comm.cpp). NCCL waits are bounded by `timeout_s`, MPI's by the
+    // watchdog. A group of one is returned as it is. `choice` (may be null) receives the kind
+    // and the notes worth a warning. Throws saetrain::Error, the same line on every rank of the
+    // group, when it mixes CPU and GPU ranks or its ranks decided differently.
+    virtual std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> group,
+                                                        int world_rank, const std::string& host,
+                                                        double timeout_s, CommChoice* choice);
 
     // --- dense algebra -----------------------------------------------------------------
     // C[m,n] = alpha * op(A) * op(B) + beta * C, row-major, op(A) is [m,k], op(B) is [k,n].

@@ -8,14 +8,16 @@ namespace saetrain {
 // Test hook: SAETRAIN_FAULT="rank:when[:action[:phase]]" makes that rank throw (action `error`,
 // the default) or send itself a signal (TERM, USR1, KILL, STOP), so tests of failures and
 // signals land where they mean to by construction, not by racing the clock (test_cli,
-// test_resume, tools/fault-matrix.sh). `when` is a loop iteration, or `startup` (during set-up,
-// while the other ranks wait in the start-up agreement). Phase `step` (the default) fires at the
-// start of that iteration; `checkpoint` inside the checkpoint taken after that many iterations:
+// test_resume, tools/fault-matrix.sh). `when` is a loop iteration, `startup` (during set-up,
+// while the other ranks wait in the start-up agreement) or `connect` (before the communicators
+// are made, while the other ranks wait in their first split). Phase `step` (the default) fires at
+// the start of that iteration; `checkpoint` inside the checkpoint taken after that many iterations:
 // a rank that writes files (an SAE's replica 0) dies halfway through its weights temp file
 // (KILL only, through SAETRAIN_FAULT_KILL_IN_WRITE, see atomic_file.cpp), any other rank on
 // entering the checkpoint's collectives. Unset in normal runs.
 struct Fault {
     static constexpr int64_t kStartup = -2;
+    static constexpr int64_t kConnect = -3;
     int rank = -1;
     int64_t iteration = -1;
     int signal = 0;  // 0: throw
@@ -23,7 +25,7 @@ struct Fault {
     bool fires(int r, int64_t iter, bool checkpoint) const {
         return rank == r && iteration == iter && at_checkpoint == checkpoint;
     }
-    // Raises the signal, or throws saetrain::Error naming the iteration (or start-up).
+    // Raises the signal, or throws saetrain::Error naming the iteration (or start-up, connect).
     void fire(int64_t iter) const;
 };
 // The fault SAETRAIN_FAULT describes (none when unset); throws Error on a malformed value.

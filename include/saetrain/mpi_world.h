@@ -46,4 +46,14 @@ bool mpi_cuda_aware();
 // and the collective, and aborts the job. 0 turns the watchdog off. Set once after start-up.
 void set_collective_timeout(double seconds);
 
+// Puts one blocking MPI call made outside the MPI Communicator (NCCL's id broadcast) under that
+// watchdog for the object's lifetime. One at a time: watches do not nest.
+class CollectiveWatch {
+public:
+    explicit CollectiveWatch(const char* what);  // `what`: a string literal, named on timeout
+    ~CollectiveWatch();
+    CollectiveWatch(const CollectiveWatch&) = delete;
+    CollectiveWatch& operator=(const CollectiveWatch&) = delete;
+};
+
 }  // namespace saetrain

@@ -60,17 +60,7 @@ void watchdog_loop() {
     }
 }
 
-// Marks one collective for the watchdog.
-class Watch {
-public:
-    explicit Watch(const char* what) {
-        g_wait_what.store(what);
-        g_wait_start_ns.store(now_ns());
-    }
-    ~Watch() { g_wait_start_ns.store(0); }
-    Watch(const Watch&) = delete;
-    Watch& operator=(const Watch&) = delete;
-};
+using Watch = CollectiveWatch;
 
 // Where Open MPI backs shared windows (its osc_sm_backing_directory, else /dev/shm), and its free
 // bytes; < 0 when unknown.
@@ -174,7 +164,11 @@ public:
         SAE_MPI_CHECK(MPI_Comm_size(comm_, &size_));
         // Is the whole communicator on one node? Then it can share memory (share_node_memory).
         MPI_Comm node;
-        SAE_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+        {
+            Watch w("MPI_Comm_split_type (a new communicator's node)");
+            SAE_MPI_CHECK(
+                MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+        }
         int node_size = 0;
         MPI_Comm_size(node, &node_size);
         if (node_size == size_ && size_ > 1 && !std::getenv("SAETRAIN_NO_SHM") &&
@@ -218,7 +212,10 @@ public:
     }
     std::unique_ptr<Communicator> split(int color, int key) override {
         MPI_Comm out;
-        SAE_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
+        {
+            Watch w("MPI_Comm_split");
+            SAE_MPI_CHECK(MPI_Comm_split(comm_, color, key, &out));
+        }
         return std::make_unique<MpiComm>(out, true);
     }
 
@@ -273,6 +270,12 @@ MpiScope::~MpiScope() {
     if (!finalized) MPI_Finalize();
 }
 
+CollectiveWatch::CollectiveWatch(const char* what) {
+    g_wait_what.store(what);
+    g_wait_start_ns.store(now_ns());
+}
+CollectiveWatch::~CollectiveWatch() { g_wait_start_ns.store(0); }
+
 void set_collective_timeout(double seconds) {
     static std::once_flag started;
     int rank = 0;
@@ -302,8 +305,11 @@ MPI_Comm mpi_comm_handle(Communicator& comm) {
 
 NodePlacement node_placement() {
     MPI_Comm node;
-    SAE_MPI_CHECK(
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    {
+        Watch w("MPI_Comm_split_type (node placement)");
+        SAE_MPI_CHECK(
+            MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    }
     NodePlacement p;
     MPI_Comm_rank(node, &p.local_rank);
     MPI_Comm_size(node, &p.local_size);

@@ -20,15 +20,18 @@ void Fault::fire(int64_t iter) const {
         timespec now{};
         ::clock_gettime(CLOCK_REALTIME, &now);
         std::fprintf(stderr, "saetrain: SAETRAIN_FAULT: rank %d raises signal %d (%s) at %.3f\n",
-                     rank, signal, iter == kStartup ? "start-up" : "iteration",
+                     rank, signal,
+                     iter == kStartup   ? "start-up"
+                     : iter == kConnect ? "connect"
+                                        : "iteration",
                      static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
         std::fflush(stderr);
         std::raise(signal);
         return;
     }
-    throw Error(iter == kStartup
-                    ? std::string("injected fault during start-up (SAETRAIN_FAULT)")
-                    : fmt::format("injected fault at iteration {} (SAETRAIN_FAULT)", iter));
+    if (iter == kStartup) throw Error("injected fault during start-up (SAETRAIN_FAULT)");
+    if (iter == kConnect) throw Error("injected fault while connecting (SAETRAIN_FAULT)");
+    throw Error(fmt::format("injected fault at iteration {} (SAETRAIN_FAULT)", iter));
 }
 
 Fault fault_from_env() {
@@ -41,12 +44,15 @@ Fault fault_from_env() {
         {"error", 0}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
     const auto it = signals.find(action);
     char* end = nullptr;
-    f.iteration = std::string(when) == "startup" ? Fault::kStartup : std::strtoll(when, &end, 10);
-    SAE_ENFORCE(got >= 2 && it != signals.end() && (end == nullptr || (*end == 0 && end != when)) &&
-                    (std::string(phase) == "step" || std::string(phase) == "checkpoint"),
-                "SAETRAIN_FAULT='{}': expected rank:iteration|startup[:error|TERM|USR1|KILL|STOP[:"
-                "step|checkpoint]]",
-                v);
+    f.iteration = std::string(when) == "startup"   ? Fault::kStartup
+                  : std::string(when) == "connect" ? Fault::kConnect
+                                                   : std::strtoll(when, &end, 10);
+    SAE_ENFORCE(
+        got >= 2 && it != signals.end() && (end == nullptr || (*end == 0 && end != when)) &&
+            (std::string(phase) == "step" || std::string(phase) == "checkpoint"),
+        "SAETRAIN_FAULT='{}': expected rank:iteration|startup|connect[:error|TERM|USR1|KILL|STOP[:"
+        "step|checkpoint]]",
+        v);
     f.signal = it->second;
     f.at_checkpoint = std::string(phase) == "checkpoint";
     return f;

@@ -14,6 +14,7 @@
 #include "saetrain/comm.h"
 #include "saetrain/cuda_device.h"
 #include "saetrain/cuda_pinned.h"
+#include "saetrain/mpi_world.h"  // defines: mpi_cuda_aware
 
 namespace saetrain {
 namespace {
@@ -81,11 +82,25 @@ public:
     }
     HostAllocator host_allocator() const override { return cuda_pinned_allocator(); }
     void* native_stream() const override { return stream(); }
-    std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> replicas,
-                                                int local_rank, int local_size,
-                                                double timeout_s) override {
-        return cuda::gradient_comm(std::move(replicas), stream(), local_rank, local_size,
-                                   timeout_s);
+    CommFacts comm_facts() const override {
+        CommFacts f;
+        f.device_uuid = cuda_device_uuid(device_);
+        // Unreadable (never seen): all zeros, so that such GPUs on one host count as one shared
+        // GPU and never get NCCL on a guess. Not a throw: this rank would leave its group
+        // waiting in the agreement.
+        if (f.device_uuid.size() != 16) f.device_uuid.assign(16, '\0');
+        f.device = device_;
+        f.nccl = SAETRAIN_HAVE_NCCL != 0;
+        f.mpi_cuda_aware = mpi_cuda_aware();
+        return f;
+    }
+    std::unique_ptr<Communicator> gradient_comm(std::unique_ptr<Communicator> group, int world_rank,
+                                                const std::string& host, double timeout_s,
+                                                CommChoice* choice) override {
+        CommFacts mine = comm_facts();
+        mine.world_rank = world_rank;
+        mine.host = host;
+        return cuda::gradient_comm(std::move(group), stream(), mine, timeout_s, choice);
     }
 
     // --- dense algebra ---------------------------------------------------------------------

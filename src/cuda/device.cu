@@ -27,4 +27,13 @@ std::string cuda_device_name(int device) {
     return p.name;
 }
 
+std::string cuda_device_uuid(int device) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+        cudaGetLastError();
+        return {};
+    }
+    return std::string(p.uuid.bytes, sizeof(p.uuid.bytes));
+}
+
 }  // namespace saetrain

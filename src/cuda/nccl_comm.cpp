@@ -11,6 +11,7 @@
 #include "cuda_check.h"
 #include "handles.h"
 #include "saetrain/cuda_staged_comm.h"
+#include "saetrain/mpi_world.h"  // defines: CollectiveWatch
 
 #define SAE_NCCL_CHECK(stmt)                                                                   \
     do {                                                                                       \
@@ -272,11 +273,17 @@ std::unique_ptr<Communicator> make_nccl_comm(MPI_Comm comm, int device,
     SAE_CUDA_CHECK(cudaSetDevice(device));
     ncclUniqueId id{};
     if (rank == 0) SAE_NCCL_CHECK(ncclGetUniqueId(&id));
-    SAE_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
+    {
+        // A rank that never arrives (it died, or it is in another set-up call) ends the job
+        // through the MPI watchdog (parallel.timeout_s) with a line naming this rank.
+        CollectiveWatch watch("the NCCL id broadcast (MPI_Bcast)");
+        SAE_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
+    }
     ncclConfig_t cfg = nonblocking_config();
     ncclComm_t c = nullptr;
     SAE_NCCL_CHECK(ncclCommInitRankConfig(&c, size, id, rank, &cfg));
-    // The constructor waits for the (non-blocking) initialization with the timeout.
+    // Non-blocking: the constructor polls the initialization with options.timeout_seconds and
+    // throws saetrain::Error naming this rank when a peer never joins.
     return std::make_unique<NcclComm>(c, device, options, rank, size);
 }
 

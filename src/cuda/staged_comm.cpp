@@ -1,5 +1,5 @@
-// StagedComm: device buffers through host copies around a host Communicator (see
-// cuda_staged_comm.h).
+// StagedComm: device buffers through host copies around a host Communicator; OrderedComm: device
+// buffers handed to CUDA-aware MPI after the stream that wrote them (cuda_staged_comm.h).
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -80,6 +80,59 @@ private:
     cudaStream_t stream_;
 };
 
+// CUDA-aware MPI on device buffers, each collective after the stream that produced them.
+class OrderedComm final : public Communicator {
+public:
+    OrderedComm(std::unique_ptr<Communicator> inner, void* stream)
+        : inner_(std::move(inner)), stream_(static_cast<cudaStream_t>(stream)) {}
+
+    int rank() const override { return inner_->rank(); }
+    int size() const override { return inner_->size(); }
+    std::string name() const override { return inner_->name() + " (CUDA-aware, GPU buffers)"; }
+
+    void allreduce_sum(float* data, int64_t n) override {
+        order(data);
+        inner_->allreduce_sum(data, n);
+    }
+    void allreduce_sum(double* data, int64_t n) override {
+        order(data);
+        inner_->allreduce_sum(data, n);
+    }
+    void allreduce_max(int64_t* data, int64_t n) override {
+        order(data);
+        inner_->allreduce_max(data, n);
+    }
+    // recv too: a kernel queued earlier may still be reading what the gather overwrites.
+    void allgather(const void* send, void* recv, int64_t bytes) override {
+        order(send, recv);
+        inner_->allgather(send, recv, bytes);
+    }
+    void bcast(void* data, int64_t bytes, int root) override {
+        order(data);
+        inner_->bcast(data, bytes, root);
+    }
+    void barrier() override { inner_->barrier(); }
+    std::unique_ptr<Communicator> split(int color, int key) override {
+        std::unique_ptr<Communicator> part = inner_->split(color, key);
+        if (!part) return nullptr;
+        return std::make_unique<OrderedComm>(std::move(part), stream_);
+    }
+
+private:
+    // MPI reads device memory from this thread (through its own copies and streams), ordered
+    // after nothing on ours: wait here until the kernels that wrote the buffer have finished.
+    void order(const void* a, const void* b = nullptr) {
+        if (!cuda_is_device_pointer(a) && !cuda_is_device_pointer(b)) return;
+        if (stream_)
+            SAE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        else
+            SAE_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+
+    std::unique_ptr<Communicator> inner_;
+    cudaStream_t stream_;
+};
+
 }  // namespace
 
 bool cuda_is_device_pointer(const void* p) {
@@ -95,6 +148,11 @@ bool cuda_is_device_pointer(const void* p) {
 std::unique_ptr<Communicator> make_cuda_staged_comm(std::unique_ptr<Communicator> host_comm,
                                                     void* stream) {
     return std::make_unique<StagedComm>(std::move(host_comm), stream);
+}
+
+std::unique_ptr<Communicator> make_cuda_ordered_comm(std::unique_ptr<Communicator> device_comm,
+                                                     void* stream) {
+    return std::make_unique<OrderedComm>(std::move(device_comm), stream);
 }
 
 }  // namespace saetrain

@@ -16,6 +16,8 @@
 
 #include "saetrain/backend.h"
 #include "saetrain/checkpoint.h"
+#include "saetrain/comm_choice.h"
+#include "saetrain/error.h"
 #include "saetrain/layout.h"
 #include "saetrain/loader.h"
 #include "saetrain/mpi_world.h"
@@ -675,6 +677,181 @@ TEST(Mpi, ShardedTopkEqualsTheUnshardedSelection) {
                          static_cast<int32_t>(lo), got_idx.data(), got_val.data(), true, scratch);
     EXPECT_EQ(got_idx, want_idx) << "rank " << me;
     EXPECT_EQ(got_val, want_val) << "rank " << me;
+}
+
+// --- the communicator agreement (comm_choice.h)
+// ---------------------------------------------------
+namespace {
+
+// A faked 16-byte GPU UUID numbered `gpu`.
+std::string fake_uuid(int gpu) {
+    std::string u(16, '\x5a');
+    u[0] = static_cast<char>(gpu);
+    return u;
+}
+
+CommFacts fake_gpu(int gpu, const std::string& host = "n0") {
+    CommFacts f;
+    f.world_rank = g_world->rank();
+    f.host = host;
+    f.device_uuid = fake_uuid(gpu);
+    f.device = 0;
+    f.nccl = true;
+    return f;
+}
+
+// Whether every rank of `comm` holds the same text.
+bool same_on_every_rank(Communicator& comm, const std::string& text) {
+    const uint64_t h = fnv1a(text.data(), text.size());
+    std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
+    comm.allgather(&h, all.data(), sizeof(h));
+    return std::all_of(all.begin(), all.end(), [&](uint64_t x) { return x == h; });
+}
+
+// comm_agree's error on this rank, or "" when it agreed.
+std::string agree_error(Communicator& group, const CommFacts& mine, CommChoice* out = nullptr) {
+    try {
+        const CommChoice c = comm_agree(group, mine);
+        if (out) *out = c;
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+    std::string all;
+    for (const std::string& l : lines) all += l + "\n";
+    return all;
+}
+
+}  // namespace
+
+// Every rank feeds its own (faked) facts through the real gather, rule and check; every rank must
+// reach the same decision, which follows from all the ranks' facts, not its own.
+TEST(Mpi, CommAgreementReachesOneDecisionFromEveryRanksFacts) {
+    Communicator& w = *g_world;
+    const int r = w.rank(), n = w.size();
+    CommChoice c;
+    // Per-task binding: one host, every rank its own GPU (each sees it as device 0).
+    ASSERT_EQ(agree_error(w, fake_gpu(r), &c), "");
+    EXPECT_EQ(c.kind, CommKind::nccl);
+    EXPECT_TRUE(c.notes.empty());
+
+    // Two ranks per GPU: staged, and the notes name each pair, the same on every rank.
+    ASSERT_EQ(agree_error(w, fake_gpu(r / 2), &c), "");
+    EXPECT_EQ(c.kind, CommKind::mpi_staged);
+    ASSERT_EQ(c.notes.size(), static_cast<size_t>(n / 2));
+    EXPECT_EQ(c.notes[0].rfind("ranks 0,1 share GPU 0 (GPU-005a5a5a) on node n0: gradients go "
+                               "through MPI staged through host memory",
+                               0),
+              0u)
+        << c.notes[0];
+    EXPECT_TRUE(same_on_every_rank(w, joined(c.notes)));
+
+    // Only the last rank lacks NCCL: every rank falls back with it (a per-rank decision would
+    // leave the others in NCCL's bootstrap); CUDA-aware MPI everywhere makes it mpi_device.
+    CommFacts f = fake_gpu(r);
+    f.nccl = r != n - 1;
+    f.mpi_cuda_aware = true;
+    ASSERT_EQ(agree_error(w, f, &c), "");
+    EXPECT_EQ(c.kind, CommKind::mpi_device);
+    f.mpi_cuda_aware = r != 0;  // ... but not when one rank's MPI is not CUDA-aware
+    ASSERT_EQ(agree_error(w, f, &c), "");
+    EXPECT_EQ(c.kind, CommKind::mpi_staged);
+    EXPECT_TRUE(same_on_every_rank(w, joined(c.notes)));
+
+    // Sub-groups decide for themselves: even ranks share GPU 0 on n0, odd ranks each have their
+    // own on n1 (with n = 2 each group has one rank: host's decision applies unchanged).
+    auto sub = w.split(r % 2, r);
+    ASSERT_EQ(agree_error(*sub, r % 2 == 0 ? fake_gpu(0) : fake_gpu(100 + r, "n1"), &c), "");
+    const bool shared = r % 2 == 0 && sub->size() > 1;
+    EXPECT_EQ(c.kind, shared ? CommKind::mpi_staged : CommKind::nccl) << "rank " << r;
+}
+
+// A CPU rank in a group of GPU ranks: the same one-line refusal on every rank, and no rank left
+// waiting (the world is usable right after).
+TEST(Mpi, CommAgreementRefusesACpuRankInAGpuGroupOnEveryRank) {
+    Communicator& w = *g_world;
+    const int r = w.rank();
+    CommFacts f = fake_gpu(r, r == 0 ? "cpu-node" : "n0");
+    if (r == 0) f.device_uuid.clear(), f.nccl = false;
+    const std::string what = agree_error(w, f);
+    EXPECT_NE(what.find("one group of ranks mixes backends: rank 0 (node cpu-node) on the CPU, "
+                        "rank"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos);
+    EXPECT_TRUE(same_on_every_rank(w, what));
+    w.barrier();
+}
+
+// Ranks that decided differently (a different build on one node, say) are caught by the check
+// before any communicator is made: every rank throws the same line naming who decided what.
+TEST(Mpi, CommDisagreementIsOneLineOnEveryRankWithNoHang) {
+    Communicator& w = *g_world;
+    const int r = w.rank(), n = w.size();
+    std::vector<CommFacts> facts = comm_gather_facts(w, fake_gpu(r));
+    auto check = [&](CommKind kind, const std::string& refusal) -> std::string {
+        try {
+            comm_check_agreement(w, kind, refusal, facts);
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    // Agreement passes quietly.
+    EXPECT_EQ(check(CommKind::mpi_staged, ""), "");
+    // Rank 0 decided NCCL, the others staged.
+    std::string what = check(r == 0 ? CommKind::nccl : CommKind::mpi_staged, "");
+    const std::string others = n == 2 ? "rank 1" : fmt::format("ranks 1-{}", n - 1);
+    EXPECT_EQ(what, fmt::format("the ranks of one group decided different communicators from the "
+                                "same facts ({} chose mpi_staged; rank 0 chose nccl); they would "
+                                "hang in different set-up calls, so the run stops here: run one "
+                                "saetrain build with the same settings on every rank",
+                                others));
+    EXPECT_TRUE(same_on_every_rank(w, what));
+    // The last rank refused the group, the others did not.
+    what = check(CommKind::nccl, r == n - 1 ? "refused here" : "");
+    EXPECT_NE(what.find(fmt::format("rank {} refused the group", n - 1)), std::string::npos)
+        << what;
+    EXPECT_TRUE(same_on_every_rank(w, what));
+    // Every rank refused: the refusal itself.
+    EXPECT_EQ(check(CommKind::nccl, "the same refusal"), "the same refusal");
+    w.barrier();
+}
+
+// The CPU backend's gradient_comm takes part in the agreement and hands the group back as it
+// is (the CPU path unchanged); the job's warnings come out the same on every rank, once each.
+TEST(Mpi, CpuGradientCommIsTheGroupAndJobWarningsAreOnePerGpu) {
+    Communicator& w = *g_world;
+    const int n = w.size();
+    auto be = make_cpu_backend(1);
+    auto group = w.split(0, w.rank());
+    Communicator* raw = group.get();
+    CommChoice choice;
+    choice.kind = CommKind::nccl;
+    auto comm = be->gradient_comm(std::move(group), w.rank(), "n0", 30, &choice);
+    EXPECT_EQ(comm.get(), raw);
+    EXPECT_EQ(choice.kind, CommKind::host);
+    EXPECT_TRUE(choice.notes.empty());
+
+    // Every rank on GPU 7 of n0; only rank 0 passes a group note, about ranks 0 and 1.
+    const std::string note =
+        "ranks 0,1 share GPU 0 (GPU-075a5a5a) on node n0: gradients go through MPI staged "
+        "through host memory (NCCL refuses two ranks on one GPU)";
+    std::vector<std::string> notes;
+    if (w.rank() == 0) notes = {note, note};
+    const std::vector<std::string> lines = comm_job_warnings(w, fake_gpu(7), notes);
+    EXPECT_TRUE(same_on_every_rank(w, joined(lines)));
+    ASSERT_EQ(lines.size(), n == 2 ? 1u : 2u) << joined(lines);
+    EXPECT_EQ(lines[0], note);
+    if (n > 2) {
+        EXPECT_EQ(lines[1], fmt::format("ranks 0-{} share GPU 0 (GPU-075a5a5a) on node n0: they "
+                                        "take turns on it (each runs slower than on a GPU of its "
+                                        "own)",
+                                        n - 1));
+    }
 }
 
 int main(int argc, char** argv) {
