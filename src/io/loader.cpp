@@ -391,8 +391,8 @@ struct ShardBatchSource::Impl {
                 if (!plan.shuffled()) {
 #pragma omp parallel for schedule(static) num_threads(nt)
                     for (int64_t i = 0; i < n; ++i)
-                        io::convert_to_f32(info.dtype, win.bytes.data() + (p + i) * disk_row_bytes,
-                                           dst + i * d, d);
+                        widen_to_f32(info.dtype, win.bytes.data() + (p + i) * disk_row_bytes,
+                                     dst + i * d, d);
                 } else {
                     const char* base = win.bytes.data();
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -405,9 +405,9 @@ struct ShardBatchSource::Impl {
                             for (int64_t k = 0; k < disk_row_bytes; k += 256)
                                 __builtin_prefetch(ahead + k);
                         }
-                        io::convert_to_f32(
-                            info.dtype, base + static_cast<int64_t>(perm[p + i]) * disk_row_bytes,
-                            dst + i * d, d);
+                        widen_to_f32(info.dtype,
+                                     base + static_cast<int64_t>(perm[p + i]) * disk_row_bytes,
+                                     dst + i * d, d);
                     }
                 }
                 block_len[static_cast<size_t>(b)] = n;
