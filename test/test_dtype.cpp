@@ -1,6 +1,8 @@
 // test_dtype — element types (dtype.h): the host widening against sae_math.h's reference for
-// every 16-bit value, and the non-finite check on stored bits (the same decision as on the
-// widened floats, the right row found).
+// every 16-bit value, the non-finite check on stored bits (the same decision as on the widened
+// floats, the right row found), and the training loop on 16-bit batches: a NaN/Inf batch
+// skipped or stopped at the right row, and training bit-identical to float32 batches of the
+// same values. The GPU's widening is test_backend_parity's (UploadRowsWidensExactly).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,8 +10,13 @@
 #include <limits>
 #include <vector>
 
+#include "saetrain/backend.h"
+#include "saetrain/batch_source.h"
+#include "saetrain/comm.h"
 #include "saetrain/dtype.h"
 #include "saetrain/sae_math.h"
+#include "saetrain/train_loop.h"
+#include "saetrain/trainer.h"
 #include "test_util.h"
 
 using namespace saetrain;
@@ -33,6 +40,12 @@ std::vector<uint16_t> narrow(DType t, const std::vector<float>& x) {
     for (size_t i = 0; i < x.size(); ++i)
         w[i] = t == DType::bf16 ? math::float_to_bf16_bits(x[i]) : math::float_to_fp16_bits(x[i]);
     return w;
+}
+
+std::vector<float> widen(DType t, const std::vector<uint16_t>& w) {
+    std::vector<float> x(w.size());
+    for (size_t i = 0; i < w.size(); ++i) x[i] = reference(t, w[i]);
+    return x;
 }
 
 }  // namespace
@@ -123,4 +136,106 @@ TEST(DType, NonFiniteCheckFindsTheFirstBadRow) {
         }
     }
     EXPECT_EQ(first_nonfinite_row(DType::bf16, nullptr, 0, 16), -1);  // an empty batch
+}
+
+// --- the loop on 16-bit batches ------------------------------------------------------------
+
+namespace {
+
+SaeConfig small_topk() {
+    SaeConfig cfg;
+    cfg.arch = "topk";
+    cfg.expansion = 2;
+    cfg.k = 4;
+    cfg.lr = 3e-3;
+    return cfg;
+}
+
+// Trains a TopK SAE with the loop on `source` in batches of `batch`; the result and params.
+LoopResult train_on(BatchSource& source, int64_t batch, const SaeConfig& cfg,
+                    std::vector<float>* params, bool stop_on_nonfinite = false) {
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    SaeTrainer tr(cfg, source.d_model(), total_steps_for(source.total_rows(), batch), 0, *be,
+                  *self);
+    LoopOptions opt;
+    opt.batch_size = batch;
+    opt.log_every = 4;
+    opt.stop_on_nonfinite = stop_on_nonfinite;
+    const LoopResult res = train_loop(tr, source, opt);
+    if (params) *params = tr.params_host();
+    return res;
+}
+
+}  // namespace
+
+// A NaN or Inf in bf16 and in f16 rows: the loop skips exactly the batch that holds it (the
+// rows before and after are trained), or stops naming the row within that batch.
+TEST(DType, LoopSkipsOrStopsAtTheSixteenBitBatchWithTheBadRow) {
+    const int64_t d = 16, rows = 1000, batch = 100;
+    const std::vector<float> x = saetrain::testing::randn(rows * d, 5);
+    for (DType t : {DType::f16, DType::bf16}) {
+        for (float v :
+             {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(t) << " value " << v);
+            std::vector<float> y = x;
+            const int64_t bad_row = 437;  // batch 4, its row 37
+            y[static_cast<size_t>(bad_row * d + 5)] = v;
+            MemoryBatchSource skip(narrow(t, y), t, d);
+            const LoopResult res = train_on(skip, batch, small_topk(), nullptr);
+            EXPECT_EQ(res.nonfinite_batches, 1);
+            EXPECT_EQ(res.tokens, rows - batch);
+            MemoryBatchSource stop(narrow(t, y), t, d);
+            const std::string msg = saetrain::testing::error_of(
+                [&] { train_on(stop, batch, small_topk(), nullptr, true); });
+            EXPECT_NE(msg.find("iteration 4 holds NaN or Inf values, first in its row 37 of 100"),
+                      std::string::npos)
+                << msg;
+        }
+    }
+}
+
+// 16-bit batches (widened on upload) train the SAE bit for bit as float32 batches of the
+// widened values, with the options that read the batch on the host (data.normalize, b_dec
+// from the geometric median, a fitted encoder scale) and in chunks (train.accum_steps);
+// held-out evaluation and reconstruction too.
+TEST(DType, SixteenBitBatchesTrainBitwiseAsTheirWidenedFloats) {
+    const int64_t d = 16, rows = 1200, batch = 120;
+    const std::vector<float> x = saetrain::testing::randn(rows * d, 9);
+    SaeConfig cfg = small_topk();
+    cfg.normalize = "expected_average_only_in";
+    cfg.b_dec_init = "geometric_median";
+    cfg.encoder_init = "fitted";
+    for (int64_t accum : {int64_t{1}, int64_t{3}}) {
+        cfg.accum_steps = accum;
+        for (DType t : {DType::f16, DType::bf16}) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(t) << " accum_steps " << accum);
+            const std::vector<uint16_t> w = narrow(t, x);
+            const std::vector<float> wide = widen(t, w);
+            MemoryBatchSource s16(w, t, d, 2), s32(wide, d, 2);
+            EXPECT_EQ(s16.dtype(), t);
+            std::vector<float> p16, p32;
+            const LoopResult a = train_on(s16, batch, cfg, &p16);
+            const LoopResult b = train_on(s32, batch, cfg, &p32);
+            ASSERT_EQ(p16.size(), p32.size());
+            EXPECT_EQ(std::memcmp(p16.data(), p32.data(), p16.size() * 4), 0);
+            EXPECT_EQ(a.last.loss, b.last.loss);
+            EXPECT_EQ(a.tokens, 2 * rows);
+
+            // evaluate and reconstruct on a trained SAE: the same from 16-bit rows.
+            auto be = make_cpu_backend(1);
+            auto self = make_self_comm();
+            SaeTrainer tr(cfg, d, 10, 0, *be, *self);
+            tr.init(BatchView{w.data(), t}, rows);
+            for (int64_t s = 0; s < 3; ++s) tr.step(BatchView{w.data(), t}, batch);
+            const EvalResult e16 = tr.evaluate(BatchView{w.data(), t}, rows, 256);
+            const EvalResult e32 = tr.evaluate(wide.data(), rows, 256);
+            EXPECT_EQ(e16.fvu, e32.fvu);
+            EXPECT_EQ(e16.l0, e32.l0);
+            std::vector<float> r16(wide.size()), r32(wide.size());
+            tr.reconstruct(BatchView{w.data(), t}, rows, 256, r16.data());
+            tr.reconstruct(wide.data(), rows, 256, r32.data());
+            EXPECT_EQ(std::memcmp(r16.data(), r32.data(), r16.size() * 4), 0);
+        }
+    }
 }
