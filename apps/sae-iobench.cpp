@@ -1,10 +1,13 @@
 // sae-iobench — the training reader's throughput beside the raw bandwidth of the same files.
 //
-// Reads DATA the way training does (ShardBatchSource: same reads, conversion and shuffle) and
-// compares it with plain sequential 1 MiB reads of the same files, with a cold page cache
+// Reads DATA the way training does (ShardBatchSource: same reads and shuffle, rows delivered in
+// the shards' element type; --widen: widened to float32 by the reader, as before 16-bit rows
+// were kept) and compares it with plain sequential 1 MiB reads of the same files, with a cold
+// page cache
 // (each file's pages evicted with posix_fadvise DONTNEED before a pass) and warm, and with the
 // naive baseline of random single-row HDF5 reads. Prints a fixed-width table (the raw figure is
-// the limit beside each reader figure) and, with --json, one JSON object.
+// the limit beside each reader figure), the bytes per token each stage moves, and, with
+// --json, one JSON object.
 #include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -72,11 +75,16 @@ double row_bytes_in(const DatasetInfo& info) {
     return static_cast<double>(info.d_model * dtype_size(info.dtype));
 }
 
-// The figure of a reader that has delivered f.rows rows (float32) since t0.
-void finish_rows(Figure& f, const DatasetInfo& info, Clock::time_point t0) {
+// The figure of a reader that has delivered f.rows rows of `out` since t0.
+void finish_rows(Figure& f, const DatasetInfo& info, DType out, Clock::time_point t0) {
     f.seconds = since(t0);
     f.in_bytes = f.rows * row_bytes_in(info);
-    f.out_bytes = f.rows * static_cast<double>(info.d_model * 4);
+    f.out_bytes = f.rows * static_cast<double>(info.d_model * dtype_size(out));
+}
+
+// The element type a reader with these options delivers.
+DType delivered(const DatasetInfo& info, const LoaderOptions& lo) {
+    return lo.widen ? DType::f32 : info.dtype;
 }
 
 // Every byte of every file, in order, with 1 MiB requests.
@@ -113,7 +121,7 @@ Figure reader_pass(const DatasetInfo& info, const LoaderOptions& lo, int64_t bat
     f.name = name;
     const double row_in = row_bytes_in(info);
     Progress p{name, static_cast<double>(info.total_rows) * row_in / 1e6};
-    std::vector<float> out(static_cast<size_t>(batch * info.d_model));
+    std::vector<float> out(static_cast<size_t>(batch * info.d_model));  // fits any type
     const auto t0 = Clock::now();
     ShardBatchSource src(info, RowRange{0, info.total_rows}, lo);
     int64_t got;
@@ -122,7 +130,7 @@ Figure reader_pass(const DatasetInfo& info, const LoaderOptions& lo, int64_t bat
         p.update(f.rows * row_in / 1e6);
         if (max_s > 0 && since(t0) > max_s) break;
     }
-    finish_rows(f, info, t0);
+    finish_rows(f, info, delivered(info, lo), t0);
     *buffer_bytes = src.buffer_bytes();
     p.done();
     return f;
@@ -155,7 +163,7 @@ Figure reader_later_epochs(const DatasetInfo& info, LoaderOptions lo, int64_t ba
         f.rows += static_cast<double>(got);
         p.update((static_cast<double>(rows) + f.rows) * row_in / 1e6);
     }
-    finish_rows(f, info, t0);
+    finish_rows(f, info, delivered(info, lo), t0);
     p.done();
     return f;
 }
@@ -221,7 +229,7 @@ Figure naive_pass(const DatasetInfo& info, double max_s, uint64_t seed) {
         f.rows += 1;
         if (static_cast<int64_t>(f.rows) % 256 == 0) p.update(f.rows * row_in / 1e6);
     }
-    finish_rows(f, info, t0);
+    finish_rows(f, info, DType::f32, t0);  // HDF5 converts to float32
     p.done();
     return f;
 }
@@ -232,7 +240,7 @@ struct Args {
     int64_t batch = 4096, shuffle_rows = 262144, read_mib = 8;
     double seconds = 0, naive_seconds = 5;
     int passes = 1;
-    bool json = false, no_cold = false;
+    bool json = false, no_cold = false, widen = false;
     uint64_t seed = 0;
 };
 
@@ -251,6 +259,9 @@ void add_options(CLI::App& app, Args& a) {
         ->capture_default_str();
     app.add_option("--seed", a.seed, "shuffle seed")->capture_default_str();
     app.add_flag("--no-cold", a.no_cold, "skip the cold-cache passes");
+    app.add_flag("--widen", a.widen,
+                 "the reader widens 16-bit rows to float32 (default: delivered as stored, as "
+                 "saetrain trains on them)");
     app.add_flag("--json", a.json, "also print one JSON object");
 }
 
@@ -310,9 +321,13 @@ Figures measure(const Args& a, const DatasetInfo& info, const LoaderOptions& lo)
     return r;
 }
 
-void print_table(const Figures& r, const ShuffleQuality& q, bool no_cold) {
-    std::printf("\n%-22s %10s %9s %10s %10s %12s %10s\n", "measure", "read", "time", "in",
-                "out f32", "rows/s", "of limit");
+void print_table(const Figures& r, const ShuffleQuality& q, bool no_cold, DType out) {
+    // The delivered element type in the column's head ("out bf16"): 10 characters at most.
+    const char* type = out == DType::f32 ? "f32" : out == DType::f16 ? "f16" : "bf16";
+    char out_head[32];
+    std::snprintf(out_head, sizeof out_head, "out %s", type);
+    std::printf("\n%-22s %10s %9s %10s %10s %12s %10s\n", "measure", "read", "time", "in", out_head,
+                "rows/s", "of limit");
     std::printf("%-22s %10s %9s %10s %10s %12s %10s\n", "", "MB", "s", "MB/s", "MB/s", "rows/s",
                 "%");
     auto row = [&](const Figure& f, const Figure* limit) {
@@ -344,10 +359,41 @@ void print_table(const Figures& r, const ShuffleQuality& q, bool no_cold) {
         static_cast<double>(r.buffer_bytes) / 1e6);
 }
 
-void print_json(const Args& a, const DatasetInfo& info, const Figures& r, const ShuffleQuality& q) {
+// What one token costs at each stage of the data path, in bytes (d_model values each).
+struct TokenBytes {
+    int64_t disk = 0, ring = 0, upload = 0, device = 0;
+};
+TokenBytes token_bytes(const DatasetInfo& info, DType out) {
+    return {info.d_model * dtype_size(info.dtype), info.d_model * dtype_size(out),
+            info.d_model * dtype_size(out), info.d_model * 4};
+}
+
+void print_token_bytes(const DatasetInfo& info, DType out) {
+    const TokenBytes b = token_bytes(info, out);
+    auto line = [](const char* stage, int64_t bytes, const std::string& how) {
+        std::printf("  %-34s %8lld  %s\n", stage, static_cast<long long>(bytes), how.c_str());
+    };
+    std::printf("\nbytes per token (d_model %lld):\n", static_cast<long long>(info.d_model));
+    line("disk, shuffle window", b.disk, dtype_name(info.dtype));
+    line("output ring, next(), loop's batch", b.ring, dtype_name(out));
+    line("shared sweep all-gather", b.ring, "x (G-1)/G per rank, G readers");
+    line("latent-shard broadcast", b.ring, dtype_name(out));
+    line("upload", b.upload, dtype_name(out));
+    line("on the device", b.device, "float32 (widened after the upload)");
+}
+
+void print_json(const Args& a, const DatasetInfo& info, const Figures& r, const ShuffleQuality& q,
+                DType out) {
     nlohmann::json j;
     j["dataset"] = a.data;
     j["dtype"] = dtype_name(info.dtype);
+    j["out_dtype"] = dtype_name(out);
+    const TokenBytes b = token_bytes(info, out);
+    j["bytes_per_token"] = {{"disk", b.disk},
+                            {"ring", b.ring},
+                            {"allgather", b.ring},
+                            {"upload", b.upload},
+                            {"device", b.device}};
     j["rows"] = info.total_rows;
     j["d_model"] = info.d_model;
     j["batch"] = a.batch;
@@ -387,6 +433,7 @@ int main(int argc, char** argv) {
         lo.shuffle_rows = a.shuffle_rows;
         lo.read_bytes = a.read_mib << 20;
         lo.seed = a.seed;
+        lo.widen = a.widen;
         const int64_t row_in = info.d_model * dtype_size(info.dtype);
         const ShufflePlan plan = ShufflePlan::from_options(info.total_rows, row_in, lo);
         print_setup(a, info, plan);
@@ -395,8 +442,10 @@ int main(int argc, char** argv) {
         const ShuffleQuality q =
             shuffle_quality(plan.epoch_order(0), a.batch,
                             std::max<int64_t>(2, static_cast<int64_t>(info.shards.size())));
-        print_table(r, q, a.no_cold);
-        if (a.json) print_json(a, info, r, q);
+        const DType out = delivered(info, lo);
+        print_table(r, q, a.no_cold, out);
+        print_token_bytes(info, out);
+        if (a.json) print_json(a, info, r, q, out);
     } catch (const Error& e) {
         std::fprintf(stderr, "sae-iobench: error: %s\n", e.what());
         return 1;

@@ -190,7 +190,10 @@ void open_slice(Setup& s, int64_t train_rows, int reader, int readers) {
     lo.copy_threads = s.threads;
     // Batches upload from the backend's host memory (pinned for a GPU: a DMA).
     lo.allocator = s.backend->host_allocator();
-    // With the math on a device, the reader's conversion may use the rank's cores.
+    // 16-bit rows stay 16-bit up to the upload, which widens them (on the GPU, or on the host
+    // for the CPU backend): half the bytes through the ring, the exchanges and PCIe.
+    lo.widen = false;
+    // With the math on a device, the reader's gathering may use the rank's cores.
     if (!s.backend->host_memory()) lo.convert_threads = s.threads;
     s.local =
         std::make_unique<ShardBatchSource>(s.data, partition_rows(train_rows, reader, readers), lo);
@@ -456,7 +459,13 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
         "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", s.data.source,
         s.data.shards.size(), s.data.total_rows, s.data.d_model, dtype_name(s.data.dtype),
         static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) / 1e6);
-    fmt::print("{} step(s) of {} rows per SAE replica\n", steps, s.cfg.data.batch_size);
+    // Batches move as stored (reader, ring, exchanges, upload) and are widened on the backend.
+    const int64_t value_bytes = dtype_size(s.data.dtype);
+    fmt::print(
+        "{} step(s) of {} rows per SAE replica | batches move as {} ({} B per token, {:.1f} MB "
+        "a batch), widened to float32 on upload\n",
+        steps, s.cfg.data.batch_size, dtype_name(s.data.dtype), s.data.d_model * value_bytes,
+        static_cast<double>(s.cfg.data.batch_size * s.data.d_model * value_bytes) / 1e6);
     warn_about_run_length(s, steps);
     if (s.eval_rows > 0)
         fmt::print(

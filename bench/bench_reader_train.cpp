@@ -1,11 +1,13 @@
 // bench_reader_train — a CPU training run fed by the reader beside the same run fed from memory.
 //
 // Trains one TopK SAE for --steps steps twice: once from MemoryBatchSource (the rows already in
-// RAM: the limit), once from ShardBatchSource over the same shards (background reads, f16/bf16
-// conversion, shuffle). Prints tokens/s of both, their ratio, and the reader run's starvation
-// (wait_fraction: time next() blocked on the reader over wall time).
+// RAM: the limit), once from ShardBatchSource over the same shards (background reads, shuffle),
+// both delivering the rows as saetrain does: in the shards' element type, widened on upload.
+// Prints tokens/s of both, their ratio, the reader run's starvation (wait_fraction: time
+// next() blocked on the reader over wall time) and the bytes per token each stage moves.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "saetrain/backend.h"
@@ -47,14 +49,23 @@ int main(int argc, char** argv) {
     LoaderOptions ro;
     ro.shuffle_rows = shuffle_rows;
     ro.max_rows = rows;
-    std::vector<float> mem(static_cast<size_t>(rows * info.d_model));
+    ro.widen = false;  // as saetrain: rows as stored, widened by the backend on upload
+    const int64_t values = rows * info.d_model;
+    std::unique_ptr<MemoryBatchSource> msrc;
     {
         ShardBatchSource pre(info, RowRange{0, info.total_rows}, ro);
-        pre.next(mem.data(), rows);
+        if (info.dtype == DType::f32) {
+            std::vector<float> mem(static_cast<size_t>(values));
+            pre.next(mem.data(), rows);
+            msrc = std::make_unique<MemoryBatchSource>(std::move(mem), info.d_model, 1);
+        } else {
+            std::vector<uint16_t> mem(static_cast<size_t>(values));
+            pre.next(mem.data(), rows);
+            msrc = std::make_unique<MemoryBatchSource>(std::move(mem), info.dtype, info.d_model, 1);
+        }
     }
-    MemoryBatchSource msrc(std::move(mem), info.d_model, 1);
     SaeTrainer t1(cfg, info.d_model, steps, 0, *be, *self);
-    const LoopResult a = train_loop(t1, msrc, lo);
+    const LoopResult a = train_loop(t1, *msrc, lo);
 
     ShardBatchSource rsrc(info, RowRange{0, info.total_rows}, ro);
     SaeTrainer t2(cfg, info.d_model, steps, 0, *be, *self);
@@ -70,5 +81,12 @@ int main(int argc, char** argv) {
         "reader / memory tokens/s: %.1f%% (target >= 97%%), reader starvation %.2f%% "
         "(target < 3%%)\n",
         100 * b.tokens_per_s / a.tokens_per_s, 100 * b.wait_fraction);
+    // What one token costs on the way, by stage (d_model values of the element size each).
+    const auto stored = static_cast<long long>(info.d_model * dtype_size(info.dtype));
+    const auto wide = static_cast<long long>(info.d_model * 4);
+    std::printf(
+        "bytes per token: disk %lld (%s) | shuffle window, ring, next(), batch %lld (%s) | "
+        "upload %lld, widened on the backend to %lld (float32)\n",
+        stored, dtype_name(info.dtype), stored, dtype_name(rsrc.dtype()), stored, wide);
     return 0;
 }

@@ -5,8 +5,9 @@
 // 1. Data parallel: every rank a replica with its own in-memory rows (no disk), one thread
 //    each; prints the job's tokens/s, to compare with N x the 1-rank figure (weak scaling).
 // 2. Shared sweep (with --data): every rank reads only its slice of the shards and the slices
-//    are all-gathered, as saetrain does; prints the bytes each rank read beside the dataset size,
-//    showing that one pass of disk I/O feeds every SAE of the sweep.
+//    are all-gathered, as saetrain does (rows in the shards' element type); prints the bytes each
+//    rank read beside the dataset size, showing that one pass of disk I/O feeds every SAE of
+//    the sweep, and the all-gather's bytes per token.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -80,10 +81,12 @@ int main(int argc, char** argv) {
     // --- 2. shared sweep: bytes read per rank -------------------------------------------------
     if (!data.empty()) {
         const DatasetInfo info = dataset_open(data);
+        LoaderOptions lo;
+        lo.widen = false;  // as saetrain: 16-bit rows are all-gathered as stored
         ShardBatchSource local(info, partition_rows(info.total_rows, world->rank(), world->size()),
-                               {});
+                               lo);
         SharedBatchSource stream(local, *world, batch);
-        std::vector<float> buf(static_cast<size_t>(batch * info.d_model));
+        std::vector<char> buf(static_cast<size_t>(batch * info.d_model * dtype_size(info.dtype)));
         int64_t rows = 0;
         for (;;) {
             const int64_t got = stream.next(buf.data(), batch);
@@ -109,6 +112,18 @@ int main(int argc, char** argv) {
             }
             fmt::print("{:>8} {:>14.2f}   = {:.3f} x the dataset for {} SAEs\n", "all", sum / 1e6,
                        sum / size, world->size());
+            // The all-gather: what rank 0 received from the others, per token it trained on
+            // (the others' rows in their element type, plus each block's row count and the
+            // padding of short last blocks).
+            const int64_t stored = info.d_model * dtype_size(info.dtype);
+            fmt::print(
+                "all-gather: {:.2f} MB received by rank 0, {:.0f} B per token trained (rows as "
+                "{}: (G-1)/G x {} B = {:.0f} B, plus counts and padding)\n",
+                static_cast<double>(stream.bytes_exchanged()) / 1e6,
+                rows > 0 ? static_cast<double>(stream.bytes_exchanged()) / static_cast<double>(rows)
+                         : 0.0,
+                dtype_name(stream.dtype()), stored,
+                static_cast<double>(stored) * (world->size() - 1) / world->size());
         }
     }
     return 0;

@@ -96,6 +96,9 @@ public:
     void download(void* d, const void* s, int64_t b) override {
         timed("download", [&] { be_.download(d, s, b); });
     }
+    void upload_rows(float* d, const void* s, DType t, int64_t n) override {
+        timed("upload_rows", [&] { be_.upload_rows(d, s, t, n); });
+    }
     void fill(float* x, int64_t n, float v) override {
         timed("fill", [&] { be_.fill(x, n, v); });
     }
@@ -253,6 +256,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
     lo.shuffle_rows = 262144;
     lo.copy_threads = 4;
     lo.convert_threads = 4;
+    lo.widen = false;  // as saetrain: the step uploads the stored rows and widens them
     ShardBatchSource source(info, {0, info.total_rows}, lo);
     std::vector<float> buf;
     auto self = make_self_comm();
@@ -274,18 +278,19 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
         // x (pinned on a CUDA rank) when it is large enough for this dataset's rows.
         if (batch * d > x_floats) buf.resize(static_cast<size_t>(batch * d));
         float* batch_mem = batch * d <= x_floats ? x : buf.data();
+        const BatchView rows{batch_mem, source.dtype()};  // 16-bit rows fit a float buffer
         source.next(batch_mem, batch);
-        tr.init(batch_mem, batch);
+        tr.init(rows, batch);
         for (int64_t s = 0; s < train_steps; ++s) {
             source.next(batch_mem, batch);
-            tr.step(batch_mem, batch);
+            tr.step(rows, batch);
         }
         std::vector<double> t;
         for (int i = 0; i < reps; ++i) {
             source.next(batch_mem, batch);
             be.synchronize();
             const auto t0 = Clock::now();
-            tr.step(batch_mem, batch);
+            tr.step(rows, batch);
             be.synchronize();
             t.push_back(seconds(t0));
         }
@@ -293,7 +298,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
         if (breakdown) {
             source.next(batch_mem, batch);
             timed.active = true;
-            tr.step(batch_mem, batch);
+            tr.step(rows, batch);
             for (const auto& [op, sec] : timed.seconds)
                 fmt::print("    {:<28} {:>9.3f} ms\n", op, sec * 1e3);
         }

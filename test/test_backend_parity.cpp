@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -859,6 +860,49 @@ TEST_P(BackendParity, Axpby) {
     oracle->axpby(y.data(), x.data(), -0.3f, 0.9f, n);
     be->axpby(gy.p(), gx.p(), -0.3f, 0.9f, n);
     EXPECT_LE(norm_err(gy.get(), y), kElem);
+}
+
+// upload_rows: host rows of a dtype into a float32 array of the backend, widened exactly
+// (kExact): every 16-bit word, three times over (past the CPU's 65536-value pieces, ending
+// off F16C's 8-value step), against widen_to_f32 (the host widening the reader used before
+// 16-bit rows were kept) and sae_math.h's reference per value. A NaN only needs to stay a NaN
+// of its sign (F16C quiets a signalling one; the GPU kernel keeps every bit). The CUDA backend
+// stages the words on the device: a smaller upload after a larger one reuses the staging
+// buffer, and float32 rows are a plain upload.
+TEST_P(BackendParity, UploadRowsWidensExactly) {
+    const int64_t n = 3 * 65536 + 5;
+    std::vector<uint16_t> words(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) words[i] = static_cast<uint16_t>((i * 40503) & 0xffff);
+    for (DType t : {DType::f16, DType::bf16}) {
+        for (int64_t count : {n, int64_t{1001}}) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(t) << " count " << count);
+            DeviceArray<float> dev(*be, count + 1);
+            be->upload_rows(dev.data() + 1, words.data(), t, count);  // at an odd offset
+            std::vector<float> got(static_cast<size_t>(count + 1));
+            be->download(got.data(), dev.data(), dev.bytes());
+            std::vector<float> host(static_cast<size_t>(count));
+            widen_to_f32(t, words.data(), host.data(), count);
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < count; ++i) {
+                const float g = got[static_cast<size_t>(i + 1)];
+                const float ref = t == DType::bf16 ? math::bf16_bits_to_float(words[i])
+                                                   : math::fp16_bits_to_float(words[i]);
+                if (std::isnan(ref)) {
+                    wrong += !(std::isnan(g) && std::isnan(host[i]) &&
+                               std::signbit(g) == std::signbit(ref));
+                } else {
+                    wrong += std::memcmp(&g, &ref, 4) != 0 || std::memcmp(&g, &host[i], 4) != 0;
+                }
+            }
+            EXPECT_EQ(wrong, 0);
+        }
+    }
+    const auto x = randn(4099, 61);
+    DeviceArray<float> dev(*be, 4099);
+    be->upload_rows(dev.data(), x.data(), DType::f32, 4099);
+    std::vector<float> got(4099);
+    be->download(got.data(), dev.data(), dev.bytes());
+    EXPECT_EQ(std::memcmp(got.data(), x.data(), x.size() * 4), 0);
 }
 
 // Switch's row permutations: gather with and without scale and beta, index rows, row dots,

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -140,6 +141,64 @@ TEST(EndToEnd, BatchBufferFromTheGivenAllocator) {
     EXPECT_EQ(frees, 1);
     EXPECT_EQ(bytes_seen, size_t{100} * 16 * sizeof(float));
     EXPECT_EQ(with, train(HostAllocator{}));
+}
+
+// 16-bit shards delivered as stored (LoaderOptions::widen = false, as saetrain reads) train
+// the same SAE, bit for bit, as the float32 rows the widening reader delivers: bf16 and
+// chunked f16, shuffled, over two epochs. The loop's batch buffer holds 2 bytes a value.
+TEST(EndToEnd, SixteenBitRowsTrainBitwiseAsTheWidenedRows) {
+    for (DType t : {DType::bf16, DType::f16}) {
+        SCOPED_TRACE(dtype_name(t));
+        TempDir tmp;
+        SynthOptions so;
+        so.out_dir = tmp.path.string();
+        so.d_model = 16;
+        so.n_features = 32;
+        so.rows = 3000;
+        so.shards = 3;
+        so.dtype = t;
+        so.chunked = t == DType::f16;
+        so.chunk_rows = 70;
+        so.seed = 3;
+        synth_write(so);
+        const DatasetInfo data = dataset_open(so.out_dir);
+        size_t batch_bytes = 0;
+        auto train = [&](bool widen) {
+            LoaderOptions lo;
+            lo.epochs = 2;
+            lo.shuffle_rows = 1024;
+            lo.seed = 2;
+            lo.widen = widen;
+            ShardBatchSource source(data, {0, data.total_rows}, lo);
+            EXPECT_EQ(source.dtype(), widen ? DType::f32 : t);
+            SaeConfig cfg;
+            cfg.arch = "topk";
+            cfg.expansion = 2;
+            cfg.k = 4;
+            cfg.normalize = "expected_average_only_in";
+            auto be = make_cpu_backend(1);
+            auto self = make_self_comm();
+            SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), 100), 0, *be,
+                          *self);
+            LoopOptions opt;
+            opt.batch_size = 100;
+            HostAllocator counting = host_allocator_default();
+            counting.alloc = [&batch_bytes](size_t bytes) {
+                batch_bytes = bytes;
+                return host_allocator_default().alloc(bytes);
+            };
+            opt.batch_allocator = counting;
+            const LoopResult res = train_loop(tr, source, opt);
+            EXPECT_EQ(res.tokens, 2 * so.rows);
+            return tr.params_host();
+        };
+        const std::vector<float> kept = train(false);
+        EXPECT_EQ(batch_bytes, size_t{100} * 16 * 2);
+        const std::vector<float> wide = train(true);
+        EXPECT_EQ(batch_bytes, size_t{100} * 16 * 4);
+        ASSERT_EQ(kept.size(), wide.size());
+        EXPECT_EQ(std::memcmp(kept.data(), wide.data(), kept.size() * 4), 0);
+    }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // test_loader — the prefetching, shuffling reader: exactly-once delivery over epochs and ranks,
 // determinism, restore at a cursor, agreement with the oracle (test/shard_oracle.h) on every
-// storage layout, shuffle quality, staging, bounded buffers and errors that name the file.
+// storage layout, 16-bit rows delivered as stored (equal, widened, to the float32 rows),
+// shuffle quality, staging, bounded buffers and errors that name the file.
 //
 // Rows are identified by content: synthetic rows are random, so a hash of a row's bits maps it
 // back to its global row in the oracle's read of the whole dataset, and a match
@@ -124,6 +125,16 @@ LoaderOptions opts(int64_t shuffle, int64_t epochs, uint64_t seed = 1) {
     o.read_bytes = 16 * 4 * 40;  // 40-row chunks of f32 (80 rows of 16-bit): many windows
     o.ring_bytes = 16 * 4 * 64;  // a small ring: the threads hand over often
     return o;
+}
+
+// 16-bit words widened with sae_math.h's reference conversions, one value at a time (not the
+// F16C path of widen_to_f32 that the float32 delivery uses).
+std::vector<float> widened(DType t, const std::vector<uint16_t>& words, size_t n) {
+    std::vector<float> out(n);
+    for (size_t i = 0; i < n; ++i)
+        out[i] = t == DType::bf16 ? math::bf16_bits_to_float(words[i])
+                                  : math::fp16_bits_to_float(words[i]);
+    return out;
 }
 
 void expect_exactly_once(const std::vector<int64_t>& ids, RowRange r, int64_t epochs) {
@@ -378,24 +389,82 @@ TEST(Loader, PlainLayoutsAreReadWithPread) {
     EXPECT_EQ(rr.raw_shards(), 1) << rr.layout(0).why;
 }
 
-TEST(Loader, HalfConversionMatchesTheReferenceForEveryValue) {
-    std::vector<uint16_t> all(65536);
-    for (uint32_t k = 0; k < 65536; ++k) all[k] = static_cast<uint16_t>(k);
-    std::vector<float> got(65536), got_bf(65536);
-    io::convert_to_f32(DType::f16, all.data(), got.data(), 65536);
-    io::convert_to_f32(DType::bf16, all.data(), got_bf.data(), 65536);
-    for (uint32_t k = 0; k < 65536; ++k) {
-        const float want = math::fp16_bits_to_float(static_cast<uint16_t>(k));
-        const float want_bf = math::bf16_bits_to_float(static_cast<uint16_t>(k));
-        // Bit-identical, except that a signalling NaN may come out quiet (the F16C instruction
-        // sets the quiet bit); a NaN stays a NaN with the same sign.
-        if (std::isnan(want)) {
-            ASSERT_TRUE(std::isnan(got[k]) && std::signbit(got[k]) == std::signbit(want)) << k;
-        } else {
-            ASSERT_EQ(std::memcmp(&got[k], &want, 4), 0) << "half 0x" << std::hex << k;
+// --- 16-bit rows as stored --------------------------------------------------------------------
+
+// LoaderOptions::widen = false (what saetrain uses): float16/bfloat16 rows come out of next()
+// as their stored 16-bit words, and widened they are bit for bit the float32 rows the widening
+// reader delivers, in the same order, batch by batch: contiguous and chunked shards, ranges
+// that cross shard boundaries, disk order and shuffle windows, over epochs, and after a
+// restore at a cursor.
+TEST(Loader, SixteenBitRowsAsStoredAreTheWidenedRowsBitForBit) {
+    struct Case {
+        DType t;
+        bool chunked;
+    };
+    for (Case c : {Case{DType::bf16, false}, Case{DType::bf16, true}, Case{DType::f16, false},
+                   Case{DType::f16, true}}) {
+        Fixture fx(c.t, c.chunked);
+        const int64_t d = fx.info.d_model;
+        for (int world : {1, 3}) {
+            for (int64_t shuffle : {int64_t{0}, int64_t{300}, int64_t{100000}}) {
+                // Rank 1 of 3: [1000, 2001), which crosses the boundary of shards 0 and 1.
+                const int rank = world == 1 ? 0 : 1;
+                SCOPED_TRACE(::testing::Message() << dtype_name(c.t) << " chunked " << c.chunked
+                                                  << " world " << world << " shuffle " << shuffle);
+                const RowRange r = partition_rows(fx.info.total_rows, rank, world);
+                LoaderOptions wide = opts(shuffle, 2, 9), kept = wide;
+                kept.widen = false;
+                ShardBatchSource a(fx.info, r, wide), b(fx.info, r, kept);
+                EXPECT_EQ(a.dtype(), DType::f32);
+                ASSERT_EQ(b.dtype(), c.t);
+                const int64_t batch = 97;
+                std::vector<float> fa(static_cast<size_t>(batch * d));
+                // One row of sentinel words past the batch: next() writes 2 bytes a value.
+                std::vector<uint16_t> wb(static_cast<size_t>((batch + 1) * d), 0xABCD);
+                std::vector<int64_t> ids;
+                int64_t got = 0;
+                do {
+                    got = a.next(fa.data(), batch);
+                    ASSERT_EQ(b.next(wb.data(), batch), got);
+                    for (int64_t i = got * d; i < (batch + 1) * d; ++i)
+                        ASSERT_EQ(wb[static_cast<size_t>(i)], 0xABCD) << "word " << i;
+                    const std::vector<float> fb = widened(c.t, wb, static_cast<size_t>(got * d));
+                    ASSERT_EQ(std::memcmp(fb.data(), fa.data(), fb.size() * 4), 0);
+                    for (int64_t id : fx.ids(fb, got)) ids.push_back(id);
+                    std::fill(wb.begin(), wb.end(), 0xABCD);
+                } while (got > 0);
+                expect_exactly_once(ids, r, 2);
+                EXPECT_EQ(b.bytes_read(), a.bytes_read());
+                EXPECT_EQ(b.cursor().epoch, 2);
+
+                // Restore mid-window: the 16-bit stream from there is the one delivered above.
+                const int64_t at = r.size() + 123;
+                ShardBatchSource from(fx.info, r, kept, ReaderCursor{1, 123});
+                std::vector<uint16_t> rest(static_cast<size_t>((2 * r.size() - at) * d));
+                ASSERT_EQ(from.next(rest.data(), 2 * r.size()), 2 * r.size() - at);
+                const std::vector<float> rest_f = widened(c.t, rest, rest.size());
+                const auto rest_ids = fx.ids(rest_f, 2 * r.size() - at);
+                EXPECT_EQ(rest_ids, std::vector<int64_t>(ids.begin() + at, ids.end()));
+            }
         }
-        ASSERT_EQ(std::memcmp(&got_bf[k], &want_bf, 4), 0) << "bf16 0x" << std::hex << k;
     }
+}
+
+// The output ring is ring_bytes of the delivered type: 16-bit rows as stored fit twice the
+// rows of float32 in it, and the buffers still do not grow.
+TEST(Loader, SixteenBitRingHoldsTwiceTheRowsInTheSameBytes) {
+    Fixture fx(DType::bf16, true);
+    const RowRange r{0, fx.info.total_rows};
+    LoaderOptions wide = opts(500, 2, 3), kept = wide;
+    kept.widen = false;
+    ShardBatchSource a(fx.info, r, wide), b(fx.info, r, kept);
+    std::vector<float> buf(100 * 16);
+    ASSERT_EQ(a.next(buf.data(), 100), 100);
+    ASSERT_EQ(b.next(buf.data(), 100), 100);
+    // Same windows, permutation and ring bytes (a whole number of blocks in both).
+    EXPECT_EQ(a.buffer_bytes(), b.buffer_bytes());
+    const int64_t at_start = b.buffer_bytes();
+    while (b.next(buf.data(), 100) > 0) ASSERT_EQ(b.buffer_bytes(), at_start);
 }
 
 // --- errors ----------------------------------------------------------------------------------

@@ -9,7 +9,9 @@
 # `sae-inspect --compare` (bitwise) and the loss columns of metrics.jsonl (as text). The matrix:
 # every architecture (a sweep rank each) with held-out rows, normalization, AuxK and the
 # decorrelation penalty; bf16 and chunked f16 shards; a 2-rank data-parallel run, a 2-rank
-# sweep of replicas sharing the stream, a 4-rank hybrid, and a run resumed from a checkpoint.
+# sweep of replicas sharing the stream, a 4-rank hybrid, and a run resumed from a checkpoint;
+# 16-bit rows through data parallelism and through a shared sweep of latent-sharded SAEs (the
+# all-gather and the shard broadcast, issue 27).
 # Exit status 0 only when every file matches.
 set -euo pipefail
 
@@ -37,6 +39,8 @@ cases=(
   "dp2|2|data.path=$work/f32 sae.arch=topk parallel.mode=data_parallel data.eval_rows=1000"
   "shared2|2|data.path=$work/f32 sae.arch=topk sae.k=[4,8] parallel.mode=sweep"
   "hybrid4|4|data.path=$work/f32 sae.arch=[topk,switch] sae.n_experts=2 parallel.mode=hybrid parallel.replicas=2"
+  "f16dp2|2|data.path=$work/f16 sae.arch=topk parallel.mode=data_parallel data.eval_rows=1000"
+  "bf16shards4|4|data.path=$work/bf16 sae.arch=topk sae.k=[4,8] parallel.latent_shards=2 data.eval_rows=1000"
 )
 
 cfg="$(cd "$(dirname "$0")/.." && pwd)/configs/quickstart.yaml"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "saetrain/comm_choice.h"  // defines: CommFacts, CommChoice
+#include "saetrain/dtype.h"  // defines: DType
 #include "saetrain/host_alloc.h"
 #include "saetrain/sae_math.h"  // defines: math::AdamScalars
 
@@ -118,6 +119,12 @@ public:
     virtual void free_bytes(void* p) = 0;
     virtual void upload(void* dst, const void* src, int64_t bytes) = 0;
     virtual void download(void* dst, const void* src, int64_t bytes) = 0;
+    // n values of type t from host memory into the float32 array dst (backend memory), widened
+    // exactly (dtype.h): the trainer's batch upload, so 16-bit rows cross to the device at 2
+    // bytes a value. Like upload(), src may be reused once it returns. The default widens on
+    // the host (widen_to_f32) and uploads the floats; the CPU backend widens straight into dst,
+    // the CUDA backend uploads the 16-bit words and widens them on its stream.
+    virtual void upload_rows(float* dst, const void* src, DType t, int64_t n);
     virtual void fill(float* x, int64_t n, float value) = 0;
     virtual void synchronize() = 0;
     // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer

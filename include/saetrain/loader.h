@@ -6,8 +6,10 @@
 // takes one chunk from every stratum of the range, so it samples all of it), read in disk order by
 // a background thread (raw pread at the offset HDF5 reports, or H5Dread when the layout is not
 // plain); a second thread emits each window's rows in a random permutation from (seed, epoch,
-// window), converting float16/bfloat16 to float32 into a ring of output blocks, while the next
-// window is read. next() only copies.
+// window) into a ring of output blocks, while the next window is read. next() only copies.
+// Rows come out as stored (dtype(): float16/bfloat16 stay 16-bit through the windows, the ring
+// and next(), half the bytes of float32; the consumer widens them once, Backend::upload_rows),
+// or, with LoaderOptions::widen, widened to float32 by the emitter.
 //
 // Every row of the range is delivered exactly once per epoch, and the position is just
 // {epoch, rows delivered in the epoch} (ReaderCursor): the permutations are regenerated from
@@ -34,7 +36,12 @@ struct LoaderOptions {
     int64_t shuffle_rows = 0;      // rows per shuffle window; 0: no shuffling (disk order)
     int64_t read_bytes = 8 << 20;  // bytes of one read chunk (one sequential request)
     uint64_t seed = 0;
-    int64_t ring_bytes = 32 << 20;  // float32 output ring between the reader and next()
+    int64_t ring_bytes = 32 << 20;  // bytes of the output ring between the reader and next()
+    // true: next() delivers float32 (the emitter widens 16-bit rows: twice the bytes through
+    // the ring and every copy after it); false: the shards' own type (dtype()), which the
+    // trainer widens on upload. saetrain and the benchmarks that train pass false; true keeps
+    // callers that read float32 rows from any dataset (tests, sae-iobench --widen) simple.
+    bool widen = true;
     // Non-empty: copy the rank's shards into this directory first (node-local disk) and read
     // them there; "$TMPDIR" means the environment's TMPDIR (else /tmp). Skipped per shard when
     // a file of the same size is already there.
@@ -44,8 +51,8 @@ struct LoaderOptions {
     // core copies ~5-10 GB/s, so a 12.6 MB float32 batch takes milliseconds on one thread,
     // longer than a GPU step. saetrain passes its CPU threads per rank.
     int copy_threads = 1;
-    // Threads that gather and convert a block of rows to float32 on the reader's side (at the
-    // reader's lowered priority): one core widens ~0.5M shuffled 16-bit rows of d 768 a
+    // Threads that gather (and with `widen`, convert) a block of rows on the reader's side (at
+    // the reader's lowered priority): one core widens ~0.5M shuffled 16-bit rows of d 768 a
     // second, less than a GPU trains. saetrain uses its CPU threads on a GPU rank and 1 on a
     // CPU rank, whose cores the trainer keeps busy.
     int convert_threads = 1;
@@ -75,9 +82,11 @@ public:
     ShardBatchSource& operator=(const ShardBatchSource&) = delete;
 
     int64_t d_model() const override;
+    // The shards' type, or float32 with LoaderOptions::widen.
+    DType dtype() const override;
     // Rows of the whole run (all epochs, or max_rows), including any delivered before a restore.
     int64_t total_rows() const override;
-    int64_t next(float* out, int64_t rows) override;
+    int64_t next(void* out, int64_t rows) override;
     int64_t bytes_read() const override;  // bytes read from disk
     // Seconds next() blocked waiting for the background reader.
     double wait_seconds() const override;

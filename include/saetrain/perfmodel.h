@@ -17,7 +17,8 @@
 //     all-gathered.
 //   Latent shards (parallel.latent_shards = S): each replica is S GPUs of one node, each with
 //     n/S latents (its rows of W_enc, b_enc, W_dec; b_dec whole). Compute and Adam divide by S;
-//     the shard group adds, over the intra-node link, the batch broadcast (4*d B/token), the
+//     the shard group adds, over the intra-node link, the batch broadcast (d *
+//     bytes_per_element B/token: the rows as stored, widened after it on each shard), the
 //     top-k candidates' all-gather ((S-1)*k*8 B/token, TopK only) and the all-reduce of x_hat
 //     (2(S-1)/S * 4*d B/token, and b_dec's gradient once a step); the replicas all-reduce
 //     only their shard's gradient.

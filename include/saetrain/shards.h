@@ -12,13 +12,9 @@
 #include <string>
 #include <vector>
 
-namespace saetrain {
+#include "saetrain/dtype.h"  // defines: DType, dtype_name, dtype_size, dtype_parse
 
-enum class DType { f32, f16, bf16 };
-const char* dtype_name(DType t);
-int dtype_size(DType t);
-// Parses f32|float32, f16|float16, bf16|bfloat16; throws Error otherwise.
-DType dtype_parse(const std::string& s);
+namespace saetrain {
 
 struct ShardInfo {
     std::string path;

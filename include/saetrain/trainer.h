@@ -112,19 +112,23 @@ public:
                Backend& backend, Communicator& grad_comm, const LatentShard* shard = nullptr);
     ~SaeTrainer();
 
+    // Every x_host below is a BatchView (dtype.h): rows in host memory, float32 (a float
+    // pointer converts) or 16-bit as a BatchSource delivers them; they are widened where they
+    // are uploaded (Backend::upload_rows), exactly, so the dtype changes no result.
+
     // Initializes the parameters: decoder rows random unit vectors (from the seed), W_enc as
     // W_dec transposed (times the fitted scale, train.encoder_init), b_enc = 0, b_dec = the
     // mean of x [rows, d] over all replicas.
-    void init(const float* x_host, int64_t rows);
+    void init(BatchView x_host, int64_t rows);
     // One optimizer step on x [rows, d_model] (host memory) of this replica. Replicas may hold
     // different row counts (even 0): the step minimizes the mean loss over all their rows.
     // Returns rows = 0 (and changes nothing) when no replica had any row.
-    StepResult step(const float* x_host, int64_t rows);
+    StepResult step(BatchView x_host, int64_t rows);
     // step() in two halves, for overlapping the host's work with the device's: step_begin
     // uploads x and queues the forward and backward pass (on the CUDA backend it returns while
     // the GPU computes; x_host may be reused once it returns), step_end waits for the gradients,
     // exchanges them and applies the update. step(x, rows) == step_begin(x, rows); step_end().
-    void step_begin(const float* x_host, int64_t rows);
+    void step_begin(BatchView x_host, int64_t rows);
     StepResult step_end();
 
     // Forward pass only, on x [rows, d_model] (host memory) of this replica, in batches of at
@@ -132,12 +136,12 @@ public:
     // Changes no parameter or optimizer state (training after it is bitwise the same). On a
     // latent shard only the first shard's x is read (the others may pass null, with the same
     // rows): it broadcasts each batch to the others.
-    EvalResult evaluate(const float* x_host, int64_t rows, int64_t batch_rows);
+    EvalResult evaluate(BatchView x_host, int64_t rows, int64_t batch_rows);
     // The same inference pass on x [rows, d_model] (host memory), its x_hat written to
     // x_hat_host [rows, d_model] in the units of x (data.normalize's scale undone). This
     // replica's rows only, not collective; changes nothing. For checking exports against
     // saetrain's own forward (test/sae_forward.cpp).
-    void reconstruct(const float* x_host, int64_t rows, int64_t batch_rows, float* x_hat_host);
+    void reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows, float* x_hat_host);
 
     // Forward and backward only, for tests and the benchmark: gradients of
     // L * rows / norm_rows (norm_rows = rows: the mean loss L; 1: the summed loss) land in the
@@ -211,8 +215,8 @@ private:
     int64_t chunk_rows(int64_t rows) const {
         return cfg_.accum_steps > 1 ? (rows + cfg_.accum_steps - 1) / cfg_.accum_steps : rows;
     }
-    // x_host [rows, d] into x_, times the input scale (data.normalize).
-    void upload_batch(const float* x_host, int64_t rows);
+    // x_host [rows, d] into x_ (widened on the backend), times the input scale (data.normalize).
+    void upload_batch(BatchView x_host, int64_t rows);
     // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
     std::vector<float> initial_b_dec(const float* x, int64_t rows);
     // The pass context over x_dev [rows, d] and the trainer's buffers.
@@ -227,7 +231,7 @@ private:
     StepResult collect_gradients();
     // train.accum_steps > 1: the gradients of x_host's rows in that many chunks, summed into
     // the gradient buffer; the step's result waits in accumulated_ for step_end.
-    void accumulate_gradients(const float* x_host, int64_t rows);
+    void accumulate_gradients(BatchView x_host, int64_t rows);
     // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
     void apply_update(StepResult& r);
     // apply_update's phases. The architecture's sums for after_step (zeros from a replica
@@ -287,9 +291,10 @@ private:
                             int64_t rows) const;
     // n_dead_total_ from every shard's n_dead_.
     void count_dead_over_shards();
-    // Rows [r0, r0 + rows) of x_host; on a latent shard the first shard's, broadcast into buf.
-    const float* first_shards_rows(const float* x_host, int64_t r0, int64_t rows,
-                                   std::vector<float>& buf) const;
+    // Rows [r0, r0 + rows) of x_host; on a latent shard the first shard's, broadcast (in their
+    // element type) into buf.
+    BatchView first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
+                                std::vector<char>& buf) const;
     // After the forward pass: x_hat summed over the shards.
     void reduce_x_hat(int64_t rows);
     // stream_*'s pieces: this shard's rows [n_ x cols] of a per-latent tensor (host), sent

@@ -9,6 +9,14 @@
 
 namespace saetrain {
 
+void Backend::upload_rows(float* dst, const void* src, DType t, int64_t n) {
+    if (n <= 0) return;
+    if (t == DType::f32) return upload(dst, src, n * int64_t{sizeof(float)});
+    std::vector<float> wide(static_cast<size_t>(n));
+    widen_to_f32(t, src, wide.data(), n);
+    upload(dst, wide.data(), n * int64_t{sizeof(float)});
+}
+
 // A host-memory backend exchanges its buffers through `group` itself. It still takes part in
 // the agreement: a CPU rank in a group of GPU ranks (a node without a GPU under backend: auto)
 // must refuse with the GPU ranks, in the same collectives, instead of leaving them in NCCL's

@@ -180,14 +180,15 @@ void add_io_terms(const PerfInputs& in, PerfPrediction& p) {
 }
 
 // The shard group's collectives over the intra-node link, per token of the replica's batch:
-// shard 0's batch broadcast in fp32 (the device holds the widened rows), the all-gather of
+// shard 0's batch broadcast as stored (bytes_per_element: 16-bit rows are widened after it,
+// on each shard's upload), the all-gather of
 // every shard's (value, index) candidates (TopK: k of 8 B per token from each of the S-1
 // others), and the ring all-reduce of the partial x_hat [B, d] with b_dec's gradient [d]
 // once a step.
 void add_shard_terms(const PerfInputs& in, PerfPrediction& p) {
     const double S = in.latent_shards, d = static_cast<double>(in.d_model);
     const double batch = static_cast<double>(in.batch), link = in.nvlink_gbps * 1e9;
-    const double bcast = 4.0 * d;
+    const double bcast = in.bytes_per_element * d;
     const double gather =
         in.kind == SaeKind::topk ? (S - 1.0) * static_cast<double>(in.k) * 8.0 : 0;
     const double reduce = 2.0 * (S - 1.0) / S * 4.0 * d * (batch + 1.0) / batch;

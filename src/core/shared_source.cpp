@@ -19,26 +19,35 @@ SharedBatchSource::SharedBatchSource(BatchSource& local, Communicator& group, in
     double rows = static_cast<double>(local.total_rows());
     group.allreduce_sum(&rows, 1);
     total_ = static_cast<int64_t>(rows);
-    const size_t block = static_cast<size_t>(1 + max_share_ * local.d_model());
-    send_.resize(block);
-    recv_.resize(block * static_cast<size_t>(g));
+    // The blocks are copied as bytes: every rank must hold the same element type (they read
+    // one dataset, so only a bug can make them differ).
+    int64_t type[2] = {static_cast<int64_t>(local.dtype()), -static_cast<int64_t>(local.dtype())};
+    group.allreduce_max(type, 2);
+    SAE_ENFORCE(type[0] == -type[1],
+                "shared batch source: rank {} of the stream delivers {} rows, another rank "
+                "another type",
+                r, dtype_name(local.dtype()));
+    row_bytes_ = local.d_model() * dtype_size(local.dtype());
+    const int64_t words = 1 + (max_share_ * row_bytes_ + 7) / 8;
+    block_bytes_ = words * 8;
+    send_.resize(static_cast<size_t>(words));
+    recv_.resize(static_cast<size_t>(words * g));
 }
 
-int64_t SharedBatchSource::next(float* out, int64_t rows) {
+int64_t SharedBatchSource::next(void* out, int64_t rows) {
     SAE_ENFORCE(rows == batch_rows_, "shared batch source built for {} rows, asked for {}",
                 batch_rows_, rows);
-    const int64_t d = local_.d_model();
-    const int64_t got = local_.next(send_.data() + 1, share_);
-    send_[0] = static_cast<float>(got);  // exact: shares are far below 2^24 rows
+    send_[0] = local_.next(send_.data() + 1, share_);
     const auto t0 = std::chrono::steady_clock::now();
-    group_.allgather(send_.data(), recv_.data(),
-                     static_cast<int64_t>(send_.size() * sizeof(float)));
+    group_.allgather(send_.data(), recv_.data(), block_bytes_);
     exchange_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    exchanged_ += block_bytes_ * (group_.size() - 1);
+    auto* dst = static_cast<char*>(out);
     int64_t done = 0;
     for (int p = 0; p < group_.size(); ++p) {
-        const float* block = recv_.data() + static_cast<size_t>(p) * send_.size();
-        const auto n = static_cast<int64_t>(block[0]);
-        std::memcpy(out + done * d, block + 1, static_cast<size_t>(n * d) * sizeof(float));
+        const int64_t* block = recv_.data() + static_cast<size_t>(p) * send_.size();
+        const int64_t n = block[0];
+        std::memcpy(dst + done * row_bytes_, block + 1, static_cast<size_t>(n * row_bytes_));
         done += n;
     }
     return done;
@@ -49,15 +58,18 @@ BroadcastBatchSource::BroadcastBatchSource(BatchSource* reader, Communicator& gr
     : reader_(group.rank() == 0 ? reader : nullptr), group_(group), d_(d_model) {
     SAE_ENFORCE(group.rank() != 0 || reader != nullptr,
                 "BroadcastBatchSource: the group's first rank needs a reader");
-    total_ = reader_ ? reader_->total_rows() : 0;
-    group.bcast(&total_, sizeof(total_), 0);
+    int64_t head[2] = {reader_ ? reader_->total_rows() : 0,
+                       static_cast<int64_t>(reader_ ? reader_->dtype() : DType::f32)};
+    group.bcast(head, sizeof(head), 0);
+    total_ = head[0];
+    dtype_ = static_cast<DType>(head[1]);
 }
 
-int64_t BroadcastBatchSource::next(float* out, int64_t rows) {
+int64_t BroadcastBatchSource::next(void* out, int64_t rows) {
     int64_t got = reader_ ? reader_->next(out, rows) : 0;
     const auto t0 = std::chrono::steady_clock::now();
     group_.bcast(&got, sizeof(got), 0);
-    if (got > 0) group_.bcast(out, got * d_ * static_cast<int64_t>(sizeof(float)), 0);
+    if (got > 0) group_.bcast(out, got * d_ * dtype_size(dtype_), 0);
     exchange_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return got;
 }

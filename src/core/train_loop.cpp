@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -29,47 +28,30 @@ struct Interval {
     }
 };
 
-bool all_finite(const float* x, int64_t n, int threads) {
-    // NaN and Inf are the floats whose exponent bits are all ones. An integer OR-reduction over
-    // the bits vectorizes (a float reduction would not, without -ffast-math). On several
-    // threads: one core reads a 12.6 MB batch in about a millisecond, a GPU step's worth.
-    uint32_t bad = 0;
-    const bool parallel = n > (1 << 18);
-    // clang-format off
-#pragma omp parallel for simd schedule(static) num_threads(threads) reduction(|: bad) if (parallel)
-    // clang-format on
-    for (int64_t i = 0; i < n; ++i) {
-        uint32_t b;
-        std::memcpy(&b, x + i, sizeof(b));
-        bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
-    }
-    return bad == 0;
-}
-
 // The batch buffer, from opt.batch_allocator when one is given (pinned memory on a CUDA rank),
-// else the heap.
+// else the heap; `bytes` of the source's rows, in their element type (16-bit rows stay 16-bit
+// up to the upload).
 class BatchBuffer {
 public:
-    BatchBuffer(const HostAllocator& allocator, int64_t floats) {
-        const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+    BatchBuffer(const HostAllocator& allocator, int64_t bytes_wanted) {
+        const auto bytes = static_cast<size_t>(bytes_wanted);
         if (!allocator.alloc) {
-            heap_.resize(static_cast<size_t>(floats));
+            heap_.resize((bytes + sizeof(float) - 1) / sizeof(float));  // float-aligned
             data_ = heap_.data();
             return;
         }
         void* p = allocator.alloc(bytes);
         SAE_ENFORCE(p != nullptr, "cannot allocate the {:.1f} MB batch buffer ({} memory)",
                     static_cast<double>(bytes) / 1e6, allocator.name);
-        allocated_ = {static_cast<float*>(p),
-                      [free = allocator.free, bytes](float* q) { free(q, bytes); }};
+        allocated_ = {p, [free = allocator.free, bytes](void* q) { free(q, bytes); }};
         data_ = allocated_.get();
     }
-    float* data() const { return data_; }
+    void* data() const { return data_; }
 
 private:
     std::vector<float> heap_;
-    std::unique_ptr<float, std::function<void(float*)>> allocated_;
-    float* data_ = nullptr;
+    std::unique_ptr<void, std::function<void(void*)>> allocated_;
+    void* data_ = nullptr;
 };
 
 // One run of the loop: the state train_loop's phases share.
@@ -80,7 +62,8 @@ public:
           source_(source),
           opt_(opt),
           d_(source.d_model()),
-          batch_(opt.batch_allocator, opt.batch_size * source.d_model()),
+          dtype_(source.dtype()),
+          batch_(opt.batch_allocator, opt.batch_size * source.d_model() * dtype_size(dtype_)),
           threads_(std::max(1, opt.threads)),
           // Model FLOPs per token (the architecture's count): what TFLOP/s and MFU count. TopK
           // runs sparse kernels on every backend, so its count is 2*d*n + 8*k*d.
@@ -102,6 +85,7 @@ public:
 private:
     bool next_batch();
     void fetch();
+    BatchView batch() const;  // the batch in batch_
     int64_t usable_rows();
     bool initialize(int64_t use);
     void train(int64_t use);
@@ -115,6 +99,7 @@ private:
     BatchSource& source_;
     const LoopOptions& opt_;
     const int64_t d_;
+    const DType dtype_;  // of the source's rows, and so of batch_
     BatchBuffer batch_;
     const int threads_;
     const double flops_per_token_;
@@ -123,10 +108,10 @@ private:
     LoopResult res_;
     int64_t iter_;
     bool initialized_;
-    // The batch in batch_: its rows and whether every value is finite. `held_`: it was fetched
-    // during the previous step (LoopOptions::overlap) and is not trained yet.
-    int64_t rows_ = 0;
-    bool finite_ = true, held_ = false, stopping_ = false;
+    // The batch in batch_: its rows and the first holding NaN/Inf (-1: none). `held_`: it was
+    // fetched during the previous step (LoopOptions::overlap) and is not trained yet.
+    int64_t rows_ = 0, bad_row_ = -1;
+    bool held_ = false, stopping_ = false;
     // The log interval: its sums, its start, the source's counters then, and the seconds of
     // evaluation in it (kept out of its rates).
     Interval iv_;
@@ -173,17 +158,22 @@ void TrainLoop::fetch() {
     rows_ = source_.next(batch_.data(), opt_.batch_size);
     res_.data_s += seconds_since(t);
     t = Clock::now();
-    finite_ = rows_ == 0 || all_finite(batch_.data(), rows_ * d_, threads_);
+    // On the stored bits: 16-bit rows are checked at half the bytes, with the decision the
+    // widened floats would give.
+    bad_row_ = first_nonfinite_row(dtype_, batch_.data(), rows_, d_, threads_);
     res_.check_s += seconds_since(t);
 }
 
+BatchView TrainLoop::batch() const { return {batch_.data(), dtype_}; }
+
 // The rows of the batch the step trains on: all of them, or none when it holds NaN or Inf.
 int64_t TrainLoop::usable_rows() {
-    if (finite_) return rows_;
+    if (bad_row_ < 0) return rows_;
     SAE_ENFORCE(!opt_.stop_on_nonfinite,
-                "the batch of iteration {} holds NaN or Inf values (data.nonfinite: stop); "
-                "inspect the shards with sae-inspect or set data.nonfinite: skip",
-                iter_);
+                "the batch of iteration {} holds NaN or Inf values, first in its row {} of {} "
+                "(data.nonfinite: stop); inspect the shards with sae-inspect or set "
+                "data.nonfinite: skip",
+                iter_, bad_row_, rows_);
     ++res_.nonfinite_batches;
     return 0;  // still joins the step's collectives, with no rows
 }
@@ -194,7 +184,7 @@ bool TrainLoop::initialize(int64_t use) {
     int64_t usable = use > 0 ? 1 : 0;
     if (opt_.world) opt_.world->allreduce_max(&usable, 1);
     if (!usable) return false;
-    trainer_.init(batch_.data(), use), initialized_ = true;
+    trainer_.init(batch(), use), initialized_ = true;
     return true;
 }
 
@@ -219,7 +209,7 @@ void TrainLoop::train(int64_t use) {
 
 StepResult TrainLoop::step(int64_t use, bool fetch_ahead) {
     auto t_step = Clock::now();
-    trainer_.step_begin(batch_.data(), use);  // the batch is uploaded: batch_ is free again
+    trainer_.step_begin(batch(), use);  // the batch is uploaded: batch_ is free again
     if (fetch_ahead) {
         res_.step_s += seconds_since(t_step);
         fetch();

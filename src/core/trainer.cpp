@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "arch/common.h"
@@ -101,9 +102,9 @@ PassContext SaeTrainer::context(const float* x, int64_t rows) {
     return c;
 }
 
-void SaeTrainer::upload_batch(const float* x_host, int64_t rows) {
+void SaeTrainer::upload_batch(BatchView x_host, int64_t rows) {
     ensure_batch(rows);
-    be_.upload(x_.data(), x_host, rows * d_ * static_cast<int64_t>(sizeof(float)));
+    be_.upload_rows(x_.data(), x_host.data, x_host.dtype, rows * d_);
     if (input_scale_ != 1.0f) be_.axpby(x_.data(), x_.data(), input_scale_, 0.0f, rows * d_);
 }
 
@@ -147,7 +148,15 @@ std::vector<float> SaeTrainer::initial_b_dec(const float* x, int64_t rows) {
     return b;
 }
 
-void SaeTrainer::init(const float* x_raw, int64_t rows) {
+void SaeTrainer::init(BatchView x_host, int64_t rows) {
+    // The statistics below read floats on the host: 16-bit rows are widened once, here.
+    std::vector<float> wide;
+    const float* x_raw = static_cast<const float*>(x_host.data);
+    if (x_host.dtype != DType::f32) {
+        wide.resize(static_cast<size_t>(rows * d_));
+        widen_to_f32(x_host.dtype, x_host.data, wide.data(), rows * d_);
+        x_raw = wide.data();
+    }
     // data.normalize: c = sqrt(d / mean ||x||^2) over all replicas' rows of this batch.
     std::vector<float> scaled;
     const float* x = x_raw;
@@ -245,14 +254,14 @@ void SaeTrainer::reduce_x_hat(int64_t rows) {
     if (sharded()) shard_.backend_group->allreduce_sum(xhat_.data(), rows * d_);
 }
 
-void SaeTrainer::reconstruct(const float* x_host, int64_t rows, int64_t batch_rows,
+void SaeTrainer::reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows,
                              float* x_hat_host) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::reconstruct during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::reconstruct: batch_rows must be >= 1");
     batch_rows = chunk_rows(batch_rows);
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
         const int64_t B = std::min(batch_rows, rows - r0);
-        upload_batch(x_host + r0 * d_, B);
+        upload_batch(x_host.rows_from(r0, d_), B);
         forward(x_.data(), B, false);
         be_.download(x_hat_host + r0 * d_, xhat_.data(), B * d_ * int64_t{sizeof(float)});
     }
@@ -260,16 +269,22 @@ void SaeTrainer::reconstruct(const float* x_host, int64_t rows, int64_t batch_ro
         for (int64_t i = 0; i < rows * d_; ++i) x_hat_host[i] /= input_scale_;
 }
 
-const float* SaeTrainer::first_shards_rows(const float* x_host, int64_t r0, int64_t rows,
-                                           std::vector<float>& buf) const {
-    if (!sharded()) return x_host + r0 * d_;
-    buf.resize(static_cast<size_t>(rows * d_));
-    if (shard_.index == 0) std::copy_n(x_host + r0 * d_, rows * d_, buf.begin());
-    shard_.group->bcast(buf.data(), rows * d_ * int64_t{sizeof(float)}, 0);
-    return buf.data();
+BatchView SaeTrainer::first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
+                                        std::vector<char>& buf) const {
+    if (!sharded()) return x_host.rows_from(r0, d_);
+    // The element type is the first shard's: the others may pass no rows at all.
+    int64_t type = static_cast<int64_t>(x_host.dtype);
+    shard_.group->bcast(&type, sizeof(type), 0);
+    const auto t = static_cast<DType>(type);
+    const int64_t bytes = rows * d_ * dtype_size(t);
+    buf.resize(static_cast<size_t>(bytes));
+    if (shard_.index == 0)
+        std::memcpy(buf.data(), x_host.rows_from(r0, d_).data, static_cast<size_t>(bytes));
+    shard_.group->bcast(buf.data(), bytes, 0);
+    return {buf.data(), t};
 }
 
-EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch_rows) {
+EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_rows) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
     batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
@@ -285,7 +300,7 @@ EvalResult SaeTrainer::evaluate(const float* x_host, int64_t rows, int64_t batch
     std::vector<float> act;
     std::vector<double> local_decorr = {0.0, 0.0};  // [decorr_rms, 1 when measured]
     DeviceArray<float> db_dec_scratch(be_, d);
-    std::vector<float> shared;  // latent shards: the first shard's batch, broadcast
+    std::vector<char> shared;  // latent shards: the first shard's batch, broadcast
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
         const int64_t B = std::min(batch_rows, rows - r0);
         upload_batch(first_shards_rows(x_host, r0, B, shared), B);
@@ -552,12 +567,12 @@ std::vector<SaeTrainer::Range> SaeTrainer::owned_ranges(int64_t q) const {
     return ranges(n_ * q / R, n_ * (q + 1) / R, q == R - 1);
 }
 
-StepResult SaeTrainer::step(const float* x_host, int64_t rows) {
+StepResult SaeTrainer::step(BatchView x_host, int64_t rows) {
     step_begin(x_host, rows);
     return step_end();
 }
 
-void SaeTrainer::accumulate_gradients(const float* x_host, int64_t rows) {
+void SaeTrainer::accumulate_gradients(BatchView x_host, int64_t rows) {
     const int64_t chunks = std::min(cfg_.accum_steps, rows), d = d_;
     if (accum_grads_.size() < n_params_) accum_grads_ = DeviceArray<float>(be_, n_params_);
     StepResult sum;
@@ -566,7 +581,7 @@ void SaeTrainer::accumulate_gradients(const float* x_host, int64_t rows) {
     std::vector<int64_t> fired(static_cast<size_t>(n_), 0);
     for (int64_t a = 0; a < chunks; ++a) {
         const int64_t r0 = rows * a / chunks, r1 = rows * (a + 1) / chunks;
-        upload_batch(x_host + r0 * d, r1 - r0);
+        upload_batch(x_host.rows_from(r0, d), r1 - r0);
         launch_gradients(x_.data(), r1 - r0, 1);  // the summed loss: chunks add up
         last_rows_ = r1 - r0;                     // the activations the pass now holds
         const StepResult c = collect_gradients();
@@ -591,7 +606,7 @@ void SaeTrainer::accumulate_gradients(const float* x_host, int64_t rows) {
     pending_rows_ = rows;
 }
 
-void SaeTrainer::step_begin(const float* x_host, int64_t rows) {
+void SaeTrainer::step_begin(BatchView x_host, int64_t rows) {
     SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::step_begin: the previous step has not ended");
     last_rows_ = rows;
     pending_accumulated_ = false;

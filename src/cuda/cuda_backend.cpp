@@ -30,7 +30,10 @@ public:
           stream_(cuda::make_stream()),
           gemm_(stream_.get(), o.gemm),
           ws_(stream_.get()) {}
-    ~CudaBackend() override { cudaStreamSynchronize(stream_.get()); }
+    ~CudaBackend() override {
+        staging_.reset();  // freed on the stream, before the stream goes
+        cudaStreamSynchronize(stream_.get());
+    }
 
     std::string name() const override {
         return fmt::format(
@@ -72,6 +75,16 @@ public:
         SAE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
                                        stream()));
         SAE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    }
+    // 16-bit rows cross PCIe as stored (half of float32's bytes) into a staging buffer, kept
+    // and grown to the largest batch, and are widened by cuda::widen_16bit on the stream; the
+    // wait is for the copy only (the host buffer is free again), the kernel stays queued.
+    void upload_rows(float* dst, const void* src, DType t, int64_t n) override {
+        if (n <= 0) return;
+        if (t == DType::f32) return upload(dst, src, n * int64_t{sizeof(float)});
+        if (staging_.size() < n) staging_ = DeviceArray<uint16_t>(*this, n);
+        upload(staging_.data(), src, n * int64_t{sizeof(uint16_t)});
+        cuda::widen_16bit(stream(), staging_.data(), dst, n, t == DType::bf16);
     }
     void fill(float* x, int64_t n, float value) override { cuda::fill(stream(), x, n, value); }
     void synchronize() override { SAE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
@@ -280,6 +293,7 @@ private:
     cuda::Stream stream_;
     cuda::LtGemm gemm_;
     cuda::Workspace ws_;
+    DeviceArray<uint16_t> staging_;  // upload_rows: the stored 16-bit words before widening
 };
 
 CudaBackend& as_cuda(Backend& b) {

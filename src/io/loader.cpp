@@ -3,8 +3,9 @@
 // Three parties, two queues of buffer indices between them:
 //   reader thread  : reads a window's chunks (raw stored bytes) into one of two window buffers;
 //                    the only thread that touches the files (and HDF5, for fallback shards).
-//   emitter thread : takes a filled window, permutes its rows, converts them to float32 into
-//                    a ring of output blocks, and gives the window buffer back.
+//   emitter thread : takes a filled window, permutes its rows into a ring of output blocks (as
+//                    stored, or widened to float32 with LoaderOptions::widen), and gives the
+//                    window buffer back.
 //   next()         : copies rows out of ready blocks (the one copy the trainer sees); the time
 //                    it blocks on an empty ring is wait_seconds().
 // Memory: two windows of stored bytes, the output ring, one permutation; all allocated once
@@ -161,6 +162,8 @@ struct ShardBatchSource::Impl {
     LoaderOptions opt;
     ShufflePlan plan;
     int64_t d = 0, per_epoch = 0, total = 0, disk_row_bytes = 0;
+    DType out_type = DType::f32;  // what next() delivers: the stored type, or float32 (widen)
+    int64_t out_row_bytes = 0;
 
     // Consumer state (the caller's thread).
     int64_t delivered = 0;  // rows returned by next(), counted over the whole run
@@ -178,11 +181,11 @@ struct ShardBatchSource::Impl {
     std::atomic<int64_t> reader_at{0};  // bytes of the first window read so far
     Channel free_windows, full_windows;
 
-    // Output ring: n_blocks blocks of block_rows float32 rows.
+    // Output ring: n_blocks blocks of block_rows rows of out_type.
     int64_t block_rows = 0;
     int n_blocks = 0;
     BigBuffer block_mem;
-    float* blocks = nullptr;         // [n_blocks, block_rows, d] in block_mem
+    char* blocks = nullptr;          // [n_blocks, block_rows, d] of out_type in block_mem
     std::vector<int64_t> block_len;  // rows in each block
     Channel free_blocks, ready_blocks;
     std::vector<uint32_t> perm;  // emitter's permutation of the current window
@@ -209,6 +212,8 @@ struct ShardBatchSource::Impl {
         per_epoch = range.size();
         total = rows_of_run(opt, per_epoch);
         disk_row_bytes = d * dtype_size(info.dtype);
+        out_type = opt.widen ? DType::f32 : info.dtype;
+        out_row_bytes = d * dtype_size(out_type);
         if (!opt.allocator.alloc || !opt.allocator.free) opt.allocator = host_allocator_default();
     }
 
@@ -242,12 +247,15 @@ struct ShardBatchSource::Impl {
         const int64_t window_rows = plan.window_capacity();
         for (Window& w : windows)
             w.bytes.allocate(static_cast<size_t>(window_rows * disk_row_bytes), opt.allocator);
-        // Output blocks of about read_bytes/4 of float32 (>= 1 row); the ring is ring_bytes.
-        block_rows = std::max<int64_t>(1, std::min<int64_t>(opt.read_bytes / 4, 4 << 20) / (d * 4));
-        n_blocks = static_cast<int>(std::max<int64_t>(2, opt.ring_bytes / (block_rows * d * 4)));
-        block_mem.allocate(static_cast<size_t>(n_blocks * block_rows * d) * sizeof(float),
+        // Output blocks of about read_bytes/4 bytes (>= 1 row); the ring is ring_bytes: 16-bit
+        // rows delivered as stored fit twice as many rows in it as float32.
+        block_rows =
+            std::max<int64_t>(1, std::min<int64_t>(opt.read_bytes / 4, 4 << 20) / out_row_bytes);
+        n_blocks =
+            static_cast<int>(std::max<int64_t>(2, opt.ring_bytes / (block_rows * out_row_bytes)));
+        block_mem.allocate(static_cast<size_t>(n_blocks * block_rows * out_row_bytes),
                            opt.allocator);
-        blocks = reinterpret_cast<float*>(block_mem.data());
+        blocks = block_mem.data();
         block_len.assign(static_cast<size_t>(n_blocks), 0);
         perm.reserve(static_cast<size_t>(window_rows));
         buffer_bytes = static_cast<int64_t>(2 * windows[0].bytes.bytes() + block_mem.bytes() +
@@ -384,15 +392,28 @@ struct ShardBatchSource::Impl {
                 int b = 0;
                 if (!free_blocks.pop(&b)) return;
                 const int64_t n = std::min({block_rows, win.rows - p, total - global});
-                float* dst = blocks + static_cast<size_t>(b) * block_rows * d;
-                // A block's rows are converted on convert_threads threads: one thread gathers
+                char* dst = blocks + static_cast<int64_t>(b) * block_rows * out_row_bytes;
+                // One row from the window into the block: as stored, or widened.
+                const bool widen = out_type != info.dtype;
+                auto emit_row = [&](const char* src, int64_t i) {
+                    if (widen)
+                        widen_to_f32(info.dtype, src,
+                                     reinterpret_cast<float*>(dst + i * out_row_bytes), d);
+                    else
+                        std::memcpy(dst + i * out_row_bytes, src,
+                                    static_cast<size_t>(out_row_bytes));
+                };
+                // A block's rows are gathered on convert_threads threads: one thread gathers
                 // and widens ~0.5M 16-bit rows/s of d 768, less than a GPU trains.
                 const int nt = n * d >= (1 << 15) ? std::max(1, opt.convert_threads) : 1;
-                if (!plan.shuffled()) {
+                if (!plan.shuffled() && !widen) {
+                    // Disk order as stored: the block is one run of the window.
+                    std::memcpy(dst, win.bytes.data() + p * disk_row_bytes,
+                                static_cast<size_t>(n * disk_row_bytes));
+                } else if (!plan.shuffled()) {
 #pragma omp parallel for schedule(static) num_threads(nt)
                     for (int64_t i = 0; i < n; ++i)
-                        io::convert_to_f32(info.dtype, win.bytes.data() + (p + i) * disk_row_bytes,
-                                           dst + i * d, d);
+                        emit_row(win.bytes.data() + (p + i) * disk_row_bytes, i);
                 } else {
                     const char* base = win.bytes.data();
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -405,9 +426,7 @@ struct ShardBatchSource::Impl {
                             for (int64_t k = 0; k < disk_row_bytes; k += 256)
                                 __builtin_prefetch(ahead + k);
                         }
-                        io::convert_to_f32(
-                            info.dtype, base + static_cast<int64_t>(perm[p + i]) * disk_row_bytes,
-                            dst + i * d, d);
+                        emit_row(base + static_cast<int64_t>(perm[p + i]) * disk_row_bytes, i);
                     }
                 }
                 block_len[static_cast<size_t>(b)] = n;
@@ -452,6 +471,7 @@ ShardBatchSource::ShardBatchSource(const DatasetInfo& info, RowRange range,
 ShardBatchSource::~ShardBatchSource() = default;
 
 int64_t ShardBatchSource::d_model() const { return impl_->d; }
+DType ShardBatchSource::dtype() const { return impl_->out_type; }
 int64_t ShardBatchSource::total_rows() const { return impl_->total; }
 int64_t ShardBatchSource::bytes_read() const { return impl_->bytes.load(); }
 double ShardBatchSource::wait_seconds() const { return impl_->wait_s; }
@@ -480,26 +500,27 @@ void ShardBatchSource::restore(ReaderCursor c) {
     impl_->start(c);
 }
 
-int64_t ShardBatchSource::next(float* out, int64_t rows) {
+int64_t ShardBatchSource::next(void* out, int64_t rows) {
     Impl& m = *impl_;
     rows = std::min(rows, m.total - m.delivered);
     // Blocks are taken from the ring and copied out in rounds of at most half the ring (the
     // reader keeps the other half to fill); a round's copies run on copy_threads threads, in
     // pieces of about 1 MB.
     struct Piece {
-        const float* src;
-        float* dst;
-        int64_t n;  // floats
+        const char* src;
+        char* dst;
+        int64_t n;  // bytes
     };
     std::vector<Piece> pieces;
     std::vector<int> held;
     const size_t max_held = static_cast<size_t>(std::max(1, m.n_blocks / 2));
-    const int64_t piece_floats = std::max<int64_t>(m.d, (1 << 20) / 4 / m.d * m.d);
+    const int64_t row_bytes = m.out_row_bytes;
+    const int64_t piece_bytes = std::max<int64_t>(row_bytes, (1 << 20) / row_bytes * row_bytes);
     auto flush = [&] {
         const auto np = static_cast<int64_t>(pieces.size());
 #pragma omp parallel for schedule(static) num_threads(m.opt.copy_threads) if (np > 1)
         for (int64_t i = 0; i < np; ++i)
-            std::memcpy(pieces[i].dst, pieces[i].src, static_cast<size_t>(pieces[i].n) * 4);
+            std::memcpy(pieces[i].dst, pieces[i].src, static_cast<size_t>(pieces[i].n));
         for (int b : held) m.free_blocks.push(b);
         pieces.clear(), held.clear();
     };
@@ -524,10 +545,11 @@ int64_t ShardBatchSource::next(float* out, int64_t rows) {
         }
         const size_t b = static_cast<size_t>(m.cur);
         const int64_t n = std::min(rows - done, m.block_len[b] - m.cur_pos);
-        const float* src = m.blocks + (static_cast<int64_t>(b) * m.block_rows + m.cur_pos) * m.d;
-        float* dst = out + done * m.d;
-        for (int64_t f = 0; f < n * m.d; f += piece_floats)
-            pieces.push_back({src + f, dst + f, std::min(piece_floats, n * m.d - f)});
+        const char* src =
+            m.blocks + (static_cast<int64_t>(b) * m.block_rows + m.cur_pos) * row_bytes;
+        char* dst = static_cast<char*>(out) + done * row_bytes;
+        for (int64_t f = 0; f < n * row_bytes; f += piece_bytes)
+            pieces.push_back({src + f, dst + f, std::min(piece_bytes, n * row_bytes - f)});
         m.cur_pos += n, done += n;
         if (m.cur_pos == m.block_len[b]) {
             held.push_back(m.cur), m.cur = -1;

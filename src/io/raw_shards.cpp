@@ -1,14 +1,10 @@
-// raw_shards.cpp — layout probing, pread of stored rows, H5Dread fallback, conversion, and
-// read_rows (shards.h) built on them.
+// raw_shards.cpp — layout probing, pread of stored rows, H5Dread fallback, and read_rows
+// (shards.h) built on them.
 #include "raw_shards.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#if defined(__F16C__) && defined(__AVX__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -16,7 +12,6 @@
 
 #include "h5.h"
 #include "saetrain/error.h"
-#include "saetrain/sae_math.h"  // defines: fp16_bits_to_float, bf16_bits_to_float
 
 namespace saetrain::io {
 
@@ -27,7 +22,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 namespace {
 
-// True when the stored element type is exactly what convert_to_f32 expects for `t`, in
+// True when the stored element type is exactly what widen_to_f32 expects for `t`, in
 // little-endian order; else *why says what differs.
 bool plain_type(hid_t dset, DType t, std::string* why) {
     h5::Type ft(SAE_H5_CHECK(H5Dget_type(dset)));
@@ -427,29 +422,6 @@ int RawRowReader::hdf5_shards() const {
 
 const ShardLayout& RawRowReader::layout(size_t shard) const { return impl_->layouts[shard]; }
 
-// --- conversion ----------------------------------------------------------------------------
-
-void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
-    if (t == DType::f32) {
-        std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-        return;
-    }
-    const auto* s = static_cast<const uint16_t*>(src);
-    if (t == DType::f16) {
-        int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX__)
-        // The CPU's own conversion (exact, NaN payloads kept: the tests check all inputs).
-        for (; i + 8 <= n; i += 8) {
-            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-        }
-#endif
-        for (; i < n; ++i) dst[i] = math::fp16_bits_to_float(s[i]);
-    } else {
-        for (int64_t i = 0; i < n; ++i) dst[i] = math::bf16_bits_to_float(s[i]);
-    }
-}
-
 }  // namespace saetrain::io
 
 // --- whole ranges ---------------------------------------------------------------------------
@@ -466,7 +438,7 @@ std::vector<float> read_rows(const DatasetInfo& info, RowRange range) {
     for (int64_t row = range.begin; row < range.end; row += step) {
         const int64_t n = std::min(step, range.end - row);
         reader.read(row, n, stored.data());
-        io::convert_to_f32(info.dtype, stored.data(), out.data() + (row - range.begin) * d, n * d);
+        widen_to_f32(info.dtype, stored.data(), out.data() + (row - range.begin) * d, n * d);
     }
     return out;
 }

@@ -64,9 +64,4 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-// Converts n stored elements to float32: math::fp16_bits_to_float / bf16_bits_to_float, or the
-// CPU's F16C instructions where present (the same bits, except that a signalling NaN comes out
-// quiet).
-void convert_to_f32(DType t, const void* src, float* dst, int64_t n);
-
 }  // namespace saetrain::io

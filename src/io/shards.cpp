@@ -14,27 +14,6 @@ namespace fs = std::filesystem;
 
 namespace saetrain {
 
-const char* dtype_name(DType t) {
-    switch (t) {
-        case DType::f32:
-            return "float32";
-        case DType::f16:
-            return "float16";
-        case DType::bf16:
-            return "bfloat16";
-    }
-    return "?";
-}
-
-int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
-
-DType dtype_parse(const std::string& s) {
-    if (s == "f32" || s == "float32") return DType::f32;
-    if (s == "f16" || s == "float16" || s == "fp16") return DType::f16;
-    if (s == "bf16" || s == "bfloat16") return DType::bf16;
-    throw Error(fmt::format("unknown dtype '{}'; use f32, f16 or bf16", s));
-}
-
 // --- listing and validation ----------------------------------------------------------------
 
 namespace {

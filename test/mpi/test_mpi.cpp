@@ -21,6 +21,7 @@
 #include "saetrain/layout.h"
 #include "saetrain/loader.h"
 #include "saetrain/mpi_world.h"
+#include "saetrain/sae_math.h"
 #include "saetrain/sharded_topk.h"
 #include "saetrain/shared_source.h"
 #include "saetrain/synth.h"
@@ -50,7 +51,8 @@ fs::path shared_temp_dir(const std::string& name) {
 }
 
 // Synthetic shards written once by rank 0 into a directory every rank sees.
-std::string shared_dataset(const std::string& name, int64_t rows, int64_t d) {
+std::string shared_dataset(const std::string& name, int64_t rows, int64_t d,
+                           DType dtype = DType::f32, bool chunked = false) {
     const fs::path dir = shared_temp_dir(name);
     if (g_world->rank() == 0) {
         fs::remove_all(dir);
@@ -61,6 +63,10 @@ std::string shared_dataset(const std::string& name, int64_t rows, int64_t d) {
         so.rows = rows;
         so.shards = 3;
         so.seed = 11;
+        so.dtype = dtype;
+        so.chunked = chunked;
+        so.chunk_rows = 70;
+        if (dtype != DType::f32) so.noise_std = 0.5;  // distinct rows even in 16 bits
         synth_write(so);
     }
     g_world->barrier();
@@ -162,6 +168,83 @@ TEST(Mpi, SharedStreamIsIdenticalAndExactlyOnce) {
     EXPECT_NE(std::vector<float>(seen.begin(), seen.begin() + d * 50),
               std::vector<float>(disk.begin(), disk.begin() + d * 50))
         << "the stream should be shuffled";
+}
+
+// 16-bit words widened one by one with sae_math.h's reference conversions.
+std::vector<float> widened(DType t, const uint16_t* w, int64_t n) {
+    std::vector<float> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+        out[i] = t == DType::bf16 ? math::bf16_bits_to_float(w[i]) : math::fp16_bits_to_float(w[i]);
+    return out;
+}
+
+// The shared sweep's all-gather of 16-bit rows (LoaderOptions::widen = false, as saetrain
+// reads): every step's batch is the same on every rank and, widened, bit for bit the batch
+// of the float32 stream over the same slices; the exchange moves half the bytes (a block per
+// other rank of its row count and max_share rows of 2-byte values).
+TEST(Mpi, SharedStreamOfSixteenBitRowsIsTheWidenedStream) {
+    Communicator& w = *g_world;
+    const int64_t d = 8, total = 4003, batch = 250;  // rows not divisible by ranks or batch
+    const int64_t g = w.size(), max_share = (batch + g - 1) / g;
+    for (DType t : {DType::bf16, DType::f16}) {
+        const bool chunked = t == DType::f16;
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " chunked " << chunked);
+        const DatasetInfo data = dataset_open(
+            shared_dataset(std::string("shared16_") + dtype_name(t), total, d, t, chunked));
+        LoaderOptions wide;
+        wide.shuffle_rows = 700;
+        wide.seed = 5 + static_cast<uint64_t>(w.rank());
+        LoaderOptions kept = wide;
+        kept.widen = false;
+        const RowRange mine = partition_rows(total, w.rank(), w.size());
+        ShardBatchSource local_f32(data, mine, wide), local_16(data, mine, kept);
+        SharedBatchSource s32(local_f32, w, batch), s16(local_16, w, batch);
+        ASSERT_EQ(s16.dtype(), t);
+        EXPECT_EQ(s16.total_rows(), total);
+        std::vector<float> f(static_cast<size_t>(batch * d));
+        std::vector<uint16_t> h(static_cast<size_t>(batch * d));
+        int64_t steps = 0, rows_seen = 0;
+        for (;;) {
+            const int64_t n32 = s32.next(f.data(), batch), n16 = s16.next(h.data(), batch);
+            ASSERT_EQ(n16, n32);
+            int64_t any = n16 > 0;
+            w.allreduce_max(&any, 1);
+            if (!any) break;
+            ++steps, rows_seen += n16;
+            const std::vector<float> wide16 = widened(t, h.data(), n16 * d);
+            ASSERT_EQ(std::memcmp(wide16.data(), f.data(), wide16.size() * 4), 0)
+                << "step " << steps;
+            const uint64_t hash = fnv1a(h.data(), static_cast<size_t>(n16 * d) * 2, uint64_t(n16));
+            std::vector<uint64_t> hs(w.size());
+            w.allgather(&hash, hs.data(), sizeof(hash));
+            for (int p = 0; p < w.size(); ++p) ASSERT_EQ(hs[p], hs[0]) << "step " << steps;
+        }
+        EXPECT_EQ(rows_seen, total);
+        const int64_t block16 = 8 * (1 + (max_share * d * 2 + 7) / 8);
+        const int64_t block32 = 8 * (1 + (max_share * d * 4 + 7) / 8);
+        EXPECT_EQ(s16.bytes_exchanged(), (steps + 1) * (g - 1) * block16);  // + the empty last
+        EXPECT_EQ(s32.bytes_exchanged(), (steps + 1) * (g - 1) * block32);
+    }
+}
+
+// Ranks of one stream that deliver different element types are refused on every rank (the
+// all-gather copies bytes).
+TEST(Mpi, SharedStreamRefusesMixedElementTypes) {
+    Communicator& w = *g_world;
+    const int64_t d = 4;
+    std::unique_ptr<MemoryBatchSource> local;
+    if (w.rank() == 0)
+        local =
+            std::make_unique<MemoryBatchSource>(std::vector<uint16_t>(40, 0x3c00), DType::f16, d);
+    else
+        local = std::make_unique<MemoryBatchSource>(std::vector<float>(40, 1.0f), d);
+    std::string error;
+    try {
+        SharedBatchSource s(*local, w, 8);
+    } catch (const Error& e) {
+        error = e.what();
+    }
+    EXPECT_NE(error.find("another type"), std::string::npos) << "rank " << w.rank() << error;
 }
 
 SaeConfig small_sae(const std::string& arch) {
@@ -646,6 +729,29 @@ TEST(Mpi, BroadcastBatchSourceGivesEveryShardTheReadersRows) {
     int64_t seen = 0;
     for (int64_t n; (n = src.next(got.data(), 4)) > 0; seen += n)
         for (int64_t i = 0; i < n * d; ++i) ASSERT_EQ(got[i], data[seen * d + i]);
+    EXPECT_EQ(seen, rows);
+}
+
+// The same with 16-bit rows: the other shards learn the reader's element type and receive its
+// words as they are (a NaN's bits included: nothing is converted on the way).
+TEST(Mpi, BroadcastBatchSourcePassesSixteenBitRowsAsTheyAre) {
+    Communicator& w = *g_world;
+    const int64_t d = 3, rows = 10;
+    auto group = w.split(w.rank() / 2, w.rank());  // pairs of ranks
+    std::vector<uint16_t> data(static_cast<size_t>(rows * d));
+    std::iota(data.begin(), data.end(), static_cast<uint16_t>(0x3c00 + 64 * (w.rank() / 2)));
+    data[7] = 0x7fc1;  // a bf16 NaN with a payload
+    std::unique_ptr<MemoryBatchSource> reader;
+    if (group->rank() == 0) reader = std::make_unique<MemoryBatchSource>(data, DType::bf16, d);
+    BroadcastBatchSource src(reader.get(), *group, d);
+    EXPECT_EQ(src.dtype(), DType::bf16);
+    EXPECT_EQ(src.total_rows(), rows);
+    std::vector<uint16_t> got(static_cast<size_t>(4 * d + 1), 0xABCD);
+    int64_t seen = 0;
+    for (int64_t n; (n = src.next(got.data(), 4)) > 0; seen += n) {
+        for (int64_t i = 0; i < n * d; ++i) ASSERT_EQ(got[i], data[seen * d + i]);
+        ASSERT_EQ(got[4 * d], 0xABCD);  // 2 bytes a value, not 4
+    }
     EXPECT_EQ(seen, rows);
 }
 
