@@ -1,5 +1,5 @@
-// arch.h — the architecture seam: what makes a ReLU, TopK, BatchTopK, JumpReLU or Gated SAE
-// different, in one place, and the one registry that names them.
+// arch.h — the architecture seam: what makes a ReLU, TopK, BatchTopK, JumpReLU, Gated or Switch
+// SAE different, in one place, and the one registry that names them.
 //
 // An Architecture is a stateless description (validation, id, parameters beyond the four every
 // SAE has, FLOPs, export fields, summary columns) plus a factory for an ArchPass: the per-SAE
