@@ -31,11 +31,11 @@
 #include "saetrain/config.h"            // defines: config_load, config_to_yaml, sweep_ids
 #include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
 #include "saetrain/fault.h"             // defines: Fault, fault_from_env (SAETRAIN_FAULT)
-#include "saetrain/layout.h"            // defines: layout_for (which SAE / replica this rank is)
 #include "saetrain/loader.h"            // defines: ShardBatchSource (a rank's slice, shuffled)
 #include "saetrain/metrics.h"           // defines: metrics_last_row
 #include "saetrain/mpi_world.h"         // defines: MpiScope, make_mpi_world, node_placement
 #include "saetrain/perfmodel.h"         // defines: mfu_peak (the peak MFU is measured against)
+#include "saetrain/rank_grid.h"         // defines: RankGrid (which SAE / replica / shard a rank is)
 #include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
 #include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
@@ -206,7 +206,7 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
              int world, const NodePlacement& place) {
     Setup s;
     s.cfg = std::move(cfg);
-    s.layout = layout_for(s.cfg, world, rank);
+    s.layout = RankGrid::from_config(s.cfg, world).at(rank);
     s.data = std::move(data);
     config_validate_for_data(s.cfg, s.data.d_model);
     for (const SaeConfig& c : s.cfg.sweep)

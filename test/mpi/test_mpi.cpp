@@ -18,9 +18,9 @@
 #include "saetrain/checkpoint.h"
 #include "saetrain/comm_choice.h"
 #include "saetrain/error.h"
-#include "saetrain/layout.h"
 #include "saetrain/loader.h"
 #include "saetrain/mpi_world.h"
+#include "saetrain/rank_grid.h"
 #include "saetrain/sae_math.h"
 #include "saetrain/sharded_topk.h"
 #include "saetrain/shared_source.h"
@@ -336,7 +336,7 @@ TEST(Mpi, HybridSplitsConfigsAndReplicas) {
     cfg.parallel.replicas = w.size() / 2;
     cfg.sweep = {small_sae("topk"), small_sae("topk")};
     cfg.sweep[1].k = 6;
-    const RankLayout l = layout_for(cfg, w.size(), w.rank());
+    const RankLayout l = RankGrid::from_config(cfg, w.size()).at(w.rank());
     EXPECT_EQ(l.configs, 2);
     EXPECT_EQ(l.config, w.rank() / (w.size() / 2));
     auto grads = w.split(l.config, l.replica);
@@ -371,7 +371,7 @@ TEST(Mpi, HybridSplitsConfigsAndReplicas) {
 
 // --- latent sharding (issue 15) -----------------------------------------------------------------
 
-// The world as R replicas x S latent shards (rank = replica * S + shard, as layout.h numbers
+// The world as R replicas x S latent shards (rank = replica * S + shard, as rank_grid.h numbers
 // them): this rank's replica and shard communicators and its LatentShard.
 struct ShardGrid {
     int S = 1, R = 1, shard = 0, replica = 0;
