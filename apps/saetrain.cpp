@@ -3,8 +3,9 @@
 //   saetrain CONFIG.yaml [--set key=value ...]      (mpirun/srun: one rank per device)
 //
 // Reads top-down (run() is the table of contents): start up, agreeing on failures (config,
-// data, layout, backend, this rank's slice); connect (the communicators and the stream of
-// batches); open run.out_dir; resume or start fresh; train; write the outputs and report.
+// data, the rank grid, backend, this rank's slice); connect (the grid's communicators and the
+// stream of batches); open run.out_dir; resume or start fresh; train; write the outputs and
+// report.
 // Only rank 0 writes the run's files and the console. docs/architecture.md follows a batch
 // through the layers below.
 #include <fmt/format.h>
@@ -35,7 +36,7 @@
 #include "saetrain/metrics.h"           // defines: metrics_last_row
 #include "saetrain/mpi_world.h"         // defines: MpiScope, make_mpi_world, node_placement
 #include "saetrain/perfmodel.h"         // defines: mfu_peak (the peak MFU is measured against)
-#include "saetrain/rank_grid.h"         // defines: RankGrid (which SAE / replica / shard a rank is)
+#include "saetrain/rank_grid.h"         // defines: RankGrid (coordinates, every communicator)
 #include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
 #include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
@@ -77,7 +78,8 @@ int cpu_threads_for_rank(int local_size) {
 struct Setup {
     std::unique_ptr<OutDirLock> lock;  // rank 0: held until the process ends
     Config cfg;
-    RankLayout layout;
+    RankGrid grid;      // the job's configs x replicas x latent shards
+    RankLayout layout;  // this rank's place in it
     DatasetInfo data;
     std::vector<std::string> ids;
     std::unique_ptr<Backend> backend;
@@ -206,7 +208,8 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
              int world, const NodePlacement& place) {
     Setup s;
     s.cfg = std::move(cfg);
-    s.layout = RankGrid::from_config(s.cfg, world).at(rank);
+    s.grid = RankGrid::from_config(s.cfg, world);
+    s.layout = s.grid.at(rank);
     s.data = std::move(data);
     config_validate_for_data(s.cfg, s.data.d_model);
     for (const SaeConfig& c : s.cfg.sweep)
@@ -319,97 +322,55 @@ std::optional<Setup> start_up(const Args& args, Communicator& world, const NodeP
     return setup;
 }
 
-// --- connect: the replicas of one SAE, the ranks that share a stream -----------------------
+// --- connect: the grid's communicators, the stream of batches ----------------------------------
 struct Connections {
-    std::unique_ptr<Communicator> grads;   // the replicas of this rank's SAE (its latent shard)
-    std::unique_ptr<Communicator> stream;  // the ranks that read one stream (shared sweep data)
-    std::unique_ptr<Communicator> shards;  // the latent shards of this replica (host buffers)
-    std::unique_ptr<Communicator> shards_backend;  // the same, for backend buffers
-    LatentShard shard;                             // this rank's part of the SAE (count 1: all)
+    GridComms groups;   // the replicas (gradients), the latent shards, the shared stream
+    LatentShard shard;  // this rank's part of the SAE (count 1: all)
     std::unique_ptr<SharedBatchSource> shared;
     std::unique_ptr<BroadcastBatchSource> from_reader;  // latent shards: the first one reads
     BatchSource* source = nullptr;                      // where this rank's batches come from
     int64_t steps = 0;                                  // optimizer steps of the run
+    Communicator& grads() { return *groups.replicas; }  // the replicas of this rank's SAE
 };
 
-// The communicator one group exchanges backend buffers through (Backend::gradient_comm: its
-// ranks agree on one kind before any is made); the group's first rank keeps the decision's notes
-// for the job's warnings.
-std::unique_ptr<Communicator> backend_comm(Setup& s, std::unique_ptr<Communicator> group,
-                                           int world_rank, const NodePlacement& place,
-                                           std::vector<std::string>& notes) {
-    CommChoice choice;
-    std::unique_ptr<Communicator> comm = s.backend->gradient_comm(
-        std::move(group), world_rank, place.host, s.cfg.parallel.timeout_s, &choice);
-    if (comm->rank() == 0) notes.insert(notes.end(), choice.notes.begin(), choice.notes.end());
-    return comm;
-}
-
-// The groups whose buffers live on the backend: the replicas of this rank's SAE (its latent
-// shard; the gradients) and, with latent shards, the shards of its replica (the partial
-// reconstructions). Each group agrees on its communicator kind; then the job agrees that every
-// group got one (a refusal is printed once, by the lowest failing rank, and every rank returns
-// false), and rank 0 prints each warning once however many groups saw it.
-bool connect_backend_groups(Connections& c, Setup& s, Communicator& world,
-                            const NodePlacement& place) {
-    const RankLayout& l = s.layout;
-    // Every rank makes the same splits in the same order before any group's set-up can fail.
-    std::unique_ptr<Communicator> replicas = world.split(l.config * l.shards + l.shard, l.replica);
-    std::unique_ptr<Communicator> shards =
-        l.shards > 1 ? world.split(l.config * l.replicas + l.replica, l.shard) : nullptr;
-    std::vector<std::string> notes;
-    std::string error;
-    try {
-        c.grads = backend_comm(s, std::move(replicas), world.rank(), place, notes);
-    } catch (const std::exception& e) {
-        error = e.what();
-    }
-    try {
-        if (shards)
-            c.shards_backend = backend_comm(s, std::move(shards), world.rank(), place, notes);
-    } catch (const std::exception& e) {
-        if (error.empty()) error = e.what();
-    }
-    if (!agree_on_startup(world, error)) return false;
+// Rank 0 prints each warning about the groups' communicators once, however many groups saw it.
+// Collective over the world.
+void warn_about_comms(const Setup& s, Communicator& world, const NodePlacement& place,
+                      const std::vector<std::string>& notes) {
     CommFacts mine = s.backend->comm_facts();
     mine.world_rank = world.rank();
     mine.host = place.host;
     const std::vector<std::string> warnings = comm_job_warnings(world, mine, notes);
     if (world.rank() == 0)
         for (const std::string& w : warnings) fmt::print(stderr, "saetrain: warning: {}\n", w);
-    return true;
 }
 
-// The latent shards of this rank's replica: one communicator for host buffers (the top-k
-// candidates) beside the backend's (connect_backend_groups: NCCL on GPUs).
-void connect_shards(Connections& c, Setup& s, Communicator& world) {
-    const RankLayout& l = s.layout;
-    c.shards = world.split(l.config * l.replicas + l.replica, l.shard);
-    c.shard.group = c.shards.get();
-    c.shard.backend_group = c.shards_backend.get();
-    c.shard.index = l.shard, c.shard.count = l.shards;
-    c.shard.n_total = s.sae().resolved_latents(s.data.d_model);
-}
-
-// Nothing when a group could not agree on its communicator (the lowest failing rank said why).
+// Every communicator of this rank (RankGrid::connect: each group on the backend agrees on its
+// kind, comm_choice.h; then the job agrees that every group got one), where its batches come
+// from, and the run's length. Nothing when a group could not agree (the lowest failing rank said
+// why).
 std::optional<Connections> connect(Setup& s, Communicator& world, const NodePlacement& place) {
     std::optional<Connections> out(std::in_place);
     Connections& c = *out;
     const RankLayout& l = s.layout;
-    if (!connect_backend_groups(c, s, world, place)) return std::nullopt;
-    c.stream = world.split(l.replica * l.shards + l.shard, l.config);
-    if (l.shared && s.local)
-        c.shared = std::make_unique<SharedBatchSource>(*s.local, *c.stream, s.cfg.data.batch_size);
+    c.groups = s.grid.connect(world, {s.backend.get(), place.host, s.cfg.parallel.timeout_s});
+    if (!agree_on_startup(world, c.groups.error)) return std::nullopt;
+    warn_about_comms(s, world, place, c.groups.notes);
+    if (c.groups.stream && s.local)
+        c.shared =
+            std::make_unique<SharedBatchSource>(*s.local, *c.groups.stream, s.cfg.data.batch_size);
     c.source = c.shared ? static_cast<BatchSource*>(c.shared.get()) : s.local.get();
+    c.shard = c.groups.latent_shard(s.sae().resolved_latents(s.data.d_model));
     if (l.shards > 1) {
-        connect_shards(c, s, world);
-        c.from_reader = std::make_unique<BroadcastBatchSource>(c.source, *c.shards, s.data.d_model);
+        // The first shard's batches, as stored, to every shard of its replica.
+        c.from_reader =
+            std::make_unique<BroadcastBatchSource>(c.source, *c.groups.shards, s.data.d_model);
         c.source = c.from_reader.get();
     }
     // One SAE consumes replicas x batch_size rows a step, from its whole stream.
     double stream_rows = static_cast<double>(l.shared ? (s.local ? s.local->total_rows() : 0)
                                                       : c.source->total_rows());
-    (l.shared ? world : *c.grads).allreduce_sum(&stream_rows, 1);
+    (l.shared ? world : c.grads()).allreduce_sum(&stream_rows, 1);
     c.steps =
         total_steps_for(static_cast<int64_t>(stream_rows), s.cfg.data.batch_size * l.replicas);
     return out;
@@ -678,11 +639,11 @@ int run(const Args& args, Communicator& world) {
     print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it
 
-    SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend, *conn.grads,
-                       &conn.shard);
+    SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
+                       conn.grads(), &conn.shard);
     // Replicas are identical: replica 0 writes (its latent shards gather the SAE to shard 0).
     const bool writer = s.layout.replica == 0;
-    Checkpointer checkpoints(world, *conn.grads, s.out().string(),
+    Checkpointer checkpoints(world, conn.grads(), s.out().string(),
                              (s.out() / "sae" / s.id()).string(), sae_meta(s, trainer),
                              s.cfg.checkpoint.keep, s.layout.shard);
     LoopOptions opt;
