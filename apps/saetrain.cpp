@@ -3,9 +3,9 @@
 //   saetrain CONFIG.yaml [--set key=value ...]      (mpirun/srun: one rank per device)
 //
 // Reads top-down (run() is the table of contents): start up, agreeing on failures (config,
-// data, the rank grid, backend, this rank's slice); connect (the grid's communicators and the
-// stream of batches); open run.out_dir; resume or start fresh; train; write the outputs and
-// report.
+// data, the rank grid, backend, the rows this rank reads); connect (the grid's communicators
+// and the stream of batches); open run.out_dir; resume or start fresh; train; write the outputs
+// and report.
 // Only rank 0 writes the run's files and the console. docs/architecture.md follows a batch
 // through the layers below.
 #include <fmt/format.h>
@@ -30,6 +30,7 @@
 #include "saetrain/checkpointer.h"      // defines: Checkpointer (committed checkpoints, resume)
 #include "saetrain/comm_choice.h"       // defines: comm_job_warnings (GPUs that ranks share)
 #include "saetrain/config.h"            // defines: config_load, config_to_yaml, sweep_ids
+#include "saetrain/data_split.h"        // defines: data_split_for (a rank's slice, seed, held-out)
 #include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
 #include "saetrain/fault.h"             // defines: Fault, fault_from_env (SAETRAIN_FAULT)
 #include "saetrain/loader.h"            // defines: ShardBatchSource (a rank's slice, shuffled)
@@ -40,7 +41,7 @@
 #include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
 #include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
-#include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, partition_rows
+#include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, read_rows
 #include "saetrain/shared_source.h"     // defines: SharedBatchSource, BroadcastBatchSource
 #include "saetrain/synth.h"             // defines: synth_read_features, feature_recovery
 #include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
@@ -81,15 +82,15 @@ struct Setup {
     RankGrid grid;      // the job's configs x replicas x latent shards
     RankLayout layout;  // this rank's place in it
     DatasetInfo data;
+    DataSplit split;  // the rows this rank reads and holds out
     std::vector<std::string> ids;
     std::unique_ptr<Backend> backend;
     std::string backend_note;
     std::unique_ptr<ShardBatchSource> local;  // this rank's slice (null: a latent shard > 0)
-    // Held-out rows: this replica's share of them, [eval_local_rows, d_model] (see
-    // load_eval_rows); eval_rows is the whole set's size (0: no evaluation).
+    // Held-out rows: this replica's share of them, [split.eval_mine.size(), d_model], on its
+    // first latent shard (empty elsewhere).
     std::vector<float> eval_x;
-    int64_t eval_local_rows = 0, eval_rows = 0;
-    std::string eval_source;
+    int64_t eval_rows() const { return split.eval_all.size(); }  // 0: no evaluation
     int threads = 1;
     bool resume = false;    // out_dir has committed checkpoints
     bool complete = false;  // out_dir holds a finished run
@@ -100,25 +101,10 @@ struct Setup {
     ReaderCursor cursor() const { return local ? local->cursor() : ReaderCursor{}; }
 };
 
-// The held-out rows (data.eval_path, or the last data.eval_rows rows of data.path, which
-// are then not trained on): replica q of R holds its contiguous share of them in memory (its
-// first latent shard only: evaluate() broadcasts each batch to the others).
+// This replica's share of the held-out rows (data_split.h), read by its first latent shard.
 void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
-    const DataConfig& dc = s.cfg.data;
-    const DatasetInfo& src = eval_data ? *eval_data : s.data;
-    RowRange all;
-    if (eval_data) {
-        all = {0, dc.eval_rows > 0 ? std::min(dc.eval_rows, src.total_rows) : src.total_rows};
-    } else {
-        if (dc.eval_rows == 0) return;
-        all = {src.total_rows - dc.eval_rows, src.total_rows};
-    }
-    s.eval_rows = all.size();
-    s.eval_source = eval_data ? src.source : fmt::format("the last rows of {}", src.source);
-    const RowRange part = partition_rows(all.size(), s.layout.replica, s.layout.replicas);
-    const RowRange mine{all.begin + part.begin, all.begin + part.end};
-    s.eval_local_rows = mine.size();
-    if (s.layout.shard == 0) s.eval_x = read_rows(src, mine);
+    if (s.split.loads_eval)
+        s.eval_x = read_rows(eval_data ? *eval_data : s.data, s.split.eval_mine);
 }
 
 // What out_dir holds: a run to resume (committed checkpoints), a finished one, or one that died
@@ -157,38 +143,20 @@ void choose_backend(Setup& s, const NodePlacement& place) {
                        *s.backend);
 }
 
-// The rows of data.path that are trained on: all, less the held-out rows at its end when they
-// come from the same data.
-int64_t training_rows(const Setup& s, int readers) {
-    const DataConfig& dc = s.cfg.data;
-    if (!dc.eval_path.empty() || dc.eval_rows == 0) return s.data.total_rows;
-    SAE_ENFORCE(dc.eval_rows + readers <= s.data.total_rows,
-                "data.eval_rows = {} leaves too few of the {} rows of {} to train {} rank(s) "
-                "on; hold out fewer rows or give data.eval_path",
-                dc.eval_rows, s.data.total_rows, s.data.source, readers);
-    return s.data.total_rows - dc.eval_rows;
-}
-
-// This rank's reader: its own disjoint, contiguous slice of the training rows; `reader` of
-// `readers` (RankLayout::reader: each replica's first latent shard reads for the others).
-void open_slice(Setup& s, int64_t train_rows, int reader, int readers) {
-    if (reader < 0) return;
+// This rank's reader over its slice of the training rows (data_split.h; nothing on a latent
+// shard after its replica's first, which reads for it).
+void open_slice(Setup& s) {
+    if (!s.split.reads) return;
     const DataConfig& dc = s.cfg.data;
     LoaderOptions lo;
     lo.epochs = dc.epochs;
     lo.shuffle_rows = dc.shuffle_buffer_rows;
-    lo.seed = s.cfg.run.seed * 1000003u + static_cast<uint64_t>(reader);
+    lo.seed = s.split.seed;
     lo.read_bytes = dc.read_bytes;
     lo.ring_bytes = dc.prefetch_bytes;
     lo.stage_dir = dc.stage_dir;
-    lo.progress = reader == 0;
-    if (dc.max_tokens > 0) {
-        // max_tokens counts one SAE's tokens: split over the ranks that feed that SAE.
-        lo.max_rows =
-            s.layout.shared
-                ? partition_rows(dc.max_tokens, reader, readers).size()
-                : partition_rows(dc.max_tokens, s.layout.replica, s.layout.replicas).size();
-    }
+    lo.progress = s.layout.reader() == 0;
+    lo.max_rows = s.split.max_rows;
     lo.copy_threads = s.threads;
     // Batches upload from the backend's host memory (pinned for a GPU: a DMA).
     lo.allocator = s.backend->host_allocator();
@@ -197,8 +165,7 @@ void open_slice(Setup& s, int64_t train_rows, int reader, int readers) {
     lo.widen = false;
     // With the math on a device, the reader's gathering may use the rank's cores.
     if (!s.backend->host_memory()) lo.convert_threads = s.threads;
-    s.local =
-        std::make_unique<ShardBatchSource>(s.data, partition_rows(train_rows, reader, readers), lo);
+    s.local = std::make_unique<ShardBatchSource>(s.data, s.split.slice, lo);
 }
 
 // Everything a rank sets up before the first collective after the start-up agreement. `data`
@@ -217,11 +184,11 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
                               s.layout.shards, s.cfg.source + ": ");
     s.ids = sweep_ids(s.cfg, s.data.d_model);
     inspect_out_dir(s, args, rank);
-    const int64_t train_rows = training_rows(s, s.layout.readers());
+    s.split = data_split_for(s.cfg, s.layout, s.data, eval_data);
     load_eval_rows(s, eval_data);
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     choose_backend(s, place);
-    open_slice(s, train_rows, s.layout.reader(), s.layout.readers());
+    open_slice(s);
     return s;
 }
 
@@ -406,9 +373,9 @@ void warn_about_run_length(const Setup& s, int64_t steps) {
                        "run's {} tokens per SAE, so few latents can ever count as dead; lower "
                        "it{}\n",
                        s.ids[i], c.dead_tokens, run_tokens,
-                       s.eval_rows > 0 ? " (the held-out dead % does not depend on it)"
-                                       : " or hold rows out (data.eval_rows) for a dead % "
-                                         "over them");
+                       s.eval_rows() > 0 ? " (the held-out dead % does not depend on it)"
+                                         : " or hold rows out (data.eval_rows) for a dead % "
+                                           "over them");
     }
 }
 
@@ -428,12 +395,12 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
         steps, s.cfg.data.batch_size, dtype_name(s.data.dtype), s.data.d_model * value_bytes,
         static_cast<double>(s.cfg.data.batch_size * s.data.d_model * value_bytes) / 1e6);
     warn_about_run_length(s, steps);
-    if (s.eval_rows > 0)
+    if (s.eval_rows() > 0)
         fmt::print(
             "held-out: {} rows from {}, never trained on ({:.1f} MB in memory, split among "
             "an SAE's replicas)\n",
-            s.eval_rows, s.eval_source,
-            static_cast<double>(s.eval_rows * s.data.d_model * 4) / 1e6);
+            s.eval_rows(), s.split.eval_source,
+            static_cast<double>(s.eval_rows() * s.data.d_model * 4) / 1e6);
 }
 
 // --- resume or start fresh ----------------------------------------------------------------------
@@ -510,9 +477,9 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
     };
     opt.stop_requested = [] { return g_stop_signal.load() != 0; };
     opt.stop_on_nonfinite = s.cfg.data.nonfinite == "stop";
-    if (s.eval_rows > 0) {
+    if (s.eval_rows() > 0) {
         opt.evaluate = [&s](SaeTrainer& t) {
-            return t.evaluate(s.eval_x.data(), s.eval_local_rows, s.cfg.data.batch_size);
+            return t.evaluate(s.eval_x.data(), s.split.eval_mine.size(), s.cfg.data.batch_size);
         };
         opt.eval_every = s.cfg.log.eval_every_steps;
     }
