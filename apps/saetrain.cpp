@@ -3,8 +3,9 @@
 //   saetrain CONFIG.yaml [--set key=value ...]      (mpirun/srun: one rank per device)
 //
 // Reads top-down (run() is the table of contents): start up, agreeing on failures (config,
-// data, layout, backend, this rank's slice); connect (the communicators and the stream of
-// batches); open run.out_dir; resume or start fresh; train; write the outputs and report.
+// data, the rank grid, backend, the rows this rank reads); connect (the grid's communicators
+// and the stream of batches); open run.out_dir; resume or start fresh; train; write the outputs
+// and report.
 // Only rank 0 writes the run's files and the console. docs/architecture.md follows a batch
 // through the layers below.
 #include <fmt/format.h>
@@ -29,17 +30,18 @@
 #include "saetrain/checkpointer.h"      // defines: Checkpointer (committed checkpoints, resume)
 #include "saetrain/comm_choice.h"       // defines: comm_job_warnings (GPUs that ranks share)
 #include "saetrain/config.h"            // defines: config_load, config_to_yaml, sweep_ids
+#include "saetrain/data_split.h"        // defines: data_split_for (a rank's slice, seed, held-out)
 #include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
 #include "saetrain/fault.h"             // defines: Fault, fault_from_env (SAETRAIN_FAULT)
-#include "saetrain/layout.h"            // defines: layout_for (which SAE / replica this rank is)
 #include "saetrain/loader.h"            // defines: ShardBatchSource (a rank's slice, shuffled)
 #include "saetrain/metrics.h"           // defines: metrics_last_row
 #include "saetrain/mpi_world.h"         // defines: MpiScope, make_mpi_world, node_placement
 #include "saetrain/perfmodel.h"         // defines: mfu_peak (the peak MFU is measured against)
+#include "saetrain/rank_grid.h"         // defines: RankGrid (coordinates, every communicator)
 #include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
 #include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
-#include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, partition_rows
+#include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, read_rows
 #include "saetrain/shared_source.h"     // defines: SharedBatchSource, BroadcastBatchSource
 #include "saetrain/synth.h"             // defines: synth_read_features, feature_recovery
 #include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
@@ -77,17 +79,18 @@ int cpu_threads_for_rank(int local_size) {
 struct Setup {
     std::unique_ptr<OutDirLock> lock;  // rank 0: held until the process ends
     Config cfg;
-    RankLayout layout;
+    RankGrid grid;      // the job's configs x replicas x latent shards
+    RankLayout layout;  // this rank's place in it
     DatasetInfo data;
+    DataSplit split;  // the rows this rank reads and holds out
     std::vector<std::string> ids;
     std::unique_ptr<Backend> backend;
     std::string backend_note;
     std::unique_ptr<ShardBatchSource> local;  // this rank's slice (null: a latent shard > 0)
-    // Held-out rows: this replica's share of them, [eval_local_rows, d_model] (see
-    // load_eval_rows); eval_rows is the whole set's size (0: no evaluation).
+    // Held-out rows: this replica's share of them, [split.eval_mine.size(), d_model], on its
+    // first latent shard (empty elsewhere).
     std::vector<float> eval_x;
-    int64_t eval_local_rows = 0, eval_rows = 0;
-    std::string eval_source;
+    int64_t eval_rows() const { return split.eval_all.size(); }  // 0: no evaluation
     int threads = 1;
     bool resume = false;    // out_dir has committed checkpoints
     bool complete = false;  // out_dir holds a finished run
@@ -98,25 +101,10 @@ struct Setup {
     ReaderCursor cursor() const { return local ? local->cursor() : ReaderCursor{}; }
 };
 
-// The held-out rows (data.eval_path, or the last data.eval_rows rows of data.path, which
-// are then not trained on): replica q of R holds its contiguous share of them in memory (its
-// first latent shard only: evaluate() broadcasts each batch to the others).
+// This replica's share of the held-out rows (data_split.h), read by its first latent shard.
 void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
-    const DataConfig& dc = s.cfg.data;
-    const DatasetInfo& src = eval_data ? *eval_data : s.data;
-    RowRange all;
-    if (eval_data) {
-        all = {0, dc.eval_rows > 0 ? std::min(dc.eval_rows, src.total_rows) : src.total_rows};
-    } else {
-        if (dc.eval_rows == 0) return;
-        all = {src.total_rows - dc.eval_rows, src.total_rows};
-    }
-    s.eval_rows = all.size();
-    s.eval_source = eval_data ? src.source : fmt::format("the last rows of {}", src.source);
-    const RowRange part = partition_rows(all.size(), s.layout.replica, s.layout.replicas);
-    const RowRange mine{all.begin + part.begin, all.begin + part.end};
-    s.eval_local_rows = mine.size();
-    if (s.layout.shard == 0) s.eval_x = read_rows(src, mine);
+    if (s.split.loads_eval)
+        s.eval_x = read_rows(eval_data ? *eval_data : s.data, s.split.eval_mine);
 }
 
 // What out_dir holds: a run to resume (committed checkpoints), a finished one, or one that died
@@ -155,38 +143,20 @@ void choose_backend(Setup& s, const NodePlacement& place) {
                        *s.backend);
 }
 
-// The rows of data.path that are trained on: all, less the held-out rows at its end when they
-// come from the same data.
-int64_t training_rows(const Setup& s, int readers) {
-    const DataConfig& dc = s.cfg.data;
-    if (!dc.eval_path.empty() || dc.eval_rows == 0) return s.data.total_rows;
-    SAE_ENFORCE(dc.eval_rows + readers <= s.data.total_rows,
-                "data.eval_rows = {} leaves too few of the {} rows of {} to train {} rank(s) "
-                "on; hold out fewer rows or give data.eval_path",
-                dc.eval_rows, s.data.total_rows, s.data.source, readers);
-    return s.data.total_rows - dc.eval_rows;
-}
-
-// This rank's reader: its own disjoint, contiguous slice of the training rows; `reader` of
-// `readers` (RankLayout::reader: each replica's first latent shard reads for the others).
-void open_slice(Setup& s, int64_t train_rows, int reader, int readers) {
-    if (reader < 0) return;
+// This rank's reader over its slice of the training rows (data_split.h; nothing on a latent
+// shard after its replica's first, which reads for it).
+void open_slice(Setup& s) {
+    if (!s.split.reads) return;
     const DataConfig& dc = s.cfg.data;
     LoaderOptions lo;
     lo.epochs = dc.epochs;
     lo.shuffle_rows = dc.shuffle_buffer_rows;
-    lo.seed = s.cfg.run.seed * 1000003u + static_cast<uint64_t>(reader);
+    lo.seed = s.split.seed;
     lo.read_bytes = dc.read_bytes;
     lo.ring_bytes = dc.prefetch_bytes;
     lo.stage_dir = dc.stage_dir;
-    lo.progress = reader == 0;
-    if (dc.max_tokens > 0) {
-        // max_tokens counts one SAE's tokens: split over the ranks that feed that SAE.
-        lo.max_rows =
-            s.layout.shared
-                ? partition_rows(dc.max_tokens, reader, readers).size()
-                : partition_rows(dc.max_tokens, s.layout.replica, s.layout.replicas).size();
-    }
+    lo.progress = s.layout.reader() == 0;
+    lo.max_rows = s.split.max_rows;
     lo.copy_threads = s.threads;
     // Batches upload from the backend's host memory (pinned for a GPU: a DMA).
     lo.allocator = s.backend->host_allocator();
@@ -195,8 +165,7 @@ void open_slice(Setup& s, int64_t train_rows, int reader, int readers) {
     lo.widen = false;
     // With the math on a device, the reader's gathering may use the rank's cores.
     if (!s.backend->host_memory()) lo.convert_threads = s.threads;
-    s.local =
-        std::make_unique<ShardBatchSource>(s.data, partition_rows(train_rows, reader, readers), lo);
+    s.local = std::make_unique<ShardBatchSource>(s.data, s.split.slice, lo);
 }
 
 // Everything a rank sets up before the first collective after the start-up agreement. `data`
@@ -206,7 +175,8 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
              int world, const NodePlacement& place) {
     Setup s;
     s.cfg = std::move(cfg);
-    s.layout = layout_for(s.cfg, world, rank);
+    s.grid = RankGrid::from_config(s.cfg, world);
+    s.layout = s.grid.at(rank);
     s.data = std::move(data);
     config_validate_for_data(s.cfg, s.data.d_model);
     for (const SaeConfig& c : s.cfg.sweep)
@@ -214,11 +184,11 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
                               s.layout.shards, s.cfg.source + ": ");
     s.ids = sweep_ids(s.cfg, s.data.d_model);
     inspect_out_dir(s, args, rank);
-    const int64_t train_rows = training_rows(s, s.layout.readers());
+    s.split = data_split_for(s.cfg, s.layout, s.data, eval_data);
     load_eval_rows(s, eval_data);
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     choose_backend(s, place);
-    open_slice(s, train_rows, s.layout.reader(), s.layout.readers());
+    open_slice(s);
     return s;
 }
 
@@ -319,97 +289,55 @@ std::optional<Setup> start_up(const Args& args, Communicator& world, const NodeP
     return setup;
 }
 
-// --- connect: the replicas of one SAE, the ranks that share a stream -----------------------
+// --- connect: the grid's communicators, the stream of batches ----------------------------------
 struct Connections {
-    std::unique_ptr<Communicator> grads;   // the replicas of this rank's SAE (its latent shard)
-    std::unique_ptr<Communicator> stream;  // the ranks that read one stream (shared sweep data)
-    std::unique_ptr<Communicator> shards;  // the latent shards of this replica (host buffers)
-    std::unique_ptr<Communicator> shards_backend;  // the same, for backend buffers
-    LatentShard shard;                             // this rank's part of the SAE (count 1: all)
+    GridComms groups;   // the replicas (gradients), the latent shards, the shared stream
+    LatentShard shard;  // this rank's part of the SAE (count 1: all)
     std::unique_ptr<SharedBatchSource> shared;
     std::unique_ptr<BroadcastBatchSource> from_reader;  // latent shards: the first one reads
     BatchSource* source = nullptr;                      // where this rank's batches come from
     int64_t steps = 0;                                  // optimizer steps of the run
+    Communicator& grads() { return *groups.replicas; }  // the replicas of this rank's SAE
 };
 
-// The communicator one group exchanges backend buffers through (Backend::gradient_comm: its
-// ranks agree on one kind before any is made); the group's first rank keeps the decision's notes
-// for the job's warnings.
-std::unique_ptr<Communicator> backend_comm(Setup& s, std::unique_ptr<Communicator> group,
-                                           int world_rank, const NodePlacement& place,
-                                           std::vector<std::string>& notes) {
-    CommChoice choice;
-    std::unique_ptr<Communicator> comm = s.backend->gradient_comm(
-        std::move(group), world_rank, place.host, s.cfg.parallel.timeout_s, &choice);
-    if (comm->rank() == 0) notes.insert(notes.end(), choice.notes.begin(), choice.notes.end());
-    return comm;
-}
-
-// The groups whose buffers live on the backend: the replicas of this rank's SAE (its latent
-// shard; the gradients) and, with latent shards, the shards of its replica (the partial
-// reconstructions). Each group agrees on its communicator kind; then the job agrees that every
-// group got one (a refusal is printed once, by the lowest failing rank, and every rank returns
-// false), and rank 0 prints each warning once however many groups saw it.
-bool connect_backend_groups(Connections& c, Setup& s, Communicator& world,
-                            const NodePlacement& place) {
-    const RankLayout& l = s.layout;
-    // Every rank makes the same splits in the same order before any group's set-up can fail.
-    std::unique_ptr<Communicator> replicas = world.split(l.config * l.shards + l.shard, l.replica);
-    std::unique_ptr<Communicator> shards =
-        l.shards > 1 ? world.split(l.config * l.replicas + l.replica, l.shard) : nullptr;
-    std::vector<std::string> notes;
-    std::string error;
-    try {
-        c.grads = backend_comm(s, std::move(replicas), world.rank(), place, notes);
-    } catch (const std::exception& e) {
-        error = e.what();
-    }
-    try {
-        if (shards)
-            c.shards_backend = backend_comm(s, std::move(shards), world.rank(), place, notes);
-    } catch (const std::exception& e) {
-        if (error.empty()) error = e.what();
-    }
-    if (!agree_on_startup(world, error)) return false;
+// Rank 0 prints each warning about the groups' communicators once, however many groups saw it.
+// Collective over the world.
+void warn_about_comms(const Setup& s, Communicator& world, const NodePlacement& place,
+                      const std::vector<std::string>& notes) {
     CommFacts mine = s.backend->comm_facts();
     mine.world_rank = world.rank();
     mine.host = place.host;
     const std::vector<std::string> warnings = comm_job_warnings(world, mine, notes);
     if (world.rank() == 0)
         for (const std::string& w : warnings) fmt::print(stderr, "saetrain: warning: {}\n", w);
-    return true;
 }
 
-// The latent shards of this rank's replica: one communicator for host buffers (the top-k
-// candidates) beside the backend's (connect_backend_groups: NCCL on GPUs).
-void connect_shards(Connections& c, Setup& s, Communicator& world) {
-    const RankLayout& l = s.layout;
-    c.shards = world.split(l.config * l.replicas + l.replica, l.shard);
-    c.shard.group = c.shards.get();
-    c.shard.backend_group = c.shards_backend.get();
-    c.shard.index = l.shard, c.shard.count = l.shards;
-    c.shard.n_total = s.sae().resolved_latents(s.data.d_model);
-}
-
-// Nothing when a group could not agree on its communicator (the lowest failing rank said why).
+// Every communicator of this rank (RankGrid::connect: each group on the backend agrees on its
+// kind, comm_choice.h; then the job agrees that every group got one), where its batches come
+// from, and the run's length. Nothing when a group could not agree (the lowest failing rank said
+// why).
 std::optional<Connections> connect(Setup& s, Communicator& world, const NodePlacement& place) {
     std::optional<Connections> out(std::in_place);
     Connections& c = *out;
     const RankLayout& l = s.layout;
-    if (!connect_backend_groups(c, s, world, place)) return std::nullopt;
-    c.stream = world.split(l.replica * l.shards + l.shard, l.config);
-    if (l.shared && s.local)
-        c.shared = std::make_unique<SharedBatchSource>(*s.local, *c.stream, s.cfg.data.batch_size);
+    c.groups = s.grid.connect(world, {s.backend.get(), place.host, s.cfg.parallel.timeout_s});
+    if (!agree_on_startup(world, c.groups.error)) return std::nullopt;
+    warn_about_comms(s, world, place, c.groups.notes);
+    if (c.groups.stream && s.local)
+        c.shared =
+            std::make_unique<SharedBatchSource>(*s.local, *c.groups.stream, s.cfg.data.batch_size);
     c.source = c.shared ? static_cast<BatchSource*>(c.shared.get()) : s.local.get();
+    c.shard = c.groups.latent_shard(s.sae().resolved_latents(s.data.d_model));
     if (l.shards > 1) {
-        connect_shards(c, s, world);
-        c.from_reader = std::make_unique<BroadcastBatchSource>(c.source, *c.shards, s.data.d_model);
+        // The first shard's batches, as stored, to every shard of its replica.
+        c.from_reader =
+            std::make_unique<BroadcastBatchSource>(c.source, *c.groups.shards, s.data.d_model);
         c.source = c.from_reader.get();
     }
     // One SAE consumes replicas x batch_size rows a step, from its whole stream.
     double stream_rows = static_cast<double>(l.shared ? (s.local ? s.local->total_rows() : 0)
                                                       : c.source->total_rows());
-    (l.shared ? world : *c.grads).allreduce_sum(&stream_rows, 1);
+    (l.shared ? world : c.grads()).allreduce_sum(&stream_rows, 1);
     c.steps =
         total_steps_for(static_cast<int64_t>(stream_rows), s.cfg.data.batch_size * l.replicas);
     return out;
@@ -445,9 +373,9 @@ void warn_about_run_length(const Setup& s, int64_t steps) {
                        "run's {} tokens per SAE, so few latents can ever count as dead; lower "
                        "it{}\n",
                        s.ids[i], c.dead_tokens, run_tokens,
-                       s.eval_rows > 0 ? " (the held-out dead % does not depend on it)"
-                                       : " or hold rows out (data.eval_rows) for a dead % "
-                                         "over them");
+                       s.eval_rows() > 0 ? " (the held-out dead % does not depend on it)"
+                                         : " or hold rows out (data.eval_rows) for a dead % "
+                                           "over them");
     }
 }
 
@@ -467,12 +395,12 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
         steps, s.cfg.data.batch_size, dtype_name(s.data.dtype), s.data.d_model * value_bytes,
         static_cast<double>(s.cfg.data.batch_size * s.data.d_model * value_bytes) / 1e6);
     warn_about_run_length(s, steps);
-    if (s.eval_rows > 0)
+    if (s.eval_rows() > 0)
         fmt::print(
             "held-out: {} rows from {}, never trained on ({:.1f} MB in memory, split among "
             "an SAE's replicas)\n",
-            s.eval_rows, s.eval_source,
-            static_cast<double>(s.eval_rows * s.data.d_model * 4) / 1e6);
+            s.eval_rows(), s.split.eval_source,
+            static_cast<double>(s.eval_rows() * s.data.d_model * 4) / 1e6);
 }
 
 // --- resume or start fresh ----------------------------------------------------------------------
@@ -549,9 +477,9 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
     };
     opt.stop_requested = [] { return g_stop_signal.load() != 0; };
     opt.stop_on_nonfinite = s.cfg.data.nonfinite == "stop";
-    if (s.eval_rows > 0) {
+    if (s.eval_rows() > 0) {
         opt.evaluate = [&s](SaeTrainer& t) {
-            return t.evaluate(s.eval_x.data(), s.eval_local_rows, s.cfg.data.batch_size);
+            return t.evaluate(s.eval_x.data(), s.split.eval_mine.size(), s.cfg.data.batch_size);
         };
         opt.eval_every = s.cfg.log.eval_every_steps;
     }
@@ -678,11 +606,11 @@ int run(const Args& args, Communicator& world) {
     print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it
 
-    SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend, *conn.grads,
-                       &conn.shard);
+    SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
+                       conn.grads(), &conn.shard);
     // Replicas are identical: replica 0 writes (its latent shards gather the SAE to shard 0).
     const bool writer = s.layout.replica == 0;
-    Checkpointer checkpoints(world, *conn.grads, s.out().string(),
+    Checkpointer checkpoints(world, conn.grads(), s.out().string(),
                              (s.out() / "sae" / s.id()).string(), sae_meta(s, trainer),
                              s.cfg.checkpoint.keep, s.layout.shard);
     LoopOptions opt;

@@ -27,6 +27,7 @@
 #include "saetrain/error.h"
 #include "saetrain/metrics.h"
 #include "saetrain/mpi_world.h"
+#include "saetrain/rank_grid.h"
 #include "saetrain/shared_source.h"
 #include "saetrain/train_state.h"
 #include "saetrain/trainer.h"
@@ -135,11 +136,10 @@ int main(int argc, char** argv) {
     cfg.k = k;
     cfg.warmup_steps = 0;
     auto be = make_cpu_backend(1);
-    auto self = make_self_comm();  // one replica: nothing to all-reduce over replicas
-    LatentShard part;
-    part.group = part.backend_group = world.get();
-    part.index = me, part.count = S, part.n_total = n;
-    SaeTrainer tr(cfg, d, steps + 1, 0, *be, *self, &part);
+    // One SAE, one replica (nothing to all-reduce over replicas), the ranks its latent shards.
+    const GridComms comms = RankGrid(1, 1, S, false).connect(*world);
+    const LatentShard part = comms.latent_shard(n);
+    SaeTrainer tr(cfg, d, steps + 1, 0, *be, *comms.replicas, &part);
 
     std::unique_ptr<MemoryBatchSource> rows;
     if (me == 0) {
@@ -149,7 +149,8 @@ int main(int argc, char** argv) {
         for (float& v : x) v = normal(rng);
         rows = std::make_unique<MemoryBatchSource>(std::move(x), d);
     }
-    BroadcastBatchSource src(rows.get(), *world, d);
+    // np 1: no shard group (the unsharded SAE); the world is that one rank.
+    BroadcastBatchSource src(rows.get(), comms.shards ? *comms.shards : *world, d);
     std::vector<float> x(static_cast<size_t>(batch * d));
     src.next(x.data(), batch);
     tr.init(x.data(), batch);

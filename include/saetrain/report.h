@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "saetrain/comm.h"
-#include "saetrain/layout.h"
 #include "saetrain/metrics.h"
 #include "saetrain/quality.h"
+#include "saetrain/rank_grid.h"
 #include "saetrain/tensorboard.h"
 
 namespace saetrain {

@@ -1,8 +1,9 @@
 // Tests that need several ranks: run by ctest under mpirun at 2 and 4 ranks.
 //
 // Collectives, the shared-sweep stream (identical batches on every rank, every row exactly
-// once), data-parallel replicas (bitwise equal, and equal to a one-process reference), and the
-// hybrid layout. Every rank runs every test; gtest output comes from rank 0 only.
+// once), data-parallel replicas (bitwise equal, and equal to a one-process reference), the
+// rank grid's communicators and the hybrid layout. Every rank runs every test; gtest output comes
+// from rank 0 only.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -18,9 +19,9 @@
 #include "saetrain/checkpoint.h"
 #include "saetrain/comm_choice.h"
 #include "saetrain/error.h"
-#include "saetrain/layout.h"
 #include "saetrain/loader.h"
 #include "saetrain/mpi_world.h"
+#include "saetrain/rank_grid.h"
 #include "saetrain/sae_math.h"
 #include "saetrain/sharded_topk.h"
 #include "saetrain/shared_source.h"
@@ -336,20 +337,22 @@ TEST(Mpi, HybridSplitsConfigsAndReplicas) {
     cfg.parallel.replicas = w.size() / 2;
     cfg.sweep = {small_sae("topk"), small_sae("topk")};
     cfg.sweep[1].k = 6;
-    const RankLayout l = layout_for(cfg, w.size(), w.rank());
+    const RankGrid grid = RankGrid::from_config(cfg, w.size());
+    const RankLayout l = grid.at(w.rank());
     EXPECT_EQ(l.configs, 2);
     EXPECT_EQ(l.config, w.rank() / (w.size() / 2));
-    auto grads = w.split(l.config, l.replica);
-    auto stream = w.split(l.replica, l.config);
-    EXPECT_EQ(grads->size(), w.size() / 2);
-    EXPECT_EQ(stream->size(), 2);
+    GridComms comms = grid.connect(w);
+    Communicator& grads = *comms.replicas;
+    Communicator& stream = *comms.stream;
+    EXPECT_EQ(grads.size(), w.size() / 2);
+    EXPECT_EQ(stream.size(), 2);
 
     const int64_t d = 8, batch = 128;
     const DatasetInfo data = dataset_open(shared_dataset("hybrid", 3001, d));
-    ShardBatchSource local(data, partition_rows(data.total_rows, w.rank(), w.size()), {});
-    SharedBatchSource src(local, *stream, batch);
+    ShardBatchSource local(data, partition_rows(data.total_rows, l.reader(), l.readers()), {});
+    SharedBatchSource src(local, stream, batch);
     auto be = make_cpu_backend(1);
-    SaeTrainer tr(cfg.sweep[l.config], d, 30, 0, *be, *grads);
+    SaeTrainer tr(cfg.sweep[l.config], d, 30, 0, *be, grads);
     std::vector<float> x(batch * d);
     for (int s = 0; s < 6; ++s) {
         const int64_t rows = src.next(x.data(), batch);
@@ -357,36 +360,121 @@ TEST(Mpi, HybridSplitsConfigsAndReplicas) {
         // The replica's batch is the same for both configs.
         const uint64_t h = fnv1a(x.data(), x.size() * 4);
         std::vector<uint64_t> hs(2);
-        stream->allgather(&h, hs.data(), sizeof(h));
+        stream.allgather(&h, hs.data(), sizeof(h));
         EXPECT_EQ(hs[0], hs[1]);
         if (s == 0) tr.init(x.data(), rows);
         tr.step(x.data(), rows);
     }
     const std::vector<float> p = tr.params_host();
     const uint64_t h = fnv1a(p.data(), p.size() * 4);
-    std::vector<uint64_t> hs(grads->size());
-    grads->allgather(&h, hs.data(), sizeof(h));
+    std::vector<uint64_t> hs(grads.size());
+    grads.allgather(&h, hs.data(), sizeof(h));
     for (uint64_t v : hs) EXPECT_EQ(v, hs[0]);
+}
+
+// --- the rank grid's communicators --------------------------------------------------------------
+
+// The world ranks in `comm`, in its rank order (one all-gather through it).
+std::vector<int> world_ranks_in(Communicator& comm, int world_rank) {
+    std::vector<int> out(static_cast<size_t>(comm.size()));
+    comm.allgather(&world_rank, out.data(), sizeof(int));
+    return out;
+}
+
+// Every grid of G configs x R replicas x S shards that fills the world, with shared and
+// disjoint data, with and without a backend (the CPU's gradient_comm takes part in the
+// agreement): each communicator RankGrid::connect makes holds exactly the ranks a brute-force
+// enumeration (configs, then replicas, then shards, counting up) puts in that group, in that
+// order; the groups the grid does not have are absent.
+TEST(Mpi, GridBuildsEveryGroupWithTheEnumeratedMembers) {
+    Communicator& w = *g_world;
+    const int n = w.size();
+    auto be = make_cpu_backend(1);
+    const NodePlacement place = node_placement();
+    for (int G = 1; G <= n; ++G)
+        for (int R = 1; R <= n; ++R)
+            for (int S = 1; S <= n; ++S) {
+                if (G * R * S != n) continue;
+                struct Coord {
+                    int config, replica, shard;
+                };
+                std::vector<Coord> all;
+                for (int c = 0; c < G; ++c)
+                    for (int q = 0; q < R; ++q)
+                        for (int s = 0; s < S; ++s) all.push_back({c, q, s});
+                const Coord me = all[static_cast<size_t>(w.rank())];
+                auto members = [&](auto same) {
+                    std::vector<int> out;
+                    for (size_t r = 0; r < all.size(); ++r)
+                        if (same(all[r])) out.push_back(static_cast<int>(r));
+                    return out;
+                };
+                const std::vector<int> replicas = members(
+                    [&](const Coord& o) { return o.config == me.config && o.shard == me.shard; });
+                const std::vector<int> shards = members([&](const Coord& o) {
+                    return o.config == me.config && o.replica == me.replica;
+                });
+                const std::vector<int> stream = members(
+                    [&](const Coord& o) { return o.replica == me.replica && o.shard == me.shard; });
+                for (bool shared : {true, false})
+                    for (bool with_backend : {false, true}) {
+                        const RankGrid grid(G, R, S, shared);
+                        const std::string what =
+                            grid.describe() + (with_backend ? ", CPU backend" : ", host only");
+                        BackendGroups how;
+                        if (with_backend) how = {be.get(), place.host, 30};
+                        GridComms c = grid.connect(w, how);
+                        EXPECT_TRUE(c.error.empty()) << what << ": " << c.error;
+                        EXPECT_EQ(c.me.config, me.config) << what;
+                        EXPECT_EQ(c.me.replica, me.replica) << what;
+                        EXPECT_EQ(c.me.shard, me.shard) << what;
+                        ASSERT_TRUE(c.replicas) << what;
+                        EXPECT_EQ(world_ranks_in(*c.replicas, w.rank()), replicas) << what;
+                        if (S > 1) {
+                            ASSERT_TRUE(c.shards && c.shards_backend) << what;
+                            EXPECT_NE(c.shards.get(), c.shards_backend.get()) << what;
+                            EXPECT_EQ(world_ranks_in(*c.shards, w.rank()), shards) << what;
+                            EXPECT_EQ(world_ranks_in(*c.shards_backend, w.rank()), shards) << what;
+                        } else {
+                            EXPECT_FALSE(c.shards || c.shards_backend) << what;
+                        }
+                        if (shared && G > 1) {
+                            ASSERT_TRUE(c.stream) << what;
+                            EXPECT_EQ(world_ranks_in(*c.stream, w.rank()), stream) << what;
+                        } else {
+                            EXPECT_FALSE(c.stream) << what;
+                        }
+                        const LatentShard part = c.latent_shard(64);
+                        EXPECT_EQ(part.count, S) << what;
+                        EXPECT_EQ(part.index, S > 1 ? me.shard : 0) << what;
+                        EXPECT_EQ(part.group, S > 1 ? c.shards.get() : nullptr) << what;
+                        EXPECT_EQ(part.backend_group, S > 1 ? c.shards_backend.get() : nullptr)
+                            << what;
+                    }
+            }
 }
 
 // --- latent sharding (issue 15) -----------------------------------------------------------------
 
-// The world as R replicas x S latent shards (rank = replica * S + shard, as layout.h numbers
-// them): this rank's replica and shard communicators and its LatentShard.
+// The world as one SAE of R replicas x S latent shards (RankGrid(1, R, S)): this rank's
+// coordinates, its replica and shard communicators and its LatentShard.
 struct ShardGrid {
     int S = 1, R = 1, shard = 0, replica = 0;
-    std::unique_ptr<Communicator> replicas, shards;
+    GridComms comms;
+    Communicator* replicas = nullptr;  // comms.replicas
+    Communicator* shards = nullptr;    // comms.shards
     LatentShard part;
 };
 
 ShardGrid shard_grid(Communicator& w, int S, int64_t n_total) {
+    const RankGrid grid(1, w.size() / S, S, false);
     ShardGrid g;
-    g.S = S, g.R = w.size() / S;
-    g.shard = w.rank() % S, g.replica = w.rank() / S;
-    g.shards = w.split(g.replica, g.shard);
-    g.replicas = w.split(g.shard, g.replica);
-    g.part.group = g.part.backend_group = g.shards.get();
-    g.part.index = g.shard, g.part.count = S, g.part.n_total = n_total;
+    g.comms = grid.connect(w);
+    g.S = S, g.R = grid.replicas();
+    g.shard = g.comms.me.shard, g.replica = g.comms.me.replica;
+    g.replicas = g.comms.replicas.get();
+    g.shards = g.comms.shards.get();
+    g.part = g.comms.latent_shard(n_total);
     return g;
 }
 
