@@ -26,6 +26,7 @@
 #include "saetrain/backend.h"
 #include "saetrain/backend_registry.h"
 #include "saetrain/comm.h"
+#include "saetrain/forwarding_backend.h"
 #include "saetrain/loader.h"
 #include "saetrain/shards.h"
 #include "saetrain/trainer.h"
@@ -81,165 +82,21 @@ double time_gemms(Backend& be, const std::vector<Gemm>& shapes, int reps) {
 }
 
 // Forwards to a backend and accumulates wall time per op, to show where a step goes (the
-// backend is synchronized after each op, so a GPU op's time is its own execution).
-class TimedBackend final : public Backend {
+// backend is synchronized around each op, so a GPU op's time is its own execution).
+class TimedBackend final : public ForwardingBackend {
 public:
-    explicit TimedBackend(Backend& be) : be_(be) {}
+    explicit TimedBackend(Backend& be) : ForwardingBackend(be) {}
     std::map<std::string, double> seconds;
     bool active = true;  // false: pass every call through untimed and unsynchronized
-    std::string name() const override { return be_.name(); }
-    void* alloc_bytes(int64_t b) override { return be_.alloc_bytes(b); }
-    void free_bytes(void* p) override { be_.free_bytes(p); }
-    void upload(void* d, const void* s, int64_t b) override {
-        timed("upload", [&] { be_.upload(d, s, b); });
-    }
-    void download(void* d, const void* s, int64_t b) override {
-        timed("download", [&] { be_.download(d, s, b); });
-    }
-    void upload_rows(float* d, const void* s, DType t, int64_t n) override {
-        timed("upload_rows", [&] { be_.upload_rows(d, s, t, n); });
-    }
-    void fill(float* x, int64_t n, float v) override {
-        timed("fill", [&] { be_.fill(x, n, v); });
-    }
-    void synchronize() override { be_.synchronize(); }
-    bool host_memory() const override { return be_.host_memory(); }
-    bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {
-        return be_.supports(op, shape, why);
-    }
-    HostAllocator host_allocator() const override { return be_.host_allocator(); }
-    void* native_stream() const override { return be_.native_stream(); }
-    void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-              int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-              int64_t ldc) override {
-        timed(fmt::format("gemm {}x{}x{}", m, n, k),
-              [&] { be_.gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
-    }
-    double sum_squares(const float* x, int64_t n) override {
-        double r = 0;
-        timed("sum_squares", [&] { r = be_.sum_squares(x, n); });
-        return r;
-    }
-    void sub_rows(float* o, const float* x, const float* b, int64_t r, int64_t c) override {
-        timed("sub_rows", [&] { be_.sub_rows(o, x, b, r, c); });
-    }
-    void broadcast_rows(float* o, const float* b, int64_t r, int64_t c) override {
-        timed("broadcast_rows", [&] { be_.broadcast_rows(o, b, r, c); });
-    }
-    void residual(float* xh, const float* x, int64_t r, int64_t d, float g, float* xc, float* db,
-                  float* st) override {
-        timed("residual", [&] { be_.residual(xh, x, r, d, g, xc, db, st); });
-    }
-    void relu_forward(float* p, const float* b, int64_t r, int64_t n) override {
-        timed("relu_forward", [&] { be_.relu_forward(p, b, r, n); });
-    }
-    void relu_backward(const float* z, float* dz, const float* nr, float l1, int64_t r, int64_t n,
-                       float* db, float* zs, int32_t* f, float* st) override {
-        timed("relu_backward", [&] { be_.relu_backward(z, dz, nr, l1, r, n, db, zs, f, st); });
-    }
-    void topk_forward(const float* p, const float* b, int64_t r, int64_t n, int64_t k, int32_t* i,
-                      float* v, bool relu) override {
-        timed("topk_forward", [&] { be_.topk_forward(p, b, r, n, k, i, v, relu); });
-    }
-    void topk_forward_columns(const float* p, const float* b, int64_t r, int64_t n,
-                              const int32_t* cols, int64_t count, int64_t k, int32_t* i, float* v,
-                              bool relu, float* scratch) override {
-        timed("topk_forward_columns",
-              [&] { be_.topk_forward_columns(p, b, r, n, cols, count, k, i, v, relu, scratch); });
-    }
-    void sparse_decode(const int32_t* i, const float* v, const float* w, int64_t r, int64_t k,
-                       int64_t d, float* xh) override {
-        timed("sparse_decode", [&] { be_.sparse_decode(i, v, w, r, k, d, xh); });
-    }
-    void topk_backward(const SparseBackward& a) override {
-        timed("topk_backward", [&] { be_.topk_backward(a); });
-    }
-    void decorr_grad(const float* z, const int32_t* i, int64_t w, int64_t r, int64_t n, float s,
-                     float* dz, float* st) override {
-        timed("decorr_grad", [&] { be_.decorr_grad(z, i, w, r, n, s, dz, st); });
-    }
-    float batch_threshold(const float* p, const float* b, int64_t r, int64_t n,
-                          int64_t c) override {
-        float t = 0;
-        timed("batch_threshold", [&] { t = be_.batch_threshold(p, b, r, n, c); });
-        return t;
-    }
-    int64_t select_above(const float* p, const float* b, float t, int64_t r, int64_t n, int64_t w,
-                         int32_t* i, float* v) override {
-        int64_t m = 0;
-        timed("select_above", [&] { m = be_.select_above(p, b, t, r, n, w, i, v); });
-        return m;
-    }
-    void jumprelu_forward(float* p, const float* b, const float* lt, int64_t r, int64_t n,
-                          float* z) override {
-        timed("jumprelu_forward", [&] { be_.jumprelu_forward(p, b, lt, r, n, z); });
-    }
-    void jumprelu_backward(const JumpReluBackward& a) override {
-        timed("jumprelu_backward", [&] { be_.jumprelu_backward(a); });
-    }
-    void gated_forward(const float* p, const float* bg, const float* rm, const float* bm, int64_t r,
-                       int64_t n, float* z, float* g) override {
-        timed("gated_forward", [&] { be_.gated_forward(p, bg, rm, bm, r, n, z, g); });
-    }
-    void gated_backward(const GatedBackward& a) override {
-        timed("gated_backward", [&] { be_.gated_backward(a); });
-    }
-    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
-                     float beta, int64_t rows, int64_t cols) override {
-        timed("gather_rows", [&] { be_.gather_rows(dst, src, rows_of, scale, beta, rows, cols); });
-    }
-    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
-                           int64_t width) override {
-        timed("gather_rows", [&] { be_.gather_index_rows(dst, src, rows_of, rows, width); });
-    }
-    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override {
-        timed("row_dots", [&] { be_.row_dots(a, b, rows, cols, out); });
-    }
-    void offset_indices(int32_t* idx, int64_t count, int32_t offset) override {
-        timed("offset_indices", [&] { be_.offset_indices(idx, count, offset); });
-    }
-    void axpby(float* y, const float* x, float a, float b, int64_t n) override {
-        timed("axpby", [&] { be_.axpby(y, x, a, b, n); });
-    }
-    void row_norms(const float* w, int64_t r, int64_t c, float* o) override {
-        timed("row_norms", [&] { be_.row_norms(w, r, c, o); });
-    }
-    void project_out_parallel(const float* w, float* g, int64_t r, int64_t c) override {
-        timed("project_out_parallel", [&] { be_.project_out_parallel(w, g, r, c); });
-    }
-    void normalize_rows(float* w, int64_t r, int64_t c) override {
-        timed("normalize_rows", [&] { be_.normalize_rows(w, r, c); });
-    }
-    void add_norm_grad(const float* w, const float* co, float s, float* g, int64_t r,
-                       int64_t c) override {
-        timed("add_norm_grad", [&] { be_.add_norm_grad(w, co, s, g, r, c); });
-    }
-    void adam(float* p, const float* g, float* m, float* v, int64_t n,
-              const math::AdamScalars& s) override {
-        timed("adam", [&] { be_.adam(p, g, m, v, n, s); });
-    }
-    double optimizer_grad_sum_squares(const float* p, float* g, int64_t n,
-                                      const UnitRows& u) override {
-        double r = 0;
-        timed("optimizer_sum_squares", [&] { r = be_.optimizer_grad_sum_squares(p, g, n, u); });
-        return r;
-    }
-    void optimizer_apply(float* p, float* g, float* m, float* v, const std::vector<AdamRange>& r,
-                         const UnitRows& u, math::AdamScalars s, float wd) override {
-        timed("optimizer_apply", [&] { be_.optimizer_apply(p, g, m, v, r, u, s, wd); });
-    }
 
-private:
-    template <typename F>
-    void timed(const std::string& op, F&& f) {
+    void around(const std::string& op, const std::function<void()>& f) override {
         if (!active) return f();
-        be_.synchronize();
+        inner().synchronize();
         const auto t0 = Clock::now();
         f();
-        be_.synchronize();
+        inner().synchronize();
         seconds[op] += std::chrono::duration<double>(Clock::now() - t0).count();
     }
-    Backend& be_;
 };
 
 // Steps on real batches: the SAE first trains `train_steps` steps on the stream (so latent

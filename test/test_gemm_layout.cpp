@@ -1,13 +1,22 @@
 // The row-major -> column-major GEMM mapping (gemm_layout.h) that the CUDA backend hands to
 // cuBLASLt, checked on the CPU: a naive column-major GEMM driven by the mapping must equal a
-// naive row-major GEMM, for every transpose combination and every call the trainer makes.
+// naive row-major GEMM, for every transpose combination and every call the trainer makes
+// (recorded from training steps of every architecture, not listed by hand).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "saetrain/arch.h"
+#include "saetrain/backend_registry.h"
+#include "saetrain/comm.h"
+#include "saetrain/config.h"
 #include "saetrain/error.h"
+#include "saetrain/forwarding_backend.h"
 #include "saetrain/gemm_layout.h"
+#include "saetrain/trainer.h"
 
 using namespace saetrain;
 
@@ -102,19 +111,63 @@ TEST(GemmLayout, EveryTransposeCombinationWithPaddedLeadingDimensions) {
     }
 }
 
+// Records the GEMM calls a backend is asked for (row-major, as Backend::gemm documents them).
+class GemmRecorder final : public ForwardingBackend {
+public:
+    explicit GemmRecorder(Backend& be) : ForwardingBackend(be) {}
+    std::vector<Call> calls;
+    void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) override {
+        calls.push_back({"", ta, tb, m, n, k, lda, ldb, ldc, alpha, beta});
+        ForwardingBackend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+};
+
+// Every GEMM call the trainer makes, as it makes them: a few steps of every architecture on the
+// CPU backend, with AuxK (latents die after one batch without firing) and the decorrelation
+// penalty on (where the architecture has it), recorded and each distinct call replayed through the
+// mapping. Odd sizes (B 7, d 6, 12 latents) so a swapped m/n or leading dimension shows up.
 TEST(GemmLayout, EveryCallTheTrainerMakes) {
-    // Shapes from SaeTrainer::compute_gradients (B rows, d = d_model, n = n_latents; W_enc and
-    // W_dec latent-major [n, d]). Odd sizes so a swapped m/n or ld shows up.
-    const int64_t B = 6, d = 5, n = 11;
-    const Call calls[] = {
-        {"pre = xc W_enc^T", false, true, B, n, d, d, d, n, 1.0f, 0.0f},
-        {"x_hat += z W_dec (ReLU)", false, false, B, d, n, n, d, d, 1.0f, 1.0f},
-        {"dW_dec = z^T derr", true, false, n, d, B, n, d, d, 1.0f, 0.0f},
-        {"dz = derr W_dec^T", false, true, B, n, d, d, d, n, 1.0f, 0.0f},
-        {"dW_enc = dpre^T xc", true, false, n, d, B, n, d, d, 1.0f, 0.0f},
-        {"db_dec -= db_enc W_enc (m = 1)", false, false, 1, d, n, n, d, d, -1.0f, 1.0f},
-    };
-    for (const Call& c : calls) check_call(c);
+    const int64_t B = 7, d = 6, steps = 3;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(B * d));
+    for (float& v : x) v = normal(rng);
+    auto cpu = make_cpu_backend(1);
+    size_t replayed = 0;
+    for (const std::string& arch : arch_names()) {
+        SCOPED_TRACE(arch);
+        SaeConfig cfg;
+        cfg.arch = arch;
+        cfg.n_latents = 12;
+        cfg.k = 3;
+        cfg.n_experts = 2;
+        cfg.l1_coeff = 0.1;
+        cfg.dead_tokens = B;
+        cfg.decorr_coeff = arch == "switch" ? 0.0 : 0.01;  // Switch has no decorrelation
+        GemmRecorder rec(*cpu);
+        auto self = make_self_comm();
+        SaeTrainer tr(cfg, d, steps, 0, rec, *self);
+        tr.init(x.data(), B);
+        for (int64_t s = 0; s < steps; ++s) tr.step(x.data(), B);
+        ASSERT_FALSE(rec.calls.empty());
+        std::vector<Call> distinct;
+        for (const Call& c : rec.calls) {
+            const auto same = [&](const Call& o) {
+                return o.ta == c.ta && o.tb == c.tb && o.m == c.m && o.n == c.n && o.k == c.k &&
+                       o.lda == c.lda && o.ldb == c.ldb && o.ldc == c.ldc && o.alpha == c.alpha &&
+                       o.beta == c.beta;
+            };
+            if (std::none_of(distinct.begin(), distinct.end(), same)) distinct.push_back(c);
+        }
+        for (Call& c : distinct) {
+            c.what = arch.c_str();
+            check_call(c);
+        }
+        replayed += distinct.size();
+    }
+    EXPECT_GE(replayed, arch_names().size());
 }
 
 TEST(GemmLayout, RejectsLeadingDimensionShorterThanARow) {

@@ -1,0 +1,154 @@
+// ForwardingBackend: every op to the inner backend through around() (forwarding_backend.h).
+#include "saetrain/forwarding_backend.h"
+
+#include <fmt/format.h>
+
+namespace saetrain {
+
+void ForwardingBackend::upload(void* dst, const void* src, int64_t bytes) {
+    around("upload", [&] { be_.upload(dst, src, bytes); });
+}
+void ForwardingBackend::download(void* dst, const void* src, int64_t bytes) {
+    around("download", [&] { be_.download(dst, src, bytes); });
+}
+void ForwardingBackend::upload_rows(float* dst, const void* src, DType t, int64_t n) {
+    around("upload_rows", [&] { be_.upload_rows(dst, src, t, n); });
+}
+void ForwardingBackend::fill(float* x, int64_t n, float value) {
+    around("fill", [&] { be_.fill(x, n, value); });
+}
+void ForwardingBackend::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                             float* c, int64_t ldc) {
+    around(fmt::format("gemm {}x{}x{}", m, n, k),
+           [&] { be_.gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+}
+double ForwardingBackend::sum_squares(const float* x, int64_t n) {
+    double r = 0;
+    around("sum_squares", [&] { r = be_.sum_squares(x, n); });
+    return r;
+}
+void ForwardingBackend::sub_rows(float* out, const float* x, const float* bias, int64_t rows,
+                                 int64_t cols) {
+    around("sub_rows", [&] { be_.sub_rows(out, x, bias, rows, cols); });
+}
+void ForwardingBackend::broadcast_rows(float* out, const float* bias, int64_t rows, int64_t cols) {
+    around("broadcast_rows", [&] { be_.broadcast_rows(out, bias, rows, cols); });
+}
+void ForwardingBackend::residual(float* xh, const float* x, int64_t rows, int64_t d,
+                                 float grad_scale, float* x_col_sum, float* db_dec, float* stats) {
+    around("residual", [&] { be_.residual(xh, x, rows, d, grad_scale, x_col_sum, db_dec, stats); });
+}
+void ForwardingBackend::relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) {
+    around("relu_forward", [&] { be_.relu_forward(pre, b_enc, rows, n); });
+}
+void ForwardingBackend::relu_backward(const float* z, float* dz, const float* norms, float l1,
+                                      int64_t rows, int64_t n, float* db_enc, float* z_col_sum,
+                                      int32_t* fires, float* stats) {
+    around("relu_backward",
+           [&] { be_.relu_backward(z, dz, norms, l1, rows, n, db_enc, z_col_sum, fires, stats); });
+}
+void ForwardingBackend::topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n,
+                                     int64_t k, int32_t* idx, float* val, bool relu) {
+    around("topk_forward", [&] { be_.topk_forward(pre, b_enc, rows, n, k, idx, val, relu); });
+}
+void ForwardingBackend::topk_forward_columns(const float* pre, const float* bias, int64_t rows,
+                                             int64_t n, const int32_t* cols, int64_t count,
+                                             int64_t k, int32_t* idx, float* val, bool relu,
+                                             float* scratch) {
+    around("topk_forward_columns", [&] {
+        be_.topk_forward_columns(pre, bias, rows, n, cols, count, k, idx, val, relu, scratch);
+    });
+}
+void ForwardingBackend::sparse_decode(const int32_t* idx, const float* val, const float* w_dec,
+                                      int64_t rows, int64_t k, int64_t d, float* x_hat) {
+    around("sparse_decode", [&] { be_.sparse_decode(idx, val, w_dec, rows, k, d, x_hat); });
+}
+void ForwardingBackend::topk_backward(const SparseBackward& a) {
+    around("topk_backward", [&] { be_.topk_backward(a); });
+}
+void ForwardingBackend::decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows,
+                                    int64_t n, float scale, float* dz, float* stats) {
+    around("decorr_grad", [&] { be_.decorr_grad(z, idx, width, rows, n, scale, dz, stats); });
+}
+float ForwardingBackend::batch_threshold(const float* pre, const float* b_enc, int64_t rows,
+                                         int64_t n, int64_t count) {
+    float t = 0;
+    around("batch_threshold", [&] { t = be_.batch_threshold(pre, b_enc, rows, n, count); });
+    return t;
+}
+int64_t ForwardingBackend::select_above(const float* pre, const float* b_enc, float threshold,
+                                        int64_t rows, int64_t n, int64_t width, int32_t* idx,
+                                        float* val) {
+    int64_t widest = 0;
+    around("select_above",
+           [&] { widest = be_.select_above(pre, b_enc, threshold, rows, n, width, idx, val); });
+    return widest;
+}
+void ForwardingBackend::jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold,
+                                         int64_t rows, int64_t n, float* z) {
+    around("jumprelu_forward",
+           [&] { be_.jumprelu_forward(pre, b_enc, log_threshold, rows, n, z); });
+}
+void ForwardingBackend::jumprelu_backward(const JumpReluBackward& a) {
+    around("jumprelu_backward", [&] { be_.jumprelu_backward(a); });
+}
+void ForwardingBackend::gated_forward(const float* pre, const float* b_gate, const float* r_mag,
+                                      const float* b_mag, int64_t rows, int64_t n, float* z,
+                                      float* gate) {
+    around("gated_forward",
+           [&] { be_.gated_forward(pre, b_gate, r_mag, b_mag, rows, n, z, gate); });
+}
+void ForwardingBackend::gated_backward(const GatedBackward& a) {
+    around("gated_backward", [&] { be_.gated_backward(a); });
+}
+void ForwardingBackend::gather_rows(float* dst, const float* src, const int32_t* rows_of,
+                                    const float* scale, float beta, int64_t rows, int64_t cols) {
+    around("gather_rows", [&] { be_.gather_rows(dst, src, rows_of, scale, beta, rows, cols); });
+}
+void ForwardingBackend::gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of,
+                                          int64_t rows, int64_t width) {
+    around("gather_index_rows", [&] { be_.gather_index_rows(dst, src, rows_of, rows, width); });
+}
+void ForwardingBackend::row_dots(const float* a, const float* b, int64_t rows, int64_t cols,
+                                 float* out) {
+    around("row_dots", [&] { be_.row_dots(a, b, rows, cols, out); });
+}
+void ForwardingBackend::offset_indices(int32_t* idx, int64_t count, int32_t offset) {
+    around("offset_indices", [&] { be_.offset_indices(idx, count, offset); });
+}
+void ForwardingBackend::axpby(float* y, const float* x, float a, float b, int64_t n) {
+    around("axpby", [&] { be_.axpby(y, x, a, b, n); });
+}
+void ForwardingBackend::row_norms(const float* w, int64_t rows, int64_t cols, float* norms) {
+    around("row_norms", [&] { be_.row_norms(w, rows, cols, norms); });
+}
+void ForwardingBackend::project_out_parallel(const float* w, float* g, int64_t rows, int64_t cols) {
+    around("project_out_parallel", [&] { be_.project_out_parallel(w, g, rows, cols); });
+}
+void ForwardingBackend::normalize_rows(float* w, int64_t rows, int64_t cols) {
+    around("normalize_rows", [&] { be_.normalize_rows(w, rows, cols); });
+}
+void ForwardingBackend::add_norm_grad(const float* w, const float* coeff, float scale, float* g,
+                                      int64_t rows, int64_t cols) {
+    around("add_norm_grad", [&] { be_.add_norm_grad(w, coeff, scale, g, rows, cols); });
+}
+void ForwardingBackend::adam(float* p, const float* g, float* m, float* v, int64_t n,
+                             const math::AdamScalars& s) {
+    around("adam", [&] { be_.adam(p, g, m, v, n, s); });
+}
+double ForwardingBackend::optimizer_grad_sum_squares(const float* params, float* grads,
+                                                     int64_t count, const UnitRows& unit) {
+    double r = 0;
+    around("optimizer_sum_squares",
+           [&] { r = be_.optimizer_grad_sum_squares(params, grads, count, unit); });
+    return r;
+}
+void ForwardingBackend::optimizer_apply(float* params, float* grads, float* m, float* v,
+                                        const std::vector<AdamRange>& ranges, const UnitRows& unit,
+                                        math::AdamScalars s, float weight_decay) {
+    around("optimizer_apply",
+           [&] { be_.optimizer_apply(params, grads, m, v, ranges, unit, s, weight_decay); });
+}
+
+}  // namespace saetrain
