@@ -5,8 +5,8 @@
 //   checkpoint-S.state.h5  Adam moments, dead-latent counters, every replica's reader cursor,
 //                          the loop iteration, and a checksum over both files' tensors
 // and the checkpoint only counts once rank 0 has written checkpoints/step-S.commit, after every
-// SAE's files were complete (see checkpointer.h). Loading verifies the checksum, so a torn or damaged
-// pair is rejected and the previous committed checkpoint is used instead.
+// SAE's files were complete (see checkpointer.h). Loading verifies the checksum, so a torn or
+// damaged pair is rejected and the previous committed checkpoint is used instead.
 #pragma once
 
 #include <cstdint>
