@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "saetrain/comm_choice.h"  // defines: CommFacts, CommChoice
-#include "saetrain/dtype.h"  // defines: DType
-#include "saetrain/host_alloc.h"
-#include "saetrain/sae_math.h"  // defines: math::AdamScalars
+#include "saetrain/dtype.h"        // defines: DType
+#include "saetrain/host_alloc.h"   // defines: HostAllocator
+#include "saetrain/sae_math.h"     // defines: math::AdamScalars
 
 namespace saetrain {
 

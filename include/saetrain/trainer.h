@@ -94,14 +94,6 @@ struct TensorInfo {
     bool i64 = false;
 };
 
-// This trainer's part of a checkpoint (SaeTrainer::read_part), ready for restore().
-struct CheckpointPart {
-    std::vector<float> params, adam_m, adam_v;  // this shard's flat layout
-    std::vector<int64_t> since_fired;           // this shard's latents
-    std::vector<NamedTensor> buffers;           // the architecture's (BatchTopK's threshold)
-    float input_scale = 1.0f;
-};
-
 class SaeTrainer {
 public:
     // grad_comm: the replicas of this SAE (data-parallel, the same latent shard of each);
