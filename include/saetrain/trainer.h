@@ -1,21 +1,9 @@
 // trainer.h — one SAE, its optimizer state and its training step, on any Backend.
 //
-// SaeTrainer owns the parameters in one flat device buffer of named segments (arch.h's
-// ParamLayout): [W_enc (n x d, latent-major) | W_dec (n x d) | b_enc (n) | b_dec (d) | the
-// architecture's own, e.g. log_threshold (n)], with gradients and Adam moments in the same
-// layout, so the optimizer step and the gradient all-reduce are one call each. W_enc is kept
-// latent-major (the transpose of the file layout [d, n]) so the sparse TopK backward writes
-// whole contiguous rows per latent. The architecture (an ArchPass) runs the activation, the
+// SaeTrainer runs the step every parallel mode shares; where the parameters, their gradient and
+// Adam's moments live (one rank, the optimizer split over node memory, latent shards) is its
+// ParamStore's business (param_store.h). The architecture (an ArchPass) runs the activation, the
 // decoder and their backward pass; the trainer runs everything the architectures share.
-//
-// Data-parallel replicas on one node with host memory (the CPU backend) keep one copy of the
-// parameters and Adam moments per node, in node memory that every replica maps, and split the
-// optimizer update: each replica owns a contiguous range of latents (their rows of every
-// per-latent segment; the last one also b_dec and the other segments that belong to no
-// latent), sums its owned range of every replica's gradient (in rank order), and updates it
-// alone. Nothing is copied back: every replica reads the same
-// parameters. Elsewhere (GPUs, several nodes) the gradients are all-reduced and every replica
-// applies the same full update.
 //
 // A latent-sharded SAE (parallel.latent_shards = S, a LatentShard given) is S trainers, one
 // per rank, each holding n / S latents of every per-latent segment (b_dec and the segments of
@@ -42,6 +30,7 @@
 #include "saetrain/checkpoint.h"
 #include "saetrain/comm.h"
 #include "saetrain/config.h"
+#include "saetrain/param_store.h"  // defines: ParamStore, check_latent_sharding
 #include "saetrain/quality.h"
 #include "saetrain/sharded_topk.h"
 #include "saetrain/train_state.h"
@@ -72,12 +61,6 @@ struct EvalResult {
     double dense_fraction = 0;  // latents that fire on more than 10% of its rows
     QualityGates quality;       // the quality gates on these rows (quality.h)
 };
-
-// Throws Error (prefixed by `where`) when an SAE of `cfg` (d_model d, n_total latents) cannot be
-// split into `shards` latent shards (parallel.latent_shards): its architecture, a shard count
-// that does not divide the latents, a k larger than a shard.
-void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
-                           const std::string& where);
 
 // A piece of one of the whole SAE's tensors, as SaeTrainer::stream_weights/stream_state hand
 // them out: elements [offset, offset + count) of tensor `tensor` (an index into the list of
@@ -178,7 +161,7 @@ public:
     int64_t d_model() const { return d_; }
     int64_t n_latents() const { return n_total_; }  // the whole SAE's
     int64_t local_latents() const { return n_; }    // this shard's (all without sharding)
-    bool sharded() const { return shard_.count > 1; }
+    bool sharded() const { return store_->sharded(); }
     // data.normalize's factor c (1 without it): the SAE trains on c * x.
     float input_scale() const { return input_scale_; }
     int64_t step_count() const { return step_; }
@@ -194,10 +177,12 @@ public:
     std::vector<std::pair<std::string, double>> arch_summary() const;
     const SaeConfig& config() const { return cfg_; }
     const Architecture& arch() const { return arch_; }
-    const ParamLayout& layout() const { return layout_; }
+    const ParamLayout& layout() const { return store_->layout(); }
     Backend& backend() { return be_; }
+    // Where the parameters live (param_store.h).
+    const ParamStore& store() const { return *store_; }
     // Parameters and Adam moments are in node memory, the update split across the replicas.
-    bool splits_update() const { return node_mem_ != nullptr; }
+    bool splits_update() const { return store_->splits_update(); }
     DeviceArray<float>& batch_buffer() { return x_; }
 
 private:
@@ -229,17 +214,8 @@ private:
     // apply_update's phases. The architecture's sums for after_step (zeros from a replica
     // that had no rows).
     std::vector<double> step_arch_sums(int64_t rows);
-    // Sums the gradient, r's metrics, arch_sums and fires_host_ over the replicas; returns the
-    // squared norm of the summed gradient when the update is split (else 0: not yet known).
-    double reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums);
-    // The split update's reduce-scatter: this replica's owned ranges summed over the replicas
-    // (and projected); returns their squared norm.
-    double reduce_owned_gradient();
-    // sae.normalize_decoder: removes from the owned W_dec rows' gradient its part parallel
-    // to the rows.
-    // The decoder rows this rank updates, when sae.normalize_decoder keeps them at unit norm.
-    UnitRows unit_rows() const;
-    void project_decoder_gradient();
+    // Sums the gradient, r's metrics, arch_sums and fires_host_ over the replicas.
+    void reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums);
     // Sets r.grad_norm (and r.clipped); returns Adam's grad_scale, 1 / rows with clipping.
     float clip_gradient(StepResult& r, double sum_sq);
     // A non-finite loss or gradient: marks r skipped and returns true (throws after
@@ -251,32 +227,10 @@ private:
     // Adam and decoder renormalization on this replica's owned ranges (all of them when it
     // does not split the update) of the reduced gradient; the metrics are decided before.
     void optimizer_step(float grad_scale, float lr, int64_t t);
-    // Flat-buffer ranges of latent rows [lo, hi): their rows of every per-latent segment, and
-    // the segments that belong to no latent (b_dec, ...) when `with_non_latent`, in segment
-    // order; some counts may be 0. owned_ranges(q): the ones replica q owns when the update is
-    // split (the last replica also owns b_dec).
-    struct Range {
-        int64_t offset, count;
-        bool decay;
-    };
-    std::vector<Range> ranges(int64_t lo, int64_t hi, bool with_non_latent) const;
-    std::vector<Range> owned_ranges(int64_t q) const;
-    // Writes the parameter-shaped host vector `src` into the flat buffer `dst` (collective when
-    // the update is split: each replica writes its owned range, then a fence).
-    void write_flat(float* dst, const std::vector<float>& src);
-    int64_t off(int segment) const {
-        return layout_.segments()[static_cast<size_t>(segment)].offset;
-    }
-    // A host copy of a flat buffer (backend memory) of this trainer's layout.
-    std::vector<float> host_copy(const float* flat) const;
+    int64_t off(int segment) const { return store_->offset(segment); }
     // Latent sharding: weights() collected from stream_weights on the first shard (empty
     // weights on the others).
     SaeWeights streamed_weights() const;
-    // The SAE's squared gradient norm from this shard's sum_sq (summed over the shards, the
-    // segments every shard holds counted once).
-    double sum_over_shards(double sum_sq) const;
-    // The whole SAE's per-latent values from every shard's (all-gathered over the shards).
-    std::vector<double> all_latents(const std::vector<double>& mine) const;
     // decorrelation_rms (quality.h) of activations on host (dense [rows, n_] or `width` pairs
     // per row) over the whole SAE: a latent shard gathers every shard's non-zero activations.
     double decorrelation_of(const float* dense, const int32_t* idx, const float* val, int64_t width,
@@ -289,37 +243,27 @@ private:
                                 std::vector<char>& buf) const;
     // After the forward pass: x_hat summed over the shards.
     void reduce_x_hat(int64_t rows);
-    // stream_*'s pieces: this shard's rows [n_ x cols] of a per-latent tensor (host), sent
+    // stream_*'s pieces: this shard's rows [n_ x cols] of a per-latent tensor (host), gathered
     // shard by shard in chunks to the first shard's sink for tensor `t` from element `base`,
-    // each value v as v * mul / div (fold_activation_scale's arithmetic).
+    // each value folded by c as `fold` says (sae_tensors.h).
     template <class T>
-    void stream_latents(const T* mine, int64_t cols, int t, int64_t base, float mul, float div,
+    void stream_latents(const T* mine, int64_t cols, int t, int64_t base, ScaleFold fold, float c,
                         const ChunkSink& sink) const;
     // SaeWeights of a whole flat buffer (whole_layout_).
     SaeWeights weights_of(const std::vector<float>& p) const;
 
     SaeConfig cfg_;
-    LatentShard shard_;  // count 1: not sharded
-    int64_t d_, n_total_, n_, total_steps_;
+    int64_t d_, n_total_, n_, total_steps_;  // n_: this shard's latents
     uint64_t seed_;
     Backend& be_;
     Communicator& comm_;
     const Architecture& arch_;
-    ParamLayout layout_;        // this shard's latents
-    ParamLayout whole_layout_;  // the whole SAE's (== layout_ without sharding)
     std::unique_ptr<ArchPass> pass_;
+    std::unique_ptr<ParamStore> store_;  // parameters, gradient, Adam moments
     int64_t step_ = 0, tokens_ = 0;
     int64_t bad_in_a_row_ = 0;
     float input_scale_ = 1.0f;  // data.normalize: every batch is multiplied by it
 
-    int64_t n_params_;
-    // Parameters, moments and per-replica gradients in node memory, or null; see above.
-    std::unique_ptr<NodeMemory> node_mem_;
-    int64_t owned_lo_ = 0, owned_hi_ = 0;  // this replica's owned latent rows [lo, hi)
-    bool owns_b_dec_ = true;  // and b_dec and the segments of no latent (the last replica)
-    bool reduced_ = false;    // the gradient buffer holds this replica's range summed
-    DeviceArray<float> local_params_, local_grads_, local_m_, local_v_;  // without node memory
-    float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
     DeviceArray<float> x_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;
     DeviceArray<int32_t> fires_;
     int64_t batch_cap_ = 0;
