@@ -30,6 +30,7 @@
 #include "saetrain/checkpoint.h"
 #include "saetrain/comm.h"
 #include "saetrain/config.h"
+#include "saetrain/evaluation.h"   // defines: EvalResult, QualityWindow
 #include "saetrain/param_store.h"  // defines: ParamStore, check_latent_sharding
 #include "saetrain/quality.h"
 #include "saetrain/sharded_topk.h"
@@ -50,16 +51,6 @@ struct StepResult {
     double lr = 0;
     bool clipped = false;
     bool skipped = false;  // the loss or gradient was not finite: no update was applied
-};
-
-// The SAE on held-out rows (SaeTrainer::evaluate), over all replicas' rows.
-struct EvalResult {
-    int64_t rows = 0;           // 0: nothing was evaluated
-    double fvu = 0;             // sum ||x_hat - x||^2 / sum ||x - mean||^2, mean over the set
-    double l0 = 0;              // non-zero activations per row
-    double dead_fraction = 0;   // latents that fire on no row of the set
-    double dense_fraction = 0;  // latents that fire on more than 10% of its rows
-    QualityGates quality;       // the quality gates on these rows (quality.h)
 };
 
 // A piece of one of the whole SAE's tensors, as SaeTrainer::stream_weights/stream_state hand
@@ -231,10 +222,6 @@ private:
     // Latent sharding: weights() collected from stream_weights on the first shard (empty
     // weights on the others).
     SaeWeights streamed_weights() const;
-    // decorrelation_rms (quality.h) of activations on host (dense [rows, n_] or `width` pairs
-    // per row) over the whole SAE: a latent shard gathers every shard's non-zero activations.
-    double decorrelation_of(const float* dense, const int32_t* idx, const float* val, int64_t width,
-                            int64_t rows) const;
     // n_dead_total_ from every shard's n_dead_.
     void count_dead_over_shards();
     // Rows [r0, r0 + rows) of x_host; on a latent shard the first shard's, broadcast (in their
@@ -279,11 +266,8 @@ private:
     bool pending_accumulated_ = false;
     StepResult accumulated_;
     DeviceArray<float> accum_grads_;
-    // Sums over the steps from window_start_ on, for training_quality().
-    int64_t window_start_ = 0, window_rows_ = 0, last_rows_ = 0;
-    double window_sse_ = 0, window_sum_sq_ = 0, window_l0_ = 0;
-    std::vector<double> window_fired_;
-    std::vector<double> window_arch_sums_;  // the architecture's step_sums, summed
+    int64_t last_rows_ = 0;  // the rows of the last pass whose activations the pass holds
+    QualityWindow window_;   // the steps from 90% of total_steps on (evaluation.h)
 };
 
 }  // namespace saetrain

@@ -42,8 +42,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       since_fired_(static_cast<size_t>(n_), 0),
       dead_(static_cast<size_t>(n_), 0),
       fires_host_(static_cast<size_t>(n_), 0),
-      window_start_(total_steps - std::max<int64_t>(1, total_steps / 10)),
-      window_fired_(static_cast<size_t>(n_), 0.0) {
+      window_(total_steps, n_) {
     const LatentShard placement = shard_or_whole(shard, n_total_);
     arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
     check_latent_sharding(cfg, d_, n_total_, placement.count, "");
@@ -229,113 +228,6 @@ void SaeTrainer::reduce_x_hat(int64_t rows) {
     store_->sum_over_shards_on_backend(xhat_.data(), rows * d_);
 }
 
-void SaeTrainer::reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows,
-                             float* x_hat_host) {
-    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::reconstruct during a step");
-    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::reconstruct: batch_rows must be >= 1");
-    batch_rows = chunk_rows(batch_rows);
-    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
-        const int64_t B = std::min(batch_rows, rows - r0);
-        upload_batch(x_host.rows_from(r0, d_), B);
-        forward(x_.data(), B, false);
-        be_.download(x_hat_host + r0 * d_, xhat_.data(), B * d_ * int64_t{sizeof(float)});
-    }
-    if (input_scale_ != 1.0f)
-        for (int64_t i = 0; i < rows * d_; ++i) x_hat_host[i] /= input_scale_;
-}
-
-BatchView SaeTrainer::first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
-                                        std::vector<char>& buf) const {
-    if (!sharded()) return x_host.rows_from(r0, d_);
-    const LatentShard& shard = store_->shard();
-    // The element type is the first shard's: the others may pass no rows at all.
-    int64_t type = static_cast<int64_t>(x_host.dtype);
-    shard.group->bcast(&type, sizeof(type), 0);
-    const auto t = static_cast<DType>(type);
-    const int64_t bytes = rows * d_ * dtype_size(t);
-    buf.resize(static_cast<size_t>(bytes));
-    if (shard.index == 0)
-        std::memcpy(buf.data(), x_host.rows_from(r0, d_).data, static_cast<size_t>(bytes));
-    shard.group->bcast(buf.data(), bytes, 0);
-    return {buf.data(), t};
-}
-
-EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_rows) {
-    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
-    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
-    batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
-    const int64_t d = d_;
-    int64_t n = n_;
-    // Sums over this replica's rows, then over the replicas, in one all-reduce:
-    // [rows, sse, sum ||x||^2, l0, column sums of x (d), firing rows per latent (n)].
-    std::vector<double> sums(static_cast<size_t>(4 + d + n), 0.0);
-    double* x_sum = sums.data() + 4;
-    double* fired = x_sum + d;
-    std::vector<float> xcol(static_cast<size_t>(d));
-    std::vector<int32_t> idx;
-    std::vector<float> act;
-    std::vector<double> local_decorr = {0.0, 0.0};  // [decorr_rms, 1 when measured]
-    DeviceArray<float> db_dec_scratch(be_, d);
-    std::vector<char> shared;  // latent shards: the first shard's batch, broadcast
-    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
-        const int64_t B = std::min(batch_rows, rows - r0);
-        upload_batch(first_shards_rows(x_host, r0, B, shared), B);
-        forward(x_.data(), B, false);
-        be_.fill(stats_.data(), kStatCount, 0.0f);
-        be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
-                     stats_.data());
-        float st[kStatCount];
-        be_.download(st, stats_.data(), sizeof(st));
-        be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
-        sums[0] += static_cast<double>(B), sums[1] += st[kStatSse], sums[2] += st[kStatSumSqX];
-        for (int64_t c = 0; c < d; ++c) x_sum[c] += xcol[c];
-        // Which latents fired: the dense activations or the (latent, value) pairs.
-        const Activations a = pass_->activations();
-        const int64_t per_row = a.dense ? n : a.width;
-        act.resize(static_cast<size_t>(B * per_row));
-        if (a.dense) {
-            be_.download(act.data(), a.dense, B * n * static_cast<int64_t>(sizeof(float)));
-        } else {
-            idx.resize(act.size());
-            be_.download(act.data(), a.val, B * per_row * int64_t{sizeof(float)});
-            be_.download(idx.data(), a.idx, B * per_row * int64_t{sizeof(int32_t)});
-        }
-        for (int64_t i = 0; i < B * per_row; ++i) {
-            if (!(act[i] > 0)) continue;
-            sums[3] += 1;
-            fired[a.dense ? i % n : idx[i]] += 1;
-        }
-        if (r0 == 0)  // the first batch's latent correlations (quality.h)
-            local_decorr = {decorrelation_of(a.dense ? act.data() : nullptr, idx.data(), act.data(),
-                                             per_row, B),
-                            1.0};
-    }
-    std::vector<double> decorr = local_decorr;
-    comm_.allreduce_sum(decorr.data(), 2);
-    comm_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
-    store_->sum_over_shards(&sums[3], 1);  // L0: each shard its latents'
-
-    const std::vector<double> fired_all =
-        store_->all_latents(std::vector<double>(fired, fired + n));
-    n = n_total_;
-    EvalResult e;
-    e.rows = static_cast<int64_t>(sums[0]);
-    if (e.rows == 0) return e;
-    double mean_sq = 0;
-    for (int64_t c = 0; c < d; ++c) mean_sq += x_sum[c] * x_sum[c];
-    const double sst = sums[2] - mean_sq / sums[0];
-    e.fvu = sst > 0 ? sums[1] / sst : 0.0;
-    e.l0 = sums[3] / sums[0];
-    int64_t dead = 0, dense = 0;
-    for (double f : fired_all) dead += f == 0, dense += f > 0.1 * sums[0];
-    e.dead_fraction = static_cast<double>(dead) / static_cast<double>(n);
-    e.dense_fraction = static_cast<double>(dense) / static_cast<double>(n);
-    quality_from_sums(e.quality, e.rows, sums[1], sums[2], sums[3], fired_all);
-    e.quality.held_out = true;
-    e.quality.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
-    return e;
-}
-
 void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
     const int64_t B = rows, d = d_;
     if (norm_rows <= 0) norm_rows = rows;
@@ -454,14 +346,7 @@ bool SaeTrainer::skip_nonfinite(StepResult& r) {
 
 void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
-    if (step_ >= window_start_) {
-        window_rows_ += r.rows, window_sse_ += r.sse, window_sum_sq_ += r.sum_sq_x;
-        window_l0_ += r.l0;
-        for (int64_t i = 0; i < n_; ++i) window_fired_[i] += fires_host_[i];
-        if (window_arch_sums_.size() != arch_sums.size())
-            window_arch_sums_.assign(arch_sums.size(), 0.0);
-        for (size_t i = 0; i < arch_sums.size(); ++i) window_arch_sums_[i] += arch_sums[i];
-    }
+    window_.add(step_, r.rows, r.sse, r.sum_sq_x, r.l0, fires_host_, arch_sums);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {
         since_fired_[i] = fires_host_[i] > 0 ? 0 : since_fired_[i] + r.rows;
@@ -560,37 +445,6 @@ StepResult SaeTrainer::step_end() {
     }
     apply_update(r);
     return r;
-}
-
-QualityGates SaeTrainer::training_quality() {
-    QualityGates q;
-    quality_from_sums(q, window_rows_, window_sse_, window_sum_sq_, window_l0_,
-                      store_->all_latents(window_fired_));
-    // The last step's activations, still in the architecture's buffers.
-    std::vector<double> decorr = {0.0, 0.0};
-    if (last_rows_ > 0 && step_ > 0) {
-        const Activations a = pass_->activations();
-        const int64_t rows = std::min<int64_t>(last_rows_, 2048);
-        const int64_t per_row = a.dense ? n_ : a.width;
-        std::vector<float> act(static_cast<size_t>(rows * per_row));
-        std::vector<int32_t> idx(a.dense ? 0 : act.size());
-        if (a.dense) {
-            be_.download(act.data(), a.dense, rows * n_ * int64_t{sizeof(float)});
-        } else {
-            be_.download(act.data(), a.val, rows * per_row * int64_t{sizeof(float)});
-            be_.download(idx.data(), a.idx, rows * per_row * int64_t{sizeof(int32_t)});
-        }
-        decorr = {
-            decorrelation_of(a.dense ? act.data() : nullptr, idx.data(), act.data(), per_row, rows),
-            1.0};
-    }
-    comm_.allreduce_sum(decorr.data(), 2);
-    q.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
-    return q;
-}
-
-std::vector<std::pair<std::string, double>> SaeTrainer::arch_summary() const {
-    return pass_->summarize(window_arch_sums_, window_fired_);
 }
 
 double SaeTrainer::dead_fraction() const {
@@ -835,48 +689,6 @@ SaeWeights SaeTrainer::weights_of(const std::vector<float>& p) const {
 }
 
 // --- latent sharding ---------------------------------------------------------------------------
-
-double SaeTrainer::decorrelation_of(const float* dense, const int32_t* idx, const float* val,
-                                    int64_t width, int64_t rows) const {
-    if (!sharded()) return decorrelation_rms(dense, idx, val, width, rows, n_);
-    // Every shard's non-zero activations of the rows decorrelation_rms looks at, as (global
-    // id, value) pairs, W per row (W: the most any shard has in a row; value 0 pads).
-    const LatentShard& shard = store_->shard();
-    rows = std::min<int64_t>(rows, 2048);
-    const int64_t per_row = dense ? n_ : width;
-    auto value = [&](int64_t r, int64_t j) {
-        return dense ? dense[r * n_ + j] : val[r * width + j];
-    };
-    auto latent = [&](int64_t r, int64_t j) { return dense ? j : int64_t{idx[r * width + j]}; };
-    int64_t W = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-        int64_t c = 0;
-        for (int64_t j = 0; j < per_row; ++j) c += value(r, j) != 0.0f;
-        W = std::max(W, c);
-    }
-    shard.group->allreduce_max(&W, 1);
-    if (W == 0) return 0.0;
-    std::vector<int32_t> my_idx(static_cast<size_t>(rows * W), 0);
-    std::vector<float> my_val(static_cast<size_t>(rows * W), 0.0f);
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0, c = 0; j < per_row; ++j)
-            if (value(r, j) != 0.0f) {
-                my_idx[r * W + c] = static_cast<int32_t>(shard.first() + latent(r, j));
-                my_val[r * W + c++] = value(r, j);
-            }
-    const int64_t S = shard.count, block = rows * W;
-    std::vector<int32_t> all_idx(static_cast<size_t>(S * block)), pairs_idx(all_idx.size());
-    std::vector<float> all_val(all_idx.size()), pairs_val(all_idx.size());
-    shard.group->allgather(my_idx.data(), all_idx.data(), block * int64_t{sizeof(int32_t)});
-    shard.group->allgather(my_val.data(), all_val.data(), block * int64_t{sizeof(float)});
-    for (int64_t q = 0; q < S; ++q)  // row r: every shard's W pairs side by side
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j < W; ++j) {
-                pairs_idx[(r * S + q) * W + j] = all_idx[q * block + r * W + j];
-                pairs_val[(r * S + q) * W + j] = all_val[q * block + r * W + j];
-            }
-    return decorrelation_rms(nullptr, pairs_idx.data(), pairs_val.data(), S * W, rows, n_total_);
-}
 
 }  // namespace saetrain
 
