@@ -177,6 +177,7 @@ public:
     DeviceArray<float>& batch_buffer() { return x_; }
 
 private:
+    // --- the batch and the forward pass (trainer.cpp) ----------------------------------------
     void ensure_batch(int64_t rows);
     // The rows one pass over `rows` rows takes at a time: all of them, or with
     // train.accum_steps > 1 a chunk of ceil(rows / accum_steps).
@@ -185,25 +186,32 @@ private:
     }
     // x_host [rows, d] into x_ (widened on the backend), times the input scale (data.normalize).
     void upload_batch(BatchView x_host, int64_t rows);
-    // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
-    std::vector<float> initial_b_dec(const float* x, int64_t rows);
     // The pass context over x_dev [rows, d] and the trainer's buffers.
     PassContext context(const float* x_dev, int64_t rows);
     // The encoder, activation and decoder on x_dev [rows, d]: x_hat in xhat_, the activations
     // in the pass. `training`: the pass a step uses (BatchTopK's batch selection).
     void forward(const float* x_dev, int64_t rows, bool training);
+    // After the forward pass: x_hat summed over the latent shards.
+    void reduce_x_hat(int64_t rows);
+    int64_t off(int segment) const { return store_->offset(segment); }
+
+    // --- init (trainer.cpp) --------------------------------------------------------------------
+    // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
+    std::vector<float> initial_b_dec(const float* x, int64_t rows);
     // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it).
     void fit_encoder_scale(const float* x_host, int64_t rows, std::vector<float>& p);
-    // compute_gradients in two halves: queue the passes; then read the step's sums back.
+
+    // --- the step's pieces, in the order it runs them (trainer.cpp) ----------------------------
+    // compute_gradients in two halves: queue forward, loss and backward (idle -> queued); then
+    // read the step's sums back (queued -> idle).
     void launch_gradients(const float* x_dev, int64_t rows, int64_t norm_rows);
     StepResult collect_gradients();
     // train.accum_steps > 1: the gradients of x_host's rows in that many chunks, summed into
-    // the gradient buffer; the step's result waits in accumulated_ for step_end.
+    // the gradient buffer; the step's result waits in accumulated_ (idle -> accumulated).
     void accumulate_gradients(BatchView x_host, int64_t rows);
-    // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
-    void apply_update(StepResult& r);
-    // apply_update's phases. The architecture's sums for after_step (zeros from a replica
-    // that had no rows).
+    // step_end's first phase: the sums of the passes step_begin ran (any state -> idle).
+    StepResult end_passes();
+    // The architecture's sums for after_step (zeros from a replica that had no rows).
     std::vector<double> step_arch_sums(int64_t rows);
     // Sums the gradient, r's metrics, arch_sums and fires_host_ over the replicas.
     void reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums);
@@ -212,24 +220,40 @@ private:
     // A non-finite loss or gradient: marks r skipped and returns true (throws after
     // train.max_bad_steps in a row).
     bool skip_nonfinite(StepResult& r);
+    // Adam's scalars for update t (1-based): bias corrections, grad_scale (clipping and the
+    // average over all replicas' rows).
+    math::AdamScalars adam_scalars(float grad_scale, float lr, int64_t t) const;
     // After the update: the architecture's after_step, the quality window, dead latents and
     // the counters.
     void finish_step(const StepResult& r, const std::vector<double>& arch_sums);
-    // Adam and decoder renormalization on this replica's owned ranges (all of them when it
-    // does not split the update) of the reduced gradient; the metrics are decided before.
-    void optimizer_step(float grad_scale, float lr, int64_t t);
-    int64_t off(int segment) const { return store_->offset(segment); }
-    // Latent sharding: weights() collected from stream_weights on the first shard (empty
-    // weights on the others).
-    SaeWeights streamed_weights() const;
     // n_dead_total_ from every shard's n_dead_.
     void count_dead_over_shards();
+
+    // --- the step's state ------------------------------------------------------------------------
+    //   idle --step_begin--> queued | accumulated | no_rows --step_end--> idle
+    //   idle --launch_gradients--> queued --collect_gradients--> idle
+    //        (compute_gradients, and each chunk of an accumulated step inside step_begin)
+    // evaluate and reconstruct run only while idle.
+    enum class StepState {
+        idle,         // no step under way
+        queued,       // a batch's passes are queued on the backend (queued_rows_ rows)
+        accumulated,  // train.accum_steps chunks' gradients summed, their sums in accumulated_
+        no_rows,      // this replica had no rows: a zero gradient waits to join the reduce
+    };
+    static const char* state_name(StepState s);
+    // Throws unless the trainer is in `from` (naming `call`); then moves to `to`.
+    void transition(StepState from, StepState to, const char* call);
+
+    // --- evaluation (evaluation.cpp) -------------------------------------------------------------
     // Rows [r0, r0 + rows) of x_host; on a latent shard the first shard's, broadcast (in their
     // element type) into buf.
     BatchView first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
                                 std::vector<char>& buf) const;
-    // After the forward pass: x_hat summed over the shards.
-    void reduce_x_hat(int64_t rows);
+
+    // --- serialization ---------------------------------------------------------------------------
+    // Latent sharding: weights() collected from stream_weights on the first shard (empty
+    // weights on the others).
+    SaeWeights streamed_weights() const;
     // stream_*'s pieces: this shard's rows [n_ x cols] of a per-latent tensor (host), gathered
     // shard by shard in chunks to the first shard's sink for tensor `t` from element `base`,
     // each value folded by c as `fold` says (sae_tensors.h).
@@ -254,7 +278,8 @@ private:
     DeviceArray<float> x_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;
     DeviceArray<int32_t> fires_;
     int64_t batch_cap_ = 0;
-    int64_t pending_rows_ = -1;         // rows of the step begun and not yet ended (-1: none)
+    StepState state_ = StepState::idle;
+    int64_t queued_rows_ = 0;           // the rows of the queued passes
     std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
     std::vector<uint8_t> dead_;         // host: 1 for latents dead before this step
     int64_t n_dead_ = 0;                // of this shard's latents
@@ -262,8 +287,7 @@ private:
     std::vector<int32_t> fires_host_;
     std::vector<float> xcol_host_;           // the last collected batch's column sums of x
     std::vector<double> pending_arch_sums_;  // the pending step's ArchPass::step_sums
-    // train.accum_steps > 1: the step's summed result and gradient (apply_update takes them).
-    bool pending_accumulated_ = false;
+    // train.accum_steps > 1: the step's summed result and gradient (step_end takes them).
     StepResult accumulated_;
     DeviceArray<float> accum_grads_;
     int64_t last_rows_ = 0;  // the rows of the last pass whose activations the pass holds

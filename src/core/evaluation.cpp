@@ -159,7 +159,7 @@ BatchView SaeTrainer::first_shards_rows(BatchView x_host, int64_t r0, int64_t ro
 }
 
 EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_rows) {
-    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
+    SAE_ENFORCE(state_ == StepState::idle, "SaeTrainer::evaluate during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
     batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
     const int64_t d = d_;
@@ -189,7 +189,7 @@ EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_ro
 
 void SaeTrainer::reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows,
                              float* x_hat_host) {
-    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::reconstruct during a step");
+    SAE_ENFORCE(state_ == StepState::idle, "SaeTrainer::reconstruct during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::reconstruct: batch_rows must be >= 1");
     batch_rows = chunk_rows(batch_rows);
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {

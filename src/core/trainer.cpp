@@ -1,15 +1,22 @@
+// trainer.cpp — one SAE's training step (see trainer.h), top-down: construction, init, the step
+// and its pieces in the order they run, the step's state, restore. Elsewhere: the placements of
+// the parameters (param_store.cpp), evaluation and quality (evaluation.cpp), the checkpoint
+// tensors (src/io/trainer_io.cpp).
 #include "saetrain/trainer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <type_traits>
 
 #include "arch/common.h"
 #include "saetrain/error.h"
 #include "saetrain/schedule.h"
 
 namespace saetrain {
+
+// --- construction --------------------------------------------------------------------------------
 
 namespace {
 
@@ -81,6 +88,8 @@ void SaeTrainer::upload_batch(BatchView x_host, int64_t rows) {
     be_.upload_rows(x_.data(), x_host.data, x_host.dtype, rows * d_);
     if (input_scale_ != 1.0f) be_.axpby(x_.data(), x_.data(), input_scale_, 0.0f, rows * d_);
 }
+
+// --- init --------------------------------------------------------------------------------------
 
 std::vector<float> SaeTrainer::initial_b_dec(const float* x, int64_t rows) {
     const int64_t d = d_;
@@ -213,9 +222,90 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     set_params_host(p);
 }
 
+// --- the step ----------------------------------------------------------------------------------
+//
+// One step reads the same in every parallel mode; the ParamStore decides what reduce, the norm
+// and Adam touch (the whole gradient, this replica's owned ranges, this shard's latents):
+//   step_begin  upload -> forward -> loss -> backward        (queued on the backend)
+//   step_end    collect -> reduce -> clip -> lr -> Adam -> finish
+// Gradients are of the summed loss: they and the step's sums are summed over the replicas, then
+// divided by the rows of all replicas through Adam's grad_scale.
+
+StepResult SaeTrainer::step(BatchView x_host, int64_t rows) {
+    step_begin(x_host, rows);
+    return step_end();
+}
+
+void SaeTrainer::step_begin(BatchView x_host, int64_t rows) {
+    SAE_ENFORCE(state_ == StepState::idle,
+                "SaeTrainer::step_begin: the previous step has not ended");
+    last_rows_ = rows;
+    if (rows > 1 && cfg_.accum_steps > 1) {
+        accumulate_gradients(x_host, rows);  // -> accumulated
+    } else if (rows > 0) {
+        upload_batch(x_host, rows);
+        // Gradient of the summed loss: replicas with different row counts then add up to the
+        // gradient of the mean over all rows once step_end divides by the total.
+        launch_gradients(x_.data(), rows, 1);  // -> queued
+    } else {
+        be_.fill(store_->grads(), store_->size(), 0.0f);  // an idle replica joins the reduce
+        std::fill(fires_host_.begin(), fires_host_.end(), 0);
+        transition(StepState::idle, StepState::no_rows, "step_begin");
+    }
+}
+
+StepResult SaeTrainer::step_end() {
+    // collect: the passes' sums (this replica's)
+    StepResult r = end_passes();
+    if (r.rows == 0 && store_->replicas() == 1) return r;  // nothing to learn, no one to join
+    std::vector<double> arch_sums = step_arch_sums(r.rows);
+    // reduce: the gradient and the step's sums over the replicas
+    if (store_->replicas() > 1) reduce_over_replicas(r, arch_sums);
+    if (r.rows == 0) return r;  // no replica had data: nothing to learn from
+    // clip: by the norm of the summed gradient, the unit decoder rows' radial part projected out
+    const float grad_scale = clip_gradient(r, store_->grad_sum_squares());
+    if (skip_nonfinite(r)) return r;
+    // lr
+    r.lr = lr_at(cfg_, step_, total_steps_);
+    // Adam: on the owned ranges, the unit decoder rows renormalized after it
+    store_->update(adam_scalars(grad_scale, static_cast<float>(r.lr), step_ + 1),
+                   static_cast<float>(cfg_.weight_decay));
+    // finish: the architecture's after_step, the quality window, dead latents, the counters
+    finish_step(r, arch_sums);
+    return r;
+}
+
+// --- the step's pieces, in the order it runs them ----------------------------------------------
+
 StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t norm_rows) {
     launch_gradients(x, rows, norm_rows);
     return collect_gradients();
+}
+
+void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
+    const int64_t B = rows, d = d_;
+    if (norm_rows <= 0) norm_rows = rows;
+    transition(StepState::idle, StepState::queued, "launch_gradients");
+    queued_rows_ = rows;
+    ensure_batch(B);
+    store_->new_gradient();
+    be_.fill(stats_.data(), kStatCount, 0.0f);
+    PassContext c = context(x, B);
+    // d/dx_hat of sum_t ||err_t||^2 / norm_rows
+    c.grad_scale = 2.0f / static_cast<float>(norm_rows);
+    c.norm_rows = static_cast<float>(norm_rows);
+    // forward: the activations and x_hat (summed over latent shards)
+    pass_->forward(c, true);
+    reduce_x_hat(B);
+    // loss: err = x_hat - x and its sums; dL/dx_hat in place of x_hat, b_dec's residual term
+    be_.residual(c.xhat, x, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
+                 stats_.data());
+    // On a latent shard b_dec's gradient is the residual's term (once, on the first shard) plus
+    // every shard's term through its encoder input, summed below.
+    if (store_->shard().index > 0) be_.fill(c.grad(ParamLayout::kBDec), d, 0.0f);
+    // backward: every gradient into store_->grads()
+    pass_->backward(c, step_, total_steps_);
+    store_->sum_over_shards_on_backend(c.grad(ParamLayout::kBDec), d);
 }
 
 void SaeTrainer::forward(const float* x, int64_t B, bool training) {
@@ -228,31 +318,52 @@ void SaeTrainer::reduce_x_hat(int64_t rows) {
     store_->sum_over_shards_on_backend(xhat_.data(), rows * d_);
 }
 
-void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
-    const int64_t B = rows, d = d_;
-    if (norm_rows <= 0) norm_rows = rows;
-    ensure_batch(B);
-    store_->new_gradient();
-    pending_rows_ = rows;
-    be_.fill(stats_.data(), kStatCount, 0.0f);
-    PassContext c = context(x, B);
-    // d/dx_hat of sum_t ||err_t||^2 / norm_rows
-    c.grad_scale = 2.0f / static_cast<float>(norm_rows);
-    c.norm_rows = static_cast<float>(norm_rows);
-    pass_->forward(c, true);
-    reduce_x_hat(B);
-    be_.residual(c.xhat, x, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
-                 stats_.data());
-    // On a latent shard b_dec's gradient is the residual's term (once, on the first shard) plus
-    // every shard's term through its encoder input, summed below.
-    if (store_->shard().index > 0) be_.fill(c.grad(ParamLayout::kBDec), d, 0.0f);
-    pass_->backward(c, step_, total_steps_);
-    store_->sum_over_shards_on_backend(c.grad(ParamLayout::kBDec), d);
+void SaeTrainer::accumulate_gradients(BatchView x_host, int64_t rows) {
+    const int64_t chunks = std::min(cfg_.accum_steps, rows), d = d_;
+    const int64_t n_params = store_->size();
+    float* grads = store_->grads();
+    if (accum_grads_.size() < n_params) accum_grads_ = DeviceArray<float>(be_, n_params);
+    StepResult sum;
+    double loss_sum = 0;
+    std::vector<double> xcol(static_cast<size_t>(d), 0.0), arch_sums;
+    std::vector<int64_t> fired(static_cast<size_t>(n_), 0);
+    for (int64_t a = 0; a < chunks; ++a) {
+        const int64_t r0 = rows * a / chunks, r1 = rows * (a + 1) / chunks;
+        upload_batch(x_host.rows_from(r0, d), r1 - r0);
+        launch_gradients(x_.data(), r1 - r0, 1);  // the summed loss: chunks add up
+        last_rows_ = r1 - r0;                     // the activations the pass now holds
+        const StepResult c = collect_gradients();
+        be_.axpby(accum_grads_.data(), grads, 1.0f, a == 0 ? 0.0f : 1.0f, n_params);
+        sum.rows += c.rows, sum.sse += c.sse, sum.l1 += c.l1, sum.l0 += c.l0, sum.aux += c.aux;
+        sum.sum_sq_x += c.sum_sq_x;
+        loss_sum += c.loss * static_cast<double>(c.rows);
+        for (int64_t j = 0; j < d; ++j) xcol[j] += xcol_host_[j];
+        for (int64_t i = 0; i < n_; ++i) fired[i] += fires_host_[i];
+        if (arch_sums.empty()) arch_sums.assign(pending_arch_sums_.size(), 0.0);
+        for (size_t i = 0; i < arch_sums.size(); ++i) arch_sums[i] += pending_arch_sums_[i];
+    }
+    be_.axpby(grads, accum_grads_.data(), 1.0f, 0.0f, n_params);
+    double mean_sq = 0;
+    for (double v : xcol) mean_sq += v * v;
+    sum.sst = sum.sum_sq_x - mean_sq / static_cast<double>(sum.rows);
+    sum.loss = loss_sum / static_cast<double>(sum.rows);
+    for (int64_t i = 0; i < n_; ++i) fires_host_[i] = static_cast<int32_t>(fired[i]);
+    pending_arch_sums_ = arch_sums;
+    accumulated_ = sum;
+    transition(StepState::idle, StepState::accumulated, "step_begin");
+}
+
+StepResult SaeTrainer::end_passes() {
+    SAE_ENFORCE(state_ != StepState::idle, "SaeTrainer::step_end without step_begin");
+    if (state_ == StepState::queued) return collect_gradients();
+    const StepResult r = state_ == StepState::accumulated ? accumulated_ : StepResult{};
+    transition(state_, StepState::idle, "step_end");
+    return r;
 }
 
 StepResult SaeTrainer::collect_gradients() {
-    const int64_t B = pending_rows_, d = d_, n = n_;
-    pending_rows_ = -1;
+    transition(StepState::queued, StepState::idle, "collect_gradients");
+    const int64_t B = queued_rows_, d = d_, n = n_;
     float st[kStatCount];
     std::vector<float>& xcol = xcol_host_;
     xcol.resize(static_cast<size_t>(d));
@@ -276,20 +387,6 @@ StepResult SaeTrainer::collect_gradients() {
     r.sum_sq_x = st[kStatSumSqX];
     r.loss = (r.sse + pass_->penalty(st)) / static_cast<double>(B);
     return r;
-}
-
-// Gradients are of the summed loss (see step): they and the step's metrics are summed over the
-// replicas, then divided by the rows of all replicas through Adam's grad_scale.
-void SaeTrainer::apply_update(StepResult& r) {
-    std::vector<double> arch_sums = step_arch_sums(r.rows);
-    if (store_->replicas() > 1) reduce_over_replicas(r, arch_sums);
-    if (r.rows == 0) return;  // no replica had data: nothing to learn from
-    // Of the summed gradient, the decoder's projected (now or in the update).
-    const float grad_scale = clip_gradient(r, store_->grad_sum_squares());
-    if (skip_nonfinite(r)) return;
-    r.lr = lr_at(cfg_, step_, total_steps_);
-    optimizer_step(grad_scale, static_cast<float>(r.lr), step_ + 1);
-    finish_step(r, arch_sums);
 }
 
 std::vector<double> SaeTrainer::step_arch_sums(int64_t rows) {
@@ -344,6 +441,19 @@ bool SaeTrainer::skip_nonfinite(StepResult& r) {
     return true;
 }
 
+math::AdamScalars SaeTrainer::adam_scalars(float grad_scale, float lr, int64_t t) const {
+    const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
+    const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
+    return {lr,
+            static_cast<float>(cfg_.beta1),
+            static_cast<float>(cfg_.beta2),
+            static_cast<float>(cfg_.eps),
+            1.0f / bc1,
+            1.0f / bc2,
+            0.0f,
+            grad_scale};
+}
+
 void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
     window_.add(step_, r.rows, r.sse, r.sum_sq_x, r.l0, fires_host_, arch_sums);
@@ -358,93 +468,26 @@ void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arc
     tokens_ += r.rows;
 }
 
-void SaeTrainer::optimizer_step(float grad_scale, float lr, int64_t t) {
-    const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
-    const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
-    math::AdamScalars s{lr,
-                        static_cast<float>(cfg_.beta1),
-                        static_cast<float>(cfg_.beta2),
-                        static_cast<float>(cfg_.eps),
-                        1.0f / bc1,
-                        1.0f / bc2,
-                        0.0f,
-                        grad_scale};
-    store_->update(s, static_cast<float>(cfg_.weight_decay));
-}
+// --- the step's state ----------------------------------------------------------------------------
 
-StepResult SaeTrainer::step(BatchView x_host, int64_t rows) {
-    step_begin(x_host, rows);
-    return step_end();
-}
-
-void SaeTrainer::accumulate_gradients(BatchView x_host, int64_t rows) {
-    const int64_t chunks = std::min(cfg_.accum_steps, rows), d = d_;
-    const int64_t n_params = store_->size();
-    float* grads = store_->grads();
-    if (accum_grads_.size() < n_params) accum_grads_ = DeviceArray<float>(be_, n_params);
-    StepResult sum;
-    double loss_sum = 0;
-    std::vector<double> xcol(static_cast<size_t>(d), 0.0), arch_sums;
-    std::vector<int64_t> fired(static_cast<size_t>(n_), 0);
-    for (int64_t a = 0; a < chunks; ++a) {
-        const int64_t r0 = rows * a / chunks, r1 = rows * (a + 1) / chunks;
-        upload_batch(x_host.rows_from(r0, d), r1 - r0);
-        launch_gradients(x_.data(), r1 - r0, 1);  // the summed loss: chunks add up
-        last_rows_ = r1 - r0;                     // the activations the pass now holds
-        const StepResult c = collect_gradients();
-        be_.axpby(accum_grads_.data(), grads, 1.0f, a == 0 ? 0.0f : 1.0f, n_params);
-        sum.rows += c.rows, sum.sse += c.sse, sum.l1 += c.l1, sum.l0 += c.l0, sum.aux += c.aux;
-        sum.sum_sq_x += c.sum_sq_x;
-        loss_sum += c.loss * static_cast<double>(c.rows);
-        for (int64_t j = 0; j < d; ++j) xcol[j] += xcol_host_[j];
-        for (int64_t i = 0; i < n_; ++i) fired[i] += fires_host_[i];
-        if (arch_sums.empty()) arch_sums.assign(pending_arch_sums_.size(), 0.0);
-        for (size_t i = 0; i < arch_sums.size(); ++i) arch_sums[i] += pending_arch_sums_[i];
+const char* SaeTrainer::state_name(StepState s) {
+    switch (s) {
+        case StepState::idle:
+            return "idle";
+        case StepState::queued:
+            return "queued (passes launched, not collected)";
+        case StepState::accumulated:
+            return "accumulated (step begun, not ended)";
+        case StepState::no_rows:
+            return "begun without rows (not ended)";
     }
-    be_.axpby(grads, accum_grads_.data(), 1.0f, 0.0f, n_params);
-    double mean_sq = 0;
-    for (double v : xcol) mean_sq += v * v;
-    sum.sst = sum.sum_sq_x - mean_sq / static_cast<double>(sum.rows);
-    sum.loss = loss_sum / static_cast<double>(sum.rows);
-    for (int64_t i = 0; i < n_; ++i) fires_host_[i] = static_cast<int32_t>(fired[i]);
-    pending_arch_sums_ = arch_sums;
-    accumulated_ = sum;
-    pending_accumulated_ = true;
-    pending_rows_ = rows;
+    return "?";
 }
 
-void SaeTrainer::step_begin(BatchView x_host, int64_t rows) {
-    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::step_begin: the previous step has not ended");
-    last_rows_ = rows;
-    pending_accumulated_ = false;
-    if (rows > 1 && cfg_.accum_steps > 1) {
-        accumulate_gradients(x_host, rows);
-    } else if (rows > 0) {
-        upload_batch(x_host, rows);
-        // Gradient of the summed loss: replicas with different row counts then add up to the
-        // gradient of the mean over all rows once apply_update divides by the total.
-        launch_gradients(x_.data(), rows, 1);
-    } else {
-        be_.fill(store_->grads(), store_->size(), 0.0f);  // an idle replica joins the reduce
-        std::fill(fires_host_.begin(), fires_host_.end(), 0);
-        pending_rows_ = 0;
-    }
-}
-
-StepResult SaeTrainer::step_end() {
-    SAE_ENFORCE(pending_rows_ >= 0, "SaeTrainer::step_end without step_begin");
-    StepResult r;
-    if (pending_accumulated_) {
-        r = accumulated_;
-        pending_rows_ = -1;
-    } else if (pending_rows_ > 0) {
-        r = collect_gradients();
-    } else {
-        pending_rows_ = -1;
-        if (comm_.size() == 1) return r;
-    }
-    apply_update(r);
-    return r;
+void SaeTrainer::transition(StepState from, StepState to, const char* call) {
+    SAE_ENFORCE(state_ == from, "SaeTrainer::{}: the trainer is {}, expected {}", call,
+                state_name(state_), state_name(from));
+    state_ = to;
 }
 
 double SaeTrainer::dead_fraction() const {
