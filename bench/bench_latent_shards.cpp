@@ -30,6 +30,7 @@
 #include "saetrain/shared_source.h"
 #include "saetrain/train_state.h"
 #include "saetrain/trainer.h"
+#include "saetrain/trainer_io.h"
 
 using namespace saetrain;
 using Clock = std::chrono::steady_clock;
@@ -71,8 +72,8 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
     if (tr.sharded()) {
         write_streamed(tr, first, wpath, spath, meta, header, false);
     } else {
-        const SaeWeights w = tr.weights();
-        TrainState s = tr.state();
+        const SaeWeights w = trainer_weights(tr);
+        TrainState s = trainer_state(tr);
         s.cursors = header.cursors;
         sae_write_h5(wpath, w, meta);
         train_state_write(spath, w, s);
@@ -90,10 +91,10 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
     if (tr.sharded()) {
         CheckpointFiles files(wpath, spath);
         if (first) files.verify();
-        tr.restore(tr.read_part(files), header.step, header.tokens);
+        tr.restore(trainer_read_part(tr, files), header.step, header.tokens);
     } else {
         const SaeWeights w = sae_read_h5(wpath);
-        tr.restore(w, train_state_read(spath, w));
+        trainer_restore(tr, w, train_state_read(spath, w));
     }
     world.barrier();
     const double resume_s = seconds_since(t0);

@@ -1,9 +1,13 @@
 // trainer.h — one SAE, its optimizer state and its training step, on any Backend.
 //
-// SaeTrainer runs the step every parallel mode shares; where the parameters, their gradient and
-// Adam's moments live (one rank, the optimizer split over node memory, latent shards) is its
-// ParamStore's business (param_store.h). The architecture (an ArchPass) runs the activation, the
-// decoder and their backward pass; the trainer runs everything the architectures share.
+// SaeTrainer runs the step every parallel mode shares (trainer.cpp reads it top-down: forward,
+// loss, backward, reduce, clip, lr, Adam, finish). Beside it, each in its own file:
+//   param_store.h  where the parameters, their gradient and Adam's moments live (one rank, the
+//                  optimizer split over node memory, latent shards) and what that changes
+//   evaluation.h   held-out evaluation, the end-of-run quality gates, reconstructions
+//   trainer_io.h   the SAE as its checkpoint files' tensors and back (io, not core)
+// The architecture (an ArchPass) runs the activation, the decoder and their backward pass; the
+// trainer runs everything the architectures share.
 //
 // A latent-sharded SAE (parallel.latent_shards = S, a LatentShard given) is S trainers, one
 // per rank, each holding n / S latents of every per-latent segment (b_dec and the segments of
@@ -11,7 +15,7 @@
 // gradient, the sums over latents and the gradient norm are summed over the shards every step,
 // the top-k selections are merged exactly (sharded_topk.h), and the backward pass and Adam are
 // each shard's own. Checkpoints and final.h5 stream the whole SAE to the first shard chunk by
-// chunk as it writes them (stream_weights, stream_state; write_streamed in train_state.h).
+// chunk as it writes them (trainer_io.h; write_streamed in train_state.h).
 //
 // Forward: pre = (x - b_dec) W_enc^T; z = the architecture's activation of it;
 // x_hat = z W_dec + b_dec. The loss per step is
@@ -25,16 +29,16 @@
 #include <string>
 #include <vector>
 
-#include "saetrain/arch.h"
-#include "saetrain/backend.h"
-#include "saetrain/checkpoint.h"
-#include "saetrain/comm.h"
-#include "saetrain/config.h"
-#include "saetrain/evaluation.h"   // defines: EvalResult, QualityWindow
-#include "saetrain/param_store.h"  // defines: ParamStore, check_latent_sharding
-#include "saetrain/quality.h"
-#include "saetrain/sharded_topk.h"
-#include "saetrain/train_state.h"
+#include "saetrain/arch.h"          // defines: Architecture, ArchPass, ParamLayout
+#include "saetrain/backend.h"       // defines: Backend, DeviceArray
+#include "saetrain/comm.h"          // defines: Communicator
+#include "saetrain/config.h"        // defines: SaeConfig
+#include "saetrain/dtype.h"         // defines: BatchView
+#include "saetrain/evaluation.h"    // defines: EvalResult, QualityWindow
+#include "saetrain/param_store.h"   // defines: ParamStore, check_latent_sharding
+#include "saetrain/quality.h"       // defines: QualityGates
+#include "saetrain/sae_tensors.h"   // defines: CheckpointPart, NamedTensor
+#include "saetrain/sharded_topk.h"  // defines: LatentShard
 
 namespace saetrain {
 
@@ -51,21 +55,6 @@ struct StepResult {
     double lr = 0;
     bool clipped = false;
     bool skipped = false;  // the loss or gradient was not finite: no update was applied
-};
-
-// A piece of one of the whole SAE's tensors, as SaeTrainer::stream_weights/stream_state hand
-// them out: elements [offset, offset + count) of tensor `tensor` (an index into the list of
-// weight_tensors() or state_tensors()), in its flat file order; f32 or i64 is set.
-struct TensorChunk {
-    int tensor = 0;
-    int64_t offset = 0, count = 0;
-    const float* f32 = nullptr;
-    const int64_t* i64 = nullptr;
-};
-struct TensorInfo {
-    std::string name;
-    std::vector<int64_t> shape;
-    bool i64 = false;
 };
 
 class SaeTrainer {
@@ -123,32 +112,18 @@ public:
     std::vector<float> grads_host() const;
     void set_params_host(const std::vector<float>& p);
 
-    // The whole SAE in the file layout (W_enc [d, n]). On a latent shard: collective over the
-    // shards, the first shard gets the whole SAE and the others empty weights (n_latents 0).
-    SaeWeights weights() const;
-    // Optimizer state and counters for a checkpoint (cursors and iteration are the caller's);
-    // gathered like weights().
-    TrainState state() const;
-    // Latent sharding without a whole copy anywhere: the whole SAE's tensors in file order
-    // (weights() and state()'s, the same values), streamed chunk by chunk (at most 64 MiB each)
-    // to `sink` on the first shard, each tensor's chunks in order; collective over the shards
-    // (the others pass an empty sink). `folded`: as fold_activation_scale(weights()) (for
-    // final.h5). The tensors, in order:
-    std::vector<TensorInfo> weight_tensors(bool folded) const;
-    std::vector<TensorInfo> state_tensors() const;  // adam_m, adam_v, since_fired
-    using ChunkSink = std::function<void(const TensorChunk&)>;
-    void stream_weights(bool folded, const ChunkSink& sink) const;
-    void stream_state(const ChunkSink& sink) const;
-    // Continues from a checkpoint: weights in the file layout, and its state, of the whole SAE
-    // (a latent shard takes its latents: the checkpoint may come from any shard count).
+    // The SAE in the checkpoint files' layout, and back, is io's (trainer_io.h: trainer_weights,
+    // trainer_state, trainer_read_part, trainer_restore, the streams of a latent-sharded SAE).
+    // What it reads here: store() (the buffers, host copies, the shards' gathers),
+    // input_scale(), arch_buffers() and since_fired().
+    // Continues from this trainer's part of a checkpoint (trainer_read_part): installs it, and
+    // the counters step and tokens. Collective over the replicas (and the latent shards).
     // Bitwise: the next step is the one the uninterrupted run would have taken.
-    void restore(const SaeWeights& w, const TrainState& s);
-    // The same in two halves, so that a latent shard reads only its part of the files and
-    // every rank can agree the reads succeeded before anything changes: read_part reads this
-    // trainer's latents (throws on a checkpoint of another SAE; not collective), restore
-    // installs them (collective, as restore above).
-    CheckpointPart read_part(const TensorSource& src) const;
     void restore(CheckpointPart part, int64_t step, int64_t tokens);
+    // The architecture's state outside the parameters (BatchTopK's threshold), saved with them.
+    std::vector<NamedTensor> arch_buffers() const { return pass_->buffers(); }
+    // Tokens since each of this shard's latents last fired.
+    const std::vector<int64_t>& since_fired() const { return since_fired_; }
     int64_t d_model() const { return d_; }
     int64_t n_latents() const { return n_total_; }  // the whole SAE's
     int64_t local_latents() const { return n_; }    // this shard's (all without sharding)
@@ -249,19 +224,6 @@ private:
     // element type) into buf.
     BatchView first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
                                 std::vector<char>& buf) const;
-
-    // --- serialization ---------------------------------------------------------------------------
-    // Latent sharding: weights() collected from stream_weights on the first shard (empty
-    // weights on the others).
-    SaeWeights streamed_weights() const;
-    // stream_*'s pieces: this shard's rows [n_ x cols] of a per-latent tensor (host), gathered
-    // shard by shard in chunks to the first shard's sink for tensor `t` from element `base`,
-    // each value folded by c as `fold` says (sae_tensors.h).
-    template <class T>
-    void stream_latents(const T* mine, int64_t cols, int t, int64_t base, ScaleFold fold, float c,
-                        const ChunkSink& sink) const;
-    // SaeWeights of a whole flat buffer (whole_layout_).
-    SaeWeights weights_of(const std::vector<float>& p) const;
 
     SaeConfig cfg_;
     int64_t d_, n_total_, n_, total_steps_;  // n_: this shard's latents
