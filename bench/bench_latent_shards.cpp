@@ -10,9 +10,9 @@
 // parameters, gradient and Adam moments: the training footprint.
 //
 // --checkpoint-dir DIR then times a checkpoint of the SAE written to DIR (sharded: streamed to
-// the first shard, write_streamed; unsharded: weights() and state() written as a run's writer
-// thread does) beside the same bytes written sequentially with one fsync (the disk's limit, in
-// the same run), and the resume from it (sharded: each shard reads its blocks, the first
+// the first shard, write_streamed; unsharded: trainer_weights() and trainer_state() written as a
+// run's writer thread does) beside the same bytes written sequentially with one fsync (the disk's
+// limit, in the same run), and the resume from it (sharded: each shard reads its blocks, the first
 // verifies the checksum in a streaming pass; the files are likely in page cache).
 #include <fmt/format.h>
 #include <unistd.h>

@@ -77,7 +77,7 @@ struct GatedBackward {
     float* stats = nullptr;         // adds L1 (sum relu(g) * norm) and L0
 };
 
-// The optimizer step's view of the flat parameter buffer (SaeTrainer::optimizer_step).
+// The optimizer step's view of the flat parameter buffer (ParamStore::update, param_store.h).
 struct AdamRange {
     int64_t offset = 0, count = 0;
     bool decay = false;  // AdamW's weight decay applies (weights yes, biases and thresholds no)

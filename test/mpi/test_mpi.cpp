@@ -531,8 +531,8 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
 
 // Chaos-free: at every step of a longer run, the sharded gradient equals the one a single
 // process computes from the same parameters and dead-latent state on all replicas' rows (the
-// whole SAE restored from the shards' weights() and state() before each step), with AuxK
-// active, gradient accumulation over two chunks and data.normalize. Over many steps two runs
+// whole SAE restored from the shards' trainer_weights() and trainer_state() before each step), with
+// AuxK active, gradient accumulation over two chunks and data.normalize. Over many steps two runs
 // drift apart through top-k flips at near-ties (round-off decides them); this compares each
 // step's gradient alone, where only summation order differs (bound as above).
 TEST(Mpi, LatentShardGradientsEqualOneProcessFromTheSameParameters) {
@@ -658,9 +658,9 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
 }
 
 // A sharded SAE's checkpoint pair and final.h5, streamed (write_streamed: no rank holds the
-// whole SAE), hold what weights() and state(), collected in memory and written by sae_write_h5
-// and train_state_write, hold, and pass the same checksum: for an architecture with extra
-// per-latent parameters (Gated), one with a buffer (BatchTopK) and data.normalize's scale
+// whole SAE), hold what trainer_weights() and trainer_state(), collected in memory and written by
+// sae_write_h5 and train_state_write, hold, and pass the same checksum: for an architecture with
+// extra per-latent parameters (Gated), one with a buffer (BatchTopK) and data.normalize's scale
 // (folded into final.h5).
 TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
     Communicator& w = *g_world;
