@@ -22,9 +22,7 @@
 //   L = mean_t ||x_hat_t - x_t||^2 + the architecture's penalty (L1, L0, AuxK, ...) / rows.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -103,7 +101,7 @@ public:
     // gradient buffer; returns L. `x_dev` is in backend memory.
     StepResult compute_gradients(const float* x_dev, int64_t rows, int64_t norm_rows = 0);
 
-    // Host copies of the flat parameter and gradient buffers (layout above; this shard's
+    // Host copies of the flat parameter and gradient buffers (param_store.h's layout; this shard's
     // latents on a latent shard), and a setter.
     // After step() the gradients are the ones summed over replicas. set_params_host, init and
     // restore are collective over the replicas, which must pass the same values; so is
