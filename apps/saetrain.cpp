@@ -46,6 +46,7 @@
 #include "saetrain/synth.h"             // defines: synth_read_features, feature_recovery
 #include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
 #include "saetrain/train_state.h"       // defines: write_streamed (latent-sharded SAE files)
+#include "saetrain/trainer_io.h"        // defines: trainer_weights (the SAE in the file layout)
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -544,7 +545,7 @@ void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
         if (s.layout.shard != 0) return;
         if (fs::is_regular_file(truth)) w = sae_read_h5(final_h5);  // for the recovery below
     } else {
-        w = fold_activation_scale(trainer.weights());
+        w = fold_activation_scale(trainer_weights(trainer));
         sae_write_h5(final_h5, w, sae_meta(s, trainer));
     }
     if (mine.gates.measured)

@@ -10,9 +10,9 @@
 // parameters, gradient and Adam moments: the training footprint.
 //
 // --checkpoint-dir DIR then times a checkpoint of the SAE written to DIR (sharded: streamed to
-// the first shard, write_streamed; unsharded: weights() and state() written as a run's writer
-// thread does) beside the same bytes written sequentially with one fsync (the disk's limit, in
-// the same run), and the resume from it (sharded: each shard reads its blocks, the first
+// the first shard, write_streamed; unsharded: trainer_weights() and trainer_state() written as a
+// run's writer thread does) beside the same bytes written sequentially with one fsync (the disk's
+// limit, in the same run), and the resume from it (sharded: each shard reads its blocks, the first
 // verifies the checksum in a streaming pass; the files are likely in page cache).
 #include <fmt/format.h>
 #include <unistd.h>
@@ -31,6 +31,7 @@
 #include "saetrain/shared_source.h"
 #include "saetrain/train_state.h"
 #include "saetrain/trainer.h"
+#include "saetrain/trainer_io.h"
 
 using namespace saetrain;
 using Clock = std::chrono::steady_clock;
@@ -72,8 +73,8 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
     if (tr.sharded()) {
         write_streamed(tr, first, wpath, spath, meta, header, false);
     } else {
-        const SaeWeights w = tr.weights();
-        TrainState s = tr.state();
+        const SaeWeights w = trainer_weights(tr);
+        TrainState s = trainer_state(tr);
         s.cursors = header.cursors;
         sae_write_h5(wpath, w, meta);
         train_state_write(spath, w, s);
@@ -91,10 +92,10 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
     if (tr.sharded()) {
         CheckpointFiles files(wpath, spath);
         if (first) files.verify();
-        tr.restore(tr.read_part(files), header.step, header.tokens);
+        tr.restore(trainer_read_part(tr, files), header.step, header.tokens);
     } else {
         const SaeWeights w = sae_read_h5(wpath);
-        tr.restore(w, train_state_read(spath, w));
+        trainer_restore(tr, w, train_state_read(spath, w));
     }
     world.barrier();
     const double resume_s = seconds_since(t0);

@@ -15,7 +15,8 @@
 #include "saetrain/comm.h"        // defines: make_self_comm
 #include "saetrain/config.h"      // defines: config_parse, sweep_ids
 #include "saetrain/error.h"
-#include "saetrain/trainer.h"  // defines: SaeTrainer
+#include "saetrain/trainer.h"     // defines: SaeTrainer
+#include "saetrain/trainer_io.h"  // defines: trainer_restore
 
 using namespace saetrain;
 
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
         const size_t n_params = trainer.params_host().size();
         st.adam_m.assign(n_params, 0.0f), st.adam_v.assign(n_params, 0.0f);
         st.since_fired.assign(static_cast<size_t>(w.n_latents), 0);
-        trainer.restore(w, st);
+        trainer_restore(trainer, w, st);
         trainer.reconstruct(x.data(), rows, 4096, x_hat.data());
         std::ofstream out(argv[3], std::ios::binary | std::ios::trunc);
         out.write(reinterpret_cast<const char*>(x_hat.data()),

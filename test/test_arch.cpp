@@ -17,6 +17,7 @@
 #include "saetrain/error.h"
 #include "saetrain/quality.h"
 #include "saetrain/trainer.h"
+#include "saetrain/trainer_io.h"
 
 using namespace saetrain;
 
@@ -320,11 +321,11 @@ TEST(ArchGradients, AuxKMatchesFiniteDifferences) {
     std::mt19937 rng(6);
     const std::vector<float> x = random_rows(s, rng);
     tr.set_params_host(random_params(tr, rng));
-    TrainState st = tr.state();
+    TrainState st = trainer_state(tr);
     s.dead.assign(static_cast<size_t>(s.n), 0);
     int64_t n_dead = 0;
     for (int64_t l = 0; l < s.n; l += 2) st.since_fired[l] = 1000, s.dead[l] = 1, ++n_dead;
-    tr.restore(tr.weights(), st);
+    trainer_restore(tr, trainer_weights(tr), st);
     s.aux_weight = cfg.auxk_coeff * std::min(1.0, double(n_dead) / double(s.k_aux));
     check_fd(tr, x, s);
     // The auxiliary term is there: the same SAE without it has another loss.
@@ -366,7 +367,7 @@ TEST(ArchBehaviour, BatchTopkThresholdGivesTheTrainingL0) {
     const EvalResult e = tr.evaluate(x.data(), rows, rows);
     EXPECT_NEAR(e.l0, l0, 0.1 * l0) << "inference L0 " << e.l0 << " vs training " << l0;
     // The threshold travels with the weights.
-    const SaeWeights w = tr.weights();
+    const SaeWeights w = trainer_weights(tr);
     ASSERT_EQ(w.extra.size(), 1u);
     EXPECT_EQ(w.extra[0].first, "threshold");
     EXPECT_GT(w.extra[0].second[0], 0.0f);
@@ -395,16 +396,16 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
         SaeTrainer a(cfg, d, 6, 1, *be, *self);
         a.init(batches[0].data(), rows);
         for (int s = 1; s <= 3; ++s) a.step(batches[s].data(), rows);
-        const SaeWeights w = a.weights();
-        const TrainState st = a.state();
+        const SaeWeights w = trainer_weights(a);
+        const TrainState st = trainer_state(a);
         for (int s = 4; s <= 6; ++s) a.step(batches[s].data(), rows);
 
         SaeTrainer b(cfg, d, 6, 1, *be, *self);
-        b.restore(w, st);
+        trainer_restore(b, w, st);
         for (int s = 4; s <= 6; ++s) b.step(batches[s].data(), rows);
         EXPECT_EQ(a.params_host(), b.params_host()) << arch;
-        EXPECT_EQ(a.state().adam_m, b.state().adam_m) << arch;
-        const SaeWeights wa = a.weights(), wb = b.weights();
+        EXPECT_EQ(trainer_state(a).adam_m, trainer_state(b).adam_m) << arch;
+        const SaeWeights wa = trainer_weights(a), wb = trainer_weights(b);
         EXPECT_EQ(wa.extra, wb.extra) << arch;
     }
 }
@@ -573,7 +574,7 @@ TEST(Recipes, NormalizeMakesTrainingScaleFree) {
             else
                 tr.step(x.data(), rows);
         }
-        return std::make_pair(tr.input_scale(), tr.weights());
+        return std::make_pair(tr.input_scale(), trainer_weights(tr));
     };
     const auto [c1, w1] = train(1.0f);
     const auto [c100, w100] = train(100.0f);
@@ -634,7 +635,7 @@ TEST(Recipes, DecoderBiasInitializations) {
         auto self = make_self_comm();
         SaeTrainer tr(cfg, d, 1, 0, *be, *self);
         tr.init(x.data(), rows);
-        return tr.weights().b_dec;
+        return trainer_weights(tr).b_dec;
     };
     for (float v : b_dec_of("zeros")) EXPECT_EQ(v, 0.0f);
     for (float v : b_dec_of("mean")) EXPECT_NEAR(v, (100 * 1.0 + 1000.0) / 101, 1e-2);

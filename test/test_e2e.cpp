@@ -14,6 +14,7 @@
 #include "saetrain/loader.h"
 #include "saetrain/synth.h"
 #include "saetrain/train_loop.h"
+#include "saetrain/trainer_io.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -64,7 +65,7 @@ TEST(EndToEnd, TopkRecoversPlantedFeatures) {
 
     int64_t m = 0, d = 0;
     const auto truth = synth_read_features((tmp.path / "ground_truth.h5").string(), &m, &d);
-    const SaeWeights w = tr.weights();
+    const SaeWeights w = trainer_weights(tr);
     const double recovery = feature_recovery(truth.data(), m, w.w_dec.data(), w.n_latents, d);
     std::printf("steps %lld fvu %.4f l0 %.2f recovery %.4f\n", static_cast<long long>(res.steps),
                 res.last.fvu, res.last.l0, recovery);
@@ -307,7 +308,7 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
             EXPECT_EQ(res.last.eval_fvu, res.eval.fvu);
             *final_eval = res.eval;
         }
-        return std::make_pair(tr.params_host(), tr.weights());
+        return std::make_pair(tr.params_host(), trainer_weights(tr));
     };
     EvalResult e;
     const auto [with, w] = run(true, &e);
@@ -413,7 +414,7 @@ TEST_P(PlantedRecovery, EveryArchitectureFindsThePlantedFeatures) {
     const LoopResult res = train_loop(tr, source, opt);
     int64_t m = 0, d = 0;
     const auto truth = synth_read_features((tmp.path / "ground_truth.h5").string(), &m, &d);
-    const SaeWeights w = tr.weights();
+    const SaeWeights w = trainer_weights(tr);
     const double recovery = feature_recovery(truth.data(), m, w.w_dec.data(), w.n_latents, d);
     std::printf("%s: steps %lld fvu %.4f l0 %.2f recovery %.4f\n", cfg.arch.c_str(),
                 static_cast<long long>(res.steps), res.last.fvu, res.last.l0, recovery);

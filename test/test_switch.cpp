@@ -17,6 +17,7 @@
 #include "saetrain/synth.h"
 #include "saetrain/train_loop.h"
 #include "saetrain/trainer.h"
+#include "saetrain/trainer_io.h"
 #include "test_util.h"
 
 using namespace saetrain;
@@ -203,12 +204,12 @@ TEST(SwitchGradients, MatchFiniteDifferencesWithAuxKPerExpert) {
     std::mt19937 rng(13);
     const std::vector<float> x = saetrain::testing::randn(s.rows * s.d, 14);
     tr.set_params_host(random_params(tr, rng));
-    TrainState st = tr.state();
+    TrainState st = trainer_state(tr);
     s.dead.assign(static_cast<size_t>(s.n), 0);
     int64_t n_dead = 0;
     // Expert 0: 4 dead (more than k_aux); expert 1: 2 (fewer); expert 2: none.
     for (int64_t l : {0, 2, 3, 6, 9, 12}) st.since_fired[l] = 1000, s.dead[l] = 1, ++n_dead;
-    tr.restore(tr.weights(), st);
+    trainer_restore(tr, trainer_weights(tr), st);
     s.aux_weight = cfg.auxk_coeff * std::min(1.0, double(n_dead) / double(s.k_aux));
     check_fd(tr, x, s);
 }
@@ -238,7 +239,7 @@ TEST(SwitchBehaviour, OneExpertTrainsAsTopK) {
     }
     // (The losses differ by the balance term, a constant balance_coeff * S with one expert.)
     EXPECT_NEAR(a.sse, b.sse, 1e-4 * a.sse);
-    const SaeWeights wa = topk.weights(), wb = sw.weights();
+    const SaeWeights wa = trainer_weights(topk), wb = trainer_weights(sw);
     double diff = 0, norm = 0;
     for (size_t i = 0; i < wa.w_dec.size(); ++i)
         diff += std::abs(wa.w_dec[i] - wb.w_dec[i]), norm += std::abs(wa.w_dec[i]);
@@ -297,7 +298,7 @@ Trained train_switch(double balance, int64_t experts) {
     const LoopResult res = train_loop(tr, source, opt);
     int64_t m = 0, d = 0;
     const auto truth = synth_read_features(planted_dir() / "ground_truth.h5", &m, &d);
-    const SaeWeights w = tr.weights();
+    const SaeWeights w = trainer_weights(tr);
     Trained t;
     t.fvu = res.last.fvu;
     t.recovery = feature_recovery(truth.data(), m, w.w_dec.data(), w.n_latents, d);

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "saetrain/backend.h"
-#include "saetrain/checkpoint.h"
 #include "saetrain/config.h"
+#include "saetrain/sae_tensors.h"  // defines: SaeWeights, NamedTensor
 
 namespace saetrain {
 
@@ -96,10 +96,6 @@ struct Activations {
     const float* val = nullptr;
     int64_t width = 0;
 };
-
-// A tensor an architecture keeps outside the optimizer (BatchTopK's inference threshold),
-// saved with the weights.
-using NamedTensor = std::pair<std::string, std::vector<float>>;
 
 class ArchPass {
 public:

@@ -13,8 +13,8 @@
 
 #include "saetrain/comm_choice.h"  // defines: CommFacts, CommChoice
 #include "saetrain/dtype.h"        // defines: DType
-#include "saetrain/host_alloc.h"
-#include "saetrain/sae_math.h"  // defines: math::AdamScalars
+#include "saetrain/host_alloc.h"   // defines: HostAllocator
+#include "saetrain/sae_math.h"     // defines: math::AdamScalars
 
 namespace saetrain {
 
@@ -77,7 +77,7 @@ struct GatedBackward {
     float* stats = nullptr;         // adds L1 (sum relu(g) * norm) and L0
 };
 
-// The optimizer step's view of the flat parameter buffer (SaeTrainer::optimizer_step).
+// The optimizer step's view of the flat parameter buffer (ParamStore::update, param_store.h).
 struct AdamRange {
     int64_t offset = 0, count = 0;
     bool decay = false;  // AdamW's weight decay applies (weights yes, biases and thresholds no)

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "saetrain/checkpoint.h"  // defines: SaeMeta
 #include "saetrain/comm.h"
 #include "saetrain/trainer.h"
 

@@ -1,9 +1,11 @@
-// host_alloc.h — how the reader allocates its large host buffers (windows and output ring).
+// host_alloc.h — where large host buffers come from: the reader's windows and output ring (io)
+// and the training loop's batch (core).
 //
-// The reader's buffers are hundreds of MB, allocated once per reader. On the CPU backend they
-// come from the default allocator here (page-aligned heap memory). With the CUDA backend they
-// are pinned (page-locked) host memory, which batches can be uploaded from by DMA:
-// apps/saetrain passes cuda_pinned_allocator() (cuda_pinned.h). Tests pass counting allocators.
+// The buffers are hundreds of MB, allocated once. A Backend says which allocator it prefers
+// (Backend::host_allocator, backend.h): on the CPU backend the default here (page-aligned heap
+// memory); with the CUDA backend pinned (page-locked) host memory, which batches can be uploaded
+// from by DMA (cuda_pinned_allocator(), cuda_pinned.h). Tests pass counting allocators. A core
+// header: the compute seam names it, and the reader takes one.
 #pragma once
 
 #include <cstddef>

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "saetrain/batch_source.h"
-#include "saetrain/host_alloc.h"
+#include "saetrain/host_alloc.h"  // defines: HostAllocator
 #include "saetrain/metrics.h"
 #include "saetrain/trainer.h"
 

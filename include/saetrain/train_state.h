@@ -43,7 +43,8 @@ class SaeTrainer;
 
 // A latent-sharded trainer's checkpoint pair (state_path empty: only the weights, as final.h5
 // with `folded`: fold_activation_scale's), the same files as sae_write_h5 + train_state_write
-// of weights() and state(), but streamed from SaeTrainer::stream_weights/stream_state: no rank
+// of trainer_weights() and trainer_state(), but streamed from trainer_stream_weights/state
+// (trainer_io.h): no rank
 // holds the whole SAE. Collective over the trainer's shards; the first shard (`writes`)
 // writes both files atomically, the others send their parts. `header`: step, tokens, iteration
 // and cursors. A failure is thrown on the writer once every shard has finished the stream.
@@ -51,8 +52,9 @@ void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights
                     const std::string& state_path, const SaeMeta& meta, const TrainState& header,
                     bool folded);
 
-// Pieces of a checkpoint's tensors, by the names weight_tensors() and state_tensors() give
-// them, in their file shapes: what SaeTrainer::read_part reads its latents from. In memory
+// Pieces of a checkpoint's tensors, by the names trainer_weight_tensors() and
+// trainer_state_tensors() give them, in their file shapes: what trainer_read_part (trainer_io.h)
+// reads its latents from. In memory
 // (the whole SAE: TensorsInMemory) or from the files, block by block (CheckpointFiles,
 // below), so a latent shard reads only its part.
 class TensorSource {
@@ -83,7 +85,7 @@ private:
 };
 
 // A checkpoint pair opened to be read in pieces: a latent shard's resume reads only its rows
-// (SaeTrainer::read_part), and one rank checks the checksum in one pass, chunk by chunk, so no
+// (trainer_read_part), and one rank checks the checksum in one pass, chunk by chunk, so no
 // rank holds the whole SAE. Errors name the file.
 class CheckpointFiles final : public TensorSource {
 public:

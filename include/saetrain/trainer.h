@@ -1,21 +1,13 @@
 // trainer.h — one SAE, its optimizer state and its training step, on any Backend.
 //
-// SaeTrainer owns the parameters in one flat device buffer of named segments (arch.h's
-// ParamLayout): [W_enc (n x d, latent-major) | W_dec (n x d) | b_enc (n) | b_dec (d) | the
-// architecture's own, e.g. log_threshold (n)], with gradients and Adam moments in the same
-// layout, so the optimizer step and the gradient all-reduce are one call each. W_enc is kept
-// latent-major (the transpose of the file layout [d, n]) so the sparse TopK backward writes
-// whole contiguous rows per latent. The architecture (an ArchPass) runs the activation, the
-// decoder and their backward pass; the trainer runs everything the architectures share.
-//
-// Data-parallel replicas on one node with host memory (the CPU backend) keep one copy of the
-// parameters and Adam moments per node, in node memory that every replica maps, and split the
-// optimizer update: each replica owns a contiguous range of latents (their rows of every
-// per-latent segment; the last one also b_dec and the other segments that belong to no
-// latent), sums its owned range of every replica's gradient (in rank order), and updates it
-// alone. Nothing is copied back: every replica reads the same
-// parameters. Elsewhere (GPUs, several nodes) the gradients are all-reduced and every replica
-// applies the same full update.
+// SaeTrainer runs the step every parallel mode shares (trainer.cpp reads it top-down: forward,
+// loss, backward, reduce, clip, lr, Adam, finish). Beside it, each in its own file:
+//   param_store.h  where the parameters, their gradient and Adam's moments live (one rank, the
+//                  optimizer split over node memory, latent shards) and what that changes
+//   evaluation.h   held-out evaluation, the end-of-run quality gates, reconstructions
+//   trainer_io.h   the SAE as its checkpoint files' tensors and back (io, not core)
+// The architecture (an ArchPass) runs the activation, the decoder and their backward pass; the
+// trainer runs everything the architectures share.
 //
 // A latent-sharded SAE (parallel.latent_shards = S, a LatentShard given) is S trainers, one
 // per rank, each holding n / S latents of every per-latent segment (b_dec and the segments of
@@ -23,28 +15,28 @@
 // gradient, the sums over latents and the gradient norm are summed over the shards every step,
 // the top-k selections are merged exactly (sharded_topk.h), and the backward pass and Adam are
 // each shard's own. Checkpoints and final.h5 stream the whole SAE to the first shard chunk by
-// chunk as it writes them (stream_weights, stream_state; write_streamed in train_state.h).
+// chunk as it writes them (trainer_io.h; write_streamed in train_state.h).
 //
 // Forward: pre = (x - b_dec) W_enc^T; z = the architecture's activation of it;
 // x_hat = z W_dec + b_dec. The loss per step is
 //   L = mean_t ||x_hat_t - x_t||^2 + the architecture's penalty (L1, L0, AuxK, ...) / rows.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "saetrain/arch.h"
-#include "saetrain/backend.h"
-#include "saetrain/checkpoint.h"
-#include "saetrain/comm.h"
-#include "saetrain/config.h"
-#include "saetrain/quality.h"
-#include "saetrain/sharded_topk.h"
-#include "saetrain/train_state.h"
+#include "saetrain/arch.h"          // defines: Architecture, ArchPass, ParamLayout
+#include "saetrain/backend.h"       // defines: Backend, DeviceArray
+#include "saetrain/comm.h"          // defines: Communicator
+#include "saetrain/config.h"        // defines: SaeConfig
+#include "saetrain/dtype.h"         // defines: BatchView
+#include "saetrain/evaluation.h"    // defines: EvalResult, QualityWindow
+#include "saetrain/param_store.h"   // defines: ParamStore, check_latent_sharding
+#include "saetrain/quality.h"       // defines: QualityGates
+#include "saetrain/sae_tensors.h"   // defines: CheckpointPart, NamedTensor
+#include "saetrain/sharded_topk.h"  // defines: LatentShard
 
 namespace saetrain {
 
@@ -61,45 +53,6 @@ struct StepResult {
     double lr = 0;
     bool clipped = false;
     bool skipped = false;  // the loss or gradient was not finite: no update was applied
-};
-
-// The SAE on held-out rows (SaeTrainer::evaluate), over all replicas' rows.
-struct EvalResult {
-    int64_t rows = 0;           // 0: nothing was evaluated
-    double fvu = 0;             // sum ||x_hat - x||^2 / sum ||x - mean||^2, mean over the set
-    double l0 = 0;              // non-zero activations per row
-    double dead_fraction = 0;   // latents that fire on no row of the set
-    double dense_fraction = 0;  // latents that fire on more than 10% of its rows
-    QualityGates quality;       // the quality gates on these rows (quality.h)
-};
-
-// Throws Error (prefixed by `where`) when an SAE of `cfg` (d_model d, n_total latents) cannot be
-// split into `shards` latent shards (parallel.latent_shards): its architecture, a shard count
-// that does not divide the latents, a k larger than a shard.
-void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
-                           const std::string& where);
-
-// A piece of one of the whole SAE's tensors, as SaeTrainer::stream_weights/stream_state hand
-// them out: elements [offset, offset + count) of tensor `tensor` (an index into the list of
-// weight_tensors() or state_tensors()), in its flat file order; f32 or i64 is set.
-struct TensorChunk {
-    int tensor = 0;
-    int64_t offset = 0, count = 0;
-    const float* f32 = nullptr;
-    const int64_t* i64 = nullptr;
-};
-struct TensorInfo {
-    std::string name;
-    std::vector<int64_t> shape;
-    bool i64 = false;
-};
-
-// This trainer's part of a checkpoint (SaeTrainer::read_part), ready for restore().
-struct CheckpointPart {
-    std::vector<float> params, adam_m, adam_v;  // this shard's flat layout
-    std::vector<int64_t> since_fired;           // this shard's latents
-    std::vector<NamedTensor> buffers;           // the architecture's (BatchTopK's threshold)
-    float input_scale = 1.0f;
 };
 
 class SaeTrainer {
@@ -148,7 +101,7 @@ public:
     // gradient buffer; returns L. `x_dev` is in backend memory.
     StepResult compute_gradients(const float* x_dev, int64_t rows, int64_t norm_rows = 0);
 
-    // Host copies of the flat parameter and gradient buffers (layout above; this shard's
+    // Host copies of the flat parameter and gradient buffers (param_store.h's layout; this shard's
     // latents on a latent shard), and a setter.
     // After step() the gradients are the ones summed over replicas. set_params_host, init and
     // restore are collective over the replicas, which must pass the same values; so is
@@ -157,36 +110,22 @@ public:
     std::vector<float> grads_host() const;
     void set_params_host(const std::vector<float>& p);
 
-    // The whole SAE in the file layout (W_enc [d, n]). On a latent shard: collective over the
-    // shards, the first shard gets the whole SAE and the others empty weights (n_latents 0).
-    SaeWeights weights() const;
-    // Optimizer state and counters for a checkpoint (cursors and iteration are the caller's);
-    // gathered like weights().
-    TrainState state() const;
-    // Latent sharding without a whole copy anywhere: the whole SAE's tensors in file order
-    // (weights() and state()'s, the same values), streamed chunk by chunk (at most 64 MiB each)
-    // to `sink` on the first shard, each tensor's chunks in order; collective over the shards
-    // (the others pass an empty sink). `folded`: as fold_activation_scale(weights()) (for
-    // final.h5). The tensors, in order:
-    std::vector<TensorInfo> weight_tensors(bool folded) const;
-    std::vector<TensorInfo> state_tensors() const;  // adam_m, adam_v, since_fired
-    using ChunkSink = std::function<void(const TensorChunk&)>;
-    void stream_weights(bool folded, const ChunkSink& sink) const;
-    void stream_state(const ChunkSink& sink) const;
-    // Continues from a checkpoint: weights in the file layout, and its state, of the whole SAE
-    // (a latent shard takes its latents: the checkpoint may come from any shard count).
+    // The SAE in the checkpoint files' layout, and back, is io's (trainer_io.h: trainer_weights,
+    // trainer_state, trainer_read_part, trainer_restore, the streams of a latent-sharded SAE).
+    // What it reads here: store() (the buffers, host copies, the shards' gathers),
+    // input_scale(), arch_buffers() and since_fired().
+    // Continues from this trainer's part of a checkpoint (trainer_read_part): installs it, and
+    // the counters step and tokens. Collective over the replicas (and the latent shards).
     // Bitwise: the next step is the one the uninterrupted run would have taken.
-    void restore(const SaeWeights& w, const TrainState& s);
-    // The same in two halves, so that a latent shard reads only its part of the files and
-    // every rank can agree the reads succeeded before anything changes: read_part reads this
-    // trainer's latents (throws on a checkpoint of another SAE; not collective), restore
-    // installs them (collective, as restore above).
-    CheckpointPart read_part(const TensorSource& src) const;
     void restore(CheckpointPart part, int64_t step, int64_t tokens);
+    // The architecture's state outside the parameters (BatchTopK's threshold), saved with them.
+    std::vector<NamedTensor> arch_buffers() const { return pass_->buffers(); }
+    // Tokens since each of this shard's latents last fired.
+    const std::vector<int64_t>& since_fired() const { return since_fired_; }
     int64_t d_model() const { return d_; }
     int64_t n_latents() const { return n_total_; }  // the whole SAE's
     int64_t local_latents() const { return n_; }    // this shard's (all without sharding)
-    bool sharded() const { return shard_.count > 1; }
+    bool sharded() const { return store_->sharded(); }
     // data.normalize's factor c (1 without it): the SAE trains on c * x.
     float input_scale() const { return input_scale_; }
     int64_t step_count() const { return step_; }
@@ -202,13 +141,16 @@ public:
     std::vector<std::pair<std::string, double>> arch_summary() const;
     const SaeConfig& config() const { return cfg_; }
     const Architecture& arch() const { return arch_; }
-    const ParamLayout& layout() const { return layout_; }
+    const ParamLayout& layout() const { return store_->layout(); }
     Backend& backend() { return be_; }
+    // Where the parameters live (param_store.h).
+    const ParamStore& store() const { return *store_; }
     // Parameters and Adam moments are in node memory, the update split across the replicas.
-    bool splits_update() const { return node_mem_ != nullptr; }
+    bool splits_update() const { return store_->splits_update(); }
     DeviceArray<float>& batch_buffer() { return x_; }
 
 private:
+    // --- the batch and the forward pass (trainer.cpp) ----------------------------------------
     void ensure_batch(int64_t rows);
     // The rows one pass over `rows` rows takes at a time: all of them, or with
     // train.accum_steps > 1 a chunk of ceil(rows / accum_steps).
@@ -217,121 +159,87 @@ private:
     }
     // x_host [rows, d] into x_ (widened on the backend), times the input scale (data.normalize).
     void upload_batch(BatchView x_host, int64_t rows);
-    // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
-    std::vector<float> initial_b_dec(const float* x, int64_t rows);
     // The pass context over x_dev [rows, d] and the trainer's buffers.
     PassContext context(const float* x_dev, int64_t rows);
     // The encoder, activation and decoder on x_dev [rows, d]: x_hat in xhat_, the activations
     // in the pass. `training`: the pass a step uses (BatchTopK's batch selection).
     void forward(const float* x_dev, int64_t rows, bool training);
+    // After the forward pass: x_hat summed over the latent shards.
+    void reduce_x_hat(int64_t rows);
+    int64_t off(int segment) const { return store_->offset(segment); }
+
+    // --- init (trainer.cpp) --------------------------------------------------------------------
+    // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
+    std::vector<float> initial_b_dec(const float* x, int64_t rows);
     // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it).
     void fit_encoder_scale(const float* x_host, int64_t rows, std::vector<float>& p);
-    // compute_gradients in two halves: queue the passes; then read the step's sums back.
+
+    // --- the step's pieces, in the order it runs them (trainer.cpp) ----------------------------
+    // compute_gradients in two halves: queue forward, loss and backward (idle -> queued); then
+    // read the step's sums back (queued -> idle).
     void launch_gradients(const float* x_dev, int64_t rows, int64_t norm_rows);
     StepResult collect_gradients();
     // train.accum_steps > 1: the gradients of x_host's rows in that many chunks, summed into
-    // the gradient buffer; the step's result waits in accumulated_ for step_end.
+    // the gradient buffer; the step's result waits in accumulated_ (idle -> accumulated).
     void accumulate_gradients(BatchView x_host, int64_t rows);
-    // Sums gradients and metrics over replicas, clips, applies Adam, renormalizes the decoder.
-    void apply_update(StepResult& r);
-    // apply_update's phases. The architecture's sums for after_step (zeros from a replica
-    // that had no rows).
+    // step_end's first phase: the sums of the passes step_begin ran (any state -> idle).
+    StepResult end_passes();
+    // The architecture's sums for after_step (zeros from a replica that had no rows).
     std::vector<double> step_arch_sums(int64_t rows);
-    // Sums the gradient, r's metrics, arch_sums and fires_host_ over the replicas; returns the
-    // squared norm of the summed gradient when the update is split (else 0: not yet known).
-    double reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums);
-    // The split update's reduce-scatter: this replica's owned ranges summed over the replicas
-    // (and projected); returns their squared norm.
-    double reduce_owned_gradient();
-    // sae.normalize_decoder: removes from the owned W_dec rows' gradient its part parallel
-    // to the rows.
-    // The decoder rows this rank updates, when sae.normalize_decoder keeps them at unit norm.
-    UnitRows unit_rows() const;
-    void project_decoder_gradient();
+    // Sums the gradient, r's metrics, arch_sums and fires_host_ over the replicas.
+    void reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums);
     // Sets r.grad_norm (and r.clipped); returns Adam's grad_scale, 1 / rows with clipping.
     float clip_gradient(StepResult& r, double sum_sq);
     // A non-finite loss or gradient: marks r skipped and returns true (throws after
     // train.max_bad_steps in a row).
     bool skip_nonfinite(StepResult& r);
+    // Adam's scalars for update t (1-based): bias corrections, grad_scale (clipping and the
+    // average over all replicas' rows).
+    math::AdamScalars adam_scalars(float grad_scale, float lr, int64_t t) const;
     // After the update: the architecture's after_step, the quality window, dead latents and
     // the counters.
     void finish_step(const StepResult& r, const std::vector<double>& arch_sums);
-    // Adam and decoder renormalization on this replica's owned ranges (all of them when it
-    // does not split the update) of the reduced gradient; the metrics are decided before.
-    void optimizer_step(float grad_scale, float lr, int64_t t);
-    // Flat-buffer ranges of latent rows [lo, hi): their rows of every per-latent segment, and
-    // the segments that belong to no latent (b_dec, ...) when `with_non_latent`, in segment
-    // order; some counts may be 0. owned_ranges(q): the ones replica q owns when the update is
-    // split (the last replica also owns b_dec).
-    struct Range {
-        int64_t offset, count;
-        bool decay;
-    };
-    std::vector<Range> ranges(int64_t lo, int64_t hi, bool with_non_latent) const;
-    std::vector<Range> owned_ranges(int64_t q) const;
-    // Writes the parameter-shaped host vector `src` into the flat buffer `dst` (collective when
-    // the update is split: each replica writes its owned range, then a fence).
-    void write_flat(float* dst, const std::vector<float>& src);
-    int64_t off(int segment) const {
-        return layout_.segments()[static_cast<size_t>(segment)].offset;
-    }
-    // A host copy of a flat buffer (backend memory) of this trainer's layout.
-    std::vector<float> host_copy(const float* flat) const;
-    // Latent sharding: weights() collected from stream_weights on the first shard (empty
-    // weights on the others).
-    SaeWeights streamed_weights() const;
-    // The SAE's squared gradient norm from this shard's sum_sq (summed over the shards, the
-    // segments every shard holds counted once).
-    double sum_over_shards(double sum_sq) const;
-    // The whole SAE's per-latent values from every shard's (all-gathered over the shards).
-    std::vector<double> all_latents(const std::vector<double>& mine) const;
-    // decorrelation_rms (quality.h) of activations on host (dense [rows, n_] or `width` pairs
-    // per row) over the whole SAE: a latent shard gathers every shard's non-zero activations.
-    double decorrelation_of(const float* dense, const int32_t* idx, const float* val, int64_t width,
-                            int64_t rows) const;
     // n_dead_total_ from every shard's n_dead_.
     void count_dead_over_shards();
+
+    // --- the step's state ------------------------------------------------------------------------
+    //   idle --step_begin--> queued | accumulated | no_rows --step_end--> idle
+    //   idle --launch_gradients--> queued --collect_gradients--> idle
+    //        (compute_gradients, and each chunk of an accumulated step inside step_begin)
+    // evaluate and reconstruct run only while idle.
+    enum class StepState {
+        idle,         // no step under way
+        queued,       // a batch's passes are queued on the backend (queued_rows_ rows)
+        accumulated,  // train.accum_steps chunks' gradients summed, their sums in accumulated_
+        no_rows,      // this replica had no rows: a zero gradient waits to join the reduce
+    };
+    static const char* state_name(StepState s);
+    // Throws unless the trainer is in `from` (naming `call`); then moves to `to`.
+    void transition(StepState from, StepState to, const char* call);
+
+    // --- evaluation (evaluation.cpp) -------------------------------------------------------------
     // Rows [r0, r0 + rows) of x_host; on a latent shard the first shard's, broadcast (in their
     // element type) into buf.
     BatchView first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
                                 std::vector<char>& buf) const;
-    // After the forward pass: x_hat summed over the shards.
-    void reduce_x_hat(int64_t rows);
-    // stream_*'s pieces: this shard's rows [n_ x cols] of a per-latent tensor (host), sent
-    // shard by shard in chunks to the first shard's sink for tensor `t` from element `base`,
-    // each value v as v * mul / div (fold_activation_scale's arithmetic).
-    template <class T>
-    void stream_latents(const T* mine, int64_t cols, int t, int64_t base, float mul, float div,
-                        const ChunkSink& sink) const;
-    // SaeWeights of a whole flat buffer (whole_layout_).
-    SaeWeights weights_of(const std::vector<float>& p) const;
 
     SaeConfig cfg_;
-    LatentShard shard_;  // count 1: not sharded
-    int64_t d_, n_total_, n_, total_steps_;
+    int64_t d_, n_total_, n_, total_steps_;  // n_: this shard's latents
     uint64_t seed_;
     Backend& be_;
     Communicator& comm_;
     const Architecture& arch_;
-    ParamLayout layout_;        // this shard's latents
-    ParamLayout whole_layout_;  // the whole SAE's (== layout_ without sharding)
     std::unique_ptr<ArchPass> pass_;
+    std::unique_ptr<ParamStore> store_;  // parameters, gradient, Adam moments
     int64_t step_ = 0, tokens_ = 0;
     int64_t bad_in_a_row_ = 0;
     float input_scale_ = 1.0f;  // data.normalize: every batch is multiplied by it
 
-    int64_t n_params_;
-    // Parameters, moments and per-replica gradients in node memory, or null; see above.
-    std::unique_ptr<NodeMemory> node_mem_;
-    int64_t owned_lo_ = 0, owned_hi_ = 0;  // this replica's owned latent rows [lo, hi)
-    bool owns_b_dec_ = true;  // and b_dec and the segments of no latent (the last replica)
-    bool reduced_ = false;    // the gradient buffer holds this replica's range summed
-    DeviceArray<float> local_params_, local_grads_, local_m_, local_v_;  // without node memory
-    float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
     DeviceArray<float> x_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;
     DeviceArray<int32_t> fires_;
     int64_t batch_cap_ = 0;
-    int64_t pending_rows_ = -1;         // rows of the step begun and not yet ended (-1: none)
+    StepState state_ = StepState::idle;
+    int64_t queued_rows_ = 0;           // the rows of the queued passes
     std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
     std::vector<uint8_t> dead_;         // host: 1 for latents dead before this step
     int64_t n_dead_ = 0;                // of this shard's latents
@@ -339,15 +247,11 @@ private:
     std::vector<int32_t> fires_host_;
     std::vector<float> xcol_host_;           // the last collected batch's column sums of x
     std::vector<double> pending_arch_sums_;  // the pending step's ArchPass::step_sums
-    // train.accum_steps > 1: the step's summed result and gradient (apply_update takes them).
-    bool pending_accumulated_ = false;
+    // train.accum_steps > 1: the step's summed result and gradient (step_end takes them).
     StepResult accumulated_;
     DeviceArray<float> accum_grads_;
-    // Sums over the steps from window_start_ on, for training_quality().
-    int64_t window_start_ = 0, window_rows_ = 0, last_rows_ = 0;
-    double window_sse_ = 0, window_sum_sq_ = 0, window_l0_ = 0;
-    std::vector<double> window_fired_;
-    std::vector<double> window_arch_sums_;  // the architecture's step_sums, summed
+    int64_t last_rows_ = 0;  // the rows of the last pass whose activations the pass holds
+    QualityWindow window_;   // the steps from 90% of total_steps on (evaluation.h)
 };
 
 }  // namespace saetrain

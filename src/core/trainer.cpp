@@ -1,8 +1,11 @@
+// trainer.cpp — one SAE's training step (see trainer.h), top-down: construction, init, the step
+// and its pieces in the order they run, the step's state, restore. Elsewhere: the placements of
+// the parameters (param_store.cpp), evaluation and quality (evaluation.cpp), the checkpoint
+// tensors (src/io/trainer_io.cpp).
 #include "saetrain/trainer.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 
 #include "arch/common.h"
@@ -10,6 +13,8 @@
 #include "saetrain/schedule.h"
 
 namespace saetrain {
+
+// --- construction --------------------------------------------------------------------------------
 
 namespace {
 
@@ -25,19 +30,15 @@ LatentShard shard_or_whole(const LatentShard* shard, int64_t n_total) {
 SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
                        Backend& backend, Communicator& grad_comm, const LatentShard* shard)
     : cfg_(cfg),
-      shard_(shard_or_whole(shard, cfg.resolved_latents(d_model))),
       d_(d_model),
       n_total_(cfg.resolved_latents(d_model)),
-      n_(shard_.n_local()),
+      n_(shard_or_whole(shard, n_total_).n_local()),
       total_steps_(total_steps),
       seed_(seed),
       be_(backend),
       comm_(grad_comm),
       arch_(arch_get(cfg.arch)),
-      layout_(n_, d_, arch_.extra_params(cfg, n_, d_)),
-      whole_layout_(n_total_, d_, arch_.extra_params(cfg, n_total_, d_)),
       pass_(arch_.make_pass(cfg, d_, n_, backend)),
-      n_params_(layout_.total()),
       dec_norms_(backend, n_),
       zsum_(backend, n_),
       xcol_(backend, d_),
@@ -46,36 +47,14 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       since_fired_(static_cast<size_t>(n_), 0),
       dead_(static_cast<size_t>(n_), 0),
       fires_host_(static_cast<size_t>(n_), 0),
-      window_start_(total_steps - std::max<int64_t>(1, total_steps / 10)),
-      window_fired_(static_cast<size_t>(n_), 0.0) {
+      window_(total_steps, n_) {
+    const LatentShard placement = shard_or_whole(shard, n_total_);
     arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
-    check_latent_sharding(cfg, d_, n_total_, shard_.count, "");
+    check_latent_sharding(cfg, d_, n_total_, placement.count, "");
     arch_check_backend(cfg, d_, n_, be_);
-    if (comm_.size() > 1 && !sharded())
-        node_mem_ = comm_.share_node_memory(3 * n_params_, n_params_, be_.host_memory());
-    if (node_mem_) {
-        params_ = node_mem_->common();
-        m_ = params_ + n_params_;
-        v_ = m_ + n_params_;
-        grads_ = node_mem_->segment(comm_.rank());
-        const int64_t r = comm_.rank(), R = comm_.size();
-        owned_lo_ = n_ * r / R, owned_hi_ = n_ * (r + 1) / R;
-        owns_b_dec_ = r == R - 1;
-        // Each replica zeroes (first-touches) the ranges it will update.
-        for (float* a : {params_, m_, v_})
-            for (const Range& g : owned_ranges(r))
-                std::fill(a + g.offset, a + g.offset + g.count, 0.0f);
-        node_mem_->fence();
-    } else {
-        local_params_ = DeviceArray<float>(backend, n_params_);
-        local_grads_ = DeviceArray<float>(backend, n_params_);
-        local_m_ = DeviceArray<float>(backend, n_params_);
-        local_v_ = DeviceArray<float>(backend, n_params_);
-        params_ = local_params_.data(), grads_ = local_grads_.data();
-        m_ = local_m_.data(), v_ = local_v_.data();
-        for (float* a : {params_, grads_, m_, v_}) be_.fill(a, n_params_, 0.0f);
-        owned_lo_ = 0, owned_hi_ = n_, owns_b_dec_ = true;
-    }
+    store_ = make_param_store(cfg, ParamLayout(n_, d_, arch_.extra_params(cfg, n_, d_)),
+                              ParamLayout(n_total_, d_, arch_.extra_params(cfg, n_total_, d_)),
+                              placement, be_, comm_);
 }
 
 SaeTrainer::~SaeTrainer() = default;
@@ -91,14 +70,14 @@ void SaeTrainer::ensure_batch(int64_t rows) {
 }
 
 PassContext SaeTrainer::context(const float* x, int64_t rows) {
-    PassContext c{be_, layout_};
+    PassContext c{be_, store_->layout()};
     c.B = rows, c.d = d_, c.n = n_;
-    c.p = params_, c.g = grads_;
+    c.p = store_->params(), c.g = store_->grads();
     c.x = x, c.xc = xc_.data(), c.pre = pre_.data(), c.xhat = xhat_.data();
     c.stats = stats_.data(), c.fires = fires_.data();
     c.dec_norms = dec_norms_.data(), c.col_scratch = zsum_.data();
     c.dead = &dead_, c.n_dead = n_dead_total_;
-    c.shard = sharded() ? &shard_ : nullptr;
+    c.shard = sharded() ? &store_->shard() : nullptr;
     return c;
 }
 
@@ -107,6 +86,8 @@ void SaeTrainer::upload_batch(BatchView x_host, int64_t rows) {
     be_.upload_rows(x_.data(), x_host.data, x_host.dtype, rows * d_);
     if (input_scale_ != 1.0f) be_.axpby(x_.data(), x_.data(), input_scale_, 0.0f, rows * d_);
 }
+
+// --- init --------------------------------------------------------------------------------------
 
 std::vector<float> SaeTrainer::initial_b_dec(const float* x, int64_t rows) {
     const int64_t d = d_;
@@ -171,7 +152,7 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
         for (float& v : scaled) v *= input_scale_;
         x = scaled.data();
     }
-    std::vector<float> p(static_cast<size_t>(n_params_), 0.0f);
+    std::vector<float> p(static_cast<size_t>(store_->size()), 0.0f);
     // Decoder rows: random directions, unit norm. The same seed on every replica gives the
     // same start, so replicas begin (and, with averaged gradients, stay) identical.
     std::mt19937_64 rng(seed_);
@@ -179,7 +160,7 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     float* w_dec = p.data() + off(ParamLayout::kWDec);
     // A latent shard draws every row in order and keeps its own: the whole SAE's start.
     std::vector<float> drawn(static_cast<size_t>(d_));
-    const int64_t first = shard_.first();
+    const int64_t first = store_->shard().first();
     for (int64_t i = 0; i < n_total_; ++i) {
         double s = 0;
         const bool own = i >= first && i < first + n_;
@@ -203,7 +184,7 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
         comm_.allreduce_sum(s, 2);
         if (s[1] > 0) in.centred_rms = std::sqrt(s[0] / s[1]);
     }
-    arch_.init_extra(cfg_, layout_, p, in);
+    arch_.init_extra(cfg_, store_->layout(), p, in);
     set_params_host(p);
     if (cfg_.encoder_init == "fitted") fit_encoder_scale(x, rows, p);
 }
@@ -239,9 +220,90 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     set_params_host(p);
 }
 
+// --- the step ----------------------------------------------------------------------------------
+//
+// One step reads the same in every parallel mode; the ParamStore decides what reduce, the norm
+// and Adam touch (the whole gradient, this replica's owned ranges, this shard's latents):
+//   step_begin  upload -> forward -> loss -> backward        (queued on the backend)
+//   step_end    collect -> reduce -> clip -> lr -> Adam -> finish
+// Gradients are of the summed loss: they and the step's sums are summed over the replicas, then
+// divided by the rows of all replicas through Adam's grad_scale.
+
+StepResult SaeTrainer::step(BatchView x_host, int64_t rows) {
+    step_begin(x_host, rows);
+    return step_end();
+}
+
+void SaeTrainer::step_begin(BatchView x_host, int64_t rows) {
+    SAE_ENFORCE(state_ == StepState::idle,
+                "SaeTrainer::step_begin: the previous step has not ended");
+    last_rows_ = rows;
+    if (rows > 1 && cfg_.accum_steps > 1) {
+        accumulate_gradients(x_host, rows);  // -> accumulated
+    } else if (rows > 0) {
+        upload_batch(x_host, rows);
+        // Gradient of the summed loss: replicas with different row counts then add up to the
+        // gradient of the mean over all rows once step_end divides by the total.
+        launch_gradients(x_.data(), rows, 1);  // -> queued
+    } else {
+        be_.fill(store_->grads(), store_->size(), 0.0f);  // an idle replica joins the reduce
+        std::fill(fires_host_.begin(), fires_host_.end(), 0);
+        transition(StepState::idle, StepState::no_rows, "step_begin");
+    }
+}
+
+StepResult SaeTrainer::step_end() {
+    // collect: the passes' sums (this replica's)
+    StepResult r = end_passes();
+    if (r.rows == 0 && store_->replicas() == 1) return r;  // nothing to learn, no one to join
+    std::vector<double> arch_sums = step_arch_sums(r.rows);
+    // reduce: the gradient and the step's sums over the replicas
+    if (store_->replicas() > 1) reduce_over_replicas(r, arch_sums);
+    if (r.rows == 0) return r;  // no replica had data: nothing to learn from
+    // clip: by the norm of the summed gradient, the unit decoder rows' radial part projected out
+    const float grad_scale = clip_gradient(r, store_->grad_sum_squares());
+    if (skip_nonfinite(r)) return r;
+    // lr
+    r.lr = lr_at(cfg_, step_, total_steps_);
+    // Adam: on the owned ranges, the unit decoder rows renormalized after it
+    store_->update(adam_scalars(grad_scale, static_cast<float>(r.lr), step_ + 1),
+                   static_cast<float>(cfg_.weight_decay));
+    // finish: the architecture's after_step, the quality window, dead latents, the counters
+    finish_step(r, arch_sums);
+    return r;
+}
+
+// --- the step's pieces, in the order it runs them ----------------------------------------------
+
 StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t norm_rows) {
     launch_gradients(x, rows, norm_rows);
     return collect_gradients();
+}
+
+void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
+    const int64_t B = rows, d = d_;
+    if (norm_rows <= 0) norm_rows = rows;
+    transition(StepState::idle, StepState::queued, "launch_gradients");
+    queued_rows_ = rows;
+    ensure_batch(B);
+    store_->new_gradient();
+    be_.fill(stats_.data(), kStatCount, 0.0f);
+    PassContext c = context(x, B);
+    // d/dx_hat of sum_t ||err_t||^2 / norm_rows
+    c.grad_scale = 2.0f / static_cast<float>(norm_rows);
+    c.norm_rows = static_cast<float>(norm_rows);
+    // forward: the activations and x_hat (summed over latent shards)
+    pass_->forward(c, true);
+    reduce_x_hat(B);
+    // loss: err = x_hat - x and its sums; dL/dx_hat in place of x_hat, b_dec's residual term
+    be_.residual(c.xhat, x, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
+                 stats_.data());
+    // On a latent shard b_dec's gradient is the residual's term (once, on the first shard) plus
+    // every shard's term through its encoder input, summed below.
+    if (store_->shard().index > 0) be_.fill(c.grad(ParamLayout::kBDec), d, 0.0f);
+    // backward: every gradient into store_->grads()
+    pass_->backward(c, step_, total_steps_);
+    store_->sum_over_shards_on_backend(c.grad(ParamLayout::kBDec), d);
 }
 
 void SaeTrainer::forward(const float* x, int64_t B, bool training) {
@@ -251,150 +313,65 @@ void SaeTrainer::forward(const float* x, int64_t B, bool training) {
 }
 
 void SaeTrainer::reduce_x_hat(int64_t rows) {
-    if (sharded()) shard_.backend_group->allreduce_sum(xhat_.data(), rows * d_);
+    store_->sum_over_shards_on_backend(xhat_.data(), rows * d_);
 }
 
-void SaeTrainer::reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows,
-                             float* x_hat_host) {
-    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::reconstruct during a step");
-    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::reconstruct: batch_rows must be >= 1");
-    batch_rows = chunk_rows(batch_rows);
-    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
-        const int64_t B = std::min(batch_rows, rows - r0);
-        upload_batch(x_host.rows_from(r0, d_), B);
-        forward(x_.data(), B, false);
-        be_.download(x_hat_host + r0 * d_, xhat_.data(), B * d_ * int64_t{sizeof(float)});
+void SaeTrainer::accumulate_gradients(BatchView x_host, int64_t rows) {
+    const int64_t chunks = std::min(cfg_.accum_steps, rows), d = d_;
+    const int64_t n_params = store_->size();
+    float* grads = store_->grads();
+    if (accum_grads_.size() < n_params) accum_grads_ = DeviceArray<float>(be_, n_params);
+    StepResult sum;
+    double loss_sum = 0;
+    std::vector<double> xcol(static_cast<size_t>(d), 0.0), arch_sums;
+    std::vector<int64_t> fired(static_cast<size_t>(n_), 0);
+    for (int64_t a = 0; a < chunks; ++a) {
+        const int64_t r0 = rows * a / chunks, r1 = rows * (a + 1) / chunks;
+        upload_batch(x_host.rows_from(r0, d), r1 - r0);
+        launch_gradients(x_.data(), r1 - r0, 1);  // the summed loss: chunks add up
+        last_rows_ = r1 - r0;                     // the activations the pass now holds
+        const StepResult c = collect_gradients();
+        be_.axpby(accum_grads_.data(), grads, 1.0f, a == 0 ? 0.0f : 1.0f, n_params);
+        sum.rows += c.rows, sum.sse += c.sse, sum.l1 += c.l1, sum.l0 += c.l0, sum.aux += c.aux;
+        sum.sum_sq_x += c.sum_sq_x;
+        loss_sum += c.loss * static_cast<double>(c.rows);
+        for (int64_t j = 0; j < d; ++j) xcol[j] += xcol_host_[j];
+        for (int64_t i = 0; i < n_; ++i) fired[i] += fires_host_[i];
+        if (arch_sums.empty()) arch_sums.assign(pending_arch_sums_.size(), 0.0);
+        for (size_t i = 0; i < arch_sums.size(); ++i) arch_sums[i] += pending_arch_sums_[i];
     }
-    if (input_scale_ != 1.0f)
-        for (int64_t i = 0; i < rows * d_; ++i) x_hat_host[i] /= input_scale_;
-}
-
-BatchView SaeTrainer::first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
-                                        std::vector<char>& buf) const {
-    if (!sharded()) return x_host.rows_from(r0, d_);
-    // The element type is the first shard's: the others may pass no rows at all.
-    int64_t type = static_cast<int64_t>(x_host.dtype);
-    shard_.group->bcast(&type, sizeof(type), 0);
-    const auto t = static_cast<DType>(type);
-    const int64_t bytes = rows * d_ * dtype_size(t);
-    buf.resize(static_cast<size_t>(bytes));
-    if (shard_.index == 0)
-        std::memcpy(buf.data(), x_host.rows_from(r0, d_).data, static_cast<size_t>(bytes));
-    shard_.group->bcast(buf.data(), bytes, 0);
-    return {buf.data(), t};
-}
-
-EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_rows) {
-    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::evaluate during a step");
-    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
-    batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
-    const int64_t d = d_;
-    int64_t n = n_;
-    // Sums over this replica's rows, then over the replicas, in one all-reduce:
-    // [rows, sse, sum ||x||^2, l0, column sums of x (d), firing rows per latent (n)].
-    std::vector<double> sums(static_cast<size_t>(4 + d + n), 0.0);
-    double* x_sum = sums.data() + 4;
-    double* fired = x_sum + d;
-    std::vector<float> xcol(static_cast<size_t>(d));
-    std::vector<int32_t> idx;
-    std::vector<float> act;
-    std::vector<double> local_decorr = {0.0, 0.0};  // [decorr_rms, 1 when measured]
-    DeviceArray<float> db_dec_scratch(be_, d);
-    std::vector<char> shared;  // latent shards: the first shard's batch, broadcast
-    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
-        const int64_t B = std::min(batch_rows, rows - r0);
-        upload_batch(first_shards_rows(x_host, r0, B, shared), B);
-        forward(x_.data(), B, false);
-        be_.fill(stats_.data(), kStatCount, 0.0f);
-        be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
-                     stats_.data());
-        float st[kStatCount];
-        be_.download(st, stats_.data(), sizeof(st));
-        be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
-        sums[0] += static_cast<double>(B), sums[1] += st[kStatSse], sums[2] += st[kStatSumSqX];
-        for (int64_t c = 0; c < d; ++c) x_sum[c] += xcol[c];
-        // Which latents fired: the dense activations or the (latent, value) pairs.
-        const Activations a = pass_->activations();
-        const int64_t per_row = a.dense ? n : a.width;
-        act.resize(static_cast<size_t>(B * per_row));
-        if (a.dense) {
-            be_.download(act.data(), a.dense, B * n * static_cast<int64_t>(sizeof(float)));
-        } else {
-            idx.resize(act.size());
-            be_.download(act.data(), a.val, B * per_row * int64_t{sizeof(float)});
-            be_.download(idx.data(), a.idx, B * per_row * int64_t{sizeof(int32_t)});
-        }
-        for (int64_t i = 0; i < B * per_row; ++i) {
-            if (!(act[i] > 0)) continue;
-            sums[3] += 1;
-            fired[a.dense ? i % n : idx[i]] += 1;
-        }
-        if (r0 == 0)  // the first batch's latent correlations (quality.h)
-            local_decorr = {decorrelation_of(a.dense ? act.data() : nullptr, idx.data(), act.data(),
-                                             per_row, B),
-                            1.0};
-    }
-    std::vector<double> decorr = local_decorr;
-    comm_.allreduce_sum(decorr.data(), 2);
-    comm_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
-    if (sharded()) shard_.group->allreduce_sum(&sums[3], 1);  // L0: each shard its latents'
-
-    const std::vector<double> fired_all = all_latents(std::vector<double>(fired, fired + n));
-    n = n_total_;
-    EvalResult e;
-    e.rows = static_cast<int64_t>(sums[0]);
-    if (e.rows == 0) return e;
+    be_.axpby(grads, accum_grads_.data(), 1.0f, 0.0f, n_params);
     double mean_sq = 0;
-    for (int64_t c = 0; c < d; ++c) mean_sq += x_sum[c] * x_sum[c];
-    const double sst = sums[2] - mean_sq / sums[0];
-    e.fvu = sst > 0 ? sums[1] / sst : 0.0;
-    e.l0 = sums[3] / sums[0];
-    int64_t dead = 0, dense = 0;
-    for (double f : fired_all) dead += f == 0, dense += f > 0.1 * sums[0];
-    e.dead_fraction = static_cast<double>(dead) / static_cast<double>(n);
-    e.dense_fraction = static_cast<double>(dense) / static_cast<double>(n);
-    quality_from_sums(e.quality, e.rows, sums[1], sums[2], sums[3], fired_all);
-    e.quality.held_out = true;
-    e.quality.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
-    return e;
+    for (double v : xcol) mean_sq += v * v;
+    sum.sst = sum.sum_sq_x - mean_sq / static_cast<double>(sum.rows);
+    sum.loss = loss_sum / static_cast<double>(sum.rows);
+    for (int64_t i = 0; i < n_; ++i) fires_host_[i] = static_cast<int32_t>(fired[i]);
+    pending_arch_sums_ = arch_sums;
+    accumulated_ = sum;
+    transition(StepState::idle, StepState::accumulated, "step_begin");
 }
 
-void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
-    const int64_t B = rows, d = d_;
-    if (norm_rows <= 0) norm_rows = rows;
-    ensure_batch(B);
-    reduced_ = false;
-    pending_rows_ = rows;
-    be_.fill(stats_.data(), kStatCount, 0.0f);
-    PassContext c = context(x, B);
-    // d/dx_hat of sum_t ||err_t||^2 / norm_rows
-    c.grad_scale = 2.0f / static_cast<float>(norm_rows);
-    c.norm_rows = static_cast<float>(norm_rows);
-    pass_->forward(c, true);
-    reduce_x_hat(B);
-    be_.residual(c.xhat, x, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
-                 stats_.data());
-    // On a latent shard b_dec's gradient is the residual's term (once, on the first shard) plus
-    // every shard's term through its encoder input, summed below.
-    if (sharded() && shard_.index > 0) be_.fill(c.grad(ParamLayout::kBDec), d, 0.0f);
-    pass_->backward(c, step_, total_steps_);
-    if (sharded()) shard_.backend_group->allreduce_sum(c.grad(ParamLayout::kBDec), d);
+StepResult SaeTrainer::end_passes() {
+    SAE_ENFORCE(state_ != StepState::idle, "SaeTrainer::step_end without step_begin");
+    if (state_ == StepState::queued) return collect_gradients();
+    const StepResult r = state_ == StepState::accumulated ? accumulated_ : StepResult{};
+    transition(state_, StepState::idle, "step_end");
+    return r;
 }
 
 StepResult SaeTrainer::collect_gradients() {
-    const int64_t B = pending_rows_, d = d_, n = n_;
-    pending_rows_ = -1;
+    transition(StepState::queued, StepState::idle, "collect_gradients");
+    const int64_t B = queued_rows_, d = d_, n = n_;
     float st[kStatCount];
     std::vector<float>& xcol = xcol_host_;
     xcol.resize(static_cast<size_t>(d));
     be_.download(st, stats_.data(), sizeof(st));
     be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
     be_.download(fires_host_.data(), fires_.data(), n * static_cast<int64_t>(sizeof(int32_t)));
-    if (sharded()) {  // sums over latents: each shard holds its own latents' part
-        double part[2] = {st[kStatL1], st[kStatL0]};
-        shard_.group->allreduce_sum(part, 2);
-        st[kStatL1] = static_cast<float>(part[0]), st[kStatL0] = static_cast<float>(part[1]);
-    }
+    // Sums over latents: on a latent shard each shard holds its own latents' part.
+    double part[2] = {st[kStatL1], st[kStatL0]};
+    store_->sum_over_shards(part, 2);
+    st[kStatL1] = static_cast<float>(part[0]), st[kStatL0] = static_cast<float>(part[1]);
     pending_arch_sums_ = pass_->step_sums();
     StepResult r;
     r.rows = B;
@@ -410,24 +387,6 @@ StepResult SaeTrainer::collect_gradients() {
     return r;
 }
 
-// Gradients are of the summed loss (see step): they and the step's metrics are summed over the
-// replicas, then divided by the rows of all replicas through Adam's grad_scale.
-void SaeTrainer::apply_update(StepResult& r) {
-    std::vector<double> arch_sums = step_arch_sums(r.rows);
-    double sum_sq = 0;  // of the summed gradient (after the decoder projection)
-    if (comm_.size() > 1) sum_sq = reduce_over_replicas(r, arch_sums);
-    if (r.rows == 0) return;  // no replica had data: nothing to learn from
-    if (!splits_update())     // the decoder's gradient projected (now or in the update)
-        sum_sq = sum_over_shards(
-            be_.optimizer_grad_sum_squares(params_, grads_, n_params_, unit_rows()));
-    const float grad_scale = clip_gradient(r, sum_sq);
-    if (skip_nonfinite(r)) return;
-    r.lr = lr_at(cfg_, step_, total_steps_);
-    optimizer_step(grad_scale, static_cast<float>(r.lr), step_ + 1);
-    if (splits_update()) node_mem_->fence();  // every range updated before anyone reads them
-    finish_step(r, arch_sums);
-}
-
 std::vector<double> SaeTrainer::step_arch_sums(int64_t rows) {
     std::vector<double> arch_sums = pass_->step_sums();
     if (rows == 0)
@@ -437,49 +396,19 @@ std::vector<double> SaeTrainer::step_arch_sums(int64_t rows) {
     return arch_sums;
 }
 
-double SaeTrainer::reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums) {
+void SaeTrainer::reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums) {
     std::vector<double> m = {
         double(r.rows), r.loss * double(r.rows), r.sse, r.sst, r.l1, r.l0, r.aux, r.sum_sq_x};
-    if (splits_update())
-        m.push_back(reduce_owned_gradient());
-    else
-        comm_.allreduce_sum(grads_, n_params_);
-    reduced_ = true;
     const size_t a0 = m.size();
     m.insert(m.end(), arch_sums.begin(), arch_sums.end());
     m.insert(m.end(), fires_host_.begin(), fires_host_.end());
-    comm_.allreduce_sum(m.data(), static_cast<int64_t>(m.size()));
+    store_->reduce(m, a0);  // the node split's squared norm travels at m[a0]
     r.rows = static_cast<int64_t>(m[0]);
     r.loss = m[1] / m[0], r.sse = m[2], r.sst = m[3], r.l1 = m[4], r.l0 = m[5], r.aux = m[6];
     r.sum_sq_x = m[7];
     std::copy(m.begin() + a0, m.begin() + a0 + arch_sums.size(), arch_sums.begin());
     const size_t f0 = a0 + arch_sums.size();
     for (int64_t i = 0; i < n_; ++i) fires_host_[i] = static_cast<int32_t>(m[f0 + i]);
-    return splits_update() ? m[8] : 0.0;
-}
-
-double SaeTrainer::reduce_owned_gradient() {
-    // Reduce-scatter in node memory: this replica's owned range, summed over replicas.
-    node_mem_->fence();  // every replica's gradient is complete
-    const auto mine = owned_ranges(comm_.rank());
-    for (const Range& g : mine) node_mem_->sum_segments(g.offset, g.count);
-    project_decoder_gradient();
-    double partial = 0;
-    for (const Range& g : mine) partial += be_.sum_squares(grads_ + g.offset, g.count);
-    return partial;
-}
-
-UnitRows SaeTrainer::unit_rows() const {
-    UnitRows u;
-    if (cfg_.normalize_decoder)
-        u.offset = off(ParamLayout::kWDec) + owned_lo_ * d_, u.rows = owned_hi_ - owned_lo_,
-        u.cols = d_;
-    return u;
-}
-
-void SaeTrainer::project_decoder_gradient() {
-    const UnitRows u = unit_rows();
-    if (u.any()) be_.project_out_parallel(params_ + u.offset, grads_ + u.offset, u.rows, u.cols);
 }
 
 float SaeTrainer::clip_gradient(StepResult& r, double sum_sq) {
@@ -510,16 +439,22 @@ bool SaeTrainer::skip_nonfinite(StepResult& r) {
     return true;
 }
 
+math::AdamScalars SaeTrainer::adam_scalars(float grad_scale, float lr, int64_t t) const {
+    const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
+    const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
+    return {lr,
+            static_cast<float>(cfg_.beta1),
+            static_cast<float>(cfg_.beta2),
+            static_cast<float>(cfg_.eps),
+            1.0f / bc1,
+            1.0f / bc2,
+            0.0f,
+            grad_scale};
+}
+
 void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
-    if (step_ >= window_start_) {
-        window_rows_ += r.rows, window_sse_ += r.sse, window_sum_sq_ += r.sum_sq_x;
-        window_l0_ += r.l0;
-        for (int64_t i = 0; i < n_; ++i) window_fired_[i] += fires_host_[i];
-        if (window_arch_sums_.size() != arch_sums.size())
-            window_arch_sums_.assign(arch_sums.size(), 0.0);
-        for (size_t i = 0; i < arch_sums.size(); ++i) window_arch_sums_[i] += arch_sums[i];
-    }
+    window_.add(step_, r.rows, r.sse, r.sum_sq_x, r.l0, fires_host_, arch_sums);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {
         since_fired_[i] = fires_host_[i] > 0 ? 0 : since_fired_[i] + r.rows;
@@ -531,144 +466,26 @@ void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arc
     tokens_ += r.rows;
 }
 
-void SaeTrainer::optimizer_step(float grad_scale, float lr, int64_t t) {
-    const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
-    const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
-    math::AdamScalars s{lr,
-                        static_cast<float>(cfg_.beta1),
-                        static_cast<float>(cfg_.beta2),
-                        static_cast<float>(cfg_.eps),
-                        1.0f / bc1,
-                        1.0f / bc2,
-                        0.0f,
-                        grad_scale};
-    // Weights (W_enc, W_dec) get weight decay, biases and thresholds do not.
-    std::vector<AdamRange> adam_ranges;
-    for (const Range& g : ranges(owned_lo_, owned_hi_, owns_b_dec_))
-        adam_ranges.push_back({g.offset, g.count, g.decay});
-    be_.optimizer_apply(params_, grads_, m_, v_, adam_ranges, unit_rows(), s,
-                        static_cast<float>(cfg_.weight_decay));
-}
+// --- the step's state ----------------------------------------------------------------------------
 
-std::vector<SaeTrainer::Range> SaeTrainer::ranges(int64_t lo, int64_t hi,
-                                                  bool with_non_latent) const {
-    std::vector<Range> out;
-    for (const ParamSegment& s : layout_.segments()) {
-        if (s.per_latent)
-            out.push_back({s.offset + lo * s.cols, (hi - lo) * s.cols, s.decay});
-        else
-            out.push_back({s.offset, with_non_latent ? s.size() : 0, s.decay});
+const char* SaeTrainer::state_name(StepState s) {
+    switch (s) {
+        case StepState::idle:
+            return "idle";
+        case StepState::queued:
+            return "queued (passes launched, not collected)";
+        case StepState::accumulated:
+            return "accumulated (step begun, not ended)";
+        case StepState::no_rows:
+            return "begun without rows (not ended)";
     }
-    return out;
+    return "?";
 }
 
-std::vector<SaeTrainer::Range> SaeTrainer::owned_ranges(int64_t q) const {
-    const int64_t R = comm_.size();
-    return ranges(n_ * q / R, n_ * (q + 1) / R, q == R - 1);
-}
-
-StepResult SaeTrainer::step(BatchView x_host, int64_t rows) {
-    step_begin(x_host, rows);
-    return step_end();
-}
-
-void SaeTrainer::accumulate_gradients(BatchView x_host, int64_t rows) {
-    const int64_t chunks = std::min(cfg_.accum_steps, rows), d = d_;
-    if (accum_grads_.size() < n_params_) accum_grads_ = DeviceArray<float>(be_, n_params_);
-    StepResult sum;
-    double loss_sum = 0;
-    std::vector<double> xcol(static_cast<size_t>(d), 0.0), arch_sums;
-    std::vector<int64_t> fired(static_cast<size_t>(n_), 0);
-    for (int64_t a = 0; a < chunks; ++a) {
-        const int64_t r0 = rows * a / chunks, r1 = rows * (a + 1) / chunks;
-        upload_batch(x_host.rows_from(r0, d), r1 - r0);
-        launch_gradients(x_.data(), r1 - r0, 1);  // the summed loss: chunks add up
-        last_rows_ = r1 - r0;                     // the activations the pass now holds
-        const StepResult c = collect_gradients();
-        be_.axpby(accum_grads_.data(), grads_, 1.0f, a == 0 ? 0.0f : 1.0f, n_params_);
-        sum.rows += c.rows, sum.sse += c.sse, sum.l1 += c.l1, sum.l0 += c.l0, sum.aux += c.aux;
-        sum.sum_sq_x += c.sum_sq_x;
-        loss_sum += c.loss * static_cast<double>(c.rows);
-        for (int64_t j = 0; j < d; ++j) xcol[j] += xcol_host_[j];
-        for (int64_t i = 0; i < n_; ++i) fired[i] += fires_host_[i];
-        if (arch_sums.empty()) arch_sums.assign(pending_arch_sums_.size(), 0.0);
-        for (size_t i = 0; i < arch_sums.size(); ++i) arch_sums[i] += pending_arch_sums_[i];
-    }
-    be_.axpby(grads_, accum_grads_.data(), 1.0f, 0.0f, n_params_);
-    double mean_sq = 0;
-    for (double v : xcol) mean_sq += v * v;
-    sum.sst = sum.sum_sq_x - mean_sq / static_cast<double>(sum.rows);
-    sum.loss = loss_sum / static_cast<double>(sum.rows);
-    for (int64_t i = 0; i < n_; ++i) fires_host_[i] = static_cast<int32_t>(fired[i]);
-    pending_arch_sums_ = arch_sums;
-    accumulated_ = sum;
-    pending_accumulated_ = true;
-    pending_rows_ = rows;
-}
-
-void SaeTrainer::step_begin(BatchView x_host, int64_t rows) {
-    SAE_ENFORCE(pending_rows_ < 0, "SaeTrainer::step_begin: the previous step has not ended");
-    last_rows_ = rows;
-    pending_accumulated_ = false;
-    if (rows > 1 && cfg_.accum_steps > 1) {
-        accumulate_gradients(x_host, rows);
-    } else if (rows > 0) {
-        upload_batch(x_host, rows);
-        // Gradient of the summed loss: replicas with different row counts then add up to the
-        // gradient of the mean over all rows once apply_update divides by the total.
-        launch_gradients(x_.data(), rows, 1);
-    } else {
-        be_.fill(grads_, n_params_, 0.0f);  // an idle replica still joins the all-reduce
-        std::fill(fires_host_.begin(), fires_host_.end(), 0);
-        pending_rows_ = 0;
-    }
-}
-
-StepResult SaeTrainer::step_end() {
-    SAE_ENFORCE(pending_rows_ >= 0, "SaeTrainer::step_end without step_begin");
-    StepResult r;
-    if (pending_accumulated_) {
-        r = accumulated_;
-        pending_rows_ = -1;
-    } else if (pending_rows_ > 0) {
-        r = collect_gradients();
-    } else {
-        pending_rows_ = -1;
-        if (comm_.size() == 1) return r;
-    }
-    apply_update(r);
-    return r;
-}
-
-QualityGates SaeTrainer::training_quality() {
-    QualityGates q;
-    quality_from_sums(q, window_rows_, window_sse_, window_sum_sq_, window_l0_,
-                      all_latents(window_fired_));
-    // The last step's activations, still in the architecture's buffers.
-    std::vector<double> decorr = {0.0, 0.0};
-    if (last_rows_ > 0 && step_ > 0) {
-        const Activations a = pass_->activations();
-        const int64_t rows = std::min<int64_t>(last_rows_, 2048);
-        const int64_t per_row = a.dense ? n_ : a.width;
-        std::vector<float> act(static_cast<size_t>(rows * per_row));
-        std::vector<int32_t> idx(a.dense ? 0 : act.size());
-        if (a.dense) {
-            be_.download(act.data(), a.dense, rows * n_ * int64_t{sizeof(float)});
-        } else {
-            be_.download(act.data(), a.val, rows * per_row * int64_t{sizeof(float)});
-            be_.download(idx.data(), a.idx, rows * per_row * int64_t{sizeof(int32_t)});
-        }
-        decorr = {
-            decorrelation_of(a.dense ? act.data() : nullptr, idx.data(), act.data(), per_row, rows),
-            1.0};
-    }
-    comm_.allreduce_sum(decorr.data(), 2);
-    q.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
-    return q;
-}
-
-std::vector<std::pair<std::string, double>> SaeTrainer::arch_summary() const {
-    return pass_->summarize(window_arch_sums_, window_fired_);
+void SaeTrainer::transition(StepState from, StepState to, const char* call) {
+    SAE_ENFORCE(state_ == from, "SaeTrainer::{}: the trainer is {}, expected {}", call,
+                state_name(state_), state_name(from));
+    state_ = to;
 }
 
 double SaeTrainer::dead_fraction() const {
@@ -676,161 +493,31 @@ double SaeTrainer::dead_fraction() const {
 }
 
 void SaeTrainer::count_dead_over_shards() {
-    n_dead_total_ = n_dead_;
-    if (!sharded()) return;
     double dead = static_cast<double>(n_dead_);
-    shard_.group->allreduce_sum(&dead, 1);
+    store_->sum_over_shards(&dead, 1);
     n_dead_total_ = static_cast<int64_t>(dead);
 }
 
-std::vector<float> SaeTrainer::params_host() const { return host_copy(params_); }
+// --- host copies, and restore ------------------------------------------------------------------
 
-std::vector<float> SaeTrainer::host_copy(const float* flat) const {
-    std::vector<float> p(static_cast<size_t>(n_params_));
-    be_.download(p.data(), flat, n_params_ * static_cast<int64_t>(sizeof(float)));
-    return p;
+std::vector<float> SaeTrainer::params_host() const {
+    return store_->host(ParamStore::Buffer::params);
 }
 
 std::vector<float> SaeTrainer::grads_host() const {
-    std::vector<float> g(static_cast<size_t>(n_params_));
-    if (!(splits_update() && reduced_)) {
-        be_.download(g.data(), grads_, n_params_ * static_cast<int64_t>(sizeof(float)));
-        return g;
-    }
-    // Each replica's range of the summed gradient sits in that replica's segment; the fences
-    // keep every replica out of its next step (which overwrites its segment) meanwhile.
-    node_mem_->fence();
-    for (int64_t q = 0; q < comm_.size(); ++q) {
-        const float* seg = node_mem_->segment(static_cast<int>(q));
-        for (const Range& r : owned_ranges(q))
-            std::copy(seg + r.offset, seg + r.offset + r.count, g.begin() + r.offset);
-    }
-    node_mem_->fence();
-    return g;
+    return store_->host(ParamStore::Buffer::grads);
 }
 
-void SaeTrainer::write_flat(float* dst, const std::vector<float>& src) {
-    SAE_ENFORCE(static_cast<int64_t>(src.size()) == n_params_,
-                "parameter buffer has {} values, expected {}", src.size(), n_params_);
-    if (!splits_update()) {
-        be_.upload(dst, src.data(), n_params_ * static_cast<int64_t>(sizeof(float)));
-        return;
-    }
-    for (const Range& r : owned_ranges(comm_.rank()))
-        std::copy(src.begin() + r.offset, src.begin() + r.offset + r.count, dst + r.offset);
-    node_mem_->fence();
-}
-
-void SaeTrainer::set_params_host(const std::vector<float>& p) { write_flat(params_, p); }
-
-TrainState SaeTrainer::state() const {
-    TrainState s;
-    s.step = step_;
-    s.tokens = tokens_;
-    if (!sharded()) {
-        s.adam_m = host_copy(m_);
-        s.adam_v = host_copy(v_);
-        s.since_fired = since_fired_;
-        return s;
-    }
-    if (shard_.group->rank() == 0) {  // the first shard collects the stream
-        s.adam_m.resize(static_cast<size_t>(whole_layout_.total()));
-        s.adam_v.resize(s.adam_m.size());
-        s.since_fired.resize(static_cast<size_t>(n_total_));
-    }
-    stream_state([&](const TensorChunk& c) {
-        if (c.i64)
-            std::copy_n(c.i64, c.count, s.since_fired.begin() + c.offset);
-        else
-            std::copy_n(c.f32, c.count, (c.tensor == 0 ? s.adam_m : s.adam_v).begin() + c.offset);
-    });
-    return s;
-}
-
-void SaeTrainer::restore(const SaeWeights& w, const TrainState& s) {
-    restore(read_part(TensorsInMemory(w, s)), s.step, s.tokens);
-}
-
-CheckpointPart SaeTrainer::read_part(const TensorSource& src) const {
-    const int64_t n = n_total_, first = shard_.first();
-    const auto w_enc = src.shape("W_enc"), w_dec = src.shape("W_dec");
-    SAE_ENFORCE(w_enc && w_dec && w_dec->size() == 2,
-                "checkpoint has no W_enc and W_dec [n_latents, d_model]");
-    SAE_ENFORCE(*w_dec == (std::vector<int64_t>{n, d_}) && *w_enc == (std::vector<int64_t>{d_, n}),
-                "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}",
-                (*w_dec)[1], (*w_dec)[0], d_, n);
-    auto size_of = [&](const std::string& name) -> int64_t {
-        const auto shape = src.shape(name);
-        if (!shape) return -1;
-        int64_t size = 1;
-        for (int64_t x : *shape) size *= x;
-        return size;
-    };
-    SAE_ENFORCE(size_of("adam_m") == whole_layout_.total() &&
-                    size_of("adam_v") == whole_layout_.total() && size_of("since_fired") == n,
-                "checkpoint state does not match an SAE of {} latents", n);
-    const auto& segs = layout_.segments();
-    const auto& wsegs = whole_layout_.segments();
-    CheckpointPart part;
-    part.params.resize(static_cast<size_t>(n_params_));
-    // W_enc [d, n]: this shard's columns, in blocks of file rows, transposed to latent rows.
-    const int64_t block = std::max<int64_t>(1, (int64_t{1} << 24) / n_);
-    std::vector<float> rows;
-    for (int64_t c0 = 0; c0 < d_; c0 += block) {
-        const int64_t cb = std::min(block, d_ - c0);
-        rows.resize(static_cast<size_t>(cb * n_));
-        src.read("W_enc", {c0, first}, {cb, n_}, rows.data());
-        for (int64_t r = 0; r < cb; ++r)
-            for (int64_t l = 0; l < n_; ++l) part.params[l * d_ + c0 + r] = rows[r * n_ + l];
-    }
-    // The other segments, and every segment's moments: this shard's rows of a per-latent
-    // segment, the others whole.
-    part.adam_m.resize(part.params.size());
-    part.adam_v.resize(part.params.size());
-    for (size_t i = 0; i < segs.size(); ++i) {
-        const int64_t from = segs[i].per_latent ? first * segs[i].cols : 0, count = segs[i].size();
-        float* p = part.params.data() + segs[i].offset;
-        if (i == ParamLayout::kWDec) {
-            src.read("W_dec", {first, 0}, {n_, d_}, p);
-        } else if (i != ParamLayout::kWEnc) {
-            // The architecture's own parameters are among the file's `extra` tensors.
-            SAE_ENFORCE(size_of(segs[i].name) == wsegs[i].size(),
-                        "checkpoint of a {} SAE has no '{}' tensor of {} values", cfg_.arch,
-                        segs[i].name, wsegs[i].size());
-            src.read(segs[i].name, {from}, {count}, p);
-        }
-        src.read("adam_m", {wsegs[i].offset + from}, {count}, part.adam_m.data() + segs[i].offset);
-        src.read("adam_v", {wsegs[i].offset + from}, {count}, part.adam_v.data() + segs[i].offset);
-    }
-    part.since_fired.resize(static_cast<size_t>(n_));
-    src.read("since_fired", first, n_, part.since_fired.data());
-    auto whole = [&](const std::string& name) {
-        std::vector<float> v(static_cast<size_t>(std::max<int64_t>(size_of(name), 0)));
-        if (!v.empty()) src.read(name, {0}, {static_cast<int64_t>(v.size())}, v.data());
-        return v;
-    };
-    if (cfg_.normalize != "none") {
-        const std::vector<float> c = whole("activation_scale");
-        SAE_ENFORCE(c.size() == 1,
-                    "checkpoint has no 'activation_scale' tensor, but data.normalize is {}; it "
-                    "was written without normalization",
-                    cfg_.normalize);
-        part.input_scale = c[0];
-    }
-    for (const auto& [name, value] : pass_->buffers()) {
-        SAE_ENFORCE(size_of(name) >= 0, "checkpoint of a {} SAE has no '{}' tensor", cfg_.arch,
-                    name);
-        part.buffers.emplace_back(name, whole(name));
-    }
-    return part;
+void SaeTrainer::set_params_host(const std::vector<float>& p) {
+    store_->write(ParamStore::Buffer::params, p);
 }
 
 void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
     input_scale_ = part.input_scale;
     for (const auto& [name, value] : part.buffers) pass_->set_buffer(name, value);
-    write_flat(params_, part.params);
-    write_flat(m_, part.adam_m);
-    write_flat(v_, part.adam_v);
+    store_->write(ParamStore::Buffer::params, part.params);
+    store_->write(ParamStore::Buffer::adam_m, part.adam_m);
+    store_->write(ParamStore::Buffer::adam_v, part.adam_v);
     since_fired_ = std::move(part.since_fired);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {
@@ -840,306 +527,6 @@ void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
     count_dead_over_shards();
     step_ = step;
     tokens_ = tokens;
-}
-
-// --- TensorsInMemory ---------------------------------------------------------------------------
-
-const std::vector<float>* TensorsInMemory::find(const std::string& name) const {
-    for (const auto& [key, t] :
-         std::initializer_list<std::pair<const char*, const std::vector<float>*>>{
-             {"W_enc", &w_.w_enc},
-             {"W_dec", &w_.w_dec},
-             {"b_enc", &w_.b_enc},
-             {"b_dec", &w_.b_dec},
-             {"adam_m", &s_.adam_m},
-             {"adam_v", &s_.adam_v}})
-        if (name == key) return t;
-    for (const auto& [key, t] : w_.extra)
-        if (key == name) return &t;
-    return nullptr;
-}
-
-std::optional<std::vector<int64_t>> TensorsInMemory::shape(const std::string& name) const {
-    if (name == "W_enc") return std::vector<int64_t>{w_.d_model, w_.n_latents};
-    if (name == "W_dec") return std::vector<int64_t>{w_.n_latents, w_.d_model};
-    if (name == "since_fired")
-        return std::vector<int64_t>{static_cast<int64_t>(s_.since_fired.size())};
-    const std::vector<float>* t = find(name);
-    if (!t) return std::nullopt;
-    return std::vector<int64_t>{static_cast<int64_t>(t->size())};
-}
-
-void TensorsInMemory::read(const std::string& name, const std::vector<int64_t>& start,
-                           const std::vector<int64_t>& count, float* out) const {
-    const std::vector<float>* t = find(name);
-    SAE_ENFORCE(t && start.size() == count.size(), "no tensor '{}' in the checkpoint", name);
-    const std::vector<int64_t> dims = *shape(name);
-    SAE_ENFORCE(dims.size() == start.size(), "tensor '{}' has {} dimensions", name, dims.size());
-    for (size_t i = 0; i < start.size(); ++i)
-        SAE_ENFORCE(start[i] >= 0 && count[i] >= 0 && start[i] + count[i] <= dims[i],
-                    "tensor '{}': block out of its bounds", name);
-    const int64_t cols = dims.size() == 2 ? dims[1] : 1, width = dims.size() == 2 ? count[1] : 1;
-    if (dims.size() == 1) return (void)std::copy_n(t->begin() + start[0], count[0], out);
-    for (int64_t r = 0; r < count[0]; ++r)
-        std::copy_n(t->begin() + (start[0] + r) * cols + start[1], width, out + r * width);
-}
-
-void TensorsInMemory::read(const std::string& name, int64_t start, int64_t count,
-                           int64_t* out) const {
-    SAE_ENFORCE(name == "since_fired", "no integer tensor '{}' in the checkpoint", name);
-    std::copy_n(s_.since_fired.begin() + start, count, out);
-}
-
-SaeWeights SaeTrainer::weights() const {
-    if (sharded()) return streamed_weights();
-    SaeWeights w = weights_of(params_host());
-    for (auto& b : pass_->buffers()) w.extra.push_back(std::move(b));  // BatchTopK's threshold
-    if (cfg_.normalize != "none")
-        w.extra.emplace_back("activation_scale", std::vector<float>{input_scale_});
-    return w;
-}
-
-SaeWeights SaeTrainer::streamed_weights() const {
-    const std::vector<TensorInfo> tensors = weight_tensors(false);
-    SaeWeights w;
-    std::vector<std::vector<float>*> into;  // by tensor index, on the first shard
-    if (shard_.group->rank() == 0) {
-        w.d_model = d_, w.n_latents = n_total_;
-        for (size_t i = 4; i < tensors.size(); ++i) w.extra.emplace_back(tensors[i].name, 0);
-        into = {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec};
-        for (auto& [name, v] : w.extra) into.push_back(&v);
-        for (size_t i = 0; i < tensors.size(); ++i) {
-            int64_t size = 1;
-            for (int64_t s : tensors[i].shape) size *= s;
-            into[i]->resize(static_cast<size_t>(size));
-        }
-    }
-    stream_weights(false, [&](const TensorChunk& c) {
-        std::copy_n(c.f32, c.count, into[static_cast<size_t>(c.tensor)]->begin() + c.offset);
-    });
-    return w;
-}
-
-SaeWeights SaeTrainer::weights_of(const std::vector<float>& p) const {
-    SaeWeights w;
-    const int64_t n = n_total_;
-    w.d_model = d_, w.n_latents = n;
-    w.w_enc.resize(static_cast<size_t>(d_ * n));
-    for (int64_t l = 0; l < n; ++l)
-        for (int64_t c = 0; c < d_; ++c) w.w_enc[c * n + l] = p[l * d_ + c];  // to [d, n]
-    const auto& segs = whole_layout_.segments();
-    auto slice = [&](size_t i) {
-        return std::vector<float>(p.begin() + segs[i].offset,
-                                  p.begin() + segs[i].offset + segs[i].size());
-    };
-    w.w_dec = slice(ParamLayout::kWDec);
-    w.b_enc = slice(ParamLayout::kBEnc);
-    w.b_dec = slice(ParamLayout::kBDec);
-    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
-        w.extra.emplace_back(segs[i].name, slice(i));
-    return w;
-}
-
-// --- latent sharding ---------------------------------------------------------------------------
-
-void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
-                           const std::string& where) {
-    if (shards <= 1) return;
-    const Architecture& a = arch_get(cfg.arch);
-    SAE_ENFORCE(a.shardable(),
-                "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (topk, "
-                "batchtopk, relu, jumprelu and gated can)",
-                where, shards, cfg.arch);
-    SAE_ENFORCE(n_total % shards == 0,
-                "{}parallel.latent_shards = {} does not divide the SAE's {} latents", where, shards,
-                n_total);
-    SAE_ENFORCE(cfg.decorr_coeff == 0,
-                "{}train.decorr_coeff needs every latent's activations in one place; it is not "
-                "available with parallel.latent_shards = {}",
-                where, shards);
-    // Each top-k selection (sae.k, sae.k_aux) runs within a shard before the merge.
-    const int64_t n_local = n_total / shards;
-    for (const Architecture::OpUse& use : a.limited_ops(cfg, d, n_total))
-        SAE_ENFORCE(use.op != BackendOp::topk_forward || use.shape.k <= n_local,
-                    "{}{} = {} exceeds the {} latents of one of the {} latent shards", where,
-                    use.key, use.shape.k, n_local, shards);
-}
-
-double SaeTrainer::decorrelation_of(const float* dense, const int32_t* idx, const float* val,
-                                    int64_t width, int64_t rows) const {
-    if (!sharded()) return decorrelation_rms(dense, idx, val, width, rows, n_);
-    // Every shard's non-zero activations of the rows decorrelation_rms looks at, as (global
-    // id, value) pairs, W per row (W: the most any shard has in a row; value 0 pads).
-    rows = std::min<int64_t>(rows, 2048);
-    const int64_t per_row = dense ? n_ : width;
-    auto value = [&](int64_t r, int64_t j) {
-        return dense ? dense[r * n_ + j] : val[r * width + j];
-    };
-    auto latent = [&](int64_t r, int64_t j) { return dense ? j : int64_t{idx[r * width + j]}; };
-    int64_t W = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-        int64_t c = 0;
-        for (int64_t j = 0; j < per_row; ++j) c += value(r, j) != 0.0f;
-        W = std::max(W, c);
-    }
-    shard_.group->allreduce_max(&W, 1);
-    if (W == 0) return 0.0;
-    std::vector<int32_t> my_idx(static_cast<size_t>(rows * W), 0);
-    std::vector<float> my_val(static_cast<size_t>(rows * W), 0.0f);
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0, c = 0; j < per_row; ++j)
-            if (value(r, j) != 0.0f) {
-                my_idx[r * W + c] = static_cast<int32_t>(shard_.first() + latent(r, j));
-                my_val[r * W + c++] = value(r, j);
-            }
-    const int64_t S = shard_.count, block = rows * W;
-    std::vector<int32_t> all_idx(static_cast<size_t>(S * block)), pairs_idx(all_idx.size());
-    std::vector<float> all_val(all_idx.size()), pairs_val(all_idx.size());
-    shard_.group->allgather(my_idx.data(), all_idx.data(), block * int64_t{sizeof(int32_t)});
-    shard_.group->allgather(my_val.data(), all_val.data(), block * int64_t{sizeof(float)});
-    for (int64_t q = 0; q < S; ++q)  // row r: every shard's W pairs side by side
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j < W; ++j) {
-                pairs_idx[(r * S + q) * W + j] = all_idx[q * block + r * W + j];
-                pairs_val[(r * S + q) * W + j] = all_val[q * block + r * W + j];
-            }
-    return decorrelation_rms(nullptr, pairs_idx.data(), pairs_val.data(), S * W, rows, n_total_);
-}
-
-std::vector<double> SaeTrainer::all_latents(const std::vector<double>& mine) const {
-    if (!sharded()) return mine;
-    std::vector<double> whole(static_cast<size_t>(n_total_));
-    shard_.group->allgather(mine.data(), whole.data(), n_ * static_cast<int64_t>(sizeof(double)));
-    return whole;
-}
-
-double SaeTrainer::sum_over_shards(double sum_sq) const {
-    if (!sharded()) return sum_sq;
-    if (shard_.index > 0)  // b_dec and the other segments every shard holds: counted once
-        for (const ParamSegment& g : layout_.segments())
-            if (!g.per_latent) sum_sq -= be_.sum_squares(grads_ + g.offset, g.size());
-    shard_.group->allreduce_sum(&sum_sq, 1);
-    return sum_sq;
-}
-
-}  // namespace saetrain
-
-// --- the whole SAE streamed to the first shard (latent sharding) -------------------------------
-
-namespace saetrain {
-
-namespace {
-constexpr int64_t kChunkElements = int64_t{1} << 24;  // 64 MiB of floats
-}  // namespace
-
-std::vector<TensorInfo> SaeTrainer::weight_tensors(bool folded) const {
-    const int64_t n = n_total_, d = d_;
-    std::vector<TensorInfo> t = {{"W_enc", {d, n}, false},
-                                 {"W_dec", {n, d}, false},
-                                 {"b_enc", {n}, false},
-                                 {"b_dec", {d}, false}};
-    const auto& segs = whole_layout_.segments();
-    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
-        t.push_back({segs[i].name, {segs[i].size()}, false});
-    for (const auto& [name, v] : pass_->buffers())
-        t.push_back({name, {static_cast<int64_t>(v.size())}, false});
-    if (!folded && cfg_.normalize != "none") t.push_back({"activation_scale", {1}, false});
-    return t;
-}
-
-std::vector<TensorInfo> SaeTrainer::state_tensors() const {
-    return {{"adam_m", {whole_layout_.total()}, false},
-            {"adam_v", {whole_layout_.total()}, false},
-            {"since_fired", {n_total_}, true}};
-}
-
-template <class T>
-void SaeTrainer::stream_latents(const T* mine, int64_t cols, int t, int64_t base, float mul,
-                                float div, const ChunkSink& sink) const {
-    Communicator& group = *shard_.group;
-    const int64_t rows = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(1, cols));
-    std::vector<T> buf;
-    for (int64_t q = 0; q < shard_.count; ++q)
-        for (int64_t r0 = 0; r0 < n_; r0 += rows) {
-            const int64_t count = std::min(rows, n_ - r0) * cols;
-            buf.resize(static_cast<size_t>(count));
-            if (q == shard_.index) std::copy_n(mine + r0 * cols, count, buf.begin());
-            group.bcast(buf.data(), count * static_cast<int64_t>(sizeof(T)), static_cast<int>(q));
-            if (group.rank() != 0) continue;
-            TensorChunk c{t, base + (q * n_ + r0) * cols, count, nullptr, nullptr};
-            if constexpr (std::is_same_v<T, int64_t>) {
-                c.i64 = buf.data();
-            } else {
-                if (mul != 1.0f || div != 1.0f)
-                    for (float& v : buf) v = v * mul / div;  // as fold_activation_scale
-                c.f32 = buf.data();
-            }
-            sink(c);
-        }
-}
-
-void SaeTrainer::stream_weights(bool folded, const ChunkSink& sink) const {
-    SAE_ENFORCE(sharded(), "SaeTrainer::stream_weights is for latent-sharded SAEs");
-    std::vector<float> p(static_cast<size_t>(n_params_));
-    be_.download(p.data(), params_, n_params_ * static_cast<int64_t>(sizeof(float)));
-    const float c = folded && cfg_.normalize != "none" ? input_scale_ : 1.0f;
-    Communicator& group = *shard_.group;
-    const bool root = group.rank() == 0;
-    // W_enc [d, n]: blocks of file rows, each shard's columns transposed from its latent rows.
-    const int64_t n = n_total_, block = std::max<int64_t>(1, kChunkElements / n);
-    std::vector<float> part, rows_out;
-    for (int64_t c0 = 0; c0 < d_; c0 += block) {
-        const int64_t cb = std::min(block, d_ - c0);
-        rows_out.resize(root ? static_cast<size_t>(cb * n) : 0);
-        for (int64_t q = 0; q < shard_.count; ++q) {
-            part.resize(static_cast<size_t>(cb * n_));
-            if (q == shard_.index)
-                for (int64_t r = 0; r < cb; ++r)
-                    for (int64_t l = 0; l < n_; ++l) part[r * n_ + l] = p[l * d_ + c0 + r] * c;
-            group.bcast(part.data(), cb * n_ * int64_t{sizeof(float)}, static_cast<int>(q));
-            for (int64_t r = 0; root && r < cb; ++r)
-                std::copy_n(part.begin() + r * n_, n_, rows_out.begin() + r * n + q * n_);
-        }
-        if (root) sink({0, c0 * n, cb * n, rows_out.data(), nullptr});
-    }
-    stream_latents(p.data() + off(ParamLayout::kWDec), d_, 1, 0, 1.0f, c, sink);
-    stream_latents(p.data() + off(ParamLayout::kBEnc), 1, 2, 0, 1.0f, 1.0f, sink);
-    std::vector<float> b_dec(p.begin() + off(ParamLayout::kBDec),
-                             p.begin() + off(ParamLayout::kBDec) + d_);
-    for (float& v : b_dec) v /= c;
-    if (root) sink({3, 0, d_, b_dec.data(), nullptr});
-    int t = 4;
-    const auto& segs = layout_.segments();
-    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i, ++t) {
-        if (segs[i].per_latent)
-            stream_latents(p.data() + segs[i].offset, segs[i].cols, t, 0, 1.0f, 1.0f, sink);
-        else if (root)
-            sink({t, 0, segs[i].size(), p.data() + segs[i].offset, nullptr});
-    }
-    for (const auto& [name, v] : pass_->buffers()) {
-        if (root) sink({t, 0, static_cast<int64_t>(v.size()), v.data(), nullptr});
-        ++t;
-    }
-    if (!folded && cfg_.normalize != "none" && root) sink({t, 0, 1, &input_scale_, nullptr});
-}
-
-void SaeTrainer::stream_state(const ChunkSink& sink) const {
-    SAE_ENFORCE(sharded(), "SaeTrainer::stream_state is for latent-sharded SAEs");
-    const bool root = shard_.group->rank() == 0;
-    const auto& segs = layout_.segments();
-    const auto& wsegs = whole_layout_.segments();
-    std::vector<float> a(static_cast<size_t>(n_params_));
-    for (int which = 0; which < 2; ++which) {
-        be_.download(a.data(), which == 0 ? m_ : v_, n_params_ * int64_t{sizeof(float)});
-        for (size_t i = 0; i < segs.size(); ++i) {
-            if (segs[i].per_latent)
-                stream_latents(a.data() + segs[i].offset, segs[i].cols, which, wsegs[i].offset,
-                               1.0f, 1.0f, sink);
-            else if (root)
-                sink({which, wsegs[i].offset, segs[i].size(), a.data() + segs[i].offset, nullptr});
-        }
-    }
-    stream_latents(since_fired_.data(), 1, 2, 0, 1.0f, 1.0f, sink);
 }
 
 }  // namespace saetrain

@@ -52,25 +52,6 @@ void write_sae_attributes(hid_t file, const SaeMeta& meta, int64_t d, int64_t n,
     h5::write_attr_int64(file, "tokens", meta.tokens);
 }
 
-SaeWeights fold_activation_scale(const SaeWeights& w) {
-    SaeWeights out = w;
-    auto it = std::find_if(out.extra.begin(), out.extra.end(),
-                           [](const auto& e) { return e.first == "activation_scale"; });
-    if (it == out.extra.end()) return out;
-    SAE_ENFORCE(it->second.size() == 1 && it->second[0] > 0,
-                "the SAE's activation_scale must be one positive value");
-    const float c = it->second[0];
-    out.extra.erase(it);
-    for (float& v : out.w_enc) v *= c;
-    for (float& v : out.w_dec) v /= c;
-    for (float& v : out.b_dec) v /= c;
-    // Switch's router reads the centred input as W_enc does.
-    for (auto& [name, v] : out.extra)
-        if (name == "W_router")
-            for (float& x : v) x *= c;
-    return out;
-}
-
 void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& meta) {
     const size_t d = static_cast<size_t>(w.d_model), n = static_cast<size_t>(w.n_latents);
     SAE_ENFORCE(w.d_model > 0 && w.n_latents > 0,

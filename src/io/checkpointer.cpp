@@ -16,6 +16,7 @@
 
 #include "saetrain/config.h"
 #include "saetrain/error.h"
+#include "saetrain/trainer_io.h"
 
 namespace fs = std::filesystem;
 
@@ -227,8 +228,8 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
         }
     } else if (replicas_.rank() == 0) {
         // Snapshot now (device -> host); the files are written while training goes on.
-        SaeWeights w = trainer.weights();
-        TrainState s = trainer.state();
+        SaeWeights w = trainer_weights(trainer);
+        TrainState s = trainer_state(trainer);
         s.iteration = iteration;
         s.cursors = std::move(cursors);
         SaeMeta meta = meta_;
@@ -261,7 +262,7 @@ namespace {
 // One committed checkpoint of an SAE, as resume reads it before deciding to use it: the pair
 // opened, its meta and header read (small). Its checksum is checked afterwards by the SAE's
 // writer, in one streaming pass over both files, and its tensors read by replica 0 of each
-// latent shard, only its part (SaeTrainer::read_part).
+// latent shard, only its part (trainer_read_part).
 struct Candidate {
     SaeMeta meta;
     TrainState state;  // the header: step, tokens, iteration, cursors
@@ -374,7 +375,7 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
         CheckpointPart part;
         try {
             if (writes_) c.files->verify();
-            if (replicas_.rank() == 0) part = trainer.read_part(*c.files);
+            if (replicas_.rank() == 0) part = trainer_read_part(trainer, *c.files);
         } catch (const std::exception& e) {
             error = e.what();
         }

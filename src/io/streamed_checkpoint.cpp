@@ -3,15 +3,18 @@
 // shard chunk by chunk, which writes each chunk into its place and hashes it in file order, so
 // the files and their checksum are those sae_write_h5 and train_state_write would write. And the
 // way back (CheckpointFiles): a shard reads only its blocks of those files, and one pass over
-// them, chunk by chunk, checks the checksum.
+// them, chunk by chunk, checks the checksum. TensorsInMemory, the other TensorSource, is the
+// same tensors from memory.
+#include <algorithm>
 #include <exception>
+#include <initializer_list>
 
 #include "atomic_file.h"
 #include "h5.h"
 #include "sae_file.h"
 #include "saetrain/error.h"
 #include "saetrain/train_state.h"
-#include "saetrain/trainer.h"
+#include "saetrain/trainer_io.h"
 
 namespace saetrain {
 namespace {
@@ -68,7 +71,7 @@ void write_chunk(hid_t dset, const TensorInfo& t, const TensorChunk& c, const st
 // `finish` (attributes). On a failure the stream still runs to its end on this rank, so no
 // shard is left waiting; the error is thrown after it.
 void write_one(const std::string& path, const std::vector<TensorInfo>& tensors, bool named,
-               StreamHash& hash, const std::function<void(const SaeTrainer::ChunkSink&)>& stream,
+               StreamHash& hash, const std::function<void(const ChunkSink&)>& stream,
                const std::function<void(hid_t)>& finish) {
     bool streamed = false;
     std::exception_ptr failed;
@@ -111,11 +114,11 @@ void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights
                     const std::string& state_path, const SaeMeta& meta, const TrainState& header,
                     bool folded) {
     if (!writes) {  // send this shard's part; the first shard writes
-        t.stream_weights(folded, [](const TensorChunk&) {});
-        if (!state_path.empty()) t.stream_state([](const TensorChunk&) {});
+        trainer_stream_weights(t, folded, [](const TensorChunk&) {});
+        if (!state_path.empty()) trainer_stream_state(t, [](const TensorChunk&) {});
         return;
     }
-    const std::vector<TensorInfo> weights = t.weight_tensors(folded);
+    const std::vector<TensorInfo> weights = trainer_weight_tensors(t, folded);
     std::string names;
     for (size_t i = 4; i < weights.size(); ++i)
         names += (names.empty() ? "" : ",") + weights[i].name;
@@ -130,12 +133,12 @@ void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights
     };
     run(
         weights_path, weights, true, hash,
-        [&](const SaeTrainer::ChunkSink& s) { t.stream_weights(folded, s); },
+        [&](const ChunkSink& s) { trainer_stream_weights(t, folded, s); },
         [&](hid_t f) { write_sae_attributes(f, meta, t.d_model(), t.n_latents(), names); });
     if (!state_path.empty())
         run(
-            state_path, t.state_tensors(), false, hash,
-            [&](const SaeTrainer::ChunkSink& s) { t.stream_state(s); },
+            state_path, trainer_state_tensors(t), false, hash,
+            [&](const ChunkSink& s) { trainer_stream_state(t, s); },
             [&](hid_t f) { write_train_state_attributes(f, header, hash.sum); });
     if (failed) std::rethrow_exception(failed);
 }
@@ -287,6 +290,54 @@ void CheckpointFiles::read(const std::string& name, int64_t start, int64_t count
                            int64_t* out) const {
     auto guard = h5::lock();
     read_block(files_->state.get(), state_path_, name, {start}, {count}, H5T_NATIVE_INT64, out);
+}
+
+// --- TensorsInMemory ---------------------------------------------------------------------------
+
+const std::vector<float>* TensorsInMemory::find(const std::string& name) const {
+    for (const auto& [key, t] :
+         std::initializer_list<std::pair<const char*, const std::vector<float>*>>{
+             {"W_enc", &w_.w_enc},
+             {"W_dec", &w_.w_dec},
+             {"b_enc", &w_.b_enc},
+             {"b_dec", &w_.b_dec},
+             {"adam_m", &s_.adam_m},
+             {"adam_v", &s_.adam_v}})
+        if (name == key) return t;
+    for (const auto& [key, t] : w_.extra)
+        if (key == name) return &t;
+    return nullptr;
+}
+
+std::optional<std::vector<int64_t>> TensorsInMemory::shape(const std::string& name) const {
+    if (name == "W_enc") return std::vector<int64_t>{w_.d_model, w_.n_latents};
+    if (name == "W_dec") return std::vector<int64_t>{w_.n_latents, w_.d_model};
+    if (name == "since_fired")
+        return std::vector<int64_t>{static_cast<int64_t>(s_.since_fired.size())};
+    const std::vector<float>* t = find(name);
+    if (!t) return std::nullopt;
+    return std::vector<int64_t>{static_cast<int64_t>(t->size())};
+}
+
+void TensorsInMemory::read(const std::string& name, const std::vector<int64_t>& start,
+                           const std::vector<int64_t>& count, float* out) const {
+    const std::vector<float>* t = find(name);
+    SAE_ENFORCE(t && start.size() == count.size(), "no tensor '{}' in the checkpoint", name);
+    const std::vector<int64_t> dims = *shape(name);
+    SAE_ENFORCE(dims.size() == start.size(), "tensor '{}' has {} dimensions", name, dims.size());
+    for (size_t i = 0; i < start.size(); ++i)
+        SAE_ENFORCE(start[i] >= 0 && count[i] >= 0 && start[i] + count[i] <= dims[i],
+                    "tensor '{}': block out of its bounds", name);
+    const int64_t cols = dims.size() == 2 ? dims[1] : 1, width = dims.size() == 2 ? count[1] : 1;
+    if (dims.size() == 1) return (void)std::copy_n(t->begin() + start[0], count[0], out);
+    for (int64_t r = 0; r < count[0]; ++r)
+        std::copy_n(t->begin() + (start[0] + r) * cols + start[1], width, out + r * width);
+}
+
+void TensorsInMemory::read(const std::string& name, int64_t start, int64_t count,
+                           int64_t* out) const {
+    SAE_ENFORCE(name == "since_fired", "no integer tensor '{}' in the checkpoint", name);
+    std::copy_n(s_.since_fired.begin() + start, count, out);
 }
 
 }  // namespace saetrain

@@ -28,6 +28,7 @@
 #include "saetrain/synth.h"
 #include "saetrain/train_state.h"
 #include "saetrain/trainer.h"
+#include "saetrain/trainer_io.h"
 #include "shard_oracle.h"
 
 namespace fs = std::filesystem;
@@ -595,7 +596,7 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
                 EXPECT_NEAR(ea.quality.decorr_rms, eb.quality.decorr_rms, 1e-6)
                     << name << " S " << S;
             }
-            const SaeWeights got = tr.weights(), want = ref.weights();
+            const SaeWeights got = trainer_weights(tr), want = trainer_weights(ref);
             if (g.shard != 0) {
                 EXPECT_EQ(got.n_latents, 0);  // the first shard holds the whole SAE
                 continue;
@@ -618,8 +619,8 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
 
 // Chaos-free: at every step of a longer run, the sharded gradient equals the one a single
 // process computes from the same parameters and dead-latent state on all replicas' rows (the
-// whole SAE restored from the shards' weights() and state() before each step), with AuxK
-// active, gradient accumulation over two chunks and data.normalize. Over many steps two runs
+// whole SAE restored from the shards' trainer_weights() and trainer_state() before each step), with
+// AuxK active, gradient accumulation over two chunks and data.normalize. Over many steps two runs
 // drift apart through top-k flips at near-ties (round-off decides them); this compares each
 // step's gradient alone, where only summation order differs (bound as above).
 TEST(Mpi, LatentShardGradientsEqualOneProcessFromTheSameParameters) {
@@ -643,14 +644,14 @@ TEST(Mpi, LatentShardGradientsEqualOneProcessFromTheSameParameters) {
         for (float& v : x) v = normal(rng);
         std::vector<float> all = all_replicas_rows(g, x);
         // The whole SAE as it is now, restored into one process on the first shard.
-        const SaeWeights sw = tr.weights();
-        const TrainState st = tr.state();
+        const SaeWeights sw = trainer_weights(tr);
+        const TrainState st = trainer_state(tr);
         SaeTrainer ref(cfg, d, 40, 9, *be, *self);
         std::vector<float> want(static_cast<size_t>(ref.layout().total()));
         const StepResult r = tr.step(x.data(), rows);
         aux_ran = aux_ran || r.aux > 0;
         if (g.shard == 0) {
-            ref.restore(sw, st);
+            trainer_restore(ref, sw, st);
             for (float& v : all) v *= ref.input_scale();  // as step() uploads them
             ref.compute_gradients(all.data(), rows * g.R, 1);
             want = ref.grads_host();
@@ -689,8 +690,8 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     SaeTrainer tr(cfg, d, 30, 5, *be, *g.replicas, &g.part);
     ReplicaRows data(200, g.replica, rows, d);
     init_and_train(tr, data, rows, 8);
-    const SaeWeights sw = tr.weights();
-    const TrainState st = tr.state();
+    const SaeWeights sw = trainer_weights(tr);
+    const TrainState st = trainer_state(tr);
     if (w.rank() == 0) {
         fs::create_directories(dir);
         sae_write_h5((dir / "w.h5").string(), sw, SaeMeta{"topk", "t", "", cfg.k, st.step, 0});
@@ -707,15 +708,15 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
         if (w.rank() == 0) {
             EXPECT_NO_THROW(files.verify());
         }
-        from_files.restore(from_files.read_part(files), rs.step, rs.tokens);
+        from_files.restore(trainer_read_part(from_files, files), rs.step, rs.tokens);
     }
     w.barrier();
     if (w.rank() == 0) fs::remove_all(dir);
 
     SaeTrainer resumed(cfg, d, 30, 5, *be, *g.replicas, &g.part);
-    resumed.restore(rw, rs);
+    trainer_restore(resumed, rw, rs);
     EXPECT_EQ(from_files.params_host(), tr.params_host()) << "rank " << w.rank();
-    const TrainState fs_state = from_files.state();
+    const TrainState fs_state = trainer_state(from_files);
     if (g.shard == 0) {
         EXPECT_TRUE(fs_state.adam_m == st.adam_m && fs_state.adam_v == st.adam_v &&
                     fs_state.since_fired == st.since_fired && fs_state.step == st.step &&
@@ -724,7 +725,7 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     EXPECT_EQ(from_files.dead_fraction(), tr.dead_fraction());
     auto self = make_self_comm();
     SaeTrainer one(cfg, d, 30, 5, *be, *self);  // the same SAE unsharded, on all replicas' rows
-    one.restore(rw, rs);
+    trainer_restore(one, rw, rs);
     EXPECT_EQ(resumed.params_host(), tr.params_host()) << "rank " << w.rank();
     EXPECT_EQ(one.dead_fraction(), tr.dead_fraction());
     for (int step = 0; step < 3; ++step) {
@@ -738,16 +739,16 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
         EXPECT_NEAR(a.loss, c.loss, 1e-5 * c.loss) << "step " << step;
     }
     EXPECT_EQ(resumed.params_host(), tr.params_host()) << "rank " << w.rank();
-    const SaeWeights got = tr.weights(), want = one.weights();
+    const SaeWeights got = trainer_weights(tr), want = trainer_weights(one);
     if (g.shard == 0) {
         EXPECT_LT(max_diff(got.w_dec, want.w_dec), 1e-5 * max_abs(want.w_dec));
     }
 }
 
 // A sharded SAE's checkpoint pair and final.h5, streamed (write_streamed: no rank holds the
-// whole SAE), hold what weights() and state(), collected in memory and written by sae_write_h5
-// and train_state_write, hold, and pass the same checksum: for an architecture with extra
-// per-latent parameters (Gated), one with a buffer (BatchTopK) and data.normalize's scale
+// whole SAE), hold what trainer_weights() and trainer_state(), collected in memory and written by
+// sae_write_h5 and train_state_write, hold, and pass the same checksum: for an architecture with
+// extra per-latent parameters (Gated), one with a buffer (BatchTopK) and data.normalize's scale
 // (folded into final.h5).
 TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
     Communicator& w = *g_world;
@@ -773,8 +774,8 @@ TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
             const auto at = [&](const char* f) { return (dir / f).string(); };
             write_streamed(tr, first, at("s.h5"), at("s.state.h5"), meta, header, false);
             write_streamed(tr, first, at("f.h5"), "", meta, {}, true);
-            const SaeWeights sw = tr.weights();
-            TrainState st = tr.state();
+            const SaeWeights sw = trainer_weights(tr);
+            TrainState st = trainer_state(tr);
             if (!first) continue;
             st.iteration = 7, st.cursors = {1, 2};
             sae_write_h5(at("g.h5"), sw, meta);

@@ -1,4 +1,4 @@
-// host_alloc.cpp — the default allocator for the reader's large buffers (see host_alloc.h).
+// host_alloc.cpp — the default allocator for large host buffers (see host_alloc.h).
 #include "saetrain/host_alloc.h"
 
 #include <cstdlib>

@@ -1,0 +1,223 @@
+// evaluation.cpp — held-out evaluation, the training window's quality gates and reconstructions
+// (see evaluation.h): the trainer's forward pass, nothing that changes the SAE.
+#include "saetrain/evaluation.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "saetrain/comm.h"
+#include "saetrain/error.h"
+#include "saetrain/trainer.h"
+
+namespace saetrain {
+
+// --- the pieces --------------------------------------------------------------------------------
+
+HostActivations activations_download(Backend& be, const Activations& a, int64_t rows, int64_t n) {
+    HostActivations h;
+    h.dense = a.dense != nullptr;
+    h.per_row = h.dense ? n : a.width;
+    h.val.resize(static_cast<size_t>(rows * h.per_row));
+    if (h.dense) {
+        be.download(h.val.data(), a.dense, rows * n * int64_t{sizeof(float)});
+    } else {
+        h.idx.resize(h.val.size());
+        be.download(h.val.data(), a.val, rows * h.per_row * int64_t{sizeof(float)});
+        be.download(h.idx.data(), a.idx, rows * h.per_row * int64_t{sizeof(int32_t)});
+    }
+    return h;
+}
+
+double decorrelation_over_shards(const ParamStore& store, const HostActivations& a, int64_t rows) {
+    const LatentShard& shard = store.shard();
+    const int64_t n = shard.n_local(), width = a.per_row;
+    const float* dense = a.dense ? a.val.data() : nullptr;
+    const float* val = a.val.data();
+    const int32_t* idx = a.idx.data();
+    if (!store.sharded()) return decorrelation_rms(dense, idx, val, width, rows, n);
+    // Every shard's non-zero activations of the rows decorrelation_rms looks at, as (global
+    // id, value) pairs, W per row (W: the most any shard has in a row; value 0 pads).
+    rows = std::min<int64_t>(rows, 2048);
+    const int64_t per_row = dense ? n : width;
+    auto value = [&](int64_t r, int64_t j) {
+        return dense ? dense[r * n + j] : val[r * width + j];
+    };
+    auto latent = [&](int64_t r, int64_t j) { return dense ? j : int64_t{idx[r * width + j]}; };
+    int64_t W = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t c = 0;
+        for (int64_t j = 0; j < per_row; ++j) c += value(r, j) != 0.0f;
+        W = std::max(W, c);
+    }
+    shard.group->allreduce_max(&W, 1);
+    if (W == 0) return 0.0;
+    std::vector<int32_t> my_idx(static_cast<size_t>(rows * W), 0);
+    std::vector<float> my_val(static_cast<size_t>(rows * W), 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0, c = 0; j < per_row; ++j)
+            if (value(r, j) != 0.0f) {
+                my_idx[r * W + c] = static_cast<int32_t>(shard.first() + latent(r, j));
+                my_val[r * W + c++] = value(r, j);
+            }
+    const int64_t S = shard.count, block = rows * W;
+    std::vector<int32_t> all_idx(static_cast<size_t>(S * block)), pairs_idx(all_idx.size());
+    std::vector<float> all_val(all_idx.size()), pairs_val(all_idx.size());
+    shard.group->allgather(my_idx.data(), all_idx.data(), block * int64_t{sizeof(int32_t)});
+    shard.group->allgather(my_val.data(), all_val.data(), block * int64_t{sizeof(float)});
+    for (int64_t q = 0; q < S; ++q)  // row r: every shard's W pairs side by side
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < W; ++j) {
+                pairs_idx[(r * S + q) * W + j] = all_idx[q * block + r * W + j];
+                pairs_val[(r * S + q) * W + j] = all_val[q * block + r * W + j];
+            }
+    return decorrelation_rms(nullptr, pairs_idx.data(), pairs_val.data(), S * W, rows,
+                             shard.n_total);
+}
+
+EvalSums::EvalSums(int64_t d, int64_t n_local)
+    : d_(d), n_(n_local), sums_(static_cast<size_t>(4 + d + n_local), 0.0) {}
+
+void EvalSums::add(int64_t rows, const float* stats, const std::vector<float>& x_col_sum,
+                   const HostActivations& a) {
+    double* x_sum = sums_.data() + 4;
+    double* fired = x_sum + d_;
+    sums_[0] += static_cast<double>(rows), sums_[1] += stats[kStatSse];
+    sums_[2] += stats[kStatSumSqX];
+    for (int64_t c = 0; c < d_; ++c) x_sum[c] += x_col_sum[c];
+    // Which latents fired: the dense activations or the (latent, value) pairs.
+    for (int64_t i = 0; i < rows * a.per_row; ++i) {
+        if (!(a.val[i] > 0)) continue;
+        sums_[3] += 1;
+        fired[a.dense ? i % n_ : a.idx[i]] += 1;
+    }
+}
+
+EvalResult EvalSums::result(Communicator& replicas, const ParamStore& store,
+                            std::vector<double> decorr) const {
+    std::vector<double> sums = sums_;
+    replicas.allreduce_sum(decorr.data(), 2);
+    replicas.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+    store.sum_over_shards(&sums[3], 1);  // L0: each shard its latents'
+    const double* x_sum = sums.data() + 4;
+    const double* fired = x_sum + d_;
+    const std::vector<double> fired_all = store.all_latents(std::vector<double>(fired, fired + n_));
+    const int64_t n = store.shard().n_total;
+    EvalResult e;
+    e.rows = static_cast<int64_t>(sums[0]);
+    if (e.rows == 0) return e;
+    double mean_sq = 0;
+    for (int64_t c = 0; c < d_; ++c) mean_sq += x_sum[c] * x_sum[c];
+    const double sst = sums[2] - mean_sq / sums[0];
+    e.fvu = sst > 0 ? sums[1] / sst : 0.0;
+    e.l0 = sums[3] / sums[0];
+    int64_t dead = 0, dense = 0;
+    for (double f : fired_all) dead += f == 0, dense += f > 0.1 * sums[0];
+    e.dead_fraction = static_cast<double>(dead) / static_cast<double>(n);
+    e.dense_fraction = static_cast<double>(dense) / static_cast<double>(n);
+    quality_from_sums(e.quality, e.rows, sums[1], sums[2], sums[3], fired_all);
+    e.quality.held_out = true;
+    e.quality.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
+    return e;
+}
+
+QualityWindow::QualityWindow(int64_t total_steps, int64_t n_local)
+    : start_(total_steps - std::max<int64_t>(1, total_steps / 10)),
+      fired_(static_cast<size_t>(n_local), 0.0) {}
+
+void QualityWindow::add(int64_t step, int64_t rows, double sse, double sum_sq_x, double l0,
+                        const std::vector<int32_t>& fires, const std::vector<double>& arch_sums) {
+    if (step < start_) return;
+    rows_ += rows, sse_ += sse, sum_sq_ += sum_sq_x;
+    l0_ += l0;
+    for (size_t i = 0; i < fired_.size(); ++i) fired_[i] += fires[i];
+    if (arch_sums_.size() != arch_sums.size()) arch_sums_.assign(arch_sums.size(), 0.0);
+    for (size_t i = 0; i < arch_sums.size(); ++i) arch_sums_[i] += arch_sums[i];
+}
+
+QualityGates QualityWindow::gates(const ParamStore& store) const {
+    QualityGates q;
+    quality_from_sums(q, rows_, sse_, sum_sq_, l0_, store.all_latents(fired_));
+    return q;
+}
+
+// --- the trainer's evaluation passes -----------------------------------------------------------
+
+BatchView SaeTrainer::first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
+                                        std::vector<char>& buf) const {
+    if (!sharded()) return x_host.rows_from(r0, d_);
+    const LatentShard& shard = store_->shard();
+    // The element type is the first shard's: the others may pass no rows at all.
+    int64_t type = static_cast<int64_t>(x_host.dtype);
+    shard.group->bcast(&type, sizeof(type), 0);
+    const auto t = static_cast<DType>(type);
+    const int64_t bytes = rows * d_ * dtype_size(t);
+    buf.resize(static_cast<size_t>(bytes));
+    if (shard.index == 0)
+        std::memcpy(buf.data(), x_host.rows_from(r0, d_).data, static_cast<size_t>(bytes));
+    shard.group->bcast(buf.data(), bytes, 0);
+    return {buf.data(), t};
+}
+
+EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_rows) {
+    SAE_ENFORCE(state_ == StepState::idle, "SaeTrainer::evaluate during a step");
+    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
+    batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
+    const int64_t d = d_;
+    // Sums over this replica's rows, then over the replicas, in one all-reduce.
+    EvalSums sums(d, n_);
+    std::vector<float> xcol(static_cast<size_t>(d));
+    std::vector<double> local_decorr = {0.0, 0.0};  // [decorr_rms, 1 when measured]
+    DeviceArray<float> db_dec_scratch(be_, d);
+    std::vector<char> shared;  // latent shards: the first shard's batch, broadcast
+    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
+        const int64_t B = std::min(batch_rows, rows - r0);
+        upload_batch(first_shards_rows(x_host, r0, B, shared), B);
+        forward(x_.data(), B, false);
+        be_.fill(stats_.data(), kStatCount, 0.0f);
+        be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
+                     stats_.data());
+        float st[kStatCount];
+        be_.download(st, stats_.data(), sizeof(st));
+        be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
+        const HostActivations a = activations_download(be_, pass_->activations(), B, n_);
+        sums.add(B, st, xcol, a);
+        if (r0 == 0)  // the first batch's latent correlations (quality.h)
+            local_decorr = {decorrelation_over_shards(*store_, a, B), 1.0};
+    }
+    return sums.result(comm_, *store_, local_decorr);
+}
+
+void SaeTrainer::reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows,
+                             float* x_hat_host) {
+    SAE_ENFORCE(state_ == StepState::idle, "SaeTrainer::reconstruct during a step");
+    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::reconstruct: batch_rows must be >= 1");
+    batch_rows = chunk_rows(batch_rows);
+    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
+        const int64_t B = std::min(batch_rows, rows - r0);
+        upload_batch(x_host.rows_from(r0, d_), B);
+        forward(x_.data(), B, false);
+        be_.download(x_hat_host + r0 * d_, xhat_.data(), B * d_ * int64_t{sizeof(float)});
+    }
+    if (input_scale_ != 1.0f)
+        for (int64_t i = 0; i < rows * d_; ++i) x_hat_host[i] /= input_scale_;
+}
+
+QualityGates SaeTrainer::training_quality() {
+    QualityGates q = window_.gates(*store_);
+    // The last step's activations, still in the architecture's buffers.
+    std::vector<double> decorr = {0.0, 0.0};
+    if (last_rows_ > 0 && step_ > 0) {
+        const int64_t rows = std::min<int64_t>(last_rows_, 2048);
+        const HostActivations a = activations_download(be_, pass_->activations(), rows, n_);
+        decorr = {decorrelation_over_shards(*store_, a, rows), 1.0};
+    }
+    comm_.allreduce_sum(decorr.data(), 2);
+    q.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
+    return q;
+}
+
+std::vector<std::pair<std::string, double>> SaeTrainer::arch_summary() const {
+    return pass_->summarize(window_.arch_sums(), window_.fired());
+}
+
+}  // namespace saetrain

@@ -1,0 +1,310 @@
+// param_store.cpp — the three placements of an SAE's parameters (see param_store.h).
+#include "saetrain/param_store.h"
+
+#include <algorithm>
+
+#include "saetrain/comm.h"
+#include "saetrain/error.h"
+
+namespace saetrain {
+
+namespace {
+
+constexpr int64_t kChunkElements = int64_t{1} << 24;  // a gather's chunk: 64 MiB of floats
+
+}  // namespace
+
+// --- what every placement shares ---------------------------------------------------------------
+
+ParamStore::ParamStore(ParamLayout layout, ParamLayout whole, const LatentShard& shard, Backend& be,
+                       Communicator& replicas, bool normalize_decoder)
+    : layout_(std::move(layout)),
+      whole_layout_(std::move(whole)),
+      shard_(shard),
+      be_(be),
+      replicas_(replicas),
+      normalize_decoder_(normalize_decoder),
+      owned_hi_(shard.n_local()) {}
+
+ParamStore::~ParamStore() = default;
+
+float* ParamStore::pointer(Buffer which) const {
+    switch (which) {
+        case Buffer::params:
+            return p_;
+        case Buffer::grads:
+            return g_;
+        case Buffer::adam_m:
+            return m_;
+        case Buffer::adam_v:
+            return v_;
+    }
+    return nullptr;
+}
+
+std::vector<AdamRange> ParamStore::ranges(int64_t lo, int64_t hi, bool with_non_latent) const {
+    std::vector<AdamRange> out;
+    for (const ParamSegment& s : layout_.segments()) {
+        if (s.per_latent)
+            out.push_back({s.offset + lo * s.cols, (hi - lo) * s.cols, s.decay});
+        else
+            out.push_back({s.offset, with_non_latent ? s.size() : 0, s.decay});
+    }
+    return out;
+}
+
+UnitRows ParamStore::unit_rows() const {
+    UnitRows u;
+    const ParamSegment& w_dec = layout_.segments()[ParamLayout::kWDec];
+    if (normalize_decoder_)
+        u.offset = w_dec.offset + owned_lo_ * w_dec.cols, u.rows = owned_hi_ - owned_lo_,
+        u.cols = w_dec.cols;
+    return u;
+}
+
+void ParamStore::update(const math::AdamScalars& s, float weight_decay) {
+    // Weights (W_enc, W_dec) get weight decay, biases and thresholds do not.
+    be_.optimizer_apply(p_, g_, m_, v_, owned_ranges(), unit_rows(), s, weight_decay);
+}
+
+std::vector<float> ParamStore::host(Buffer which) const {
+    std::vector<float> out(static_cast<size_t>(size()));
+    be_.download(out.data(), pointer(which), size() * static_cast<int64_t>(sizeof(float)));
+    return out;
+}
+
+void ParamStore::write(Buffer which, const std::vector<float>& values) {
+    SAE_ENFORCE(static_cast<int64_t>(values.size()) == size(),
+                "parameter buffer has {} values, expected {}", values.size(), size());
+    be_.upload(pointer(which), values.data(), size() * static_cast<int64_t>(sizeof(float)));
+}
+
+void ParamStore::sum_over_shards(double*, int64_t) const {}
+void ParamStore::sum_over_shards_on_backend(float*, int64_t) const {}
+std::vector<double> ParamStore::all_latents(const std::vector<double>& mine) const { return mine; }
+
+template <class T>
+void ParamStore::gather(const T* mine, int64_t cols, const RowSink<T>& sink) const {
+    const int64_t n = shard_.n_local();
+    const int64_t rows = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(1, cols));
+    const bool first = !sharded() || shard_.group->rank() == 0;
+    std::vector<T> buf;
+    for (int64_t q = 0; q < shard_.count; ++q)
+        for (int64_t r0 = 0; r0 < n; r0 += rows) {
+            const int64_t count = std::min(rows, n - r0) * cols;
+            buf.resize(static_cast<size_t>(count));
+            if (q == shard_.index) std::copy_n(mine + r0 * cols, count, buf.begin());
+            if (sharded())
+                shard_.group->bcast(buf.data(), count * static_cast<int64_t>(sizeof(T)),
+                                    static_cast<int>(q));
+            if (first) sink((q * n + r0) * cols, count, buf.data());
+        }
+}
+
+void ParamStore::gather_latents(const float* mine, int64_t cols, const RowSink<float>& sink) const {
+    gather(mine, cols, sink);
+}
+
+void ParamStore::gather_latents(const int64_t* mine, int64_t cols,
+                                const RowSink<int64_t>& sink) const {
+    gather(mine, cols, sink);
+}
+
+void ParamStore::gather_parts(int64_t count, const std::function<void(float*)>& make,
+                              const std::function<void(int64_t, const float*)>& take) const {
+    const bool first = !sharded() || shard_.group->rank() == 0;
+    std::vector<float> part;
+    for (int64_t q = 0; q < shard_.count; ++q) {
+        part.resize(static_cast<size_t>(count));
+        if (q == shard_.index) make(part.data());
+        if (sharded())
+            shard_.group->bcast(part.data(), count * int64_t{sizeof(float)}, static_cast<int>(q));
+        if (first) take(q, part.data());
+    }
+}
+
+namespace {
+
+// --- own copy: every rank the whole SAE (or its latent shard), replicas all-reduce ------------
+
+class OwnCopy : public ParamStore {
+public:
+    OwnCopy(const ParamLayout& layout, const ParamLayout& whole, const LatentShard& shard,
+            Backend& be, Communicator& replicas, bool normalize_decoder)
+        : ParamStore(layout, whole, shard, be, replicas, normalize_decoder),
+          params_(be, size()),
+          grads_(be, size()),
+          m_buf_(be, size()),
+          v_buf_(be, size()) {
+        p_ = params_.data(), g_ = grads_.data(), m_ = m_buf_.data(), v_ = v_buf_.data();
+        for (float* a : {p_, g_, m_, v_}) be_.fill(a, size(), 0.0f);
+    }
+
+    void reduce(std::vector<double>& sums, size_t /*own_at*/) override {
+        replicas_.allreduce_sum(g_, size());
+        reduced_ = true;
+        replicas_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+    }
+
+    double grad_sum_squares() override {
+        return be_.optimizer_grad_sum_squares(p_, g_, size(), unit_rows());
+    }
+
+private:
+    DeviceArray<float> params_, grads_, m_buf_, v_buf_;
+};
+
+// --- latent shards: an own copy of this shard's latents, sums over latents over the shards ----
+
+class LatentShards final : public OwnCopy {
+public:
+    using OwnCopy::OwnCopy;
+
+    double grad_sum_squares() override {
+        double sum_sq = OwnCopy::grad_sum_squares();
+        if (shard_.index > 0)  // b_dec and the other segments every shard holds: counted once
+            for (const ParamSegment& g : layout_.segments())
+                if (!g.per_latent) sum_sq -= be_.sum_squares(g_ + g.offset, g.size());
+        shard_.group->allreduce_sum(&sum_sq, 1);
+        return sum_sq;
+    }
+
+    void sum_over_shards(double* v, int64_t n) const override { shard_.group->allreduce_sum(v, n); }
+    void sum_over_shards_on_backend(float* v, int64_t n) const override {
+        shard_.backend_group->allreduce_sum(v, n);
+    }
+    std::vector<double> all_latents(const std::vector<double>& mine) const override {
+        std::vector<double> whole(static_cast<size_t>(shard_.n_total));
+        shard_.group->allgather(mine.data(), whole.data(),
+                                shard_.n_local() * static_cast<int64_t>(sizeof(double)));
+        return whole;
+    }
+};
+
+// --- node split: one copy per node in node memory, the update split over the replicas ---------
+
+class NodeSplit final : public ParamStore {
+public:
+    NodeSplit(std::unique_ptr<NodeMemory> mem, const ParamLayout& layout, const ParamLayout& whole,
+              const LatentShard& shard, Backend& be, Communicator& replicas, bool normalize_decoder)
+        : ParamStore(layout, whole, shard, be, replicas, normalize_decoder), mem_(std::move(mem)) {
+        p_ = mem_->common();
+        m_ = p_ + size();
+        v_ = m_ + size();
+        g_ = mem_->segment(replicas_.rank());
+        const int64_t r = replicas_.rank(), R = replicas_.size(), n = shard_.n_local();
+        owned_lo_ = n * r / R, owned_hi_ = n * (r + 1) / R;
+        owns_non_latent_ = r == R - 1;
+        // Each replica zeroes (first-touches) the ranges it will update.
+        for (float* a : {p_, m_, v_})
+            for (const AdamRange& g : owned_ranges())
+                std::fill(a + g.offset, a + g.offset + g.count, 0.0f);
+        mem_->fence();
+    }
+
+    bool splits_update() const override { return true; }
+
+    // A reduce-scatter in node memory: this replica's owned ranges summed over the replicas
+    // (and the decoder rows' gradient projected), their squared norm sent with `sums`.
+    void reduce(std::vector<double>& sums, size_t own_at) override {
+        mem_->fence();  // every replica's gradient is complete
+        const std::vector<AdamRange> mine = owned_ranges();
+        for (const AdamRange& g : mine) mem_->sum_segments(g.offset, g.count);
+        const UnitRows u = unit_rows();
+        if (u.any()) be_.project_out_parallel(p_ + u.offset, g_ + u.offset, u.rows, u.cols);
+        double partial = 0;
+        for (const AdamRange& g : mine) partial += be_.sum_squares(g_ + g.offset, g.count);
+        reduced_ = true;
+        sums.insert(sums.begin() + static_cast<std::ptrdiff_t>(own_at), partial);
+        replicas_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+        sum_sq_ = sums[own_at];
+        sums.erase(sums.begin() + static_cast<std::ptrdiff_t>(own_at));
+    }
+
+    double grad_sum_squares() override { return sum_sq_; }
+
+    void update(const math::AdamScalars& s, float weight_decay) override {
+        ParamStore::update(s, weight_decay);
+        mem_->fence();  // every range updated before anyone reads them
+    }
+
+    std::vector<float> host(Buffer which) const override {
+        if (which != Buffer::grads || !reduced_) return ParamStore::host(which);
+        // Each replica's range of the summed gradient sits in that replica's segment; the
+        // fences keep every replica out of its next step (which overwrites its segment)
+        // meanwhile.
+        std::vector<float> g(static_cast<size_t>(size()));
+        mem_->fence();
+        for (int64_t q = 0; q < replicas_.size(); ++q) {
+            const float* seg = mem_->segment(static_cast<int>(q));
+            for (const AdamRange& r : ranges_of(q))
+                std::copy(seg + r.offset, seg + r.offset + r.count, g.begin() + r.offset);
+        }
+        mem_->fence();
+        return g;
+    }
+
+    void write(Buffer which, const std::vector<float>& values) override {
+        SAE_ENFORCE(static_cast<int64_t>(values.size()) == size(),
+                    "parameter buffer has {} values, expected {}", values.size(), size());
+        float* dst = pointer(which);
+        for (const AdamRange& r : owned_ranges())
+            std::copy(values.begin() + r.offset, values.begin() + r.offset + r.count,
+                      dst + r.offset);
+        mem_->fence();
+    }
+
+private:
+    // The ranges replica q owns (the last one also b_dec).
+    std::vector<AdamRange> ranges_of(int64_t q) const {
+        const int64_t R = replicas_.size(), n = shard_.n_local();
+        return ranges(n * q / R, n * (q + 1) / R, q == R - 1);
+    }
+
+    std::unique_ptr<NodeMemory> mem_;
+    double sum_sq_ = 0;  // of the reduced gradient's owned ranges, summed over the replicas
+};
+
+}  // namespace
+
+std::unique_ptr<ParamStore> make_param_store(const SaeConfig& cfg, const ParamLayout& layout,
+                                             const ParamLayout& whole, const LatentShard& shard,
+                                             Backend& be, Communicator& replicas) {
+    if (shard.count > 1)
+        return std::make_unique<LatentShards>(layout, whole, shard, be, replicas,
+                                              cfg.normalize_decoder);
+    if (replicas.size() > 1) {
+        const int64_t n = layout.total();
+        if (auto mem = replicas.share_node_memory(3 * n, n, be.host_memory()))
+            return std::make_unique<NodeSplit>(std::move(mem), layout, whole, shard, be, replicas,
+                                               cfg.normalize_decoder);
+    }
+    return std::make_unique<OwnCopy>(layout, whole, shard, be, replicas, cfg.normalize_decoder);
+}
+
+// --- latent sharding's preconditions -----------------------------------------------------------
+
+void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
+                           const std::string& where) {
+    if (shards <= 1) return;
+    const Architecture& a = arch_get(cfg.arch);
+    SAE_ENFORCE(a.shardable(),
+                "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (topk, "
+                "batchtopk, relu, jumprelu and gated can)",
+                where, shards, cfg.arch);
+    SAE_ENFORCE(n_total % shards == 0,
+                "{}parallel.latent_shards = {} does not divide the SAE's {} latents", where, shards,
+                n_total);
+    SAE_ENFORCE(cfg.decorr_coeff == 0,
+                "{}train.decorr_coeff needs every latent's activations in one place; it is not "
+                "available with parallel.latent_shards = {}",
+                where, shards);
+    // Each top-k selection (sae.k, sae.k_aux) runs within a shard before the merge.
+    const int64_t n_local = n_total / shards;
+    for (const Architecture::OpUse& use : a.limited_ops(cfg, d, n_total))
+        SAE_ENFORCE(use.op != BackendOp::topk_forward || use.shape.k <= n_local,
+                    "{}{} = {} exceeds the {} latents of one of the {} latent shards", where,
+                    use.key, use.shape.k, n_local, shards);
+}
+
+}  // namespace saetrain

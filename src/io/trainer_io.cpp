@@ -1,0 +1,300 @@
+// trainer_io.cpp — a trainer's SAE as its checkpoint files' tensors, and back (see trainer_io.h).
+#include "saetrain/trainer_io.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "saetrain/error.h"
+
+namespace saetrain {
+
+namespace {
+
+constexpr int64_t kChunkElements = int64_t{1} << 24;  // 64 MiB of floats
+
+// SaeWeights of a whole flat parameter buffer (the whole layout): W_enc transposed to [d, n].
+SaeWeights weights_of(const SaeTrainer& t, const std::vector<float>& p) {
+    SaeWeights w;
+    const int64_t n = t.n_latents(), d = t.d_model();
+    w.d_model = d, w.n_latents = n;
+    w.w_enc.resize(static_cast<size_t>(d * n));
+    for (int64_t l = 0; l < n; ++l)
+        for (int64_t c = 0; c < d; ++c) w.w_enc[c * n + l] = p[l * d + c];  // to [d, n]
+    const auto& segs = t.store().whole_layout().segments();
+    auto slice = [&](size_t i) {
+        return std::vector<float>(p.begin() + segs[i].offset,
+                                  p.begin() + segs[i].offset + segs[i].size());
+    };
+    w.w_dec = slice(ParamLayout::kWDec);
+    w.b_enc = slice(ParamLayout::kBEnc);
+    w.b_dec = slice(ParamLayout::kBDec);
+    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
+        w.extra.emplace_back(segs[i].name, slice(i));
+    return w;
+}
+
+// This shard's rows [n_local x cols] of a per-latent tensor (host), gathered shard by shard in
+// chunks to the first shard's sink for tensor `t` from element `base`, each value folded by c as
+// `fold` says (sae_tensors.h).
+template <class T>
+void stream_latents(const SaeTrainer& tr, const T* mine, int64_t cols, int t, int64_t base,
+                    ScaleFold fold, float c, const ChunkSink& sink) {
+    tr.store().gather_latents(mine, cols, [&](int64_t at, int64_t count, T* values) {
+        TensorChunk chunk{t, base + at, count, nullptr, nullptr};
+        if constexpr (std::is_same_v<T, int64_t>) {
+            chunk.i64 = values;
+        } else {
+            fold_values(fold, c, values, count);
+            chunk.f32 = values;
+        }
+        sink(chunk);
+    });
+}
+
+// Latent sharding: trainer_weights collected from the stream on the first shard (empty weights
+// on the others).
+SaeWeights streamed_weights(const SaeTrainer& t) {
+    const std::vector<TensorInfo> tensors = trainer_weight_tensors(t, false);
+    SaeWeights w;
+    std::vector<std::vector<float>*> into;  // by tensor index, on the first shard
+    if (t.store().shard().group->rank() == 0) {
+        w.d_model = t.d_model(), w.n_latents = t.n_latents();
+        for (size_t i = 4; i < tensors.size(); ++i) w.extra.emplace_back(tensors[i].name, 0);
+        into = {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec};
+        for (auto& [name, v] : w.extra) into.push_back(&v);
+        for (size_t i = 0; i < tensors.size(); ++i) {
+            int64_t size = 1;
+            for (int64_t s : tensors[i].shape) size *= s;
+            into[i]->resize(static_cast<size_t>(size));
+        }
+    }
+    trainer_stream_weights(t, false, [&](const TensorChunk& c) {
+        std::copy_n(c.f32, c.count, into[static_cast<size_t>(c.tensor)]->begin() + c.offset);
+    });
+    return w;
+}
+
+}  // namespace
+
+// --- the whole SAE in memory -------------------------------------------------------------------
+
+SaeWeights trainer_weights(const SaeTrainer& t) {
+    if (t.sharded()) return streamed_weights(t);
+    SaeWeights w = weights_of(t, t.params_host());
+    for (auto& b : t.arch_buffers()) w.extra.push_back(std::move(b));  // BatchTopK's threshold
+    if (t.config().normalize != "none")
+        w.extra.emplace_back("activation_scale", std::vector<float>{t.input_scale()});
+    return w;
+}
+
+TrainState trainer_state(const SaeTrainer& t) {
+    TrainState s;
+    s.step = t.step_count();
+    s.tokens = t.tokens();
+    if (!t.sharded()) {
+        s.adam_m = t.store().host(ParamStore::Buffer::adam_m);
+        s.adam_v = t.store().host(ParamStore::Buffer::adam_v);
+        s.since_fired = t.since_fired();
+        return s;
+    }
+    if (t.store().shard().group->rank() == 0) {  // the first shard collects the stream
+        s.adam_m.resize(static_cast<size_t>(t.store().whole_layout().total()));
+        s.adam_v.resize(s.adam_m.size());
+        s.since_fired.resize(static_cast<size_t>(t.n_latents()));
+    }
+    trainer_stream_state(t, [&](const TensorChunk& c) {
+        if (c.i64)
+            std::copy_n(c.i64, c.count, s.since_fired.begin() + c.offset);
+        else
+            std::copy_n(c.f32, c.count, (c.tensor == 0 ? s.adam_m : s.adam_v).begin() + c.offset);
+    });
+    return s;
+}
+
+// --- the whole SAE streamed to the first shard (latent sharding) --------------------------------
+
+std::vector<TensorInfo> trainer_weight_tensors(const SaeTrainer& t, bool folded) {
+    const int64_t n = t.n_latents(), d = t.d_model();
+    std::vector<TensorInfo> out = {{"W_enc", {d, n}, false},
+                                   {"W_dec", {n, d}, false},
+                                   {"b_enc", {n}, false},
+                                   {"b_dec", {d}, false}};
+    const auto& segs = t.store().whole_layout().segments();
+    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
+        out.push_back({segs[i].name, {segs[i].size()}, false});
+    for (const auto& [name, v] : t.arch_buffers())
+        out.push_back({name, {static_cast<int64_t>(v.size())}, false});
+    if (!folded && t.config().normalize != "none") out.push_back({"activation_scale", {1}, false});
+    return out;
+}
+
+std::vector<TensorInfo> trainer_state_tensors(const SaeTrainer& t) {
+    const int64_t total = t.store().whole_layout().total();
+    return {{"adam_m", {total}, false},
+            {"adam_v", {total}, false},
+            {"since_fired", {t.n_latents()}, true}};
+}
+
+void trainer_stream_weights(const SaeTrainer& tr, bool folded, const ChunkSink& sink) {
+    SAE_ENFORCE(tr.sharded(), "trainer_stream_weights is for latent-sharded SAEs");
+    const int64_t d = tr.d_model(), n_local = tr.local_latents();
+    std::vector<float> p = tr.store().host(ParamStore::Buffer::params);
+    // final.h5 takes raw activations: data.normalize's scale folded in (sae_tensors.h).
+    const bool fold = folded && tr.config().normalize != "none";
+    const float c = fold ? tr.input_scale() : 1.0f;
+    auto rule = [&](const std::string& name) {
+        return fold ? activation_scale_fold(name) : ScaleFold::keep;
+    };
+    const bool root = tr.store().shard().group->rank() == 0;
+    // W_enc [d, n]: blocks of file rows, each shard's columns transposed from its latent rows.
+    const int64_t n = tr.n_latents(), block = std::max<int64_t>(1, kChunkElements / n);
+    std::vector<float> rows_out;
+    for (int64_t c0 = 0; c0 < d; c0 += block) {
+        const int64_t cb = std::min(block, d - c0);
+        rows_out.resize(root ? static_cast<size_t>(cb * n) : 0);
+        tr.store().gather_parts(
+            cb * n_local,
+            [&](float* part) {
+                for (int64_t r = 0; r < cb; ++r)
+                    for (int64_t l = 0; l < n_local; ++l) part[r * n_local + l] = p[l * d + c0 + r];
+                fold_values(rule("W_enc"), c, part, cb * n_local);
+            },
+            [&](int64_t q, const float* part) {
+                for (int64_t r = 0; r < cb; ++r)
+                    std::copy_n(part + r * n_local, n_local,
+                                rows_out.begin() + r * n + q * n_local);
+            });
+        if (root) sink({0, c0 * n, cb * n, rows_out.data(), nullptr});
+    }
+    stream_latents(tr, p.data() + tr.store().offset(ParamLayout::kWDec), d, 1, 0, rule("W_dec"), c,
+                   sink);
+    stream_latents(tr, p.data() + tr.store().offset(ParamLayout::kBEnc), 1, 2, 0, rule("b_enc"), c,
+                   sink);
+    float* b_dec = p.data() + tr.store().offset(ParamLayout::kBDec);
+    fold_values(rule("b_dec"), c, b_dec, d);
+    if (root) sink({3, 0, d, b_dec, nullptr});
+    int t = 4;
+    const auto& segs = tr.store().layout().segments();
+    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i, ++t) {
+        float* seg = p.data() + segs[i].offset;
+        if (segs[i].per_latent) {
+            stream_latents(tr, seg, segs[i].cols, t, 0, rule(segs[i].name), c, sink);
+        } else {
+            fold_values(rule(segs[i].name), c, seg, segs[i].size());
+            if (root) sink({t, 0, segs[i].size(), seg, nullptr});
+        }
+    }
+    for (auto& [name, v] : tr.arch_buffers()) {
+        fold_values(rule(name), c, v.data(), static_cast<int64_t>(v.size()));
+        if (root) sink({t, 0, static_cast<int64_t>(v.size()), v.data(), nullptr});
+        ++t;
+    }
+    const float scale = tr.input_scale();
+    if (!fold && tr.config().normalize != "none" && root) sink({t, 0, 1, &scale, nullptr});
+}
+
+void trainer_stream_state(const SaeTrainer& tr, const ChunkSink& sink) {
+    SAE_ENFORCE(tr.sharded(), "trainer_stream_state is for latent-sharded SAEs");
+    const bool root = tr.store().shard().group->rank() == 0;
+    const auto& segs = tr.store().layout().segments();
+    const auto& wsegs = tr.store().whole_layout().segments();
+    for (int which = 0; which < 2; ++which) {
+        const std::vector<float> a =
+            tr.store().host(which == 0 ? ParamStore::Buffer::adam_m : ParamStore::Buffer::adam_v);
+        for (size_t i = 0; i < segs.size(); ++i) {
+            if (segs[i].per_latent)
+                stream_latents(tr, a.data() + segs[i].offset, segs[i].cols, which, wsegs[i].offset,
+                               ScaleFold::keep, 1.0f, sink);
+            else if (root)
+                sink({which, wsegs[i].offset, segs[i].size(), a.data() + segs[i].offset, nullptr});
+        }
+    }
+    stream_latents(tr, tr.since_fired().data(), 1, 2, 0, ScaleFold::keep, 1.0f, sink);
+}
+
+// --- read back: this trainer's part of a checkpoint
+// ------------------------------------------------
+
+CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
+    const int64_t n = t.n_latents(), first = t.store().shard().first();
+    const int64_t d = t.d_model(), n_local = t.local_latents();
+    const auto w_enc = src.shape("W_enc"), w_dec = src.shape("W_dec");
+    SAE_ENFORCE(w_enc && w_dec && w_dec->size() == 2,
+                "checkpoint has no W_enc and W_dec [n_latents, d_model]");
+    SAE_ENFORCE(*w_dec == (std::vector<int64_t>{n, d}) && *w_enc == (std::vector<int64_t>{d, n}),
+                "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}",
+                (*w_dec)[1], (*w_dec)[0], d, n);
+    auto size_of = [&](const std::string& name) -> int64_t {
+        const auto shape = src.shape(name);
+        if (!shape) return -1;
+        int64_t size = 1;
+        for (int64_t x : *shape) size *= x;
+        return size;
+    };
+    const ParamLayout& layout = t.store().layout();
+    const ParamLayout& whole_layout = t.store().whole_layout();
+    SAE_ENFORCE(size_of("adam_m") == whole_layout.total() &&
+                    size_of("adam_v") == whole_layout.total() && size_of("since_fired") == n,
+                "checkpoint state does not match an SAE of {} latents", n);
+    const auto& segs = layout.segments();
+    const auto& wsegs = whole_layout.segments();
+    CheckpointPart part;
+    part.params.resize(static_cast<size_t>(t.store().size()));
+    // W_enc [d, n]: this shard's columns, in blocks of file rows, transposed to latent rows.
+    const int64_t block = std::max<int64_t>(1, (int64_t{1} << 24) / n_local);
+    std::vector<float> rows;
+    for (int64_t c0 = 0; c0 < d; c0 += block) {
+        const int64_t cb = std::min(block, d - c0);
+        rows.resize(static_cast<size_t>(cb * n_local));
+        src.read("W_enc", {c0, first}, {cb, n_local}, rows.data());
+        for (int64_t r = 0; r < cb; ++r)
+            for (int64_t l = 0; l < n_local; ++l)
+                part.params[l * d + c0 + r] = rows[r * n_local + l];
+    }
+    // The other segments, and every segment's moments: this shard's rows of a per-latent
+    // segment, the others whole.
+    part.adam_m.resize(part.params.size());
+    part.adam_v.resize(part.params.size());
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const int64_t from = segs[i].per_latent ? first * segs[i].cols : 0, count = segs[i].size();
+        float* p = part.params.data() + segs[i].offset;
+        if (i == ParamLayout::kWDec) {
+            src.read("W_dec", {first, 0}, {n_local, d}, p);
+        } else if (i != ParamLayout::kWEnc) {
+            // The architecture's own parameters are among the file's `extra` tensors.
+            SAE_ENFORCE(size_of(segs[i].name) == wsegs[i].size(),
+                        "checkpoint of a {} SAE has no '{}' tensor of {} values", t.config().arch,
+                        segs[i].name, wsegs[i].size());
+            src.read(segs[i].name, {from}, {count}, p);
+        }
+        src.read("adam_m", {wsegs[i].offset + from}, {count}, part.adam_m.data() + segs[i].offset);
+        src.read("adam_v", {wsegs[i].offset + from}, {count}, part.adam_v.data() + segs[i].offset);
+    }
+    part.since_fired.resize(static_cast<size_t>(n_local));
+    src.read("since_fired", first, n_local, part.since_fired.data());
+    auto whole = [&](const std::string& name) {
+        std::vector<float> v(static_cast<size_t>(std::max<int64_t>(size_of(name), 0)));
+        if (!v.empty()) src.read(name, {0}, {static_cast<int64_t>(v.size())}, v.data());
+        return v;
+    };
+    if (t.config().normalize != "none") {
+        const std::vector<float> c = whole("activation_scale");
+        SAE_ENFORCE(c.size() == 1,
+                    "checkpoint has no 'activation_scale' tensor, but data.normalize is {}; it "
+                    "was written without normalization",
+                    t.config().normalize);
+        part.input_scale = c[0];
+    }
+    for (const auto& [name, value] : t.arch_buffers()) {
+        SAE_ENFORCE(size_of(name) >= 0, "checkpoint of a {} SAE has no '{}' tensor",
+                    t.config().arch, name);
+        part.buffers.emplace_back(name, whole(name));
+    }
+    return part;
+}
+
+void trainer_restore(SaeTrainer& t, const SaeWeights& w, const TrainState& s) {
+    t.restore(trainer_read_part(t, TensorsInMemory(w, s)), s.step, s.tokens);
+}
+
+}  // namespace saetrain
