@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "saetrain/arch.h"
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
+#include "saetrain/forwarding_backend.h"
 #include "saetrain/loader.h"
 #include "saetrain/synth.h"
 #include "saetrain/train_loop.h"
@@ -208,6 +210,22 @@ TEST(EndToEnd, SixteenBitRowsTrainBitwiseAsTheWidenedRows) {
 // the same order, so the trained parameters are bit-identical with and without it, and a
 // checkpoint callback sees the source's cursor count only trained batches (no batch is fetched
 // ahead of a checkpoint).
+// Holds the backend to upload_rows's promise that the host rows may be reused once it returns
+// (what fetching ahead relies on: the next batch is read into the same buffer while the device
+// trains): after each upload the rows are overwritten with NaN, so a trainer or loop that read
+// them again would train on NaN or on the wrong batch.
+class PoisonAfterUpload final : public ForwardingBackend {
+public:
+    explicit PoisonAfterUpload(Backend& be) : ForwardingBackend(be) {}
+    int64_t poisoned = 0;
+    void upload_rows(float* dst, const void* src, DType t, int64_t n) override {
+        ForwardingBackend::upload_rows(dst, src, t, n);
+        // The test owns these rows (the loop's batch buffer); const only in the interface.
+        std::memset(const_cast<void*>(src), 0xff, static_cast<size_t>(n) * dtype_size(t));
+        poisoned += n;
+    }
+};
+
 TEST(EndToEnd, FetchingAheadChangesNothing) {
     TempDir tmp;
     SynthOptions so;
@@ -229,10 +247,10 @@ TEST(EndToEnd, FetchingAheadChangesNothing) {
         SaeConfig cfg;
         cfg.expansion = 2;
         cfg.k = 4;
-        auto be = make_cpu_backend(1);
+        auto cpu = make_cpu_backend(1);
+        PoisonAfterUpload be(*cpu);
         auto self = make_self_comm();
-        SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, *be,
-                      *self);
+        SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, be, *self);
         LoopOptions opt;
         opt.batch_size = batch;
         opt.overlap = overlap;
@@ -245,10 +263,13 @@ TEST(EndToEnd, FetchingAheadChangesNothing) {
         };
         const LoopResult res = train_loop(tr, source, opt);
         EXPECT_EQ(res.tokens, source.total_rows());
+        EXPECT_EQ(res.skipped_steps, 0);
+        EXPECT_GE(be.poisoned, source.total_rows() * data.d_model);  // every batch was uploaded
         return tr.params_host();
     };
     std::vector<int64_t> cursors_on, cursors_off;
     const auto on = run(true, &cursors_on), off = run(false, &cursors_off);
+    EXPECT_TRUE(std::all_of(on.begin(), on.end(), [](float v) { return std::isfinite(v); }));
     EXPECT_EQ(on, off);
     EXPECT_EQ(cursors_on, cursors_off);
     EXPECT_EQ(cursors_on.size(), static_cast<size_t>(10000 / batch / 7));
