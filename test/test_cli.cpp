@@ -36,6 +36,15 @@ std::vector<std::string> lines_of(const fs::path& p) {
     return out;
 }
 
+// The whole line of `out` that starts with `prefix` (the first such), or "" when none does:
+// messages are compared as whole strings, so an argument too many or too few shows.
+std::string line_with(const std::string& out, const std::string& prefix) {
+    std::istringstream in(out);
+    for (std::string l; std::getline(in, l);)
+        if (l.rfind(prefix, 0) == 0) return l;
+    return "";
+}
+
 class Cli : public ::testing::Test {
 protected:
     fs::path dir;
@@ -260,7 +269,6 @@ TEST_F(Cli, BadInputsFailWithOneClearLine) {
         {"--set sae.k=64", "sae.k"},                 // k > n_latents (32)
         {"--set train.lr=-1", "train.lr"},           // bad value
         {"--set data.path=" + (dir / "nowhere").string(), "nowhere"},  // missing data
-        {"--set sae.k=[2,4]", "2 SAE config"},  // sweep larger than the world
     };
     for (const auto& [args, needle] : cases) {
         const Result r = train(args);
@@ -269,6 +277,14 @@ TEST_F(Cli, BadInputsFailWithOneClearLine) {
         EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
         EXPECT_FALSE(fs::exists(dir / "run" / "metrics.jsonl")) << args;
     }
+    // A sweep larger than the world: the whole line (issue 34's had nine arguments for eight
+    // fields and read "one SAE per rank2: mpirun -np  / srun -n 2").
+    const Result sweep = train("--set 'sae.k=[16,32]'");
+    EXPECT_EQ(sweep.code, 1) << sweep.out;
+    EXPECT_EQ(line_with(sweep.out, "saetrain: error:"),
+              "saetrain: error: " + (dir / "cfg.yaml").string() +
+                  ": the sweep has 2 SAE config(s) but the job has 1 rank(s); run with 2 rank(s) "
+                  "(one SAE per rank: mpirun -np 2 / srun -n 2)");
     const Result missing = run(bin("saetrain") + " " + (dir / "absent.yaml").string());
     EXPECT_NE(missing.code, 0);
     EXPECT_NE(missing.out.find("absent.yaml"), std::string::npos) << missing.out;
@@ -412,7 +428,11 @@ TEST_F(Cli, MpiStartupFailuresEndAllRanksWithOneMessage) {
     Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string());
     EXPECT_NE(r.code, 0);
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
-    EXPECT_NE(r.out.find("run with 1 rank(s)"), std::string::npos) << r.out;
+    EXPECT_EQ(line_with(r.out, "saetrain: error:"),
+              "saetrain: error: rank 0: " + (dir / "cfg.yaml").string() +
+                  ": the sweep has 1 SAE config(s) but the job has 2 rank(s); run with 1 rank(s) "
+                  "(one SAE per rank: mpirun -np 1 / srun -n 1)")
+        << r.out;
     // A truncated shard, seen by every rank: still one message, naming the file.
     const fs::path shard = dir / "data" / "shard_00001.h5";
     fs::resize_file(shard, fs::file_size(shard) / 2);
