@@ -23,6 +23,7 @@
 #include <map>
 #include <optional>
 
+#include "app_cli.h"                    // defines: cli_parse (--version, usage errors: exit 2)
 #include "saetrain/arch.h"              // defines: arch_get (the architecture registry)
 #include "saetrain/backend_registry.h"  // defines: make_backend (cpu, cuda, auto)
 #include "saetrain/build_config.h"      // defines: SAETRAIN_VERSION
@@ -61,8 +62,9 @@ struct Args {
     int threads = 0;
 };
 
-// Exit codes (README "Faults"): 0 done, 1 error, 75 stopped by SIGTERM/SIGUSR1 after writing a
-// checkpoint (EX_TEMPFAIL: run the same command again, or let Slurm's --requeue do it).
+// Exit codes (README "Signals and exit codes"): 0 done, 1 error, 2 usage error, 75 stopped by
+// SIGTERM/SIGUSR1 after writing a checkpoint (EX_TEMPFAIL: run the same command again, or let
+// Slurm's --requeue do it).
 constexpr int kExitStopped = 75;
 
 // Set by SIGTERM / SIGUSR1 (Slurm's time limit and --signal); read once per iteration.
@@ -652,10 +654,9 @@ int run(const Args& args, Communicator& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    MpiScope mpi(&argc, &argv);
     Args args;
     CLI::App app{"saetrain: train sparse autoencoders on cached activations"};
-    app.add_option("config", args.config, "YAML config file")->required();
+    app.add_option("CONFIG", args.config, "YAML config file")->required();
     app.add_option("--set", args.sets, "override a config key: section.key=value (repeatable)");
     app.add_flag("--overwrite", args.overwrite,
                  "start over: replace the run in run.out_dir instead of resuming it");
@@ -663,11 +664,14 @@ int main(int argc, char** argv) {
                  "resume even though the config changed in keys that change the result");
     app.add_option("--threads", args.threads,
                    "CPU threads per rank (default: the rank's cores / ranks on its node)");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e);
-    }
+    // Before MPI starts: --version, --help and a usage error need no MPI.
+    if (const int code = cli_parse(app, "saetrain",
+                                   "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] "
+                                   "[--allow-config-change] [--threads N]",
+                                   argc, argv);
+        code >= 0)
+        return code;
+    MpiScope mpi(&argc, &argv);
     // From here on a stop signal is a request: honoured at the first iteration if it arrives
     // during start-up (the default action would kill the rank and leave its peers waiting).
     std::signal(SIGTERM, on_stop_signal);
