@@ -275,6 +275,56 @@ TEST(EndToEnd, FetchingAheadChangesNothing) {
     EXPECT_EQ(cursors_on.size(), static_cast<size_t>(10000 / batch / 7));
 }
 
+// The ETA after a resume (issue 34: "ETA 2s" with about 55 s to go, low for most of the run):
+// from the steps this process took, not from the step count the checkpoint brought along.
+TEST(EndToEnd, EtaAfterAResumeComesFromThisProcesssSteps) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = tmp.path.string();
+    so.d_model = 16;
+    so.n_features = 32;
+    so.rows = 6400;
+    so.shards = 1;
+    so.seed = 3;
+    synth_write(so);
+    const DatasetInfo data = dataset_open(so.out_dir);
+    LoaderOptions lo;
+    lo.shuffle_rows = 0;
+    SaeConfig cfg;
+    cfg.expansion = 2;
+    cfg.k = 4;
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    SaeTrainer tr(cfg, data.d_model, 100, 0, *be, *self);  // 6400 rows / 64: 100 steps
+    // The first process: stopped (as by a signal) after 90 steps.
+    ShardBatchSource first(data, {0, data.total_rows}, lo);
+    LoopOptions a;
+    a.batch_size = 64;
+    a.log_every = 0;
+    a.overlap = false;
+    int polls = 0;
+    a.stop_requested = [&] { return ++polls > 90; };
+    const LoopResult ra = train_loop(tr, first, a);
+    ASSERT_EQ(ra.steps, 90);
+    // The next process: the trainer as the checkpoint restores it, the reader from its cursor.
+    ShardBatchSource second(data, {0, data.total_rows}, lo, first.cursor());
+    LoopOptions b;
+    b.batch_size = 64;
+    b.log_every = 4;
+    b.start_iteration = ra.iterations;
+    b.initialized = true;
+    std::vector<MetricsRow> rows;
+    b.report = [&](const MetricsRow& m) { rows.push_back(m); };
+    train_loop(tr, second, b);
+    ASSERT_FALSE(rows.empty());
+    const MetricsRow& m = rows.front();
+    ASSERT_EQ(m.step, 92);
+    ASSERT_EQ(m.total_steps, 100);
+    ASSERT_GT(m.elapsed_s, 0.0);
+    // 2 steps in elapsed_s here, 8 to go: 4 x elapsed_s (not 8/92 of it).
+    EXPECT_NEAR(m.eta_s, 4 * m.elapsed_s, 1e-9 * m.eta_s) << "elapsed " << m.elapsed_s;
+}
+
 // SaeTrainer::evaluate against the SAE computed here from its weights, on rows it never saw;
 // and evaluating every few steps leaves training bit-identical.
 class Evaluation : public ::testing::TestWithParam<std::string> {};
