@@ -22,6 +22,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "app_cli.h"                    // defines: cli_parse (--version, usage errors: exit 2)
 #include "saetrain/arch.h"              // defines: arch_get (the architecture registry)
@@ -478,6 +479,9 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
         const ReaderCursor c = s.cursor();
         checkpoints.save(t, iteration, c.epoch, c.offset, /*wait=*/false);
     };
+    // Committed at the first iteration at which no rank is still writing it (checkpointer.h).
+    opt.write_in_flight = [&checkpoints] { return checkpoints.write_in_flight(); };
+    opt.commit_written = [&checkpoints](bool busy) { checkpoints.commit_when_written(busy); };
     opt.stop_requested = [] { return g_stop_signal.load() != 0; };
     opt.stop_on_nonfinite = s.cfg.data.nonfinite == "stop";
     if (s.eval_rows() > 0) {
@@ -486,8 +490,13 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
         };
         opt.eval_every = s.cfg.log.eval_every_steps;
     }
-    opt.on_iteration = [&world, &fault](int64_t iter) {
+    opt.on_iteration = [&world, &fault, &checkpoints](int64_t iter) {
         if (fault.fires(world.rank(), iter, false)) fault.fire(iter);
+        if (fault.watches_write(world.rank(), iter)) {  // phase `written` (fault.h)
+            if (iter > fault.iteration) fault.fire(iter);
+            while (checkpoints.write_in_flight())
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
     };
 }
 

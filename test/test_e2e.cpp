@@ -4,13 +4,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "saetrain/arch.h"
 #include "saetrain/backend.h"
+#include "saetrain/checkpointer.h"
 #include "saetrain/comm.h"
 #include "saetrain/forwarding_backend.h"
 #include "saetrain/loader.h"
@@ -323,6 +328,59 @@ TEST(EndToEnd, EtaAfterAResumeComesFromThisProcesssSteps) {
     ASSERT_GT(m.elapsed_s, 0.0);
     // 2 steps in elapsed_s here, 8 to go: 4 x elapsed_s (not 8/92 of it).
     EXPECT_NEAR(m.eta_s, 4 * m.elapsed_s, 1e-9 * m.eta_s) << "elapsed " << m.elapsed_s;
+}
+
+// A checkpoint written in the background is committed at the first step after its write
+// finished (issue 34: it was committed only when the next checkpoint started, so a hard kill lost
+// one to two checkpoint.every_steps intervals). The loop waits, at the start of the iteration
+// after each checkpoint, until its write is done; at the start of the next one it must be
+// committed.
+TEST(EndToEnd, CheckpointIsCommittedTheStepAfterItsWriteFinished) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = (tmp.path / "data").string();
+    so.d_model = 16;
+    so.n_features = 32;
+    so.rows = 3000;
+    so.shards = 1;
+    so.seed = 3;
+    synth_write(so);
+    const DatasetInfo data = dataset_open(so.out_dir);
+    LoaderOptions lo;
+    lo.shuffle_rows = 1024;
+    ShardBatchSource source(data, {0, data.total_rows}, lo);
+    SaeConfig cfg;
+    cfg.expansion = 2;
+    cfg.k = 4;
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    const int64_t batch = 100;  // 30 steps
+    SaeTrainer tr(cfg, data.d_model, total_steps_for(data.total_rows, batch), 0, *be, *self);
+    const fs::path out = tmp.path / "run", sae_dir = out / "sae" / "e2e";
+    fs::create_directories(sae_dir);
+    SaeMeta meta;
+    meta.arch = "topk", meta.id = "e2e", meta.k = 4;
+    Checkpointer checkpoints(*self, *self, out.string(), sae_dir.string(), meta, /*keep=*/2);
+    LoopOptions opt;
+    opt.batch_size = batch;
+    opt.checkpoint_every = 7;
+    opt.checkpoint = [&](SaeTrainer& t, int64_t iterations) {
+        const ReaderCursor c = source.cursor();
+        checkpoints.save(t, iterations, c.epoch, c.offset, /*wait=*/false);
+    };
+    opt.write_in_flight = [&] { return checkpoints.write_in_flight(); };
+    opt.commit_written = [&](bool busy) { checkpoints.commit_when_written(busy); };
+    std::vector<std::pair<int64_t, int64_t>> seen;  // (iteration, newest committed step)
+    opt.on_iteration = [&](int64_t it) {
+        if (it > 0 && it % 7 == 0)
+            while (checkpoints.write_in_flight())
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (it > 1 && it % 7 == 1) seen.emplace_back(it, checkpoints.newest_committed());
+    };
+    train_loop(tr, source, opt);
+    const std::vector<std::pair<int64_t, int64_t>> want = {{8, 7}, {15, 14}, {22, 21}, {29, 28}};
+    EXPECT_EQ(seen, want);
+    EXPECT_EQ(Checkpointer::committed_steps(out.string()), (std::vector<int64_t>{28, 21}));
 }
 
 // SaeTrainer::evaluate against the SAE computed here from its weights, on rows it never saw;

@@ -188,6 +188,53 @@ TEST_F(Resume, SignalStopsAllRanksWithACommittedCheckpoint) {
     EXPECT_TRUE(fs::exists(dir / "sig" / "COMPLETE"));
 }
 
+// The line that `prefix` starts, up to its end (the first such), or "". Compared whole; the
+// prefix may follow part of a line of stdout (a pipe's stdout is flushed in blocks).
+std::string line_with(const std::string& out, const std::string& prefix) {
+    const size_t at = out.find(prefix);
+    return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+// A checkpoint is committed at the step after its background write finished, not when the next
+// checkpoint starts (issue 34: a hard kill lost one to two checkpoint.every_steps intervals). A
+// SIGKILL right after the write of the checkpoint at step 21 finished (SAETRAIN_FAULT phase
+// `written`: the writer waits for it at iteration 21 and dies at the start of iteration 22) must
+// leave step 21 committed, and the same command resumes from it, bitwise. On one rank and on the
+// writer of 2 data-parallel replicas.
+TEST_F(Resume, SigkillAfterACheckpointWriteFinishedResumesFromIt) {
+    struct Case {
+        std::string name, launcher, extra;
+    };
+    for (const Case& c : {Case{"one", "", ""},
+                          Case{"dp", kMpi, "parallel: {mode: data_parallel, timeout_s: 3}\n"}}) {
+        SCOPED_TRACE(c.name);
+        const std::string tail = " --threads 1 --set data.epochs=1";
+        ASSERT_EQ(
+            run(c.launcher + bin("saetrain") + " " + config("ref-" + c.name, c.extra) + tail).code,
+            0);
+        const std::string cmd =
+            c.launcher + bin("saetrain") + " " + config("kill-" + c.name, c.extra) + tail;
+        const Result r = run("SAETRAIN_FAULT=0:21:KILL:written " + cmd);
+        EXPECT_NE(r.code, 0) << r.out;
+        EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
+        // Killed at the start of iteration 22, long before the next checkpoint (28) begins.
+        const std::string hook =
+            line_with(r.out, "saetrain: SAETRAIN_FAULT: rank 0 raises signal 9");
+        ASSERT_NE(hook, "") << r.out;
+        const int64_t killed_at = std::stoll(hook.substr(hook.find("(iteration ") + 11));
+        EXPECT_EQ(killed_at, 22) << hook;
+        EXPECT_EQ(Checkpointer::committed_steps((dir / ("kill-" + c.name)).string()).front(), 21)
+            << r.out;
+        const Result again = run(cmd);
+        ASSERT_EQ(again.code, 0) << again.out;
+        EXPECT_NE(again.out.find("resumed from the checkpoint at step 21 "), std::string::npos)
+            << again.out;
+        expect_bitwise(final_of(dir / ("ref-" + c.name), "topk-x4-k6"),
+                       final_of(dir / ("kill-" + c.name), "topk-x4-k6"),
+                       c.name + ": SIGKILL after a write, then resumed");
+    }
+}
+
 // A rank that stops answering (SIGSTOP) or dies (SIGKILL) must not leave the others waiting: the
 // watchdog (parallel.timeout_s) or the launcher ends the job. `timeout 120` inside kMpi turns a
 // hang into exit code 124, which fails the test. The last rank signals itself at iteration 20

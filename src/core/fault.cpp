@@ -19,11 +19,11 @@ void Fault::fire(int64_t iter) const {
         // The wall-clock time of the signal, for tools/fault-matrix.sh's time to exit.
         timespec now{};
         ::clock_gettime(CLOCK_REALTIME, &now);
+        const std::string where = iter == kStartup   ? "start-up"
+                                  : iter == kConnect ? "connect"
+                                                     : fmt::format("iteration {}", iter);
         std::fprintf(stderr, "saetrain: SAETRAIN_FAULT: rank %d raises signal %d (%s) at %.3f\n",
-                     rank, signal,
-                     iter == kStartup   ? "start-up"
-                     : iter == kConnect ? "connect"
-                                        : "iteration",
+                     rank, signal, where.c_str(),
                      static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
         std::fflush(stderr);
         std::raise(signal);
@@ -49,12 +49,14 @@ Fault fault_from_env() {
                                                    : std::strtoll(when, &end, 10);
     SAE_ENFORCE(
         got >= 2 && it != signals.end() && (end == nullptr || (*end == 0 && end != when)) &&
-            (std::string(phase) == "step" || std::string(phase) == "checkpoint"),
+            (std::string(phase) == "step" || std::string(phase) == "checkpoint" ||
+             std::string(phase) == "written"),
         "SAETRAIN_FAULT='{}': expected rank:iteration|startup|connect[:error|TERM|USR1|KILL|STOP[:"
-        "step|checkpoint]]",
+        "step|checkpoint|written]]",
         v);
     f.signal = it->second;
     f.at_checkpoint = std::string(phase) == "checkpoint";
+    f.after_write = std::string(phase) == "written";
     return f;
 }
 

@@ -133,12 +133,16 @@ void TrainLoop::run() {
     }
 }
 
-// Agrees with the other ranks whether to stop and whether any rank has data, fetching the
+// Agrees with the other ranks whether to stop, whether a background checkpoint write is still
+// under way anywhere (committing it when none is), and whether any rank has data, fetching the
 // batch unless one is held; false: leave the loop (the same on every rank).
 bool TrainLoop::next_batch() {
-    // [any rank has data, any rank wants to stop]: one all-reduce, same decision everywhere
-    int64_t flags[2] = {0, opt_.stop_requested && opt_.stop_requested() ? 1 : 0};
-    if (opt_.world) opt_.world->allreduce_max(&flags[1], 1);
+    // [any rank has data, any rank wants to stop, any rank still writing a checkpoint]: the last
+    // two in one all-reduce, so every rank makes the same decisions at the same iteration.
+    int64_t flags[3] = {0, opt_.stop_requested && opt_.stop_requested() ? 1 : 0,
+                        opt_.write_in_flight && opt_.write_in_flight() ? 1 : 0};
+    if (opt_.world) opt_.world->allreduce_max(&flags[1], 2);
+    if (opt_.commit_written) opt_.commit_written(flags[2] != 0);
     stopping_ = stopping_ || flags[1] != 0;
     // A held batch is trained before stopping: the source has delivered it, and the
     // checkpoint that follows a stop must not count it as consumed.
