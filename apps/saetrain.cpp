@@ -13,7 +13,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -49,6 +48,7 @@
 #include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
 #include "saetrain/train_state.h"       // defines: write_streamed (latent-sharded SAE files)
 #include "saetrain/trainer_io.h"        // defines: trainer_weights (the SAE in the file layout)
+#include "stop_signals.h"               // defines: stop_signals_install (SIGTERM, SIGUSR1, Ctrl-C)
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -64,13 +64,9 @@ struct Args {
 };
 
 // Exit codes (README "Signals and exit codes"): 0 done, 1 error, 2 usage error, 75 stopped by
-// SIGTERM/SIGUSR1 after writing a checkpoint (EX_TEMPFAIL: run the same command again, or let
-// Slurm's --requeue do it).
+// SIGTERM, SIGUSR1 or Ctrl-C after committing a checkpoint (EX_TEMPFAIL: run the same command
+// again, or let Slurm's --requeue do it); a second Ctrl-C ends the process by SIGINT (130).
 constexpr int kExitStopped = 75;
-
-// Set by SIGTERM / SIGUSR1 (Slurm's time limit and --signal); read once per iteration.
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 // Cores this process may run on, shared fairly among the ranks of its node.
 int cpu_threads_for_rank(int local_size) {
@@ -482,7 +478,7 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
     // Committed at the first iteration at which no rank is still writing it (checkpointer.h).
     opt.write_in_flight = [&checkpoints] { return checkpoints.write_in_flight(); };
     opt.commit_written = [&checkpoints](bool busy) { checkpoints.commit_when_written(busy); };
-    opt.stop_requested = [] { return g_stop_signal.load() != 0; };
+    opt.stop_requested = [] { return stop_signal_received(); };
     opt.stop_on_nonfinite = s.cfg.data.nonfinite == "stop";
     if (s.eval_rows() > 0) {
         opt.evaluate = [&s](SaeTrainer& t) {
@@ -627,6 +623,9 @@ int run(const Args& args, Communicator& world) {
                              s.cfg.checkpoint.keep, s.layout.shard);
     LoopOptions opt;
     const int64_t resumed_step = resume_if_any(s, args, world, checkpoints, trainer, opt);
+    // What a second Ctrl-C keeps: the newest committed checkpoint, kept up to date.
+    stop_signals_training((s.out() / "checkpoints").string(), checkpoints.newest_committed());
+    checkpoints.on_commit([](int64_t step) { stop_signals_committed(step); });
 
     const MfuPeak peak = announce_peak(s, root);
     RunReporter reporter(world, s.layout, s.ids, (s.out() / "metrics.jsonl").string(), peak.flops,
@@ -634,6 +633,15 @@ int run(const Args& args, Communicator& world) {
     set_loop_hooks(opt, s, world, reporter, checkpoints, fault, writer);
     const LoopResult res = train_loop(trainer, *conn.source, opt);
     print_loop_end(res, reporter, world);
+    if (res.stopped && trainer.step_count() == 0) {
+        // Stopped before the first step (a signal during start-up): no SAE to save yet.
+        if (root)
+            fmt::print(stderr,
+                       "saetrain: stopped by a signal before the first step; nothing to save. Run "
+                       "the same command to start (exit code {}).\n",
+                       kExitStopped);
+        return kExitStopped;
+    }
     // The last checkpoint: committed before anything else is written.
     const ReaderCursor end = s.cursor();
     checkpoints.save(trainer, res.iterations, end.epoch, end.offset, /*wait=*/true);
@@ -683,9 +691,9 @@ int main(int argc, char** argv) {
     MpiScope mpi(&argc, &argv);
     // From here on a stop signal is a request: honoured at the first iteration if it arrives
     // during start-up (the default action would kill the rank and leave its peers waiting).
-    std::signal(SIGTERM, on_stop_signal);
-    std::signal(SIGUSR1, on_stop_signal);
+    stop_signals_install();
     auto world = make_mpi_world();
+    stop_signals_set_rank(world->rank());
     try {
         return run(args, *world);
     } catch (const std::exception& e) {

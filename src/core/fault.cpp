@@ -26,7 +26,7 @@ void Fault::fire(int64_t iter) const {
                      rank, signal, where.c_str(),
                      static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
         std::fflush(stderr);
-        std::raise(signal);
+        for (int i = 0; i < repeat; ++i) std::raise(signal);
         return;
     }
     if (iter == kStartup) throw Error("injected fault during start-up (SAETRAIN_FAULT)");
@@ -41,7 +41,8 @@ Fault fault_from_env() {
     char when[16] = "", action[16] = "error", phase[16] = "step";
     const int got = std::sscanf(v, "%d:%15[^:]:%15[^:]:%15s", &f.rank, when, action, phase);
     const std::map<std::string, int> signals = {
-        {"error", 0}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
+        {"error", 0},      {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"INT", SIGINT},
+        {"INTx2", SIGINT}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
     const auto it = signals.find(action);
     char* end = nullptr;
     f.iteration = std::string(when) == "startup"   ? Fault::kStartup
@@ -51,10 +52,11 @@ Fault fault_from_env() {
         got >= 2 && it != signals.end() && (end == nullptr || (*end == 0 && end != when)) &&
             (std::string(phase) == "step" || std::string(phase) == "checkpoint" ||
              std::string(phase) == "written"),
-        "SAETRAIN_FAULT='{}': expected rank:iteration|startup|connect[:error|TERM|USR1|KILL|STOP[:"
-        "step|checkpoint|written]]",
+        "SAETRAIN_FAULT='{}': expected rank:iteration|startup|connect[:error|TERM|USR1|INT|INTx2|"
+        "KILL|STOP[:step|checkpoint|written]]",
         v);
     f.signal = it->second;
+    f.repeat = std::string(action) == "INTx2" ? 2 : 1;
     f.at_checkpoint = std::string(phase) == "checkpoint";
     f.after_write = std::string(phase) == "written";
     return f;
