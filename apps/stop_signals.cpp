@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,9 +13,10 @@
 namespace saetrain {
 namespace {
 
-std::atomic<int> g_stop_signal{0};  // the first stop signal, 0: none
-std::atomic<int> g_interrupts{0};   // SIGINTs so far
-std::atomic<int> g_rank{-1};        // -1: not known yet (before MPI), acknowledges like rank 0
+std::atomic<int> g_stop_signal{0};             // the first stop signal, 0: none
+std::atomic<int> g_interrupts{0};              // Ctrl-Cs so far
+std::atomic<int64_t> g_first_interrupt_ns{0};  // CLOCK_MONOTONIC of the first
+std::atomic<int> g_rank{-1};  // -1: not known yet (before MPI), acknowledges like rank 0
 // The newest committed step: -2 before training starts, -1 none committed yet.
 std::atomic<int64_t> g_committed{-2};
 char g_checkpoints_dir[1024] = "";  // set once, before g_committed leaves -2
@@ -90,8 +92,29 @@ void release_launcher_pty() {
     close(fd);
 }
 
+int64_t monotonic_ns() {
+    timespec t{};
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
+
+// A SIGINT that follows the first by less than this is the same Ctrl-C passed on by a wrapper in
+// the terminal's process group (GNU timeout forwards the SIGINT it gets to its command, which got
+// one from the terminal too), not a second press: no one presses Ctrl-C twice in 0.1 s.
+constexpr int64_t kSameCtrlCNs = 100'000'000;
+
 extern "C" void on_stop_signal(int sig) {
-    if (sig == SIGINT && g_interrupts.fetch_add(1) > 0) stop_at_once();
+    if (sig == SIGINT) {
+        const int64_t now = monotonic_ns();
+        if (g_interrupts.fetch_add(1) == 0) {
+            g_first_interrupt_ns.store(now);
+        } else {
+            // 0: the first one's handler (another thread) has not stored its time yet.
+            const int64_t first = g_first_interrupt_ns.load();
+            if (first != 0 && now - first >= kSameCtrlCNs) stop_at_once();
+            return;  // the first one, passed on
+        }
+    }
     int none = 0;
     g_stop_signal.compare_exchange_strong(none, sig);
     if (sig != SIGUSR1) release_launcher_pty();

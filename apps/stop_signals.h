@@ -1,9 +1,11 @@
 // stop_signals.h — saetrain's stop signals: SIGTERM (Slurm's time limit), SIGUSR1 (Slurm's
 // --signal; what Open MPI's mpirun forwards to every rank) and SIGINT (Ctrl-C) ask the job to
 // stop after the current step. The ranks agree at the next iteration (train_loop.h), commit a
-// checkpoint and exit 75. A second SIGINT stops the process at once: one line says which
-// committed checkpoint the next run continues from, and the process ends by SIGINT (a shell sees
-// 130), abandoning a checkpoint write under way (its temp file is removed at the next start).
+// checkpoint and exit 75. A second SIGINT (0.1 s or more after the first: a wrapper such as GNU
+// timeout passes the terminal's on, so one Ctrl-C can arrive twice) stops the process at once:
+// one line says which committed checkpoint the next run continues from, and the process ends by
+// SIGINT (a shell sees 130), abandoning a checkpoint write under way (its temp file is removed at
+// the next start).
 //
 // Everything the handlers do is async-signal-safe: they set atomics and write(2) lines that were
 // prepared beforehand; only the step number is formatted in the handler.

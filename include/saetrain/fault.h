@@ -6,9 +6,9 @@
 namespace saetrain {
 
 // Test hook: SAETRAIN_FAULT="rank:when[:action[:phase]]" makes that rank throw (action `error`,
-// the default) or send itself a signal (TERM, USR1, INT, KILL, STOP; INTx2: SIGINT twice, as a
-// user pressing Ctrl-C twice), so tests of failures and signals land where they mean to by
-// construction, not by racing the clock (test_cli, test_resume, tools/fault-matrix.sh). `when`
+// the default) or send itself a signal (TERM, USR1, INT, KILL, STOP; INTx2: SIGINT twice, 0.3 s
+// apart, as a user pressing Ctrl-C twice), so tests of failures and signals land where they mean to
+// by construction, not by racing the clock (test_cli, test_resume, tools/fault-matrix.sh). `when`
 // is a loop iteration, `startup` (during set-up, while the other ranks wait in the start-up
 // agreement) or `connect` (before the communicators are made, while the other ranks wait in
 // their first split). Phase `step` (the default) fires at the start of that iteration;

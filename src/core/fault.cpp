@@ -4,11 +4,13 @@
 #include <fmt/format.h>
 #include <time.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "saetrain/error.h"
 
@@ -26,7 +28,11 @@ void Fault::fire(int64_t iter) const {
                      rank, signal, where.c_str(),
                      static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
         std::fflush(stderr);
-        for (int i = 0; i < repeat; ++i) std::raise(signal);
+        for (int i = 0; i < repeat; ++i) {
+            // INTx2: two presses 0.3 s apart (one Ctrl-C passed on twice arrives closer).
+            if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            std::raise(signal);
+        }
         return;
     }
     if (iter == kStartup) throw Error("injected fault during start-up (SAETRAIN_FAULT)");
