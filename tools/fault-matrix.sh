@@ -302,17 +302,24 @@ row "Ctrl-C (SIGINT), 1 rank, iteration 20" "checkpoint, exit 75, resume there" 
     "exit $rc, checkpoint at step $n, resumed from $(resumed_from "$dir/$name.rerun.log")" \
     "$(secs "$took")" "$lost" "$ok"
 
-name=one-ctrlc; config $name one
+# (30 epochs, 5625 steps, and its own reference: the Ctrl-C lands within the run's first second.)
+CTRLC="data: {path: $dir/data, batch_size: 64, epochs: 30, shuffle_buffer_rows: 1500}"
+config ref-one-ctrlc one "$CTRLC"
+launch ref-one-ctrlc "$dir/ref-one-ctrlc.log"
+[ "$rc" = 0 ] || { cat "$dir/ref-one-ctrlc.log" >&2; exit 1; }
+name=one-ctrlc; config $name one "$CTRLC"
 setsid bash -c "$(cmd $name)" >"$dir/$name.log" 2>&1 &
 bg=$!
 for _ in $(seq 200); do [ -n "$(newest $name)" ] && break; sleep 0.02; done
-sleep "$(echo "$RANDOM / 32768 * $dur0_one / 2" | bc -l)"
+sleep "$(echo "$RANDOM / 32768" | bc -l)"
 kill -INT -- "-$bg"; tk=$(now)
 { wait "$bg"; } 2>/dev/null; rc=$?; bg=""
 t=$(secs "$(now) - $tk")
 at=$(stopped_at "$dir/$name.log")
 ok=0; [ "$rc" = 75 ] && [ -n "$at" ] && [ "$(newest $name)" = "$at" ] && ok=1
+ref_suffix=-ctrlc
 lost=$(finish $name)
+ref_suffix=""
 [ "$(resumed_from "$dir/$name.rerun.log")" = "$at" ] || ok=0
 row "Ctrl-C to a 1-rank run's process group (a terminal)" "checkpoint, exit 75, resume there" \
     "exit $rc, stopped after ${at:-?} steps, resumed from $(resumed_from "$dir/$name.rerun.log")" \
