@@ -246,6 +246,9 @@ std::vector<Column> summary_columns(const std::vector<SaeSummary>& sorted) {
         last_interval("eval_l0", false),
         last_interval("eval_dead_fraction", false),
         last_interval("eval_dense_fraction", false),
+        // The failing gates as the console's gates table words them ("" when all pass).
+        {"gates_failed",
+         [](const SaeSummary& s) { return s.gates.measured ? s.gates.failures() : ""; }},
         gate("rel_recon_err", &QualityGates::rel_recon_err),
         gate("zeros_frac", &QualityGates::zeros_frac),
         gate("decorr_rms", &QualityGates::decorr_rms),
