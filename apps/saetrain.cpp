@@ -620,6 +620,11 @@ int run(const Args& args, Communicator& world) {
     const MfuPeak peak = announce_peak(s, root);
     RunReporter reporter(world, s.layout, s.ids, (s.out() / "metrics.jsonl").string(), peak.flops,
                          (s.out() / "tb").string(), resumed_step);
+    std::vector<std::string> names;
+    std::vector<std::map<std::string, std::string>> rows;
+    config_columns(s, names, rows);  // summary.csv's and TensorBoard's description of each SAE
+    reporter.write_config_text(config_to_yaml(s.cfg), names, rows,
+                               std::max<int64_t>(resumed_step, 0));
     set_loop_hooks(opt, s, world, reporter, checkpoints, fault, writer);
     const LoopResult res = train_loop(trainer, *conn.source, opt);
     print_loop_end(res, reporter, world);
@@ -637,9 +642,6 @@ int run(const Args& args, Communicator& world) {
 
     SaeSummary mine = summarize(s, res, trainer);
     if (writer) write_sae(s, trainer, mine);
-    std::vector<std::string> names;
-    std::vector<std::map<std::string, std::string>> rows;
-    config_columns(s, names, rows);
     reporter.finish(mine, (s.out() / "summary.csv").string(), names, rows);
     world.barrier();
     if (root) {
