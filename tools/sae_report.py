@@ -266,7 +266,7 @@ def run_state(run_dir, info, last_step):
                                f"{resumable}")
         if st == "failed":
             msg = info.get("message") or "see the console output"
-            return "failed", f"failed (exit {code}): saetrain: error: {msg}"
+            return "failed", f"failed (exit {code}): saetrain: error: {msg}; {resumable}"
         if st == "running":
             alive = pid_alive(pid, host)
             if alive:
@@ -508,7 +508,7 @@ def plot_lr(plt, metrics, info, colors, out_dir, manifest):
         sched = scheds[sae]
         logged = _points(rows, "lr")
         if sched:
-            done = max((r["step"] for r in rows), default=0)
+            done = min(max((r["step"] for r in rows), default=0), len(sched))
             xs = [(s + 1) * tps for s in range(len(sched))]
             if len(sched) > MAX_LR_POINTS:  # far below a pixel apart: drawn at a stride
                 keep = _stride_steps(len(sched), done)
@@ -801,22 +801,27 @@ def summary_tables(summary, colors):
     return main, table_html(gate_header, rows, classes, swatches=colors)
 
 
-def facts_html(run_dir, info, config_text, metrics, summary, state):
-    data = yaml_value(config_text, "data", "path")
-    eval_path = yaml_value(config_text, "data", "eval_path")
-    eval_rows = yaml_value(config_text, "data", "eval_rows")
-    if eval_path:
-        held = f"{eval_path}" + (f" (first {eval_rows} rows)" if eval_rows not in
-                                  (None, "", "0") else "")
-    elif eval_rows not in (None, "", "0"):
-        held = f"the last {eval_rows} rows of data.path"
+def held_out_text(config_text):
+    """Where the held-out rows come from and when they are evaluated (data.eval_path,
+    data.eval_rows, log.eval_every_steps)."""
+    unset = (None, "", "0")
+    path = yaml_value(config_text, "data", "eval_path")
+    rows = yaml_value(config_text, "data", "eval_rows")
+    every = yaml_value(config_text, "log", "eval_every_steps")
+    if path:
+        held = path + (f" (first {rows} rows)" if rows not in unset else "")
+    elif rows not in unset:
+        held = f"the last {rows} rows of data.path"
     else:
-        held = "none (data.eval_rows / data.eval_path unset)"
-    eval_every = yaml_value(config_text, "log", "eval_every_steps")
-    if eval_every not in (None, "", "0") and held[:4] != "none":
-        held += f"; evaluated every {eval_every} steps and at the end"
-    elif held[:4] != "none":
-        held += "; evaluated at the end only (log.eval_every_steps: 0)"
+        return "none (data.eval_rows and data.eval_path unset)"
+    if every not in unset:
+        return held + f"; evaluated every {every} steps and at the end"
+    return held + "; evaluated at the end only (log.eval_every_steps: 0)"
+
+
+def facts_html(run_dir, info, config_text, metrics, state):
+    data = yaml_value(config_text, "data", "path")
+    held = held_out_text(config_text)
     info = info or {}
     last_steps = [rows[-1]["step"] for rows in metrics.values()]
     total = info.get("total_steps")
@@ -940,7 +945,7 @@ def write_index(run_dir, out_dir, metrics, summary, manifest, info, config_text,
 <h1>saetrain run: {html.escape(title)}</h1>
 <div class="state state-{key}" id="state" data-state="{key}">{html.escape(sentence)}</div>
 <div class="run">
-{facts_html(run_dir, info, config_text, metrics, summary, key)}
+{facts_html(run_dir, info, config_text, metrics, key)}
 {config_block}
 </div>
 <h2>Summary</h2>

@@ -529,7 +529,9 @@ def test_state_failed_with_the_error(root):
     error = r.stderr.strip().splitlines()[-1]
     assert error.startswith("saetrain: error: ")
     state, text, _ = _state(out)
-    assert state == "failed" and text == f"failed (exit 1): {error}"
+    step = max(int(p[5:-7]) for p in os.listdir(out / "checkpoints"))  # the run's end
+    assert state == "failed" and text == (f"failed (exit 1): {error}; a rerun of the same "
+                                          f"command resumes from the checkpoint at step {step}")
 
 
 def test_report_on_a_run_in_progress(sweep, tmp_path):
