@@ -40,7 +40,7 @@
 #include "saetrain/perfmodel.h"         // defines: mfu_peak (the peak MFU is measured against)
 #include "saetrain/rank_grid.h"         // defines: RankGrid (coordinates, every communicator)
 #include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
-#include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files
+#include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files, RunStateFile
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
 #include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, read_rows
 #include "saetrain/shared_source.h"     // defines: SharedBatchSource, BroadcastBatchSource
@@ -207,8 +207,8 @@ bool agree_on_startup(Communicator& world, const std::string& error) {
     return false;
 }
 
-// One line per node: ranks, cores, threads.
-void print_placement(Communicator& world, const NodePlacement& place, int threads) {
+// One line per node: ranks, cores, threads. Returns the number of nodes (on rank 0).
+int print_placement(Communicator& world, const NodePlacement& place, int threads) {
     struct Rec {
         char host[64];
         int32_t local_rank, local_size, threads;
@@ -217,11 +217,15 @@ void print_placement(Communicator& world, const NodePlacement& place, int thread
     mine.local_rank = place.local_rank, mine.local_size = place.local_size, mine.threads = threads;
     std::vector<Rec> all(static_cast<size_t>(world.size()));
     world.allgather(&mine, all.data(), sizeof(Rec));
-    if (world.rank() != 0) return;
+    int nodes = 0;
+    if (world.rank() != 0) return nodes;
     for (const Rec& r : all)
-        if (r.local_rank == 0)
+        if (r.local_rank == 0) {
             fmt::print("node {}: {} rank(s), {} CPU thread(s) each\n", r.host, r.local_size,
                        r.threads);
+            ++nodes;
+        }
+    return nodes;
 }
 
 // --- start-up ---------------------------------------------------------------------------------
@@ -348,8 +352,8 @@ std::optional<Connections> connect(Setup& s, Communicator& world, const NodePlac
 void prepare_out_dir(const Setup& s) {
     const fs::path out = s.out();
     if (!s.resume)
-        for (const char* f :
-             {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae", "tb", "report"})
+        for (const char* f : {"metrics.jsonl", "summary.csv", "COMPLETE", "run.json", "checkpoints",
+                              "sae", "tb", "report"})
             fs::remove_all(out / f);
     fs::create_directories(out);
     remove_stale_files(out.string());
@@ -587,8 +591,22 @@ void config_columns(const Setup& s, std::vector<std::string>& names,
     }
 }
 
+// run.json's record of this run (run_dir.h): written by rank 0 once training is about to start.
+RunRecord run_record(const Setup& s, int ranks, int hosts, int64_t steps, int64_t resumed_step) {
+    RunRecord r;
+    r.version = SAETRAIN_VERSION;
+    r.backend = s.backend->name();
+    r.ranks = ranks, r.hosts = hosts;
+    r.total_steps = steps;
+    r.tokens_per_step = s.cfg.data.batch_size * s.layout.replicas;
+    r.resumed_from_step = resumed_step;
+    for (size_t i = 0; i < s.cfg.sweep.size(); ++i) r.saes.emplace_back(s.ids[i], s.cfg.sweep[i]);
+    return r;
+}
+
 // --- the run ------------------------------------------------------------------------------------
-int run(const Args& args, Communicator& world) {
+// `state`: set on rank 0 once training starts (out_dir/run.json); main records the exit in it.
+int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& state) {
     const bool root = world.rank() == 0;
     const NodePlacement place = node_placement();
     Fault fault;
@@ -611,7 +629,7 @@ int run(const Args& args, Communicator& world) {
         prepare_out_dir(s);
         print_banner(s, world.size(), conn.steps);
     }
-    print_placement(world, place, s.threads);
+    const int hosts = print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it
 
     SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
@@ -626,10 +644,18 @@ int run(const Args& args, Communicator& world) {
     // What a second Ctrl-C keeps: the newest committed checkpoint, kept up to date.
     stop_signals_training((s.out() / "checkpoints").string(), checkpoints.newest_committed());
     checkpoints.on_commit([](int64_t step) { stop_signals_committed(step); });
+    if (root)
+        state = std::make_unique<RunStateFile>(
+            s.out().string(), run_record(s, world.size(), hosts, conn.steps, resumed_step));
 
     const MfuPeak peak = announce_peak(s, root);
     RunReporter reporter(world, s.layout, s.ids, (s.out() / "metrics.jsonl").string(), peak.flops,
                          (s.out() / "tb").string(), resumed_step);
+    std::vector<std::string> names;
+    std::vector<std::map<std::string, std::string>> rows;
+    config_columns(s, names, rows);  // summary.csv's and TensorBoard's description of each SAE
+    reporter.write_config_text(config_to_yaml(s.cfg), names, rows,
+                               std::max<int64_t>(resumed_step, 0));
     set_loop_hooks(opt, s, world, reporter, checkpoints, fault, writer);
     const LoopResult res = train_loop(trainer, *conn.source, opt);
     print_loop_end(res, reporter, world);
@@ -656,9 +682,6 @@ int run(const Args& args, Communicator& world) {
 
     SaeSummary mine = summarize(s, res, trainer);
     if (writer) write_sae(s, trainer, mine);
-    std::vector<std::string> names;
-    std::vector<std::map<std::string, std::string>> rows;
-    config_columns(s, names, rows);
     reporter.finish(mine, (s.out() / "summary.csv").string(), names, rows);
     world.barrier();
     if (root) {
@@ -694,9 +717,13 @@ int main(int argc, char** argv) {
     stop_signals_install();
     auto world = make_mpi_world();
     stop_signals_set_rank(world->rank());
+    std::unique_ptr<RunStateFile> state;  // rank 0, once training starts: how the process ended
     try {
-        return run(args, *world);
+        const int code = run(args, *world, state);
+        if (state) state->end(code);
+        return code;
     } catch (const std::exception& e) {
+        if (state) state->end(1, e.what());
         // A failure after start-up: the other ranks may be waiting in a collective, so this
         // rank's message is the one printed and the whole job is aborted.
         if (world->size() > 1) {
