@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "saetrain/build_commit.h"  // defines: SAETRAIN_GIT_COMMIT
 #include "saetrain/build_config.h"  // defines: SAETRAIN_VERSION, SAETRAIN_CUDA, SAETRAIN_NCCL, ...
@@ -24,6 +25,9 @@ int cli_parse(CLI::App& app, const std::string& program, const std::string& usag
                          "print the version, the git commit and the build options");
     try {
         app.parse(argc, argv);
+        // The README check (tools/check-readme.py): the command line parses; nothing runs.
+        const char* parse_only = std::getenv("SAETRAIN_PARSE_ONLY");
+        if (parse_only != nullptr && std::string(parse_only) == "1") return 0;
         return -1;
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);

@@ -17,7 +17,8 @@ constexpr int kExitUsage = 2;
 // project version (CMake), the commit the tree was configured at, and the build's options.
 std::string version_text(const std::string& program);
 
-// Adds --version to `app` and parses argv. Returns -1 when the program goes on; otherwise the
+// Adds --version to `app` and parses argv. Returns -1 when the program goes on (0 with
+// SAETRAIN_PARSE_ONLY=1 in the environment: the line parsed, nothing runs); otherwise the
 // exit code, after printing what it was asked for: --help or --version on stdout (0), or a
 // usage error on stderr (kExitUsage) with `usage`, the one-line synopsis after "usage: ".
 int cli_parse(CLI::App& app, const std::string& program, const std::string& usage, int argc,

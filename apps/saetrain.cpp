@@ -61,6 +61,8 @@ struct Args {
     bool overwrite = false;
     bool allow_config_change = false;
     int threads = 0;
+    bool dry_run = false;
+    int ranks = 0;  // --dry-run's job size (0: the one the config asks for)
 };
 
 // Exit codes (README "Signals and exit codes"): 0 done, 1 error, 2 usage error, 75 stopped by
@@ -691,6 +693,30 @@ int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& st
     return 0;
 }
 
+// --dry-run: reads the config with its --set overrides, checks every key and value and the job
+// size, and says what a run would train, without MPI, data or out_dir. Exit 0, or 1 with the
+// error line a run would print.
+int dry_run(const Args& args) {
+    try {
+        const Config cfg = config_load(args.config, args.sets);
+        const int g = static_cast<int>(cfg.sweep.empty() ? 1 : cfg.sweep.size());
+        const int per = static_cast<int>(cfg.parallel.latent_shards);
+        const int asked = cfg.parallel.mode == "sweep" ? g * per
+                                                       : g * static_cast<int>(cfg.parallel.replicas) * per;
+        const int ranks = args.ranks > 0 ? args.ranks : asked;
+        const RankGrid grid = RankGrid::from_config(cfg, ranks);
+        const std::vector<std::string> ids = sweep_ids(cfg, 0);
+        fmt::print("saetrain: {}: config OK: {} SAE{}: {}\n", cfg.source, ids.size(),
+                   ids.size() == 1 ? "" : "s", fmt::join(ids, ", "));
+        fmt::print("saetrain: {} mode on {} rank(s): {}; out_dir {}; data {}\n",
+                   cfg.parallel.mode, ranks, grid.describe(), cfg.run.out_dir, cfg.data.path);
+        return 0;
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "saetrain: error: {}\n", e.what());
+        return 1;
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -704,13 +730,19 @@ int main(int argc, char** argv) {
                  "resume even though the config changed in keys that change the result");
     app.add_option("--threads", args.threads,
                    "CPU threads per rank (default: the rank's cores / ranks on its node)");
+    app.add_flag("--dry-run", args.dry_run,
+                 "check the config, its --set overrides and the job size, say what would be "
+                 "trained, and exit (no MPI, data or out_dir)");
+    app.add_option("--ranks", args.ranks, "with --dry-run: the job's rank count to check")
+        ->check(CLI::PositiveNumber);
     // Before MPI starts: --version, --help and a usage error need no MPI.
     if (const int code = cli_parse(app, "saetrain",
                                    "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] "
-                                   "[--allow-config-change] [--threads N]",
+                                   "[--allow-config-change] [--threads N] [--dry-run [--ranks N]]",
                                    argc, argv);
         code >= 0)
         return code;
+    if (args.dry_run) return dry_run(args);
     MpiScope mpi(&argc, &argv);
     // From here on a stop signal is a request: honoured at the first iteration if it arrives
     // during start-up (the default action would kill the rank and leave its peers waiting).

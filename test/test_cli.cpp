@@ -595,7 +595,7 @@ TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
     const std::map<std::string, std::string> usage = {
         {"saetrain",
          "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] [--allow-config-change] "
-         "[--threads N]"},
+         "[--threads N] [--dry-run [--ranks N]]"},
         {"sae-synth",
          "sae-synth --out DIR [--d-model N] [--features M] [--rows N] [--shards N] "
          "[--dtype f32|f16|bf16] [--chunked] [--seed S] ..."},
@@ -645,6 +645,38 @@ TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
         EXPECT_EQ(r.code, 0) << program << ":\n" << r.out;
         EXPECT_NE(r.out.find("--version"), std::string::npos) << program << ":\n" << r.out;
     }
+}
+
+// --dry-run checks the config, the overrides and the job size without data, MPI or out_dir: what
+// the README's examples are checked with (tools/check-readme.py).
+TEST_F(Cli, DryRunChecksTheConfigAndTheJobSizeAndTouchesNothing) {
+    const std::string cfg = (dir / "cfg.yaml").string();
+    fs::remove_all(dir / "data");  // no data needed
+    Result r = run(bin("saetrain") + " " + cfg + " --dry-run --set 'sae.k=[2,4]'");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out, "saetrain: " + cfg + ": config OK: 2 SAEs: topk-x2-k2, topk-x2-k4\n" +
+                         "saetrain: sweep mode on 2 rank(s): 2 SAEs x 1 replica, shared data; "
+                         "out_dir " +
+                         (dir / "run").string() + "; data " + (dir / "data").string() + "\n");
+    EXPECT_FALSE(fs::exists(dir / "run"));
+    // The job size a launcher would give, checked as a run checks it.
+    r = run(bin("saetrain") + " " + cfg + " --dry-run --set 'sae.k=[2,4]' --ranks 4");
+    EXPECT_EQ(r.code, 1);
+    EXPECT_EQ(r.out, "saetrain: error: " + cfg +
+                         ": the sweep has 2 SAE config(s) but the job has 4 rank(s); run with 2 "
+                         "rank(s) (one SAE per rank: mpirun -np 2 / srun -n 2)\n");
+    r = run(bin("saetrain") + " " + cfg +
+            " --dry-run --set parallel.mode=hybrid --set parallel.replicas=2 "
+            "--set parallel.latent_shards=2");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("hybrid mode on 4 rank(s): 1 SAE x 2 replicas x 2 latent shards;"),
+              std::string::npos)
+        << r.out;
+    // A bad key is the run's own one-line error.
+    r = run(bin("saetrain") + " " + cfg + " --dry-run --set sae.kk=3");
+    EXPECT_EQ(r.code, 1);
+    EXPECT_EQ(r.out, "saetrain: error: " + cfg +
+                         ": --set sae.kk=3: unknown key 'sae.kk' (did you mean sae.k?)\n");
 }
 
 // --version on every program: the project version, the commit the build was configured at and
