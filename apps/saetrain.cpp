@@ -701,15 +701,16 @@ int dry_run(const Args& args) {
         const Config cfg = config_load(args.config, args.sets);
         const int g = static_cast<int>(cfg.sweep.empty() ? 1 : cfg.sweep.size());
         const int per = static_cast<int>(cfg.parallel.latent_shards);
-        const int asked = cfg.parallel.mode == "sweep" ? g * per
-                                                       : g * static_cast<int>(cfg.parallel.replicas) * per;
+        const int asked = cfg.parallel.mode == "sweep"
+                              ? g * per
+                              : g * static_cast<int>(cfg.parallel.replicas) * per;
         const int ranks = args.ranks > 0 ? args.ranks : asked;
         const RankGrid grid = RankGrid::from_config(cfg, ranks);
         const std::vector<std::string> ids = sweep_ids(cfg, 0);
         fmt::print("saetrain: {}: config OK: {} SAE{}: {}\n", cfg.source, ids.size(),
                    ids.size() == 1 ? "" : "s", fmt::join(ids, ", "));
-        fmt::print("saetrain: {} mode on {} rank(s): {}; out_dir {}; data {}\n",
-                   cfg.parallel.mode, ranks, grid.describe(), cfg.run.out_dir, cfg.data.path);
+        fmt::print("saetrain: {} mode on {} rank(s): {}; out_dir {}; data {}\n", cfg.parallel.mode,
+                   ranks, grid.describe(), cfg.run.out_dir, cfg.data.path);
         return 0;
     } catch (const std::exception& e) {
         fmt::print(stderr, "saetrain: error: {}\n", e.what());
