@@ -209,7 +209,7 @@ SaeConfig base_config(const Ref& s) {
     cfg.k = s.k;
     cfg.l1_coeff = s.l1;
     cfg.l0_coeff = s.l0;
-    cfg.jumprelu_bandwidth = s.bandwidth;
+    cfg.set("sae.jumprelu_bandwidth", s.bandwidth);
     cfg.decorr_coeff = s.decorr;
     cfg.l1_warmup_fraction = 0;     // the full coefficients from step 0, as the reference
     cfg.normalize_decoder = false;  // keep the norm-weighted L1 gradient visible
@@ -314,8 +314,7 @@ TEST(ArchGradients, AuxKMatchesFiniteDifferences) {
     auto be = make_cpu_backend(2);
     auto self = make_self_comm();
     SaeConfig cfg = base_config(s);
-    cfg.k_aux = s.k_aux;
-    cfg.auxk_coeff = 0.5;
+    cfg.set("sae.k_aux", s.k_aux).set("train.auxk_coeff", 0.5);
     cfg.dead_tokens = 100;
     SaeTrainer tr(cfg, s.d, 10, 0, *be, *self);
     std::mt19937 rng(6);
@@ -326,7 +325,7 @@ TEST(ArchGradients, AuxKMatchesFiniteDifferences) {
     int64_t n_dead = 0;
     for (int64_t l = 0; l < s.n; l += 2) st.since_fired[l] = 1000, s.dead[l] = 1, ++n_dead;
     trainer_restore(tr, trainer_weights(tr), st);
-    s.aux_weight = cfg.auxk_coeff * std::min(1.0, double(n_dead) / double(s.k_aux));
+    s.aux_weight = 0.5 * std::min(1.0, double(n_dead) / double(s.k_aux));
     check_fd(tr, x, s);
     // The auxiliary term is there: the same SAE without it has another loss.
     const double with_aux = tr.compute_gradients(x.data(), s.rows).loss;
@@ -458,7 +457,7 @@ double dead_after(double auxk_coeff, uint64_t seed) {
     cfg.n_latents = 256;
     cfg.k = 4;
     cfg.lr = 2e-2;  // high: latents die quickly without AuxK
-    cfg.auxk_coeff = auxk_coeff;
+    cfg.set("train.auxk_coeff", auxk_coeff);
     cfg.dead_tokens = 20 * rows;
     auto be = make_cpu_backend(2);
     auto self = make_self_comm();
@@ -795,7 +794,7 @@ TEST(LatentSharding, UnshardableConfigsAreRefusedNamingTheKey) {
     EXPECT_NE(error_of(c, 64, 4).find("sae.k = 32 exceeds the 16 latents of one of the 4"),
               std::string::npos);
     c.k = 4;
-    c.auxk_coeff = 0.03;  // the default k_aux: d_model / 2 = 32 > 16
+    c.set("train.auxk_coeff", 0.03);  // the default k_aux: d_model / 2 = 32 > 16
     EXPECT_NE(error_of(c, 64, 4).find("sae.k_aux = 32 exceeds"), std::string::npos);
     c.decorr_coeff = 0.1;
     EXPECT_NE(error_of(c, 256, 4).find("train.decorr_coeff"), std::string::npos);
@@ -810,7 +809,7 @@ TEST(LatentSharding, UnshardableConfigsAreRefusedNamingTheKey) {
         SaeConfig a;
         a.arch = arch;
         a.k = 200;  // more than a shard's 128 latents: BatchTopK's selection is over the batch
-        a.auxk_coeff = 0;
+        a.set("train.auxk_coeff", 0);
         EXPECT_EQ(error_of(a, 256, 2), "") << arch;
     }
 }

@@ -948,7 +948,7 @@ TEST_P(BackendParity, SwitchTrainingStepsMatchTheCpuLoss) {
     SaeConfig cfg;
     cfg.arch = "switch";
     cfg.expansion = 8;
-    cfg.n_experts = 8;
+    cfg.set("sae.n_experts", 8);
     cfg.k = 8;
     cfg.lr = 1e-3;
     auto self_cpu = make_self_comm(), self_gpu = make_self_comm();

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "saetrain/arch.h"
 #include "saetrain/checkpoint.h"
 #include "test_util.h"
 
@@ -98,10 +99,15 @@ TEST_F(Cli, TrainWritesEveryOutput) {
     std::getline(summary, header);
     std::getline(summary, row);
     EXPECT_FALSE(std::getline(summary, extra));
-    EXPECT_EQ(header.rfind("sae,arch,n_latents,l1_coeff,k,l0_coeff,n_experts,balance_coeff,lr,", 0),
-              0u)
-        << header;
-    EXPECT_EQ(row.rfind("topk-x2-k4,topk,32,,4,,,,0.005,12,3000,", 0), 0u) << row;
+    // The configuration columns: every architecture's summary keys (the registry's), blank in
+    // the columns a TopK SAE does not read.
+    std::string columns = "sae,arch,n_latents,", cells = "topk-x2-k4,topk,32,";
+    for (const std::string& key : saetrain::arch_summary_keys()) {
+        columns += key.substr(key.find('.') + 1) + ",";
+        cells += key == "sae.k" ? "4," : ",";
+    }
+    EXPECT_EQ(header.rfind(columns + "lr,", 0), 0u) << header;
+    EXPECT_EQ(row.rfind(cells + "0.005,12,3000,", 0), 0u) << row;
     // The quality gates close every row, and each SAE has its feature-density histogram.
     EXPECT_NE(header.find(",rel_recon_err,zeros_frac,decorr_rms,gates_dead_fraction,"
                           "gates_dense_fraction,gates_on,gates"),

@@ -161,8 +161,12 @@ public:
     virtual const char* name() const = 0;
     // One line for the docs and `--help`: what it is and the keys it reads.
     virtual const char* describe() const = 0;
-    // The sae.*/train.* keys it reads beyond the common ones, for summary.csv columns.
-    virtual std::vector<std::string> keys() const = 0;
+    // The keys it declares (ArchKey, config.h: its own, and those it shares with others, such as
+    // AuxK's): the registry adds them to the config's key table, so the YAML, --set, sweeps,
+    // config.yaml and the resume check know them with no line elsewhere. Default: none.
+    virtual std::vector<const ArchKeyDecl*> config_keys() const { return {}; }
+    // The sae.*/train.* keys that tell its SAEs apart, for summary.csv's columns.
+    virtual std::vector<std::string> summary_keys() const = 0;
     // Config checks that need the latent count (n_latents > 0) or none (0); throws Error
     // naming the key. `where` prefixes messages (the config file).
     virtual void validate(const SaeConfig& cfg, int64_t n_latents, const std::string& where) const;
@@ -208,6 +212,12 @@ void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, const Backen
 // Every architecture, in the order summaries and docs list them.
 const std::vector<const Architecture*>& architectures();
 std::vector<std::string> arch_names();
+// Every key the architectures declare, in registry order (each once, where its first
+// architecture lists it): the key table's architecture keys (config.cpp).
+std::vector<const ArchKeyDecl*> arch_config_keys();
+// Every summary key of every architecture, in registry order (each once): summary.csv's
+// configuration columns.
+std::vector<std::string> arch_summary_keys();
 // The architecture called `name`; throws Error listing the known names.
 const Architecture& arch_get(const std::string& name);
 const Architecture* arch_find(const std::string& name);

@@ -84,7 +84,7 @@ public:
         return "gate and magnitude paths sharing W_enc (r_mag), L1 on the gate (sae.l1_coeff), "
                "auxiliary gate reconstruction";
     }
-    std::vector<std::string> keys() const override { return {"sae.l1_coeff"}; }
+    std::vector<std::string> summary_keys() const override { return {"sae.l1_coeff"}; }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
     std::vector<ParamSegment> extra_params(const SaeConfig&, int64_t n, int64_t) const override {
         return {{"r_mag", n, 1, true, false}, {"b_mag", n, 1, true, false}};

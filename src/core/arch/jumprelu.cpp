@@ -12,6 +12,17 @@
 namespace saetrain::arch {
 namespace {
 
+struct JumpReluKeys {
+    ArchKey<double> bandwidth{"sae", "jumprelu_bandwidth", 0.001,
+                              "the straight-through estimator's kernel width (> 0)"};
+    ArchKey<double> init_threshold{"sae", "jumprelu_init_threshold", 0.001,
+                                   "every latent's threshold at init (> 0)"};
+};
+const JumpReluKeys& keys() {
+    static const JumpReluKeys k;
+    return k;
+}
+
 class JumpReluPass final : public ArchPass {
 public:
     JumpReluPass(const SaeConfig& cfg, int64_t n, Backend& be)
@@ -35,7 +46,7 @@ public:
         const float l0_eff = static_cast<float>(l0_ / static_cast<double>(c.norm_rows));
         JumpReluBackward a;
         a.v = c.pre, a.log_threshold = c.seg("log_threshold");
-        a.bandwidth = static_cast<float>(cfg_.jumprelu_bandwidth), a.l0 = l0_eff, a.rows = B,
+        a.bandwidth = static_cast<float>(keys().bandwidth(cfg_)), a.l0 = l0_eff, a.rows = B,
         a.n = n;
         a.dz_to_dpre = dz_.data(), a.db_enc = c.grad(ParamLayout::kBEnc);
         a.dlog_threshold = c.grad("log_threshold"), a.fires = c.fires, a.stats = c.stats;
@@ -64,13 +75,16 @@ public:
         return "a learned threshold per latent, L0 penalty (train.l0_coeff), straight-through "
                "with sae.jumprelu_bandwidth";
     }
-    std::vector<std::string> keys() const override { return {"train.l0_coeff"}; }
+    std::vector<const ArchKeyDecl*> config_keys() const override {
+        return {&keys().bandwidth, &keys().init_threshold};
+    }
+    std::vector<std::string> summary_keys() const override { return {"train.l0_coeff"}; }
     void validate(const SaeConfig& cfg, int64_t, const std::string& where) const override {
-        SAE_ENFORCE(cfg.jumprelu_bandwidth > 0, "{}sae.jumprelu_bandwidth must be > 0 (got {})",
-                    where, cfg.jumprelu_bandwidth);
-        SAE_ENFORCE(cfg.jumprelu_init_threshold > 0,
+        SAE_ENFORCE(keys().bandwidth(cfg) > 0, "{}sae.jumprelu_bandwidth must be > 0 (got {})",
+                    where, keys().bandwidth(cfg));
+        SAE_ENFORCE(keys().init_threshold(cfg) > 0,
                     "{}sae.jumprelu_init_threshold must be > 0 (got {})", where,
-                    cfg.jumprelu_init_threshold);
+                    keys().init_threshold(cfg));
     }
     std::string id_suffix(const SaeConfig& cfg) const override {
         return fmt::format("l0_{}", cfg.l0_coeff);
@@ -81,7 +95,7 @@ public:
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs&) const override {
         const int64_t off = layout.offset("log_threshold");
-        const auto v = static_cast<float>(std::log(cfg.jumprelu_init_threshold));
+        const auto v = static_cast<float>(std::log(keys().init_threshold(cfg)));
         const int64_t n = layout.segments()[ParamLayout::kBEnc].rows;
         std::fill(p.begin() + off, p.begin() + off + n, v);
     }

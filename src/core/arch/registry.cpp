@@ -22,6 +22,22 @@ std::vector<std::string> arch_names() {
     return names;
 }
 
+std::vector<const ArchKeyDecl*> arch_config_keys() {
+    std::vector<const ArchKeyDecl*> keys;
+    for (const Architecture* a : architectures())
+        for (const ArchKeyDecl* k : a->config_keys())
+            if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    return keys;
+}
+
+std::vector<std::string> arch_summary_keys() {
+    std::vector<std::string> keys;
+    for (const Architecture* a : architectures())
+        for (const std::string& k : a->summary_keys())
+            if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    return keys;
+}
+
 const Architecture* arch_find(const std::string& name) {
     for (const Architecture* a : architectures())
         if (name == a->name()) return a;

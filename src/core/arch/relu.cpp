@@ -57,7 +57,7 @@ public:
     const char* describe() const override {
         return "ReLU with a decoder-norm weighted L1 penalty (sae.l1_coeff)";
     }
-    std::vector<std::string> keys() const override { return {"sae.l1_coeff"}; }
+    std::vector<std::string> summary_keys() const override { return {"sae.l1_coeff"}; }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return sae_flops_per_token(SaeKind::dense, d, n, cfg.k);

@@ -33,17 +33,33 @@
 namespace saetrain::arch {
 namespace {
 
+struct SwitchKeys {
+    ArchKey<int64_t> n_experts{"sae", "n_experts", 8,
+                               "experts, each n_latents / n_experts latents; one per token",
+                               key_at_least(1)};
+    // 0.1, not Switch Transformers' 0.01 (whose routers also drop tokens beyond an expert's
+    // capacity): docs/architectures.md.
+    ArchKey<double> balance_coeff{"train", "balance_coeff", 0.1,
+                                  "the router's load-balancing loss weight, in units of the "
+                                  "batch's squared norm about b_dec",
+                                  key_at_least(0, " (0: off)")};
+};
+const SwitchKeys& keys() {
+    static const SwitchKeys k;
+    return k;
+}
+
 class SwitchPass final : public ArchPass {
 public:
     SwitchPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-        : E_(cfg.n_experts),
-          ne_(n / cfg.n_experts),
+        : E_(keys().n_experts(cfg)),
+          ne_(n / E_),
           k_(cfg.k),
           d_(d),
           n_(n),
-          k_aux_(resolved_k_aux(cfg, d, n / cfg.n_experts)),
-          aux_coeff_(cfg.auxk_coeff),
-          balance_(cfg.balance_coeff),
+          k_aux_(resolved_k_aux(cfg, d, ne_)),
+          aux_coeff_(auxk_keys().coeff(cfg)),
+          balance_(keys().balance_coeff(cfg)),
           be_(be),
           abias_(be, n),
           astats_(be, kStatCount),
@@ -282,32 +298,37 @@ public:
         return "sae.n_experts TopK experts of n_latents / n_experts latents, one per token by a "
                "learned router; load-balancing loss (train.balance_coeff); AuxK per expert";
     }
-    std::vector<std::string> keys() const override {
+    std::vector<const ArchKeyDecl*> config_keys() const override {
+        std::vector<const ArchKeyDecl*> k = {&keys().n_experts, &keys().balance_coeff};
+        for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
+        return k;
+    }
+    std::vector<std::string> summary_keys() const override {
         return {"sae.k", "sae.n_experts", "train.balance_coeff"};
     }
     void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
-        SAE_ENFORCE(cfg.n_experts >= 1, "{}sae.n_experts = {} must be >= 1", where, cfg.n_experts);
+        const int64_t E = keys().n_experts(cfg);
+        SAE_ENFORCE(E >= 1, "{}sae.n_experts = {} must be >= 1", where, E);
         SAE_ENFORCE(cfg.decorr_coeff == 0,
                     "{}train.decorr_coeff = {}: the decorrelation penalty is not implemented for "
                     "switch SAEs; set it to 0",
                     where, cfg.decorr_coeff);
         if (n == 0) return;
-        SAE_ENFORCE(n % cfg.n_experts == 0,
-                    "{}sae.n_experts = {} does not divide the SAE's {} latents", where,
-                    cfg.n_experts, n);
-        SAE_ENFORCE(cfg.k <= n / cfg.n_experts,
-                    "{}sae.k = {} exceeds the {} latents of each of the {} experts", where, cfg.k,
-                    n / cfg.n_experts, cfg.n_experts);
+        SAE_ENFORCE(n % E == 0, "{}sae.n_experts = {} does not divide the SAE's {} latents", where,
+                    E, n);
+        SAE_ENFORCE(cfg.k <= n / E, "{}sae.k = {} exceeds the {} latents of each of the {} experts",
+                    where, cfg.k, n / E, E);
     }
     std::string id_suffix(const SaeConfig& cfg) const override {
-        return fmt::format("k{}-e{}", cfg.k, cfg.n_experts);
+        return fmt::format("k{}-e{}", cfg.k, keys().n_experts(cfg));
     }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
-        return arch::topk_uses(cfg, cfg.k, d, n / cfg.n_experts);  // each expert selects alone
+        // each expert selects alone
+        return arch::topk_uses(cfg, cfg.k, d, n / keys().n_experts(cfg));
     }
     std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t,
                                            int64_t d) const override {
-        const int64_t E = cfg.n_experts;
+        const int64_t E = keys().n_experts(cfg);
         return {{"W_router", E, d, false, true}, {"b_router", 1, E, false, false}};
     }
     // Random unit directions scaled so that a router logit has about unit spread on the first
@@ -315,7 +336,7 @@ public:
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs& in) const override {
         const int64_t o = layout.offset("W_router");
-        const int64_t E = cfg.n_experts, d = layout.segments()[ParamLayout::kBDec].cols;
+        const int64_t E = keys().n_experts(cfg), d = layout.segments()[ParamLayout::kBDec].cols;
         std::mt19937_64 rng(in.seed ^ 0x5717c4e5ULL);
         std::normal_distribution<double> normal(0.0, 1.0);
         const double scale = std::sqrt(static_cast<double>(d)) / std::max(in.centred_rms, 1e-12);
@@ -331,9 +352,9 @@ public:
     // TopK's sparse decoder and backward terms.
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         const double dd = static_cast<double>(d);
-        return 2.0 * dd * static_cast<double>(n / std::max<int64_t>(1, cfg.n_experts)) +
-               8.0 * static_cast<double>(cfg.k) * dd +
-               4.0 * dd * static_cast<double>(cfg.n_experts);
+        const int64_t E = keys().n_experts(cfg);
+        return 2.0 * dd * static_cast<double>(n / std::max<int64_t>(1, E)) +
+               8.0 * static_cast<double>(cfg.k) * dd + 4.0 * dd * static_cast<double>(E);
     }
     bool sparse() const override { return true; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
