@@ -8,13 +8,17 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "fd_check.h"
 #include "saetrain/arch.h"
+#include "saetrain/arch/batchtopk.h"
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
 #include "saetrain/error.h"
+#include "saetrain/forwarding_backend.h"
 #include "saetrain/quality.h"
 #include "saetrain/trainer.h"
 #include "saetrain/trainer_io.h"
@@ -708,7 +712,8 @@ TEST(BatchSelection, ThresholdIsTheExactOrderStatistic) {
         for (int64_t i = 0; i < n; ++i)
             if (pre[r * n + i] + bias[i] > 0) pos.push_back(pre[r * n + i] + bias[i]);
     std::sort(pos.rbegin(), pos.rend());
-    auto be = make_cpu_backend(2);
+    auto cpu = make_cpu_backend(2);
+    BatchTopkOps* be = &arch_ops<BatchTopkOps>(*cpu, batchtopk_op_set());  // its CPU reference
     const auto npos = static_cast<int64_t>(pos.size());
     for (int64_t count : {int64_t{1}, int64_t{100}, rows * 4, npos / 2 + 7, npos, npos + 50}) {
         const float t = be->batch_threshold(pre.data(), bias.data(), rows, n, count);
@@ -813,3 +818,99 @@ TEST(LatentSharding, UnshardableConfigsAreRefusedNamingTheKey) {
         EXPECT_EQ(error_of(a, 256, 2), "") << arch;
     }
 }
+
+// --- the architectures' own ops (arch_ops.h) ----------------------------------------------------
+namespace {
+
+// A backend with none of one op set's ops, as a build whose backend lacks an architecture's
+// kernels.
+class WithoutOps final : public ForwardingBackend {
+public:
+    WithoutOps(Backend& be, const ArchOpSet& missing) : ForwardingBackend(be), missing_(&missing) {}
+    ArchOps* arch_ops(const ArchOpSet& set) override {
+        return &set == missing_ ? nullptr : ForwardingBackend::arch_ops(set);
+    }
+
+private:
+    const ArchOpSet* missing_;
+};
+
+// Records the name of every op that passes through it.
+class Recorder final : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    void around(const std::string& op, const std::function<void()>& f) override {
+        seen.insert(op);
+        f();
+    }
+    std::set<std::string> seen;
+};
+
+SaeConfig small_config(const char* arch) {
+    SaeConfig cfg;
+    cfg.arch = arch;
+    cfg.expansion = 4;
+    cfg.k = 4;
+    cfg.set("sae.n_experts", 2);
+    return cfg;
+}
+
+// Refused where the run is configured (saetrain's start-up and the trainer both ask), in one
+// line naming the backend, the architecture and the ops it lacks; the other architectures
+// still train on it.
+TEST(ArchOps, ABackendWithoutAnArchitecturesOpsRefusesIt) {
+    auto cpu = make_cpu_backend(1);
+    auto self = make_self_comm();
+    int sets = 0;
+    for (const Architecture* a : architectures()) {
+        for (const ArchOpSet* set : a->op_sets()) {
+            ++sets;
+            WithoutOps be(*cpu, *set);
+            const SaeConfig cfg = small_config(a->name());
+            try {
+                arch_check_backend(cfg, 16, 64, be);
+                ADD_FAILURE() << a->name() << " was not refused";
+            } catch (const Error& e) {
+                const std::string m = e.what();
+                EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+                EXPECT_EQ(m.rfind("sae.arch = " + std::string(a->name()) + ": the " + be.name() +
+                                      " backend has no implementation of the " + set->name +
+                                      " SAE's ops (",
+                                  0),
+                          0u)
+                    << m;
+                for (const std::string& op : set->ops)
+                    EXPECT_NE(m.find(op), std::string::npos) << m;
+            }
+            EXPECT_THROW(SaeTrainer(cfg, 16, 10, 0, be, *self), Error) << a->name();
+            for (const Architecture* other : architectures()) {
+                if (!other->op_sets().empty()) continue;
+                EXPECT_NO_THROW(arch_check_backend(small_config(other->name()), 16, 64, be));
+            }
+        }
+    }
+    EXPECT_GE(sets, 5);  // relu, batchtopk, jumprelu, gated, switch
+}
+
+// A ForwardingBackend (bench_step's per-op timing, the tests' recorders) sees every op of the
+// architectures' own sets in a training step, by the names the sets give them.
+TEST(ArchOps, AForwardingBackendSeesEveryArchitectureOp) {
+    auto cpu = make_cpu_backend(1);
+    auto self = make_self_comm();
+    const int64_t d = 16, rows = 64;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(rows * d));
+    for (float& v : x) v = normal(rng);
+    for (const Architecture* a : architectures()) {
+        Recorder rec(*cpu);
+        SaeTrainer tr(small_config(a->name()), d, 10, 0, rec, *self);
+        tr.init(x.data(), rows);
+        tr.step(x.data(), rows);
+        for (const ArchOpSet* set : a->op_sets())
+            for (const std::string& op : set->ops)
+                EXPECT_EQ(rec.seen.count(op), 1u) << a->name() << ": " << op;
+    }
+}
+
+}  // namespace
