@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "app_cli.h"              // defines: cli_parse (--version, usage errors)
 #include "saetrain/checkpoint.h"  // defines: sae_is_checkpoint, sae_read_h5, SaeWeights
 #include "saetrain/error.h"
 #include "saetrain/shards.h"       // defines: dataset_open, DatasetInfo
@@ -103,12 +104,16 @@ void print_dataset(const std::string& path, const std::string& name) {
 int main(int argc, char** argv) {
     std::string path, dataset = "activations";
     CLI::App app{"Validate and describe activation shards or an SAE checkpoint."};
-    app.add_option("path", path, "dataset directory, glob, shard, or SAE .h5 file")->required();
+    app.add_option("PATH", path, "dataset directory, glob, shard, or SAE .h5 file")->required();
     app.add_option("--dataset", dataset, "dataset name inside each shard")->capture_default_str();
     std::string compare;
     app.add_option("--compare", compare,
                    "another SAE file: exit 0 when its tensors are bitwise equal to PATH's, else 1");
-    CLI11_PARSE(app, argc, argv);
+    if (const int code = saetrain::cli_parse(
+            app, "sae-inspect", "sae-inspect PATH [--dataset NAME] [--compare OTHER_SAE.h5]", argc,
+            argv);
+        code >= 0)
+        return code;
     try {
         if (!compare.empty()) {
             const std::string diff = weights_difference(path, compare);

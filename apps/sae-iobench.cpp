@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "app_cli.h"  // defines: cli_parse (--version, usage errors)
 #include "saetrain/error.h"
 #include "saetrain/loader.h"   // defines: ShardBatchSource, LoaderOptions
 #include "saetrain/shards.h"   // defines: dataset_open, shard_index
@@ -425,7 +426,12 @@ int main(int argc, char** argv) {
     CLI::App app{"Training reader throughput beside raw sequential reads of the same files."};
     Args a;
     add_options(app, a);
-    CLI11_PARSE(app, argc, argv);
+    if (const int code = cli_parse(app, "sae-iobench",
+                                   "sae-iobench DATA [--batch N] [--shuffle-rows N] [--read-mib N] "
+                                   "[--passes N] [--seconds S] [--no-cold] [--json] ...",
+                                   argc, argv);
+        code >= 0)
+        return code;
 
     try {
         const DatasetInfo info = dataset_open(a.data);

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 
+#include "app_cli.h"  // defines: cli_parse (--version, usage errors)
 #include "saetrain/arch.h"
 #include "saetrain/error.h"      // defines: saetrain::Error
 #include "saetrain/perfmodel.h"  // defines: gpu_peak_table, predict, PerfInputs
@@ -255,7 +256,13 @@ int main(int argc, char** argv) {
     CLI::App app{"sae-perfmodel: predicted SAE training throughput per GPU (a paper model)"};
     Options o;
     add_options(app, o);
-    CLI11_PARSE(app, argc, argv);
+    if (const int code = cli_parse(app, "sae-perfmodel",
+                                   "sae-perfmodel [--gpu NAME] [--d-model D] [--n-latents N] "
+                                   "[--k K] [--arch ARCH] [--mode MODE] [--ranks N] ... | "
+                                   "--list-gpus",
+                                   argc, argv);
+        code >= 0)
+        return code;
 
     try {
         if (o.list) {

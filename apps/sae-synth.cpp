@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "app_cli.h"  // defines: cli_parse (--version, usage errors)
 #include "saetrain/error.h"
 #include "saetrain/shards.h"  // defines: dtype_parse, dtype_name
 #include "saetrain/synth.h"   // defines: SynthOptions, synth_write
@@ -34,7 +35,13 @@ int main(int argc, char** argv) {
     app.add_option("--max-scale", o.max_scale, "largest feature magnitude")->capture_default_str();
     app.add_option("--mean-norm", o.mean_norm, "norm of the shared mean vector")
         ->capture_default_str();
-    CLI11_PARSE(app, argc, argv);
+    if (const int code = saetrain::cli_parse(
+            app, "sae-synth",
+            "sae-synth --out DIR [--d-model N] [--features M] [--rows N] [--shards N] "
+            "[--dtype f32|f16|bf16] [--chunked] [--seed S] ...",
+            argc, argv);
+        code >= 0)
+        return code;
 
     try {
         o.dtype = saetrain::dtype_parse(dtype);

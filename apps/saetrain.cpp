@@ -14,7 +14,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -23,7 +22,9 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <thread>
 
+#include "app_cli.h"                    // defines: cli_parse (--version, usage errors: exit 2)
 #include "saetrain/arch.h"              // defines: arch_get (the architecture registry)
 #include "saetrain/backend_registry.h"  // defines: make_backend (cpu, cuda, auto)
 #include "saetrain/build_config.h"      // defines: SAETRAIN_VERSION
@@ -40,7 +41,7 @@
 #include "saetrain/perfmodel.h"         // defines: mfu_peak (the peak MFU is measured against)
 #include "saetrain/rank_grid.h"         // defines: RankGrid (coordinates, every communicator)
 #include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
-#include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files
+#include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files, RunStateFile
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
 #include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, read_rows
 #include "saetrain/shared_source.h"     // defines: SharedBatchSource, BroadcastBatchSource
@@ -48,6 +49,7 @@
 #include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
 #include "saetrain/train_state.h"       // defines: write_streamed (latent-sharded SAE files)
 #include "saetrain/trainer_io.h"        // defines: trainer_weights (the SAE in the file layout)
+#include "stop_signals.h"               // defines: stop_signals_install (SIGTERM, SIGUSR1, Ctrl-C)
 
 namespace fs = std::filesystem;
 using namespace saetrain;
@@ -62,13 +64,10 @@ struct Args {
     int threads = 0;
 };
 
-// Exit codes (README "Faults"): 0 done, 1 error, 75 stopped by SIGTERM/SIGUSR1 after writing a
-// checkpoint (EX_TEMPFAIL: run the same command again, or let Slurm's --requeue do it).
+// Exit codes (README "Signals and exit codes"): 0 done, 1 error, 2 usage error, 75 stopped by
+// SIGTERM, SIGUSR1 or Ctrl-C after committing a checkpoint (EX_TEMPFAIL: run the same command
+// again, or let Slurm's --requeue do it); a second Ctrl-C ends the process by SIGINT (130).
 constexpr int kExitStopped = 75;
-
-// Set by SIGTERM / SIGUSR1 (Slurm's time limit and --signal); read once per iteration.
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 // Cores this process may run on, shared fairly among the ranks of its node.
 int cpu_threads_for_rank(int local_size) {
@@ -209,8 +208,8 @@ bool agree_on_startup(Communicator& world, const std::string& error) {
     return false;
 }
 
-// One line per node: ranks, cores, threads.
-void print_placement(Communicator& world, const NodePlacement& place, int threads) {
+// One line per node: ranks, cores, threads. Returns the number of nodes (on rank 0).
+int print_placement(Communicator& world, const NodePlacement& place, int threads) {
     struct Rec {
         char host[64];
         int32_t local_rank, local_size, threads;
@@ -219,11 +218,15 @@ void print_placement(Communicator& world, const NodePlacement& place, int thread
     mine.local_rank = place.local_rank, mine.local_size = place.local_size, mine.threads = threads;
     std::vector<Rec> all(static_cast<size_t>(world.size()));
     world.allgather(&mine, all.data(), sizeof(Rec));
-    if (world.rank() != 0) return;
+    int nodes = 0;
+    if (world.rank() != 0) return nodes;
     for (const Rec& r : all)
-        if (r.local_rank == 0)
+        if (r.local_rank == 0) {
             fmt::print("node {}: {} rank(s), {} CPU thread(s) each\n", r.host, r.local_size,
                        r.threads);
+            ++nodes;
+        }
+    return nodes;
 }
 
 // --- start-up ---------------------------------------------------------------------------------
@@ -350,8 +353,8 @@ std::optional<Connections> connect(Setup& s, Communicator& world, const NodePlac
 void prepare_out_dir(const Setup& s) {
     const fs::path out = s.out();
     if (!s.resume)
-        for (const char* f :
-             {"metrics.jsonl", "summary.csv", "COMPLETE", "checkpoints", "sae", "tb", "report"})
+        for (const char* f : {"metrics.jsonl", "summary.csv", "COMPLETE", "run.json", "checkpoints",
+                              "sae", "tb", "report"})
             fs::remove_all(out / f);
     fs::create_directories(out);
     remove_stale_files(out.string());
@@ -477,7 +480,10 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
         const ReaderCursor c = s.cursor();
         checkpoints.save(t, iteration, c.epoch, c.offset, /*wait=*/false);
     };
-    opt.stop_requested = [] { return g_stop_signal.load() != 0; };
+    // Committed at the first iteration at which no rank is still writing it (checkpointer.h).
+    opt.write_in_flight = [&checkpoints] { return checkpoints.write_in_flight(); };
+    opt.commit_written = [&checkpoints](bool busy) { checkpoints.commit_when_written(busy); };
+    opt.stop_requested = [] { return stop_signal_received(); };
     opt.stop_on_nonfinite = s.cfg.data.nonfinite == "stop";
     if (s.eval_rows() > 0) {
         opt.evaluate = [&s](SaeTrainer& t) {
@@ -485,8 +491,13 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
         };
         opt.eval_every = s.cfg.log.eval_every_steps;
     }
-    opt.on_iteration = [&world, &fault](int64_t iter) {
+    opt.on_iteration = [&world, &fault, &checkpoints](int64_t iter) {
         if (fault.fires(world.rank(), iter, false)) fault.fire(iter);
+        if (fault.watches_write(world.rank(), iter)) {  // phase `written` (fault.h)
+            if (iter > fault.iteration) fault.fire(iter);
+            while (checkpoints.write_in_flight())
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
     };
 }
 
@@ -578,8 +589,22 @@ void config_columns(const Setup& s, std::vector<std::string>& names,
     }
 }
 
+// run.json's record of this run (run_dir.h): written by rank 0 once training is about to start.
+RunRecord run_record(const Setup& s, int ranks, int hosts, int64_t steps, int64_t resumed_step) {
+    RunRecord r;
+    r.version = SAETRAIN_VERSION;
+    r.backend = s.backend->name();
+    r.ranks = ranks, r.hosts = hosts;
+    r.total_steps = steps;
+    r.tokens_per_step = s.cfg.data.batch_size * s.layout.replicas;
+    r.resumed_from_step = resumed_step;
+    for (size_t i = 0; i < s.cfg.sweep.size(); ++i) r.saes.emplace_back(s.ids[i], s.cfg.sweep[i]);
+    return r;
+}
+
 // --- the run ------------------------------------------------------------------------------------
-int run(const Args& args, Communicator& world) {
+// `state`: set on rank 0 once training starts (out_dir/run.json); main records the exit in it.
+int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& state) {
     const bool root = world.rank() == 0;
     const NodePlacement place = node_placement();
     Fault fault;
@@ -602,7 +627,7 @@ int run(const Args& args, Communicator& world) {
         prepare_out_dir(s);
         print_banner(s, world.size(), conn.steps);
     }
-    print_placement(world, place, s.threads);
+    const int hosts = print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it
 
     SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
@@ -614,13 +639,33 @@ int run(const Args& args, Communicator& world) {
                              s.cfg.checkpoint.keep, s.layout.shard);
     LoopOptions opt;
     const int64_t resumed_step = resume_if_any(s, args, world, checkpoints, trainer, opt);
+    // What a second Ctrl-C keeps: the newest committed checkpoint, kept up to date.
+    stop_signals_training((s.out() / "checkpoints").string(), checkpoints.newest_committed());
+    checkpoints.on_commit([](int64_t step) { stop_signals_committed(step); });
+    if (root)
+        state = std::make_unique<RunStateFile>(
+            s.out().string(), run_record(s, world.size(), hosts, conn.steps, resumed_step));
 
     const MfuPeak peak = announce_peak(s, root);
     RunReporter reporter(world, s.layout, s.ids, (s.out() / "metrics.jsonl").string(), peak.flops,
                          (s.out() / "tb").string(), resumed_step);
+    std::vector<std::string> names;
+    std::vector<std::map<std::string, std::string>> rows;
+    config_columns(s, names, rows);  // summary.csv's and TensorBoard's description of each SAE
+    reporter.write_config_text(config_to_yaml(s.cfg), names, rows,
+                               std::max<int64_t>(resumed_step, 0));
     set_loop_hooks(opt, s, world, reporter, checkpoints, fault, writer);
     const LoopResult res = train_loop(trainer, *conn.source, opt);
     print_loop_end(res, reporter, world);
+    if (res.stopped && trainer.step_count() == 0) {
+        // Stopped before the first step (a signal during start-up): no SAE to save yet.
+        if (root)
+            fmt::print(stderr,
+                       "saetrain: stopped by a signal before the first step; nothing to save. Run "
+                       "the same command to start (exit code {}).\n",
+                       kExitStopped);
+        return kExitStopped;
+    }
     // The last checkpoint: committed before anything else is written.
     const ReaderCursor end = s.cursor();
     checkpoints.save(trainer, res.iterations, end.epoch, end.offset, /*wait=*/true);
@@ -635,9 +680,6 @@ int run(const Args& args, Communicator& world) {
 
     SaeSummary mine = summarize(s, res, trainer);
     if (writer) write_sae(s, trainer, mine);
-    std::vector<std::string> names;
-    std::vector<std::map<std::string, std::string>> rows;
-    config_columns(s, names, rows);
     reporter.finish(mine, (s.out() / "summary.csv").string(), names, rows);
     world.barrier();
     if (root) {
@@ -665,10 +707,9 @@ void print_keys() {
 }  // namespace
 
 int main(int argc, char** argv) {
-    MpiScope mpi(&argc, &argv);
     Args args;
     CLI::App app{"saetrain: train sparse autoencoders on cached activations"};
-    app.add_option("config", args.config, "YAML config file")->required();
+    app.add_option("CONFIG", args.config, "YAML config file")->required();
     app.add_option("--set", args.sets, "override a config key: section.key=value (repeatable)");
     app.add_flag("--overwrite", args.overwrite,
                  "start over: replace the run in run.out_dir instead of resuming it");
@@ -683,19 +724,26 @@ int main(int argc, char** argv) {
             throw CLI::Success();
         },
         "print every config key with its default and doc, then exit");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e);
-    }
+    // Before MPI starts: --version, --help, --list-keys and a usage error need no MPI.
+    if (const int code = cli_parse(app, "saetrain",
+                                   "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] "
+                                   "[--allow-config-change] [--threads N] | --list-keys",
+                                   argc, argv);
+        code >= 0)
+        return code;
+    MpiScope mpi(&argc, &argv);
     // From here on a stop signal is a request: honoured at the first iteration if it arrives
     // during start-up (the default action would kill the rank and leave its peers waiting).
-    std::signal(SIGTERM, on_stop_signal);
-    std::signal(SIGUSR1, on_stop_signal);
+    stop_signals_install();
     auto world = make_mpi_world();
+    stop_signals_set_rank(world->rank());
+    std::unique_ptr<RunStateFile> state;  // rank 0, once training starts: how the process ended
     try {
-        return run(args, *world);
+        const int code = run(args, *world, state);
+        if (state) state->end(code);
+        return code;
     } catch (const std::exception& e) {
+        if (state) state->end(1, e.what());
         // A failure after start-up: the other ranks may be waiting in a collective, so this
         // rank's message is the one printed and the whole job is aborted.
         if (world->size() > 1) {

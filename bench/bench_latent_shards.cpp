@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <random>
 
+#include "harness.h"
 #include "saetrain/backend.h"
 #include "saetrain/error.h"
 #include "saetrain/metrics.h"
@@ -34,14 +35,11 @@
 #include "saetrain/trainer_io.h"
 
 using namespace saetrain;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::seconds_since;
 namespace fs = std::filesystem;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Seconds to write `bytes` to `path` in 64 MiB writes and fsync it.
 double raw_write_seconds(const std::string& path, int64_t bytes) {
@@ -102,14 +100,11 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
     if (!first) return;
     fs::remove(wpath), fs::remove(spath);
     const double gb = static_cast<double>(bytes) / 1e9;
-    fmt::print(
-        "checkpoint of {:.2f} GB: written in {:.2f} s ({:.2f} GB/s; the same bytes written "
-        "sequentially with fsync: {:.2f} s, {:.2f} GB/s = {:.0f}% of the disk); resumed in {:.2f} "
-        "s ({:.2f} GB/s)\n",
-        gb, write_s, gb / write_s, raw_s, gb / raw_s, 100.0 * raw_s / write_s, resume_s,
-        gb / resume_s);
-    fmt::print("RESULT checkpoint_write_s={:.3f} raw_write_s={:.3f} resume_s={:.3f}\n", write_s,
-               raw_s, resume_s);
+    bench::Report r(fmt::format("checkpoint of {:.2f} GB ({} latent shard(s))", gb, world.size()));
+    r.add("checkpoint_write_GBps", gb / write_s, "GB/s", gb / raw_s,
+          "the same bytes written sequentially with fsync");
+    r.add("resume_GBps", gb / resume_s, "GB/s");
+    r.print();
 }
 
 }  // namespace
@@ -126,6 +121,9 @@ int main(int argc, char** argv) {
     app.add_option("--batch", batch, "rows per step")->capture_default_str();
     app.add_option("--steps", steps, "timed steps (after one warm-up step)")->capture_default_str();
     app.add_option("--arch", arch, "topk | relu | jumprelu")->capture_default_str();
+    bool with_bound = true;
+    app.add_flag("!--no-bound", with_bound,
+                 "skip timing the GEMM-rate bound (one encoder GEMM of the shard, twice)");
     app.add_option("--checkpoint-dir", checkpoint_dir,
                    "also time a checkpoint written there, and the resume from it");
     CLI11_PARSE(app, argc, argv);
@@ -155,16 +153,21 @@ int main(int argc, char** argv) {
     std::vector<float> x(static_cast<size_t>(batch * d));
     src.next(x.data(), batch);
     tr.init(x.data(), batch);
-    tr.step(x.data(), batch);  // warm-up
-    world->barrier();
-    const auto t0 = Clock::now();
-    for (int64_t s = 0; s < steps; ++s) {
-        src.next(x.data(), batch);
-        tr.step(x.data(), batch);
-    }
-    world->barrier();
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double secs = bench::time_span(
+        1, static_cast<int>(steps), [&] { world->barrier(); },
+        [&] {
+            src.next(x.data(), batch);
+            tr.step(x.data(), batch);
+        });
     const double tok_s = static_cast<double>(steps * batch) / secs;
+    // The limit: a rank's GEMM rate on the encoder shape of its n / S latents (the step's FLOPs
+    // are the encoder's, dense, plus a sparse part), over the FLOPs per token of those latents.
+    double bound = std::nan("");
+    if (with_bound) {
+        const int64_t own = n / S;
+        const double rate = bench::gemm_flops_per_s(*be, {{false, true, batch, own, d}}, 1);
+        bound = rate / tr.arch().flops_per_token(cfg, d, own);
+    }
 
     double peak = static_cast<double>(host_peak_rss_bytes());
     std::vector<double> peaks(static_cast<size_t>(S));
@@ -179,8 +182,12 @@ int main(int argc, char** argv) {
             "peak resident {:.2f} GB (largest over ranks)\n",
             arch, d, n, k, batch, S, tok_s, steps, secs / static_cast<double>(steps),
             state_bytes / 1e9, worst / 1e9);
-        fmt::print("RESULT tokens_per_s={:.1f} peak_bytes={:.0f} state_bytes={:.0f}\n", tok_s,
-                   worst, state_bytes);
+        bench::Report r(fmt::format("{} SAE d {} x n {} over {} latent shard(s)", arch, d, n, S));
+        r.add("tokens_per_s", tok_s, "tok/s", bound,
+              "one rank's GEMM rate on its n/S latents' encoder / their FLOPs per token");
+        r.add("peak_bytes", worst, "B");
+        r.add("state_bytes", state_bytes, "B");
+        r.print();
     }
     if (!checkpoint_dir.empty()) time_checkpoint(tr, *world, checkpoint_dir, cfg);
     return 0;

@@ -5,11 +5,15 @@
 // both delivering the rows as saetrain does: in the shards' element type, widened on upload.
 // Prints tokens/s of both, their ratio, the reader run's starvation (wait_fraction: time
 // next() blocked on the reader over wall time) and the bytes per token each stage moves.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <vector>
 
+#include "harness.h"
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
 #include "saetrain/loader.h"
@@ -71,16 +75,14 @@ int main(int argc, char** argv) {
     SaeTrainer t2(cfg, info.d_model, steps, 0, *be, *self);
     const LoopResult b = train_loop(t2, rsrc, lo);
 
-    std::printf("%-8s %8s %10s %12s %8s\n", "source", "steps", "time", "tokens/s", "wait");
-    std::printf("%-8s %8s %10s %12s %8s\n", "", "", "s", "tok/s", "%");
-    std::printf("%-8s %8lld %10.2f %12.0f %8.2f\n", "memory", static_cast<long long>(a.steps),
-                a.seconds, a.tokens_per_s, 100 * a.wait_fraction);
-    std::printf("%-8s %8lld %10.2f %12.0f %8.2f\n", "reader", static_cast<long long>(b.steps),
-                b.seconds, b.tokens_per_s, 100 * b.wait_fraction);
-    std::printf(
-        "reader / memory tokens/s: %.1f%% (target >= 97%%), reader starvation %.2f%% "
-        "(target < 3%%)\n",
-        100 * b.tokens_per_s / a.tokens_per_s, 100 * b.wait_fraction);
+    bench::Report r(fmt::format("TopK n {} k {}, batch {}, {} steps: the reader beside memory",
+                                n_latents, k, batch, b.steps));
+    r.add("memory_tokens_per_s", a.tokens_per_s, "tok/s");
+    r.add("reader_tokens_per_s", b.tokens_per_s, "tok/s", a.tokens_per_s,
+          "the same rows from memory (target >= 97%)");
+    r.add("reader_wait_percent", 100 * b.wait_fraction, "%", std::nan(""),
+          "time next() blocked on the reader (target < 3%)");
+    r.print();
     // What one token costs on the way, by stage (d_model values of the element size each).
     const auto stored = static_cast<long long>(info.d_model * dtype_size(info.dtype));
     const auto wide = static_cast<long long>(info.d_model * 4);

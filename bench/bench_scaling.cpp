@@ -14,6 +14,7 @@
 #include <chrono>
 #include <random>
 
+#include "harness.h"
 #include "saetrain/backend.h"
 #include "saetrain/loader.h"
 #include "saetrain/mpi_world.h"
@@ -21,7 +22,6 @@
 #include "saetrain/trainer.h"
 
 using namespace saetrain;
-using Clock = std::chrono::steady_clock;
 
 int main(int argc, char** argv) {
     MpiScope mpi(&argc, &argv);
@@ -51,31 +51,39 @@ int main(int argc, char** argv) {
     cfg.k = k;
     cfg.warmup_steps = 0;
     auto self = make_self_comm();
-    SaeTrainer tr(cfg, d, steps + 1, 0, *be, independent ? *self : *world);
     std::mt19937 rng(static_cast<uint32_t>(world->rank()));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(batch * d));
     for (float& v : x) v = normal(rng);
+    // The limit, in this run: rank 0 alone (the others wait), then every rank at once.
+    double alone_tps = 0;
+    if (root) {
+        SaeTrainer solo(cfg, d, steps + 1, 0, *be, *self);
+        solo.init(x.data(), batch);
+        alone_tps =
+            static_cast<double>(batch * steps) /
+            bench::time_span(1, static_cast<int>(steps), {}, [&] { solo.step(x.data(), batch); });
+    }
+    world->barrier();
+    SaeTrainer tr(cfg, d, steps + 1, 0, *be, independent ? *self : *world);
     tr.init(x.data(), batch);
-    tr.step(x.data(), batch);  // warm-up
-    world->barrier();
-    const auto t0 = Clock::now();
-    for (int64_t s = 0; s < steps; ++s) tr.step(x.data(), batch);
-    world->barrier();
-    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double sec = bench::time_span(
+        1, static_cast<int>(steps), [&] { world->barrier(); }, [&] { tr.step(x.data(), batch); });
     const double tps = static_cast<double>(batch * steps * world->size()) / sec;
     if (root) {
-        fmt::print(
+        const double ranks = world->size();
+        bench::Report r(fmt::format(
             "data_parallel {} | d_model {} n_latents {} k {} | {} rank(s) x 1 thread, {} "
-            "rows/rank/step | optimizer: {}\n",
+            "rows/rank/step | optimizer: {}",
             arch, d, n, k, world->size(), batch,
             independent          ? "one per rank (no exchange)"
             : tr.splits_update() ? "node memory, update split over the replicas"
             : world->size() > 1  ? "gradients all-reduced by messages"
-                                 : "one rank");
-        fmt::print("{:>8} {:>14} {:>18}\n", "ranks", "tokens/s", "tokens/s per rank");
-        fmt::print("{:>8} {:>14.0f} {:>18.0f}\n", world->size(), tps, tps / world->size());
-        fmt::print("RESULT dp_tokens_per_s={:.1f} ranks={}\n", tps, world->size());
+                                 : "one rank"));
+        r.add("dp_tokens_per_s", tps, "tok/s", ranks * alone_tps,
+              "ranks x rank 0's tokens/s alone in this run (perfect weak scaling)");
+        r.add("tokens_per_s_per_rank", tps / ranks, "tok/s", alone_tps, "rank 0 alone");
+        r.print();
     }
 
     // --- 2. shared sweep: bytes read per rank -------------------------------------------------

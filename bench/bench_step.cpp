@@ -22,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "harness.h"
 #include "saetrain/arch.h"
 #include "saetrain/backend.h"
 #include "saetrain/backend_registry.h"
@@ -32,54 +33,9 @@
 #include "saetrain/trainer.h"
 
 using namespace saetrain;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
 
 namespace {
-
-double seconds(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Median seconds of `reps` calls of f after two warm-up calls, each call's device work
-// included (the backend is synchronized before each clock read).
-template <typename F>
-double time_median(Backend& be, int reps, F&& f) {
-    for (int w = 0; w < 2; ++w) f();
-    be.synchronize();
-    std::vector<double> t;
-    for (int i = 0; i < reps; ++i) {
-        const auto t0 = Clock::now();
-        f();
-        be.synchronize();
-        t.push_back(seconds(t0));
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-
-struct Gemm {
-    bool ta, tb;
-    int64_t m, n, k;
-};
-
-// Seconds for the given row-major GEMMs, called exactly as the trainer calls them, on random
-// operands in the backend's memory (never zeros: they can run faster than real data).
-double time_gemms(Backend& be, const std::vector<Gemm>& shapes, int reps) {
-    int64_t most = 0;
-    for (const Gemm& g : shapes) most = std::max({most, g.m * g.k, g.k * g.n, g.m * g.n});
-    std::mt19937 rng(7);
-    std::normal_distribution<float> normal(0.0f, 0.05f);
-    std::vector<float> host(static_cast<size_t>(most));
-    for (float& v : host) v = normal(rng);
-    DeviceArray<float> a(be, most), b(be, most), c(be, most);
-    be.upload(a.data(), host.data(), a.bytes());
-    be.upload(b.data(), host.data(), b.bytes());
-    return time_median(be, reps, [&] {
-        for (const Gemm& g : shapes)
-            be.gemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), g.ta ? g.m : g.k, b.data(),
-                    g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
-    });
-}
 
 // Forwards to a backend and accumulates wall time per op, to show where a step goes (the
 // backend is synchronized around each op, so a GPU op's time is its own execution).
@@ -142,16 +98,14 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
             source.next(batch_mem, batch);
             tr.step(rows, batch);
         }
-        std::vector<double> t;
+        // Each timed step on a fresh batch, fetched outside the clock.
+        bench::Timing t;
         for (int i = 0; i < reps; ++i) {
             source.next(batch_mem, batch);
             be.synchronize();
-            const auto t0 = Clock::now();
-            tr.step(rows, batch);
-            be.synchronize();
-            t.push_back(seconds(t0));
+            t.seconds.push_back(bench::time_span(
+                0, 1, [&] { be.synchronize(); }, [&] { tr.step(rows, batch); }));
         }
-        std::sort(t.begin(), t.end());
         if (breakdown) {
             source.next(batch_mem, batch);
             timed.active = true;
@@ -159,7 +113,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
             for (const auto& [op, sec] : timed.seconds)
                 fmt::print("    {:<28} {:>9.3f} ms\n", op, sec * 1e3);
         }
-        const double step_s = t[t.size() / 2];
+        const double step_s = t.median();
         fmt::print("{:<10} step {:.2f} ms, {:.0f} tokens/s after {} steps (dead {:.1f}%)\n", arch,
                    step_s * 1e3, static_cast<double>(batch) / step_s, train_steps,
                    100.0 * tr.dead_fraction());
@@ -250,15 +204,7 @@ int main(int argc, char** argv) {
         "bench_step | {} | d_model {} n_latents {} k {} batch {} | {} batch | median of {}\n",
         be->name(), d, n, k, batch, x_pinned ? "pinned" : "pageable", reps);
     // The GEMM rate of the dense step's five shapes: what every architecture's bound uses.
-    const std::vector<Gemm> shapes = {{false, true, batch, n, d},   // encoder
-                                      {false, false, batch, d, n},  // decoder
-                                      {true, false, n, d, batch},   // dW_dec
-                                      {false, true, batch, n, d},   // dz
-                                      {true, false, n, d, batch}};  // dW_enc
-    const double gemm_s = time_gemms(*be, shapes, reps);
-    const double dd = static_cast<double>(d), dn = static_cast<double>(n);
-    const double rate =
-        2.0 * dd * dn * static_cast<double>(batch) * static_cast<double>(shapes.size()) / gemm_s;
+    const double rate = bench::gemm_flops_per_s(*be, bench::dense_step_gemms(batch, d, n), reps);
     out["gemm_GFLOPs"] = rate / 1e9;
     fmt::print("GEMM rate {:.1f} GFLOP/s (the five d x n shapes of a dense step)\n", rate / 1e9);
     fmt::print("{:<10} {:>10} {:>11} {:>11} {:>11} {:>9} {:>8} {:>9}\n", "arch", "step", "tokens/s",
@@ -277,7 +223,9 @@ int main(int argc, char** argv) {
         if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
         tr.init(x, batch);
-        const double step_s = time_median(*be, reps, [&] { tr.step(x, batch); });
+        const double step_s = bench::time_calls(
+                                  2, reps, [&] { be->synchronize(); }, [&] { tr.step(x, batch); })
+                                  .median();
         const double flops_per_token = tr.arch().flops_per_token(cfg, d, n);
         if (arch == "topk") topk_s = step_s, topk_flops = flops_per_token;
         const double bound = rate / flops_per_token;

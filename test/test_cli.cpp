@@ -1,6 +1,7 @@
 // The command-line programs as a user runs them: outputs of a run, and one clear line and a
 // non-zero exit for each kind of bad input.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/wait.h>
@@ -13,11 +14,14 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "saetrain/arch.h"
+#include "saetrain/build_commit.h"  // defines: SAETRAIN_GIT_COMMIT
+#include "saetrain/build_config.h"  // defines: SAETRAIN_VERSION, SAETRAIN_CUDA, SAETRAIN_NCCL, ...
 #include "saetrain/checkpoint.h"
 #include "test_util.h"
 
@@ -35,6 +39,15 @@ std::vector<std::string> lines_of(const fs::path& p) {
     std::vector<std::string> out;
     for (std::string l; std::getline(in, l);) out.push_back(l);
     return out;
+}
+
+// The whole line of `out` that starts with `prefix` (the first such), or "" when none does:
+// messages are compared as whole strings, so an argument too many or too few shows.
+std::string line_with(const std::string& out, const std::string& prefix) {
+    std::istringstream in(out);
+    for (std::string l; std::getline(in, l);)
+        if (l.rfind(prefix, 0) == 0) return l;
+    return "";
 }
 
 class Cli : public ::testing::Test {
@@ -266,7 +279,6 @@ TEST_F(Cli, BadInputsFailWithOneClearLine) {
         {"--set sae.k=64", "sae.k"},                 // k > n_latents (32)
         {"--set train.lr=-1", "train.lr"},           // bad value
         {"--set data.path=" + (dir / "nowhere").string(), "nowhere"},  // missing data
-        {"--set sae.k=[2,4]", "2 SAE config"},  // sweep larger than the world
     };
     for (const auto& [args, needle] : cases) {
         const Result r = train(args);
@@ -275,6 +287,14 @@ TEST_F(Cli, BadInputsFailWithOneClearLine) {
         EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
         EXPECT_FALSE(fs::exists(dir / "run" / "metrics.jsonl")) << args;
     }
+    // A sweep larger than the world: the whole line (issue 34's had nine arguments for eight
+    // fields and read "one SAE per rank2: mpirun -np  / srun -n 2").
+    const Result sweep = train("--set 'sae.k=[16,32]'");
+    EXPECT_EQ(sweep.code, 1) << sweep.out;
+    EXPECT_EQ(line_with(sweep.out, "saetrain: error:"),
+              "saetrain: error: " + (dir / "cfg.yaml").string() +
+                  ": the sweep has 2 SAE config(s) but the job has 1 rank(s); run with 2 rank(s) "
+                  "(one SAE per rank: mpirun -np 2 / srun -n 2)");
     const Result missing = run(bin("saetrain") + " " + (dir / "absent.yaml").string());
     EXPECT_NE(missing.code, 0);
     EXPECT_NE(missing.out.find("absent.yaml"), std::string::npos) << missing.out;
@@ -418,7 +438,11 @@ TEST_F(Cli, MpiStartupFailuresEndAllRanksWithOneMessage) {
     Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string());
     EXPECT_NE(r.code, 0);
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
-    EXPECT_NE(r.out.find("run with 1 rank(s)"), std::string::npos) << r.out;
+    EXPECT_EQ(line_with(r.out, "saetrain: error:"),
+              "saetrain: error: rank 0: " + (dir / "cfg.yaml").string() +
+                  ": the sweep has 1 SAE config(s) but the job has 2 rank(s); run with 1 rank(s) "
+                  "(one SAE per rank: mpirun -np 1 / srun -n 1)")
+        << r.out;
     // A truncated shard, seen by every rank: still one message, naming the file.
     const fs::path shard = dir / "data" / "shard_00001.h5";
     fs::resize_file(shard, fs::file_size(shard) / 2);
@@ -568,6 +592,93 @@ TEST_F(Cli, OutDirThatCannotBeWrittenIsOneClearLine) {
     } else {
         std::printf("permission denied: not tested (needs root and setpriv to drop to nobody)\n");
     }
+}
+
+// Usage errors on every program: no arguments (where one is required), an unknown option and a
+// bad option value each print "PROGRAM: error: WHAT" and the usage line, and exit 2 (issue 34:
+// saetrain with no arguments exited 106, sae-export with two inputs 109, CLI11's own codes).
+TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
+    const std::map<std::string, std::string> usage = {
+        {"saetrain",
+         "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] [--allow-config-change] "
+         "[--threads N] | --list-keys"},
+        {"sae-synth",
+         "sae-synth --out DIR [--d-model N] [--features M] [--rows N] [--shards N] "
+         "[--dtype f32|f16|bf16] [--chunked] [--seed S] ..."},
+        {"sae-inspect", "sae-inspect PATH [--dataset NAME] [--compare OTHER_SAE.h5]"},
+        {"sae-export",
+         "sae-export SAE [SAE ...] --format saelens|sparsify --out DIR [--model-name NAME] "
+         "[--hook-name HOOK]"},
+        {"sae-perfmodel",
+         "sae-perfmodel [--gpu NAME] [--d-model D] [--n-latents N] [--k K] [--arch ARCH] "
+         "[--mode MODE] [--ranks N] ... | --list-gpus"},
+        {"sae-iobench",
+         "sae-iobench DATA [--batch N] [--shuffle-rows N] [--read-mib N] [--passes N] "
+         "[--seconds S] [--no-cold] [--json] ..."}};
+    const std::string cfg = (dir / "cfg.yaml").string(), data = (dir / "data").string();
+    struct Case {
+        std::string program, args, error;
+    };
+    const std::vector<Case> cases = {
+        {"saetrain", "", "CONFIG is required"},
+        {"saetrain", cfg + " --bogus", "The following argument was not expected: --bogus"},
+        {"saetrain", cfg + " --threads many", "Could not convert: --threads = many"},
+        {"saetrain", cfg + " " + cfg, "The following argument was not expected: " + cfg},
+        {"sae-synth", "", "--out is required"},
+        {"sae-synth", "--out x --bogus", "The following argument was not expected: --bogus"},
+        {"sae-synth", "--out x --dtype f64", "--dtype: f64 not in {f32,f16,bf16}"},
+        {"sae-inspect", "", "PATH is required"},
+        {"sae-inspect", data + " --bogus", "The following argument was not expected: --bogus"},
+        {"sae-export", "", "SAE is required"},
+        {"sae-export", data + " --format saelens", "--out is required"},
+        {"sae-export", data + " --format saelens --out o --bogus",
+         "The following argument was not expected: --bogus"},
+        {"sae-perfmodel", "--bogus", "The following argument was not expected: --bogus"},
+        {"sae-perfmodel", "--d-model wide", "Could not convert: --d-model = wide"},
+        {"sae-iobench", "", "DATA is required"},
+        {"sae-iobench", data + " --batch lots", "Could not convert: --batch = lots"},
+    };
+    for (const Case& c : cases) {
+        const Result r = run(bin(c.program) + " " + c.args);
+        EXPECT_EQ(r.code, 2) << c.program << " " << c.args << ":\n" << r.out;
+        EXPECT_EQ(r.out, c.program + ": error: " + c.error + "\nusage: " + usage.at(c.program) +
+                             " (--help for every option)\n")
+            << c.program << " " << c.args;
+    }
+    // --help is no error.
+    for (const auto& [program, line] : usage) {
+        const Result r = run(bin(program) + " --help");
+        EXPECT_EQ(r.code, 0) << program << ":\n" << r.out;
+        EXPECT_NE(r.out.find("--version"), std::string::npos) << program << ":\n" << r.out;
+    }
+    // Nor is saetrain --list-keys, which needs no CONFIG (its callback ends the parse).
+    const Result keys = run(bin("saetrain") + " --list-keys");
+    EXPECT_EQ(keys.code, 0) << keys.out;
+    EXPECT_NE(keys.out.find("sae.jumprelu_bandwidth"), std::string::npos) << keys.out;
+    EXPECT_EQ(keys.out.find("error"), std::string::npos) << keys.out;
+}
+
+// --version on every program: the project version, the commit the build was configured at and
+// the build's options, from the generated headers; nothing else, exit 0, no MPI started.
+TEST_F(Cli, VersionNamesTheCommitAndTheBuildOptions) {
+    const std::string commit = SAETRAIN_GIT_COMMIT;
+    EXPECT_TRUE(
+        commit == "unknown" ||
+        (commit.size() == 12 && commit.find_first_not_of("0123456789abcdef") == std::string::npos))
+        << commit;
+    const std::string build = fmt::format(
+        "build: {}, CUDA {}, NCCL {}, native {}", SAETRAIN_BUILD_TYPE, SAETRAIN_CUDA ? "on" : "off",
+        SAETRAIN_NCCL ? "on" : "off", SAETRAIN_NATIVE ? "on" : "off");
+    for (const std::string program :
+         {"saetrain", "sae-synth", "sae-inspect", "sae-export", "sae-perfmodel", "sae-iobench"}) {
+        const Result r = run(bin(program) + " --version");
+        EXPECT_EQ(r.code, 0) << program << ":\n" << r.out;
+        EXPECT_EQ(r.out,
+                  program + " " + SAETRAIN_VERSION + " (git " + commit + ")\n" + build + "\n");
+    }
+    // The version is the project's (CMakeLists.txt), three numbers.
+    EXPECT_TRUE(std::regex_match(std::string(SAETRAIN_VERSION), std::regex(R"(\d+\.\d+\.\d+)")))
+        << SAETRAIN_VERSION;
 }
 
 TEST_F(Cli, InspectDescribesDataAndSae) {

@@ -4,13 +4,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "saetrain/arch.h"
 #include "saetrain/backend.h"
+#include "saetrain/checkpointer.h"
 #include "saetrain/comm.h"
+#include "saetrain/forwarding_backend.h"
 #include "saetrain/loader.h"
 #include "saetrain/synth.h"
 #include "saetrain/train_loop.h"
@@ -208,6 +215,22 @@ TEST(EndToEnd, SixteenBitRowsTrainBitwiseAsTheWidenedRows) {
 // the same order, so the trained parameters are bit-identical with and without it, and a
 // checkpoint callback sees the source's cursor count only trained batches (no batch is fetched
 // ahead of a checkpoint).
+// Holds the backend to upload_rows's promise that the host rows may be reused once it returns
+// (what fetching ahead relies on: the next batch is read into the same buffer while the device
+// trains): after each upload the rows are overwritten with NaN, so a trainer or loop that read
+// them again would train on NaN or on the wrong batch.
+class PoisonAfterUpload final : public ForwardingBackend {
+public:
+    explicit PoisonAfterUpload(Backend& be) : ForwardingBackend(be) {}
+    int64_t poisoned = 0;
+    void upload_rows(float* dst, const void* src, DType t, int64_t n) override {
+        ForwardingBackend::upload_rows(dst, src, t, n);
+        // The test owns these rows (the loop's batch buffer); const only in the interface.
+        std::memset(const_cast<void*>(src), 0xff, static_cast<size_t>(n) * dtype_size(t));
+        poisoned += n;
+    }
+};
+
 TEST(EndToEnd, FetchingAheadChangesNothing) {
     TempDir tmp;
     SynthOptions so;
@@ -229,10 +252,10 @@ TEST(EndToEnd, FetchingAheadChangesNothing) {
         SaeConfig cfg;
         cfg.expansion = 2;
         cfg.k = 4;
-        auto be = make_cpu_backend(1);
+        auto cpu = make_cpu_backend(1);
+        PoisonAfterUpload be(*cpu);
         auto self = make_self_comm();
-        SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, *be,
-                      *self);
+        SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, be, *self);
         LoopOptions opt;
         opt.batch_size = batch;
         opt.overlap = overlap;
@@ -245,13 +268,119 @@ TEST(EndToEnd, FetchingAheadChangesNothing) {
         };
         const LoopResult res = train_loop(tr, source, opt);
         EXPECT_EQ(res.tokens, source.total_rows());
+        EXPECT_EQ(res.skipped_steps, 0);
+        EXPECT_GE(be.poisoned, source.total_rows() * data.d_model);  // every batch was uploaded
         return tr.params_host();
     };
     std::vector<int64_t> cursors_on, cursors_off;
     const auto on = run(true, &cursors_on), off = run(false, &cursors_off);
+    EXPECT_TRUE(std::all_of(on.begin(), on.end(), [](float v) { return std::isfinite(v); }));
     EXPECT_EQ(on, off);
     EXPECT_EQ(cursors_on, cursors_off);
     EXPECT_EQ(cursors_on.size(), static_cast<size_t>(10000 / batch / 7));
+}
+
+// The ETA after a resume (issue 34: "ETA 2s" with about 55 s to go, low for most of the run):
+// from the steps this process took, not from the step count the checkpoint brought along.
+TEST(EndToEnd, EtaAfterAResumeComesFromThisProcesssSteps) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = tmp.path.string();
+    so.d_model = 16;
+    so.n_features = 32;
+    so.rows = 6400;
+    so.shards = 1;
+    so.seed = 3;
+    synth_write(so);
+    const DatasetInfo data = dataset_open(so.out_dir);
+    LoaderOptions lo;
+    lo.shuffle_rows = 0;
+    SaeConfig cfg;
+    cfg.expansion = 2;
+    cfg.k = 4;
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    SaeTrainer tr(cfg, data.d_model, 100, 0, *be, *self);  // 6400 rows / 64: 100 steps
+    // The first process: stopped (as by a signal) after 90 steps.
+    ShardBatchSource first(data, {0, data.total_rows}, lo);
+    LoopOptions a;
+    a.batch_size = 64;
+    a.log_every = 0;
+    a.overlap = false;
+    int polls = 0;
+    a.stop_requested = [&] { return ++polls > 90; };
+    const LoopResult ra = train_loop(tr, first, a);
+    ASSERT_EQ(ra.steps, 90);
+    // The next process: the trainer as the checkpoint restores it, the reader from its cursor.
+    ShardBatchSource second(data, {0, data.total_rows}, lo, first.cursor());
+    LoopOptions b;
+    b.batch_size = 64;
+    b.log_every = 4;
+    b.start_iteration = ra.iterations;
+    b.initialized = true;
+    std::vector<MetricsRow> rows;
+    b.report = [&](const MetricsRow& m) { rows.push_back(m); };
+    train_loop(tr, second, b);
+    ASSERT_FALSE(rows.empty());
+    const MetricsRow& m = rows.front();
+    ASSERT_EQ(m.step, 92);
+    ASSERT_EQ(m.total_steps, 100);
+    ASSERT_GT(m.elapsed_s, 0.0);
+    // 2 steps in elapsed_s here, 8 to go: 4 x elapsed_s (not 8/92 of it).
+    EXPECT_NEAR(m.eta_s, 4 * m.elapsed_s, 1e-9 * m.eta_s) << "elapsed " << m.elapsed_s;
+}
+
+// A checkpoint written in the background is committed at the first step after its write
+// finished (issue 34: it was committed only when the next checkpoint started, so a hard kill lost
+// one to two checkpoint.every_steps intervals). The loop waits, at the start of the iteration
+// after each checkpoint, until its write is done; at the start of the next one it must be
+// committed.
+TEST(EndToEnd, CheckpointIsCommittedTheStepAfterItsWriteFinished) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = (tmp.path / "data").string();
+    so.d_model = 16;
+    so.n_features = 32;
+    so.rows = 3000;
+    so.shards = 1;
+    so.seed = 3;
+    synth_write(so);
+    const DatasetInfo data = dataset_open(so.out_dir);
+    LoaderOptions lo;
+    lo.shuffle_rows = 1024;
+    ShardBatchSource source(data, {0, data.total_rows}, lo);
+    SaeConfig cfg;
+    cfg.expansion = 2;
+    cfg.k = 4;
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    const int64_t batch = 100;  // 30 steps
+    SaeTrainer tr(cfg, data.d_model, total_steps_for(data.total_rows, batch), 0, *be, *self);
+    const fs::path out = tmp.path / "run", sae_dir = out / "sae" / "e2e";
+    fs::create_directories(sae_dir);
+    SaeMeta meta;
+    meta.arch = "topk", meta.id = "e2e", meta.k = 4;
+    Checkpointer checkpoints(*self, *self, out.string(), sae_dir.string(), meta, /*keep=*/2);
+    LoopOptions opt;
+    opt.batch_size = batch;
+    opt.checkpoint_every = 7;
+    opt.checkpoint = [&](SaeTrainer& t, int64_t iterations) {
+        const ReaderCursor c = source.cursor();
+        checkpoints.save(t, iterations, c.epoch, c.offset, /*wait=*/false);
+    };
+    opt.write_in_flight = [&] { return checkpoints.write_in_flight(); };
+    opt.commit_written = [&](bool busy) { checkpoints.commit_when_written(busy); };
+    std::vector<std::pair<int64_t, int64_t>> seen;  // (iteration, newest committed step)
+    opt.on_iteration = [&](int64_t it) {
+        if (it > 0 && it % 7 == 0)
+            while (checkpoints.write_in_flight())
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (it > 1 && it % 7 == 1) seen.emplace_back(it, checkpoints.newest_committed());
+    };
+    train_loop(tr, source, opt);
+    const std::vector<std::pair<int64_t, int64_t>> want = {{8, 7}, {15, 14}, {22, 21}, {29, 28}};
+    EXPECT_EQ(seen, want);
+    EXPECT_EQ(Checkpointer::committed_steps(out.string()), (std::vector<int64_t>{28, 21}));
 }
 
 // SaeTrainer::evaluate against the SAE computed here from its weights, on rows it never saw;

@@ -204,6 +204,52 @@ TEST(Export, CommandLine) {
     EXPECT_NE(r.out.find("saelens or sparsify"), std::string::npos) << r.out;
 }
 
+// Several SAEs (a sweep's sae/*): each into its own directory under --out, named after its SAE
+// directory (a checkpoint file: "-checkpoint-<step>" added); two inputs that would share a
+// directory, or one that is not an SAE, are refused in one line before anything is written.
+TEST(Export, SeveralSaesEachIntoTheirOwnDirectory) {
+    TempDir tmp;
+    const fs::path a = tmp.path / "run" / "sae" / "topk-x1-k2",
+                   b = tmp.path / "run" / "sae" / "topk-x1-k3";
+    fs::create_directories(a);
+    fs::create_directories(b);
+    sae_write_h5((a / "final.h5").string(), small_weights(3, 4), meta_for("topk", 2));
+    sae_write_h5((a / "checkpoint-5.h5").string(), small_weights(3, 4), meta_for("topk", 2));
+    sae_write_h5((b / "final.h5").string(), small_weights(3, 4), meta_for("topk", 3));
+    const std::string bin = std::string(SAETRAIN_BIN_DIR) + "/sae-export ";
+    const fs::path out = tmp.path / "exports";
+    auto r = saetrain::testing::run_command(bin + a.string() + " " + b.string() + " " +
+                                            (a / "checkpoint-5.h5").string() +
+                                            " --format saelens --out " + out.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (const auto& [name, k] : std::vector<std::pair<std::string, int>>{
+             {"topk-x1-k2", 2}, {"topk-x1-k3", 3}, {"topk-x1-k2-checkpoint-5", 2}}) {
+        SCOPED_TRACE(name);
+        EXPECT_EQ(read_json(out / name / "cfg.json")["k"], k);
+        EXPECT_NE(r.out.find("wrote " + (out / name / "sae_weights.safetensors").string() + "\n"),
+                  std::string::npos)
+            << r.out;
+    }
+    // The same SAE directory name from two runs: refused, nothing written.
+    const fs::path other = tmp.path / "run2" / "sae" / "topk-x1-k2";
+    fs::create_directories(other);
+    sae_write_h5((other / "final.h5").string(), small_weights(3, 4), meta_for("topk", 2));
+    const fs::path out2 = tmp.path / "exports2";
+    r = saetrain::testing::run_command(bin + b.string() + " " + a.string() + " " + other.string() +
+                                       " --format sparsify --out " + out2.string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(r.out, "sae-export: error: " + a.string() + " and " + other.string() +
+                         " would both be exported to " + (out2 / "topk-x1-k2").string() +
+                         "; export them one at a time, each with its own --out\n");
+    EXPECT_FALSE(fs::exists(out2));
+    // An input that is not an SAE, among good ones: refused before anything is written.
+    r = saetrain::testing::run_command(bin + a.string() + " " + (tmp.path / "nope").string() +
+                                       " --format saelens --out " + out2.string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(r.out, "sae-export: error: " + (tmp.path / "nope").string() + ": no such SAE file\n");
+    EXPECT_FALSE(fs::exists(out2));
+}
+
 // The exports as the reference safetensors library reads them (tools/check_export.py: names,
 // shapes, dtype, and values equal to the source SAE file), with the project's Python
 // environment (tools/setup-venv.sh) when it exists. Skipped where Python lacks safetensors,

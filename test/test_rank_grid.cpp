@@ -144,7 +144,10 @@ TEST(RankGrid, SweepIsOneSaePerRank) {
         EXPECT_EQ(l.replicas, 1);
         EXPECT_TRUE(l.shared);
     }
-    EXPECT_NE(error_of(c, 4).find("run with 3 rank(s)"), std::string::npos) << error_of(c, 4);
+    // The whole line: issue 34's had nine arguments for eight fields ("per rank3: mpirun -np ").
+    EXPECT_EQ(error_of(c, 4),
+              "cfg.yaml: the sweep has 3 SAE config(s) but the job has 4 rank(s); run with 3 "
+              "rank(s) (one SAE per rank: mpirun -np 3 / srun -n 3)");
     Config disjoint = c;
     disjoint.parallel.sweep_data = "disjoint";
     EXPECT_FALSE(RankGrid::from_config(disjoint, 3).at(1).shared);
@@ -222,7 +225,9 @@ TEST(RankGrid, ErrorsNameTheRankCounts) {
         << error_of(h, 4);
     Config sw = sweep_of(2, "sweep");
     sw.parallel.latent_shards = 2;
-    EXPECT_NE(error_of(sw, 2).find("run with 4 rank(s)"), std::string::npos) << error_of(sw, 2);
+    EXPECT_EQ(error_of(sw, 2),
+              "cfg.yaml: the sweep has 2 SAE config(s) x 2 latent shards but the job has 2 "
+              "rank(s); run with 4 rank(s) (2 ranks per SAE: mpirun -np 4 / srun -n 4)");
     const RankGrid grid(2, 2, 2, true);
     EXPECT_THROW(grid.at(8), Error);
     EXPECT_THROW(grid.rank_of(0, 2, 0), Error);

@@ -286,6 +286,104 @@ ok=0; [ "$rc" = 75 ] && has "$dir/$name.log" "stopped by a signal" && ok=1
 row "SIGUSR1 to rank 1 of 2 (data_parallel)" "all ranks stop, checkpoint, exit 75" \
     "exit $rc, checkpoint at step $(newest $name)" "$(secs "$took")" "$(finish $name)" "$ok"
 
+# Ctrl-C: SIGINT is a stop request like SIGTERM; the same command resumes from the step the stop
+# line names. From the hook (iteration 20), then as a terminal sends it (to the process group, at
+# a random moment after the first commit), then twice (the second stops at once, naming what is
+# kept: exit 130, the shell's code for a death by SIGINT).
+resumed_from() { grep -ohE 'resumed from the checkpoint at step [0-9]+' "$1" | grep -oE '[0-9]+$'; }
+stopped_at() { grep -ohE 'stopped by a signal after [0-9]+ steps' "$1" | grep -oE '[0-9]+' | head -1; }
+name=one-int; config $name one
+SAETRAIN_FAULT=0:20:INT launch $name "$dir/$name.log"
+n=$(newest $name)
+ok=0; [ "$rc" = 75 ] && [ "$(stopped_at "$dir/$name.log")" = 21 ] && [ "$n" = 21 ] && ok=1
+lost=$(finish $name)
+[ "$(resumed_from "$dir/$name.rerun.log")" = 21 ] || ok=0
+row "Ctrl-C (SIGINT), 1 rank, iteration 20" "checkpoint, exit 75, resume there" \
+    "exit $rc, checkpoint at step $n, resumed from $(resumed_from "$dir/$name.rerun.log")" \
+    "$(secs "$took")" "$lost" "$ok"
+
+# (30 epochs, 5625 steps, and its own reference: the Ctrl-C lands within the run's first second.)
+CTRLC="data: {path: $dir/data, batch_size: 64, epochs: 30, shuffle_buffer_rows: 1500}"
+config ref-one-ctrlc one "$CTRLC"
+launch ref-one-ctrlc "$dir/ref-one-ctrlc.log"
+[ "$rc" = 0 ] || { cat "$dir/ref-one-ctrlc.log" >&2; exit 1; }
+name=one-ctrlc; config $name one "$CTRLC"
+setsid bash -c "$(cmd $name)" >"$dir/$name.log" 2>&1 &
+bg=$!
+for _ in $(seq 200); do [ -n "$(newest $name)" ] && break; sleep 0.02; done
+sleep "$(echo "$RANDOM / 32768" | bc -l)"
+kill -INT -- "-$bg"; tk=$(now)
+{ wait "$bg"; } 2>/dev/null; rc=$?; bg=""
+t=$(secs "$(now) - $tk")
+at=$(stopped_at "$dir/$name.log")
+ok=0; [ "$rc" = 75 ] && [ -n "$at" ] && [ "$(newest $name)" = "$at" ] && ok=1
+ref_suffix=-ctrlc
+lost=$(finish $name)
+ref_suffix=""
+[ "$(resumed_from "$dir/$name.rerun.log")" = "$at" ] || ok=0
+row "Ctrl-C to a 1-rank run's process group (a terminal)" "checkpoint, exit 75, resume there" \
+    "exit $rc, stopped after ${at:-?} steps, resumed from $(resumed_from "$dir/$name.rerun.log")" \
+    "$t" "$lost" "$ok"
+
+name=one-int2; config $name one
+SAETRAIN_FAULT=0:40:INTx2 launch $name "$dir/$name.log"
+kept=$(grep -ohE 'kept: the checkpoint at step [0-9]+' "$dir/$name.log" | grep -oE '[0-9]+$')
+n=$(newest $name)
+ok=0; [ "$rc" = 130 ] && [ -n "$kept" ] && [ "$n" = "$kept" ] && ! has "$dir/$name.log" "stopped by a signal" && ok=1
+lost=$(finish $name)
+[ "$(resumed_from "$dir/$name.rerun.log")" = "$kept" ] || ok=0
+row "Ctrl-C twice, 1 rank, iteration 40" "stops at once, names the kept step" \
+    "exit $rc, kept step ${kept:-?} (newest committed $n), resumed from $(resumed_from "$dir/$name.rerun.log")" \
+    "$(secs "$took")" "$lost" "$ok"
+
+# The launcher: Open MPI's mpirun takes a Ctrl-C itself (its ranks are in process groups of their
+# own), stops relaying their output, sends them SIGTERM and a second later SIGKILL, and exits 1
+# whatever they return; SIGUSR1 it forwards, and then returns the ranks' 75. Console lines every
+# step, so that a rank blocked writing to mpirun's pty would show.
+mpi_signal() {  # mpi_signal NAME SIGNAL: to mpirun, after the first commit
+    local name=$1
+    config "$name" dp
+    setsid bash -c "$(cmd "$name" --set log.every_steps=1)" >"$dir/$name.log" 2>&1 &
+    bg=$!
+    for _ in $(seq 300); do [ -n "$(newest "$name")" ] && break; sleep 0.02; done
+    kill "-$2" "$(pgrep -s "$bg" -x mpirun)"; tk=$(now)
+    { wait "$bg"; } 2>/dev/null; rc=$?; bg=""
+    t=$(secs "$(now) - $tk")
+}
+name=dp-mpirun-int; mpi_signal $name INT
+at=$(stopped_at "$dir/$name.log")
+ok=0; { [ "$rc" = 1 ] || [ "$rc" = 75 ]; } && [ -n "$at" ] && [ "$(newest $name)" = "$at" ] && ok=1
+lost=$(finish $name)
+[ "$(resumed_from "$dir/$name.rerun.log")" = "$at" ] || ok=0
+row "Ctrl-C to mpirun (2 ranks, data_parallel)" "ranks stop, commit; mpirun's own exit code" \
+    "exit $rc (mpirun), ranks stopped after ${at:-?} steps, resumed from $(resumed_from "$dir/$name.rerun.log")" \
+    "$t" "$lost" "$ok"
+name=dp-mpirun-usr1; mpi_signal $name USR1
+at=$(stopped_at "$dir/$name.log")
+ok=0; [ "$rc" = 75 ] && [ -n "$at" ] && [ "$(newest $name)" = "$at" ] && ok=1
+lost=$(finish $name)
+[ "$(resumed_from "$dir/$name.rerun.log")" = "$at" ] || ok=0
+row "SIGUSR1 to mpirun (2 ranks, data_parallel)" "forwarded: ranks stop, exit 75" \
+    "exit $rc (mpirun), ranks stopped after ${at:-?} steps, resumed from $(resumed_from "$dir/$name.rerun.log")" \
+    "$t" "$lost" "$ok"
+
+# SIGKILL right after a checkpoint's write finished (SAETRAIN_FAULT phase `written`: the writer
+# waits for the write of checkpoint 21 and dies at the start of iteration 22): the checkpoint is
+# committed by then, so the resume loses 1 step, not up to two checkpoint.every_steps intervals.
+for mode in one dp; do
+    name=$mode-written; config $name $mode
+    SAETRAIN_FAULT=0:21:KILL:written launch $name "$dir/$name.log"
+    it=$(grep -ohE 'raises signal 9 \(iteration [0-9]+\)' "$dir/$name.log" | grep -oE '[0-9]+\)' | tr -d ')')
+    n=$(newest $name)
+    ok=0; [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$it" = 22 ] && [ "$n" = 21 ] && ok=1
+    lost=$(finish $name)
+    from=$(resumed_from "$dir/$name.rerun.log")
+    [ "$from" = 21 ] || ok=0
+    row "SIGKILL after checkpoint 21's write finished ($mode)" "resume loses < 1 interval (7 steps)" \
+        "exit $rc, killed at iteration ${it:-?}, newest committed $n, resumed from ${from:-?}: $((${it:-0} - ${from:-0})) step(s) lost" \
+        "-" "$lost" "$ok"
+done
+
 # SIGKILL of one rank in each mode: at start-up, mid-step, mid-checkpoint (a writer, halfway
 # through its temp file) and at a checkpoint's collective (a rank that writes nothing: hybrid).
 cases=()

@@ -5,7 +5,8 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config clang-format
       libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev libopenblas-openmp-dev
       libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev libxxhash-dev
-      bc util-linux)  # bc, setpriv: tools/fault-matrix.sh and tools/soak.sh
+      bc util-linux  # bc, setpriv: tools/fault-matrix.sh and tools/soak.sh
+      python3-matplotlib)  # tools/sae-report (its plots need nothing else: no .venv)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

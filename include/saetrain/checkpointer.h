@@ -2,8 +2,13 @@
 //
 // Every checkpoint.every_steps iterations (and at a stop or the end) each SAE's replica 0 writes
 // its pair of files (train_state.h) on a background thread while training continues; at most
-// one write is in flight. At the next checkpoint (or at finish) every rank waits for its write,
-// all ranks agree it succeeded, and only then rank 0 writes checkpoints/step-S.commit. Resume
+// one write is in flight. The training loop asks every iteration, in its per-iteration
+// agreement, whether any rank's write is still under way; at the first iteration at which none
+// is, every rank calls commit_when_written: all ranks agree the writes succeeded, and only then
+// rank 0 writes checkpoints/step-S.commit. So a checkpoint is committed within a step of its
+// write finishing, and a hard kill loses at most one checkpoint.every_steps interval (plus the
+// write's time). A checkpoint still uncommitted at the next save, or at finish, is waited for
+// and committed there (every rank, the same point). Resume
 // considers committed steps only, newest first, and uses the first one that verifies and that
 // every rank could read: a torn or damaged checkpoint falls back to the one before. The SAE's
 // writer verifies the checksum in one streaming pass over the pair; replica 0 of each latent
@@ -12,7 +17,9 @@
 // newest checkpoint.keep committed checkpoints are kept.
 #pragma once
 
+#include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,12 +47,26 @@ public:
     Checkpointer(const Checkpointer&) = delete;
     Checkpointer& operator=(const Checkpointer&) = delete;
 
-    // Collective over the world. Commits the previous checkpoint once every rank's write of it
-    // succeeded, then snapshots the trainer and writes this one (in the background unless
-    // `wait`, which also commits it before returning).
+    // Collective over the world. Commits the previous checkpoint if it is still pending (waiting
+    // for its write; every rank agrees it succeeded), then snapshots the trainer and writes this
+    // one (in the background unless `wait`, which also commits it before returning).
     void save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, int64_t offset, bool wait);
     // Collective: waits for the write in flight and commits it.
     void finish();
+    // Whether this rank's write of the pending checkpoint is still under way (false when nothing
+    // is pending, when it has finished, and on a rank that writes nothing). Local, no collective.
+    bool write_in_flight() const;
+    // Collective over the world, called by every rank at the same point with the same
+    // `in_flight_anywhere` (an agreement over write_in_flight(), e.g. the training loop's
+    // per-iteration all-reduce): when no rank's write is in flight, commits the pending checkpoint
+    // as save() would. Nothing pending, or a write still under way somewhere: nothing, no
+    // collective (every rank knows the same: save() is collective).
+    void commit_when_written(bool in_flight_anywhere);
+    // The newest committed step, or -1 when none is (this rank's view; every rank's agrees after
+    // each commit).
+    int64_t newest_committed() const { return committed_.empty() ? -1 : committed_.back(); }
+    // Called on this rank after every commit, with the step committed.
+    void on_commit(std::function<void(int64_t)> f) { on_commit_ = std::move(f); }
 
     // Committed steps in out_dir, newest first (rank-local file listing).
     static std::vector<int64_t> committed_steps(const std::string& out_dir);
@@ -74,10 +95,12 @@ private:
     SaeMeta meta_;
     int64_t keep_;
     std::thread writer_;
+    std::atomic<bool> writing_{false};  // writer_ is writing the pending checkpoint's files
     std::exception_ptr write_error_;
     int64_t pending_step_ = -1, pending_iteration_ = 0;
     std::vector<int64_t> committed_;  // ascending
     std::vector<int64_t> doomed_;     // rotated out; files deleted at the next commit (rank != 0)
+    std::function<void(int64_t)> on_commit_;
 };
 
 // Keys whose values differ between two resolved configs (YAML from config_to_yaml), ignoring

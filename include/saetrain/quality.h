@@ -29,7 +29,8 @@ struct QualityGates {
     static constexpr double kMaxRelReconErr = 0.10, kMinZerosFrac = 0.85, kMaxDecorrRms = 0.3,
                             kMaxDeadFraction = 0.10, kMaxDenseFraction = 0.10, kDenseAbove = 0.10;
     bool pass() const;
-    // The gates that fail, e.g. "rel_recon_err 0.12 >= 0.1, dead 12.0% >= 10%"; "" when none.
+    // The gates that fail, e.g. "rel_recon_err 0.12 >= 0.1; dead 12.0% >= 10%"; "" when none.
+    // The console's gates table, summary.csv's gates_failed and sae-report show this text.
     std::string failures() const;
 };
 

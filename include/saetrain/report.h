@@ -2,9 +2,9 @@
 //
 // Every rank calls gather() at the same log iterations with its own MetricsRow; rank 0 keeps
 // the row of replica 0 of each SAE (replicas report identical, already all-reduced metrics),
-// appends them to metrics.jsonl and the TensorBoard event file (tensorboard.h) and prints one
-// compact block for the whole sweep, plus the
-// aggregate token rate, TFLOP/s (and MFU) and the read bandwidth summed over all ranks.
+// appends them to metrics.jsonl and to each SAE's TensorBoard run (tb/<id>/, tensorboard.h)
+// and prints one compact block for the whole sweep, plus the aggregate token rate, TFLOP/s
+// (and MFU) and the read bandwidth summed over all ranks.
 // Replicas differ in two things, which rank 0 combines: their devices' peaks (summed, for the
 // SAE's MFU) and their memory high-water marks (the largest is the SAE's). finish() gathers
 // the final results and writes summary.csv and the sweep table sorted by l0.
@@ -44,12 +44,19 @@ public:
     // ids: one per SAE (config index order). metrics_path: "" to keep no log (tests).
     // peak_flops: this rank's device peak FLOP/s for MFU (mfu_peak, perfmodel.h); 0: unknown,
     // and then no MFU is reported for the SAEs this rank trains. tb_dir: the TensorBoard
-    // directory ("" for none); resumed_step: the step a resumed run continues from (its older
-    // events are kept up to it), < 0 for a fresh run.
+    // directory ("" for none), one run tb_dir/<id>/ per SAE; resumed_step: the step a resumed
+    // run continues from (its older events are kept up to it), < 0 for a fresh run.
     RunReporter(Communicator& world, const RankLayout& layout, std::vector<std::string> ids,
                 const std::string& metrics_path, double peak_flops = 0,
                 const std::string& tb_dir = "", int64_t resumed_step = -1);
     ~RunReporter();
+    // Rank 0 (a no-op elsewhere, not collective): each SAE's TensorBoard text summary "config"
+    // at `step`: its row of `config_columns` (as finish() takes them) and the resolved
+    // config.yaml.
+    void write_config_text(const std::string& config_yaml,
+                           const std::vector<std::string>& config_column_names,
+                           const std::vector<std::map<std::string, std::string>>& config_columns,
+                           int64_t step);
     // Collective over the world.
     void gather(const MetricsRow& mine);
     // Collective. Rank 0 writes summary.csv at summary_path (if not empty) and prints the table;
@@ -69,7 +76,7 @@ private:
     std::vector<std::string> ids_;
     double peak_flops_ = 0;
     std::unique_ptr<MetricsLog> log_;
-    std::unique_ptr<TensorBoardWriter> tb_;
+    std::map<std::string, std::unique_ptr<TensorBoardWriter>> tb_;  // by SAE id
     double log_write_s_ = 0;
 };
 

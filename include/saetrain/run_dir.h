@@ -1,9 +1,14 @@
 // run_dir.h — what saetrain keeps in run.out_dir besides its outputs: the lock that keeps a
-// second run out, and the clean-up of what a killed run left behind.
+// second run out, the clean-up of what a killed run left behind, and run.json, the record of
+// whether the run is still going and how it ended.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "saetrain/config.h"
 
 namespace saetrain {
 
@@ -33,5 +38,38 @@ void remove_stale_files(const std::string& out_dir);
 // On resume, metrics logged after the checkpoint will be logged again: drops the lines of the
 // metrics.jsonl at `path` whose step is after `step`.
 void drop_metrics_after(const std::string& path, int64_t step);
+
+// What run.json says about the run besides its state: written when training starts.
+struct RunRecord {
+    std::string version;  // SAETRAIN_VERSION
+    std::string backend;  // rank 0's backend name
+    int ranks = 1, hosts = 1;
+    int64_t total_steps = 0;         // optimizer steps of the whole run
+    int64_t tokens_per_step = 0;     // data.batch_size x replicas: the rows of one SAE's step
+    int64_t resumed_from_step = -1;  // < 0: a fresh start
+    std::vector<std::pair<std::string, SaeConfig>> saes;  // id, sweep point
+};
+
+// out_dir/run.json, written by rank 0 (atomically): when training starts,
+//   {"state": "running", "exit_code": null, "pid", "host", "started" (UTC, ISO 8601),
+//    "version", "backend", "ranks", "hosts", "total_steps", "tokens_per_step",
+//    "resumed_from_step", "saes": {id: {"arch", "lr": the resolved schedule of lr_at
+//    (schedule.h): lr, warmup_steps, lr_decay, decay_start, lr_min_ratio, restart_steps,
+//    restart_mult}}}
+// and again when the process ends: "state" complete (exit 0), stopped (75: a signal, resumable)
+// or failed (any other code, with "message": the error line), "exit_code" and "ended". A
+// process killed outright (SIGKILL, node loss, a job aborted for another rank's failure) leaves
+// "running" with a pid that is gone: sae-report tells the two apart on the host that ran it.
+class RunStateFile {
+public:
+    RunStateFile(std::string out_dir, const RunRecord& record);
+    // Records the exit; never throws (the process is ending: a write error is only printed).
+    void end(int exit_code, const std::string& message = "") noexcept;
+
+private:
+    void write() const;
+    std::string path_;
+    std::string json_;  // the record, as serialized nlohmann::json text
+};
 
 }  // namespace saetrain

@@ -1,17 +1,28 @@
-// tensorboard.h — the run's scalars as TensorBoard event files (out_dir/tb/), written by hand.
+// tensorboard.h — the run's scalars and config as TensorBoard event files, written by hand.
 //
 // An event file is a sequence of TFRecords: uint64 length (little-endian), the masked CRC-32C
 // of those 8 bytes, the payload, the masked CRC-32C of the payload. Each payload is a
 // protobuf Event {double wall_time = 1; int64 step = 2; string file_version = 3;
 // Summary summary = 5}, Summary {repeated Value value = 1}, Value {string tag = 1;
-// float simple_value = 2}; the first event of a file carries file_version "brain.Event:2".
-// That is all TensorBoard's loader needs for scalars, so no protobuf or TensorFlow dependency.
+// float simple_value = 2; TensorProto tensor = 8; SummaryMetadata metadata = 9}; the first event
+// of a file carries file_version "brain.Event:2". A text summary is a Value whose metadata names
+// the "text" plugin and whose tensor is one DT_STRING (TensorProto {dtype = 1; tensor_shape = 2;
+// string_val = 8}). That is all TensorBoard's loader needs, so no protobuf or TensorFlow
+// dependency.
+//
+// Layout: one TensorBoard run per SAE, out_dir/tb/<sae id>/, so a sweep's SAEs overlay on one
+// chart per tag. The tags are the same in every run (tensorboard_tag): "train/<key>" (loss,
+// fvu, l0, dead_frac, lr, ...), "perf/<key>" (tokens_per_s, tflops, memory, ...) and
+// "held_out/<key>" (the eval_* figures: fvu, l0, dead_frac, dense_frac, rows); each run also
+// has a text summary "config" (the SAE's settings and the resolved config.yaml).
 //
 // Rank 0 writes one Event per SAE per log interval with the same numbers as the metrics.jsonl
-// line (tensorboard_scalars), tags "<sae id>/<metric>", flushed after every write so a killed
-// run leaves every complete record readable (the loader stops at a torn last record).
-// On resume the writer rewrites the directory as one file holding the old records up to the
-// resumed step (metrics.jsonl is cut there the same way), so no step is duplicated or rewound.
+// line (tensorboard_scalars), flushed after every write so a killed run leaves every complete
+// record readable (the loader stops at a torn last record). On resume each SAE's writer
+// rewrites its directory as one file holding the old records up to the resumed step
+// (metrics.jsonl is cut there the same way), so no step is duplicated or rewound; a run that an
+// earlier version wrote as one tb/ directory with "<sae id>/<key>" tags is split into this
+// layout first (tensorboard_split_legacy).
 #pragma once
 
 #include <cstdint>
@@ -45,27 +56,41 @@ using TbScalar = std::pair<std::string, float>;  // tag, value
 // Event payloads (protobuf, see above).
 std::string tb_event_file_version(double wall_time);
 std::string tb_event_scalars(double wall_time, int64_t step, const std::vector<TbScalar>& values);
+// A text summary (TensorBoard's Text tab renders `markdown`) under `tag`.
+std::string tb_event_text(double wall_time, int64_t step, const std::string& tag,
+                          const std::string& markdown);
 // The fields of an Event payload this writer produces; throws Error when it is not one.
 struct TbEvent {
     double wall_time = 0;
     int64_t step = 0;
     std::string file_version;  // "" unless the file's first event
     std::vector<TbScalar> scalars;
+    std::vector<std::pair<std::string, std::string>> texts;  // tag, text (text summaries)
 };
 TbEvent tb_event_parse(const std::string& payload);
 
-// The metrics.jsonl numbers of one row as TensorBoard tags "<sae>/<name>": the JSON keys, with
-// "_fraction" shortened to "_frac" (dead_frac, wait_frac, eval_dead_frac, eval_dense_frac);
-// mfu, gpu_mem_peak_GB, host_mem_peak_GB and the eval_* values only when metrics_json writes
-// them.
+// The tag of a metrics.jsonl key, the same in every SAE's run: "_fraction" shortened to
+// "_frac", then "held_out/<rest>" for eval_<rest>, "perf/<key>" for the throughput and memory
+// figures (tokens_per_s, read_MBps, wait_frac, elapsed_s, tflops, mfu, *_mem_peak_GB), else
+// "train/<key>". Examples: fvu -> train/fvu, eval_dead_fraction -> held_out/dead_frac.
+std::string tensorboard_tag(const std::string& key);
+// The metrics.jsonl numbers of one row as (tensorboard_tag, value): mfu, gpu_mem_peak_GB,
+// host_mem_peak_GB and the held-out values only when metrics_json writes them. The SAE is the
+// run (its directory), not part of the tag.
 std::vector<TbScalar> tensorboard_scalars(const MetricsRow& row);
+// An earlier version's layout, event files directly in `tb_dir` with tags "<sae id>/<key>":
+// each SAE's events move to tb_dir/<id>/ with tensorboard_tag's names (their steps and wall
+// times kept), then the old files are removed. Nothing to do (false) when tb_dir has no event
+// file of its own. For resuming such a run.
+bool tensorboard_split_legacy(const std::string& tb_dir, const std::vector<std::string>& ids);
 
 class TensorBoardWriter {
 public:
     // Opens a new event file in `dir` (created). resumed_step < 0: a fresh run, any event file
     // already there is removed. Otherwise the records of the event files there with step <=
-    // resumed_step are carried into the new file (their wall times kept) and the old files
-    // removed, so the directory holds exactly one file whose steps increase.
+    // resumed_step (texts: < resumed_step, as the resuming run writes its own at that step)
+    // are carried into the new file (their wall times kept) and the old files removed, so the
+    // directory holds exactly one file whose steps increase.
     explicit TensorBoardWriter(const std::string& dir, int64_t resumed_step = -1);
     ~TensorBoardWriter();
     TensorBoardWriter(const TensorBoardWriter&) = delete;
@@ -74,6 +99,8 @@ public:
     // only increase: a value at or before the tag's last written step is left out (the end of
     // a run logs its last step again with the held-out figures; those alone are new).
     void write(int64_t step, const std::vector<TbScalar>& values);
+    // A text summary at `step`, written and flushed before it returns.
+    void write_text(int64_t step, const std::string& tag, const std::string& markdown);
     const std::string& path() const { return path_; }
 
 private:

@@ -52,6 +52,13 @@ struct LoopOptions {
     // Polled every iteration on every rank; if any rank says yes, all stop together after the
     // current step (the decision rides on the per-iteration all-reduce).
     std::function<bool()> stop_requested;
+    // A checkpoint written in the background is committed as soon as its write is done: every
+    // iteration, whether this rank's write is still under way (`write_in_flight`) rides on the
+    // same all-reduce, and `commit_written` runs on every rank with the agreed answer (true: some
+    // rank is still writing). It may use collectives: every rank calls it at the same point
+    // (Checkpointer::commit_when_written). Empty: nothing to commit.
+    std::function<bool()> write_in_flight;
+    std::function<void(bool)> commit_written;
     // Resuming: iterations already done, and the SAE is already initialized.
     int64_t start_iteration = 0;
     bool initialized = false;

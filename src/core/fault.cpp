@@ -4,11 +4,13 @@
 #include <fmt/format.h>
 #include <time.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "saetrain/error.h"
 
@@ -19,14 +21,18 @@ void Fault::fire(int64_t iter) const {
         // The wall-clock time of the signal, for tools/fault-matrix.sh's time to exit.
         timespec now{};
         ::clock_gettime(CLOCK_REALTIME, &now);
+        const std::string where = iter == kStartup   ? "start-up"
+                                  : iter == kConnect ? "connect"
+                                                     : fmt::format("iteration {}", iter);
         std::fprintf(stderr, "saetrain: SAETRAIN_FAULT: rank %d raises signal %d (%s) at %.3f\n",
-                     rank, signal,
-                     iter == kStartup   ? "start-up"
-                     : iter == kConnect ? "connect"
-                                        : "iteration",
+                     rank, signal, where.c_str(),
                      static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec));
         std::fflush(stderr);
-        std::raise(signal);
+        for (int i = 0; i < repeat; ++i) {
+            // INTx2: two presses 0.3 s apart (one Ctrl-C passed on twice arrives closer).
+            if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            std::raise(signal);
+        }
         return;
     }
     if (iter == kStartup) throw Error("injected fault during start-up (SAETRAIN_FAULT)");
@@ -41,7 +47,8 @@ Fault fault_from_env() {
     char when[16] = "", action[16] = "error", phase[16] = "step";
     const int got = std::sscanf(v, "%d:%15[^:]:%15[^:]:%15s", &f.rank, when, action, phase);
     const std::map<std::string, int> signals = {
-        {"error", 0}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
+        {"error", 0},      {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"INT", SIGINT},
+        {"INTx2", SIGINT}, {"KILL", SIGKILL}, {"STOP", SIGSTOP}};
     const auto it = signals.find(action);
     char* end = nullptr;
     f.iteration = std::string(when) == "startup"   ? Fault::kStartup
@@ -49,12 +56,15 @@ Fault fault_from_env() {
                                                    : std::strtoll(when, &end, 10);
     SAE_ENFORCE(
         got >= 2 && it != signals.end() && (end == nullptr || (*end == 0 && end != when)) &&
-            (std::string(phase) == "step" || std::string(phase) == "checkpoint"),
-        "SAETRAIN_FAULT='{}': expected rank:iteration|startup|connect[:error|TERM|USR1|KILL|STOP[:"
-        "step|checkpoint]]",
+            (std::string(phase) == "step" || std::string(phase) == "checkpoint" ||
+             std::string(phase) == "written"),
+        "SAETRAIN_FAULT='{}': expected rank:iteration|startup|connect[:error|TERM|USR1|INT|INTx2|"
+        "KILL|STOP[:step|checkpoint|written]]",
         v);
     f.signal = it->second;
+    f.repeat = std::string(action) == "INTx2" ? 2 : 1;
     f.at_checkpoint = std::string(phase) == "checkpoint";
+    f.after_write = std::string(phase) == "written";
     return f;
 }
 

@@ -17,7 +17,7 @@ std::string QualityGates::failures() const {
     if (!measured) return "not measured";
     std::string f;
     auto fail = [&](bool bad, const std::string& what) {
-        if (bad) f += (f.empty() ? "" : ", ") + what;
+        if (bad) f += (f.empty() ? "" : "; ") + what;  // no comma: a summary.csv cell
     };
     fail(!(rel_recon_err < kMaxRelReconErr),
          fmt::format("rel_recon_err {:.3g} >= {:g}", rel_recon_err, kMaxRelReconErr));

@@ -52,9 +52,9 @@ RankGrid RankGrid::from_config(const Config& cfg, int world_ranks) {
                     cfg.source, cfg.parallel.replicas);
         SAE_ENFORCE(world == g,
                     "{}: the sweep has {} SAE config(s){} but the job has {} rank(s); run with {} "
-                    "rank(s) (one SAE per rank{}: mpirun -np {} / srun -n {})",
-                    cfg.source, g, per, world_ranks, g * S, g * S, S > 1 ? " per shard" : "", g * S,
-                    g * S);
+                    "rank(s) ({}: mpirun -np {} / srun -n {})",
+                    cfg.source, g, per, world_ranks, g * S,
+                    S > 1 ? fmt::format("{} ranks per SAE", S) : "one SAE per rank", g * S, g * S);
     } else if (mode == "data_parallel") {
         SAE_ENFORCE(g == 1,
                     "{}: parallel.mode: data_parallel trains one SAE but the config lists {}; use "

@@ -246,6 +246,9 @@ std::vector<Column> summary_columns(const std::vector<SaeSummary>& sorted) {
         last_interval("eval_l0", false),
         last_interval("eval_dead_fraction", false),
         last_interval("eval_dense_fraction", false),
+        // The failing gates as the console's gates table words them ("" when all pass).
+        {"gates_failed",
+         [](const SaeSummary& s) { return s.gates.measured ? s.gates.failures() : ""; }},
         gate("rel_recon_err", &QualityGates::rel_recon_err),
         gate("zeros_frac", &QualityGates::zeros_frac),
         gate("decorr_rms", &QualityGates::decorr_rms),
@@ -429,7 +432,29 @@ RunReporter::RunReporter(Communicator& world, const RankLayout& layout,
     : world_(world), layout_(layout), ids_(std::move(ids)), peak_flops_(peak_flops) {
     if (world_.rank() != 0) return;
     if (!metrics_path.empty()) log_ = std::make_unique<MetricsLog>(metrics_path);
-    if (!tb_dir.empty()) tb_ = std::make_unique<TensorBoardWriter>(tb_dir, resumed_step);
+    if (tb_dir.empty()) return;
+    if (resumed_step >= 0) tensorboard_split_legacy(tb_dir, ids_);  // an earlier version's run
+    for (const std::string& id : ids_)
+        tb_[id] = std::make_unique<TensorBoardWriter>(tb_dir + "/" + id, resumed_step);
+}
+
+void RunReporter::write_config_text(
+    const std::string& config_yaml, const std::vector<std::string>& config_column_names,
+    const std::vector<std::map<std::string, std::string>>& config_columns, int64_t step) {
+    for (size_t c = 0; c < ids_.size(); ++c) {
+        const auto it = tb_.find(ids_[c]);
+        if (it == tb_.end()) continue;
+        std::string md = fmt::format("**{}** (SAE {} of {})\n\n| key | value |\n|---|---|\n",
+                                     ids_[c], c + 1, ids_.size());
+        if (c < config_columns.size())
+            for (const std::string& name : config_column_names) {
+                const auto v = config_columns[c].find(name);
+                if (v != config_columns[c].end() && !v->second.empty())
+                    md += fmt::format("| {} | {} |\n", name, v->second);
+            }
+        md += "\nThe resolved config (config.yaml):\n\n```yaml\n" + config_yaml + "```\n";
+        it->second->write_text(step, "config", md);
+    }
 }
 
 RunReporter::~RunReporter() = default;
@@ -445,7 +470,8 @@ void RunReporter::gather(const MetricsRow& mine) {
     const auto t0 = std::chrono::steady_clock::now();
     for (const MetricsRow& m : rows) {
         if (log_) log_->write(m);
-        if (tb_) tb_->write(m.step, tensorboard_scalars(m));
+        if (const auto it = tb_.find(m.sae); it != tb_.end())
+            it->second->write(m.step, tensorboard_scalars(m));
     }
     log_write_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (const MetricsRow& m : rows) fmt::print("{}\n", progress_line(m));

@@ -199,6 +199,47 @@ std::string tb_event_scalars(double wall_time, int64_t step, const std::vector<T
     return e;
 }
 
+std::string tb_event_text(double wall_time, int64_t step, const std::string& tag,
+                          const std::string& markdown) {
+    // SummaryMetadata {plugin_data {plugin_name: "text"}; data_class: DATA_CLASS_TENSOR (2)}
+    std::string plugin, metadata, tensor, v, summary;
+    put_bytes(plugin, 1, "text");
+    put_bytes(metadata, 1, plugin);
+    put_tag(metadata, 4, kVarint);
+    put_varint(metadata, 2);
+    // TensorProto {dtype: DT_STRING (7); tensor_shape {} (a scalar); string_val: markdown}
+    put_tag(tensor, 1, kVarint);
+    put_varint(tensor, 7);
+    put_bytes(tensor, 2, "");
+    put_bytes(tensor, 8, markdown);
+    put_bytes(v, 1, tag);
+    put_bytes(v, 9, metadata);
+    put_bytes(v, 8, tensor);
+    put_bytes(summary, 1, v);
+    std::string e;
+    put_tag(e, 1, kFixed64);
+    put_fixed<double>(e, wall_time);
+    put_tag(e, 2, kVarint);
+    put_varint(e, static_cast<uint64_t>(step));
+    put_bytes(e, 5, summary);
+    return e;
+}
+
+namespace {
+
+// A TensorProto's first string_val (the text of a text summary).
+std::string tensor_string(const std::string& tensor) {
+    Reader r{tensor};
+    while (!r.done()) {
+        const uint64_t key = r.varint();
+        if (key == (8u << 3 | kBytes)) return r.bytes(r.varint());
+        r.skip(static_cast<uint32_t>(key & 7));
+    }
+    return {};
+}
+
+}  // namespace
+
 TbEvent tb_event_parse(const std::string& payload) {
     TbEvent ev;
     Reader r{payload};
@@ -223,16 +264,25 @@ TbEvent tb_event_parse(const std::string& payload) {
                 const std::string value = sr.bytes(sr.varint());
                 Reader vr{value};
                 TbScalar sc;
+                std::string text;
+                bool is_text = false;
                 while (!vr.done()) {
                     const uint64_t vk = vr.varint();
-                    if (vk == (1u << 3 | kBytes))
+                    if (vk == (1u << 3 | kBytes)) {
                         sc.first = vr.bytes(vr.varint());
-                    else if (vk == (2u << 3 | kFixed32))
+                    } else if (vk == (2u << 3 | kFixed32)) {
                         sc.second = vr.fixed<float>();
-                    else
+                    } else if (vk == (8u << 3 | kBytes)) {
+                        text = tensor_string(vr.bytes(vr.varint()));
+                        is_text = true;
+                    } else {
                         vr.skip(static_cast<uint32_t>(vk & 7));
+                    }
                 }
-                ev.scalars.push_back(sc);
+                if (is_text)
+                    ev.texts.emplace_back(std::move(sc.first), std::move(text));
+                else
+                    ev.scalars.push_back(sc);
             }
         } else {
             r.skip(type);
@@ -241,18 +291,78 @@ TbEvent tb_event_parse(const std::string& payload) {
     return ev;
 }
 
+std::string tensorboard_tag(const std::string& key) {
+    std::string k = key;
+    const size_t fraction = k.rfind("_fraction");
+    if (fraction != std::string::npos && fraction + 9 == k.size())
+        k.resize(fraction + 5);  // the names these runs have always had: "_frac"
+    if (k.rfind("eval_", 0) == 0) return "held_out/" + k.substr(5);
+    // Throughput and memory: how fast and how big, apart from what the SAE learns.
+    static const char* const kPerf[] = {
+        "tokens_per_s", "read_MBps", "wait_frac",       "elapsed_s",
+        "tflops",       "mfu",       "gpu_mem_peak_GB", "host_mem_peak_GB",
+    };
+    for (const char* p : kPerf)
+        if (k == p) return "perf/" + k;
+    return "train/" + k;
+}
+
 std::vector<TbScalar> tensorboard_scalars(const MetricsRow& r) {
     std::vector<TbScalar> v;
     for (const MetricsField& f : metrics_fields()) {
         // The same fields and conditions as metrics_json: absent there, absent here.
         if (!f.logged || !f.scalar || !f.shown_in(r)) continue;
-        std::string tag = r.sae + "/" + f.name;
-        const size_t fraction = tag.rfind("_fraction");
-        if (fraction != std::string::npos && fraction + 9 == tag.size())
-            tag.resize(fraction + 5);  // the tags these runs have always had: "_frac"
-        v.emplace_back(std::move(tag), static_cast<float>(f.get(r)));
+        v.emplace_back(tensorboard_tag(f.name), static_cast<float>(f.get(r)));
     }
     return v;
+}
+
+bool tensorboard_split_legacy(const std::string& tb_dir, const std::vector<std::string>& ids) {
+    std::vector<fs::path> old;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(tb_dir, ec))
+        if (e.is_regular_file() && is_event_file(e.path())) old.push_back(e.path());
+    if (old.empty()) return false;
+    std::sort(old.begin(), old.end());  // TensorBoard's reading order
+    // "<id>/<key>": ids hold no '/', keys none either, so the id is all before the last '/'.
+    std::map<std::string, std::vector<std::string>> events;  // by id: payloads
+    for (const fs::path& p : old) {
+        for (const std::string& payload : tfrecord_read(p.string()).payloads) {
+            TbEvent ev;
+            try {
+                ev = tb_event_parse(payload);
+            } catch (const Error&) {
+                continue;
+            }
+            std::map<std::string, std::vector<TbScalar>> by_id;
+            for (const auto& [tag, value] : ev.scalars) {
+                const size_t slash = tag.rfind('/');
+                if (slash == std::string::npos) continue;
+                const std::string id = tag.substr(0, slash);
+                if (std::find(ids.begin(), ids.end(), id) == ids.end()) continue;
+                by_id[id].emplace_back(tensorboard_tag(tag.substr(slash + 1)), value);
+            }
+            for (const auto& [id, values] : by_id)
+                events[id].push_back(tb_event_scalars(ev.wall_time, ev.step, values));
+        }
+    }
+    for (const auto& [id, payloads] : events) {
+        const fs::path dir = fs::path(tb_dir) / id;
+        fs::create_directories(dir);
+        const std::string pending = (dir / ".pending-events").string();
+        {
+            std::ofstream out(pending, std::ios::binary | std::ios::trunc);
+            out << tfrecord_frame(tb_event_file_version(now_seconds()));
+            for (const std::string& payload : payloads) out << tfrecord_frame(payload);
+            out.flush();
+            SAE_ENFORCE(out.good(), "cannot write {}: {}", pending, std::strerror(errno));
+        }
+        const fs::path target = dir / event_file_name();
+        SAE_ENFORCE(std::rename(pending.c_str(), target.c_str()) == 0, "cannot rename {} to {}: {}",
+                    pending, target.string(), std::strerror(errno));
+    }
+    for (const fs::path& p : old) fs::remove(p);
+    return true;
 }
 
 // --- the writer -------------------------------------------------------------------------------
@@ -275,7 +385,10 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resumed_ste
                 } catch (const Error&) {
                     continue;  // not an event this writer made: dropped
                 }
-                if (!ev.file_version.empty() || ev.scalars.empty()) continue;
+                if (!ev.file_version.empty() || (ev.scalars.empty() && ev.texts.empty())) continue;
+                // A text at the resumed step came from an earlier resume from the same
+                // checkpoint: the run resuming now writes its own there.
+                if (ev.scalars.empty() && ev.step >= resumed_step) continue;
                 // A step at or before the last kept one was written by a run that died and
                 // was resumed before this rewrite existed; keep the first copy only.
                 if (ev.step > resumed_step || ev.step < last_step) continue;
@@ -324,6 +437,11 @@ void TensorBoardWriter::write(int64_t step, const std::vector<TbScalar>& values)
         fresh.push_back(v);
     }
     if (!fresh.empty()) append(tb_event_scalars(now_seconds(), step, fresh), true);
+}
+
+void TensorBoardWriter::write_text(int64_t step, const std::string& tag,
+                                   const std::string& markdown) {
+    append(tb_event_text(now_seconds(), step, tag, markdown), true);
 }
 
 }  // namespace saetrain

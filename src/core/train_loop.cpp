@@ -70,6 +70,7 @@ public:
           flops_per_token_(
               trainer.arch().flops_per_token(trainer.config(), d_, trainer.n_latents())),
           tokens_at_start_(trainer.tokens()),  // > 0 when resuming
+          steps_at_start_(trainer.step_count()),
           iter_(opt.start_iteration),
           initialized_(opt.initialized) {
         start_interval();
@@ -104,6 +105,7 @@ private:
     const int threads_;
     const double flops_per_token_;
     const int64_t tokens_at_start_;
+    const int64_t steps_at_start_;  // > 0 when resuming: steps this process did not take
     const Clock::time_point t_start_ = Clock::now();
     LoopResult res_;
     int64_t iter_;
@@ -131,12 +133,16 @@ void TrainLoop::run() {
     }
 }
 
-// Agrees with the other ranks whether to stop and whether any rank has data, fetching the
+// Agrees with the other ranks whether to stop, whether a background checkpoint write is still
+// under way anywhere (committing it when none is), and whether any rank has data, fetching the
 // batch unless one is held; false: leave the loop (the same on every rank).
 bool TrainLoop::next_batch() {
-    // [any rank has data, any rank wants to stop]: one all-reduce, same decision everywhere
-    int64_t flags[2] = {0, opt_.stop_requested && opt_.stop_requested() ? 1 : 0};
-    if (opt_.world) opt_.world->allreduce_max(&flags[1], 1);
+    // [any rank has data, any rank wants to stop, any rank still writing a checkpoint]: the last
+    // two in one all-reduce, so every rank makes the same decisions at the same iteration.
+    int64_t flags[3] = {0, opt_.stop_requested && opt_.stop_requested() ? 1 : 0,
+                        opt_.write_in_flight && opt_.write_in_flight() ? 1 : 0};
+    if (opt_.world) opt_.world->allreduce_max(&flags[1], 2);
+    if (opt_.commit_written) opt_.commit_written(flags[2] != 0);
     stopping_ = stopping_ || flags[1] != 0;
     // A held batch is trained before stopping: the source has delivered it, and the
     // checkpoint that follows a stop must not count it as consumed.
@@ -258,7 +264,10 @@ MetricsRow TrainLoop::metrics_row(const EvalResult* e) {
     m.gpu_mem_peak_GB = static_cast<double>(trainer_.backend().device_memory_peak_bytes()) / 1e9;
     m.host_mem_peak_GB = static_cast<double>(host_peak_rss_bytes()) / 1e9;
     if (e) attach_eval(m, *e);
-    const double per_step = m.step > 0 ? elapsed / static_cast<double>(m.step) : 0.0;
+    // The ETA from this process's own pace: after a resume, the steps before it took no time
+    // here (counting them made the ETA of a run resumed at 90% read ten times too short).
+    const int64_t steps_here = m.step - steps_at_start_;
+    const double per_step = steps_here > 0 ? elapsed / static_cast<double>(steps_here) : 0.0;
     m.eta_s = per_step * static_cast<double>(std::max<int64_t>(total_steps - m.step, 0));
     return m;
 }

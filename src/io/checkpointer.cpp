@@ -166,6 +166,7 @@ void Checkpointer::commit(int64_t step, int64_t iteration) {
             doomed_.push_back(old);
         }
     }
+    if (on_commit_) on_commit_(step);
 }
 
 void Checkpointer::remove_files(const std::vector<int64_t>& steps) const {
@@ -175,6 +176,12 @@ void Checkpointer::remove_files(const std::vector<int64_t>& steps) const {
         fs::remove(checkpoint_weights_path(sae_dir_, step), ec);
         fs::remove(checkpoint_state_path(sae_dir_, step), ec);
     }
+}
+
+bool Checkpointer::write_in_flight() const { return pending_step_ >= 0 && writing_.load(); }
+
+void Checkpointer::commit_when_written(bool in_flight_anywhere) {
+    if (pending_step_ >= 0 && !in_flight_anywhere) join_and_commit();
 }
 
 void Checkpointer::join_and_commit() {
@@ -231,6 +238,7 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
         meta.step = s.step;
         meta.tokens = s.tokens;
         const std::string dir = sae_dir_;
+        writing_.store(true);
         writer_ = std::thread([this, w = std::move(w), s = std::move(s), meta, dir] {
             try {
                 sae_write_h5(checkpoint_weights_path(dir, s.step), w, meta);
@@ -238,6 +246,7 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
             } catch (...) {
                 write_error_ = std::current_exception();
             }
+            writing_.store(false);  // after write_error_: a reader that sees false sees it too
         });
     }
     if (wait) {

@@ -8,14 +8,19 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
+#include "atomic_file.h"            // defines: atomic_write
 #include "saetrain/checkpointer.h"  // defines: Checkpointer::committed_steps
 #include "saetrain/error.h"
+#include "saetrain/schedule.h"  // defines: warmup_steps_for, restart_steps_for
 
 namespace fs = std::filesystem;
 
@@ -100,6 +105,85 @@ void drop_metrics_after(const std::string& path, int64_t step) {
     in.close();
     std::ofstream out(path, std::ios::trunc);
     for (const std::string& l : keep) out << l << "\n";
+}
+
+// ---- run.json ----------------------------------------------------------------------------------
+
+namespace {
+
+std::string utc_now() {
+    const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+std::string host_name() {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) return "localhost";
+    return host;
+}
+
+}  // namespace
+
+RunStateFile::RunStateFile(std::string out_dir, const RunRecord& r)
+    : path_((fs::path(out_dir) / "run.json").string()) {
+    nlohmann::ordered_json j;
+    j["state"] = "running";
+    j["exit_code"] = nullptr;
+    j["pid"] = static_cast<int64_t>(::getpid());
+    j["host"] = host_name();
+    j["started"] = utc_now();
+    j["ended"] = nullptr;
+    j["version"] = r.version;
+    j["backend"] = r.backend;
+    j["ranks"] = r.ranks;
+    j["hosts"] = r.hosts;
+    j["total_steps"] = r.total_steps;
+    j["tokens_per_step"] = r.tokens_per_step;
+    j["resumed_from_step"] = r.resumed_from_step >= 0 ? nlohmann::ordered_json(r.resumed_from_step)
+                                                      : nlohmann::ordered_json(nullptr);
+    nlohmann::ordered_json saes = nlohmann::ordered_json::object();
+    for (const auto& [id, c] : r.saes) {
+        // Resolved, so that lr_at's formula alone reproduces every step's LR.
+        nlohmann::ordered_json lr;
+        lr["lr"] = c.lr;
+        lr["warmup_steps"] = warmup_steps_for(c, r.total_steps);
+        lr["lr_decay"] = c.lr_decay;
+        lr["decay_start"] = c.decay_start;
+        lr["lr_min_ratio"] = c.lr_min_ratio;
+        lr["restart_steps"] = restart_steps_for(c, r.total_steps);
+        lr["restart_mult"] = c.restart_mult;
+        saes[id] = {{"arch", c.arch}, {"lr", lr}};
+    }
+    j["saes"] = saes;
+    json_ = j.dump(1);
+    write();
+}
+
+void RunStateFile::write() const {
+    atomic_write(path_, [this](const std::string& tmp) {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << json_ << "\n";
+        out.flush();
+        SAE_ENFORCE(out.good(), "cannot write {}: {}", tmp, std::strerror(errno));
+    });
+}
+
+void RunStateFile::end(int exit_code, const std::string& message) noexcept {
+    try {
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(json_);
+        j["state"] = exit_code == 0 ? "complete" : exit_code == 75 ? "stopped" : "failed";
+        j["exit_code"] = exit_code;
+        j["ended"] = utc_now();
+        if (!message.empty()) j["message"] = message;
+        json_ = j.dump(1);
+        write();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "saetrain: warning: %s: %s\n", path_.c_str(), e.what());
+    }
 }
 
 }  // namespace saetrain
