@@ -11,8 +11,9 @@
 // backend ops only it runs (arch_ops.h; op_sets, with their CPU reference), its extra
 // parameters, their activation-scale fold and its export fields. Adding one: its file in
 // src/core/arch/ (and include/saetrain/arch/<name>.h when it has ops of its own), its CUDA
-// kernels with their line in src/cuda/arch_ops.cpp, its tests, and one line in
-// src/core/arch/registry.cpp (docs/architecture.md, "Where to add").
+// kernels with their line in src/cuda/arch_ops.cpp, its tests, its declaration in
+// src/core/arch/common.h and one line in src/core/arch/registry.cpp (docs/architecture.md,
+// "Where to add": ten files for a toy with two ops and a key of its own).
 #pragma once
 
 #include <cstdint>
