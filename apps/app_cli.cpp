@@ -35,6 +35,8 @@ int cli_parse(CLI::App& app, const std::string& program, const std::string& usag
         return app.exit(e);
     } catch (const CLI::CallForVersion& e) {
         return app.exit(e);
+    } catch (const CLI::Success& e) {  // an option that did its work (saetrain --list-keys)
+        return app.exit(e);
     } catch (const CLI::ParseError& e) {
         std::fprintf(stderr, "%s: error: %s\nusage: %s (--help for every option)\n",
                      program.c_str(), e.what(), usage.c_str());

@@ -19,8 +19,9 @@ std::string version_text(const std::string& program);
 
 // Adds --version to `app` and parses argv. Returns -1 when the program goes on (0 with
 // SAETRAIN_PARSE_ONLY=1 in the environment: the line parsed, nothing runs); otherwise the
-// exit code, after printing what it was asked for: --help or --version on stdout (0), or a
-// usage error on stderr (kExitUsage) with `usage`, the one-line synopsis after "usage: ".
+// exit code, after printing what it was asked for: --help or --version on stdout (0), nothing
+// more after an option whose callback did the work and threw CLI::Success (0), or a usage
+// error on stderr (kExitUsage) with `usage`, the one-line synopsis after "usage: ".
 int cli_parse(CLI::App& app, const std::string& program, const std::string& usage, int argc,
               char** argv);
 

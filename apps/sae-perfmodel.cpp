@@ -165,7 +165,8 @@ PerfInputs resolve_inputs(const Options& o, const GpuPeak& g) {
     const Architecture& a = arch_get(o.arch);
     in.kind = a.sparse() ? SaeKind::topk : SaeKind::dense;
     SaeConfig sc;
-    sc.arch = o.arch, sc.k = in.k, sc.n_experts = o.experts;
+    sc.arch = o.arch, sc.k = in.k;
+    sc.set("sae.n_experts", o.experts);
     a.validate(sc, in.n_latents, "");
     in.flops_per_token = a.flops_per_token(sc, in.d_model, in.n_latents);
     resolve_grid(o, in);

@@ -1,6 +1,7 @@
 // saetrain — train sparse autoencoders on cached activations.
 //
 //   saetrain CONFIG.yaml [--set key=value ...]      (mpirun/srun: one rank per device)
+//   saetrain --list-keys                           (every config key, its default and doc)
 //
 // Reads top-down (run() is the table of contents): start up, agreeing on failures (config,
 // data, the rank grid, backend, the rows this rank reads); connect (the grid's communicators
@@ -30,7 +31,7 @@
 #include "saetrain/checkpoint.h"        // defines: sae_write_h5
 #include "saetrain/checkpointer.h"      // defines: Checkpointer (committed checkpoints, resume)
 #include "saetrain/comm_choice.h"       // defines: comm_job_warnings (GPUs that ranks share)
-#include "saetrain/config.h"            // defines: config_load, config_to_yaml, sweep_ids
+#include "saetrain/config.h"            // defines: config_load, config_to_yaml, config_keys
 #include "saetrain/data_split.h"        // defines: data_split_for (a rank's slice, seed, held-out)
 #include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
 #include "saetrain/fault.h"             // defines: Fault, fault_from_env (SAETRAIN_FAULT)
@@ -575,10 +576,7 @@ void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
 // rows of architectures that do not read them: the same columns in every run), lr.
 void config_columns(const Setup& s, std::vector<std::string>& names,
                     std::vector<std::map<std::string, std::string>>& rows) {
-    std::vector<std::string> keys;
-    for (const Architecture* a : architectures())
-        for (const std::string& k : a->keys())
-            if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    const std::vector<std::string> keys = arch_summary_keys();
     names = {"arch", "n_latents"};
     for (const std::string& k : keys) names.push_back(k.substr(k.find('.') + 1));
     names.emplace_back("lr");
@@ -587,7 +585,7 @@ void config_columns(const Setup& s, std::vector<std::string>& names,
             {"arch", c.arch},
             {"n_latents", std::to_string(c.resolved_latents(s.data.d_model))},
             {"lr", fmt::format("{:g}", c.lr)}};
-        for (const std::string& k : arch_get(c.arch).keys())
+        for (const std::string& k : arch_get(c.arch).summary_keys())
             row[k.substr(k.find('.') + 1)] = sae_key_text(s.cfg, c, k);
         rows.push_back(std::move(row));
     }
@@ -718,6 +716,21 @@ int dry_run(const Args& args) {
     }
 }
 
+// --list-keys: every key from its declaration (config_keys), in config.yaml's order.
+void print_keys() {
+    fmt::print("{:<36} {:<14} {:<7} {}\n", "key", "default", "resume", "what it sets");
+    for (const ConfigKeyInfo& k : config_keys()) {
+        std::string doc = k.doc;
+        if (!k.declared_by.empty()) doc += " [" + k.declared_by + "]";
+        fmt::print("{:<36} {:<14} {:<7} {}\n", k.name,
+                   k.default_text.empty() ? "\"\"" : k.default_text,
+                   k.changes_results ? "same" : "any", doc);
+    }
+    fmt::print(
+        "\nresume: \"same\" keys must keep their value for a run to resume (or "
+        "--allow-config-change); [...]: the architectures that read the key\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -736,10 +749,18 @@ int main(int argc, char** argv) {
                  "trained, and exit (no MPI, data or out_dir)");
     app.add_option("--ranks", args.ranks, "with --dry-run: the job's rank count to check")
         ->check(CLI::PositiveNumber);
-    // Before MPI starts: --version, --help and a usage error need no MPI.
+    app.add_flag_callback(
+        "--list-keys",
+        [] {
+            print_keys();
+            throw CLI::Success();
+        },
+        "print every config key with its default and doc, then exit");
+    // Before MPI starts: --version, --help, --list-keys and a usage error need no MPI.
     if (const int code = cli_parse(app, "saetrain",
                                    "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] "
-                                   "[--allow-config-change] [--threads N] [--dry-run [--ranks N]]",
+                                   "[--allow-config-change] [--threads N] [--dry-run [--ranks N]] "
+                                   "| --list-keys",
                                    argc, argv);
         code >= 0)
         return code;

@@ -83,7 +83,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
         cfg.n_latents = n;
         cfg.k = k;
         cfg.l1_coeff = 5.0;
-        cfg.n_experts = experts;
+        cfg.set("sae.n_experts", experts);
         if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
         TimedBackend timed(be);
         timed.active = false;
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
         cfg.n_latents = n;
         cfg.k = k;
         cfg.l1_coeff = 1.0;
-        cfg.n_experts = experts;
+        cfg.set("sae.n_experts", experts);
         cfg.warmup_steps = 0;
         if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);

@@ -8,13 +8,17 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "fd_check.h"
 #include "saetrain/arch.h"
+#include "saetrain/arch/batchtopk.h"
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
 #include "saetrain/error.h"
+#include "saetrain/forwarding_backend.h"
 #include "saetrain/quality.h"
 #include "saetrain/trainer.h"
 #include "saetrain/trainer_io.h"
@@ -209,7 +213,7 @@ SaeConfig base_config(const Ref& s) {
     cfg.k = s.k;
     cfg.l1_coeff = s.l1;
     cfg.l0_coeff = s.l0;
-    cfg.jumprelu_bandwidth = s.bandwidth;
+    cfg.set("sae.jumprelu_bandwidth", s.bandwidth);
     cfg.decorr_coeff = s.decorr;
     cfg.l1_warmup_fraction = 0;     // the full coefficients from step 0, as the reference
     cfg.normalize_decoder = false;  // keep the norm-weighted L1 gradient visible
@@ -314,8 +318,7 @@ TEST(ArchGradients, AuxKMatchesFiniteDifferences) {
     auto be = make_cpu_backend(2);
     auto self = make_self_comm();
     SaeConfig cfg = base_config(s);
-    cfg.k_aux = s.k_aux;
-    cfg.auxk_coeff = 0.5;
+    cfg.set("sae.k_aux", s.k_aux).set("train.auxk_coeff", 0.5);
     cfg.dead_tokens = 100;
     SaeTrainer tr(cfg, s.d, 10, 0, *be, *self);
     std::mt19937 rng(6);
@@ -326,7 +329,7 @@ TEST(ArchGradients, AuxKMatchesFiniteDifferences) {
     int64_t n_dead = 0;
     for (int64_t l = 0; l < s.n; l += 2) st.since_fired[l] = 1000, s.dead[l] = 1, ++n_dead;
     trainer_restore(tr, trainer_weights(tr), st);
-    s.aux_weight = cfg.auxk_coeff * std::min(1.0, double(n_dead) / double(s.k_aux));
+    s.aux_weight = 0.5 * std::min(1.0, double(n_dead) / double(s.k_aux));
     check_fd(tr, x, s);
     // The auxiliary term is there: the same SAE without it has another loss.
     const double with_aux = tr.compute_gradients(x.data(), s.rows).loss;
@@ -458,7 +461,7 @@ double dead_after(double auxk_coeff, uint64_t seed) {
     cfg.n_latents = 256;
     cfg.k = 4;
     cfg.lr = 2e-2;  // high: latents die quickly without AuxK
-    cfg.auxk_coeff = auxk_coeff;
+    cfg.set("train.auxk_coeff", auxk_coeff);
     cfg.dead_tokens = 20 * rows;
     auto be = make_cpu_backend(2);
     auto self = make_self_comm();
@@ -709,7 +712,8 @@ TEST(BatchSelection, ThresholdIsTheExactOrderStatistic) {
         for (int64_t i = 0; i < n; ++i)
             if (pre[r * n + i] + bias[i] > 0) pos.push_back(pre[r * n + i] + bias[i]);
     std::sort(pos.rbegin(), pos.rend());
-    auto be = make_cpu_backend(2);
+    auto cpu = make_cpu_backend(2);
+    BatchTopkOps* be = &arch_ops<BatchTopkOps>(*cpu, batchtopk_op_set());  // its CPU reference
     const auto npos = static_cast<int64_t>(pos.size());
     for (int64_t count : {int64_t{1}, int64_t{100}, rows * 4, npos / 2 + 7, npos, npos + 50}) {
         const float t = be->batch_threshold(pre.data(), bias.data(), rows, n, count);
@@ -795,7 +799,7 @@ TEST(LatentSharding, UnshardableConfigsAreRefusedNamingTheKey) {
     EXPECT_NE(error_of(c, 64, 4).find("sae.k = 32 exceeds the 16 latents of one of the 4"),
               std::string::npos);
     c.k = 4;
-    c.auxk_coeff = 0.03;  // the default k_aux: d_model / 2 = 32 > 16
+    c.set("train.auxk_coeff", 0.03);  // the default k_aux: d_model / 2 = 32 > 16
     EXPECT_NE(error_of(c, 64, 4).find("sae.k_aux = 32 exceeds"), std::string::npos);
     c.decorr_coeff = 0.1;
     EXPECT_NE(error_of(c, 256, 4).find("train.decorr_coeff"), std::string::npos);
@@ -810,7 +814,103 @@ TEST(LatentSharding, UnshardableConfigsAreRefusedNamingTheKey) {
         SaeConfig a;
         a.arch = arch;
         a.k = 200;  // more than a shard's 128 latents: BatchTopK's selection is over the batch
-        a.auxk_coeff = 0;
+        a.set("train.auxk_coeff", 0);
         EXPECT_EQ(error_of(a, 256, 2), "") << arch;
     }
 }
+
+// --- the architectures' own ops (arch_ops.h) ----------------------------------------------------
+namespace {
+
+// A backend with none of one op set's ops, as a build whose backend lacks an architecture's
+// kernels.
+class WithoutOps final : public ForwardingBackend {
+public:
+    WithoutOps(Backend& be, const ArchOpSet& missing) : ForwardingBackend(be), missing_(&missing) {}
+    ArchOps* arch_ops(const ArchOpSet& set) override {
+        return &set == missing_ ? nullptr : ForwardingBackend::arch_ops(set);
+    }
+
+private:
+    const ArchOpSet* missing_;
+};
+
+// Records the name of every op that passes through it.
+class Recorder final : public ForwardingBackend {
+public:
+    using ForwardingBackend::ForwardingBackend;
+    void around(const std::string& op, const std::function<void()>& f) override {
+        seen.insert(op);
+        f();
+    }
+    std::set<std::string> seen;
+};
+
+SaeConfig small_config(const char* arch) {
+    SaeConfig cfg;
+    cfg.arch = arch;
+    cfg.expansion = 4;
+    cfg.k = 4;
+    cfg.set("sae.n_experts", 2);
+    return cfg;
+}
+
+// Refused where the run is configured (saetrain's start-up and the trainer both ask), in one
+// line naming the backend, the architecture and the ops it lacks; the other architectures
+// still train on it.
+TEST(ArchOps, ABackendWithoutAnArchitecturesOpsRefusesIt) {
+    auto cpu = make_cpu_backend(1);
+    auto self = make_self_comm();
+    int sets = 0;
+    for (const Architecture* a : architectures()) {
+        for (const ArchOpSet* set : a->op_sets()) {
+            ++sets;
+            WithoutOps be(*cpu, *set);
+            const SaeConfig cfg = small_config(a->name());
+            try {
+                arch_check_backend(cfg, 16, 64, be);
+                ADD_FAILURE() << a->name() << " was not refused";
+            } catch (const Error& e) {
+                const std::string m = e.what();
+                EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+                EXPECT_EQ(m.rfind("sae.arch = " + std::string(a->name()) + ": the " + be.name() +
+                                      " backend has no implementation of the " + set->name +
+                                      " SAE's ops (",
+                                  0),
+                          0u)
+                    << m;
+                for (const std::string& op : set->ops)
+                    EXPECT_NE(m.find(op), std::string::npos) << m;
+            }
+            EXPECT_THROW(SaeTrainer(cfg, 16, 10, 0, be, *self), Error) << a->name();
+            for (const Architecture* other : architectures()) {
+                if (!other->op_sets().empty()) continue;
+                EXPECT_NO_THROW(arch_check_backend(small_config(other->name()), 16, 64, be));
+            }
+        }
+    }
+    EXPECT_GE(sets, 5);  // relu, batchtopk, jumprelu, gated, switch
+}
+
+// A ForwardingBackend (bench_step's per-op timing, the tests' recorders) sees every op of the
+// architectures' own sets in a training step, by the names the sets give them.
+TEST(ArchOps, AForwardingBackendSeesEveryArchitectureOp) {
+    auto cpu = make_cpu_backend(1);
+    auto self = make_self_comm();
+    const int64_t d = 16, rows = 64;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(rows * d));
+    for (float& v : x) v = normal(rng);
+    for (const Architecture* a : architectures()) {
+        Recorder rec(*cpu);
+        SaeTrainer tr(small_config(a->name()), d, 10, 0, rec, *self);
+        tr.init(x.data(), rows);
+        tr.step(x.data(), rows);
+        for (const ArchOpSet* set : a->op_sets())
+            for (const std::string& op : set->ops)
+                EXPECT_EQ(rec.seen.count(op), 1u) << a->name() << ": " << op;
+    }
+}
+
+}  // namespace

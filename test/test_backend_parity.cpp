@@ -1,6 +1,8 @@
 // Backend parity: every op of every registered backend (backend_registry.h) against the CPU
-// backend with other threads (the oracle) on random inputs, and training runs on both. A
-// backend joins the suite by registering; a kind with no visible device skips, naming the
+// backend with other threads (the oracle) on random inputs, and training runs on both; every
+// architecture's own ops (arch_ops.h) against their CPU reference, from one table of cases
+// (arch_op_cases) that the registry's op sets must each have. A backend joins the suite by
+// registering; a kind with no visible device skips, naming the
 // reason (the sae_math functions the kernels share with the CPU are tested on the CPU:
 // test_sae_math). The CPU instance checks that results do not depend on the thread count.
 //
@@ -20,10 +22,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "saetrain/arch.h"  // defines: arch_op_sets (every architecture's own ops)
+#include "saetrain/arch/batchtopk.h"
+#include "saetrain/arch/gated.h"
+#include "saetrain/arch/jumprelu.h"
+#include "saetrain/arch/relu.h"
+#include "saetrain/arch/switch.h"
 #include "saetrain/backend.h"
 #include "saetrain/backend_registry.h"
 #include "saetrain/comm.h"
@@ -231,7 +240,7 @@ TEST_P(BackendParity, SumSquaresIsDeterministicAndClose) {
 }
 
 // --- SAE ops ---------------------------------------------------------------------------------
-TEST_P(BackendParity, SubRowsBroadcastRowsReluForward) {
+TEST_P(BackendParity, SubRowsAndBroadcastRows) {
     const int64_t rows = 129, cols = 200;
     auto x = randn(rows * cols, 2), bias = randn(cols, 3);
     std::vector<float> out(rows * cols), out2(rows * cols);
@@ -242,9 +251,6 @@ TEST_P(BackendParity, SubRowsBroadcastRowsReluForward) {
     oracle->broadcast_rows(out2.data(), bias.data(), rows, cols);
     be->broadcast_rows(gout2.p(), gbias.p(), rows, cols);
     EXPECT_EQ(norm_err(gout2.get(), out2), kExact);
-    oracle->relu_forward(x.data(), bias.data(), rows, cols);
-    be->relu_forward(gx.p(), gbias.p(), rows, cols);
-    EXPECT_EQ(norm_err(gx.get(), x), kExact);
 }
 
 TEST_P(BackendParity, Residual) {
@@ -260,27 +266,6 @@ TEST_P(BackendParity, Residual) {
     const auto gs = gst.get();
     EXPECT_NEAR(gs[kStatSse], st[kStatSse], kSum * st[kStatSse]);
     EXPECT_NEAR(gs[kStatSumSqX], st[kStatSumSqX], kSum * st[kStatSumSqX]);
-}
-
-TEST_P(BackendParity, ReluBackward) {
-    const int64_t rows = 257, n = 300;
-    auto pre = randn(rows * n, 6), dz = randn(rows * n, 7), norms = randn(n, 8);
-    for (float& v : pre) v = math::relu(v);
-    for (float& v : norms) v = std::abs(v) + 0.5f;
-    std::vector<float> db(n), zs(n), st(kStatCount, 0.0f);
-    std::vector<int32_t> fires(n);
-    Buf<float> gz(*be, pre), gdz(*be, dz), gn(*be, norms), gdb(*be, db), gzs(*be, zs), gst(*be, st);
-    Buf<int32_t> gf(*be, fires);
-    oracle->relu_backward(pre.data(), dz.data(), norms.data(), 0.01f, rows, n, db.data(), zs.data(),
-                          fires.data(), st.data());
-    be->relu_backward(gz.p(), gdz.p(), gn.p(), 0.01f, rows, n, gdb.p(), gzs.p(), gf.p(), gst.p());
-    EXPECT_LE(norm_err(gdz.get(), dz), kElem);
-    EXPECT_LE(norm_err(gdb.get(), db), kSum);
-    EXPECT_LE(norm_err(gzs.get(), zs), kSum);
-    EXPECT_EQ(gf.get(), fires);
-    const auto gs = gst.get();
-    EXPECT_NEAR(gs[kStatL1], st[kStatL1], kSum * st[kStatL1]);
-    EXPECT_EQ(gs[kStatL0], st[kStatL0]);
 }
 
 TEST_P(BackendParity, TopkSelectionMatchesExactlyIncludingTies) {
@@ -648,7 +633,11 @@ TEST_P(BackendParity, DecorrGradSparseMatchesCpu) {
     EXPECT_EQ(gdz2.get(), got);
 }
 
-// --- BatchTopK, JumpReLU, Gated ---------------------------------------------------------------
+// --- the architectures' own ops (arch_ops.h) --------------------------------------------------
+// One case per registered op set, by the set's name, in one table (arch_op_cases): the set's
+// ops on the backend under test (dev) against its CPU reference on the oracle (host).
+// ArchitectureOpsMatchTheirCpuReference runs the case of every set the registry has
+// (arch_op_sets) on every backend; a registered set without a case fails it.
 namespace {
 
 // Quantized values (ties), +0 and -0, and negatives: what makes a selection's edge cases.
@@ -675,10 +664,43 @@ void keep_off_jumprelu_edges(std::vector<float>& pre, const std::vector<float>& 
     }
 }
 
-}  // namespace
+// ReLU: the activation adds and clamps (exact); the backward's dpre is element-wise (kElem),
+// its column sums kSum.
+void relu_case(Backend& host, Backend& dev) {
+    ReluOps* oracle = &arch_ops<ReluOps>(host, relu_op_set());
+    ReluOps* be = &arch_ops<ReluOps>(dev, relu_op_set());
+    {
+        const int64_t rows = 129, cols = 200;
+        auto x = randn(rows * cols, 2), bias = randn(cols, 3);
+        Buf<float> gx(dev, x), gbias(dev, bias);
+        oracle->relu_forward(x.data(), bias.data(), rows, cols);
+        be->relu_forward(gx.p(), gbias.p(), rows, cols);
+        EXPECT_EQ(norm_err(gx.get(), x), kExact);
+    }
+    const int64_t rows = 257, n = 300;
+    auto pre = randn(rows * n, 6), dz = randn(rows * n, 7), norms = randn(n, 8);
+    for (float& v : pre) v = math::relu(v);
+    for (float& v : norms) v = std::abs(v) + 0.5f;
+    std::vector<float> db(n), zs(n), st(kStatCount, 0.0f);
+    std::vector<int32_t> fires(n);
+    Buf<float> gz(dev, pre), gdz(dev, dz), gn(dev, norms), gdb(dev, db), gzs(dev, zs), gst(dev, st);
+    Buf<int32_t> gf(dev, fires);
+    oracle->relu_backward(pre.data(), dz.data(), norms.data(), 0.01f, rows, n, db.data(), zs.data(),
+                          fires.data(), st.data());
+    be->relu_backward(gz.p(), gdz.p(), gn.p(), 0.01f, rows, n, gdb.p(), gzs.p(), gf.p(), gst.p());
+    EXPECT_LE(norm_err(gdz.get(), dz), kElem);
+    EXPECT_LE(norm_err(gdb.get(), db), kSum);
+    EXPECT_LE(norm_err(gzs.get(), zs), kSum);
+    EXPECT_EQ(gf.get(), fires);
+    const auto gs = gst.get();
+    EXPECT_NEAR(gs[kStatL1], st[kStatL1], kSum * st[kStatL1]);
+    EXPECT_EQ(gs[kStatL0], st[kStatL0]);
+}
 
 // An exact selection: any correct algorithm gives the CPU's float, bit for bit (kExact).
-TEST_P(BackendParity, BatchThresholdMatchesExactly) {
+void batch_threshold_case(Backend& host, Backend& dev) {
+    BatchTopkOps* oracle = &arch_ops<BatchTopkOps>(host, batchtopk_op_set());
+    BatchTopkOps* be = &arch_ops<BatchTopkOps>(dev, batchtopk_op_set());
     struct Case {
         int64_t rows, n;
         bool bias;
@@ -693,7 +715,7 @@ TEST_P(BackendParity, BatchThresholdMatchesExactly) {
         const auto bias = c.bias ? randn(c.n, 44, 0.1f) : std::vector<float>(c.n, 0.0f);
         int64_t positive = 0;
         for (int64_t i = 0; i < c.rows * c.n; ++i) positive += pre[i] + bias[i % c.n] > 0.0f;
-        Buf<float> gpre(*be, pre), gbias(*be, bias);
+        Buf<float> gpre(dev, pre), gbias(dev, bias);
         // Counts: the largest, typical BatchTopK counts, the edges of the positive count, more
         // than there are (the smallest positive) and 0 (treated as 1).
         for (const int64_t count : {int64_t(1), int64_t(7), c.rows * 32, positive - 1, positive,
@@ -709,17 +731,19 @@ TEST_P(BackendParity, BatchThresholdMatchesExactly) {
     for (float& v : neg) v = -std::abs(v);
     neg[17] = 0.0f;
     const std::vector<float> zero_bias(300, 0.0f);
-    Buf<float> gneg(*be, neg), gzb(*be, zero_bias);
+    Buf<float> gneg(dev, neg), gzb(dev, zero_bias);
     EXPECT_EQ(be->batch_threshold(gneg.p(), gzb.p(), 40, 300, 10), 0.0f);
     EXPECT_EQ(oracle->batch_threshold(neg.data(), zero_bias.data(), 40, 300, 10), 0.0f);
 }
 
 // Same entries in the same (latent) order, same padding and the same widest count: kExact.
-TEST_P(BackendParity, SelectAboveMatchesExactly) {
+void select_above_case(Backend& host, Backend& dev) {
+    BatchTopkOps* oracle = &arch_ops<BatchTopkOps>(host, batchtopk_op_set());
+    BatchTopkOps* be = &arch_ops<BatchTopkOps>(dev, batchtopk_op_set());
     const int64_t rows = 67, n = 1000;
     const auto pre = tie_heavy(rows * n, 46);
     const std::vector<float> bias(n, 0.0f);  // keeps ties at the threshold (v >= threshold)
-    Buf<float> gpre(*be, pre), gbias(*be, bias);
+    Buf<float> gpre(dev, pre), gbias(dev, bias);
     const float tie = oracle->batch_threshold(pre.data(), bias.data(), rows, n, rows * 16);
     struct Case {
         float threshold;
@@ -732,8 +756,8 @@ TEST_P(BackendParity, SelectAboveMatchesExactly) {
         SCOPED_TRACE(::testing::Message() << "threshold=" << c.threshold << " width=" << c.width);
         std::vector<int32_t> idx(rows * c.width, -1);
         std::vector<float> val(rows * c.width, -1.0f);
-        Buf<int32_t> gidx(*be, idx);
-        Buf<float> gval(*be, val);
+        Buf<int32_t> gidx(dev, idx);
+        Buf<float> gval(dev, val);
         const int64_t want = oracle->select_above(pre.data(), bias.data(), c.threshold, rows, n,
                                                   c.width, idx.data(), val.data());
         const int64_t got = be->select_above(gpre.p(), gbias.p(), c.threshold, rows, n, c.width,
@@ -746,7 +770,9 @@ TEST_P(BackendParity, SelectAboveMatchesExactly) {
 
 // JumpReLU: v and z are exact (an add and a compare), dv exact (dz or 0); the column sums
 // kSum (order); dlog_threshold also carries exp's last ulp (1e-7), inside kSum.
-TEST_P(BackendParity, JumpReluForwardAndBackward) {
+void jumprelu_case(Backend& host, Backend& dev) {
+    JumpReluOps* oracle = &arch_ops<JumpReluOps>(host, jumprelu_op_set());
+    JumpReluOps* be = &arch_ops<JumpReluOps>(dev, jumprelu_op_set());
     const int64_t rows = 257, n = 300;
     const float bandwidth = 0.25f, l0 = 0.05f;
     auto pre = randn(rows * n, 47), bias = randn(n, 48, 0.1f), log_theta = randn(n, 49, 0.3f);
@@ -759,7 +785,7 @@ TEST_P(BackendParity, JumpReluForwardAndBackward) {
     }
     keep_off_jumprelu_edges(pre, bias, log_theta, bandwidth, 1e-3f);
     std::vector<float> z(rows * n);
-    Buf<float> gpre(*be, pre), gbias(*be, bias), glt(*be, log_theta), gz(*be, z);
+    Buf<float> gpre(dev, pre), gbias(dev, bias), glt(dev, log_theta), gz(dev, z);
     oracle->jumprelu_forward(pre.data(), bias.data(), log_theta.data(), rows, n, z.data());
     be->jumprelu_forward(gpre.p(), gbias.p(), glt.p(), rows, n, gz.p());
     EXPECT_EQ(norm_err(gpre.get(), pre), kExact);
@@ -768,8 +794,8 @@ TEST_P(BackendParity, JumpReluForwardAndBackward) {
     auto dz = randn(rows * n, 50);
     std::vector<float> db(n, 9.0f), dlt(n, 9.0f), st(kStatCount, 1.0f);
     std::vector<int32_t> fires(n, 9);
-    Buf<float> gdz(*be, dz), gdb(*be, db), gdlt(*be, dlt), gst(*be, st);
-    Buf<int32_t> gf(*be, fires);
+    Buf<float> gdz(dev, dz), gdb(dev, db), gdlt(dev, dlt), gst(dev, st);
+    Buf<int32_t> gf(dev, fires);
     oracle->jumprelu_backward(jumprelu(pre.data(), log_theta.data(), bandwidth, l0, rows, n,
                                        dz.data(), db.data(), dlt.data(), fires.data(), st.data()));
     be->jumprelu_backward(jumprelu(gpre.p(), glt.p(), bandwidth, l0, rows, n, gdz.p(), gdb.p(),
@@ -783,7 +809,7 @@ TEST_P(BackendParity, JumpReluForwardAndBackward) {
     EXPECT_EQ(gs[kStatL1], 1.0f);  // untouched
     // No float atomics in the column sums: a second run on the same inputs is bit-identical.
     const auto db_got = gdb.get(), dlt_got = gdlt.get();
-    Buf<float> gdz2(*be, randn(rows * n, 50));
+    Buf<float> gdz2(dev, randn(rows * n, 50));
     be->jumprelu_backward(jumprelu(gpre.p(), glt.p(), bandwidth, l0, rows, n, gdz2.p(), gdb.p(),
                                    gdlt.p(), gf.p(), gst.p()));
     EXPECT_EQ(gdb.get(), db_got);
@@ -794,7 +820,9 @@ TEST_P(BackendParity, JumpReluForwardAndBackward) {
 // possible FMA: kElem; the column sums kSum. Columns with r_mag = 0 (scale 1 on both) get
 // planted exact zeros of g and of m; elsewhere m is kept off 0, where exp's last ulp could flip
 // the sign of a tiny m.
-TEST_P(BackendParity, GatedForwardAndBackward) {
+void gated_case(Backend& host, Backend& dev) {
+    GatedOps* oracle = &arch_ops<GatedOps>(host, gated_op_set());
+    GatedOps* be = &arch_ops<GatedOps>(dev, gated_op_set());
     const int64_t rows = 257, n = 300;
     const float l1 = 0.01f;
     auto pre = randn(rows * n, 51), b_gate = randn(n, 52, 0.5f), r_mag = randn(n, 53, 0.2f),
@@ -811,8 +839,8 @@ TEST_P(BackendParity, GatedForwardAndBackward) {
             pre[i] += 0.01f;
     }
     std::vector<float> z(rows * n), gate(rows * n);
-    Buf<float> gpre(*be, pre), gbg(*be, b_gate), grm(*be, r_mag), gbm(*be, b_mag),
-        gnorms(*be, norms), gz(*be, z), ggate(*be, gate);
+    Buf<float> gpre(dev, pre), gbg(dev, b_gate), grm(dev, r_mag), gbm(dev, b_mag),
+        gnorms(dev, norms), gz(dev, z), ggate(dev, gate);
     oracle->gated_forward(pre.data(), b_gate.data(), r_mag.data(), b_mag.data(), rows, n, z.data(),
                           gate.data());
     be->gated_forward(gpre.p(), gbg.p(), grm.p(), gbm.p(), rows, n, gz.p(), ggate.p());
@@ -824,9 +852,9 @@ TEST_P(BackendParity, GatedForwardAndBackward) {
     std::vector<float> db_gate(n, 9.0f), dr_mag(n, 9.0f), db_mag(n, 9.0f), dpre_sum(n, 9.0f),
         gate_sum(n, 9.0f), st(kStatCount, 1.0f);
     std::vector<int32_t> fires(n, 9);
-    Buf<float> gdz(*be, dz), gdg(*be, dgate), gdbg(*be, db_gate), gdrm(*be, dr_mag),
-        gdbm(*be, db_mag), gdps(*be, dpre_sum), ggs(*be, gate_sum), gst(*be, st);
-    Buf<int32_t> gf(*be, fires);
+    Buf<float> gdz(dev, dz), gdg(dev, dgate), gdbg(dev, db_gate), gdrm(dev, dr_mag),
+        gdbm(dev, db_mag), gdps(dev, dpre_sum), ggs(dev, gate_sum), gst(dev, st);
+    Buf<int32_t> gf(dev, fires);
     oracle->gated_backward(gated(pre.data(), b_gate.data(), r_mag.data(), b_mag.data(),
                                  norms.data(), l1, rows, n, dz.data(), dgate.data(), db_gate.data(),
                                  dr_mag.data(), db_mag.data(), dpre_sum.data(), gate_sum.data(),
@@ -844,6 +872,74 @@ TEST_P(BackendParity, GatedForwardAndBackward) {
     const auto gs = gst.get();
     EXPECT_NEAR(gs[kStatL1], st[kStatL1], kSum * st[kStatL1]);
     EXPECT_EQ(gs[kStatL0], st[kStatL0]);
+}
+
+// Switch's row permutations: gather with and without scale and beta, index rows, row dots.
+// Gathers move values: exact; row dots are sums (kSum).
+void switch_case(Backend& host, Backend& dev) {
+    SwitchOps* oracle = &arch_ops<SwitchOps>(host, switch_op_set());
+    SwitchOps* be = &arch_ops<SwitchOps>(dev, switch_op_set());
+    const int64_t rows = 1000, cols = 97, width = 7;
+    std::vector<int32_t> perm(rows);
+    for (int64_t i = 0; i < rows; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(60));
+    const auto src = randn(rows * cols, 61), scale = randn(rows, 62);
+    auto dst = randn(rows * cols, 63);
+    std::vector<int32_t> idx(rows * width);
+    for (int64_t i = 0; i < rows * width; ++i) idx[i] = static_cast<int32_t>((i * 37) % 1009);
+    Buf<float> gsrc(dev, src), gscale(dev, scale), gdst(dev, dst), gplain(dev, dst);
+    Buf<int32_t> gperm(dev, perm), gidx(dev, idx), gidx_out(dev, idx);
+    std::vector<float> plain = dst;
+    oracle->gather_rows(plain.data(), src.data(), perm.data(), nullptr, 0.0f, rows, cols);
+    be->gather_rows(gplain.p(), gsrc.p(), gperm.p(), nullptr, 0.0f, rows, cols);
+    EXPECT_EQ(gplain.get(), plain);
+    oracle->gather_rows(dst.data(), src.data(), perm.data(), scale.data(), 1.0f, rows, cols);
+    be->gather_rows(gdst.p(), gsrc.p(), gperm.p(), gscale.p(), 1.0f, rows, cols);
+    EXPECT_LE(norm_err(gdst.get(), dst), kElem);
+    std::vector<int32_t> idx_out(rows * width);
+    oracle->gather_index_rows(idx_out.data(), idx.data(), perm.data(), rows, width);
+    be->gather_index_rows(gidx_out.p(), gidx.p(), gperm.p(), rows, width);
+    EXPECT_EQ(gidx_out.get(), idx_out);
+    std::vector<float> dots(rows);
+    Buf<float> gdots(dev, dots);
+    oracle->row_dots(src.data(), dst.data(), rows, cols, dots.data());
+    be->row_dots(gsrc.p(), gdst.p(), rows, cols, gdots.p());
+    EXPECT_LE(norm_err(gdots.get(), dots), kSum);
+}
+
+using ArchOpCase = void (*)(Backend& host, Backend& dev);
+
+const std::map<std::string, std::vector<ArchOpCase>>& arch_op_cases() {
+    static const std::map<std::string, std::vector<ArchOpCase>> cases = {
+        {"relu", {relu_case}},         {"batchtopk", {batch_threshold_case, select_above_case}},
+        {"jumprelu", {jumprelu_case}}, {"gated", {gated_case}},
+        {"switch", {switch_case}},
+    };
+    return cases;
+}
+
+}  // namespace
+
+TEST_P(BackendParity, ArchitectureOpsMatchTheirCpuReference) {
+    const auto& cases = arch_op_cases();
+    const std::vector<const ArchOpSet*> sets = arch_op_sets();
+    ASSERT_FALSE(sets.empty());
+    for (const ArchOpSet* set : sets) {
+        SCOPED_TRACE("op set " + set->name);
+        const auto it = cases.find(set->name);
+        if (it == cases.end()) {
+            ADD_FAILURE() << "no parity case for the " << set->name
+                          << " op set: add one to arch_op_cases()";
+            continue;
+        }
+        for (ArchOpCase run : it->second) run(*oracle, *be);
+    }
+    for (const auto& [name, run] : cases) {
+        const bool registered = std::any_of(sets.begin(), sets.end(),
+                                            [&](const ArchOpSet* s) { return s->name == name; });
+        EXPECT_TRUE(registered) << "arch_op_cases() has a case for '" << name
+                                << "', which no architecture registers";
+    }
 }
 
 // axpby: b = 0 overwrites y with a x exactly (a NaN in y must not survive); otherwise kElem
@@ -905,38 +1001,15 @@ TEST_P(BackendParity, UploadRowsWidensExactly) {
     EXPECT_EQ(std::memcmp(got.data(), x.data(), x.size() * 4), 0);
 }
 
-// Switch's row permutations: gather with and without scale and beta, index rows, row dots,
-// index offsets. Gathers and offsets move values: exact; row dots are sums (kSum).
-TEST_P(BackendParity, SwitchRowPermutations) {
-    const int64_t rows = 1000, cols = 97, width = 7;
-    std::vector<int32_t> perm(rows);
-    for (int64_t i = 0; i < rows; ++i) perm[i] = static_cast<int32_t>(i);
-    std::shuffle(perm.begin(), perm.end(), std::mt19937(60));
-    const auto src = randn(rows * cols, 61), scale = randn(rows, 62);
-    auto dst = randn(rows * cols, 63);
-    std::vector<int32_t> idx(rows * width);
-    for (int64_t i = 0; i < rows * width; ++i) idx[i] = static_cast<int32_t>((i * 37) % 1009);
-    Buf<float> gsrc(*be, src), gscale(*be, scale), gdst(*be, dst), gplain(*be, dst);
-    Buf<int32_t> gperm(*be, perm), gidx(*be, idx), gidx_out(*be, idx);
-    std::vector<float> plain = dst;
-    oracle->gather_rows(plain.data(), src.data(), perm.data(), nullptr, 0.0f, rows, cols);
-    be->gather_rows(gplain.p(), gsrc.p(), gperm.p(), nullptr, 0.0f, rows, cols);
-    EXPECT_EQ(gplain.get(), plain);
-    oracle->gather_rows(dst.data(), src.data(), perm.data(), scale.data(), 1.0f, rows, cols);
-    be->gather_rows(gdst.p(), gsrc.p(), gperm.p(), gscale.p(), 1.0f, rows, cols);
-    EXPECT_LE(norm_err(gdst.get(), dst), kElem);
-    std::vector<int32_t> idx_out(rows * width);
-    oracle->gather_index_rows(idx_out.data(), idx.data(), perm.data(), rows, width);
-    be->gather_index_rows(gidx_out.p(), gidx.p(), gperm.p(), rows, width);
-    EXPECT_EQ(gidx_out.get(), idx_out);
-    oracle->offset_indices(idx.data(), rows * width, 4096);
-    be->offset_indices(gidx.p(), rows * width, 4096);
+// Latent ids moved by an offset (a Switch expert's or a latent shard's ids to the SAE's): exact.
+TEST_P(BackendParity, OffsetIndices) {
+    const int64_t count = 7000;
+    std::vector<int32_t> idx(count);
+    for (int64_t i = 0; i < count; ++i) idx[i] = static_cast<int32_t>((i * 37) % 1009);
+    Buf<int32_t> gidx(*be, idx);
+    oracle->offset_indices(idx.data(), count, 4096);
+    be->offset_indices(gidx.p(), count, 4096);
     EXPECT_EQ(gidx.get(), idx);
-    std::vector<float> dots(rows);
-    Buf<float> gdots(*be, dots);
-    oracle->row_dots(src.data(), dst.data(), rows, cols, dots.data());
-    be->row_dots(gsrc.p(), gdst.p(), rows, cols, gdots.p());
-    EXPECT_LE(norm_err(gdots.get(), dots), kSum);
 }
 
 // A Switch SAE trains alike on both backends: the same routing (the logits are read back and
@@ -948,7 +1021,7 @@ TEST_P(BackendParity, SwitchTrainingStepsMatchTheCpuLoss) {
     SaeConfig cfg;
     cfg.arch = "switch";
     cfg.expansion = 8;
-    cfg.n_experts = 8;
+    cfg.set("sae.n_experts", 8);
     cfg.k = 8;
     cfg.lr = 1e-3;
     auto self_cpu = make_self_comm(), self_gpu = make_self_comm();

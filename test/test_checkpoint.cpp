@@ -220,6 +220,10 @@ TEST(Checkpoint, ConfigDifferencesIgnoreHarmlessKeysAndNewDefaults) {
     const auto d = config_result_differences(base, yaml({"train.lr=0.0008"}));
     ASSERT_EQ(d.size(), 1u);
     EXPECT_NE(d[0].find("train.lr"), std::string::npos) << d[0];
+    // An architecture's own key (declared beside it) is compared like any other.
+    const auto e = config_result_differences(base, yaml({"train.balance_coeff=0.2"}));
+    ASSERT_EQ(e.size(), 1u);
+    EXPECT_EQ(e[0], "train.balance_coeff: 0.1 -> 0.2");
 
     // A run written before a key existed: absent equals the default, not a change...
     const std::string old = without_key(base, "max_bad_steps");

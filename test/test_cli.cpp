@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "saetrain/arch.h"
 #include "saetrain/build_commit.h"  // defines: SAETRAIN_GIT_COMMIT
 #include "saetrain/build_config.h"  // defines: SAETRAIN_VERSION, SAETRAIN_CUDA, SAETRAIN_NCCL, ...
 #include "saetrain/checkpoint.h"
@@ -111,10 +112,15 @@ TEST_F(Cli, TrainWritesEveryOutput) {
     std::getline(summary, header);
     std::getline(summary, row);
     EXPECT_FALSE(std::getline(summary, extra));
-    EXPECT_EQ(header.rfind("sae,arch,n_latents,l1_coeff,k,l0_coeff,n_experts,balance_coeff,lr,", 0),
-              0u)
-        << header;
-    EXPECT_EQ(row.rfind("topk-x2-k4,topk,32,,4,,,,0.005,12,3000,", 0), 0u) << row;
+    // The configuration columns: every architecture's summary keys (the registry's), blank in
+    // the columns a TopK SAE does not read.
+    std::string columns = "sae,arch,n_latents,", cells = "topk-x2-k4,topk,32,";
+    for (const std::string& key : saetrain::arch_summary_keys()) {
+        columns += key.substr(key.find('.') + 1) + ",";
+        cells += key == "sae.k" ? "4," : ",";
+    }
+    EXPECT_EQ(header.rfind(columns + "lr,", 0), 0u) << header;
+    EXPECT_EQ(row.rfind(cells + "0.005,12,3000,", 0), 0u) << row;
     // The quality gates close every row, and each SAE has its feature-density histogram.
     EXPECT_NE(header.find(",rel_recon_err,zeros_frac,decorr_rms,gates_dead_fraction,"
                           "gates_dense_fraction,gates_on,gates"),
@@ -595,7 +601,7 @@ TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
     const std::map<std::string, std::string> usage = {
         {"saetrain",
          "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] [--allow-config-change] "
-         "[--threads N] [--dry-run [--ranks N]]"},
+         "[--threads N] [--dry-run [--ranks N]] | --list-keys"},
         {"sae-synth",
          "sae-synth --out DIR [--d-model N] [--features M] [--rows N] [--shards N] "
          "[--dtype f32|f16|bf16] [--chunked] [--seed S] ..."},
@@ -645,6 +651,11 @@ TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
         EXPECT_EQ(r.code, 0) << program << ":\n" << r.out;
         EXPECT_NE(r.out.find("--version"), std::string::npos) << program << ":\n" << r.out;
     }
+    // Nor is saetrain --list-keys, which needs no CONFIG (its callback ends the parse).
+    const Result keys = run(bin("saetrain") + " --list-keys");
+    EXPECT_EQ(keys.code, 0) << keys.out;
+    EXPECT_NE(keys.out.find("sae.jumprelu_bandwidth"), std::string::npos) << keys.out;
+    EXPECT_EQ(keys.out.find("error"), std::string::npos) << keys.out;
 }
 
 // --dry-run checks the config, the overrides and the job size without data, MPI or out_dir: what

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -53,6 +55,8 @@ void expect_same(const SaeConfig& a, const SaeConfig& b) {
     EXPECT_EQ(a.weight_decay, b.weight_decay);
     EXPECT_EQ(a.normalize_decoder, b.normalize_decoder);
     EXPECT_EQ(a.dead_tokens, b.dead_tokens);
+    for (const ArchKeyDecl* k : arch_config_keys())
+        EXPECT_TRUE(k->value(a) == k->value(b)) << k->full();
 }
 
 void expect_same(const Config& a, const Config& b) {
@@ -816,3 +820,90 @@ TEST(Config, NormalizeAndBDecInitReachEverySweepPoint) {
     EXPECT_THROW(config_parse("data: {path: d, normalize: unit}\n"), Error);
     EXPECT_THROW(config_parse("data: {path: d}\nsae: {b_dec_init: median}\n"), Error);
 }
+
+// ---- the keys' declarations ---------------------------------------------------------------------
+
+namespace saetrain {
+namespace {
+
+// Every key is declared once, with a doc line; the architectures' keys (declared beside them,
+// arch.h) join their section's architecture keys where config.yaml always listed them (sae's
+// after sae.l1_coeff, train's after train.l0_coeff), so the file, a sweep's order and its ids
+// stay as they were; a new architecture's keys follow these.
+TEST(ConfigKeys, ArchitectureKeysJoinTheTableWhereTheFileListsThem) {
+    std::vector<std::string> names;
+    for (const ConfigKeyInfo& k : config_keys()) {
+        EXPECT_FALSE(k.doc.empty()) << k.name;
+        EXPECT_EQ(k.sweepable, k.name.rfind("sae.", 0) == 0 || k.name.rfind("train.", 0) == 0);
+        names.push_back(k.name);
+    }
+    EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
+    auto at = [&](const std::string& key) {
+        return static_cast<size_t>(std::find(names.begin(), names.end(), key) - names.begin());
+    };
+    for (const ArchKeyDecl* k : arch_config_keys()) {
+        const bool sae = k->section() == "sae";
+        ASSERT_TRUE(sae || k->section() == "train") << k->full();
+        EXPECT_GT(at(k->full()), at(sae ? "sae.l1_coeff" : "train.l0_coeff")) << k->full();
+        EXPECT_LT(at(k->full()), at(sae ? "sae.b_dec_init" : "train.decorr_coeff")) << k->full();
+    }
+    const std::vector<std::string> before = {
+        "sae.l1_coeff",           "sae.k_aux",
+        "sae.jumprelu_bandwidth", "sae.jumprelu_init_threshold",
+        "sae.n_experts",          "sae.b_dec_init",
+        "train.l0_coeff",         "train.auxk_coeff",
+        "train.balance_coeff",    "train.decorr_coeff"};
+    for (size_t i = 1; i < before.size(); ++i)
+        EXPECT_LT(at(before[i - 1]), at(before[i])) << before[i - 1] << " before " << before[i];
+    // Which architectures read a declared key.
+    std::map<std::string, ConfigKeyInfo> info;
+    for (const ConfigKeyInfo& k : config_keys()) info[k.name] = k;
+    EXPECT_EQ(info["sae.n_experts"].declared_by, "switch");
+    EXPECT_EQ(info["train.auxk_coeff"].declared_by, "topk, batchtopk, switch");
+    EXPECT_EQ(info["sae.k"].declared_by, "");
+    EXPECT_EQ(info["train.balance_coeff"].default_text, "0.1");
+}
+
+// The resume check reads each key's flag from its declaration; a key this version does not
+// know counts as changing results.
+TEST(ConfigKeys, EachDeclarationSaysWhetherItChangesResults) {
+    for (const ConfigKeyInfo& k : config_keys())
+        EXPECT_EQ(config_key_changes_results(k.name), k.changes_results) << k.name;
+    for (const char* same :
+         {"run.out_dir", "log.every_steps", "log.peak_tflops", "checkpoint.every_steps",
+          "checkpoint.keep", "data.stage_dir", "data.prefetch_bytes", "backend",
+          "parallel.timeout_s", "gpu.gemm", "gpu.deterministic", "data.eval_path",
+          "log.eval_every_steps", "parallel.latent_shards"})
+        EXPECT_FALSE(config_key_changes_results(same)) << same;
+    for (const char* changes : {"train.lr", "sae.k", "sae.n_experts", "train.balance_coeff",
+                                "sae.k_aux", "data.read_bytes", "train.no_such_key"})
+        EXPECT_TRUE(config_key_changes_results(changes)) << changes;
+}
+
+// Architecture keys read through their declaration: the default until set, set as a file's
+// value would be (an integer where a number is expected), refused when the type is wrong.
+TEST(ConfigKeys, SetTakesAnyKeyAsTheFileWould) {
+    SaeConfig c;
+    EXPECT_TRUE(config_parse(kMinimal).sae.arch_values.empty());  // every one its default
+    c.set("sae.n_experts", 4).set("train.balance_coeff", 1).set("train.lr", 0.5);
+    EXPECT_EQ(std::get<int64_t>(c.arch_values.at("sae.n_experts")), 4);
+    EXPECT_EQ(std::get<double>(c.arch_values.at("train.balance_coeff")), 1.0);
+    EXPECT_EQ(c.lr, 0.5);
+    c.set("sae.arch", "switch");
+    EXPECT_EQ(c.arch, "switch");
+    EXPECT_THROW(c.set("sae.n_experts", 1.5), Error);
+    EXPECT_THROW(c.set("sae.arch", "nope"), Error);
+    EXPECT_THROW(c.set("sae.no_such_key", 1), Error);
+    EXPECT_THROW(c.set("log.every_steps", 1), Error);  // not an SAE's key
+    // Parsed, swept and written out like any key.
+    const Config p = config_parse(kMinimal + "sae: {arch: switch, n_experts: [2, 4]}\n");
+    ASSERT_EQ(p.sweep.size(), 2u);
+    EXPECT_EQ(std::get<int64_t>(p.sweep[1].arch_values.at("sae.n_experts")), 4);
+    const std::string yaml = config_to_yaml(p);
+    EXPECT_HAS(yaml, "n_experts: [2, 4]");
+    EXPECT_HAS(yaml, "balance_coeff: 0.1");
+    EXPECT_HAS(yaml, "k_aux: 0");
+}
+
+}  // namespace
+}  // namespace saetrain

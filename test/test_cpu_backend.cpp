@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "saetrain/arch/relu.h"
 #include "saetrain/backend.h"
 #include "saetrain/sae_math.h"
 #include "test_util.h"
@@ -169,8 +170,10 @@ TEST_F(CpuBackendTest, ResidualAndReluBackwardMatchReference) {
     std::vector<float> dpre = dz, dbe(n), zsum(n);
     std::vector<int32_t> fires(n);
     float st2[kStatCount] = {0, 0, 0, 0};
-    be->relu_backward(z.data(), dpre.data(), norms.data(), 0.3f, rows, n, dbe.data(), zsum.data(),
-                      fires.data(), st2);
+    // ReLU's own op (arch/relu.h), the CPU reference the CPU backend runs.
+    arch_ops<ReluOps>(*be, relu_op_set())
+        .relu_backward(z.data(), dpre.data(), norms.data(), 0.3f, rows, n, dbe.data(), zsum.data(),
+                       fires.data(), st2);
     double l1 = 0, l0 = 0;
     for (int64_t c = 0; c < n; ++c) {
         double db = 0, zs = 0;

@@ -526,11 +526,10 @@ TEST_P(PlantedRecovery, EveryArchitectureFindsThePlantedFeatures) {
     // normalized to E||x||^2 = d_model and long runs) leave it dense in a run this short: a
     // threshold learns only from the pre-activations within bandwidth / 2 of it.
     cfg.l0_coeff = 0.1;
-    cfg.jumprelu_bandwidth = 0.05;
-    cfg.jumprelu_init_threshold = 0.05;
+    cfg.set("sae.jumprelu_bandwidth", 0.05).set("sae.jumprelu_init_threshold", 0.05);
     // Switch: 4 experts of 48 latents. Planted features are independent of each other, so
     // every expert's tokens carry features of every kind: the data least suited to experts.
-    cfg.n_experts = 4;
+    cfg.set("sae.n_experts", 4);
     cfg.lr = 1e-2;
     cfg.warmup_steps = 20;
     auto be = make_cpu_backend(2);

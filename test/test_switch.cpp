@@ -141,10 +141,9 @@ SaeConfig switch_config(const Ref& s) {
     SaeConfig cfg;
     cfg.arch = "switch";
     cfg.n_latents = s.n;
-    cfg.n_experts = s.E;
+    cfg.set("sae.n_experts", s.E);
     cfg.k = s.k;
-    cfg.balance_coeff = s.balance;
-    cfg.k_aux = s.k_aux > 0 ? s.k_aux : 1;
+    cfg.set("train.balance_coeff", s.balance).set("sae.k_aux", s.k_aux > 0 ? s.k_aux : 1);
     cfg.normalize_decoder = false;
     return cfg;
 }
@@ -198,7 +197,7 @@ TEST(SwitchGradients, MatchFiniteDifferencesWithAuxKPerExpert) {
     auto be = make_cpu_backend(2);
     auto self = make_self_comm();
     SaeConfig cfg = switch_config(s);
-    cfg.auxk_coeff = 0.5;
+    cfg.set("train.auxk_coeff", 0.5);
     cfg.dead_tokens = 100;
     SaeTrainer tr(cfg, s.d, 10, 0, *be, *self);
     std::mt19937 rng(13);
@@ -210,7 +209,7 @@ TEST(SwitchGradients, MatchFiniteDifferencesWithAuxKPerExpert) {
     // Expert 0: 4 dead (more than k_aux); expert 1: 2 (fewer); expert 2: none.
     for (int64_t l : {0, 2, 3, 6, 9, 12}) st.since_fired[l] = 1000, s.dead[l] = 1, ++n_dead;
     trainer_restore(tr, trainer_weights(tr), st);
-    s.aux_weight = cfg.auxk_coeff * std::min(1.0, double(n_dead) / double(s.k_aux));
+    s.aux_weight = 0.5 * std::min(1.0, double(n_dead) / double(s.k_aux));
     check_fd(tr, x, s);
 }
 
@@ -226,7 +225,7 @@ TEST(SwitchBehaviour, OneExpertTrainsAsTopK) {
     cfg.arch = "topk";
     SaeTrainer topk(cfg, d, 20, 3, *be, *self);
     cfg.arch = "switch";
-    cfg.n_experts = 1;
+    cfg.set("sae.n_experts", 1);
     SaeTrainer sw(cfg, d, 20, 3, *be, *self);
     const std::vector<float> x = saetrain::testing::randn(rows * d, 5);
     topk.init(x.data(), rows);
@@ -284,8 +283,7 @@ Trained train_switch(double balance, int64_t experts) {
     cfg.arch = "switch";
     cfg.expansion = 4;
     cfg.k = 6;
-    cfg.n_experts = experts;
-    cfg.balance_coeff = balance;
+    cfg.set("sae.n_experts", experts).set("train.balance_coeff", balance);
     cfg.lr = 1e-2;
     cfg.warmup_steps = 20;
     auto be = make_cpu_backend(2);
@@ -321,7 +319,7 @@ Trained train_switch(double balance, int64_t experts) {
 // (mean 0.125) and no dead latent. (Planted-feature recovery: test_e2e PlantedRecovery.)
 TEST(SwitchBehaviour, BalanceLossKeepsTheExpertsInUse) {
     const int64_t E = 8;
-    const Trained off = train_switch(0.0, E), on = train_switch(SaeConfig{}.balance_coeff, E);
+    const Trained off = train_switch(0.0, E), on = train_switch(0.1, E);  // the default
     EXPECT_LT(on.load_max, 2.0 / E) << "with the balance loss: max expert load below 2x the mean";
     EXPECT_GT(on.load_min, 0.5 / E) << "with the balance loss: no expert starved";
     EXPECT_LT(on.dead, 0.10);

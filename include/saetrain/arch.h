@@ -7,8 +7,13 @@
 // the Backend. The trainer (trainer.h) owns everything the architectures share: the parameter
 // buffer and its segments, the encoder GEMM, the residual, the optimizer, the replicas.
 //
-// Adding an architecture: a file in src/core/arch/ implementing both classes, its kernels
-// (Backend ops in backend.h, CPU and CUDA), its tests, and one line in src/core/arch/registry.cpp.
+// An architecture owns what is its own: its config keys (ArchKey, config.h; config_keys), the
+// backend ops only it runs (arch_ops.h; op_sets, with their CPU reference), its extra
+// parameters, their activation-scale fold and its export fields. Adding one: its file in
+// src/core/arch/ (and include/saetrain/arch/<name>.h when it has ops of its own), its CUDA
+// kernels with their line in src/cuda/arch_ops.cpp, its tests, its declaration in
+// src/core/arch/common.h and one line in src/core/arch/registry.cpp (docs/architecture.md,
+// "Where to add": ten files for a toy with two ops and a key of its own).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "saetrain/arch_ops.h"  // defines: ArchOpSet
 #include "saetrain/backend.h"
 #include "saetrain/config.h"
 #include "saetrain/sae_tensors.h"  // defines: SaeWeights, NamedTensor
@@ -161,8 +167,16 @@ public:
     virtual const char* name() const = 0;
     // One line for the docs and `--help`: what it is and the keys it reads.
     virtual const char* describe() const = 0;
-    // The sae.*/train.* keys it reads beyond the common ones, for summary.csv columns.
-    virtual std::vector<std::string> keys() const = 0;
+    // The keys it declares (ArchKey, config.h: its own, and those it shares with others, such as
+    // AuxK's): the registry adds them to the config's key table, so the YAML, --set, sweeps,
+    // config.yaml and the resume check know them with no line elsewhere. Default: none.
+    virtual std::vector<const ArchKeyDecl*> config_keys() const { return {}; }
+    // The sae.*/train.* keys that tell its SAEs apart, for summary.csv's columns.
+    virtual std::vector<std::string> summary_keys() const = 0;
+    // The op sets (arch_ops.h) its pass runs beyond the Backend's: a backend must implement
+    // each (arch_check_backend refuses it at start-up otherwise), and the parity suite runs
+    // every registered set's case on every backend. Default: none.
+    virtual std::vector<const ArchOpSet*> op_sets() const { return {}; }
     // Config checks that need the latent count (n_latents > 0) or none (0); throws Error
     // naming the key. `where` prefixes messages (the config file).
     virtual void validate(const SaeConfig& cfg, int64_t n_latents, const std::string& where) const;
@@ -201,13 +215,23 @@ public:
 };
 
 // Throws Error naming the key when `be` cannot run an op the SAE of `cfg` needs (at d_model d,
-// n latents): at start-up, not at the first step.
-void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, const Backend& be);
+// n latents), or has no implementation of one of its architecture's op sets: at start-up, not
+// at the first step.
+void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be);
 
 // --- the registry -----------------------------------------------------------------------------
 // Every architecture, in the order summaries and docs list them.
 const std::vector<const Architecture*>& architectures();
 std::vector<std::string> arch_names();
+// Every key the architectures declare, in registry order (each once, where its first
+// architecture lists it): the key table's architecture keys (config.cpp).
+std::vector<const ArchKeyDecl*> arch_config_keys();
+// Every summary key of every architecture, in registry order (each once): summary.csv's
+// configuration columns.
+std::vector<std::string> arch_summary_keys();
+// Every op set the architectures register, in registry order (each once): what every backend
+// is held to (test_backend_parity).
+std::vector<const ArchOpSet*> arch_op_sets();
 // The architecture called `name`; throws Error listing the known names.
 const Architecture& arch_get(const std::string& name);
 const Architecture* arch_find(const std::string& name);

@@ -4,13 +4,20 @@
 // backend's memory space (host for CPU, device for CUDA); upload/download cross it. Matrices
 // are row-major. Ops are coarse (one per pass over a batch) because each pass over
 // [batch, n_latents] costs memory bandwidth; fusing is the backend's job.
+//
+// The ops here are the ones the trainer and several architectures share. An op that only one
+// architecture runs is that architecture's (arch_ops.h): it registers the op's interface and
+// CPU reference itself, and a backend hands out its implementation through arch_ops().
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "saetrain/arch_ops.h"     // defines: ArchOps, ArchOpSet
 #include "saetrain/comm_choice.h"  // defines: CommFacts, CommChoice
 #include "saetrain/dtype.h"        // defines: DType
 #include "saetrain/host_alloc.h"   // defines: HostAllocator
@@ -41,40 +48,6 @@ struct SparseBackward {
     bool accumulate = false;
     // [rows, k] or null: added to dval of the entries with val != 0 (a penalty's gradient).
     const float* dval_extra = nullptr;
-};
-
-// jumprelu_backward (math::jumprelu_grad).
-struct JumpReluBackward {
-    const float* v = nullptr;              // [rows, n] pre + b_enc (jumprelu_forward's)
-    const float* log_threshold = nullptr;  // [n]
-    float bandwidth = 0;                   // the straight-through estimator's kernel width
-    float l0 = 0;                          // the L0 penalty's coefficient
-    int64_t rows = 0, n = 0;
-    float* dz_to_dpre = nullptr;      // [rows, n] dL/dz in, dL/dpre out
-    float* db_enc = nullptr;          // [n] column sums of dpre
-    float* dlog_threshold = nullptr;  // [n]
-    int32_t* fires = nullptr;         // [n]
-    float* stats = nullptr;           // adds L0
-};
-
-// gated_backward (math::gated_grad): gate g = pre + b_gate, magnitude pre * exp(r_mag) + b_mag.
-struct GatedBackward {
-    const float* pre = nullptr;        // [rows, n]
-    const float* b_gate = nullptr;     // [n]
-    const float* r_mag = nullptr;      // [n]
-    const float* b_mag = nullptr;      // [n]
-    const float* dec_norms = nullptr;  // [n] ||W_dec_i|| (the L1 term's weights)
-    float l1 = 0;
-    int64_t rows = 0, n = 0;
-    float* dz_to_dpre = nullptr;    // [rows, n] dL/dz in, dL/dpre out
-    const float* dgate = nullptr;   // [rows, n] dL/d relu(g) from the auxiliary reconstruction
-    float* db_gate = nullptr;       // [n] column sums ...
-    float* dr_mag = nullptr;        // [n]
-    float* db_mag = nullptr;        // [n]
-    float* dpre_col_sum = nullptr;  // [n]
-    float* gate_col_sum = nullptr;  // [n] of relu(g)
-    int32_t* fires = nullptr;       // [n]
-    float* stats = nullptr;         // adds L1 (sum relu(g) * norm) and L0
 };
 
 // The optimizer step's view of the flat parameter buffer (ParamStore::update, param_store.h).
@@ -183,15 +156,7 @@ public:
     virtual void residual(float* x_hat_to_derr, const float* x, int64_t rows, int64_t d,
                           float grad_scale, float* x_col_sum, float* db_dec, float* stats) = 0;
 
-    // ReLU encoder activation in place: z = relu(pre + b_enc).
-    virtual void relu_forward(float* pre_to_z, const float* b_enc, int64_t rows, int64_t n) = 0;
-    // dz -> dpre in place: dpre = (z > 0) * (dz + l1 * norm_i). Writes column sums of dpre
-    // into db_enc[n] and of z into z_col_sum[n], per-latent firing counts into fires[n], and
-    // adds l1 sums and L0 to stats.
-    virtual void relu_backward(const float* z, float* dz_to_dpre, const float* dec_norms, float l1,
-                               int64_t rows, int64_t n, float* db_enc, float* z_col_sum,
-                               int32_t* fires, float* stats) = 0;
-
+    // --- the selection ops: TopK, BatchTopK, Switch and AuxK --------------------------------
     // TopK: for each row of pre + b_enc keep the k largest (ties: lower index), ReLU them
     // (`relu` false: keep their values as they are, AuxK's selection). idx [rows, k] latent
     // ids, val [rows, k] activations (0 where the ReLU cut). The sparse ops below treat an
@@ -225,51 +190,8 @@ public:
     virtual void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows,
                              int64_t n, float scale, float* dz, float* stats) = 0;
 
-    // --- BatchTopK: one selection over the whole batch -----------------------------------
-    // The `count`-th largest of the positive values of pre + b_enc over all rows (the smallest
-    // positive one when fewer are positive; 0 when none is; count <= 0 counts as 1): the
-    // batch's selection threshold.
-    virtual float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
-                                  int64_t count) = 0;
-    // Per row, the latents with v = pre + b_enc > 0 and v >= threshold, in latent order, as
-    // `width` (idx, val) pairs padded with (0, 0). Returns the largest count of any row; when
-    // it exceeds `width` the rows were cut and the caller retries with a wider buffer.
-    virtual int64_t select_above(const float* pre, const float* b_enc, float threshold,
-                                 int64_t rows, int64_t n, int64_t width, int32_t* idx,
-                                 float* val) = 0;
-
-    // --- JumpReLU: z = v * H(v - theta), v = pre + b_enc, theta = exp(log_threshold) ------
-    // pre becomes v in place (the backward needs it); z [rows, n].
-    virtual void jumprelu_forward(float* pre_to_v, const float* b_enc, const float* log_threshold,
-                                  int64_t rows, int64_t n, float* z) = 0;
-    // dz -> dpre in place (math::jumprelu_grad, with the L0 penalty l0 * sum H(v - theta));
-    // column sums of dpre into db_enc, d/dlog_threshold into dlog_threshold, firing counts into
-    // fires; adds L0 to stats.
-    virtual void jumprelu_backward(const JumpReluBackward& a) = 0;
-
-    // --- Gated: gate g = pre + b_gate, magnitude m = pre * exp(r_mag) + b_mag -------------
-    // z = H(g) * relu(m) [rows, n]; gate = relu(g) [rows, n] (the gate path's activations).
-    virtual void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
-                               const float* b_mag, int64_t rows, int64_t n, float* z,
-                               float* gate) = 0;
-    // With dz = dL/dz in place and dgate = dL/d relu(g) from the auxiliary reconstruction:
-    // writes dpre in place of dz (math::gated_grad; the L1 term l1 * norm_i * relu(g)), the
-    // column sums db_gate, db_mag, dr_mag, dpre_col_sum, gate_col_sum (of relu(g)), firing
-    // counts; adds L1 (sum relu(g) * norm) and L0 to stats.
-    virtual void gated_backward(const GatedBackward& a) = 0;
-
-    // --- Switch: the tokens of each expert as one block of rows ----------------------------
-    // dst[i, :] = beta * dst[i, :] + scale[i] * src[rows_of[i], :] (scale null: 1; beta 0
-    // overwrites). rows_of is a permutation of the rows (or its inverse).
-    virtual void gather_rows(float* dst, const float* src, const int32_t* rows_of,
-                             const float* scale, float beta, int64_t rows, int64_t cols) = 0;
-    // dst[i, :] = src[rows_of[i], :] for [rows, width] latent ids.
-    virtual void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of,
-                                   int64_t rows, int64_t width) = 0;
-    // out[i] = a[i, :] . b[i, :].
-    virtual void row_dots(const float* a, const float* b, int64_t rows, int64_t cols,
-                          float* out) = 0;
-    // idx[i] += offset for i < count (an expert's own latent ids to the SAE's).
+    // idx[i] += offset for i < count (a Switch expert's or a latent shard's own latent ids to
+    // the SAE's).
     virtual void offset_indices(int32_t* idx, int64_t count, int32_t offset) = 0;
 
     // y = a * x + b * y over n elements.
@@ -315,6 +237,21 @@ public:
     // High-water mark of the device memory this backend has allocated, in bytes; 0 when its
     // memory is the host's (the process's peak RSS covers it then).
     virtual int64_t device_memory_peak_bytes() const { return 0; }
+
+    // --- an architecture's own ops (arch_ops.h) ---------------------------------------------
+    // This backend's implementation of `set`, made on first use and kept as long as the
+    // backend; null when it has none (arch_check_backend then refuses the architecture at
+    // start-up). Default: the set's CPU reference when host_memory(), else null. A backend with
+    // its own implementations overrides this and keeps what it makes with keep_arch_ops.
+    virtual ArchOps* arch_ops(const ArchOpSet& set);
+
+protected:
+    // The ops made for `set` before, or make() (null: none) kept for the next call.
+    ArchOps* keep_arch_ops(const ArchOpSet& set,
+                           const std::function<std::unique_ptr<ArchOps>()>& make);
+
+private:
+    std::map<const ArchOpSet*, std::unique_ptr<ArchOps>> arch_ops_;
 };
 
 // Typed, owning device array; frees through its backend.

@@ -104,7 +104,8 @@ private:
 };
 
 // Keys whose values differ between two resolved configs (YAML from config_to_yaml), ignoring
-// those that cannot change the trained weights (logging, checkpoint cadence, staging).
+// those that cannot change the trained weights (logging, checkpoint cadence, staging: each key's
+// declaration says, config_key_changes_results in config.h).
 std::vector<std::string> config_result_differences(const std::string& old_yaml,
                                                    const std::string& new_yaml);
 

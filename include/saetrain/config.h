@@ -7,8 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace saetrain {
@@ -46,22 +50,21 @@ struct DataConfig {
 // The architecture an SaeConfig trains unless it names one (the registry's, arch.h).
 std::string default_arch_name();
 
+// A key's value as the config holds it (a YAML scalar of the key's type).
+using ConfigValue = std::variant<int64_t, uint64_t, double, bool, std::string>;
+
 // One point of a sweep: everything that differs between SAEs trained in one run.
 struct SaeConfig {
     std::string arch = default_arch_name();  // a name in the registry (arch.h)
     int64_t expansion = 8;                   // n_latents = expansion * d_model unless n_latents > 0
     int64_t n_latents = 0;
-    int64_t k = 32;         // TopK, BatchTopK: active latents per token (BatchTopK: on average)
+    // The sparsity every architecture is set by, one way or the other (the keys of the brief's
+    // contract; also the files' `k` attribute and the perf model): the latents a selecting
+    // architecture keeps per token, and the penalized ones' coefficients below (l1_coeff and,
+    // in train, its ramp and l0_coeff, schedule.h). An architecture's own keys are not
+    // fields here: it declares them (ArchKey, below) and reads them from arch_values.
+    int64_t k = 32;         // TopK, BatchTopK, Switch: latents per token (BatchTopK: on average)
     double l1_coeff = 5.0;  // ReLU, Gated: L1 penalty weight
-    // TopK, BatchTopK: AuxK's latents per token (0: d_model / 2, at most 512; the CUDA top-k
-    // selects at most 512 per row) and (train.auxk_coeff) the weight of its loss.
-    int64_t k_aux = 0;
-    // JumpReLU: the straight-through estimator's bandwidth and the initial threshold.
-    double jumprelu_bandwidth = 0.001;
-    double jumprelu_init_threshold = 0.001;
-    // Switch: the experts (each a TopK SAE of n_latents / n_experts latents; a router sends each
-    // token to one) and (train.balance_coeff) the weight of the router's load-balancing loss.
-    int64_t n_experts = 8;
     // train section values (may also be swept)
     double lr = 1.0e-3;
     // Linear LR warmup from 0: warmup_steps when > 0, else this fraction of the run's steps.
@@ -80,13 +83,7 @@ struct SaeConfig {
     // this fraction of the run's steps.
     int64_t l1_warmup_steps = 0;
     double l1_warmup_fraction = 0.2;
-    double l0_coeff = 1.0;        // JumpReLU: L0 penalty weight (ramps in like the L1 term)
-    double auxk_coeff = 0.03125;  // TopK, BatchTopK: AuxK loss weight (0: off)
-    // Switch: E * sum_e (token fraction of e) * (mean router probability of e), in units of the
-    // batch's squared norm about b_dec (so, like the FVU, independent of the data's scale).
-    // 0.1, not Switch Transformers' 0.01 (whose routers also drop tokens beyond an expert's
-    // capacity): docs/architectures.md.
-    double balance_coeff = 0.1;
+    double l0_coeff = 1.0;  // JumpReLU: L0 penalty weight (ramps in like the L1 term)
     // Decorrelation penalty weight (0: off): decorr_coeff times the RMS of the correlations
     // between distinct latents' activations over the batch (O(batch x n^2) per step).
     double decorr_coeff = 0.0;
@@ -110,11 +107,91 @@ struct SaeConfig {
     int64_t dead_tokens = 10000000;  // a latent not fired for this many tokens counts as dead
     int64_t max_bad_steps = 10;      // stop after this many non-finite losses/gradients in a row
 
+    // The values given for the keys the architectures declare (ArchKey below: AuxK's
+    // sae.k_aux, JumpReLU's sae.jumprelu_bandwidth, Switch's sae.n_experts, ...), by full key
+    // name; a key not here has its declared default. Read them through the key's declaration.
+    std::map<std::string, ConfigValue> arch_values;
+
     int64_t resolved_latents(int64_t d_model) const {
         return n_latents > 0 ? n_latents : expansion * d_model;
     }
     // Readable id, e.g. "topk-x8-k32" or "relu-x4-l1_5" (the architecture's suffix).
     std::string id(int64_t d_model) const;
+    // Sets the sae.* or train.* key `key` ("sae.n_experts", "train.lr") to `value`, converted to
+    // the key's type as a config file's value would be (an integer where a number is expected;
+    // not the reverse); throws Error for an unknown key, another type or a value outside the
+    // key's choices. What code and tests use for keys without a field.
+    template <class T>
+    SaeConfig& set(const std::string& key, const T& value) {
+        if constexpr (std::is_same_v<T, bool>)
+            return set_value(key, ConfigValue(value));
+        else if constexpr (std::is_integral_v<T>)
+            return set_value(key, ConfigValue(static_cast<int64_t>(value)));
+        else if constexpr (std::is_floating_point_v<T>)
+            return set_value(key, ConfigValue(static_cast<double>(value)));
+        else
+            return set_value(key, ConfigValue(std::string(value)));
+    }
+    SaeConfig& set_value(const std::string& key, const ConfigValue& value);
+};
+
+// --- keys an architecture declares ------------------------------------------------------------
+// A key read by the architectures that register it (Architecture::config_keys, arch.h) rather
+// than by the trainer: declared once, beside its architecture (src/core/arch/), with everything
+// the config needs to know of it: section and name, type and default (ArchKey<T>), a doc line,
+// its rule, and whether it changes results (a resume with another value is refused). The key
+// table (config.cpp) places the registered keys at the end of their section's architecture
+// keys (sae: after sae.l1_coeff; train: after train.l0_coeff), in registry order; only sae.*
+// and train.* keys (sweepable) can be declared so.
+struct KeyRule {
+    std::function<bool(const ConfigValue&)> ok;  // null: any value of the key's type
+    std::string says;                            // "must be >= 1": "<key> <says> (got <value>)"
+};
+// The rules of config.cpp's table, for architecture keys: v >= lo (`note` follows the bound,
+// e.g. " (0: off)").
+KeyRule key_at_least(int lo, const std::string& note = "");
+
+class ArchKeyDecl {
+public:
+    ArchKeyDecl(std::string section, std::string name, ConfigValue default_value, std::string doc,
+                KeyRule rule = {}, bool changes_results = true)
+        : section_(std::move(section)),
+          name_(std::move(name)),
+          default_(std::move(default_value)),
+          doc_(std::move(doc)),
+          rule_(std::move(rule)),
+          changes_results_(changes_results) {}
+    virtual ~ArchKeyDecl() = default;
+    const std::string& section() const { return section_; }
+    const std::string& name() const { return name_; }
+    std::string full() const { return section_ + "." + name_; }
+    const ConfigValue& default_value() const { return default_; }
+    const std::string& doc() const { return doc_; }
+    const KeyRule& rule() const { return rule_; }
+    bool changes_results() const { return changes_results_; }
+    // The value of one sweep point: given, or the default.
+    const ConfigValue& value(const SaeConfig& c) const {
+        auto it = c.arch_values.find(full());
+        return it == c.arch_values.end() ? default_ : it->second;
+    }
+
+private:
+    std::string section_, name_;
+    ConfigValue default_;
+    std::string doc_;
+    KeyRule rule_;
+    bool changes_results_;
+};
+
+// A declared key of type T (int64_t, double, bool or std::string): key(cfg) is its value.
+template <class T>
+class ArchKey : public ArchKeyDecl {
+public:
+    ArchKey(std::string section, std::string name, T default_value, std::string doc,
+            KeyRule rule = {}, bool changes_results = true)
+        : ArchKeyDecl(std::move(section), std::move(name), ConfigValue(std::move(default_value)),
+                      std::move(doc), std::move(rule), changes_results) {}
+    T operator()(const SaeConfig& c) const { return std::get<T>(value(c)); }
 };
 
 struct ParallelConfig {
@@ -183,5 +260,20 @@ std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model);
 
 // The value of a sweepable key ("sae.k", "train.lr") of one sweep point, as text.
 std::string sae_key_text(const Config& cfg, const SaeConfig& point, const std::string& key);
+
+// Every key of the config, in the order config.yaml lists them, from its one declaration (the
+// trainer's in config.cpp's table, an architecture's beside it).
+struct ConfigKeyInfo {
+    std::string name;          // "sae.k", "backend"
+    std::string default_text;  // as config.yaml writes it
+    std::string doc;           // one line
+    std::string declared_by;   // "" for the trainer's keys; else the architectures reading it
+    bool sweepable = false;    // sae.* and train.*: a list is a sweep
+    bool changes_results = true;
+};
+std::vector<ConfigKeyInfo> config_keys();
+// Whether a different value of `key` ("train.lr", "backend") trains a different SAE: what a
+// resume compares (Checkpointer). True for a key this version does not know.
+bool config_key_changes_results(const std::string& key);
 
 }  // namespace saetrain

@@ -5,6 +5,9 @@
 // override around() or a single op, instead of each forwarding all of them again. A new
 // Backend virtual is added here too: a pure one fails to compile until it is; one with a default
 // would silently run the default under a wrapper, so every virtual is forwarded, defaults too.
+// An architecture's own ops (arch_ops.h) are not listed here: arch_ops() wraps the inner
+// backend's implementation of a set in the set's own forwarding wrapper, which passes each of
+// its ops through around() by name, so a wrapper times and records them like the Backend's.
 #pragma once
 
 #include <functional>
@@ -55,10 +58,6 @@ public:
     void broadcast_rows(float* out, const float* bias, int64_t rows, int64_t cols) override;
     void residual(float* xh, const float* x, int64_t rows, int64_t d, float grad_scale,
                   float* x_col_sum, float* db_dec, float* stats) override;
-    void relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) override;
-    void relu_backward(const float* z, float* dz, const float* norms, float l1, int64_t rows,
-                       int64_t n, float* db_enc, float* z_col_sum, int32_t* fires,
-                       float* stats) override;
     void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n, int64_t k,
                       int32_t* idx, float* val, bool relu) override;
     void topk_forward_columns(const float* pre, const float* bias, int64_t rows, int64_t n,
@@ -69,21 +68,6 @@ public:
     void topk_backward(const SparseBackward& a) override;
     void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows, int64_t n,
                      float scale, float* dz, float* stats) override;
-    float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
-                          int64_t count) override;
-    int64_t select_above(const float* pre, const float* b_enc, float threshold, int64_t rows,
-                         int64_t n, int64_t width, int32_t* idx, float* val) override;
-    void jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold, int64_t rows,
-                          int64_t n, float* z) override;
-    void jumprelu_backward(const JumpReluBackward& a) override;
-    void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
-                       const float* b_mag, int64_t rows, int64_t n, float* z, float* gate) override;
-    void gated_backward(const GatedBackward& a) override;
-    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
-                     float beta, int64_t rows, int64_t cols) override;
-    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
-                           int64_t width) override;
-    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override;
     void offset_indices(int32_t* idx, int64_t count, int32_t offset) override;
     void axpby(float* y, const float* x, float a, float b, int64_t n) override;
     void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override;
@@ -102,6 +86,8 @@ public:
     std::string device_name() const override { return be_.device_name(); }
     std::string gemm_precision() const override { return be_.gemm_precision(); }
     int64_t device_memory_peak_bytes() const override { return be_.device_memory_peak_bytes(); }
+
+    ArchOps* arch_ops(const ArchOpSet& set) override;
 
 private:
     Backend& be_;

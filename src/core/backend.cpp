@@ -1,4 +1,5 @@
-// Backend's default behaviour where a backend has nothing of its own to add (backend.h).
+// Backend's default behaviour where a backend has nothing of its own to add (backend.h), and
+// the architectures' own ops as a backend hands them out (arch_ops.h).
 #include "saetrain/backend.h"
 
 #include <limits>
@@ -69,6 +70,32 @@ void Backend::optimizer_apply(float* params, float* grads, float* m, float* v,
         adam(params + r.offset, grads + r.offset, m + r.offset, v + r.offset, r.count, s);
     }
     if (unit.any()) normalize_rows(params + unit.offset, unit.rows, unit.cols);
+}
+
+// --- an architecture's own ops ------------------------------------------------------------------
+
+ArchOps* Backend::keep_arch_ops(const ArchOpSet& set,
+                                const std::function<std::unique_ptr<ArchOps>()>& make) {
+    auto it = arch_ops_.find(&set);
+    if (it == arch_ops_.end()) it = arch_ops_.emplace(&set, make()).first;
+    return it->second.get();
+}
+
+// The CPU reference runs wherever pointers are host pointers.
+ArchOps* Backend::arch_ops(const ArchOpSet& set) {
+    if (!host_memory()) return nullptr;
+    return keep_arch_ops(set, [&] { return set.reference(*this); });
+}
+
+ArchOps& require_arch_ops(Backend& be, const ArchOpSet& set) {
+    ArchOps* ops = be.arch_ops(set);
+    if (ops) return *ops;
+    std::string names;
+    for (const std::string& op : set.ops) names += (names.empty() ? "" : ", ") + op;
+    throw Error(fmt::format(
+        "sae.arch = {}: the {} backend has no implementation of the {} SAE's ops ({}); train "
+        "it with backend: cpu, or on a build whose backend has them",
+        set.name, be.name(), set.name, names));
 }
 
 }  // namespace saetrain

@@ -2,8 +2,11 @@
 // checks, sweep expansion, readable SAE ids and the resolved YAML written back out.
 //
 // Every key lives in one table (fields()): its section, name, kind, allowed values, the struct
-// member it fills and the rule its value must meet. Parsing, overrides, suggestions, sweeps,
-// validation and emission all walk that table, so a new key is one line there.
+// member it fills, a doc line, the rule its value must meet and whether it changes results.
+// Parsing, overrides, suggestions, sweeps, validation, emission and the resume check
+// (config_key_changes_results) all walk that table, so a new key is one line there. The keys an
+// architecture declares (ArchKey, config.h) join the table from the registry (arch.h): one
+// line beside their architecture, none here.
 #include "saetrain/config.h"
 
 #include <yaml-cpp/yaml.h>
@@ -31,7 +34,7 @@ namespace {
 
 // ---- values and keys ---------------------------------------------------------------------------
 
-using Value = std::variant<int64_t, uint64_t, double, bool, std::string>;
+using Value = ConfigValue;
 enum class Kind { integer, unsigned_integer, number, boolean, string };
 
 const char* kind_name(Kind k) {
@@ -98,19 +101,22 @@ struct Field {
     // What is wrong with the value, as "<key> must be ... (got ...)"; "" when it meets its rule
     // (or the key has none).
     std::function<std::string(const Config&, const SaeConfig&)> problem;
+    std::string doc;              // one line: what it sets (config_keys, saetrain --list-keys)
+    bool changes_results = true;  // false: a resume may change it (Checkpointer)
 
     std::string full() const { return key.empty() ? section : section + "." + key; }
     bool sweepable() const { return section == "sae" || section == "train"; }
 };
 
 template <class Access>
-Field make_field(const char* section, const char* key, Access access,
+Field make_field(const char* section, const char* key, const char* doc, Access access,
                  std::vector<std::string> choices) {
     using T = std::remove_reference_t<decltype(access(std::declval<Config&>(),
                                                       std::declval<SaeConfig&>()))>;
     Field f;
     f.section = section;
     f.key = key;
+    f.doc = doc;
     f.kind = kind_of<T>();
     f.choices = std::move(choices);
     // The accessor only reads here; the casts let one accessor serve both directions.
@@ -160,9 +166,9 @@ auto not_empty(std::string says = "must not be empty") {
 auto required(const char* what) { return not_empty(fmt::format("is required: {}", what)); }
 
 template <class Access, class Ok>
-Field make_field(const char* section, const char* key, Access access,
+Field make_field(const char* section, const char* key, const char* doc, Access access,
                  std::vector<std::string> choices, Rule<Ok> rule) {
-    Field f = make_field(section, key, access, std::move(choices));
+    Field f = make_field(section, key, doc, access, std::move(choices));
     f.problem = [access, rule, full = f.full()](const Config& c, const SaeConfig& s) {
         const auto& v = access(const_cast<Config&>(c), const_cast<SaeConfig&>(s));
         if (rule.ok(v, c)) return std::string();
@@ -187,94 +193,188 @@ const std::vector<std::string> kGemmChoices = {"fp32", "tf32", "bf16"};
 const std::vector<std::string> kSections = {"run",     "data", "sae", "train",     "parallel",
                                             "backend", "gpu",  "log", "checkpoint"};
 
-// KEY(section, name, allowed values[, rule]).
-#define SAE_KEY(section, name, ...) \
-    make_field(                     \
-        section, #name, [](Config&, SaeConfig & s) -> auto& { return s.name; }, __VA_ARGS__)
-#define CFG_KEY(section, name, ...)                                                      \
-    make_field(                                                                          \
-        #section, #name, [](Config & c, SaeConfig&) -> auto& { return c.section.name; }, \
+// A key whose value a resumed run may change: where files go, how often it reports, the
+// devices and numerics it runs on; the SAE trained is the same.
+Field same_results(Field f) {
+    f.changes_results = false;
+    return f;
+}
+
+// An architecture's declared key (ArchKey, config.h) as a row of the table; its value lives in
+// SaeConfig::arch_values.
+Field arch_field(const ArchKeyDecl& k) {
+    Field f;
+    f.section = k.section();
+    f.key = k.name();
+    f.doc = k.doc();
+    f.changes_results = k.changes_results();
+    std::visit([&](const auto& v) { f.kind = kind_of<std::decay_t<decltype(v)>>(); },
+               k.default_value());
+    f.get = [&k](const Config&, const SaeConfig& s) { return k.value(s); };
+    f.set = [full = k.full()](Config&, SaeConfig& s, const Value& v) { s.arch_values[full] = v; };
+    if (k.rule().ok)
+        f.problem = [&k, full = k.full()](const Config&, const SaeConfig& s) {
+            const Value& v = k.value(s);
+            if (k.rule().ok(v)) return std::string();
+            return fmt::format("{} {} (got {})", full, k.rule().says, value_text(v));
+        };
+    return f;
+}
+
+// Appends the keys the registered architectures declare in `section`, in registry order.
+void append_arch_keys(std::vector<Field>& table, const std::string& section) {
+    for (const ArchKeyDecl* k : arch_config_keys()) {
+        if (k->section() != section) continue;
+        table.push_back(arch_field(*k));
+    }
+}
+
+// KEY(section, name, doc, allowed values[, rule]).
+#define SAE_KEY(section, name, doc, ...) \
+    make_field(                          \
+        section, #name, doc, [](Config&, SaeConfig & s) -> auto& { return s.name; }, __VA_ARGS__)
+#define CFG_KEY(section, name, doc, ...)                                                      \
+    make_field(                                                                               \
+        #section, #name, doc, [](Config & c, SaeConfig&) -> auto& { return c.section.name; }, \
         __VA_ARGS__)
 
-// Table order is emission order and sweep order (sae keys, then train keys, last fastest).
-const std::vector<Field>& fields() {
-    static const std::vector<Field> table = {
-        CFG_KEY(run, out_dir, kAny, not_empty()),
-        CFG_KEY(run, seed, kAny),
-        CFG_KEY(data, path, kAny, required("a directory or glob of .h5 shards")),
-        CFG_KEY(data, batch_size, kAny, at_least(1)),
+// Table order is emission order and sweep order (sae keys, then train keys, last fastest). The
+// architectures' keys sit at the end of their section's architecture keys (after sae.l1_coeff
+// and after train.l0_coeff), so config.yaml lists the keys in the order it always has.
+std::vector<Field> make_fields() {
+    std::vector<Field> t = {
+        same_results(CFG_KEY(run, out_dir, "the run's directory: config, metrics, checkpoints",
+                             kAny, not_empty())),
+        CFG_KEY(run, seed, "seeds the weights' initialization and the data's shuffling", kAny),
+        CFG_KEY(data, path, "a directory or glob of .h5 activation shards", kAny,
+                required("a directory or glob of .h5 shards")),
+        CFG_KEY(data, batch_size, "rows (tokens) per rank per optimizer step", kAny, at_least(1)),
         CFG_KEY(
-            data, epochs, kAny,
+            data, epochs, "passes over the data (unless data.max_tokens > 0)", kAny,
             must_be(">= 1 unless data.max_tokens > 0",
                     [](int64_t v, const Config& c) { return v >= 1 || c.data.max_tokens > 0; })),
-        CFG_KEY(data, max_tokens, kAny, at_least(0, " (0: train for data.epochs)")),
-        CFG_KEY(data, shuffle_buffer_rows, kAny, at_least(0, " (0: no shuffling)")),
-        CFG_KEY(data, dataset, kAny, not_empty()),
-        CFG_KEY(data, stage_dir, kAny),
-        CFG_KEY(data, read_bytes, kAny, at_least(4096, " (one sequential request)")),
-        CFG_KEY(data, prefetch_bytes, kAny, at_least(1 << 20)),
-        CFG_KEY(data, nonfinite, kNonfiniteChoices),
-        CFG_KEY(data, eval_path, kAny),
+        CFG_KEY(data, max_tokens, "a token budget instead of data.epochs (0: epochs)", kAny,
+                at_least(0, " (0: train for data.epochs)")),
+        CFG_KEY(data, shuffle_buffer_rows, "rows mixed in memory for shuffling (0: in order)", kAny,
+                at_least(0, " (0: no shuffling)")),
+        CFG_KEY(data, dataset, "the dataset's name inside each shard", kAny, not_empty()),
+        same_results(CFG_KEY(data, stage_dir,
+                             "copy the rank's shards here first (node-local disk; $TMPDIR)", kAny)),
+        CFG_KEY(data, read_bytes, "bytes of one sequential read request", kAny,
+                at_least(4096, " (one sequential request)")),
+        same_results(CFG_KEY(data, prefetch_bytes, "converted rows buffered ahead of the trainer",
+                             kAny, at_least(1 << 20))),
+        CFG_KEY(data, nonfinite, "a batch holding NaN/Inf: skip (and count) or stop",
+                kNonfiniteChoices),
+        same_results(CFG_KEY(data, eval_path, "held-out shards of their own (same d_model)", kAny)),
         CFG_KEY(
-            data, eval_rows, kAny,
+            data, eval_rows, "held-out rows: of data.eval_path (0: all), or the last of data.path",
+            kAny,
             at_least(0, " (held-out rows; 0: all of data.eval_path, or no evaluation without it)")),
-        CFG_KEY(data, normalize, kNormalizeChoices),
-        SAE_KEY("sae", arch, kArchChoices),
-        SAE_KEY("sae", expansion, kAny, at_least(1)),
-        SAE_KEY("sae", n_latents, kAny, at_least(0, " (0: use sae.expansion)")),
-        SAE_KEY("sae", k, kAny, at_least(1)),
-        SAE_KEY("sae", l1_coeff, kAny, at_least(0)),
-        SAE_KEY("sae", k_aux, kAny, at_least(0, " (0: d_model / 2)")),
-        SAE_KEY("sae", jumprelu_bandwidth, kAny),
-        SAE_KEY("sae", jumprelu_init_threshold, kAny),
-        SAE_KEY("sae", n_experts, kAny, at_least(1)),
-        SAE_KEY("sae", b_dec_init, kBDecInitChoices),
-        SAE_KEY("train", lr, kAny, above(0)),
-        SAE_KEY("train", warmup_steps, kAny, at_least(0)),
-        SAE_KEY("train", warmup_fraction, kAny, within(0, 1, /*closed=*/false)),
-        SAE_KEY("train", lr_decay, kDecayChoices),
-        SAE_KEY("train", decay_start, kAny, within(0, 1)),
-        SAE_KEY("train", restart_steps, kAny, at_least(0, " (0: a quarter of the run)")),
-        SAE_KEY("train", restart_mult, kAny, within(1, 100)),
-        SAE_KEY("train", lr_min_ratio, kAny, within(0, 1)),
-        SAE_KEY("train", l1_warmup_steps, kAny, at_least(0)),
-        SAE_KEY("train", l1_warmup_fraction, kAny, within(0, 1)),
-        SAE_KEY("train", l0_coeff, kAny, at_least(0)),
-        SAE_KEY("train", auxk_coeff, kAny, at_least(0, " (0: no AuxK)")),
-        SAE_KEY("train", balance_coeff, kAny, at_least(0, " (0: off)")),
-        SAE_KEY("train", decorr_coeff, kAny, at_least(0, " (0: off)")),
-        SAE_KEY("train", grad_clip, kAny, at_least(0, " (0 disables clipping)")),
-        SAE_KEY("train", accum_steps, kAny, at_least(1)),
-        SAE_KEY("train", beta1, kAny, within(0, 1, /*closed=*/false)),
-        SAE_KEY("train", beta2, kAny, within(0, 1, /*closed=*/false)),
-        SAE_KEY("train", eps, kAny, above(0)),
-        SAE_KEY("train", weight_decay, kAny, at_least(0)),
-        SAE_KEY("train", normalize_decoder, kAny),
-        SAE_KEY("train", encoder_init, kEncoderInitChoices),
-        SAE_KEY("train", dead_tokens, kAny, at_least(1)),
-        SAE_KEY("train", max_bad_steps, kAny, at_least(1)),
-        CFG_KEY(parallel, mode, kModeChoices),
-        CFG_KEY(parallel, sweep_data, kSweepDataChoices),
-        CFG_KEY(parallel, replicas, kAny, at_least(1)),
-        CFG_KEY(parallel, latent_shards, kAny, at_least(1, " (1: no latent sharding)")),
-        CFG_KEY(parallel, timeout_s, kAny, at_least(0, " (0: no watchdog)")),
-        make_field(
-            "backend", "", [](Config & c, SaeConfig&) -> auto& { return c.backend; },
-            kBackendChoices),
-        CFG_KEY(gpu, gemm, kGemmChoices),
-        CFG_KEY(gpu, deterministic, kAny),
-        CFG_KEY(log, every_steps, kAny, at_least(1)),
-        CFG_KEY(log, peak_tflops, kAny,
-                at_least(0, " (TFLOP/s of one device; 0: the peak table by GPU name)")),
-        // Checked after log.every_steps (table order), so the division is by at least 1.
-        CFG_KEY(log, eval_every_steps, kAny,
-                must_be("a multiple of log.every_steps (0: only at the end)",
-                        [](int64_t v, const Config& c) {
-                            return v >= 0 && v % c.log.every_steps == 0;
-                        })),
-        CFG_KEY(checkpoint, every_steps, kAny, at_least(1)),
-        CFG_KEY(checkpoint, keep, kAny, at_least(1)),
+        CFG_KEY(data, normalize,
+                "expected_average_only_in: train on c x with E||c x||^2 = d_model (SAELens)",
+                kNormalizeChoices),
+        SAE_KEY("sae", arch, "the SAE architecture (docs/architectures.md)", kArchChoices),
+        SAE_KEY("sae", expansion, "n_latents = expansion x d_model (unless sae.n_latents > 0)",
+                kAny, at_least(1)),
+        SAE_KEY("sae", n_latents, "the latents, exactly (0: sae.expansion x d_model)", kAny,
+                at_least(0, " (0: use sae.expansion)")),
+        SAE_KEY("sae", k, "latents kept per token (TopK, BatchTopK on average, Switch)", kAny,
+                at_least(1)),
+        SAE_KEY("sae", l1_coeff, "the L1 penalty's weight (ReLU, Gated)", kAny, at_least(0)),
     };
+    append_arch_keys(t, "sae");
+    const std::vector<Field> more = {
+        SAE_KEY("sae", b_dec_init, "b_dec at init: the first batch's mean or geometric median",
+                kBDecInitChoices),
+        SAE_KEY("train", lr, "Adam's learning rate after the warmup", kAny, above(0)),
+        SAE_KEY("train", warmup_steps, "linear LR warmup steps (0: train.warmup_fraction)", kAny,
+                at_least(0)),
+        SAE_KEY("train", warmup_fraction, "linear LR warmup over this fraction of the steps", kAny,
+                within(0, 1, /*closed=*/false)),
+        SAE_KEY("train", lr_decay, "the LR decay after train.decay_start", kDecayChoices),
+        SAE_KEY("train", decay_start, "the fraction of the run after which the LR decays", kAny,
+                within(0, 1)),
+        SAE_KEY("train", restart_steps, "cosine_restarts: the first cycle's steps", kAny,
+                at_least(0, " (0: a quarter of the run)")),
+        SAE_KEY("train", restart_mult, "cosine_restarts: each cycle this much longer", kAny,
+                within(1, 100)),
+        SAE_KEY("train", lr_min_ratio, "the final LR as a fraction of train.lr", kAny,
+                within(0, 1)),
+        SAE_KEY("train", l1_warmup_steps,
+                "the sparsity coefficient ramps in over these steps (0: the fraction)", kAny,
+                at_least(0)),
+        SAE_KEY("train", l1_warmup_fraction,
+                "the sparsity coefficient ramps in over this fraction of the steps", kAny,
+                within(0, 1)),
+        SAE_KEY("train", l0_coeff, "the L0 penalty's weight (JumpReLU)", kAny, at_least(0)),
+    };
+    t.insert(t.end(), more.begin(), more.end());
+    append_arch_keys(t, "train");
+    const std::vector<Field> rest = {
+        SAE_KEY("train", decorr_coeff, "the latents' decorrelation penalty's weight (0: off)", kAny,
+                at_least(0, " (0: off)")),
+        SAE_KEY("train", grad_clip, "clip the global gradient norm to this (0: off)", kAny,
+                at_least(0, " (0 disables clipping)")),
+        SAE_KEY("train", accum_steps, "chunks each batch's gradient is accumulated over", kAny,
+                at_least(1)),
+        SAE_KEY("train", beta1, "Adam's beta1", kAny, within(0, 1, /*closed=*/false)),
+        SAE_KEY("train", beta2, "Adam's beta2", kAny, within(0, 1, /*closed=*/false)),
+        SAE_KEY("train", eps, "Adam's epsilon", kAny, above(0)),
+        SAE_KEY("train", weight_decay, "AdamW's decoupled weight decay (weights, not biases)", kAny,
+                at_least(0)),
+        SAE_KEY("train", normalize_decoder, "unit-norm decoder rows after every step", kAny),
+        SAE_KEY("train", encoder_init, "W_enc at init: fitted (c W_dec^T) or transpose",
+                kEncoderInitChoices),
+        SAE_KEY("train", dead_tokens, "a latent silent for this many tokens is dead", kAny,
+                at_least(1)),
+        SAE_KEY("train", max_bad_steps, "stop after this many non-finite steps in a row", kAny,
+                at_least(1)),
+        CFG_KEY(parallel, mode, "sweep, data_parallel or hybrid", kModeChoices),
+        CFG_KEY(parallel, sweep_data, "a sweep's SAEs share the stream, or each reads its own",
+                kSweepDataChoices),
+        CFG_KEY(parallel, replicas, "replicas of each SAE (hybrid)", kAny, at_least(1)),
+        // The same SAE on any number of latent shards (a checkpoint holds the whole SAE).
+        same_results(CFG_KEY(parallel, latent_shards, "ranks each replica's latents are split over",
+                             kAny, at_least(1, " (1: no latent sharding)"))),
+        same_results(CFG_KEY(parallel, timeout_s,
+                             "a collective waiting longer than this ends the job (0: never)", kAny,
+                             at_least(0, " (0: no watchdog)"))),
+        same_results(make_field(
+            "backend", "", "the compute backend: auto, cpu or cuda",
+            [](Config & c, SaeConfig&) -> auto& { return c.backend; }, kBackendChoices)),
+        same_results(CFG_KEY(gpu, gemm, "CUDA GEMM operands (fp32 accumulation)", kGemmChoices)),
+        same_results(
+            CFG_KEY(gpu, deterministic, "CUDA: the TopK backward without float atomics", kAny)),
+        same_results(
+            CFG_KEY(log, every_steps, "a metrics line per SAE every N steps", kAny, at_least(1))),
+        same_results(
+            CFG_KEY(log, peak_tflops, "one device's peak TFLOP/s for MFU (0: the GPU table)", kAny,
+                    at_least(0, " (TFLOP/s of one device; 0: the peak table by GPU name)"))),
+        // Checked after log.every_steps (table order), so the division is by at least 1.
+        same_results(CFG_KEY(log, eval_every_steps,
+                             "evaluate on the held-out rows every N steps (0: at the end)", kAny,
+                             must_be("a multiple of log.every_steps (0: only at the end)",
+                                     [](int64_t v, const Config& c) {
+                                         return v >= 0 && v % c.log.every_steps == 0;
+                                     }))),
+        same_results(
+            CFG_KEY(checkpoint, every_steps, "a checkpoint every N steps", kAny, at_least(1))),
+        same_results(CFG_KEY(checkpoint, keep, "committed checkpoints kept", kAny, at_least(1))),
+    };
+    t.insert(t.end(), rest.begin(), rest.end());
+    for (const ArchKeyDecl* k : arch_config_keys())
+        SAE_ENFORCE(k->section() == "sae" || k->section() == "train",
+                    "config key {}: an architecture declares sae.* and train.* keys only",
+                    k->full());
+    for (size_t i = 0; i < t.size(); ++i)
+        for (size_t j = 0; j < i; ++j)
+            SAE_ENFORCE(t[i].full() != t[j].full(), "config key {} is declared twice", t[i].full());
+    return t;
+}
+
+const std::vector<Field>& fields() {
+    static const std::vector<Field> table = make_fields();
     return table;
 }
 
@@ -688,6 +788,71 @@ void emit_value(YAML::Emitter& out, const Value& v) {
 }  // namespace
 
 // ---- public API --------------------------------------------------------------------------------
+
+KeyRule key_at_least(int lo, const std::string& note) {
+    KeyRule r;
+    r.says = fmt::format("must be >= {}{}", lo, note);
+    r.ok = [lo](const ConfigValue& v) {
+        return std::visit(
+            [lo](const auto& x) {
+                using T = std::decay_t<decltype(x)>;
+                if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>)
+                    return x >= lo;
+                else
+                    return true;
+            },
+            v);
+    };
+    return r;
+}
+
+SaeConfig& SaeConfig::set_value(const std::string& key, const ConfigValue& value) {
+    const size_t dot = key.find('.');
+    const int i =
+        dot == std::string::npos ? -1 : find_field(key.substr(0, dot), key.substr(dot + 1));
+    SAE_ENFORCE(i >= 0 && fields()[static_cast<size_t>(i)].sweepable(),
+                "SaeConfig::set: '{}' is not an sae.* or train.* key", key);
+    const Field& f = fields()[static_cast<size_t>(i)];
+    Value v = value;
+    if (f.kind == Kind::number && std::holds_alternative<int64_t>(v))
+        v = static_cast<double>(std::get<int64_t>(v));
+    Config unused;
+    const bool fits = std::visit(
+        [&](const auto& x) { return kind_of<std::decay_t<decltype(x)>>() == f.kind; }, v);
+    SAE_ENFORCE(fits, "SaeConfig::set: {} expects {}, got '{}'", key, kind_name(f.kind),
+                value_text(v));
+    if (!f.choices.empty())
+        SAE_ENFORCE(std::find(f.choices.begin(), f.choices.end(), value_text(v)) != f.choices.end(),
+                    "SaeConfig::set: {}: unknown value '{}'; allowed: {}", key, value_text(v),
+                    join(f.choices));
+    f.set(unused, *this, v);
+    return *this;
+}
+
+std::vector<ConfigKeyInfo> config_keys() {
+    const Config defaults;
+    std::vector<ConfigKeyInfo> out;
+    for (const Field& f : fields()) {
+        ConfigKeyInfo k;
+        k.name = f.full();
+        k.default_text = value_text(f.get(defaults, defaults.sae));
+        k.doc = f.doc;
+        k.sweepable = f.sweepable();
+        k.changes_results = f.changes_results;
+        for (const Architecture* a : architectures())
+            for (const ArchKeyDecl* d : a->config_keys())
+                if (d->full() == k.name)
+                    k.declared_by += (k.declared_by.empty() ? "" : ", ") + std::string(a->name());
+        out.push_back(std::move(k));
+    }
+    return out;
+}
+
+bool config_key_changes_results(const std::string& key) {
+    for (const Field& f : fields())
+        if (f.full() == key) return f.changes_results;
+    return true;
+}
 
 std::string SaeConfig::id(int64_t /*d_model: ids use the expansion as written*/) const {
     std::string s = arch;

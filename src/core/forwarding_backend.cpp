@@ -39,15 +39,6 @@ void ForwardingBackend::residual(float* xh, const float* x, int64_t rows, int64_
                                  float grad_scale, float* x_col_sum, float* db_dec, float* stats) {
     around("residual", [&] { be_.residual(xh, x, rows, d, grad_scale, x_col_sum, db_dec, stats); });
 }
-void ForwardingBackend::relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) {
-    around("relu_forward", [&] { be_.relu_forward(pre, b_enc, rows, n); });
-}
-void ForwardingBackend::relu_backward(const float* z, float* dz, const float* norms, float l1,
-                                      int64_t rows, int64_t n, float* db_enc, float* z_col_sum,
-                                      int32_t* fires, float* stats) {
-    around("relu_backward",
-           [&] { be_.relu_backward(z, dz, norms, l1, rows, n, db_enc, z_col_sum, fires, stats); });
-}
 void ForwardingBackend::topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n,
                                      int64_t k, int32_t* idx, float* val, bool relu) {
     around("topk_forward", [&] { be_.topk_forward(pre, b_enc, rows, n, k, idx, val, relu); });
@@ -70,49 +61,6 @@ void ForwardingBackend::topk_backward(const SparseBackward& a) {
 void ForwardingBackend::decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows,
                                     int64_t n, float scale, float* dz, float* stats) {
     around("decorr_grad", [&] { be_.decorr_grad(z, idx, width, rows, n, scale, dz, stats); });
-}
-float ForwardingBackend::batch_threshold(const float* pre, const float* b_enc, int64_t rows,
-                                         int64_t n, int64_t count) {
-    float t = 0;
-    around("batch_threshold", [&] { t = be_.batch_threshold(pre, b_enc, rows, n, count); });
-    return t;
-}
-int64_t ForwardingBackend::select_above(const float* pre, const float* b_enc, float threshold,
-                                        int64_t rows, int64_t n, int64_t width, int32_t* idx,
-                                        float* val) {
-    int64_t widest = 0;
-    around("select_above",
-           [&] { widest = be_.select_above(pre, b_enc, threshold, rows, n, width, idx, val); });
-    return widest;
-}
-void ForwardingBackend::jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold,
-                                         int64_t rows, int64_t n, float* z) {
-    around("jumprelu_forward",
-           [&] { be_.jumprelu_forward(pre, b_enc, log_threshold, rows, n, z); });
-}
-void ForwardingBackend::jumprelu_backward(const JumpReluBackward& a) {
-    around("jumprelu_backward", [&] { be_.jumprelu_backward(a); });
-}
-void ForwardingBackend::gated_forward(const float* pre, const float* b_gate, const float* r_mag,
-                                      const float* b_mag, int64_t rows, int64_t n, float* z,
-                                      float* gate) {
-    around("gated_forward",
-           [&] { be_.gated_forward(pre, b_gate, r_mag, b_mag, rows, n, z, gate); });
-}
-void ForwardingBackend::gated_backward(const GatedBackward& a) {
-    around("gated_backward", [&] { be_.gated_backward(a); });
-}
-void ForwardingBackend::gather_rows(float* dst, const float* src, const int32_t* rows_of,
-                                    const float* scale, float beta, int64_t rows, int64_t cols) {
-    around("gather_rows", [&] { be_.gather_rows(dst, src, rows_of, scale, beta, rows, cols); });
-}
-void ForwardingBackend::gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of,
-                                          int64_t rows, int64_t width) {
-    around("gather_index_rows", [&] { be_.gather_index_rows(dst, src, rows_of, rows, width); });
-}
-void ForwardingBackend::row_dots(const float* a, const float* b, int64_t rows, int64_t cols,
-                                 float* out) {
-    around("row_dots", [&] { be_.row_dots(a, b, rows, cols, out); });
 }
 void ForwardingBackend::offset_indices(int32_t* idx, int64_t count, int32_t offset) {
     around("offset_indices", [&] { be_.offset_indices(idx, count, offset); });
@@ -149,6 +97,16 @@ void ForwardingBackend::optimizer_apply(float* params, float* grads, float* m, f
                                         math::AdamScalars s, float weight_decay) {
     around("optimizer_apply",
            [&] { be_.optimizer_apply(params, grads, m, v, ranges, unit, s, weight_decay); });
+}
+
+ArchOps* ForwardingBackend::arch_ops(const ArchOpSet& set) {
+    ArchOps* inner = be_.arch_ops(set);
+    if (!inner) return nullptr;
+    return keep_arch_ops(set, [&] {
+        return set.forward(*inner, [this](const std::string& op, const std::function<void()>& f) {
+            around(op, f);
+        });
+    });
 }
 
 }  // namespace saetrain

@@ -1,7 +1,10 @@
-// CPU backend: OpenBLAS for the GEMMs, OpenMP for the passes over a batch.
+// CPU backend: OpenBLAS for the GEMMs, OpenMP for the passes over a batch. An architecture's own
+// ops (arch_ops.h) run its CPU reference, beside the architecture in src/core/arch/: the
+// default of Backend::arch_ops for a backend whose memory is the host's.
 //
 // Reductions are split into fixed column blocks and summed in block order, so results do not
-// depend on the thread count or scheduling (exact resume and replica equality rely on it).
+// depend on the thread count or scheduling (exact resume and replica equality rely on it; the
+// CPU references split theirs the same way, src/core/arch/reference.h).
 #include <cblas.h>
 #include <omp.h>
 
@@ -10,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <vector>
 
 #include "saetrain/backend.h"
@@ -26,34 +28,6 @@ namespace {
 constexpr int64_t kColBlock = 256;  // columns per reduction block: 1 KiB of floats per row
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The L1 (activation column sums times decoder norms) and L0 (fire counts) statistics of the
-// column blocks of ReLU and Gated backward passes: summed per block in parallel, added to the
-// statistics in block order, so the result does not depend on the thread count.
-class BlockL1L0 {
-public:
-    explicit BlockL1L0(int64_t n) : l1_(ceil_div(n, kColBlock)), l0_(l1_.size()) {}
-    int64_t blocks() const { return static_cast<int64_t>(l1_.size()); }
-    // Block b's w columns: act [w] their activation sums, norms [w] their decoder norms, fired [w]
-    // their fire counts.
-    void set(int64_t b, int64_t w, const float* act, const float* norms, const float* fired) {
-        double s1 = 0, f = 0;
-        for (int64_t c = 0; c < w; ++c) {
-            s1 += double(act[c]) * norms[c];
-            f += fired[c];
-        }
-        l1_[b] = s1, l0_[b] = f;
-    }
-    void add_to(float* stats) const {
-        for (size_t b = 0; b < l1_.size(); ++b) {
-            stats[kStatL1] += static_cast<float>(l1_[b]);
-            stats[kStatL0] += static_cast<float>(l0_[b]);
-        }
-    }
-
-private:
-    std::vector<double> l1_, l0_;
-};
 
 // Keeps the k largest of a row (ties: the lower index wins) in a min-heap whose top is the
 // current worst kept element. After the heap fills, most elements fail one comparison against
@@ -282,47 +256,6 @@ public:
         }
     }
 
-    void relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) override {
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            float* p = pre + r * n;
-            for (int64_t i = 0; i < n; ++i) p[i] = math::relu(p[i] + b_enc[i]);
-        }
-    }
-
-    void relu_backward(const float* z, float* dz, const float* norms, float l1, int64_t rows,
-                       int64_t n, float* db_enc, float* z_col_sum, int32_t* fires,
-                       float* stats) override {
-        BlockL1L0 sums(n);
-        const int64_t nb = sums.blocks();
-#pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < nb; ++b) {
-            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
-            // Column sums in local arrays: no aliasing with the row data, so the loop vectorizes.
-            float gsum[kColBlock] = {}, zsum[kColBlock] = {}, fsum[kColBlock] = {}, l1n[kColBlock];
-            for (int64_t c = 0; c < w; ++c) l1n[c] = l1 * norms[c0 + c];
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* __restrict zr = z + r * n + c0;
-                float* __restrict g = dz + r * n + c0;
-#pragma omp simd
-                for (int64_t c = 0; c < w; ++c) {
-                    const float gv = math::relu_l1_grad(zr[c], g[c], l1n[c]);
-                    g[c] = gv;
-                    gsum[c] += gv;
-                    zsum[c] += zr[c];
-                    fsum[c] += zr[c] > 0.0f ? 1.0f : 0.0f;
-                }
-            }
-            for (int64_t c = 0; c < w; ++c) {
-                db_enc[c0 + c] = gsum[c];
-                z_col_sum[c0 + c] = zsum[c];
-                fires[c0 + c] = static_cast<int32_t>(fsum[c]);  // exact: counts < 2^24 rows
-            }
-            sums.set(b, w, zsum, norms + c0, fsum);
-        }
-        sums.add_to(stats);
-    }
-
     void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n, int64_t k,
                       int32_t* idx, float* val, bool relu) override {
 #pragma omp parallel
@@ -391,180 +324,6 @@ public:
             fires[l] = static_cast<int32_t>(start_[l + 1] - start_[l]);
         }
         stats[kStatL0] += static_cast<float>(start_[n]);
-    }
-
-    float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
-                          int64_t count) override {
-        // The count-th largest positive value of pre + b_enc, exactly. A sample of the rows
-        // gives a guess t_s that about twice `count` values reach; one pass collects the values
-        // >= t_s (blocks of 16 below it are skipped with one vectorized test), and when there
-        // are at least `count` of them the answer is among them (nth_element). Otherwise the
-        // guess was too high and the pass repeats with every positive value.
-        if (rows <= 0 || n <= 0) return 0.0f;
-        count = std::max<int64_t>(count, 1);  // as the CUDA kernel: the largest value
-        const int64_t stride = std::max<int64_t>(1, std::min<int64_t>(16, rows / 64));
-        std::vector<float> sample;
-        for (int64_t r = 0; r < rows; r += stride)
-            for (int64_t i = 0; i < n; ++i) {
-                const float v = pre[r * n + i] + b_enc[i];
-                if (v > 0.0f) sample.push_back(v);
-            }
-        const int64_t sampled_rows = (rows + stride - 1) / stride;
-        const auto want_s =
-            static_cast<int64_t>(2.0 * static_cast<double>(count) *
-                                     static_cast<double>(sampled_rows) / static_cast<double>(rows) +
-                                 64);
-        float guess = 0.0f;  // 0: every positive value is a candidate
-        if (want_s < static_cast<int64_t>(sample.size())) {
-            std::nth_element(sample.begin(), sample.begin() + want_s, sample.end(),
-                             std::greater<float>());
-            guess = sample[static_cast<size_t>(want_s)];
-        }
-        for (;;) {
-            std::vector<float> cand = collect_at_least(pre, b_enc, rows, n, guess);
-            const auto have = static_cast<int64_t>(cand.size());
-            if (have >= count || guess == 0.0f) {
-                if (have == 0) return 0.0f;
-                const int64_t want = std::min(count, have);
-                std::nth_element(cand.begin(), cand.begin() + (want - 1), cand.end(),
-                                 std::greater<float>());
-                return cand[static_cast<size_t>(want - 1)];
-            }
-            guess = 0.0f;
-        }
-    }
-
-    int64_t select_above(const float* pre, const float* b_enc, float threshold, int64_t rows,
-                         int64_t n, int64_t width, int32_t* idx, float* val) override {
-        // v > 0 and v >= threshold as one comparison: v >= max(threshold, the least positive).
-        const float t = std::max(threshold, std::numeric_limits<float>::denorm_min());
-        int64_t widest = 0;
-#pragma omp parallel for schedule(static) reduction(max : widest)
-        for (int64_t r = 0; r < rows; ++r) {
-            const float* p = pre + r * n;
-            int64_t c = 0;
-            auto keep = [&](int64_t i) {
-                const float v = p[i] + b_enc[i];
-                if (!(v >= t)) return;
-                if (c < width) idx[r * width + c] = static_cast<int32_t>(i), val[r * width + c] = v;
-                ++c;
-            };
-            constexpr int64_t kBlock = 16;
-            int64_t i = 0;
-            for (; i + kBlock <= n; i += kBlock) {
-                int any = 0;
-                for (int64_t j = 0; j < kBlock; ++j) any |= (p[i + j] + b_enc[i + j]) >= t;
-                if (!any) continue;
-                for (int64_t j = 0; j < kBlock; ++j) keep(i + j);
-            }
-            for (; i < n; ++i) keep(i);
-            for (int64_t j = c; j < width; ++j) idx[r * width + j] = 0, val[r * width + j] = 0.0f;
-            widest = std::max(widest, c);
-        }
-        return widest;
-    }
-
-    void jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold, int64_t rows,
-                          int64_t n, float* z) override {
-        std::vector<float> theta(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) theta[i] = std::exp(log_threshold[i]);
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            float* p = pre + r * n;
-            float* zr = z + r * n;
-            for (int64_t i = 0; i < n; ++i) {
-                p[i] += b_enc[i];
-                zr[i] = math::jumprelu(p[i], theta[i]);
-            }
-        }
-    }
-
-    void jumprelu_backward(const JumpReluBackward& args) override {
-        const auto& [v, log_threshold, bandwidth, l0, rows, n, dz, db_enc, dlog_threshold, fires,
-                     stats] = args;
-        const int64_t nb = ceil_div(n, kColBlock);
-        std::vector<double> l0s(nb);
-#pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < nb; ++b) {
-            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
-            float gsum[kColBlock] = {}, tsum[kColBlock] = {}, fsum[kColBlock] = {},
-                  theta[kColBlock];
-            for (int64_t c = 0; c < w; ++c) theta[c] = std::exp(log_threshold[c0 + c]);
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* vr = v + r * n + c0;
-                float* g = dz + r * n + c0;
-                for (int64_t c = 0; c < w; ++c) {
-                    float dv, dt;
-                    math::jumprelu_grad(vr[c], theta[c], bandwidth, g[c], l0, dv, dt);
-                    g[c] = dv;
-                    gsum[c] += dv;
-                    tsum[c] += dt;
-                    fsum[c] += vr[c] > theta[c] ? 1.0f : 0.0f;
-                }
-            }
-            double f = 0;
-            for (int64_t c = 0; c < w; ++c) {
-                db_enc[c0 + c] = gsum[c];
-                dlog_threshold[c0 + c] = tsum[c] * theta[c];  // d/dlog(theta) = theta d/dtheta
-                fires[c0 + c] = static_cast<int32_t>(fsum[c]);
-                f += fsum[c];
-            }
-            l0s[b] = f;
-        }
-        for (int64_t b = 0; b < nb; ++b) stats[kStatL0] += static_cast<float>(l0s[b]);
-    }
-
-    void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
-                       const float* b_mag, int64_t rows, int64_t n, float* z,
-                       float* gate) override {
-        std::vector<float> scale(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) scale[i] = std::exp(r_mag[i]);
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            const float* p = pre + r * n;
-            for (int64_t i = 0; i < n; ++i) {
-                const float g = p[i] + b_gate[i], m = p[i] * scale[i] + b_mag[i];
-                z[r * n + i] = math::gated(g, m);
-                gate[r * n + i] = math::relu(g);
-            }
-        }
-    }
-
-    void gated_backward(const GatedBackward& args) override {
-        const auto& [pre, b_gate, r_mag, b_mag, norms, l1, rows, n, dz, dgate, db_gate, dr_mag,
-                     db_mag, dpre_col_sum, gate_col_sum, fires, stats] = args;
-        BlockL1L0 sums(n);
-        const int64_t nb = sums.blocks();
-#pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < nb; ++b) {
-            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
-            float sg[kColBlock] = {}, sm[kColBlock] = {}, sr[kColBlock] = {}, sp[kColBlock] = {},
-                  sa[kColBlock] = {}, sf[kColBlock] = {}, scale[kColBlock], l1n[kColBlock];
-            for (int64_t c = 0; c < w; ++c)
-                scale[c] = std::exp(r_mag[c0 + c]), l1n[c] = l1 * norms[c0 + c];
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* pr = pre + r * n + c0;
-                const float* ga = dgate + r * n + c0;
-                float* g = dz + r * n + c0;
-                for (int64_t c = 0; c < w; ++c) {
-                    const float gv = pr[c] + b_gate[c0 + c], mv = pr[c] * scale[c] + b_mag[c0 + c];
-                    float dg, dm;
-                    math::gated_grad(gv, mv, g[c], ga[c], l1n[c], dg, dm);
-                    const float dp = dg + dm * scale[c];
-                    g[c] = dp;
-                    sg[c] += dg, sm[c] += dm, sr[c] += dm * pr[c] * scale[c], sp[c] += dp;
-                    sa[c] += math::relu(gv);
-                    sf[c] += math::gated(gv, mv) > 0.0f ? 1.0f : 0.0f;
-                }
-            }
-            for (int64_t c = 0; c < w; ++c) {
-                db_gate[c0 + c] = sg[c], db_mag[c0 + c] = sm[c], dr_mag[c0 + c] = sr[c];
-                dpre_col_sum[c0 + c] = sp[c], gate_col_sum[c0 + c] = sa[c];
-                fires[c0 + c] = static_cast<int32_t>(sf[c]);
-            }
-            sums.set(b, w, sa, norms + c0, sf);
-        }
-        sums.add_to(stats);
     }
 
     void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows, int64_t n,
@@ -637,36 +396,6 @@ public:
         }
     }
 
-    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
-                     float beta, int64_t rows, int64_t cols) override {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < rows; ++i) {
-            const float* in = src + static_cast<int64_t>(rows_of[i]) * cols;
-            float* out = dst + i * cols;
-            const float a = scale ? scale[i] : 1.0f;
-            if (beta == 0.0f) {
-                for (int64_t c = 0; c < cols; ++c) out[c] = a * in[c];
-            } else {
-                for (int64_t c = 0; c < cols; ++c) out[c] = beta * out[c] + a * in[c];
-            }
-        }
-    }
-    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
-                           int64_t width) override {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < rows; ++i)
-            std::memcpy(dst + i * width, src + static_cast<int64_t>(rows_of[i]) * width,
-                        static_cast<size_t>(width) * sizeof(int32_t));
-    }
-    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < rows; ++i) {
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-            for (int64_t c = 0; c < cols; ++c) s += a[i * cols + c] * b[i * cols + c];
-            out[i] = s;
-        }
-    }
     void offset_indices(int32_t* idx, int64_t count, int32_t offset) override {
         for (int64_t i = 0; i < count; ++i) idx[i] += offset;
     }
@@ -721,35 +450,6 @@ public:
     }
 
 private:
-    // Every value of pre + b_enc that is positive and >= t, in no particular order.
-    static std::vector<float> collect_at_least(const float* pre, const float* b_enc, int64_t rows,
-                                               int64_t n, float t) {
-        t = std::max(t, std::numeric_limits<float>::denorm_min());
-        std::vector<float> all;
-#pragma omp parallel
-        {
-            std::vector<float> mine;
-            constexpr int64_t kBlock = 16;
-#pragma omp for schedule(static) nowait
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* p = pre + r * n;
-                int64_t i = 0;
-                for (; i + kBlock <= n; i += kBlock) {
-                    int any = 0;
-                    for (int64_t j = 0; j < kBlock; ++j) any |= (p[i + j] + b_enc[i + j]) >= t;
-                    if (!any) continue;
-                    for (int64_t j = 0; j < kBlock; ++j)
-                        if (p[i + j] + b_enc[i + j] >= t) mine.push_back(p[i + j] + b_enc[i + j]);
-                }
-                for (; i < n; ++i)
-                    if (p[i] + b_enc[i] >= t) mine.push_back(p[i] + b_enc[i]);
-            }
-#pragma omp critical
-            all.insert(all.end(), mine.begin(), mine.end());
-        }
-        return all;
-    }
-
     static float dot(const float* a, const float* b, int64_t n) {
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)

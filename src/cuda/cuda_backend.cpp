@@ -1,9 +1,11 @@
 // CudaBackend: the Backend seam on one GPU. One stream orders everything; GEMMs go through
-// cuBLASLt (lt_gemm.h), the SAE ops through the kernels in kernels.cu and topk.cu.
+// cuBLASLt (lt_gemm.h), the SAE ops through the kernels in kernels.cu and topk.cu; the
+// architectures' own ops through the implementations arch_ops.cpp registers.
 #include "saetrain/cuda_backend.h"
 
 #include <fmt/format.h>
 
+#include "arch_ops.h"
 #include "cuda_check.h"
 #include "gradient_comm.h"
 #include "handles.h"
@@ -138,15 +140,6 @@ public:
                   float* x_col_sum, float* db_dec, float* stats) override {
         cuda::residual(stream(), ws_, xh, x, rows, d, grad_scale, x_col_sum, db_dec, stats);
     }
-    void relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) override {
-        cuda::relu_forward(stream(), pre, b_enc, rows, n);
-    }
-    void relu_backward(const float* z, float* dz, const float* norms, float l1, int64_t rows,
-                       int64_t n, float* db_enc, float* z_col_sum, int32_t* fires,
-                       float* stats) override {
-        cuda::relu_backward(stream(), ws_, z, dz, norms, l1, rows, n, db_enc, z_col_sum, fires,
-                            stats);
-    }
     void topk_forward(const float* pre, const float* b_enc, int64_t rows, int64_t n, int64_t k,
                       int32_t* idx, float* val, bool relu) override {
         cuda::topk_forward(stream(), ws_, pre, b_enc, rows, n, k, idx, val, relu);
@@ -184,38 +177,6 @@ public:
         cuda::decorr_apply(stream(), ws_, z, idx, width, rows, n, u.data(), du.data(), inv_norm,
                            factor, scale, dz);
     }
-    float batch_threshold(const float* pre, const float* b_enc, int64_t rows, int64_t n,
-                          int64_t count) override {
-        return cuda::batch_threshold(stream(), ws_, pre, b_enc, rows, n, count);
-    }
-    int64_t select_above(const float* pre, const float* b_enc, float threshold, int64_t rows,
-                         int64_t n, int64_t width, int32_t* idx, float* val) override {
-        return cuda::select_above(stream(), ws_, pre, b_enc, threshold, rows, n, width, idx, val);
-    }
-    void jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold, int64_t rows,
-                          int64_t n, float* z) override {
-        cuda::jumprelu_forward(stream(), pre, b_enc, log_threshold, rows, n, z);
-    }
-    void jumprelu_backward(const JumpReluBackward& a) override {
-        cuda::jumprelu_backward(stream(), ws_, a);
-    }
-    void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
-                       const float* b_mag, int64_t rows, int64_t n, float* z,
-                       float* gate) override {
-        cuda::gated_forward(stream(), pre, b_gate, r_mag, b_mag, rows, n, z, gate);
-    }
-    void gated_backward(const GatedBackward& a) override { cuda::gated_backward(stream(), ws_, a); }
-    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
-                     float beta, int64_t rows, int64_t cols) override {
-        cuda::gather_rows(stream(), dst, src, rows_of, scale, beta, rows, cols);
-    }
-    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
-                           int64_t width) override {
-        cuda::gather_index_rows(stream(), dst, src, rows_of, rows, width);
-    }
-    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override {
-        cuda::row_dots(stream(), a, b, rows, cols, out);
-    }
     void offset_indices(int32_t* idx, int64_t count, int32_t offset) override {
         cuda::offset_indices(stream(), idx, count, offset);
     }
@@ -248,6 +209,14 @@ public:
                          const std::vector<AdamRange>& ranges, const UnitRows& unit,
                          math::AdamScalars s, float weight_decay) override {
         cuda::optimizer_apply(stream(), params, grads, m, v, ranges, unit, s, weight_decay);
+    }
+
+    // --- an architecture's own ops: the implementations arch_ops.cpp registers --------------
+    ArchOps* arch_ops(const ArchOpSet& set) override {
+        for (const cuda::ArchOpsImpl& impl : cuda::arch_ops_impls())
+            if (impl.set == &set)
+                return keep_arch_ops(set, [&] { return impl.make({stream(), &ws_}); });
+        return nullptr;
     }
 
     // --- for reports ------------------------------------------------------------------------

@@ -10,7 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "saetrain/backend.h"  // defines: SparseBackward, JumpReluBackward, GatedBackward
+#include "saetrain/arch/gated.h"     // defines: GatedBackward
+#include "saetrain/arch/jumprelu.h"  // defines: JumpReluBackward
+#include "saetrain/backend.h"        // defines: SparseBackward
 #include "saetrain/sae_math.h"
 
 namespace saetrain::cuda {
@@ -71,7 +73,7 @@ int64_t select_above(cudaStream_t s, Workspace& ws, const float* pre, const floa
                      float threshold, int64_t rows, int64_t n, int64_t width, int32_t* idx,
                      float* val);
 
-// JumpReLU and Gated activations (Backend's comments give the semantics).
+// JumpReLU and Gated activations (JumpReluOps' and GatedOps' comments give the semantics).
 void jumprelu_forward(cudaStream_t s, float* pre_to_v, const float* b_enc,
                       const float* log_threshold, int64_t rows, int64_t n, float* z);
 void jumprelu_backward(cudaStream_t s, Workspace& ws, const JumpReluBackward& a);
@@ -80,7 +82,7 @@ void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const 
 void gated_backward(cudaStream_t s, Workspace& ws, const GatedBackward& a);
 void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n);
 
-// The Switch SAE's row permutations (switch.cu); see Backend::gather_rows and neighbours.
+// The Switch SAE's row permutations (switch.cu); see SwitchOps (arch/switch.h).
 void gather_rows(cudaStream_t s, float* dst, const float* src, const int32_t* rows_of,
                  const float* scale, float beta, int64_t rows, int64_t cols);
 void gather_index_rows(cudaStream_t s, int32_t* dst, const int32_t* src, const int32_t* rows_of,

@@ -74,12 +74,7 @@ void injected_kill_before_commit(int64_t step) {
 
 std::vector<std::string> config_result_differences(const std::string& old_yaml,
                                                    const std::string& new_yaml) {
-    static const std::vector<std::string> harmless = {
-        "run.out_dir", "log.every_steps", "log.peak_tflops", "checkpoint.every_steps",
-        "checkpoint.keep", "data.stage_dir", "data.prefetch_bytes", "backend", "parallel.timeout_s",
-        "gpu.gemm", "gpu.deterministic", "data.eval_path", "log.eval_every_steps",
-        // The same SAE on any number of latent shards (a checkpoint holds the whole SAE).
-        "parallel.latent_shards"};
+    // Which keys change the result is said where each key is declared (config_keys, config.h).
     // A key one side lacks (a run from a version without it) counts as its default value.
     static const Config default_config;
     static const auto defaults = flatten(config_to_yaml(default_config));
@@ -91,7 +86,7 @@ std::vector<std::string> config_result_differences(const std::string& old_yaml,
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
     std::vector<std::string> diff;
     for (const std::string& k : keys) {
-        if (std::find(harmless.begin(), harmless.end(), k) != harmless.end()) continue;
+        if (!config_key_changes_results(k)) continue;
         auto value = [&](const auto& side) -> std::string {
             if (auto i = side.find(k); i != side.end()) return i->second;
             if (auto i = defaults.find(k); i != defaults.end()) return i->second;

@@ -274,9 +274,12 @@ TEST(Mpi, DataParallelReplicasAgreeWithOneProcessReference) {
         const std::string name = name_c;
         const std::string arch = name == "auxk" ? "topk" : name.substr(0, name.find('-'));
         SaeConfig cfg = small_sae(arch);
-        if (name == "auxk") cfg.dead_tokens = 1, cfg.k_aux = 3;
-        cfg.n_experts = 4;
-        cfg.balance_coeff = name == "switch-balanced" ? 0.1 : 0.0;
+        if (name == "auxk") {
+            cfg.dead_tokens = 1;
+            cfg.set("sae.k_aux", 3);
+        }
+        cfg.set("sae.n_experts", 4);
+        cfg.set("train.balance_coeff", name == "switch-balanced" ? 0.1 : 0.0);
         // The one-process reference sees the replicas' rows as one batch: BatchTopK's selection
         // over that batch differs from each replica's over its own, the reference has no
         // history of dead latents, and the balance loss weighs each replica's own token
@@ -550,7 +553,10 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
             // rows is the same SAE only with one replica.
             if (name == "batchtopk" && S != w.size()) continue;
             SaeConfig cfg = small_sae(name == "auxk" ? "topk" : name);
-            if (name == "auxk") cfg.dead_tokens = 1, cfg.k_aux = 3;
+            if (name == "auxk") {
+                cfg.dead_tokens = 1;
+                cfg.set("sae.k_aux", 3);
+            }
             cfg.normalize_decoder = true;
             cfg.grad_clip = 0.05;  // clips: the norm summed over shards matters
             ShardGrid g = shard_grid(w, S, cfg.n_latents);
@@ -627,7 +633,8 @@ TEST(Mpi, LatentShardGradientsEqualOneProcessFromTheSameParameters) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 48;
     SaeConfig cfg = small_sae("topk");
-    cfg.dead_tokens = 1, cfg.k = 2, cfg.k_aux = 3, cfg.accum_steps = 2;  // latents die
+    cfg.dead_tokens = 1, cfg.k = 2, cfg.accum_steps = 2;  // latents die
+    cfg.set("sae.k_aux", 3);
     cfg.normalize = "expected_average_only_in";
     ShardGrid g = shard_grid(w, 2, cfg.n_latents);
     auto be = make_cpu_backend(1);
@@ -684,7 +691,8 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     const int64_t d = 16, rows = 40;
     const fs::path dir = shared_temp_dir("ckpt");
     SaeConfig cfg = small_sae("topk");
-    cfg.dead_tokens = 100, cfg.k_aux = 3;  // some latents die in the window: AuxK state resumes
+    cfg.dead_tokens = 100;  // some latents die in the window: AuxK state resumes
+    cfg.set("sae.k_aux", 3);
     ShardGrid g = shard_grid(w, 2, cfg.n_latents);
     auto be = make_cpu_backend(1);
     SaeTrainer tr(cfg, d, 30, 5, *be, *g.replicas, &g.part);

@@ -103,9 +103,18 @@ const float* Decorrelation::sparse(PassContext& c, const int32_t* idx, const flo
     return extra_.data();
 }
 
+const AuxKKeys& auxk_keys() {
+    static const AuxKKeys keys;
+    return keys;
+}
+
+std::vector<const ArchKeyDecl*> auxk_config_keys() {
+    return {&auxk_keys().k_aux, &auxk_keys().coeff};
+}
+
 int64_t resolved_k_aux(const SaeConfig& cfg, int64_t d, int64_t latents) {
-    return std::min(cfg.k_aux > 0 ? cfg.k_aux : std::clamp<int64_t>(d / 2, 1, kDefaultKAuxMax),
-                    latents);
+    const int64_t k_aux = auxk_keys().k_aux(cfg);
+    return std::min(k_aux > 0 ? k_aux : std::clamp<int64_t>(d / 2, 1, kDefaultKAuxMax), latents);
 }
 
 double auxk_weight(double coeff, int64_t n_dead, int64_t k_aux) {
@@ -136,7 +145,7 @@ std::vector<Architecture::OpUse> topk_uses(const SaeConfig& cfg, int64_t k, int6
                                            int64_t latents) {
     std::vector<Architecture::OpUse> uses;
     if (k > 0) uses.push_back({BackendOp::topk_forward, OpShape{0, latents, k, d}, "sae.k"});
-    if (cfg.auxk_coeff > 0)
+    if (auxk_keys().coeff(cfg) > 0)
         uses.push_back({BackendOp::topk_forward,
                         OpShape{0, latents, resolved_k_aux(cfg, d, latents), d}, "sae.k_aux"});
     return uses;
@@ -144,7 +153,7 @@ std::vector<Architecture::OpUse> topk_uses(const SaeConfig& cfg, int64_t k, int6
 
 AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
     : k_aux_(resolved_k_aux(cfg, d, n)),
-      coeff_(cfg.auxk_coeff),
+      coeff_(auxk_keys().coeff(cfg)),
       bias_(be, n),
       stats_(be, kStatCount),
       fires_(be, n) {}

@@ -35,10 +35,25 @@ void decoder_backward_dense(PassContext& ctx, const float* z, float* dz);
 // G.W_enc = dpre^T (x - b_dec), dpre [B, n] the gradient of the pre-activations.
 void encoder_weight_grad(PassContext& ctx, const float* dpre);
 
-// What TopK and BatchTopK share: sae.k, its check, its id, sparse kernels and their FLOPs.
+// AuxK's keys (below), declared once for the architectures that use AuxK (TopK, BatchTopK,
+// Switch: each lists them in its config_keys).
+struct AuxKKeys {
+    ArchKey<int64_t> k_aux{"sae", "k_aux", 0,
+                           "AuxK's latents per token among the dead (0: d_model / 2, at most 512)",
+                           key_at_least(0, " (0: d_model / 2)")};
+    ArchKey<double> coeff{"train", "auxk_coeff", 0.03125,
+                          "the AuxK loss's weight, reviving dead latents (0: off)",
+                          key_at_least(0, " (0: no AuxK)")};
+};
+const AuxKKeys& auxk_keys();
+std::vector<const ArchKeyDecl*> auxk_config_keys();
+
+// What TopK and BatchTopK share: sae.k, its check, its id, AuxK's keys, sparse kernels and
+// their FLOPs.
 class KSelection : public Architecture {
 public:
-    std::vector<std::string> keys() const override { return {"sae.k"}; }
+    std::vector<const ArchKeyDecl*> config_keys() const override { return auxk_config_keys(); }
+    std::vector<std::string> summary_keys() const override { return {"sae.k"}; }
     void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override;
     std::string id_suffix(const SaeConfig& cfg) const override;
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override;

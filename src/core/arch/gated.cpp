@@ -3,12 +3,100 @@
 // m = pre * exp(r_mag) + b_mag how strongly; z = H(g) * relu(m). The sparsity penalty
 // l1 * sum_i relu(g_i) ||W_dec_i|| acts on the gate, and an auxiliary reconstruction
 // relu(g) W_dec + b_dec (decoder held fixed) against x trains the gate path to reconstruct on
-// its own. b_enc is the gate bias (b_gate in exports). Seven dense GEMMs per step.
+// its own. b_enc is the gate bias (b_gate in exports). Seven dense GEMMs per step. Its own ops
+// (arch/gated.h): the two paths forward and backward, with their CPU reference here.
+#include "saetrain/arch/gated.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
 #include "common.h"
+#include "reference.h"
+#include "saetrain/sae_math.h"
 #include "saetrain/schedule.h"
 
 namespace saetrain::arch {
 namespace {
+
+// --- the ops' CPU reference (arch_ops.h) --------------------------------------------------------
+class CpuGatedOps final : public GatedOps {
+public:
+    void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
+                       const float* b_mag, int64_t rows, int64_t n, float* z,
+                       float* gate) override {
+        std::vector<float> scale(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) scale[i] = std::exp(r_mag[i]);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* p = pre + r * n;
+            for (int64_t i = 0; i < n; ++i) {
+                const float g = p[i] + b_gate[i], m = p[i] * scale[i] + b_mag[i];
+                z[r * n + i] = math::gated(g, m);
+                gate[r * n + i] = math::relu(g);
+            }
+        }
+    }
+
+    void gated_backward(const GatedBackward& args) override {
+        const auto& [pre, b_gate, r_mag, b_mag, norms, l1, rows, n, dz, dgate, db_gate, dr_mag,
+                     db_mag, dpre_col_sum, gate_col_sum, fires, stats] = args;
+        BlockL1L0 sums(n);
+        const int64_t nb = sums.blocks();
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
+            float sg[kColBlock] = {}, sm[kColBlock] = {}, sr[kColBlock] = {}, sp[kColBlock] = {},
+                  sa[kColBlock] = {}, sf[kColBlock] = {}, scale[kColBlock], l1n[kColBlock];
+            for (int64_t c = 0; c < w; ++c)
+                scale[c] = std::exp(r_mag[c0 + c]), l1n[c] = l1 * norms[c0 + c];
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* pr = pre + r * n + c0;
+                const float* ga = dgate + r * n + c0;
+                float* g = dz + r * n + c0;
+                for (int64_t c = 0; c < w; ++c) {
+                    const float gv = pr[c] + b_gate[c0 + c], mv = pr[c] * scale[c] + b_mag[c0 + c];
+                    float dg, dm;
+                    math::gated_grad(gv, mv, g[c], ga[c], l1n[c], dg, dm);
+                    const float dp = dg + dm * scale[c];
+                    g[c] = dp;
+                    sg[c] += dg, sm[c] += dm, sr[c] += dm * pr[c] * scale[c], sp[c] += dp;
+                    sa[c] += math::relu(gv);
+                    sf[c] += math::gated(gv, mv) > 0.0f ? 1.0f : 0.0f;
+                }
+            }
+            for (int64_t c = 0; c < w; ++c) {
+                db_gate[c0 + c] = sg[c], db_mag[c0 + c] = sm[c], dr_mag[c0 + c] = sr[c];
+                dpre_col_sum[c0 + c] = sp[c], gate_col_sum[c0 + c] = sa[c];
+                fires[c0 + c] = static_cast<int32_t>(sf[c]);
+            }
+            sums.set(b, w, sa, norms + c0, sf);
+        }
+        sums.add_to(stats);
+    }
+};
+
+// Every op through a ForwardingBackend's hook.
+class ForwardedGatedOps final : public GatedOps {
+public:
+    ForwardedGatedOps(GatedOps& inner, OpHook hook) : inner_(inner), hook_(std::move(hook)) {}
+    void gated_forward(const float* pre, const float* b_gate, const float* r_mag,
+                       const float* b_mag, int64_t rows, int64_t n, float* z,
+                       float* gate) override {
+        hook_("gated_forward",
+              [&] { inner_.gated_forward(pre, b_gate, r_mag, b_mag, rows, n, z, gate); });
+    }
+    void gated_backward(const GatedBackward& a) override {
+        hook_("gated_backward", [&] { inner_.gated_backward(a); });
+    }
+
+private:
+    GatedOps& inner_;
+    OpHook hook_;
+};
+
+// --- the architecture -------------------------------------------------------------------------
 
 class GatedPass final : public ArchPass {
 public:
@@ -17,6 +105,7 @@ public:
           d_(d),
           n_(n),
           be_(be),
+          ops_(arch_ops<GatedOps>(be, gated_op_set())),
           decorr_(cfg),
           dpre_sum_(be, n),
           aux_stats_(be, kStatCount),
@@ -27,7 +116,7 @@ public:
     }
     void forward(PassContext& c, bool) override {
         encode(c);
-        c.be.gated_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("r_mag"), c.seg("b_mag"), c.B,
+        ops_.gated_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("r_mag"), c.seg("b_mag"), c.B,
                            c.n, z_.data(), gate_.data());
         decode_dense(c, z_.data());
     }
@@ -58,7 +147,7 @@ public:
         a.db_gate = c.grad(ParamLayout::kBEnc), a.dr_mag = c.grad("r_mag");
         a.db_mag = c.grad("b_mag"), a.dpre_col_sum = dpre_sum_.data();
         a.gate_col_sum = c.col_scratch, a.fires = c.fires, a.stats = c.stats;
-        be.gated_backward(a);
+        ops_.gated_backward(a);
         encoder_weight_grad(c, dz_.data());
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
         encoder_input_grad(c, dpre_sum_.data());
@@ -72,6 +161,7 @@ private:
     SaeConfig cfg_;
     int64_t d_, n_;
     Backend& be_;
+    GatedOps& ops_;
     Decorrelation decorr_;
     DeviceArray<float> z_, gate_, dz_, dgate_, ahat_, dpre_sum_, aux_stats_, scratch_;
     double l1_ = 0;
@@ -84,7 +174,8 @@ public:
         return "gate and magnitude paths sharing W_enc (r_mag), L1 on the gate (sae.l1_coeff), "
                "auxiliary gate reconstruction";
     }
-    std::vector<std::string> keys() const override { return {"sae.l1_coeff"}; }
+    std::vector<std::string> summary_keys() const override { return {"sae.l1_coeff"}; }
+    std::vector<const ArchOpSet*> op_sets() const override { return {&gated_op_set()}; }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
     std::vector<ParamSegment> extra_params(const SaeConfig&, int64_t n, int64_t) const override {
         return {{"r_mag", n, 1, true, false}, {"b_mag", n, 1, true, false}};
@@ -121,3 +212,15 @@ const Architecture& gated_arch() {
 }
 
 }  // namespace saetrain::arch
+
+const saetrain::ArchOpSet& saetrain::gated_op_set() {
+    static const ArchOpSet set{
+        "gated",
+        {"gated_forward", "gated_backward"},
+        [](Backend&) -> std::unique_ptr<ArchOps> { return std::make_unique<arch::CpuGatedOps>(); },
+        [](ArchOps& inner, OpHook hook) -> std::unique_ptr<ArchOps> {
+            return std::make_unique<arch::ForwardedGatedOps>(static_cast<GatedOps&>(inner),
+                                                             std::move(hook));
+        }};
+    return set;
+}

@@ -1,33 +1,129 @@
 // jumprelu.cpp — JumpReLU (Rajamanoharan et al. 2024): z = v * H(v - theta) with a learned
 // per-latent threshold theta = exp(log_threshold), trained through straight-through
 // pseudo-derivatives (rectangle kernel of bandwidth sae.jumprelu_bandwidth; sae_math.h) with
-// an L0 penalty train.l0_coeff * sum_i H(v_i - theta_i) that ramps in like the L1 term.
+// an L0 penalty train.l0_coeff * sum_i H(v_i - theta_i) that ramps in like the L1 term. Its own
+// ops (arch/jumprelu.h): the activation and its backward, with their CPU reference here.
+#include "saetrain/arch/jumprelu.h"
+
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "common.h"
+#include "reference.h"
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
+#include "saetrain/sae_math.h"
 #include "saetrain/schedule.h"
 
 namespace saetrain::arch {
 namespace {
 
+// --- the ops' CPU reference (arch_ops.h) --------------------------------------------------------
+class CpuJumpReluOps final : public JumpReluOps {
+public:
+    void jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold, int64_t rows,
+                          int64_t n, float* z) override {
+        std::vector<float> theta(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) theta[i] = std::exp(log_threshold[i]);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            float* p = pre + r * n;
+            float* zr = z + r * n;
+            for (int64_t i = 0; i < n; ++i) {
+                p[i] += b_enc[i];
+                zr[i] = math::jumprelu(p[i], theta[i]);
+            }
+        }
+    }
+
+    void jumprelu_backward(const JumpReluBackward& args) override {
+        const auto& [v, log_threshold, bandwidth, l0, rows, n, dz, db_enc, dlog_threshold, fires,
+                     stats] = args;
+        const int64_t nb = ceil_div(n, kColBlock);
+        std::vector<double> l0s(nb);
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
+            float gsum[kColBlock] = {}, tsum[kColBlock] = {}, fsum[kColBlock] = {},
+                  theta[kColBlock];
+            for (int64_t c = 0; c < w; ++c) theta[c] = std::exp(log_threshold[c0 + c]);
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* vr = v + r * n + c0;
+                float* g = dz + r * n + c0;
+                for (int64_t c = 0; c < w; ++c) {
+                    float dv, dt;
+                    math::jumprelu_grad(vr[c], theta[c], bandwidth, g[c], l0, dv, dt);
+                    g[c] = dv;
+                    gsum[c] += dv;
+                    tsum[c] += dt;
+                    fsum[c] += vr[c] > theta[c] ? 1.0f : 0.0f;
+                }
+            }
+            double f = 0;
+            for (int64_t c = 0; c < w; ++c) {
+                db_enc[c0 + c] = gsum[c];
+                dlog_threshold[c0 + c] = tsum[c] * theta[c];  // d/dlog(theta) = theta d/dtheta
+                fires[c0 + c] = static_cast<int32_t>(fsum[c]);
+                f += fsum[c];
+            }
+            l0s[b] = f;
+        }
+        for (int64_t b = 0; b < nb; ++b) stats[kStatL0] += static_cast<float>(l0s[b]);
+    }
+};
+
+// Every op through a ForwardingBackend's hook.
+class ForwardedJumpReluOps final : public JumpReluOps {
+public:
+    ForwardedJumpReluOps(JumpReluOps& inner, OpHook hook) : inner_(inner), hook_(std::move(hook)) {}
+    void jumprelu_forward(float* pre, const float* b_enc, const float* log_threshold, int64_t rows,
+                          int64_t n, float* z) override {
+        hook_("jumprelu_forward",
+              [&] { inner_.jumprelu_forward(pre, b_enc, log_threshold, rows, n, z); });
+    }
+    void jumprelu_backward(const JumpReluBackward& a) override {
+        hook_("jumprelu_backward", [&] { inner_.jumprelu_backward(a); });
+    }
+
+private:
+    JumpReluOps& inner_;
+    OpHook hook_;
+};
+
+// --- the architecture -------------------------------------------------------------------------
+
+struct JumpReluKeys {
+    ArchKey<double> bandwidth{"sae", "jumprelu_bandwidth", 0.001,
+                              "the straight-through estimator's kernel width (> 0)"};
+    ArchKey<double> init_threshold{"sae", "jumprelu_init_threshold", 0.001,
+                                   "every latent's threshold at init (> 0)"};
+};
+const JumpReluKeys& keys() {
+    static const JumpReluKeys k;
+    return k;
+}
+
 class JumpReluPass final : public ArchPass {
 public:
     JumpReluPass(const SaeConfig& cfg, int64_t n, Backend& be)
-        : cfg_(cfg), n_(n), be_(be), decorr_(cfg) {}
+        : cfg_(cfg),
+          n_(n),
+          be_(be),
+          ops_(arch_ops<JumpReluOps>(be, jumprelu_op_set())),
+          decorr_(cfg) {}
     void reserve(int64_t rows) override {
         ensure(z_, be_, rows * n_);
         ensure(dz_, be_, rows * n_);
     }
     void forward(PassContext& c, bool) override {
         encode(c);
-        c.be.jumprelu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("log_threshold"), c.B, c.n,
+        ops_.jumprelu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("log_threshold"), c.B, c.n,
                               z_.data());
         decode_dense(c, z_.data());
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
-        Backend& be = c.be;
         const int64_t B = c.B, n = c.n;
         l0_ = sparsity_coeff_at(cfg_, cfg_.l0_coeff, step, total_steps);
         decoder_backward_dense(c, z_.data(), dz_.data());
@@ -35,11 +131,11 @@ public:
         const float l0_eff = static_cast<float>(l0_ / static_cast<double>(c.norm_rows));
         JumpReluBackward a;
         a.v = c.pre, a.log_threshold = c.seg("log_threshold");
-        a.bandwidth = static_cast<float>(cfg_.jumprelu_bandwidth), a.l0 = l0_eff, a.rows = B,
+        a.bandwidth = static_cast<float>(keys().bandwidth(cfg_)), a.l0 = l0_eff, a.rows = B,
         a.n = n;
         a.dz_to_dpre = dz_.data(), a.db_enc = c.grad(ParamLayout::kBEnc);
         a.dlog_threshold = c.grad("log_threshold"), a.fires = c.fires, a.stats = c.stats;
-        be.jumprelu_backward(a);
+        ops_.jumprelu_backward(a);
         encoder_weight_grad(c, dz_.data());
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
@@ -52,6 +148,7 @@ private:
     SaeConfig cfg_;
     int64_t n_;
     Backend& be_;
+    JumpReluOps& ops_;
     Decorrelation decorr_;
     DeviceArray<float> z_, dz_;
     double l0_ = 0;
@@ -64,13 +161,17 @@ public:
         return "a learned threshold per latent, L0 penalty (train.l0_coeff), straight-through "
                "with sae.jumprelu_bandwidth";
     }
-    std::vector<std::string> keys() const override { return {"train.l0_coeff"}; }
+    std::vector<const ArchKeyDecl*> config_keys() const override {
+        return {&keys().bandwidth, &keys().init_threshold};
+    }
+    std::vector<std::string> summary_keys() const override { return {"train.l0_coeff"}; }
+    std::vector<const ArchOpSet*> op_sets() const override { return {&jumprelu_op_set()}; }
     void validate(const SaeConfig& cfg, int64_t, const std::string& where) const override {
-        SAE_ENFORCE(cfg.jumprelu_bandwidth > 0, "{}sae.jumprelu_bandwidth must be > 0 (got {})",
-                    where, cfg.jumprelu_bandwidth);
-        SAE_ENFORCE(cfg.jumprelu_init_threshold > 0,
+        SAE_ENFORCE(keys().bandwidth(cfg) > 0, "{}sae.jumprelu_bandwidth must be > 0 (got {})",
+                    where, keys().bandwidth(cfg));
+        SAE_ENFORCE(keys().init_threshold(cfg) > 0,
                     "{}sae.jumprelu_init_threshold must be > 0 (got {})", where,
-                    cfg.jumprelu_init_threshold);
+                    keys().init_threshold(cfg));
     }
     std::string id_suffix(const SaeConfig& cfg) const override {
         return fmt::format("l0_{}", cfg.l0_coeff);
@@ -81,7 +182,7 @@ public:
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs&) const override {
         const int64_t off = layout.offset("log_threshold");
-        const auto v = static_cast<float>(std::log(cfg.jumprelu_init_threshold));
+        const auto v = static_cast<float>(std::log(keys().init_threshold(cfg)));
         const int64_t n = layout.segments()[ParamLayout::kBEnc].rows;
         std::fill(p.begin() + off, p.begin() + off + n, v);
     }
@@ -114,3 +215,16 @@ const Architecture& jumprelu_arch() {
 }
 
 }  // namespace saetrain::arch
+
+const saetrain::ArchOpSet& saetrain::jumprelu_op_set() {
+    static const ArchOpSet set{"jumprelu",
+                               {"jumprelu_forward", "jumprelu_backward"},
+                               [](Backend&) -> std::unique_ptr<ArchOps> {
+                                   return std::make_unique<arch::CpuJumpReluOps>();
+                               },
+                               [](ArchOps& inner, OpHook hook) -> std::unique_ptr<ArchOps> {
+                                   return std::make_unique<arch::ForwardedJumpReluOps>(
+                                       static_cast<JumpReluOps&>(inner), std::move(hook));
+                               }};
+    return set;
+}

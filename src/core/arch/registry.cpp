@@ -22,6 +22,30 @@ std::vector<std::string> arch_names() {
     return names;
 }
 
+std::vector<const ArchKeyDecl*> arch_config_keys() {
+    std::vector<const ArchKeyDecl*> keys;
+    for (const Architecture* a : architectures())
+        for (const ArchKeyDecl* k : a->config_keys())
+            if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    return keys;
+}
+
+std::vector<std::string> arch_summary_keys() {
+    std::vector<std::string> keys;
+    for (const Architecture* a : architectures())
+        for (const std::string& k : a->summary_keys())
+            if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    return keys;
+}
+
+std::vector<const ArchOpSet*> arch_op_sets() {
+    std::vector<const ArchOpSet*> sets;
+    for (const Architecture* a : architectures())
+        for (const ArchOpSet* s : a->op_sets())
+            if (std::find(sets.begin(), sets.end(), s) == sets.end()) sets.push_back(s);
+    return sets;
+}
+
 const Architecture* arch_find(const std::string& name) {
     for (const Architecture* a : architectures())
         if (name == a->name()) return a;
@@ -37,8 +61,10 @@ const Architecture& arch_get(const std::string& name) {
 
 void Architecture::validate(const SaeConfig&, int64_t, const std::string&) const {}
 
-void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, const Backend& be) {
-    for (const Architecture::OpUse& use : arch_get(cfg.arch).limited_ops(cfg, d, n)) {
+void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be) {
+    const Architecture& arch = arch_get(cfg.arch);
+    for (const ArchOpSet* set : arch.op_sets()) require_arch_ops(be, *set);
+    for (const Architecture::OpUse& use : arch.limited_ops(cfg, d, n)) {
         std::string why;
         SAE_ENFORCE(be.supports(use.op, use.shape, &why),
                     "{} = {}: the {} backend cannot train this {} SAE: {}; lower {}", use.key,

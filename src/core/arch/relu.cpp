@@ -1,22 +1,97 @@
 // relu.cpp — the standard SAE: z = relu(pre + b_enc), with the decoder-norm weighted L1
 // penalty l1 * sum_i z_i ||W_dec_i|| (the coefficient ramps in, schedule.h). Dense kernels:
-// five GEMMs per step.
+// five GEMMs per step. Its own ops (arch/relu.h): the activation and its backward, with their
+// CPU reference here.
+#include "saetrain/arch/relu.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
 #include "common.h"
+#include "reference.h"
 #include "saetrain/perfmodel.h"
+#include "saetrain/sae_math.h"
 #include "saetrain/schedule.h"
 
 namespace saetrain::arch {
 namespace {
 
+// --- the ops' CPU reference (arch_ops.h) --------------------------------------------------------
+class CpuReluOps final : public ReluOps {
+public:
+    void relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            float* p = pre + r * n;
+            for (int64_t i = 0; i < n; ++i) p[i] = math::relu(p[i] + b_enc[i]);
+        }
+    }
+
+    void relu_backward(const float* z, float* dz, const float* norms, float l1, int64_t rows,
+                       int64_t n, float* db_enc, float* z_col_sum, int32_t* fires,
+                       float* stats) override {
+        BlockL1L0 sums(n);
+        const int64_t nb = sums.blocks();
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
+            // Column sums in local arrays: no aliasing with the row data, so the loop vectorizes.
+            float gsum[kColBlock] = {}, zsum[kColBlock] = {}, fsum[kColBlock] = {}, l1n[kColBlock];
+            for (int64_t c = 0; c < w; ++c) l1n[c] = l1 * norms[c0 + c];
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* __restrict zr = z + r * n + c0;
+                float* __restrict g = dz + r * n + c0;
+#pragma omp simd
+                for (int64_t c = 0; c < w; ++c) {
+                    const float gv = math::relu_l1_grad(zr[c], g[c], l1n[c]);
+                    g[c] = gv;
+                    gsum[c] += gv;
+                    zsum[c] += zr[c];
+                    fsum[c] += zr[c] > 0.0f ? 1.0f : 0.0f;
+                }
+            }
+            for (int64_t c = 0; c < w; ++c) {
+                db_enc[c0 + c] = gsum[c];
+                z_col_sum[c0 + c] = zsum[c];
+                fires[c0 + c] = static_cast<int32_t>(fsum[c]);  // exact: counts < 2^24 rows
+            }
+            sums.set(b, w, zsum, norms + c0, fsum);
+        }
+        sums.add_to(stats);
+    }
+};
+
+// Every op through a ForwardingBackend's hook.
+class ForwardedReluOps final : public ReluOps {
+public:
+    ForwardedReluOps(ReluOps& inner, OpHook hook) : inner_(inner), hook_(std::move(hook)) {}
+    void relu_forward(float* pre, const float* b_enc, int64_t rows, int64_t n) override {
+        hook_("relu_forward", [&] { inner_.relu_forward(pre, b_enc, rows, n); });
+    }
+    void relu_backward(const float* z, float* dz, const float* norms, float l1, int64_t rows,
+                       int64_t n, float* db_enc, float* z_col_sum, int32_t* fires,
+                       float* stats) override {
+        hook_("relu_backward", [&] {
+            inner_.relu_backward(z, dz, norms, l1, rows, n, db_enc, z_col_sum, fires, stats);
+        });
+    }
+
+private:
+    ReluOps& inner_;
+    OpHook hook_;
+};
+
+// --- the architecture -------------------------------------------------------------------------
 class ReluPass final : public ArchPass {
 public:
     ReluPass(const SaeConfig& cfg, int64_t n, Backend& be)
-        : cfg_(cfg), n_(n), be_(be), decorr_(cfg) {}
+        : cfg_(cfg), n_(n), be_(be), ops_(arch_ops<ReluOps>(be, relu_op_set())), decorr_(cfg) {}
     void reserve(int64_t rows) override { ensure(dz_, be_, rows * n_); }
     void forward(PassContext& c, bool) override {
         encode(c);
         z_ = c.pre;
-        c.be.relu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n);
+        ops_.relu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n);
         decode_dense(c, c.pre);
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
@@ -30,8 +105,8 @@ public:
         decorr_.dense(c, c.pre, dz_.data());
         be.row_norms(w_dec, n, d, c.dec_norms);
         const float l1_eff = static_cast<float>(l1_ / static_cast<double>(c.norm_rows));
-        be.relu_backward(c.pre, dz_.data(), c.dec_norms, l1_eff, B, n, c.grad(ParamLayout::kBEnc),
-                         c.col_scratch, c.fires, c.stats);
+        ops_.relu_backward(c.pre, dz_.data(), c.dec_norms, l1_eff, B, n, c.grad(ParamLayout::kBEnc),
+                           c.col_scratch, c.fires, c.stats);
         encoder_weight_grad(c, dz_.data());
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
@@ -45,6 +120,7 @@ private:
     SaeConfig cfg_;
     int64_t n_;
     Backend& be_;
+    ReluOps& ops_;
     Decorrelation decorr_;
     DeviceArray<float> dz_;
     const float* z_ = nullptr;
@@ -57,7 +133,8 @@ public:
     const char* describe() const override {
         return "ReLU with a decoder-norm weighted L1 penalty (sae.l1_coeff)";
     }
-    std::vector<std::string> keys() const override { return {"sae.l1_coeff"}; }
+    std::vector<std::string> summary_keys() const override { return {"sae.l1_coeff"}; }
+    std::vector<const ArchOpSet*> op_sets() const override { return {&relu_op_set()}; }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return sae_flops_per_token(SaeKind::dense, d, n, cfg.k);
@@ -85,3 +162,15 @@ const Architecture& relu_arch() {
 }
 
 }  // namespace saetrain::arch
+
+const saetrain::ArchOpSet& saetrain::relu_op_set() {
+    static const ArchOpSet set{
+        "relu",
+        {"relu_forward", "relu_backward"},
+        [](Backend&) -> std::unique_ptr<ArchOps> { return std::make_unique<arch::CpuReluOps>(); },
+        [](ArchOps& inner, OpHook hook) -> std::unique_ptr<ArchOps> {
+            return std::make_unique<arch::ForwardedReluOps>(static_cast<ReluOps&>(inner),
+                                                            std::move(hook));
+        }};
+    return set;
+}

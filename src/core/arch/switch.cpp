@@ -21,10 +21,16 @@
 // counting sort puts each expert's tokens in one block of rows, each block runs one GEMM
 // against its expert's slice of W_enc and a top-k over n / E latents, and the sparse decoder
 // and backward pass run once over all rows with global latent ids. AuxK selects among the dead
-// latents of the token's own expert (its pre-activations are the only ones computed).
+// latents of the token's own expert (its pre-activations are the only ones computed). Its own
+// ops (arch/switch.h): the row permutations into expert blocks and back, with their CPU
+// reference here.
+#include "saetrain/arch/switch.h"
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <utility>
 
 #include "common.h"
 #include "saetrain/error.h"
@@ -33,18 +39,95 @@
 namespace saetrain::arch {
 namespace {
 
+// --- the ops' CPU reference (arch_ops.h) --------------------------------------------------------
+class CpuSwitchOps final : public SwitchOps {
+public:
+    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
+                     float beta, int64_t rows, int64_t cols) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < rows; ++i) {
+            const float* in = src + static_cast<int64_t>(rows_of[i]) * cols;
+            float* out = dst + i * cols;
+            const float a = scale ? scale[i] : 1.0f;
+            if (beta == 0.0f) {
+                for (int64_t c = 0; c < cols; ++c) out[c] = a * in[c];
+            } else {
+                for (int64_t c = 0; c < cols; ++c) out[c] = beta * out[c] + a * in[c];
+            }
+        }
+    }
+    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
+                           int64_t width) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < rows; ++i)
+            std::memcpy(dst + i * width, src + static_cast<int64_t>(rows_of[i]) * width,
+                        static_cast<size_t>(width) * sizeof(int32_t));
+    }
+    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < rows; ++i) {
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t c = 0; c < cols; ++c) s += a[i * cols + c] * b[i * cols + c];
+            out[i] = s;
+        }
+    }
+};
+
+// Every op through a ForwardingBackend's hook.
+class ForwardedSwitchOps final : public SwitchOps {
+public:
+    ForwardedSwitchOps(SwitchOps& inner, OpHook hook) : inner_(inner), hook_(std::move(hook)) {}
+    void gather_rows(float* dst, const float* src, const int32_t* rows_of, const float* scale,
+                     float beta, int64_t rows, int64_t cols) override {
+        hook_("gather_rows",
+              [&] { inner_.gather_rows(dst, src, rows_of, scale, beta, rows, cols); });
+    }
+    void gather_index_rows(int32_t* dst, const int32_t* src, const int32_t* rows_of, int64_t rows,
+                           int64_t width) override {
+        hook_("gather_index_rows",
+              [&] { inner_.gather_index_rows(dst, src, rows_of, rows, width); });
+    }
+    void row_dots(const float* a, const float* b, int64_t rows, int64_t cols, float* out) override {
+        hook_("row_dots", [&] { inner_.row_dots(a, b, rows, cols, out); });
+    }
+
+private:
+    SwitchOps& inner_;
+    OpHook hook_;
+};
+
+// --- the architecture -------------------------------------------------------------------------
+
+struct SwitchKeys {
+    ArchKey<int64_t> n_experts{"sae", "n_experts", 8,
+                               "experts, each n_latents / n_experts latents; one per token",
+                               key_at_least(1)};
+    // 0.1, not Switch Transformers' 0.01 (whose routers also drop tokens beyond an expert's
+    // capacity): docs/architectures.md.
+    ArchKey<double> balance_coeff{"train", "balance_coeff", 0.1,
+                                  "the router's load-balancing loss weight, in units of the "
+                                  "batch's squared norm about b_dec",
+                                  key_at_least(0, " (0: off)")};
+};
+const SwitchKeys& keys() {
+    static const SwitchKeys k;
+    return k;
+}
+
 class SwitchPass final : public ArchPass {
 public:
     SwitchPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-        : E_(cfg.n_experts),
-          ne_(n / cfg.n_experts),
+        : E_(keys().n_experts(cfg)),
+          ne_(n / E_),
           k_(cfg.k),
           d_(d),
           n_(n),
-          k_aux_(resolved_k_aux(cfg, d, n / cfg.n_experts)),
-          aux_coeff_(cfg.auxk_coeff),
-          balance_(cfg.balance_coeff),
+          k_aux_(resolved_k_aux(cfg, d, ne_)),
+          aux_coeff_(auxk_keys().coeff(cfg)),
+          balance_(keys().balance_coeff(cfg)),
           be_(be),
+          ops_(arch_ops<SwitchOps>(be, switch_op_set())),
           abias_(be, n),
           astats_(be, kStatCount),
           scratch_(be, 2 * d),
@@ -72,7 +155,7 @@ public:
         be.gemm(false, true, B, E, d, 1.0f, c.xc, d, c.seg("W_router"), d, 0.0f, logits_.data(), E);
         route(c, B);
         // Each expert's block of rows: one GEMM against its slice of W_enc, a top-k of n / E.
-        be.gather_rows(xs_.data(), c.xc, perm_.data(), nullptr, 0.0f, B, d);
+        ops_.gather_rows(xs_.data(), c.xc, perm_.data(), nullptr, 0.0f, B, d);
         for (int64_t e = 0; e < E; ++e) {
             const int64_t o = start_[e], rows = counts_[e];
             if (rows == 0) continue;
@@ -86,17 +169,17 @@ public:
         // y = z W_dec in expert order; x_hat += p_e * y in token order.
         be.fill(ys_.data(), B * d, 0.0f);
         be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k_, d, ys_.data());
-        be.gather_rows(c.xhat, ys_.data(), inv_.data(), p_token_.data(), 1.0f, B, d);
-        be.gather_index_rows(act_idx_.data(), idx_.data(), inv_.data(), B, k_);
-        be.gather_rows(act_val_.data(), val_.data(), inv_.data(), p_token_.data(), 0.0f, B, k_);
+        ops_.gather_rows(c.xhat, ys_.data(), inv_.data(), p_token_.data(), 1.0f, B, d);
+        ops_.gather_index_rows(act_idx_.data(), idx_.data(), inv_.data(), B, k_);
+        ops_.gather_rows(act_val_.data(), val_.data(), inv_.data(), p_token_.data(), 0.0f, B, k_);
     }
 
     void backward(PassContext& c, int64_t, int64_t) override {
         Backend& be = c.be;
         const int64_t B = c.B, d = c.d;
         // In expert order: dL/dy = p_e dL/dx_hat, and p_e dL/dp_e = (p_e dL/dx_hat) . y.
-        be.gather_rows(derr_s_.data(), c.xhat, perm_.data(), p_sorted_.data(), 0.0f, B, d);
-        be.row_dots(derr_s_.data(), ys_.data(), B, d, dots_.data());
+        ops_.gather_rows(derr_s_.data(), c.xhat, perm_.data(), p_sorted_.data(), 0.0f, B, d);
+        ops_.row_dots(derr_s_.data(), ys_.data(), B, d, dots_.data());
         be.topk_backward(
             arch::sparse_backward(c, xs_.data(), derr_s_.data(), idx_.data(), val_.data(), B, k_));
         auxk(c);
@@ -184,7 +267,7 @@ private:
         ensure(ehat_, be, B * d), ensure(target_, be, B * d);
         dead_only_bias(c, abias_.data(), mask_);
         // e = x - x_hat = -(dL/dx_hat) / grad_scale, in expert order.
-        be.gather_rows(target_.data(), c.xhat, perm_.data(), nullptr, 0.0f, B, d);
+        ops_.gather_rows(target_.data(), c.xhat, perm_.data(), nullptr, 0.0f, B, d);
         be.axpby(target_.data(), target_.data(), -1.0f / c.grad_scale, 0.0f, B * d);
         be.fill(astats_.data(), kStatCount, 0.0f);
         const auto aux_scale = static_cast<float>(aux_weight_ * c.grad_scale);
@@ -263,6 +346,7 @@ private:
     int64_t E_, ne_, k_, d_, n_, k_aux_;
     double aux_coeff_, balance_;
     Backend& be_;
+    SwitchOps& ops_;
     double aux_weight_ = 0, balance_loss_ = 0;
     DeviceArray<float> logits_, ds_, p_sorted_, p_token_, dots_, xs_, ys_, derr_s_, pre_, val_,
         act_val_;
@@ -282,32 +366,37 @@ public:
         return "sae.n_experts TopK experts of n_latents / n_experts latents, one per token by a "
                "learned router; load-balancing loss (train.balance_coeff); AuxK per expert";
     }
-    std::vector<std::string> keys() const override {
+    std::vector<const ArchKeyDecl*> config_keys() const override {
+        std::vector<const ArchKeyDecl*> k = {&keys().n_experts, &keys().balance_coeff};
+        for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
+        return k;
+    }
+    std::vector<std::string> summary_keys() const override {
         return {"sae.k", "sae.n_experts", "train.balance_coeff"};
     }
     void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
-        SAE_ENFORCE(cfg.n_experts >= 1, "{}sae.n_experts = {} must be >= 1", where, cfg.n_experts);
+        const int64_t E = keys().n_experts(cfg);
+        SAE_ENFORCE(E >= 1, "{}sae.n_experts = {} must be >= 1", where, E);
         SAE_ENFORCE(cfg.decorr_coeff == 0,
                     "{}train.decorr_coeff = {}: the decorrelation penalty is not implemented for "
                     "switch SAEs; set it to 0",
                     where, cfg.decorr_coeff);
         if (n == 0) return;
-        SAE_ENFORCE(n % cfg.n_experts == 0,
-                    "{}sae.n_experts = {} does not divide the SAE's {} latents", where,
-                    cfg.n_experts, n);
-        SAE_ENFORCE(cfg.k <= n / cfg.n_experts,
-                    "{}sae.k = {} exceeds the {} latents of each of the {} experts", where, cfg.k,
-                    n / cfg.n_experts, cfg.n_experts);
+        SAE_ENFORCE(n % E == 0, "{}sae.n_experts = {} does not divide the SAE's {} latents", where,
+                    E, n);
+        SAE_ENFORCE(cfg.k <= n / E, "{}sae.k = {} exceeds the {} latents of each of the {} experts",
+                    where, cfg.k, n / E, E);
     }
     std::string id_suffix(const SaeConfig& cfg) const override {
-        return fmt::format("k{}-e{}", cfg.k, cfg.n_experts);
+        return fmt::format("k{}-e{}", cfg.k, keys().n_experts(cfg));
     }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
-        return arch::topk_uses(cfg, cfg.k, d, n / cfg.n_experts);  // each expert selects alone
+        // each expert selects alone
+        return arch::topk_uses(cfg, cfg.k, d, n / keys().n_experts(cfg));
     }
     std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t,
                                            int64_t d) const override {
-        const int64_t E = cfg.n_experts;
+        const int64_t E = keys().n_experts(cfg);
         return {{"W_router", E, d, false, true}, {"b_router", 1, E, false, false}};
     }
     // Random unit directions scaled so that a router logit has about unit spread on the first
@@ -315,7 +404,7 @@ public:
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs& in) const override {
         const int64_t o = layout.offset("W_router");
-        const int64_t E = cfg.n_experts, d = layout.segments()[ParamLayout::kBDec].cols;
+        const int64_t E = keys().n_experts(cfg), d = layout.segments()[ParamLayout::kBDec].cols;
         std::mt19937_64 rng(in.seed ^ 0x5717c4e5ULL);
         std::normal_distribution<double> normal(0.0, 1.0);
         const double scale = std::sqrt(static_cast<double>(d)) / std::max(in.centred_rms, 1e-12);
@@ -331,11 +420,12 @@ public:
     // TopK's sparse decoder and backward terms.
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         const double dd = static_cast<double>(d);
-        return 2.0 * dd * static_cast<double>(n / std::max<int64_t>(1, cfg.n_experts)) +
-               8.0 * static_cast<double>(cfg.k) * dd +
-               4.0 * dd * static_cast<double>(cfg.n_experts);
+        const int64_t E = keys().n_experts(cfg);
+        return 2.0 * dd * static_cast<double>(n / std::max<int64_t>(1, E)) +
+               8.0 * static_cast<double>(cfg.k) * dd + 4.0 * dd * static_cast<double>(E);
     }
     bool sparse() const override { return true; }
+    std::vector<const ArchOpSet*> op_sets() const override { return {&switch_op_set()}; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
         ArchExport e;
         e.saelens_architecture = "switch";
@@ -365,3 +455,15 @@ const Architecture& switch_arch() {
 }
 
 }  // namespace saetrain::arch
+
+const saetrain::ArchOpSet& saetrain::switch_op_set() {
+    static const ArchOpSet set{
+        "switch",
+        {"gather_rows", "gather_index_rows", "row_dots"},
+        [](Backend&) -> std::unique_ptr<ArchOps> { return std::make_unique<arch::CpuSwitchOps>(); },
+        [](ArchOps& inner, OpHook hook) -> std::unique_ptr<ArchOps> {
+            return std::make_unique<arch::ForwardedSwitchOps>(static_cast<SwitchOps&>(inner),
+                                                              std::move(hook));
+        }};
+    return set;
+}

@@ -1,0 +1,40 @@
+// arch/jumprelu.h — the JumpReLU SAE's own backend ops (arch_ops.h): z = v * H(v - theta),
+// v = pre + b_enc, theta = exp(log_threshold), and its straight-through backward. The CPU
+// reference is in src/core/arch/jumprelu.cpp, the CUDA implementation in src/cuda/arch_ops.cpp
+// (kernels in kernels.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "saetrain/arch_ops.h"
+
+namespace saetrain {
+
+// jumprelu_backward's arguments (math::jumprelu_grad).
+struct JumpReluBackward {
+    const float* v = nullptr;              // [rows, n] pre + b_enc (jumprelu_forward's)
+    const float* log_threshold = nullptr;  // [n]
+    float bandwidth = 0;                   // the straight-through estimator's kernel width
+    float l0 = 0;                          // the L0 penalty's coefficient
+    int64_t rows = 0, n = 0;
+    float* dz_to_dpre = nullptr;      // [rows, n] dL/dz in, dL/dpre out
+    float* db_enc = nullptr;          // [n] column sums of dpre
+    float* dlog_threshold = nullptr;  // [n]
+    int32_t* fires = nullptr;         // [n]
+    float* stats = nullptr;           // adds L0
+};
+
+class JumpReluOps : public ArchOps {
+public:
+    // pre becomes v in place (the backward needs it); z [rows, n].
+    virtual void jumprelu_forward(float* pre_to_v, const float* b_enc, const float* log_threshold,
+                                  int64_t rows, int64_t n, float* z) = 0;
+    // dz -> dpre in place (math::jumprelu_grad, with the L0 penalty l0 * sum H(v - theta));
+    // column sums of dpre into db_enc, d/dlog_threshold into dlog_threshold, firing counts into
+    // fires; adds L0 to stats.
+    virtual void jumprelu_backward(const JumpReluBackward& a) = 0;
+};
+
+const ArchOpSet& jumprelu_op_set();
+
+}  // namespace saetrain
