@@ -33,6 +33,19 @@ struct TempDir : saetrain::testing::TempDir {
     TempDir() : saetrain::testing::TempDir("saetrain_e2e") {}
 };
 
+// Small synthetic shards in `dir` (d_model 16, 32 planted features), opened.
+DatasetInfo small_data(const std::string& dir, int64_t rows, int shards, uint64_t seed) {
+    SynthOptions so;
+    so.out_dir = dir;
+    so.d_model = 16;
+    so.n_features = 32;
+    so.rows = rows;
+    so.shards = shards;
+    so.seed = seed;
+    synth_write(so);
+    return dataset_open(dir);
+}
+
 TEST(EndToEnd, TopkRecoversPlantedFeatures) {
     TempDir tmp;
     SynthOptions so;
@@ -103,15 +116,7 @@ TEST(EndToEnd, TopkRecoversPlantedFeatures) {
 // a CUDA rank): one buffer of batch x d floats, freed once, and the same training as without.
 TEST(EndToEnd, BatchBufferFromTheGivenAllocator) {
     TempDir tmp;
-    SynthOptions so;
-    so.out_dir = tmp.path.string();
-    so.d_model = 16;
-    so.n_features = 32;
-    so.rows = 3000;
-    so.shards = 2;
-    so.seed = 3;
-    synth_write(so);
-    const DatasetInfo data = dataset_open(so.out_dir);
+    const DatasetInfo data = small_data(tmp.path.string(), 3000, 2, 3);
     auto train = [&](const HostAllocator& alloc) {
         LoaderOptions lo;
         lo.shuffle_rows = 1024;
@@ -233,15 +238,7 @@ public:
 
 TEST(EndToEnd, FetchingAheadChangesNothing) {
     TempDir tmp;
-    SynthOptions so;
-    so.out_dir = tmp.path.string();
-    so.d_model = 16;
-    so.n_features = 32;
-    so.rows = 5000;
-    so.shards = 2;
-    so.seed = 3;
-    synth_write(so);
-    const DatasetInfo data = dataset_open(so.out_dir);
+    const DatasetInfo data = small_data(tmp.path.string(), 5000, 2, 3);
     const int64_t batch = 128;
     auto run = [&](bool overlap, std::vector<int64_t>* cursor_rows) {
         LoaderOptions lo;
@@ -284,15 +281,7 @@ TEST(EndToEnd, FetchingAheadChangesNothing) {
 // from the steps this process took, not from the step count the checkpoint brought along.
 TEST(EndToEnd, EtaAfterAResumeComesFromThisProcesssSteps) {
     TempDir tmp;
-    SynthOptions so;
-    so.out_dir = tmp.path.string();
-    so.d_model = 16;
-    so.n_features = 32;
-    so.rows = 6400;
-    so.shards = 1;
-    so.seed = 3;
-    synth_write(so);
-    const DatasetInfo data = dataset_open(so.out_dir);
+    const DatasetInfo data = small_data(tmp.path.string(), 6400, 1, 3);
     LoaderOptions lo;
     lo.shuffle_rows = 0;
     SaeConfig cfg;
@@ -337,15 +326,7 @@ TEST(EndToEnd, EtaAfterAResumeComesFromThisProcesssSteps) {
 // committed.
 TEST(EndToEnd, CheckpointIsCommittedTheStepAfterItsWriteFinished) {
     TempDir tmp;
-    SynthOptions so;
-    so.out_dir = (tmp.path / "data").string();
-    so.d_model = 16;
-    so.n_features = 32;
-    so.rows = 3000;
-    so.shards = 1;
-    so.seed = 3;
-    synth_write(so);
-    const DatasetInfo data = dataset_open(so.out_dir);
+    const DatasetInfo data = small_data((tmp.path / "data").string(), 3000, 1, 3);
     LoaderOptions lo;
     lo.shuffle_rows = 1024;
     ShardBatchSource source(data, {0, data.total_rows}, lo);
@@ -389,15 +370,7 @@ class Evaluation : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
     TempDir tmp;
-    SynthOptions so;
-    so.out_dir = tmp.path.string();
-    so.d_model = 16;
-    so.n_features = 32;
-    so.rows = 6000;
-    so.shards = 2;
-    so.seed = 5;
-    synth_write(so);
-    const DatasetInfo data = dataset_open(so.out_dir);
+    const DatasetInfo data = small_data(tmp.path.string(), 6000, 2, 5);
     const int64_t held = 1000, train_rows = data.total_rows - held, batch = 128, d = 16;
     const std::vector<float> x = read_rows(data, {train_rows, data.total_rows});
     ASSERT_EQ(static_cast<int64_t>(x.size()), held * d);

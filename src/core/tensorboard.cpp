@@ -173,6 +173,21 @@ TfRecords tfrecord_read(const std::string& path) {
     return r;
 }
 
+namespace {
+
+// An Event {wall_time: 1, step: 2, summary: 5} holding `summary` (a serialized Summary).
+std::string event_of(double wall_time, int64_t step, const std::string& summary) {
+    std::string e;
+    put_tag(e, 1, kFixed64);
+    put_fixed<double>(e, wall_time);
+    put_tag(e, 2, kVarint);
+    put_varint(e, static_cast<uint64_t>(step));
+    put_bytes(e, 5, summary);
+    return e;
+}
+
+}  // namespace
+
 std::string tb_event_file_version(double wall_time) {
     std::string e;
     put_tag(e, 1, kFixed64);
@@ -190,13 +205,7 @@ std::string tb_event_scalars(double wall_time, int64_t step, const std::vector<T
         put_fixed<float>(v, value);
         put_bytes(summary, 1, v);
     }
-    std::string e;
-    put_tag(e, 1, kFixed64);
-    put_fixed<double>(e, wall_time);
-    put_tag(e, 2, kVarint);
-    put_varint(e, static_cast<uint64_t>(step));
-    put_bytes(e, 5, summary);
-    return e;
+    return event_of(wall_time, step, summary);
 }
 
 std::string tb_event_text(double wall_time, int64_t step, const std::string& tag,
@@ -216,13 +225,7 @@ std::string tb_event_text(double wall_time, int64_t step, const std::string& tag
     put_bytes(v, 9, metadata);
     put_bytes(v, 8, tensor);
     put_bytes(summary, 1, v);
-    std::string e;
-    put_tag(e, 1, kFixed64);
-    put_fixed<double>(e, wall_time);
-    put_tag(e, 2, kVarint);
-    put_varint(e, static_cast<uint64_t>(step));
-    put_bytes(e, 5, summary);
-    return e;
+    return event_of(wall_time, step, summary);
 }
 
 namespace {
