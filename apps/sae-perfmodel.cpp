@@ -188,12 +188,12 @@ void print_json(const Options& o, const GpuPeak& g, const PerfInputs& in, const 
         "\"predicted_tokens_per_s_per_replica\": {:.6g}, \"predicted_tokens_per_s_total\": {:.6g}, "
         "\"bound\": \"{}\", \"predicted_tflops\": {:.4g}, \"predicted_memory_per_gpu_GB\": {:.4g}, "
         "\"memory_per_gpu_bytes\": {{\"state\": {:.6g}, \"activations\": {:.6g}, \"topk\": {:.6g}, "
-        "\"workspace\": {:.6g}, \"total\": {:.6g}}}, \"shard_bytes_per_step\": {:.6g}, "
+        "\"workspace\": {:.6g}, \"total\": {:.6g}}}, \"latent_shard_bytes_per_step\": {:.6g}, "
         "\"term_tokens_per_s\": {{{}}}}}\n",
         g.name, in.d_model, in.n_latents, in.k, o.arch, mode_name(in.mode), in.ranks, in.nodes,
         p.replicas, in.latent_shards, in.batch, p.tokens_per_s, p.replica_tokens_per_s,
         p.total_tokens_per_s, p.bound, p.achieved_tflops, m.total() / 1e9, m.state, m.activations,
-        m.topk, m.workspace, m.total(), p.shard_bytes_per_step, terms);
+        m.topk, m.workspace, m.total(), p.latent_shard_bytes_per_step, terms);
 }
 
 // "2 nodes, 4 replicas x 4 latent shards (262K latents per GPU)"; "8 ranks" for a plain grid.
@@ -226,8 +226,8 @@ void print_table(const Options& o, const GpuPeak& g, const PerfInputs& in,
                si(p.optimizer_bytes_per_step));
     if (p.allreduce_bytes_per_step > 0)
         fmt::print(" | all-reduce {}B/step/rank", si(p.allreduce_bytes_per_step));
-    if (p.shard_bytes_per_step > 0)
-        fmt::print(" | shard links {}B/step/GPU", si(p.shard_bytes_per_step));
+    if (p.latent_shard_bytes_per_step > 0)
+        fmt::print(" | shard links {}B/step/GPU", si(p.latent_shard_bytes_per_step));
     fmt::print("\n\n{:<12} {:<10} {:>16} {:>14}\n", "term", "stage", "alone: tokens/s",
                "us per 1K tok");
     for (const auto& [stage, terms] :

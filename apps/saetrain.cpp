@@ -47,7 +47,7 @@
 #include "saetrain/shared_source.h"     // defines: SharedBatchSource, BroadcastBatchSource
 #include "saetrain/synth.h"             // defines: synth_read_features, feature_recovery
 #include "saetrain/train_loop.h"        // defines: train_loop, SaeTrainer
-#include "saetrain/train_state.h"       // defines: write_streamed (latent-sharded SAE files)
+#include "saetrain/train_state.h"       // defines: write_gathered (latent-sharded SAE files)
 #include "saetrain/trainer_io.h"        // defines: trainer_weights (the SAE in the file layout)
 #include "stop_signals.h"               // defines: stop_signals_install (SIGTERM, SIGUSR1, Ctrl-C)
 
@@ -83,7 +83,7 @@ struct Setup {
     std::unique_ptr<OutDirLock> lock;  // rank 0: held until the process ends
     Config cfg;
     RankGrid grid;      // the job's configs x replicas x latent shards
-    RankLayout layout;  // this rank's place in it
+    RankCoords coords;  // this rank's place in it
     DatasetInfo data;
     DataSplit split;  // the rows this rank reads and holds out
     std::vector<std::string> ids;
@@ -97,8 +97,8 @@ struct Setup {
     int threads = 1;
     bool resume = false;    // out_dir has committed checkpoints
     bool complete = false;  // out_dir holds a finished run
-    const SaeConfig& sae() const { return cfg.sweep[static_cast<size_t>(layout.config)]; }
-    const std::string& id() const { return ids[static_cast<size_t>(layout.config)]; }
+    const SaeConfig& sae() const { return cfg.sweep[static_cast<size_t>(coords.config)]; }
+    const std::string& id() const { return ids[static_cast<size_t>(coords.config)]; }
     fs::path out() const { return cfg.run.out_dir; }
     // Where this rank's reader is (nowhere on a latent shard that receives its batches).
     ReaderCursor cursor() const { return local ? local->cursor() : ReaderCursor{}; }
@@ -158,7 +158,7 @@ void open_slice(Setup& s) {
     lo.read_bytes = dc.read_bytes;
     lo.ring_bytes = dc.prefetch_bytes;
     lo.stage_dir = dc.stage_dir;
-    lo.progress = s.layout.reader() == 0;
+    lo.progress = s.coords.reader() == 0;
     lo.max_rows = s.split.max_rows;
     lo.copy_threads = s.threads;
     // Batches upload from the backend's host memory (pinned for a GPU: a DMA).
@@ -179,15 +179,15 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
     Setup s;
     s.cfg = std::move(cfg);
     s.grid = RankGrid::from_config(s.cfg, world);
-    s.layout = s.grid.at(rank);
+    s.coords = s.grid.at(rank);
     s.data = std::move(data);
     config_validate_for_data(s.cfg, s.data.d_model);
     for (const SaeConfig& c : s.cfg.sweep)
         check_latent_sharding(c, s.data.d_model, c.resolved_latents(s.data.d_model),
-                              s.layout.shards, s.cfg.source + ": ");
+                              s.coords.latent_shards, s.cfg.source + ": ");
     s.ids = sweep_ids(s.cfg, s.data.d_model);
     inspect_out_dir(s, args, rank);
-    s.split = data_split_for(s.cfg, s.layout, s.data, eval_data);
+    s.split = data_split_for(s.cfg, s.coords, s.data, eval_data);
     load_eval_rows(s, eval_data);
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     choose_backend(s, place);
@@ -298,8 +298,8 @@ std::optional<Setup> start_up(const Args& args, Communicator& world, const NodeP
 
 // --- connect: the grid's communicators, the stream of batches ----------------------------------
 struct Connections {
-    GridComms groups;   // the replicas (gradients), the latent shards, the shared stream
-    LatentShard shard;  // this rank's part of the SAE (count 1: all)
+    GridComms groups;          // the replicas (gradients), the latent shards, the shared stream
+    LatentShard latent_shard;  // this rank's part of the SAE (count 1: all)
     std::unique_ptr<SharedBatchSource> shared;
     std::unique_ptr<BroadcastBatchSource> from_reader;  // latent shards: the first one reads
     BatchSource* source = nullptr;                      // where this rank's batches come from
@@ -326,25 +326,25 @@ void warn_about_comms(const Setup& s, Communicator& world, const NodePlacement& 
 std::optional<Connections> connect(Setup& s, Communicator& world, const NodePlacement& place) {
     std::optional<Connections> out(std::in_place);
     Connections& c = *out;
-    const RankLayout& l = s.layout;
+    const RankCoords& l = s.coords;
     c.groups = s.grid.connect(world, {s.backend.get(), place.host, s.cfg.parallel.timeout_s});
     if (!agree_on_startup(world, c.groups.error)) return std::nullopt;
     warn_about_comms(s, world, place, c.groups.notes);
-    if (c.groups.stream && s.local)
-        c.shared =
-            std::make_unique<SharedBatchSource>(*s.local, *c.groups.stream, s.cfg.data.batch_size);
+    if (c.groups.shared_data && s.local)
+        c.shared = std::make_unique<SharedBatchSource>(*s.local, *c.groups.shared_data,
+                                                       s.cfg.data.batch_size);
     c.source = c.shared ? static_cast<BatchSource*>(c.shared.get()) : s.local.get();
-    c.shard = c.groups.latent_shard(s.sae().resolved_latents(s.data.d_model));
-    if (l.shards > 1) {
-        // The first shard's batches, as stored, to every shard of its replica.
-        c.from_reader =
-            std::make_unique<BroadcastBatchSource>(c.source, *c.groups.shards, s.data.d_model);
+    c.latent_shard = c.groups.latent_shard(s.sae().resolved_latents(s.data.d_model));
+    if (l.latent_shards > 1) {
+        // The first latent shard's batches, as stored, to every latent shard of its replica.
+        c.from_reader = std::make_unique<BroadcastBatchSource>(c.source, *c.groups.latent_shards,
+                                                               s.data.d_model);
         c.source = c.from_reader.get();
     }
     // One SAE consumes replicas x batch_size rows a step, from its whole stream.
-    double stream_rows = static_cast<double>(l.shared ? (s.local ? s.local->total_rows() : 0)
-                                                      : c.source->total_rows());
-    (l.shared ? world : c.grads()).allreduce_sum(&stream_rows, 1);
+    double stream_rows = static_cast<double>(l.shared_data ? (s.local ? s.local->total_rows() : 0)
+                                                           : c.source->total_rows());
+    (l.shared_data ? world : c.grads()).allreduce_sum(&stream_rows, 1);
     c.steps =
         total_steps_for(static_cast<int64_t>(stream_rows), s.cfg.data.batch_size * l.replicas);
     return out;
@@ -365,7 +365,7 @@ void prepare_out_dir(const Setup& s) {
 
 // Settings that the run's length makes meaningless: said before training.
 void warn_about_run_length(const Setup& s, int64_t steps) {
-    const int64_t run_tokens = steps * s.cfg.data.batch_size * s.layout.replicas;
+    const int64_t run_tokens = steps * s.cfg.data.batch_size * s.coords.replicas;
     for (size_t i = 0; i < s.cfg.sweep.size(); ++i) {
         const SaeConfig& c = s.cfg.sweep[i];
         const int64_t warmup = warmup_steps_for(c, steps);
@@ -388,7 +388,7 @@ void warn_about_run_length(const Setup& s, int64_t steps) {
 
 void print_banner(const Setup& s, int world_size, int64_t steps) {
     fmt::print("saetrain {} | {} rank(s): {} | backend {}{}\n", SAETRAIN_VERSION, world_size,
-               s.layout.describe(), s.backend->name(),
+               s.coords.describe(), s.backend->name(),
                s.backend_note.empty() ? "" : " | " + s.backend_note);
     fmt::print(
         "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", s.data.source,
@@ -524,7 +524,7 @@ void print_loop_end(const LoopResult& res, const RunReporter& reporter, Communic
 // are any, else the end of training.
 SaeSummary summarize(const Setup& s, const LoopResult& res, SaeTrainer& trainer) {
     SaeSummary mine;
-    mine.config = s.layout.config;
+    mine.config = s.coords.config;
     mine.last = res.last;
     mine.steps = res.steps, mine.tokens = res.tokens;
     mine.tokens_per_s = res.tokens_per_s, mine.wait_fraction = res.wait_fraction;
@@ -552,11 +552,11 @@ void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
     const std::string final_h5 = (sae_dir / "final.h5").string();
     const fs::path truth = fs::path(s.cfg.data.path) / "ground_truth.h5";
     SaeWeights w;
-    if (trainer.sharded()) {
+    if (trainer.latent_sharded()) {
         // Streamed from every latent shard to the first, which writes it (no whole copy).
-        write_streamed(trainer, s.layout.shard == 0, final_h5, "", sae_meta(s, trainer), {},
+        write_gathered(trainer, s.coords.latent_shard == 0, final_h5, "", sae_meta(s, trainer), {},
                        /*folded=*/true);
-        if (s.layout.shard != 0) return;
+        if (s.coords.latent_shard != 0) return;
         if (fs::is_regular_file(truth)) w = sae_read_h5(final_h5);  // for the recovery below
     } else {
         w = fold_activation_scale(trainer_weights(trainer));
@@ -598,7 +598,7 @@ RunRecord run_record(const Setup& s, int ranks, int hosts, int64_t steps, int64_
     r.backend = s.backend->name();
     r.ranks = ranks, r.hosts = hosts;
     r.total_steps = steps;
-    r.tokens_per_step = s.cfg.data.batch_size * s.layout.replicas;
+    r.tokens_per_step = s.cfg.data.batch_size * s.coords.replicas;
     r.resumed_from_step = resumed_step;
     for (size_t i = 0; i < s.cfg.sweep.size(); ++i) r.saes.emplace_back(s.ids[i], s.cfg.sweep[i]);
     return r;
@@ -633,12 +633,13 @@ int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& st
     world.barrier();  // out_dir exists before anyone writes into it
 
     SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
-                       conn.grads(), &conn.shard);
-    // Replicas are identical: replica 0 writes (its latent shards gather the SAE to shard 0).
-    const bool writer = s.layout.replica == 0;
+                       conn.grads(), &conn.latent_shard);
+    // Replicas are identical: replica 0 writes (its latent shards gather the SAE to latent shard
+    // 0).
+    const bool writer = s.coords.replica == 0;
     Checkpointer checkpoints(world, conn.grads(), s.out().string(),
                              (s.out() / "sae" / s.id()).string(), sae_meta(s, trainer),
-                             s.cfg.checkpoint.keep, s.layout.shard);
+                             s.cfg.checkpoint.keep, s.coords.latent_shard);
     LoopOptions opt;
     const int64_t resumed_step = resume_if_any(s, args, world, checkpoints, trainer, opt);
     // What a second Ctrl-C keeps: the newest committed checkpoint, kept up to date.
@@ -649,7 +650,7 @@ int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& st
             s.out().string(), run_record(s, world.size(), hosts, conn.steps, resumed_step));
 
     const MfuPeak peak = announce_peak(s, root);
-    RunReporter reporter(world, s.layout, s.ids, (s.out() / "metrics.jsonl").string(), peak.flops,
+    RunReporter reporter(world, s.coords, s.ids, (s.out() / "metrics.jsonl").string(), peak.flops,
                          (s.out() / "tb").string(), resumed_step);
     std::vector<std::string> names;
     std::vector<std::map<std::string, std::string>> rows;

@@ -4,16 +4,16 @@
 //   (bench/latent_shards.sh runs both and prints the ratios beside the targets)
 //
 // Every rank is one latent shard of a single replica (np 1: the unsharded SAE). Rank 0 holds the
-// rows in memory and passes every batch to the other shards (BroadcastBatchSource, as saetrain
-// does), so the broadcast is part of each timed step. Prints the tokens/s over the timed steps
-// and each rank's peak resident memory (VmHWM) at the end of training, with the bytes of its
+// rows in memory and passes every batch to the other latent shards (BroadcastBatchSource, as
+// saetrain does), so the broadcast is part of each timed step. Prints the tokens/s over the timed
+// steps and each rank's peak resident memory (VmHWM) at the end of training, with the bytes of its
 // parameters, gradient and Adam moments: the training footprint.
 //
 // --checkpoint-dir DIR then times a checkpoint of the SAE written to DIR (sharded: streamed to
-// the first shard, write_streamed; unsharded: trainer_weights() and trainer_state() written as a
-// run's writer thread does) beside the same bytes written sequentially with one fsync (the disk's
-// limit, in the same run), and the resume from it (sharded: each shard reads its blocks, the first
-// verifies the checksum in a streaming pass; the files are likely in page cache).
+// the first latent shard, write_gathered; unsharded: trainer_weights() and trainer_state() written
+// as a run's writer thread does) beside the same bytes written sequentially with one fsync (the
+// disk's limit, in the same run), and the resume from it (sharded: each latent shard reads its
+// blocks, the first verifies the checksum in a streaming pass; the files are likely in page cache).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -68,8 +68,8 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
     const SaeMeta meta{cfg.arch, "bench", "", cfg.k, header.step, header.tokens};
     world.barrier();
     auto t0 = Clock::now();
-    if (tr.sharded()) {
-        write_streamed(tr, first, wpath, spath, meta, header, false);
+    if (tr.latent_sharded()) {
+        write_gathered(tr, first, wpath, spath, meta, header, false);
     } else {
         const SaeWeights w = trainer_weights(tr);
         TrainState s = trainer_state(tr);
@@ -87,7 +87,7 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
     }
     world.barrier();
     t0 = Clock::now();
-    if (tr.sharded()) {
+    if (tr.latent_sharded()) {
         CheckpointFiles files(wpath, spath);
         if (first) files.verify();
         tr.restore(trainer_read_part(tr, files), header.step, header.tokens);
@@ -148,8 +148,8 @@ int main(int argc, char** argv) {
         for (float& v : x) v = normal(rng);
         rows = std::make_unique<MemoryBatchSource>(std::move(x), d);
     }
-    // np 1: no shard group (the unsharded SAE); the world is that one rank.
-    BroadcastBatchSource src(rows.get(), comms.shards ? *comms.shards : *world, d);
+    // np 1: no latent shard group (the unsharded SAE); the world is that one rank.
+    BroadcastBatchSource src(rows.get(), comms.latent_shards ? *comms.latent_shards : *world, d);
     std::vector<float> x(static_cast<size_t>(batch * d));
     src.next(x.data(), batch);
     tr.init(x.data(), batch);

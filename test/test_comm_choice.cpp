@@ -81,7 +81,7 @@ TEST(CommChoice, PerTaskBindingDistinctUuidsOnOneHostGetNccl) {
     EXPECT_EQ(two.kind, CommKind::nccl);
 }
 
-TEST(CommChoice, SharedGpuFallsBackToStagedAndNamesTheRanks) {
+TEST(CommChoice, GpuOfSeveralRanksFallsBackToStagedAndNamesTheRanks) {
     // Ranks 0 and 1 on GPU 0 of n1, rank 2 on its own GPU of n1, rank 3 on n2.
     const std::vector<CommFacts> f = {gpu_rank(0, "n1", 0x8c), gpu_rank(1, "n1", 0x8c),
                                       gpu_rank(2, "n1", 0x11, 1), gpu_rank(3, "n2", 0x8c)};
@@ -93,7 +93,7 @@ TEST(CommChoice, SharedGpuFallsBackToStagedAndNamesTheRanks) {
               "through host memory (NCCL refuses two ranks on one GPU)");
 }
 
-TEST(CommChoice, SharedGpuWithCudaAwareMpiUsesDeviceMpi) {
+TEST(CommChoice, GpuOfSeveralRanksWithCudaAwareMpiUsesDeviceMpi) {
     std::vector<CommFacts> f = {gpu_rank(0, "n1", 1), gpu_rank(1, "n1", 1), gpu_rank(2, "n1", 1)};
     for (CommFacts& x : f) x.mpi_cuda_aware = true;
     const CommChoice c = comm_choose(f);
@@ -149,7 +149,7 @@ TEST(CommChoice, CpuRankInAGpuGroupIsRefusedInOneLine) {
 
 // The job's warnings: every distinct note once, and a GPU shared by ranks that no group note
 // names (ranks of different SAEs in a sweep) once more, with what sharing costs.
-TEST(CommChoice, JobWarningsNameEachSharedGpuOnce) {
+TEST(CommChoice, JobWarningsNameEachGpuOfSeveralRanksOnce) {
     // 4 ranks on one GPU of n1, 2 on one GPU of n2: a sweep of 2 configs x 3 replicas, say.
     std::vector<CommFacts> world;
     for (int r = 0; r < 4; ++r) world.push_back(gpu_rank(r, "n1", 7));
@@ -166,7 +166,7 @@ TEST(CommChoice, JobWarningsNameEachSharedGpuOnce) {
     // GPUs of their own, or CPU ranks: nothing to say.
     EXPECT_TRUE(comm_warnings({gpu_rank(0, "n1", 1), gpu_rank(1, "n1", 2)}, {}).empty());
     EXPECT_TRUE(comm_warnings({cpu_rank(0, "n1"), cpu_rank(1, "n1")}, {}).empty());
-    EXPECT_EQ(comm_shared_gpus(world).size(), 2u);
+    EXPECT_EQ(comm_gpu_tenants(world).size(), 2u);
 }
 
 // A group of one through the collective path: self communicator, no peers.

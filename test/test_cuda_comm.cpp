@@ -91,7 +91,7 @@ protected:
         mine.world_rank = rank;
         mine.host = place.host;
         auto world = make_mpi_world();
-        if (!comm_shared_gpus(comm_gather_facts(*world, mine)).empty())
+        if (!comm_gpu_tenants(comm_gather_facts(*world, mine)).empty())
             GTEST_SKIP() << "ranks share a GPU on some node: NCCL needs one GPU per rank";
         NcclOptions o;
         o.timeout_seconds = 120;

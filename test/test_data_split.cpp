@@ -58,11 +58,11 @@ TEST(DataSplit, SlicesAndHeldOutRowsTileTheirRowsOnEveryGrid) {
                     std::vector<RowRange> slices(static_cast<size_t>(G * R));
                     std::set<uint64_t> seeds;
                     for (int r = 0; r < grid.size(); ++r) {
-                        const RankLayout l = grid.at(r);
+                        const RankCoords l = grid.at(r);
                         const DataSplit& d = all[static_cast<size_t>(r)];
                         EXPECT_EQ(d.train_rows, n - held) << shape;
-                        EXPECT_EQ(d.reads, l.shard == 0) << shape << " rank " << r;
-                        EXPECT_EQ(d.loads_eval, l.shard == 0) << shape << " rank " << r;
+                        EXPECT_EQ(d.reads, l.latent_shard == 0) << shape << " rank " << r;
+                        EXPECT_EQ(d.loads_eval, l.latent_shard == 0) << shape << " rank " << r;
                         EXPECT_EQ(d.eval_all.begin, n - held);
                         EXPECT_EQ(d.eval_all.end, n);
                         // Every shard of a replica evaluates the same part (the first loads it).

@@ -122,7 +122,7 @@ TEST(PerfModel, OneShardHasNoShardTermsAndPerGpuIsPerReplica) {
         const PerfPrediction p = predict(in);
         for (const char* name : {"batch bcast", "top-k gather", "x_hat reduce"})
             EXPECT_EQ(term(p.gpu_terms, name), -1) << name;
-        EXPECT_EQ(p.shard_bytes_per_step, 0);
+        EXPECT_EQ(p.latent_shard_bytes_per_step, 0);
         EXPECT_EQ(p.replicas, 4);
         EXPECT_EQ(p.local_params, p.params);
         EXPECT_DOUBLE_EQ(p.replica_tokens_per_s, p.tokens_per_s);
@@ -146,7 +146,7 @@ TEST(PerfModel, TwoShardsHalveComputeAndAdamAndAddTheShardCollectives) {
     // with b_dec's gradient (4 B x d) once per 1000-row step.
     EXPECT_EQ(term(p.gpu_terms, "top-k gather"), -1);
     EXPECT_DOUBLE_EQ(term(p.gpu_terms, "x_hat reduce"), 4000.0 * 1001 / 1000 / 1e11);
-    EXPECT_DOUBLE_EQ(p.shard_bytes_per_step, (4000.0 + 4004.0) * 1000);
+    EXPECT_DOUBLE_EQ(p.latent_shard_bytes_per_step, (4000.0 + 4004.0) * 1000);
     EXPECT_EQ(term(p.gpu_terms, "all-reduce"), -1);  // one replica: nothing to average
     // Disk 0.04 us and PCIe 0.4 us per token overlap a 0.860208 us GPU step.
     const double step = 0.5e-6 + 0.280168e-6 + 0.04e-6 + 0.04004e-6;
@@ -165,7 +165,7 @@ TEST(PerfModel, TopkShardsAllGatherTheirCandidates) {
     // From each of the 3 other shards, k = 10 (value, index) pairs of 8 B per token.
     EXPECT_DOUBLE_EQ(term(p.gpu_terms, "top-k gather"), 3 * 10 * 8.0 / 1e11);
     EXPECT_DOUBLE_EQ(term(p.gpu_terms, "x_hat reduce"), 1.5 * 4000.0 * 1001 / 1000 / 1e11);
-    EXPECT_DOUBLE_EQ(p.shard_bytes_per_step, (4000.0 + 240.0 + 6006.0) * 1000);
+    EXPECT_DOUBLE_EQ(p.latent_shard_bytes_per_step, (4000.0 + 240.0 + 6006.0) * 1000);
 }
 
 TEST(PerfModel, ReplicasAllReduceOnlyTheirShard) {

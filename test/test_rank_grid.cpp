@@ -35,7 +35,7 @@ std::string error_of(const Config& c, int world) {
 // The ranks in order, counting through configs, then replicas, then shards (the last the
 // fastest): what "config-major, shards neighbours" means, with no arithmetic.
 struct Coord {
-    int config, replica, shard;
+    int config, replica, latent_shard;
 };
 
 std::vector<Coord> enumerate(int configs, int replicas, int shards) {
@@ -62,39 +62,40 @@ void expect_matches_enumeration(const RankGrid& grid, int G, int R, int S, bool 
     int next_reader = 0;
     for (int r = 0; r < grid.size(); ++r) {
         const Coord& want = all[static_cast<size_t>(r)];
-        const RankLayout l = grid.at(r);
+        const RankCoords l = grid.at(r);
         EXPECT_EQ(l.config, want.config) << shape << " rank " << r;
         EXPECT_EQ(l.replica, want.replica) << shape << " rank " << r;
-        EXPECT_EQ(l.shard, want.shard) << shape << " rank " << r;
+        EXPECT_EQ(l.latent_shard, want.latent_shard) << shape << " rank " << r;
         EXPECT_EQ(l.configs, G);
         EXPECT_EQ(l.replicas, R);
-        EXPECT_EQ(l.shards, S);
-        EXPECT_EQ(l.shared, shared && G > 1) << shape;
-        EXPECT_EQ(grid.rank_of(want.config, want.replica, want.shard), r) << shape;
+        EXPECT_EQ(l.latent_shards, S);
+        EXPECT_EQ(l.shared_data, shared && G > 1) << shape;
+        EXPECT_EQ(grid.rank_of(want.config, want.replica, want.latent_shard), r) << shape;
         // Readers: the first shard of each replica, numbered in rank order.
-        EXPECT_EQ(l.reader(), want.shard == 0 ? next_reader : -1) << shape << " rank " << r;
-        if (want.shard == 0) ++next_reader;
+        EXPECT_EQ(l.reader(), want.latent_shard == 0 ? next_reader : -1) << shape << " rank " << r;
+        if (want.latent_shard == 0) ++next_reader;
         // A group's members ascend with the coordinate that tells them apart, so its rank i is
         // the i-th member (the split's key).
         EXPECT_EQ(grid.replica_group(r), members(all,
                                                  [&](const Coord& o) {
                                                      return o.config == want.config &&
-                                                            o.shard == want.shard;
+                                                            o.latent_shard == want.latent_shard;
                                                  }))
             << shape << " rank " << r;
-        EXPECT_EQ(grid.shard_group(r), members(all,
-                                               [&](const Coord& o) {
-                                                   return o.config == want.config &&
-                                                          o.replica == want.replica;
-                                               }))
+        EXPECT_EQ(grid.latent_shard_group(r), members(all,
+                                                      [&](const Coord& o) {
+                                                          return o.config == want.config &&
+                                                                 o.replica == want.replica;
+                                                      }))
             << shape << " rank " << r;
         const std::vector<int> stream =
             shared && G > 1 ? members(all,
                                       [&](const Coord& o) {
-                                          return o.replica == want.replica && o.shard == want.shard;
+                                          return o.replica == want.replica &&
+                                                 o.latent_shard == want.latent_shard;
                                       })
                             : std::vector<int>{};
-        EXPECT_EQ(grid.stream_group(r), stream) << shape << " rank " << r;
+        EXPECT_EQ(grid.shared_data_group(r), stream) << shape << " rank " << r;
     }
     EXPECT_EQ(grid.at(0).readers(), next_reader) << shape;
 }
@@ -112,7 +113,7 @@ TEST(RankGrid, CoordinatesAndGroupsMatchABruteForceEnumeration) {
 TEST(RankGrid, ModesGiveTheirShapes) {
     struct Case {
         const char* mode;
-        int configs, replicas_key, shards, world;  // the config and the job
+        int configs, replicas_key, latent_shards, world;  // the config and the job
         int want_replicas;
     };
     for (const Case& k :
@@ -122,15 +123,15 @@ TEST(RankGrid, ModesGiveTheirShapes) {
           Case{"hybrid", 3, 2, 2, 12, 2}, Case{"hybrid", 2, 3, 1, 6, 3}})
         for (const char* data : {"shared", "disjoint"}) {
             Config c = sweep_of(k.configs, k.mode, k.replicas_key);
-            c.parallel.latent_shards = k.shards;
+            c.parallel.latent_shards = k.latent_shards;
             c.parallel.sweep_data = data;
             const RankGrid grid = RankGrid::from_config(c, k.world);
             const bool shared = std::string(data) == "shared";
             EXPECT_EQ(grid.configs(), k.configs) << k.mode;
             EXPECT_EQ(grid.replicas(), k.want_replicas) << k.mode << " " << k.world;
-            EXPECT_EQ(grid.shards(), k.shards) << k.mode;
-            EXPECT_EQ(grid.shared(), shared && k.configs > 1) << k.mode;
-            expect_matches_enumeration(grid, k.configs, k.want_replicas, k.shards, shared);
+            EXPECT_EQ(grid.latent_shards(), k.latent_shards) << k.mode;
+            EXPECT_EQ(grid.shared_data(), shared && k.configs > 1) << k.mode;
+            expect_matches_enumeration(grid, k.configs, k.want_replicas, k.latent_shards, shared);
         }
 }
 
@@ -138,11 +139,11 @@ TEST(RankGrid, SweepIsOneSaePerRank) {
     const Config c = sweep_of(3, "sweep");
     const RankGrid grid = RankGrid::from_config(c, 3);
     for (int r = 0; r < 3; ++r) {
-        const RankLayout l = grid.at(r);
+        const RankCoords l = grid.at(r);
         EXPECT_EQ(l.config, r);
         EXPECT_EQ(l.replica, 0);
         EXPECT_EQ(l.replicas, 1);
-        EXPECT_TRUE(l.shared);
+        EXPECT_TRUE(l.shared_data);
     }
     // The whole line: issue 34's had nine arguments for eight fields ("per rank3: mpirun -np ").
     EXPECT_EQ(error_of(c, 4),
@@ -150,18 +151,18 @@ TEST(RankGrid, SweepIsOneSaePerRank) {
               "rank(s) (one SAE per rank: mpirun -np 3 / srun -n 3)");
     Config disjoint = c;
     disjoint.parallel.sweep_data = "disjoint";
-    EXPECT_FALSE(RankGrid::from_config(disjoint, 3).at(1).shared);
-    EXPECT_TRUE(RankGrid::from_config(disjoint, 3).stream_group(1).empty());
+    EXPECT_FALSE(RankGrid::from_config(disjoint, 3).at(1).shared_data);
+    EXPECT_TRUE(RankGrid::from_config(disjoint, 3).shared_data_group(1).empty());
 }
 
 TEST(RankGrid, DataParallelUsesEveryRankAsAReplica) {
     const RankGrid grid = RankGrid::from_config(sweep_of(1, "data_parallel"), 4);
     for (int r = 0; r < 4; ++r) {
-        const RankLayout l = grid.at(r);
+        const RankCoords l = grid.at(r);
         EXPECT_EQ(l.config, 0);
         EXPECT_EQ(l.replica, r);
         EXPECT_EQ(l.replicas, 4);
-        EXPECT_FALSE(l.shared);
+        EXPECT_FALSE(l.shared_data);
     }
     EXPECT_EQ(grid.replica_group(2), (std::vector<int>{0, 1, 2, 3}));
     EXPECT_NE(error_of(sweep_of(2, "data_parallel"), 2).find("hybrid"), std::string::npos);
@@ -172,12 +173,12 @@ TEST(RankGrid, HybridIsConfigMajor) {
     const Config c = sweep_of(2, "hybrid", 3);
     const RankGrid grid = RankGrid::from_config(c, 6);
     for (int r = 0; r < 6; ++r) {
-        const RankLayout l = grid.at(r);
+        const RankCoords l = grid.at(r);
         EXPECT_EQ(l.config, r / 3);
         EXPECT_EQ(l.replica, r % 3);
     }
     EXPECT_EQ(grid.replica_group(4), (std::vector<int>{3, 4, 5}));
-    EXPECT_EQ(grid.stream_group(4), (std::vector<int>{1, 4}));
+    EXPECT_EQ(grid.shared_data_group(4), (std::vector<int>{1, 4}));
     const std::string e = error_of(c, 4);
     EXPECT_NE(e.find("needs 6 ranks"), std::string::npos) << e;
     EXPECT_NE(error_of(sweep_of(2, "sweep", 2), 4).find("hybrid"), std::string::npos);
@@ -190,23 +191,23 @@ TEST(RankGrid, LatentShardsAreNeighboursWithinAReplica) {
     c.parallel.latent_shards = 2;
     const RankGrid grid = RankGrid::from_config(c, 12);
     for (int r = 0; r < 12; ++r) {
-        const RankLayout l = grid.at(r);
-        EXPECT_EQ(l.shards, 2);
-        EXPECT_EQ(l.shard, r % 2) << r;
+        const RankCoords l = grid.at(r);
+        EXPECT_EQ(l.latent_shards, 2);
+        EXPECT_EQ(l.latent_shard, r % 2) << r;
         EXPECT_EQ(l.replica, r / 2 % 3) << r;
         EXPECT_EQ(l.config, r / 6) << r;
-        EXPECT_EQ(l.reader(), l.shard == 0 ? r / 2 : -1) << r;
+        EXPECT_EQ(l.reader(), l.latent_shard == 0 ? r / 2 : -1) << r;
         EXPECT_EQ(l.readers(), 6);
     }
-    EXPECT_EQ(grid.shard_group(9), (std::vector<int>{8, 9}));
+    EXPECT_EQ(grid.latent_shard_group(9), (std::vector<int>{8, 9}));
     EXPECT_EQ(grid.replica_group(9), (std::vector<int>{7, 9, 11}));
     EXPECT_NE(grid.at(3).describe().find("x 2 latent shards"), std::string::npos);
     Config dp = sweep_of(1, "data_parallel");
     dp.parallel.latent_shards = 4;
-    const RankLayout l = RankGrid::from_config(dp, 8).at(5);
+    const RankCoords l = RankGrid::from_config(dp, 8).at(5);
     EXPECT_EQ(l.replicas, 2);
     EXPECT_EQ(l.replica, 1);
-    EXPECT_EQ(l.shard, 1);
+    EXPECT_EQ(l.latent_shard, 1);
     Config sw = sweep_of(3, "sweep");
     sw.parallel.latent_shards = 2;
     EXPECT_EQ(RankGrid::from_config(sw, 6).at(5).config, 2);

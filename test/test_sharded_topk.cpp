@@ -1,5 +1,5 @@
 // The sharded top-k (sharded_topk.h) against the unsharded one: the CPU backend's topk_forward
-// over all latents is the oracle; the sharded path runs it per contiguous shard of latents
+// over all latents is the oracle; the sharded path runs it per contiguous latent shard of latents
 // (values not ReLU'd, ids offset) and merges. Inputs are quantized so that ties are common,
 // with -0.0s and rows where fewer than k values are positive (there a ReLU before the merge, or
 // the wrong tie rule, picks other latents).
@@ -60,8 +60,8 @@ void check(const Case& c, uint32_t seed, Backend& be) {
 
 TEST(ShardedTopk, MergedSelectionEqualsTheUnshardedOneWithTies) {
     auto be = make_cpu_backend(1);
-    // Even and uneven shards, k = 1, k at a shard's width, rows wide enough for the CPU's
-    // block filter (n / 16 >= 2k) and narrow ones for its heap.
+    // Even and uneven latent shards, k = 1, k at a latent shard's width, rows wide enough for the
+    // CPU's block filter (n / 16 >= 2k) and narrow ones for its heap.
     for (const Case c : {Case{40, 64, 4, 2}, Case{40, 65, 4, 3}, Case{17, 300, 1, 4},
                          Case{9, 96, 24, 4}, Case{33, 1024, 32, 2}, Case{12, 4099, 64, 4}})
         for (uint32_t seed : {1u, 2u}) check(c, seed, *be);
@@ -72,7 +72,7 @@ TEST(ShardedTopk, OneShardIsTheLocalSelection) {
     check(Case{20, 200, 8, 1}, 5, *be);
 }
 
-// A shard keeps its own entries of the global selection with local ids; the others become
+// A latent shard keeps its own entries of the global selection with local ids; the others become
 // absent (0, 0.0f), including an entry just outside its range on either side.
 TEST(ShardedTopk, KeepOwnEntriesMakesIdsLocalAndDropsTheRest) {
     std::vector<int32_t> idx = {9, 10, 19, 20, 0, 15};

@@ -85,9 +85,9 @@ struct PassContext {
     const std::vector<uint8_t>* dead = nullptr;
     int64_t n_dead = 0;  // over the whole SAE (all latent shards)
     // A latent-sharded SAE (parallel.latent_shards > 1): n, the segments and `dead` are this
-    // shard's latents; x_hat is the sum of the shards' partial reconstructions (see
-    // Architecture::shardable). Null: the whole SAE.
-    const LatentShard* shard = nullptr;
+    // latent shard's latents; x_hat is the sum of the latent shards' partial reconstructions (see
+    // Architecture::latent_shardable). Null: the whole SAE.
+    const LatentShard* latent_shard = nullptr;
     const float* seg(int i) const { return p + layout.segments()[static_cast<size_t>(i)].offset; }
     float* grad(int i) const { return g + layout.segments()[static_cast<size_t>(i)].offset; }
     const float* seg(const std::string& name) const { return p + layout.offset(name); }
@@ -203,11 +203,11 @@ public:
         OpShape shape;
         std::string key;
     };
-    // Whether its pass trains a latent shard (PassContext::shard): a partial x_hat that the
-    // trainer sums over the shards (start_reconstruction: b_dec on the first shard only), top-k
-    // selections through select_topk (common.h), stats that are sums over latents (L0, L1), and
-    // no state over all latents in its step_sums. All but Switch do.
-    virtual bool shardable() const { return false; }
+    // Whether its pass trains a latent shard (PassContext::latent_shard): a partial x_hat that the
+    // trainer sums over the latent shards (start_reconstruction: b_dec on the first latent shard
+    // only), top-k selections through select_topk (common.h), stats that are sums over latents (L0,
+    // L1), and no state over all latents in its step_sums. All but Switch do.
+    virtual bool latent_shardable() const { return false; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {
         return {};

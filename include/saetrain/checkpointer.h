@@ -11,9 +11,9 @@
 // and committed there (every rank, the same point). Resume
 // considers committed steps only, newest first, and uses the first one that verifies and that
 // every rank could read: a torn or damaged checkpoint falls back to the one before. The SAE's
-// writer verifies the checksum in one streaming pass over the pair; replica 0 of each latent
-// shard reads only its part of the files and broadcasts it to the other replicas, so the files
-// are read once however many replicas resume, and no rank holds more than its own part. The
+// writer verifies the checksum in one sequential pass over the pair; replica 0 of each latent
+// shard reads only its part of the files and broadcasts it to the other replicas, so the
+// files are read once however many replicas resume, and no rank holds more than its own part. The
 // newest checkpoint.keep committed checkpoints are kept.
 #pragma once
 
@@ -40,7 +40,8 @@ struct ResumePoint {
 class Checkpointer {
 public:
     // world: every rank; replicas: this SAE's replicas (replica 0 writes); sae_dir: out/sae/<id>;
-    // shard: this rank's latent shard (every shard streams its part to shard 0, which writes).
+    // latent shard: this rank's latent shard (every latent shard sends its part to latent shard
+    // 0, which writes).
     Checkpointer(Communicator& world, Communicator& replicas, std::string out_dir,
                  std::string sae_dir, SaeMeta meta, int64_t keep, int shard = 0);
     ~Checkpointer();

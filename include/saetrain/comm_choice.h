@@ -68,7 +68,7 @@ std::string comm_rank_list(std::vector<int> ranks);
 
 // The GPUs that several ranks share (same host and UUID), one line each: "ranks 0,1 share GPU 0
 // (GPU-8c1f0a2e) on node n1". In order of the first rank of each.
-std::vector<std::string> comm_shared_gpus(const std::vector<CommFacts>& ranks);
+std::vector<std::string> comm_gpu_tenants(const std::vector<CommFacts>& ranks);
 
 // --- collective (over any Communicator on host memory) --------------------------------------
 // Every rank's facts, in group order: one all-gather.

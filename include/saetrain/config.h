@@ -199,7 +199,7 @@ struct ParallelConfig {
     std::string sweep_data = "shared";  // shared | disjoint
     int64_t replicas = 1;
     // Latent shards per replica: each holds n / S latents of the SAE (its rows of W_enc, b_enc,
-    // W_dec and their Adam moments) and the shards of one replica exchange top-k candidates
+    // W_dec and their Adam moments) and the latent shards of one replica exchange top-k candidates
     // and partial reconstructions every step (issue 15; rank_grid.h).
     int64_t latent_shards = 1;
     double timeout_s = 600;  // a collective waiting longer than this ends the job (0: never)

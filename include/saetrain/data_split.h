@@ -2,7 +2,7 @@
 // grid (rank_grid.h) and the datasets' row counts: decided here once for every parallel mode.
 //
 //   training rows  data.path's rows, less its last data.eval_rows when those are held out
-//   slice          reader i of the grid's readers (RankLayout::reader, each replica's first
+//   slice          reader i of the grid's readers (RankCoords::reader, each replica's first
 //                  latent shard) reads the i-th contiguous part of the training rows
 //                  (partition_rows); the other shards read nothing
 //   seed           run.seed * 1000003 + reader: each slice its own shuffle
@@ -19,7 +19,7 @@
 #include <string>
 
 #include "saetrain/config.h"     // defines: Config
-#include "saetrain/rank_grid.h"  // defines: RankLayout
+#include "saetrain/rank_grid.h"  // defines: RankCoords
 #include "saetrain/shards.h"     // defines: DatasetInfo, RowRange, partition_rows
 
 namespace saetrain {
@@ -39,7 +39,7 @@ struct DataSplit {
 
 // `eval_data`: the held-out dataset when data.eval_path is set, else null. Throws Error when
 // data.eval_rows leaves fewer training rows than readers, or a part would be empty.
-DataSplit data_split_for(const Config& cfg, const RankLayout& me, const DatasetInfo& data,
+DataSplit data_split_for(const Config& cfg, const RankCoords& me, const DatasetInfo& data,
                          const DatasetInfo* eval_data);
 
 }  // namespace saetrain

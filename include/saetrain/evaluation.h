@@ -4,7 +4,7 @@
 // SaeTrainer::evaluate, training_quality and reconstruct (src/core/evaluation.cpp) run the
 // trainer's forward pass and change no parameter or optimizer state, so training after them is
 // bitwise the same. What they need beyond the forward pass is here: the activations brought to
-// the host, the decorrelation over a latent-sharded SAE's shards, the held-out sums, and the
+// the host, the decorrelation over a latent-sharded SAE's latent shards, the held-out sums, and the
 // window of training steps the end-of-run gates are measured on.
 #pragma once
 
@@ -43,18 +43,20 @@ struct HostActivations {
 HostActivations activations_download(Backend& be, const Activations& a, int64_t rows, int64_t n);
 
 // decorrelation_rms (quality.h) of `rows` rows of activations over the whole SAE: on a latent
-// shard (collective over the shards) every shard's non-zero activations are gathered first.
-double decorrelation_over_shards(const ParamStore& store, const HostActivations& a, int64_t rows);
+// shard (collective over the latent shards) every latent shard's non-zero activations are
+// gathered first.
+double decorrelation_over_latent_shards(const ParamStore& store, const HostActivations& a,
+                                        int64_t rows);
 
 // Held-out evaluation's sums over batches: rows, squared error, sum ||x||^2, L0, the column sums
-// of x and the rows each of this shard's latents fired on.
+// of x and the rows each of this latent shard's latents fired on.
 class EvalSums {
 public:
     EvalSums(int64_t d, int64_t n_local);
     // One batch: its stats (kStatCount, the residual's), the column sums of x, its activations.
     void add(int64_t rows, const float* stats, const std::vector<float>& x_col_sum,
              const HostActivations& a);
-    // Summed over the replicas (collective), L0 and the latents over the shards; `decorr`:
+    // Summed over the replicas (collective), L0 and the latents over the latent shards; `decorr`:
     // this replica's [decorr_rms, 1 when measured], averaged over the replicas that measured.
     EvalResult result(Communicator& replicas, const ParamStore& store,
                       std::vector<double> decorr) const;
@@ -75,7 +77,7 @@ public:
              const std::vector<int32_t>& fires, const std::vector<double>& arch_sums);
     // The gates over the window, the whole SAE's latents (gathered over latent shards).
     QualityGates gates(const ParamStore& store) const;
-    const std::vector<double>& fired() const { return fired_; }          // this shard's latents
+    const std::vector<double>& fired() const { return fired_; }  // this latent shard's latents
     const std::vector<double>& arch_sums() const { return arch_sums_; }  // ArchPass::step_sums
 
 private:

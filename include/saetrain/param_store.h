@@ -21,8 +21,8 @@
 //   latent shards  parallel.latent_shards = S: each rank holds n / S latents of every per-latent
 //                  segment (b_dec and the segments of no latent whole on each) as an own copy;
 //                  the sums over latents (the gradient's norm, L0, dead latents, x_hat) are
-//                  summed over the S shards, and the whole SAE's tensors are gathered to the
-//                  first shard chunk by chunk (gather_latents), never whole on one rank.
+//                  summed over the S latent shards, and the whole SAE's tensors are gathered to the
+//                  first latent shard chunk by chunk (gather_latents), never whole on one rank.
 //
 // The step asks, in order: new_gradient (a pass writes this replica's gradient), reduce (over
 // the replicas), grad_sum_squares (the whole SAE's, for clipping), update (Adam on the owned
@@ -45,8 +45,8 @@
 namespace saetrain {
 
 // Throws Error (prefixed by `where`) when an SAE of `cfg` (d_model d, n_total latents) cannot be
-// split into `shards` latent shards (parallel.latent_shards): its architecture, a shard count
-// that does not divide the latents, a k larger than a shard.
+// split into `latent shards` latent shards (parallel.latent_shards): its architecture, a latent
+// shard count that does not divide the latents, a k larger than a latent shard.
 void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
                            const std::string& where);
 
@@ -102,33 +102,35 @@ public:
     virtual void update(const math::AdamScalars& s, float weight_decay);
 
     // --- host copies ----------------------------------------------------------------------
-    // A host copy of one buffer (this shard's latents). The gradient after reduce is the sum
+    // A host copy of one buffer (this latent shard's latents). The gradient after reduce is the sum
     // over replicas (with the node split: collective over the replicas).
     virtual std::vector<float> host(Buffer which) const;
     // Writes a host vector of size() values into one buffer; collective over the replicas,
     // which pass the same values.
     virtual void write(Buffer which, const std::vector<float>& values);
 
-    // --- latent shards (a whole SAE is one shard: these do nothing) ------------------------
-    const LatentShard& shard() const { return shard_; }
-    bool sharded() const { return shard_.count > 1; }
-    // v[0, n) summed over the shards, in place: host memory (the shards' host group), or
-    // backend memory (the backend group: NCCL on GPUs).
-    virtual void sum_over_shards(double* v, int64_t n) const;
-    virtual void sum_over_shards_on_backend(float* v, int64_t n) const;
-    // The whole SAE's per-latent values from every shard's (all-gathered over the shards).
+    // --- latent shards (a whole SAE is one latent shard: these do nothing)
+    // ------------------------
+    const LatentShard& latent_shard() const { return shard_; }
+    bool latent_sharded() const { return shard_.count > 1; }
+    // v[0, n) summed over the latent shards, in place: host memory (the latent shards' host group),
+    // or backend memory (the backend group: NCCL on GPUs).
+    virtual void sum_over_latent_shards(double* v, int64_t n) const;
+    virtual void sum_over_latent_shards_on_backend(float* v, int64_t n) const;
+    // The whole SAE's per-latent values from every latent shard's (all-gathered over the latent
+    // shards).
     virtual std::vector<double> all_latents(const std::vector<double>& mine) const;
-    // Collective over the shards: this shard's rows [n_local x cols] of a per-latent tensor
-    // (host memory), every shard's in latent order, in chunks of at most 64 MiB to `sink` on the
-    // first shard (sink(first_element, count, values), values writable), each tensor's chunks
-    // in order. The others send their rows and call no sink.
+    // Collective over the latent shards: this latent shard's rows [n_local x cols] of a per-latent
+    // tensor (host memory), every latent shard's in latent order, in chunks of at most 64 MiB to
+    // `sink` on the first latent shard (sink(first_element, count, values), values writable), each
+    // tensor's chunks in order. The others send their rows and call no sink.
     template <class T>
     using RowSink = std::function<void(int64_t at, int64_t count, T* values)>;
     void gather_latents(const float* mine, int64_t cols, const RowSink<float>& sink) const;
     void gather_latents(const int64_t* mine, int64_t cols, const RowSink<int64_t>& sink) const;
-    // Collective over the shards: `count` values from each shard in turn, made by make(part) on
-    // that shard and handed to take(q, part) on the first shard (a block of W_enc's file rows:
-    // each shard's columns).
+    // Collective over the latent shards: `count` values from each latent shard in turn, made by
+    // make(part) on that latent shard and handed to take(q, part) on the first latent shard (a
+    // block of W_enc's file rows: each latent shard's columns).
     void gather_parts(int64_t count, const std::function<void(float* part)>& make,
                       const std::function<void(int64_t q, const float* part)>& take) const;
 
@@ -151,7 +153,7 @@ protected:
 };
 
 // The placement for one rank of an SAE (cfg; layouts of this rank's latents and of the whole
-// SAE): latent shards when `shard` has more than one, else the node split when the replicas
+// SAE): latent shards when `latent shard` has more than one, else the node split when the replicas
 // have more than one rank, the backend allocates host memory and the node has room
 // (Communicator::share_node_memory; collective over the replicas), else an own copy. The
 // buffers start zeroed.

@@ -17,11 +17,11 @@
 //     all-gathered.
 //   Latent shards (parallel.latent_shards = S): each replica is S GPUs of one node, each with
 //     n/S latents (its rows of W_enc, b_enc, W_dec; b_dec whole). Compute and Adam divide by S;
-//     the shard group adds, over the intra-node link, the batch broadcast (d *
-//     bytes_per_element B/token: the rows as stored, widened after it on each shard), the
+//     the latent shard group adds, over the intra-node link, the batch broadcast (d *
+//     bytes_per_element B/token: the rows as stored, widened after it on each latent shard), the
 //     top-k candidates' all-gather ((S-1)*k*8 B/token, TopK only) and the all-reduce of x_hat
 //     (2(S-1)/S * 4*d B/token, and b_dec's gradient once a step); the replicas all-reduce
-//     only their shard's gradient.
+//     only their latent shard's gradient.
 // Pipeline: disk, PCIe and the GPU step overlap (background reader, copy stream); inside the
 // GPU step, compute, optimizer and the collectives run one after the other (no overlap
 // assumed, so the prediction is conservative where an implementation overlaps them).
@@ -87,7 +87,7 @@ struct PerfInputs {
     ParallelMode mode = ParallelMode::sweep_shared;
     int ranks = 1;  // GPUs in all: configs x replicas x latent_shards
     // parallel.latent_shards: each replica's latents split over S neighbouring GPUs of one
-    // node; n_latents must divide by S, and (TopK) every shard must hold at least k latents.
+    // node; n_latents must divide by S, and (TopK) every latent shard must hold at least k latents.
     int latent_shards = 1;
     // Nodes the ranks span; 0: not said, and the replicas' gradient all-reduce runs at
     // nic_gbps as given. 1: it stays inside the node (nvlink_gbps); more: it crosses the NICs.
@@ -99,7 +99,7 @@ struct PerfInputs {
     double disk_gbps = 1.0;  // this rank's read stream
     double pcie_gbps = 50;
     double nic_gbps = 48;      // all-reduce and all-gather bandwidth per GPU
-    double nvlink_gbps = 450;  // inside a node, one direction: the shard group's collectives
+    double nvlink_gbps = 450;  // inside a node, one direction: the latent shard group's collectives
 };
 
 // One term of the model: seconds per token of one replica's step it costs, and the replica's
@@ -131,15 +131,15 @@ struct PerfPrediction {
     int64_t local_params = 0;             // one GPU's: 2*d*n/S + n/S + d (b_dec whole)
     double optimizer_bytes_per_step = 0;  // per GPU
     double allreduce_bytes_per_step = 0;  // replicas' gradients on the wire per rank, ring included
-    double shard_bytes_per_step = 0;      // per GPU over the intra-node link (latent shards)
-    std::vector<PerfTerm> io_terms;       // overlapped with the GPU step
-    std::vector<PerfTerm> gpu_terms;      // summed into the GPU step
-    PerfMemory memory;                    // per GPU
-    double tokens_per_s = 0;              // per GPU: a replica's tokens/s over its S GPUs
-    double replica_tokens_per_s = 0;      // one replica (S GPUs together)
-    double total_tokens_per_s = 0;        // every rank: SAE-tokens/s of all configs and replicas
-    std::string bound;                    // the name of the largest term on the slower side
-    double achieved_tflops = 0;           // useful FLOP/s per GPU at tokens_per_s
+    double latent_shard_bytes_per_step = 0;  // per GPU over the intra-node link (latent shards)
+    std::vector<PerfTerm> io_terms;          // overlapped with the GPU step
+    std::vector<PerfTerm> gpu_terms;         // summed into the GPU step
+    PerfMemory memory;                       // per GPU
+    double tokens_per_s = 0;                 // per GPU: a replica's tokens/s over its S GPUs
+    double replica_tokens_per_s = 0;         // one replica (S GPUs together)
+    double total_tokens_per_s = 0;           // every rank: SAE-tokens/s of all configs and replicas
+    std::string bound;                       // the name of the largest term on the slower side
+    double achieved_tflops = 0;              // useful FLOP/s per GPU at tokens_per_s
 };
 
 int64_t sae_params(int64_t d_model, int64_t n_latents);
@@ -148,7 +148,7 @@ int64_t sae_params(int64_t d_model, int64_t n_latents);
 // reports.
 double sae_flops_per_token(SaeKind kind, int64_t d_model, int64_t n_latents, int64_t k);
 // Throws Error naming the input for a shape or grid the trainer would refuse (n_latents not a
-// multiple of latent_shards, ranks not a multiple of it, a shard group across nodes, ...).
+// multiple of latent_shards, ranks not a multiple of it, a latent shard group across nodes, ...).
 PerfPrediction predict(const PerfInputs& in);
 
 }  // namespace saetrain

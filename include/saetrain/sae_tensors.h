@@ -4,7 +4,7 @@
 // export.h converts it, an Architecture names its own fields in it). CheckpointPart is one
 // trainer's share of a checkpoint in the trainer's own flat layout (SaeTrainer::restore installs
 // it; trainer_io.h reads it from the files). The activation-scale fold (data.normalize) is
-// defined here once, for whole weights and for the chunks a latent-sharded writer streams.
+// defined here once, for whole weights and for the chunks a latent-sharded writer gathers.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +33,8 @@ struct SaeWeights {
 // One trainer's part of a checkpoint, ready for SaeTrainer::restore: its latents (all of them
 // without latent sharding) in its flat parameter layout (arch.h's ParamLayout).
 struct CheckpointPart {
-    std::vector<float> params, adam_m, adam_v;  // this shard's flat layout
-    std::vector<int64_t> since_fired;           // this shard's latents
+    std::vector<float> params, adam_m, adam_v;  // this latent shard's flat layout
+    std::vector<int64_t> since_fired;           // this latent shard's latents
     std::vector<NamedTensor> buffers;           // the architecture's (BatchTopK's threshold)
     float input_scale = 1.0f;
 };

@@ -43,12 +43,13 @@ class SaeTrainer;
 
 // A latent-sharded trainer's checkpoint pair (state_path empty: only the weights, as final.h5
 // with `folded`: fold_activation_scale's), the same files as sae_write_h5 + train_state_write
-// of trainer_weights() and trainer_state(), but streamed from trainer_stream_weights/state
+// of trainer_weights() and trainer_state(), but gathered from trainer_gather_weights/state
 // (trainer_io.h): no rank
-// holds the whole SAE. Collective over the trainer's shards; the first shard (`writes`)
-// writes both files atomically, the others send their parts. `header`: step, tokens, iteration
-// and cursors. A failure is thrown on the writer once every shard has finished the stream.
-void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights_path,
+// holds the whole SAE. Collective over the trainer's latent shards; the first latent shard
+// (`writes`) writes both files atomically, the others send their parts. `header`: step, tokens,
+// iteration and cursors. A failure is thrown on the writer once every latent shard has finished the
+// gather.
+void write_gathered(const SaeTrainer& t, bool writes, const std::string& weights_path,
                     const std::string& state_path, const SaeMeta& meta, const TrainState& header,
                     bool folded);
 

@@ -12,10 +12,10 @@
 // A latent-sharded SAE (parallel.latent_shards = S, a LatentShard given) is S trainers, one
 // per rank, each holding n / S latents of every per-latent segment (b_dec and the segments of
 // no latent whole on each), trained on the same rows: the partial reconstructions, b_dec's
-// gradient, the sums over latents and the gradient norm are summed over the shards every step,
-// the top-k selections are merged exactly (sharded_topk.h), and the backward pass and Adam are
-// each shard's own. Checkpoints and final.h5 stream the whole SAE to the first shard chunk by
-// chunk as it writes them (trainer_io.h; write_streamed in train_state.h).
+// gradient, the sums over latents and the gradient norm are summed over the latent shards every
+// step, the top-k selections are merged exactly (sharded_topk.h), and the backward pass and Adam
+// are each latent shard's own. Checkpoints and final.h5 gather the whole SAE to the first latent
+// shard chunk by chunk as it writes them (trainer_io.h; write_gathered in train_state.h).
 //
 // Forward: pre = (x - b_dec) W_enc^T; z = the architecture's activation of it;
 // x_hat = z W_dec + b_dec. The loss per step is
@@ -58,9 +58,9 @@ struct StepResult {
 class SaeTrainer {
 public:
     // grad_comm: the replicas of this SAE (data-parallel, the same latent shard of each);
-    // gradients are averaged over it. shard: this rank's latent shard of a sharded SAE
-    // (parallel.latent_shards > 1; null: the whole SAE). Every shard of a replica trains on the
-    // same rows and calls every method alike (each is collective over the shards).
+    // gradients are averaged over it. latent shard: this rank's latent shard of a sharded SAE
+    // (parallel.latent_shards > 1; null: the whole SAE). Every latent shard of a replica trains on
+    // the same rows and calls every method alike (each is collective over the latent shards).
     SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
                Backend& backend, Communicator& grad_comm, const LatentShard* shard = nullptr);
     ~SaeTrainer();
@@ -87,7 +87,7 @@ public:
     // Forward pass only, on x [rows, d_model] (host memory) of this replica, in batches of at
     // most `batch_rows`; collective over the replicas, whose rows together are the set.
     // Changes no parameter or optimizer state (training after it is bitwise the same). On a
-    // latent shard only the first shard's x is read (the others may pass null, with the same
+    // latent shard only the first latent shard's x is read (the others may pass null, with the same
     // rows): it broadcasts each batch to the others.
     EvalResult evaluate(BatchView x_host, int64_t rows, int64_t batch_rows);
     // The same inference pass on x [rows, d_model] (host memory), its x_hat written to
@@ -101,18 +101,17 @@ public:
     // gradient buffer; returns L. `x_dev` is in backend memory.
     StepResult compute_gradients(const float* x_dev, int64_t rows, int64_t norm_rows = 0);
 
-    // Host copies of the flat parameter and gradient buffers (param_store.h's layout; this shard's
-    // latents on a latent shard), and a setter.
-    // After step() the gradients are the ones summed over replicas. set_params_host, init and
-    // restore are collective over the replicas, which must pass the same values; so is
-    // grads_host after a step when splits_update().
+    // Host copies of the flat parameter and gradient buffers (param_store.h's layout; this latent
+    // shard's latents on a latent shard), and a setter. After step() the gradients are the ones
+    // summed over replicas. set_params_host, init and restore are collective over the replicas,
+    // which must pass the same values; so is grads_host after a step when splits_update().
     std::vector<float> params_host() const;
     std::vector<float> grads_host() const;
     void set_params_host(const std::vector<float>& p);
 
     // The SAE in the checkpoint files' layout, and back, is io's (trainer_io.h: trainer_weights,
-    // trainer_state, trainer_read_part, trainer_restore, the streams of a latent-sharded SAE).
-    // What it reads here: store() (the buffers, host copies, the shards' gathers),
+    // trainer_state, trainer_read_part, trainer_restore, the gathers of a latent-sharded SAE).
+    // What it reads here: store() (the buffers, host copies, the latent shards' gathers),
     // input_scale(), arch_buffers() and since_fired().
     // Continues from this trainer's part of a checkpoint (trainer_read_part): installs it, and
     // the counters step and tokens. Collective over the replicas (and the latent shards).
@@ -120,12 +119,12 @@ public:
     void restore(CheckpointPart part, int64_t step, int64_t tokens);
     // The architecture's state outside the parameters (BatchTopK's threshold), saved with them.
     std::vector<NamedTensor> arch_buffers() const { return pass_->buffers(); }
-    // Tokens since each of this shard's latents last fired.
+    // Tokens since each of this latent shard's latents last fired.
     const std::vector<int64_t>& since_fired() const { return since_fired_; }
     int64_t d_model() const { return d_; }
     int64_t n_latents() const { return n_total_; }  // the whole SAE's
-    int64_t local_latents() const { return n_; }    // this shard's (all without sharding)
-    bool sharded() const { return store_->sharded(); }
+    int64_t local_latents() const { return n_; }    // this latent shard's (all without sharding)
+    bool latent_sharded() const { return store_->latent_sharded(); }
     // data.normalize's factor c (1 without it): the SAE trains on c * x.
     float input_scale() const { return input_scale_; }
     int64_t step_count() const { return step_; }
@@ -199,8 +198,8 @@ private:
     // After the update: the architecture's after_step, the quality window, dead latents and
     // the counters.
     void finish_step(const StepResult& r, const std::vector<double>& arch_sums);
-    // n_dead_total_ from every shard's n_dead_.
-    void count_dead_over_shards();
+    // n_dead_total_ from every latent shard's n_dead_.
+    void count_dead_over_latent_shards();
 
     // --- the step's state ------------------------------------------------------------------------
     //   idle --step_begin--> queued | accumulated | no_rows --step_end--> idle
@@ -218,13 +217,13 @@ private:
     void transition(StepState from, StepState to, const char* call);
 
     // --- evaluation (evaluation.cpp) -------------------------------------------------------------
-    // Rows [r0, r0 + rows) of x_host; on a latent shard the first shard's, broadcast (in their
-    // element type) into buf.
-    BatchView first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
-                                std::vector<char>& buf) const;
+    // Rows [r0, r0 + rows) of x_host; on a latent shard the first latent shard's, broadcast (in
+    // their element type) into buf.
+    BatchView first_latent_shard_rows(BatchView x_host, int64_t r0, int64_t rows,
+                                      std::vector<char>& buf) const;
 
     SaeConfig cfg_;
-    int64_t d_, n_total_, n_, total_steps_;  // n_: this shard's latents
+    int64_t d_, n_total_, n_, total_steps_;  // n_: this latent shard's latents
     uint64_t seed_;
     Backend& be_;
     Communicator& comm_;
@@ -242,7 +241,7 @@ private:
     int64_t queued_rows_ = 0;           // the rows of the queued passes
     std::vector<int64_t> since_fired_;  // host: tokens since each latent last fired
     std::vector<uint8_t> dead_;         // host: 1 for latents dead before this step
-    int64_t n_dead_ = 0;                // of this shard's latents
+    int64_t n_dead_ = 0;                // of this latent shard's latents
     int64_t n_dead_total_ = 0;          // of the SAE's
     std::vector<int32_t> fires_host_;
     std::vector<float> xcol_host_;           // the last collected batch's column sums of x

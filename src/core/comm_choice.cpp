@@ -15,18 +15,20 @@ namespace saetrain {
 namespace {
 
 // A GPU several ranks use: one host, one UUID.
-struct SharedGpu {
+struct GpuTenants {
     std::string host, uuid;
     int device = -1;
     std::vector<int> ranks;  // world ranks
 };
 
 // Every GPU with more than one rank on it, in order of its first rank.
-std::vector<SharedGpu> shared_gpus(const std::vector<CommFacts>& ranks) {
-    std::vector<SharedGpu> gpus;
+std::vector<GpuTenants> gpu_tenants(const std::vector<CommFacts>& ranks) {
+    std::vector<GpuTenants> gpus;
     for (const CommFacts& f : ranks) {
         if (f.device_uuid.empty()) continue;
-        auto same = [&](const SharedGpu& g) { return g.host == f.host && g.uuid == f.device_uuid; };
+        auto same = [&](const GpuTenants& g) {
+            return g.host == f.host && g.uuid == f.device_uuid;
+        };
         auto it = std::find_if(gpus.begin(), gpus.end(), same);
         if (it == gpus.end()) {
             gpus.push_back({f.host, f.device_uuid, f.device, {}});
@@ -35,12 +37,12 @@ std::vector<SharedGpu> shared_gpus(const std::vector<CommFacts>& ranks) {
         it->ranks.push_back(f.world_rank);
     }
     gpus.erase(std::remove_if(gpus.begin(), gpus.end(),
-                              [](const SharedGpu& g) { return g.ranks.size() < 2; }),
+                              [](const GpuTenants& g) { return g.ranks.size() < 2; }),
                gpus.end());
     return gpus;
 }
 
-std::string describe(const SharedGpu& g) {
+std::string describe(const GpuTenants& g) {
     return fmt::format("{} share GPU {} ({}) on node {}", comm_rank_list(g.ranks), g.device,
                        comm_uuid_text(g.uuid), g.host);
 }
@@ -170,9 +172,9 @@ std::string comm_rank_list(std::vector<int> ranks) {
     return (ranks.size() == 1 ? "rank " : "ranks ") + out;
 }
 
-std::vector<std::string> comm_shared_gpus(const std::vector<CommFacts>& ranks) {
+std::vector<std::string> comm_gpu_tenants(const std::vector<CommFacts>& ranks) {
     std::vector<std::string> lines;
-    for (const SharedGpu& g : shared_gpus(ranks)) lines.push_back(describe(g));
+    for (const GpuTenants& g : gpu_tenants(ranks)) lines.push_back(describe(g));
     return lines;
 }
 
@@ -193,15 +195,15 @@ CommChoice comm_choose(const std::vector<CommFacts>& ranks) {
                 "GPU request) or set backend: cpu",
                 comm_rank_list(cpu), hosts_of(ranks, cpu), comm_rank_list(gpu),
                 hosts_of(ranks, gpu));
-    const std::vector<SharedGpu> shared = shared_gpus(ranks);
-    if (shared.empty() && no_nccl.empty()) {
+    const std::vector<GpuTenants> crowded = gpu_tenants(ranks);
+    if (crowded.empty() && no_nccl.empty()) {
         choice.kind = CommKind::nccl;
         return choice;
     }
     choice.kind = unaware.empty() ? CommKind::mpi_device : CommKind::mpi_staged;
     const std::string through =
         fmt::format("gradients go through {}", comm_kind_phrase(choice.kind));
-    for (const SharedGpu& g : shared)
+    for (const GpuTenants& g : crowded)
         choice.notes.push_back(
             fmt::format("{}: {} (NCCL refuses two ranks on one GPU)", describe(g), through));
     if (!no_nccl.empty())
@@ -272,7 +274,7 @@ std::vector<std::string> comm_warnings(const std::vector<CommFacts>& world,
     std::vector<std::string> out;
     for (const std::string& n : group_notes)
         if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
-    for (const SharedGpu& g : shared_gpus(world)) {
+    for (const GpuTenants& g : gpu_tenants(world)) {
         const std::string line = describe(g);
         const bool named = std::any_of(out.begin(), out.end(), [&](const std::string& n) {
             return n.compare(0, line.size() + 1, line + ":") == 0;

@@ -28,15 +28,16 @@ HostActivations activations_download(Backend& be, const Activations& a, int64_t 
     return h;
 }
 
-double decorrelation_over_shards(const ParamStore& store, const HostActivations& a, int64_t rows) {
-    const LatentShard& shard = store.shard();
+double decorrelation_over_latent_shards(const ParamStore& store, const HostActivations& a,
+                                        int64_t rows) {
+    const LatentShard& shard = store.latent_shard();
     const int64_t n = shard.n_local(), width = a.per_row;
     const float* dense = a.dense ? a.val.data() : nullptr;
     const float* val = a.val.data();
     const int32_t* idx = a.idx.data();
-    if (!store.sharded()) return decorrelation_rms(dense, idx, val, width, rows, n);
-    // Every shard's non-zero activations of the rows decorrelation_rms looks at, as (global
-    // id, value) pairs, W per row (W: the most any shard has in a row; value 0 pads).
+    if (!store.latent_sharded()) return decorrelation_rms(dense, idx, val, width, rows, n);
+    // Every latent shard's non-zero activations of the rows decorrelation_rms looks at, as (global
+    // id, value) pairs, W per row (W: the most any latent shard has in a row; value 0 pads).
     rows = std::min<int64_t>(rows, 2048);
     const int64_t per_row = dense ? n : width;
     auto value = [&](int64_t r, int64_t j) {
@@ -64,7 +65,7 @@ double decorrelation_over_shards(const ParamStore& store, const HostActivations&
     std::vector<float> all_val(all_idx.size()), pairs_val(all_idx.size());
     shard.group->allgather(my_idx.data(), all_idx.data(), block * int64_t{sizeof(int32_t)});
     shard.group->allgather(my_val.data(), all_val.data(), block * int64_t{sizeof(float)});
-    for (int64_t q = 0; q < S; ++q)  // row r: every shard's W pairs side by side
+    for (int64_t q = 0; q < S; ++q)  // row r: every latent shard's W pairs side by side
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t j = 0; j < W; ++j) {
                 pairs_idx[(r * S + q) * W + j] = all_idx[q * block + r * W + j];
@@ -97,11 +98,11 @@ EvalResult EvalSums::result(Communicator& replicas, const ParamStore& store,
     std::vector<double> sums = sums_;
     replicas.allreduce_sum(decorr.data(), 2);
     replicas.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
-    store.sum_over_shards(&sums[3], 1);  // L0: each shard its latents'
+    store.sum_over_latent_shards(&sums[3], 1);  // L0: each latent shard its latents'
     const double* x_sum = sums.data() + 4;
     const double* fired = x_sum + d_;
     const std::vector<double> fired_all = store.all_latents(std::vector<double>(fired, fired + n_));
-    const int64_t n = store.shard().n_total;
+    const int64_t n = store.latent_shard().n_total;
     EvalResult e;
     e.rows = static_cast<int64_t>(sums[0]);
     if (e.rows == 0) return e;
@@ -142,11 +143,11 @@ QualityGates QualityWindow::gates(const ParamStore& store) const {
 
 // --- the trainer's evaluation passes -----------------------------------------------------------
 
-BatchView SaeTrainer::first_shards_rows(BatchView x_host, int64_t r0, int64_t rows,
-                                        std::vector<char>& buf) const {
-    if (!sharded()) return x_host.rows_from(r0, d_);
-    const LatentShard& shard = store_->shard();
-    // The element type is the first shard's: the others may pass no rows at all.
+BatchView SaeTrainer::first_latent_shard_rows(BatchView x_host, int64_t r0, int64_t rows,
+                                              std::vector<char>& buf) const {
+    if (!latent_sharded()) return x_host.rows_from(r0, d_);
+    const LatentShard& shard = store_->latent_shard();
+    // The element type is the first latent shard's: the others may pass no rows at all.
     int64_t type = static_cast<int64_t>(x_host.dtype);
     shard.group->bcast(&type, sizeof(type), 0);
     const auto t = static_cast<DType>(type);
@@ -168,10 +169,10 @@ EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_ro
     std::vector<float> xcol(static_cast<size_t>(d));
     std::vector<double> local_decorr = {0.0, 0.0};  // [decorr_rms, 1 when measured]
     DeviceArray<float> db_dec_scratch(be_, d);
-    std::vector<char> shared;  // latent shards: the first shard's batch, broadcast
+    std::vector<char> shared;  // latent shards: the first latent shard's batch, broadcast
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
         const int64_t B = std::min(batch_rows, rows - r0);
-        upload_batch(first_shards_rows(x_host, r0, B, shared), B);
+        upload_batch(first_latent_shard_rows(x_host, r0, B, shared), B);
         forward(x_.data(), B, false);
         be_.fill(stats_.data(), kStatCount, 0.0f);
         be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
@@ -182,7 +183,7 @@ EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_ro
         const HostActivations a = activations_download(be_, pass_->activations(), B, n_);
         sums.add(B, st, xcol, a);
         if (r0 == 0)  // the first batch's latent correlations (quality.h)
-            local_decorr = {decorrelation_over_shards(*store_, a, B), 1.0};
+            local_decorr = {decorrelation_over_latent_shards(*store_, a, B), 1.0};
     }
     return sums.result(comm_, *store_, local_decorr);
 }
@@ -209,7 +210,7 @@ QualityGates SaeTrainer::training_quality() {
     if (last_rows_ > 0 && step_ > 0) {
         const int64_t rows = std::min<int64_t>(last_rows_, 2048);
         const HostActivations a = activations_download(be_, pass_->activations(), rows, n_);
-        decorr = {decorrelation_over_shards(*store_, a, rows), 1.0};
+        decorr = {decorrelation_over_latent_shards(*store_, a, rows), 1.0};
     }
     comm_.allreduce_sum(decorr.data(), 2);
     q.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;

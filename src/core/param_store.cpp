@@ -79,22 +79,22 @@ void ParamStore::write(Buffer which, const std::vector<float>& values) {
     be_.upload(pointer(which), values.data(), size() * static_cast<int64_t>(sizeof(float)));
 }
 
-void ParamStore::sum_over_shards(double*, int64_t) const {}
-void ParamStore::sum_over_shards_on_backend(float*, int64_t) const {}
+void ParamStore::sum_over_latent_shards(double*, int64_t) const {}
+void ParamStore::sum_over_latent_shards_on_backend(float*, int64_t) const {}
 std::vector<double> ParamStore::all_latents(const std::vector<double>& mine) const { return mine; }
 
 template <class T>
 void ParamStore::gather(const T* mine, int64_t cols, const RowSink<T>& sink) const {
     const int64_t n = shard_.n_local();
     const int64_t rows = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(1, cols));
-    const bool first = !sharded() || shard_.group->rank() == 0;
+    const bool first = !latent_sharded() || shard_.group->rank() == 0;
     std::vector<T> buf;
     for (int64_t q = 0; q < shard_.count; ++q)
         for (int64_t r0 = 0; r0 < n; r0 += rows) {
             const int64_t count = std::min(rows, n - r0) * cols;
             buf.resize(static_cast<size_t>(count));
             if (q == shard_.index) std::copy_n(mine + r0 * cols, count, buf.begin());
-            if (sharded())
+            if (latent_sharded())
                 shard_.group->bcast(buf.data(), count * static_cast<int64_t>(sizeof(T)),
                                     static_cast<int>(q));
             if (first) sink((q * n + r0) * cols, count, buf.data());
@@ -112,12 +112,12 @@ void ParamStore::gather_latents(const int64_t* mine, int64_t cols,
 
 void ParamStore::gather_parts(int64_t count, const std::function<void(float*)>& make,
                               const std::function<void(int64_t, const float*)>& take) const {
-    const bool first = !sharded() || shard_.group->rank() == 0;
+    const bool first = !latent_sharded() || shard_.group->rank() == 0;
     std::vector<float> part;
     for (int64_t q = 0; q < shard_.count; ++q) {
         part.resize(static_cast<size_t>(count));
         if (q == shard_.index) make(part.data());
-        if (sharded())
+        if (latent_sharded())
             shard_.group->bcast(part.data(), count * int64_t{sizeof(float)}, static_cast<int>(q));
         if (first) take(q, part.data());
     }
@@ -154,7 +154,8 @@ private:
     DeviceArray<float> params_, grads_, m_buf_, v_buf_;
 };
 
-// --- latent shards: an own copy of this shard's latents, sums over latents over the shards ----
+// --- latent shards: an own copy of this latent shard's latents, sums over latents over the latent
+// shards ----
 
 class LatentShards final : public OwnCopy {
 public:
@@ -162,15 +163,18 @@ public:
 
     double grad_sum_squares() override {
         double sum_sq = OwnCopy::grad_sum_squares();
-        if (shard_.index > 0)  // b_dec and the other segments every shard holds: counted once
+        if (shard_.index >
+            0)  // b_dec and the other segments every latent shard holds: counted once
             for (const ParamSegment& g : layout_.segments())
                 if (!g.per_latent) sum_sq -= be_.sum_squares(g_ + g.offset, g.size());
         shard_.group->allreduce_sum(&sum_sq, 1);
         return sum_sq;
     }
 
-    void sum_over_shards(double* v, int64_t n) const override { shard_.group->allreduce_sum(v, n); }
-    void sum_over_shards_on_backend(float* v, int64_t n) const override {
+    void sum_over_latent_shards(double* v, int64_t n) const override {
+        shard_.group->allreduce_sum(v, n);
+    }
+    void sum_over_latent_shards_on_backend(float* v, int64_t n) const override {
         shard_.backend_group->allreduce_sum(v, n);
     }
     std::vector<double> all_latents(const std::vector<double>& mine) const override {
@@ -288,7 +292,7 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
                            const std::string& where) {
     if (shards <= 1) return;
     const Architecture& a = arch_get(cfg.arch);
-    SAE_ENFORCE(a.shardable(),
+    SAE_ENFORCE(a.latent_shardable(),
                 "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (topk, "
                 "batchtopk, relu, jumprelu and gated can)",
                 where, shards, cfg.arch);
@@ -299,7 +303,7 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
                 "{}train.decorr_coeff needs every latent's activations in one place; it is not "
                 "available with parallel.latent_shards = {}",
                 where, shards);
-    // Each top-k selection (sae.k, sae.k_aux) runs within a shard before the merge.
+    // Each top-k selection (sae.k, sae.k_aux) runs within a latent shard before the merge.
     const int64_t n_local = n_total / shards;
     for (const Architecture::OpUse& use : a.limited_ops(cfg, d, n_total))
         SAE_ENFORCE(use.op != BackendOp::topk_forward || use.shape.k <= n_local,

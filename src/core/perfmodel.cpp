@@ -18,7 +18,7 @@ namespace saetrain {
 // NVLink 4 on H100/H200 SXM (900 GB/s bidirectional, performance-limits.md section 2; NCCL
 // measures ~370 GB/s ring bus bandwidth on 8x H100, nccl-tests issue 212, a figure to pass as
 // --nvlink-gbps for a measured rather than a peak bound). PCIe and NVL cards get their PCIe
-// rate: their NVLink bridges join two (or four) cards, so a larger shard group crosses PCIe.
+// rate: their NVLink bridges join two (or four) cards, so a larger latent shard group crosses PCIe.
 // Rows are matched in order, so a variant precedes its family's fallback row.
 const std::vector<GpuPeak>& gpu_peak_table() {
     static const std::vector<GpuPeak> table = {
@@ -165,8 +165,8 @@ void check_inputs(const PerfInputs& in) {
 }
 
 // Data path. One rank per config (sweep) or per replica (data parallel) reads: with latent
-// shards, shard 0 reads its replica's batch for the group. Shared sweep data: each of the G
-// configs' readers reads and uploads 1/G of the stream, then the batches are all-gathered, so
+// shards, latent shard 0 reads its replica's batch for the group. Shared sweep data: each of
+// the G configs' readers reads and uploads 1/G of the stream, then the batches are all-gathered, so
 // each receives (G-1)/G of every token over the network.
 void add_io_terms(const PerfInputs& in, PerfPrediction& p) {
     const double G = static_cast<double>(in.ranks / in.latent_shards);
@@ -179,34 +179,34 @@ void add_io_terms(const PerfInputs& in, PerfPrediction& p) {
             {"all-gather", (G - 1.0) / G * p.bytes_per_token / (in.nic_gbps * 1e9)});
 }
 
-// The shard group's collectives over the intra-node link, per token of the replica's batch:
-// shard 0's batch broadcast as stored (bytes_per_element: 16-bit rows are widened after it,
-// on each shard's upload), the all-gather of
-// every shard's (value, index) candidates (TopK: k of 8 B per token from each of the S-1
+// The latent shard group's collectives over the intra-node link, per token of the replica's batch:
+// latent shard 0's batch broadcast as stored (bytes_per_element: 16-bit rows are widened after it,
+// on each latent shard's upload), the all-gather of
+// every latent shard's (value, index) candidates (TopK: k of 8 B per token from each of the S-1
 // others), and the ring all-reduce of the partial x_hat [B, d] with b_dec's gradient [d]
 // once a step.
-void add_shard_terms(const PerfInputs& in, PerfPrediction& p) {
+void add_latent_shard_terms(const PerfInputs& in, PerfPrediction& p) {
     const double S = in.latent_shards, d = static_cast<double>(in.d_model);
     const double batch = static_cast<double>(in.batch), link = in.nvlink_gbps * 1e9;
     const double bcast = in.bytes_per_element * d;
     const double gather =
         in.kind == SaeKind::topk ? (S - 1.0) * static_cast<double>(in.k) * 8.0 : 0;
     const double reduce = 2.0 * (S - 1.0) / S * 4.0 * d * (batch + 1.0) / batch;
-    p.shard_bytes_per_step = (bcast + gather + reduce) * batch;
+    p.latent_shard_bytes_per_step = (bcast + gather + reduce) * batch;
     p.gpu_terms.push_back({"batch bcast", bcast / link});
     if (gather > 0) p.gpu_terms.push_back({"top-k gather", gather / link});
     p.gpu_terms.push_back({"x_hat reduce", reduce / link});
 }
 
 // One replica's GPU step, per token: compute and Adam over this GPU's 1/S of the SAE, the
-// shard group's collectives, and the replicas' ring all-reduce of the shard's gradient (inside
-// the node when the ranks are on one node, else over the NICs).
+// latent shard group's collectives, and the replicas' ring all-reduce of the latent shard's
+// gradient (inside the node when the ranks are on one node, else over the NICs).
 void add_step_terms(const PerfInputs& in, PerfPrediction& p) {
     const double S = in.latent_shards, batch = static_cast<double>(in.batch);
     p.gpu_terms.push_back(
         {"compute", p.flops_per_token / S / (in.tflops * 1e12 * in.compute_efficiency)});
     p.gpu_terms.push_back({"optimizer", p.optimizer_bytes_per_step / (in.hbm_gbps * 1e9) / batch});
-    if (in.latent_shards > 1) add_shard_terms(in, p);
+    if (in.latent_shards > 1) add_latent_shard_terms(in, p);
     if (p.replicas > 1) {
         const double R = p.replicas;
         const double link = (in.nodes == 1 ? in.nvlink_gbps : in.nic_gbps) * 1e9;

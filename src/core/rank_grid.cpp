@@ -7,20 +7,20 @@
 
 namespace saetrain {
 
-std::string RankLayout::describe() const {
+std::string RankCoords::describe() const {
     return fmt::format("{} SAE{} x {} replica{}{}{}", configs, configs == 1 ? "" : "s", replicas,
                        replicas == 1 ? "" : "s",
-                       shards > 1 ? fmt::format(" x {} latent shards", shards) : "",
-                       configs > 1 ? (shared ? ", shared data" : ", disjoint data") : "");
+                       latent_shards > 1 ? fmt::format(" x {} latent shards", latent_shards) : "",
+                       configs > 1 ? (shared_data ? ", shared data" : ", disjoint data") : "");
 }
 
 LatentShard GridComms::latent_shard(int64_t n_total) const {
     LatentShard part;
     part.n_total = n_total;
-    if (me.shards == 1) return part;
-    part.group = shards.get();
-    part.backend_group = shards_backend.get();
-    part.index = me.shard, part.count = me.shards;
+    if (me.latent_shards == 1) return part;
+    part.group = latent_shards.get();
+    part.backend_group = latent_shards_backend.get();
+    part.index = me.latent_shard, part.count = me.latent_shards;
     return part;
 }
 
@@ -87,36 +87,36 @@ int RankGrid::rank_of(int config, int replica, int shard) const {
     return (config * replicas_ + replica) * shards_ + shard;
 }
 
-RankLayout RankGrid::at(int rank) const {
+RankCoords RankGrid::at(int rank) const {
     SAE_ENFORCE(rank >= 0 && rank < size(), "rank {} outside a world of {}", rank, size());
-    RankLayout l;
-    l.configs = configs_, l.replicas = replicas_, l.shards = shards_;
-    l.shard = rank % shards_;
+    RankCoords l;
+    l.configs = configs_, l.replicas = replicas_, l.latent_shards = shards_;
+    l.latent_shard = rank % shards_;
     l.replica = rank / shards_ % replicas_;
     l.config = rank / shards_ / replicas_;
-    l.shared = shared_;
+    l.shared_data = shared_;
     return l;
 }
 
 std::vector<int> RankGrid::replica_group(int rank) const {
-    const RankLayout l = at(rank);
+    const RankCoords l = at(rank);
     std::vector<int> out;
-    for (int q = 0; q < replicas_; ++q) out.push_back(rank_of(l.config, q, l.shard));
+    for (int q = 0; q < replicas_; ++q) out.push_back(rank_of(l.config, q, l.latent_shard));
     return out;
 }
 
-std::vector<int> RankGrid::shard_group(int rank) const {
-    const RankLayout l = at(rank);
+std::vector<int> RankGrid::latent_shard_group(int rank) const {
+    const RankCoords l = at(rank);
     std::vector<int> out;
     for (int s = 0; s < shards_; ++s) out.push_back(rank_of(l.config, l.replica, s));
     return out;
 }
 
-std::vector<int> RankGrid::stream_group(int rank) const {
-    const RankLayout l = at(rank);
+std::vector<int> RankGrid::shared_data_group(int rank) const {
+    const RankCoords l = at(rank);
     std::vector<int> out;
     if (!shared_) return out;
-    for (int c = 0; c < configs_; ++c) out.push_back(rank_of(c, l.replica, l.shard));
+    for (int c = 0; c < configs_; ++c) out.push_back(rank_of(c, l.replica, l.latent_shard));
     return out;
 }
 
@@ -149,22 +149,23 @@ GridComms RankGrid::connect(Communicator& world, const BackendGroups& groups) co
                 describe(), world.size());
     GridComms c;
     c.me = at(world.rank());
-    const RankLayout& l = c.me;
+    const RankCoords& l = c.me;
     // Each split's color is its group's first world rank (unique per group), its key the
     // position in the group, so the communicator's rank i is the group's i-th member.
-    c.replicas = world.split(rank_of(l.config, 0, l.shard), l.replica);
+    c.replicas = world.split(rank_of(l.config, 0, l.latent_shard), l.replica);
     std::unique_ptr<Communicator> shards_for_backend;
     if (shards_ > 1) {
-        shards_for_backend = world.split(rank_of(l.config, l.replica, 0), l.shard);
-        c.shards = world.split(rank_of(l.config, l.replica, 0), l.shard);
+        shards_for_backend = world.split(rank_of(l.config, l.replica, 0), l.latent_shard);
+        c.latent_shards = world.split(rank_of(l.config, l.replica, 0), l.latent_shard);
     }
-    if (shared_) c.stream = world.split(rank_of(0, l.replica, l.shard), l.config);
+    if (shared_) c.shared_data = world.split(rank_of(0, l.replica, l.latent_shard), l.config);
     if (groups.backend) {
         c.replicas = on_backend(std::move(c.replicas), world.rank(), groups, c);
         if (shards_for_backend)
-            c.shards_backend = on_backend(std::move(shards_for_backend), world.rank(), groups, c);
+            c.latent_shards_backend =
+                on_backend(std::move(shards_for_backend), world.rank(), groups, c);
     } else {
-        c.shards_backend = std::move(shards_for_backend);
+        c.latent_shards_backend = std::move(shards_for_backend);
     }
     return c;
 }

@@ -109,7 +109,7 @@ std::vector<std::pair<std::string, double>> figures_decode(const std::string& by
 
 // The replica a rank's block reports as: its own, or -1 on a latent shard other than the
 // first (the same SAE's figures again; its block still counts for the MFU and memory).
-int row_replica(const RankLayout& l) { return l.shard == 0 ? l.replica : -1; }
+int row_replica(const RankCoords& l) { return l.latent_shard == 0 ? l.replica : -1; }
 
 // What replicas of one SAE share: the sum of their devices' peaks (0 if any is unknown) and
 // the largest memory high-water marks.
@@ -426,7 +426,7 @@ void print_figure_tables(const std::vector<SaeSummary>& out) {
 
 }  // namespace
 
-RunReporter::RunReporter(Communicator& world, const RankLayout& layout,
+RunReporter::RunReporter(Communicator& world, const RankCoords& layout,
                          std::vector<std::string> ids, const std::string& metrics_path,
                          double peak_flops, const std::string& tb_dir, int64_t resumed_step)
     : world_(world), layout_(layout), ids_(std::move(ids)), peak_flops_(peak_flops) {

@@ -1,4 +1,4 @@
-// The merge of the shards' top-k candidates (sharded_topk.h).
+// The merge of the latent shards' top-k candidates (sharded_topk.h).
 #include "saetrain/sharded_topk.h"
 
 #include <algorithm>

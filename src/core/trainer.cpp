@@ -77,7 +77,7 @@ PassContext SaeTrainer::context(const float* x, int64_t rows) {
     c.stats = stats_.data(), c.fires = fires_.data();
     c.dec_norms = dec_norms_.data(), c.col_scratch = zsum_.data();
     c.dead = &dead_, c.n_dead = n_dead_total_;
-    c.shard = sharded() ? &store_->shard() : nullptr;
+    c.latent_shard = latent_sharded() ? &store_->latent_shard() : nullptr;
     return c;
 }
 
@@ -160,7 +160,7 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     float* w_dec = p.data() + off(ParamLayout::kWDec);
     // A latent shard draws every row in order and keeps its own: the whole SAE's start.
     std::vector<float> drawn(static_cast<size_t>(d_));
-    const int64_t first = store_->shard().first();
+    const int64_t first = store_->latent_shard().first();
     for (int64_t i = 0; i < n_total_; ++i) {
         double s = 0;
         const bool own = i >= first && i < first + n_;
@@ -223,7 +223,7 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
 // --- the step ----------------------------------------------------------------------------------
 //
 // One step reads the same in every parallel mode; the ParamStore decides what reduce, the norm
-// and Adam touch (the whole gradient, this replica's owned ranges, this shard's latents):
+// and Adam touch (the whole gradient, this replica's owned ranges, this latent shard's latents):
 //   step_begin  upload -> forward -> loss -> backward        (queued on the backend)
 //   step_end    collect -> reduce -> clip -> lr -> Adam -> finish
 // Gradients are of the summed loss: they and the step's sums are summed over the replicas, then
@@ -298,12 +298,12 @@ void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_row
     // loss: err = x_hat - x and its sums; dL/dx_hat in place of x_hat, b_dec's residual term
     be_.residual(c.xhat, x, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
                  stats_.data());
-    // On a latent shard b_dec's gradient is the residual's term (once, on the first shard) plus
-    // every shard's term through its encoder input, summed below.
-    if (store_->shard().index > 0) be_.fill(c.grad(ParamLayout::kBDec), d, 0.0f);
+    // On a latent shard b_dec's gradient is the residual's term (once, on the first latent shard)
+    // plus every latent shard's term through its encoder input, summed below.
+    if (store_->latent_shard().index > 0) be_.fill(c.grad(ParamLayout::kBDec), d, 0.0f);
     // backward: every gradient into store_->grads()
     pass_->backward(c, step_, total_steps_);
-    store_->sum_over_shards_on_backend(c.grad(ParamLayout::kBDec), d);
+    store_->sum_over_latent_shards_on_backend(c.grad(ParamLayout::kBDec), d);
 }
 
 void SaeTrainer::forward(const float* x, int64_t B, bool training) {
@@ -313,7 +313,7 @@ void SaeTrainer::forward(const float* x, int64_t B, bool training) {
 }
 
 void SaeTrainer::reduce_x_hat(int64_t rows) {
-    store_->sum_over_shards_on_backend(xhat_.data(), rows * d_);
+    store_->sum_over_latent_shards_on_backend(xhat_.data(), rows * d_);
 }
 
 void SaeTrainer::accumulate_gradients(BatchView x_host, int64_t rows) {
@@ -368,9 +368,9 @@ StepResult SaeTrainer::collect_gradients() {
     be_.download(st, stats_.data(), sizeof(st));
     be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
     be_.download(fires_host_.data(), fires_.data(), n * static_cast<int64_t>(sizeof(int32_t)));
-    // Sums over latents: on a latent shard each shard holds its own latents' part.
+    // Sums over latents: on a latent shard each latent shard holds its own latents' part.
     double part[2] = {st[kStatL1], st[kStatL0]};
-    store_->sum_over_shards(part, 2);
+    store_->sum_over_latent_shards(part, 2);
     st[kStatL1] = static_cast<float>(part[0]), st[kStatL0] = static_cast<float>(part[1]);
     pending_arch_sums_ = pass_->step_sums();
     StepResult r;
@@ -461,7 +461,7 @@ void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arc
         dead_[i] = since_fired_[i] >= cfg_.dead_tokens;
         n_dead_ += dead_[i];
     }
-    count_dead_over_shards();
+    count_dead_over_latent_shards();
     ++step_;
     tokens_ += r.rows;
 }
@@ -492,9 +492,9 @@ double SaeTrainer::dead_fraction() const {
     return static_cast<double>(n_dead_total_) / static_cast<double>(n_total_);
 }
 
-void SaeTrainer::count_dead_over_shards() {
+void SaeTrainer::count_dead_over_latent_shards() {
     double dead = static_cast<double>(n_dead_);
-    store_->sum_over_shards(&dead, 1);
+    store_->sum_over_latent_shards(&dead, 1);
     n_dead_total_ = static_cast<int64_t>(dead);
 }
 
@@ -524,7 +524,7 @@ void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
         dead_[i] = since_fired_[i] >= cfg_.dead_tokens;
         n_dead_ += dead_[i];
     }
-    count_dead_over_shards();
+    count_dead_over_latent_shards();
     step_ = step;
     tokens_ = tokens;
 }

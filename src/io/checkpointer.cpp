@@ -213,9 +213,9 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
     replicas_.allgather(mine, cursors.data(), sizeof(mine));
     pending_step_ = trainer.step_count();
     pending_iteration_ = iteration;
-    if (replicas_.rank() == 0 && trainer.sharded()) {
-        // Every latent shard of replica 0 streams its part to the first shard, which writes
-        // it as it arrives: no rank ever holds the whole SAE. Synchronous (the shards'
+    if (replicas_.rank() == 0 && trainer.latent_sharded()) {
+        // Every latent shard of replica 0 sends its part to the first latent shard, which writes
+        // it as it arrives: no rank ever holds the whole SAE. Synchronous (the latent shards'
         // collectives run on this thread); a failure is reported at the commit, as below.
         TrainState header;
         header.step = trainer.step_count(), header.tokens = trainer.tokens();
@@ -223,7 +223,7 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
         SaeMeta meta = meta_;
         meta.step = header.step, meta.tokens = header.tokens;
         try {
-            write_streamed(trainer, writes_, checkpoint_weights_path(sae_dir_, header.step),
+            write_gathered(trainer, writes_, checkpoint_weights_path(sae_dir_, header.step),
                            checkpoint_state_path(sae_dir_, header.step), meta, header, false);
         } catch (...) {
             write_error_ = std::current_exception();
@@ -265,7 +265,7 @@ namespace {
 
 // One committed checkpoint of an SAE, as resume reads it before deciding to use it: the pair
 // opened, its meta and header read (small). Its checksum is checked afterwards by the SAE's
-// writer, in one streaming pass over both files, and its tensors read by replica 0 of each
+// writer, in one sequential pass over both files, and its tensors read by replica 0 of each
 // latent shard, only its part (trainer_read_part).
 struct Candidate {
     SaeMeta meta;

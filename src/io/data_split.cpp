@@ -23,7 +23,7 @@ int64_t training_rows(const DataConfig& dc, const DatasetInfo& data, int readers
 
 }  // namespace
 
-DataSplit data_split_for(const Config& cfg, const RankLayout& me, const DatasetInfo& data,
+DataSplit data_split_for(const Config& cfg, const RankCoords& me, const DatasetInfo& data,
                          const DatasetInfo* eval_data) {
     const DataConfig& dc = cfg.data;
     DataSplit out;
@@ -40,7 +40,7 @@ DataSplit data_split_for(const Config& cfg, const RankLayout& me, const DatasetI
         out.eval_source = eval_data ? src.source : fmt::format("the last rows of {}", src.source);
         const RowRange part = partition_rows(out.eval_all.size(), me.replica, me.replicas);
         out.eval_mine = {out.eval_all.begin + part.begin, out.eval_all.begin + part.end};
-        out.loads_eval = me.shard == 0;
+        out.loads_eval = me.latent_shard == 0;
     }
 
     // This rank's slice of the training rows (each replica's first latent shard reads for the
@@ -51,8 +51,9 @@ DataSplit data_split_for(const Config& cfg, const RankLayout& me, const DatasetI
     out.seed = cfg.run.seed * 1000003u + static_cast<uint64_t>(reader);
     if (dc.max_tokens > 0) {
         // max_tokens counts one SAE's tokens: split over the ranks that feed that SAE.
-        out.max_rows = me.shared ? partition_rows(dc.max_tokens, reader, readers).size()
-                                 : partition_rows(dc.max_tokens, me.replica, me.replicas).size();
+        out.max_rows = me.shared_data
+                           ? partition_rows(dc.max_tokens, reader, readers).size()
+                           : partition_rows(dc.max_tokens, me.replica, me.replicas).size();
     }
     out.slice = partition_rows(out.train_rows, reader, readers);
     return out;

@@ -52,7 +52,7 @@ bool plain_type(hid_t dset, DType t, std::string* why) {
 // The extents of a chunked dataset whose chunks span whole rows, merged where adjacent on disk;
 // false (and out->why) when some chunk cannot be read with pread.
 bool chunk_extents(hid_t d, hid_t dcpl, const ShardInfo& shard, const DatasetInfo& info,
-                   ShardLayout* out) {
+                   ShardExtents* out) {
     if (H5Pget_nfilters(dcpl) > 0) {
         out->why = "chunks are filtered (compressed)";
         return false;
@@ -98,7 +98,7 @@ bool chunk_extents(hid_t d, hid_t dcpl, const ShardInfo& shard, const DatasetInf
 // The extents of dataset d, when its storage can be read with pread; false and out->why when
 // not.
 bool storage_extents(hid_t f, hid_t d, const ShardInfo& shard, const DatasetInfo& info,
-                     ShardLayout* out) {
+                     ShardExtents* out) {
     if (!plain_type(d, info.dtype, &out->why)) return false;
     {
         // HDF5 addresses are relative to the end of a user block; only trust them without one.
@@ -127,7 +127,7 @@ bool storage_extents(hid_t f, hid_t d, const ShardInfo& shard, const DatasetInfo
 }
 
 // Checks the extents lie inside the file and records which file they describe.
-void stat_extents(const ShardInfo& shard, int64_t row_bytes, ShardLayout* out) {
+void stat_extents(const ShardInfo& shard, int64_t row_bytes, ShardExtents* out) {
     struct stat st {};
     SAE_ENFORCE(::stat(shard.path.c_str(), &st) == 0, "shard {}: cannot stat ({})", shard.path,
                 std::strerror(errno));
@@ -154,10 +154,10 @@ void check_shape(hid_t d, const ShardInfo& shard, const DatasetInfo& info) {
 
 }  // namespace
 
-ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info) {
+ShardExtents probe_extents(const ShardInfo& shard, const DatasetInfo& info) {
     auto guard = h5::lock();
     h5::init();
-    ShardLayout out;
+    ShardExtents out;
     h5::File f = h5::open_file(shard.path);
     h5::Dataset d = h5::open_dataset(f.get(), info.dataset, shard.path);
     check_shape(d.get(), shard, info);
@@ -186,7 +186,7 @@ void for_each_shard_piece(const DatasetInfo& info, int64_t row, int64_t rows, F 
 // Calls f(r, offset, n) for the runs on disk of a raw shard's rows [r, r + n) (shard-relative):
 // n rows from shard row r lie at byte `offset` of the file.
 template <class F>
-void for_each_extent(const ShardLayout& L, int64_t r, int64_t n, int64_t row_bytes, F f) {
+void for_each_extent(const ShardExtents& L, int64_t r, int64_t n, int64_t row_bytes, F f) {
     auto e = std::upper_bound(L.extents.begin(), L.extents.end(), r,
                               [](int64_t v, const Extent& x) { return v < x.row; });
     --e;  // extents start at row 0 and tile the shard
@@ -205,7 +205,7 @@ struct RawRowReader::Impl {
     RowRange range;
     int64_t row_bytes = 0;
     size_t first = 0, last = 0;  // shards overlapping the range: [first, last)
-    std::vector<ShardLayout> layouts;
+    std::vector<ShardExtents> layouts;
     std::vector<int> fds;  // per shard, -1 until opened
     int open_fds = 0;
     // The shard read through HDF5 stays open between calls.
@@ -261,7 +261,7 @@ struct RawRowReader::Impl {
     }
 
     void check_unchanged(size_t i, int fd, int64_t row) const {
-        const ShardLayout& L = layouts[i];
+        const ShardExtents& L = layouts[i];
         struct stat st {};
         SAE_ENFORCE(::fstat(fd, &st) == 0, "shard {}: cannot stat it to read row {} ({})",
                     info.shards[i].path, row, std::strerror(errno));
@@ -351,7 +351,7 @@ struct RawRowReader::Impl {
 
     // Rows [r, r + n) of shard i (shard-relative) into out.
     void read_shard(size_t i, int64_t r, int64_t n, char* out) {
-        const ShardLayout& L = layouts[i];
+        const ShardExtents& L = layouts[i];
         if (!L.raw) return h5_read(i, r, n, out);
         for_each_extent(L, r, n, row_bytes, [&](int64_t at, int64_t offset, int64_t k) {
             pread_all(i, at, offset, k * row_bytes, out);
@@ -374,7 +374,7 @@ RawRowReader::RawRowReader(const DatasetInfo& info, RowRange range) : impl_(new 
     for (size_t i = 0; i < info.shards.size(); ++i) {
         if (!shard_overlaps(info.shards[i], range)) continue;
         m.first = std::min(m.first, i), m.last = i + 1;
-        m.layouts[i] = layout_probe(info.shards[i], info);
+        m.layouts[i] = probe_extents(info.shards[i], info);
     }
 }
 
@@ -397,7 +397,7 @@ void RawRowReader::will_need(int64_t row, int64_t rows) {
     row = std::max(row, m.range.begin);
     rows = std::min(rows, m.range.end - row);
     for_each_shard_piece(m.info, row, rows, [&](size_t i, int64_t r, int64_t n) {
-        const ShardLayout& L = m.layouts[i];
+        const ShardExtents& L = m.layouts[i];
         if (!L.raw) return;
         const int fd = m.fd_of(i, r);
         for_each_extent(L, r, n, m.row_bytes, [&](int64_t, int64_t offset, int64_t k) {
@@ -420,7 +420,7 @@ int RawRowReader::hdf5_shards() const {
     return static_cast<int>(impl_->last - impl_->first) - raw_shards();
 }
 
-const ShardLayout& RawRowReader::layout(size_t shard) const { return impl_->layouts[shard]; }
+const ShardExtents& RawRowReader::layout(size_t shard) const { return impl_->layouts[shard]; }
 
 }  // namespace saetrain::io
 

@@ -23,7 +23,7 @@ struct Extent {
     int64_t row = 0, rows = 0, offset = 0;
 };
 
-struct ShardLayout {
+struct ShardExtents {
     bool raw = false;             // extents are valid: pread works
     std::string why;              // when !raw: why HDF5 reads are used
     std::vector<Extent> extents;  // sorted by row, merged when adjacent on disk
@@ -34,7 +34,7 @@ struct ShardLayout {
 };
 
 // Inspects one shard's storage (opens it with HDF5 under the lock). Throws naming the file.
-ShardLayout layout_probe(const ShardInfo& shard, const DatasetInfo& info);
+ShardExtents probe_extents(const ShardInfo& shard, const DatasetInfo& info);
 
 // Reads raw stored rows of a global row range into a byte buffer ([rows, d_model] elements of
 // dtype_size bytes, little-endian). One thread at a time.
@@ -57,7 +57,7 @@ public:
     // Shards of the range that are read with pread / with H5Dread.
     int raw_shards() const;
     int hdf5_shards() const;
-    const ShardLayout& layout(size_t shard) const;
+    const ShardExtents& layout(size_t shard) const;
 
 private:
     struct Impl;

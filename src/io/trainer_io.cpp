@@ -33,9 +33,9 @@ SaeWeights weights_of(const SaeTrainer& t, const std::vector<float>& p) {
     return w;
 }
 
-// This shard's rows [n_local x cols] of a per-latent tensor (host), gathered shard by shard in
-// chunks to the first shard's sink for tensor `t` from element `base`, each value folded by c as
-// `fold` says (sae_tensors.h).
+// This latent shard's rows [n_local x cols] of a per-latent tensor (host), gathered latent shard by
+// latent shard in chunks to the first latent shard's sink for tensor `t` from element `base`, each
+// value folded by c as `fold` says (sae_tensors.h).
 template <class T>
 void stream_latents(const SaeTrainer& tr, const T* mine, int64_t cols, int t, int64_t base,
                     ScaleFold fold, float c, const ChunkSink& sink) {
@@ -51,13 +51,13 @@ void stream_latents(const SaeTrainer& tr, const T* mine, int64_t cols, int t, in
     });
 }
 
-// Latent sharding: trainer_weights collected from the stream on the first shard (empty weights
-// on the others).
+// Latent sharding: trainer_weights collected from the gather on the first latent shard (empty
+// weights on the others).
 SaeWeights streamed_weights(const SaeTrainer& t) {
     const std::vector<TensorInfo> tensors = trainer_weight_tensors(t, false);
     SaeWeights w;
-    std::vector<std::vector<float>*> into;  // by tensor index, on the first shard
-    if (t.store().shard().group->rank() == 0) {
+    std::vector<std::vector<float>*> into;  // by tensor index, on the first latent shard
+    if (t.store().latent_shard().group->rank() == 0) {
         w.d_model = t.d_model(), w.n_latents = t.n_latents();
         for (size_t i = 4; i < tensors.size(); ++i) w.extra.emplace_back(tensors[i].name, 0);
         into = {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec};
@@ -68,7 +68,7 @@ SaeWeights streamed_weights(const SaeTrainer& t) {
             into[i]->resize(static_cast<size_t>(size));
         }
     }
-    trainer_stream_weights(t, false, [&](const TensorChunk& c) {
+    trainer_gather_weights(t, false, [&](const TensorChunk& c) {
         std::copy_n(c.f32, c.count, into[static_cast<size_t>(c.tensor)]->begin() + c.offset);
     });
     return w;
@@ -79,7 +79,7 @@ SaeWeights streamed_weights(const SaeTrainer& t) {
 // --- the whole SAE in memory -------------------------------------------------------------------
 
 SaeWeights trainer_weights(const SaeTrainer& t) {
-    if (t.sharded()) return streamed_weights(t);
+    if (t.latent_sharded()) return streamed_weights(t);
     SaeWeights w = weights_of(t, t.params_host());
     for (auto& b : t.arch_buffers()) w.extra.push_back(std::move(b));  // BatchTopK's threshold
     if (t.config().normalize != "none")
@@ -91,18 +91,19 @@ TrainState trainer_state(const SaeTrainer& t) {
     TrainState s;
     s.step = t.step_count();
     s.tokens = t.tokens();
-    if (!t.sharded()) {
+    if (!t.latent_sharded()) {
         s.adam_m = t.store().host(ParamStore::Buffer::adam_m);
         s.adam_v = t.store().host(ParamStore::Buffer::adam_v);
         s.since_fired = t.since_fired();
         return s;
     }
-    if (t.store().shard().group->rank() == 0) {  // the first shard collects the stream
+    if (t.store().latent_shard().group->rank() ==
+        0) {  // the first latent shard collects the gather
         s.adam_m.resize(static_cast<size_t>(t.store().whole_layout().total()));
         s.adam_v.resize(s.adam_m.size());
         s.since_fired.resize(static_cast<size_t>(t.n_latents()));
     }
-    trainer_stream_state(t, [&](const TensorChunk& c) {
+    trainer_gather_state(t, [&](const TensorChunk& c) {
         if (c.i64)
             std::copy_n(c.i64, c.count, s.since_fired.begin() + c.offset);
         else
@@ -111,7 +112,8 @@ TrainState trainer_state(const SaeTrainer& t) {
     return s;
 }
 
-// --- the whole SAE streamed to the first shard (latent sharding) --------------------------------
+// --- the whole SAE gathered to the first latent shard (latent sharding)
+// --------------------------------
 
 std::vector<TensorInfo> trainer_weight_tensors(const SaeTrainer& t, bool folded) {
     const int64_t n = t.n_latents(), d = t.d_model();
@@ -135,8 +137,8 @@ std::vector<TensorInfo> trainer_state_tensors(const SaeTrainer& t) {
             {"since_fired", {t.n_latents()}, true}};
 }
 
-void trainer_stream_weights(const SaeTrainer& tr, bool folded, const ChunkSink& sink) {
-    SAE_ENFORCE(tr.sharded(), "trainer_stream_weights is for latent-sharded SAEs");
+void trainer_gather_weights(const SaeTrainer& tr, bool folded, const ChunkSink& sink) {
+    SAE_ENFORCE(tr.latent_sharded(), "trainer_gather_weights is for latent-sharded SAEs");
     const int64_t d = tr.d_model(), n_local = tr.local_latents();
     std::vector<float> p = tr.store().host(ParamStore::Buffer::params);
     // final.h5 takes raw activations: data.normalize's scale folded in (sae_tensors.h).
@@ -145,8 +147,9 @@ void trainer_stream_weights(const SaeTrainer& tr, bool folded, const ChunkSink& 
     auto rule = [&](const std::string& name) {
         return fold ? activation_scale_fold(name) : ScaleFold::keep;
     };
-    const bool root = tr.store().shard().group->rank() == 0;
-    // W_enc [d, n]: blocks of file rows, each shard's columns transposed from its latent rows.
+    const bool root = tr.store().latent_shard().group->rank() == 0;
+    // W_enc [d, n]: blocks of file rows, each latent shard's columns transposed from its latent
+    // rows.
     const int64_t n = tr.n_latents(), block = std::max<int64_t>(1, kChunkElements / n);
     std::vector<float> rows_out;
     for (int64_t c0 = 0; c0 < d; c0 += block) {
@@ -193,9 +196,9 @@ void trainer_stream_weights(const SaeTrainer& tr, bool folded, const ChunkSink& 
     if (!fold && tr.config().normalize != "none" && root) sink({t, 0, 1, &scale, nullptr});
 }
 
-void trainer_stream_state(const SaeTrainer& tr, const ChunkSink& sink) {
-    SAE_ENFORCE(tr.sharded(), "trainer_stream_state is for latent-sharded SAEs");
-    const bool root = tr.store().shard().group->rank() == 0;
+void trainer_gather_state(const SaeTrainer& tr, const ChunkSink& sink) {
+    SAE_ENFORCE(tr.latent_sharded(), "trainer_gather_state is for latent-sharded SAEs");
+    const bool root = tr.store().latent_shard().group->rank() == 0;
     const auto& segs = tr.store().layout().segments();
     const auto& wsegs = tr.store().whole_layout().segments();
     for (int which = 0; which < 2; ++which) {
@@ -216,7 +219,7 @@ void trainer_stream_state(const SaeTrainer& tr, const ChunkSink& sink) {
 // ------------------------------------------------
 
 CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
-    const int64_t n = t.n_latents(), first = t.store().shard().first();
+    const int64_t n = t.n_latents(), first = t.store().latent_shard().first();
     const int64_t d = t.d_model(), n_local = t.local_latents();
     const auto w_enc = src.shape("W_enc"), w_dec = src.shape("W_dec");
     SAE_ENFORCE(w_enc && w_dec && w_dec->size() == 2,
@@ -240,7 +243,7 @@ CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
     const auto& wsegs = whole_layout.segments();
     CheckpointPart part;
     part.params.resize(static_cast<size_t>(t.store().size()));
-    // W_enc [d, n]: this shard's columns, in blocks of file rows, transposed to latent rows.
+    // W_enc [d, n]: this latent shard's columns, in blocks of file rows, transposed to latent rows.
     const int64_t block = std::max<int64_t>(1, (int64_t{1} << 24) / n_local);
     std::vector<float> rows;
     for (int64_t c0 = 0; c0 < d; c0 += block) {
@@ -251,7 +254,7 @@ CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
             for (int64_t l = 0; l < n_local; ++l)
                 part.params[l * d + c0 + r] = rows[r * n_local + l];
     }
-    // The other segments, and every segment's moments: this shard's rows of a per-latent
+    // The other segments, and every segment's moments: this latent shard's rows of a per-latent
     // segment, the others whole.
     part.adam_m.resize(part.params.size());
     part.adam_v.resize(part.params.size());

@@ -46,16 +46,16 @@ uint64_t fnv1a(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
 
 // A temporary directory's path, the same on every rank (collective): rank 0's pid, broadcast,
 // keeps concurrent runs of the suite apart.
-fs::path shared_temp_dir(const std::string& name) {
+fs::path common_temp_dir(const std::string& name) {
     int64_t pid = getpid();
     g_world->bcast(&pid, sizeof(pid), 0);
     return fs::temp_directory_path() / ("saetrain_mpi_" + name + "_" + std::to_string(pid));
 }
 
 // Synthetic shards written once by rank 0 into a directory every rank sees.
-std::string shared_dataset(const std::string& name, int64_t rows, int64_t d,
+std::string common_dataset(const std::string& name, int64_t rows, int64_t d,
                            DType dtype = DType::f32, bool chunked = false) {
-    const fs::path dir = shared_temp_dir(name);
+    const fs::path dir = common_temp_dir(name);
     if (g_world->rank() == 0) {
         fs::remove_all(dir);
         SynthOptions so;
@@ -133,7 +133,7 @@ TEST(Mpi, LargeAllReduceIsExactOnEveryRank) {
 TEST(Mpi, SharedStreamIsIdenticalAndExactlyOnce) {
     Communicator& w = *g_world;
     const int64_t d = 8, total = 5003, batch = 256;  // rows not divisible by ranks or batch
-    const DatasetInfo data = dataset_open(shared_dataset("shared", total, d));
+    const DatasetInfo data = dataset_open(common_dataset("shared", total, d));
     LoaderOptions lo;
     lo.shuffle_rows = 700;
     lo.seed = 5 + static_cast<uint64_t>(w.rank());
@@ -192,7 +192,7 @@ TEST(Mpi, SharedStreamOfSixteenBitRowsIsTheWidenedStream) {
         const bool chunked = t == DType::f16;
         SCOPED_TRACE(::testing::Message() << dtype_name(t) << " chunked " << chunked);
         const DatasetInfo data = dataset_open(
-            shared_dataset(std::string("shared16_") + dtype_name(t), total, d, t, chunked));
+            common_dataset(std::string("shared16_") + dtype_name(t), total, d, t, chunked));
         LoaderOptions wide;
         wide.shuffle_rows = 700;
         wide.seed = 5 + static_cast<uint64_t>(w.rank());
@@ -342,17 +342,17 @@ TEST(Mpi, HybridSplitsConfigsAndReplicas) {
     cfg.sweep = {small_sae("topk"), small_sae("topk")};
     cfg.sweep[1].k = 6;
     const RankGrid grid = RankGrid::from_config(cfg, w.size());
-    const RankLayout l = grid.at(w.rank());
+    const RankCoords l = grid.at(w.rank());
     EXPECT_EQ(l.configs, 2);
     EXPECT_EQ(l.config, w.rank() / (w.size() / 2));
     GridComms comms = grid.connect(w);
     Communicator& grads = *comms.replicas;
-    Communicator& stream = *comms.stream;
+    Communicator& stream = *comms.shared_data;
     EXPECT_EQ(grads.size(), w.size() / 2);
     EXPECT_EQ(stream.size(), 2);
 
     const int64_t d = 8, batch = 128;
-    const DatasetInfo data = dataset_open(shared_dataset("hybrid", 3001, d));
+    const DatasetInfo data = dataset_open(common_dataset("hybrid", 3001, d));
     ShardBatchSource local(data, partition_rows(data.total_rows, l.reader(), l.readers()), {});
     SharedBatchSource src(local, stream, batch);
     auto be = make_cpu_backend(1);
@@ -400,7 +400,7 @@ TEST(Mpi, GridBuildsEveryGroupWithTheEnumeratedMembers) {
             for (int S = 1; S <= n; ++S) {
                 if (G * R * S != n) continue;
                 struct Coord {
-                    int config, replica, shard;
+                    int config, replica, latent_shard;
                 };
                 std::vector<Coord> all;
                 for (int c = 0; c < G; ++c)
@@ -413,13 +413,15 @@ TEST(Mpi, GridBuildsEveryGroupWithTheEnumeratedMembers) {
                         if (same(all[r])) out.push_back(static_cast<int>(r));
                     return out;
                 };
-                const std::vector<int> replicas = members(
-                    [&](const Coord& o) { return o.config == me.config && o.shard == me.shard; });
+                const std::vector<int> replicas = members([&](const Coord& o) {
+                    return o.config == me.config && o.latent_shard == me.latent_shard;
+                });
                 const std::vector<int> shards = members([&](const Coord& o) {
                     return o.config == me.config && o.replica == me.replica;
                 });
-                const std::vector<int> stream = members(
-                    [&](const Coord& o) { return o.replica == me.replica && o.shard == me.shard; });
+                const std::vector<int> shared_data = members([&](const Coord& o) {
+                    return o.replica == me.replica && o.latent_shard == me.latent_shard;
+                });
                 for (bool shared : {true, false})
                     for (bool with_backend : {false, true}) {
                         const RankGrid grid(G, R, S, shared);
@@ -431,28 +433,31 @@ TEST(Mpi, GridBuildsEveryGroupWithTheEnumeratedMembers) {
                         EXPECT_TRUE(c.error.empty()) << what << ": " << c.error;
                         EXPECT_EQ(c.me.config, me.config) << what;
                         EXPECT_EQ(c.me.replica, me.replica) << what;
-                        EXPECT_EQ(c.me.shard, me.shard) << what;
+                        EXPECT_EQ(c.me.latent_shard, me.latent_shard) << what;
                         ASSERT_TRUE(c.replicas) << what;
                         EXPECT_EQ(world_ranks_in(*c.replicas, w.rank()), replicas) << what;
                         if (S > 1) {
-                            ASSERT_TRUE(c.shards && c.shards_backend) << what;
-                            EXPECT_NE(c.shards.get(), c.shards_backend.get()) << what;
-                            EXPECT_EQ(world_ranks_in(*c.shards, w.rank()), shards) << what;
-                            EXPECT_EQ(world_ranks_in(*c.shards_backend, w.rank()), shards) << what;
+                            ASSERT_TRUE(c.latent_shards && c.latent_shards_backend) << what;
+                            EXPECT_NE(c.latent_shards.get(), c.latent_shards_backend.get()) << what;
+                            EXPECT_EQ(world_ranks_in(*c.latent_shards, w.rank()), shards) << what;
+                            EXPECT_EQ(world_ranks_in(*c.latent_shards_backend, w.rank()), shards)
+                                << what;
                         } else {
-                            EXPECT_FALSE(c.shards || c.shards_backend) << what;
+                            EXPECT_FALSE(c.latent_shards || c.latent_shards_backend) << what;
                         }
                         if (shared && G > 1) {
-                            ASSERT_TRUE(c.stream) << what;
-                            EXPECT_EQ(world_ranks_in(*c.stream, w.rank()), stream) << what;
+                            ASSERT_TRUE(c.shared_data) << what;
+                            EXPECT_EQ(world_ranks_in(*c.shared_data, w.rank()), shared_data)
+                                << what;
                         } else {
-                            EXPECT_FALSE(c.stream) << what;
+                            EXPECT_FALSE(c.shared_data) << what;
                         }
                         const LatentShard part = c.latent_shard(64);
                         EXPECT_EQ(part.count, S) << what;
-                        EXPECT_EQ(part.index, S > 1 ? me.shard : 0) << what;
-                        EXPECT_EQ(part.group, S > 1 ? c.shards.get() : nullptr) << what;
-                        EXPECT_EQ(part.backend_group, S > 1 ? c.shards_backend.get() : nullptr)
+                        EXPECT_EQ(part.index, S > 1 ? me.latent_shard : 0) << what;
+                        EXPECT_EQ(part.group, S > 1 ? c.latent_shards.get() : nullptr) << what;
+                        EXPECT_EQ(part.backend_group,
+                                  S > 1 ? c.latent_shards_backend.get() : nullptr)
                             << what;
                     }
             }
@@ -462,28 +467,28 @@ TEST(Mpi, GridBuildsEveryGroupWithTheEnumeratedMembers) {
 
 // The world as one SAE of R replicas x S latent shards (RankGrid(1, R, S)): this rank's
 // coordinates, its replica and shard communicators and its LatentShard.
-struct ShardGrid {
+struct LatentShardGrid {
     int S = 1, R = 1, shard = 0, replica = 0;
     GridComms comms;
     Communicator* replicas = nullptr;  // comms.replicas
-    Communicator* shards = nullptr;    // comms.shards
+    Communicator* shards = nullptr;    // comms.latent_shards
     LatentShard part;
 };
 
-ShardGrid shard_grid(Communicator& w, int S, int64_t n_total) {
+LatentShardGrid latent_shard_grid(Communicator& w, int S, int64_t n_total) {
     const RankGrid grid(1, w.size() / S, S, false);
-    ShardGrid g;
+    LatentShardGrid g;
     g.comms = grid.connect(w);
     g.S = S, g.R = grid.replicas();
-    g.shard = g.comms.me.shard, g.replica = g.comms.me.replica;
+    g.shard = g.comms.me.latent_shard, g.replica = g.comms.me.replica;
     g.replicas = g.comms.replicas.get();
-    g.shards = g.comms.shards.get();
+    g.shards = g.comms.latent_shards.get();
     g.part = g.comms.latent_shard(n_total);
     return g;
 }
 
 // The rows of every replica of `g`, concatenated in replica order (x: this replica's).
-std::vector<float> all_replicas_rows(const ShardGrid& g, const std::vector<float>& x) {
+std::vector<float> all_replicas_rows(const LatentShardGrid& g, const std::vector<float>& x) {
     std::vector<float> all(x.size() * static_cast<size_t>(g.R));
     g.replicas->allgather(x.data(), all.data(), static_cast<int64_t>(x.size() * sizeof(float)));
     return all;
@@ -559,7 +564,7 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
             }
             cfg.normalize_decoder = true;
             cfg.grad_clip = 0.05;  // clips: the norm summed over shards matters
-            ShardGrid g = shard_grid(w, S, cfg.n_latents);
+            LatentShardGrid g = latent_shard_grid(w, S, cfg.n_latents);
             auto be = make_cpu_backend(1);
             auto self = make_self_comm();
             SaeTrainer tr(cfg, d, 20, 3, *be, *g.replicas, &g.part);
@@ -636,7 +641,7 @@ TEST(Mpi, LatentShardGradientsEqualOneProcessFromTheSameParameters) {
     cfg.dead_tokens = 1, cfg.k = 2, cfg.accum_steps = 2;  // latents die
     cfg.set("sae.k_aux", 3);
     cfg.normalize = "expected_average_only_in";
-    ShardGrid g = shard_grid(w, 2, cfg.n_latents);
+    LatentShardGrid g = latent_shard_grid(w, 2, cfg.n_latents);
     auto be = make_cpu_backend(1);
     auto self = make_self_comm();
     SaeTrainer tr(cfg, d, 40, 9, *be, *g.replicas, &g.part);
@@ -689,11 +694,11 @@ TEST(Mpi, LatentShardGradientsEqualOneProcessFromTheSameParameters) {
 TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 40;
-    const fs::path dir = shared_temp_dir("ckpt");
+    const fs::path dir = common_temp_dir("ckpt");
     SaeConfig cfg = small_sae("topk");
     cfg.dead_tokens = 100;  // some latents die in the window: AuxK state resumes
     cfg.set("sae.k_aux", 3);
-    ShardGrid g = shard_grid(w, 2, cfg.n_latents);
+    LatentShardGrid g = latent_shard_grid(w, 2, cfg.n_latents);
     auto be = make_cpu_backend(1);
     SaeTrainer tr(cfg, d, 30, 5, *be, *g.replicas, &g.part);
     ReplicaRows data(200, g.replica, rows, d);
@@ -753,7 +758,7 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     }
 }
 
-// A sharded SAE's checkpoint pair and final.h5, streamed (write_streamed: no rank holds the
+// A sharded SAE's checkpoint pair and final.h5, streamed (write_gathered: no rank holds the
 // whole SAE), hold what trainer_weights() and trainer_state(), collected in memory and written by
 // sae_write_h5 and train_state_write, hold, and pass the same checksum: for an architecture with
 // extra per-latent parameters (Gated), one with a buffer (BatchTopK) and data.normalize's scale
@@ -761,12 +766,12 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
 TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 40;
-    const fs::path dir = shared_temp_dir("stream");
+    const fs::path dir = common_temp_dir("stream");
     for (const int S : shard_counts(w.size()))
         for (const char* arch : {"gated", "batchtopk", "topk"}) {
             SaeConfig cfg = small_sae(arch);
             cfg.normalize = "expected_average_only_in";
-            ShardGrid g = shard_grid(w, S, cfg.n_latents);
+            LatentShardGrid g = latent_shard_grid(w, S, cfg.n_latents);
             auto be = make_cpu_backend(1);
             SaeTrainer tr(cfg, d, 30, 5, *be, *g.replicas, &g.part);
             ReplicaRows data(400, g.replica, rows, d);
@@ -780,8 +785,8 @@ TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
             header.step = tr.step_count(), header.tokens = tr.tokens(), header.iteration = 7;
             header.cursors = {1, 2};
             const auto at = [&](const char* f) { return (dir / f).string(); };
-            write_streamed(tr, first, at("s.h5"), at("s.state.h5"), meta, header, false);
-            write_streamed(tr, first, at("f.h5"), "", meta, {}, true);
+            write_gathered(tr, first, at("s.h5"), at("s.state.h5"), meta, header, false);
+            write_gathered(tr, first, at("f.h5"), "", meta, {}, true);
             const SaeWeights sw = trainer_weights(tr);
             TrainState st = trainer_state(tr);
             if (!first) continue;

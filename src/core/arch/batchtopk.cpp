@@ -175,7 +175,7 @@ public:
         float t = threshold_;
         if (training) {
             t = ops_.batch_threshold(c.pre, b_enc, c.B, c.n, k_ * c.B);
-            if (c.shard) t = threshold_over_shards(c, t, k_ * c.B);
+            if (c.latent_shard) t = threshold_over_latent_shards(c, t, k_ * c.B);
             batch_t_ = t;
         }
         select_above(c, t);
@@ -211,13 +211,14 @@ private:
             reserve(c.B);
         }
     }
-    // On a latent shard: the batch threshold over every shard's latents, from this shard's
-    // (`mine`, the count-th largest of its own values). Each shard contributes its `count`
+    // On a latent shard: the batch threshold over every latent shard's latents, from this latent
+    // shard's
+    // (`mine`, the count-th largest of its own values). Each latent shard contributes its `count`
     // largest positive values (those >= mine; 0s pad), and the count-th largest of them all is
-    // the whole batch's: every value of the global top `count` is among its shard's top
+    // the whole batch's: every value of the global top `count` is among its latent shard's top
     // `count`. The same float as batch_threshold over all latents; when fewer than `count`
     // values are positive, the smallest positive one; 0 when none is.
-    float threshold_over_shards(PassContext& c, float mine, int64_t count) {
+    float threshold_over_latent_shards(PassContext& c, float mine, int64_t count) {
         count = std::max<int64_t>(count, 1);
         select_above(c, mine);
         std::vector<float>& top = scratch_.val;
@@ -231,8 +232,8 @@ private:
         }
         top.resize(static_cast<size_t>(count), 0.0f);
         std::vector<float>& all = scratch_.all_val;
-        all.resize(static_cast<size_t>(count * c.shard->count));
-        c.shard->group->allgather(top.data(), all.data(), count * int64_t{sizeof(float)});
+        all.resize(static_cast<size_t>(count * c.latent_shard->count));
+        c.latent_shard->group->allgather(top.data(), all.data(), count * int64_t{sizeof(float)});
         all.erase(std::remove_if(all.begin(), all.end(), [](float v) { return !(v > 0.0f); }),
                   all.end());
         if (all.empty()) return 0.0f;
@@ -273,7 +274,7 @@ public:
                                         Backend& be) const override {
         return std::make_unique<BatchTopkPass>(cfg, d, n, be);
     }
-    bool shardable() const override { return true; }
+    bool latent_shardable() const override { return true; }
     std::vector<const ArchOpSet*> op_sets() const override { return {&batchtopk_op_set()}; }
     // The batch selection has no k limit (batch_threshold, select_above); AuxK's has.
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {

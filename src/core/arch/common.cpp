@@ -19,7 +19,7 @@ void encode(PassContext& c) {
 }
 
 void start_reconstruction(PassContext& c, float* out) {
-    if (c.shard && c.shard->index > 0)
+    if (c.latent_shard && c.latent_shard->index > 0)
         c.be.fill(out, c.B * c.d, 0.0f);
     else
         c.be.broadcast_rows(out, c.seg(ParamLayout::kBDec), c.B, c.d);
@@ -27,14 +27,14 @@ void start_reconstruction(PassContext& c, float* out) {
 
 void select_topk(PassContext& c, const float* bias, int64_t k, int32_t* idx, float* val, bool relu,
                  ShardedTopkScratch& scratch) {
-    if (c.shard)
-        sharded_topk_own(c.be, *c.shard, c.pre, bias, c.B, k, idx, val, relu, scratch);
+    if (c.latent_shard)
+        sharded_topk_own(c.be, *c.latent_shard, c.pre, bias, c.B, k, idx, val, relu, scratch);
     else
         c.be.topk_forward(c.pre, bias, c.B, c.n, k, idx, val, relu);
 }
 
-void sum_over_shards(PassContext& c, float* data, int64_t count) {
-    if (c.shard) c.shard->backend_group->allreduce_sum(data, count);
+void sum_over_latent_shards(PassContext& c, float* data, int64_t count) {
+    if (c.latent_shard) c.latent_shard->backend_group->allreduce_sum(data, count);
 }
 
 void encoder_input_grad(PassContext& c, const float* dpre_col_sum) {
@@ -172,7 +172,7 @@ void AuxK::backward(PassContext& c) {
     // no gradient again and stay dead for good. Among the dead latents only: on a latent shard
     // through the masked bias and the sharded top-k, else by their ids (the backend may then
     // look at those columns alone).
-    if (c.shard) {
+    if (c.latent_shard) {
         dead_only_bias(c, bias_.data(), mask_host_);
         select_topk(c, bias_.data(), k, idx_.data(), val_.data(), false, scratch_host_);
     } else {
@@ -187,7 +187,7 @@ void AuxK::backward(PassContext& c) {
     }
     be.fill(ehat_.data(), B * d, 0.0f);
     be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k, d, ehat_.data());
-    sum_over_shards(c, ehat_.data(), B * d);  // the shards' partial e_hat
+    sum_over_latent_shards(c, ehat_.data(), B * d);  // the latent shards' partial e_hat
     // e = x - x_hat = -(dL/dx_hat) / grad_scale; then e_hat - e in place, scaled to its gradient.
     be.axpby(target_.data(), c.xhat, -1.0f / c.grad_scale, 0.0f, B * d);
     be.fill(stats_.data(), kStatCount, 0.0f);

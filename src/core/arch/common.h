@@ -12,18 +12,18 @@ namespace saetrain::arch {
 
 // ctx.xc = x - b_dec; ctx.pre = xc W_enc^T (b_enc is the activation's to add); ctx.xhat = b_dec
 // in every row (the decoder adds z W_dec); on a latent shard other than the first, xhat = 0, so
-// that the shards' partial reconstructions sum to one x_hat.
+// that the latent shards' partial reconstructions sum to one x_hat.
 void encode(PassContext& ctx);
 // out [B, d] = b_dec in every row, where a reconstruction starts (0 on a latent shard after the
-// first: the shards' partial reconstructions then sum to one with b_dec once).
+// first: the latent shards' partial reconstructions then sum to one with b_dec once).
 void start_reconstruction(PassContext& ctx, float* out);
 // The top k of ctx.pre + bias per row into (idx, val) [B, k] (ReLU'd when `relu`): topk_forward,
-// or on a latent shard the exact global selection with this shard's own entries kept (local
+// or on a latent shard the exact global selection with this latent shard's own entries kept (local
 // ids, the others absent; sharded_topk_own).
 void select_topk(PassContext& ctx, const float* bias, int64_t k, int32_t* idx, float* val,
                  bool relu, ShardedTopkScratch& scratch);
-// On a latent shard: data [count] (backend memory) summed over the shards, in place.
-void sum_over_shards(PassContext& ctx, float* data, int64_t count);
+// On a latent shard: data [count] (backend memory) summed over the latent shards, in place.
+void sum_over_latent_shards(PassContext& ctx, float* data, int64_t count);
 // b_dec also enters through the encoder input x - b_dec: G.b_dec -= dpre_col_sum^T W_enc,
 // with dpre_col_sum [n] the column sums of dL/dpre.
 void encoder_input_grad(PassContext& ctx, const float* dpre_col_sum);

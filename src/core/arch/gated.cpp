@@ -129,7 +129,8 @@ public:
         // The gate path's reconstruction and its gradient (b_dec and W_dec held fixed).
         start_reconstruction(c, ahat_.data());
         be.gemm(false, false, B, d, n, 1.0f, gate_.data(), n, w_dec, d, 1.0f, ahat_.data(), d);
-        sum_over_shards(c, ahat_.data(), B * d);  // the shards' partial gate reconstructions
+        sum_over_latent_shards(c, ahat_.data(),
+                               B * d);  // the latent shards' partial gate reconstructions
         be.fill(aux_stats_.data(), kStatCount, 0.0f);
         be.residual(ahat_.data(), c.x, B, d, c.grad_scale, scratch_.data(), scratch_.data() + d,
                     aux_stats_.data());
@@ -184,7 +185,7 @@ public:
         return 14.0 * static_cast<double>(d) * static_cast<double>(n);
     }
     bool sparse() const override { return false; }
-    bool shardable() const override { return true; }
+    bool latent_shardable() const override { return true; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig&) const override {
         ArchExport e;
         e.saelens_architecture = "gated";

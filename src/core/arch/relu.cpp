@@ -140,7 +140,7 @@ public:
         return sae_flops_per_token(SaeKind::dense, d, n, cfg.k);
     }
     bool sparse() const override { return false; }
-    bool shardable() const override { return true; }
+    bool latent_shardable() const override { return true; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig&) const override {
         ArchExport e;
         e.saelens_architecture = "standard";

@@ -1,9 +1,9 @@
-// streamed_checkpoint.cpp — a latent-sharded SAE's files without a whole copy in memory
-// (train_state.h, write_streamed): the trainer streams the whole SAE's tensors to its first
-// shard chunk by chunk, which writes each chunk into its place and hashes it in file order, so
-// the files and their checksum are those sae_write_h5 and train_state_write would write. And the
-// way back (CheckpointFiles): a shard reads only its blocks of those files, and one pass over
-// them, chunk by chunk, checks the checksum. TensorsInMemory, the other TensorSource, is the
+// gathered_checkpoint.cpp — a latent-sharded SAE's files without a whole copy in memory
+// (train_state.h, write_gathered): the trainer gathers the whole SAE's tensors to its first
+// latent shard chunk by chunk, which writes each chunk into its place and hashes it in file order,
+// so the files and their checksum are those sae_write_h5 and train_state_write would write. And the
+// way back (CheckpointFiles): a latent shard reads only its blocks of those files, and one pass
+// over them, chunk by chunk, checks the checksum. TensorsInMemory, the other TensorSource, is the
 // same tensors from memory.
 #include <algorithm>
 #include <exception>
@@ -21,9 +21,9 @@ namespace {
 
 // The checksum (sae_file.h) built up chunk by chunk: before a tensor's first chunk, its name
 // (the weights' extra tensors) and its element count, as train_state_checksum adds them.
-struct StreamHash {
+struct ChunkHash {
     Checksum sum;
-    explicit StreamHash(Checksum::Kind kind = Checksum::Kind::xxh3) : sum(kind) {}
+    explicit ChunkHash(Checksum::Kind kind = Checksum::Kind::xxh3) : sum(kind) {}
     void begin(const std::string& name, bool named, const std::vector<int64_t>& shape) {
         uint64_t count = 1;
         for (int64_t s : shape) count *= static_cast<uint64_t>(s);
@@ -67,13 +67,13 @@ void write_chunk(hid_t dset, const TensorInfo& t, const TensorChunk& c, const st
     }
 }
 
-// One file of `tensors`, filled by `stream` (collective: the other shards call it too), then
-// `finish` (attributes). On a failure the stream still runs to its end on this rank, so no
-// shard is left waiting; the error is thrown after it.
+// One file of `tensors`, filled by `gather` (collective: the other latent shards call it too), then
+// `finish` (attributes). On a failure the gather still runs to its end on this rank, so no
+// latent shard is left waiting; the error is thrown after it.
 void write_one(const std::string& path, const std::vector<TensorInfo>& tensors, bool named,
-               StreamHash& hash, const std::function<void(const ChunkSink&)>& stream,
+               ChunkHash& hash, const std::function<void(const ChunkSink&)>& gather,
                const std::function<void(hid_t)>& finish) {
-    bool streamed = false;
+    bool gathered = false;
     std::exception_ptr failed;
     try {
         auto guard = h5::lock();
@@ -83,8 +83,8 @@ void write_one(const std::string& path, const std::vector<TensorInfo>& tensors, 
             std::vector<h5::Dataset> sets;
             for (const TensorInfo& t : tensors) sets.push_back(create_dataset(f.get(), t));
             std::exception_ptr chunk_failed;
-            streamed = true;
-            stream([&](const TensorChunk& c) {
+            gathered = true;
+            gather([&](const TensorChunk& c) {
                 const TensorInfo& t = tensors[static_cast<size_t>(c.tensor)];
                 if (c.offset == 0) hash.begin(t.name, named && c.tensor >= 4, t.shape);
                 hash.add(c);
@@ -104,25 +104,25 @@ void write_one(const std::string& path, const std::vector<TensorInfo>& tensors, 
     } catch (...) {
         failed = std::current_exception();
     }
-    if (!streamed) stream([](const TensorChunk&) {});
+    if (!gathered) gather([](const TensorChunk&) {});
     if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace
 
-void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights_path,
+void write_gathered(const SaeTrainer& t, bool writes, const std::string& weights_path,
                     const std::string& state_path, const SaeMeta& meta, const TrainState& header,
                     bool folded) {
-    if (!writes) {  // send this shard's part; the first shard writes
-        trainer_stream_weights(t, folded, [](const TensorChunk&) {});
-        if (!state_path.empty()) trainer_stream_state(t, [](const TensorChunk&) {});
+    if (!writes) {  // send this latent shard's part; the first latent shard writes
+        trainer_gather_weights(t, folded, [](const TensorChunk&) {});
+        if (!state_path.empty()) trainer_gather_state(t, [](const TensorChunk&) {});
         return;
     }
     const std::vector<TensorInfo> weights = trainer_weight_tensors(t, folded);
     std::string names;
     for (size_t i = 4; i < weights.size(); ++i)
         names += (names.empty() ? "" : ",") + weights[i].name;
-    StreamHash hash;
+    ChunkHash hash;
     std::exception_ptr failed;
     auto run = [&](auto&&... args) {
         try {
@@ -133,12 +133,12 @@ void write_streamed(const SaeTrainer& t, bool writes, const std::string& weights
     };
     run(
         weights_path, weights, true, hash,
-        [&](const ChunkSink& s) { trainer_stream_weights(t, folded, s); },
+        [&](const ChunkSink& s) { trainer_gather_weights(t, folded, s); },
         [&](hid_t f) { write_sae_attributes(f, meta, t.d_model(), t.n_latents(), names); });
     if (!state_path.empty())
         run(
             state_path, trainer_state_tensors(t), false, hash,
-            [&](const ChunkSink& s) { trainer_stream_state(t, s); },
+            [&](const ChunkSink& s) { trainer_gather_state(t, s); },
             [&](hid_t f) { write_train_state_attributes(f, header, hash.sum); });
     if (failed) std::rethrow_exception(failed);
 }
@@ -184,7 +184,7 @@ void read_block(hid_t file, const std::string& path, const std::string& name,
 // Hashes dataset `name` whole, as mix() does (its name first when `named`), a block of rows at
 // a time.
 void hash_dataset(hid_t file, const std::string& path, const std::string& name, bool named,
-                  bool i64, StreamHash& hash) {
+                  bool i64, ChunkHash& hash) {
     std::vector<hsize_t> dims;
     {
         h5::Dataset d = h5::open_dataset(file, name, path);
@@ -253,7 +253,7 @@ void CheckpointFiles::verify() const {
     auto guard = h5::lock();
     const hid_t w = files_->weights.get(), st = files_->state.get();
     const std::string stored = stored_checksum(st, state_path_);
-    StreamHash hash(Checksum::kind_of(stored));
+    ChunkHash hash(Checksum::kind_of(stored));
     for (const char* name : {"W_enc", "W_dec", "b_enc", "b_dec"})
         hash_dataset(w, weights_path_, name, false, false, hash);
     for (const std::string& name : read_extra_names(w, weights_path_))
