@@ -115,7 +115,10 @@ void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
 // agrees on every key that changes the result); anything else is kept. Rank 0 takes the lock.
 void inspect_out_dir(Setup& s, const Args& args, int rank) {
     const fs::path out = s.out();
-    if (rank == 0) s.lock = std::make_unique<OutDirLock>(out.string());
+    if (rank == 0) {
+        check_out_dir_is_ours(out.string());
+        s.lock = std::make_unique<OutDirLock>(out.string());
+    }
     s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
     s.complete = !args.overwrite && fs::exists(out / "COMPLETE");
     if (rank != 0 || s.resume || s.complete || args.overwrite || !fs::exists(out / "metrics.jsonl"))
@@ -360,7 +363,7 @@ void prepare_out_dir(const Setup& s) {
             fs::remove_all(out / f);
     fs::create_directories(out);
     remove_stale_files(out.string());
-    std::ofstream(out / "config.yaml") << config_to_yaml(s.cfg);
+    write_run_config(out.string(), config_to_yaml(s.cfg));
 }
 
 // Settings that the run's length makes meaningless: said before training.

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -270,6 +271,83 @@ TEST_F(Cli, FinishedRunsAreKeptAndForeignRunsRefused) {
     EXPECT_TRUE(fs::exists(dir / "run/COMPLETE"));
     EXPECT_EQ(lines_of(dir / "run/metrics.jsonl").size(), 3u) << "the dead run's log is replaced";
     EXPECT_EQ(train("--overwrite --set train.lr=0.01").code, 0);
+}
+
+// Hostile inputs (issue 35): nothing outside the run is touched, and no user-named path that is
+// not a regular file is opened (a FIFO would block open() where no signal reaches).
+TEST_F(Cli, ForeignOutDirsAndNonRegularFilesAreRefusedBeforeAnythingIsWritten) {
+    // A directory with someone's files and no run in it: refused, with or without --overwrite,
+    // and left as it was (no lock file, no config.yaml).
+    fs::create_directories(dir / "run/sae");
+    std::ofstream(dir / "run/sae/notes.txt") << "mine\n";
+    for (const char* extra : {"", "--overwrite"}) {
+        const Result r = train(extra);
+        EXPECT_EQ(r.code, 1) << extra << ": " << r.out;
+        EXPECT_NE(line_with(r.out, "saetrain: error: run.out_dir " + (dir / "run").string() +
+                                       " holds files that no saetrain run wrote (e.g. 'sae')"),
+                  "")
+            << r.out;
+        EXPECT_TRUE(fs::exists(dir / "run/sae/notes.txt")) << extra;
+        EXPECT_FALSE(fs::exists(dir / "run/.saetrain.lock")) << extra;
+        EXPECT_FALSE(fs::exists(dir / "run/config.yaml")) << extra;
+    }
+    fs::remove_all(dir / "run");
+    // The root directory, whatever the spelling.
+    for (const std::string& root : {std::string("/"), (dir / "../../..").string() + "/"}) {
+        if (fs::weakly_canonical(root) != "/") continue;
+        const Result r = train("--overwrite --set run.out_dir=" + root);
+        EXPECT_EQ(r.code, 1) << r.out;
+        EXPECT_NE(r.out.find("is the root directory"), std::string::npos) << r.out;
+    }
+    fs::create_directories(dir / "home");
+    const Result home = run("HOME=" + (dir / "home").string() + " " + bin("saetrain") + " " +
+                            (dir / "cfg.yaml").string() +
+                            " --overwrite --set run.out_dir=" + (dir / "home/.").string());
+    EXPECT_EQ(home.code, 1) << home.out;
+    EXPECT_NE(home.out.find("is the home directory"), std::string::npos) << home.out;
+    // A run's own directory is still ours: a planted config.yaml symlink is replaced by the
+    // run's file, never written through; a planted lock-file symlink is refused.
+    ASSERT_EQ(train().code, 0);
+    std::ofstream(dir / "victim.txt") << "keep\n";
+    fs::remove(dir / "run/config.yaml");
+    fs::create_symlink(dir / "victim.txt", dir / "run/config.yaml");
+    ASSERT_EQ(train("--overwrite").code, 0);
+    EXPECT_FALSE(fs::is_symlink(dir / "run/config.yaml"));
+    EXPECT_EQ(lines_of(dir / "victim.txt"), std::vector<std::string>{"keep"});
+    fs::remove(dir / "run/.saetrain.lock");
+    fs::create_symlink(dir / "victim.txt", dir / "run/.saetrain.lock");
+    const Result lock = train("--overwrite");
+    EXPECT_EQ(lock.code, 1) << lock.out;
+    EXPECT_NE(lock.out.find("is a symlink"), std::string::npos) << lock.out;
+    EXPECT_EQ(lines_of(dir / "victim.txt"), std::vector<std::string>{"keep"});
+    // A FIFO as the config, as a shard among the data files, and as data.path; a directory as
+    // the config; a dangling symlink among the shards (it was skipped: fewer rows, exit 0).
+    ASSERT_EQ(::mkfifo((dir / "fifo.yaml").c_str(), 0600), 0);
+    const Result fifo_cfg =
+        run("timeout 20 " + bin("saetrain") + " " + (dir / "fifo.yaml").string());
+    EXPECT_EQ(line_with(fifo_cfg.out, "saetrain: error:"),
+              "saetrain: error: config file " + (dir / "fifo.yaml").string() +
+                  " is a FIFO, not a regular file; saetrain reads only regular files");
+    const Result dir_cfg = run(bin("saetrain") + " " + dir.string());
+    EXPECT_NE(dir_cfg.out.find("is a directory, not a regular file"), std::string::npos)
+        << dir_cfg.out;
+    ASSERT_EQ(::mkfifo((dir / "data/zz.h5").c_str(), 0600), 0);
+    const Result fifo_shard =
+        run("timeout 20 " + bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --overwrite");
+    EXPECT_EQ(fifo_shard.code, 1) << fifo_shard.out;
+    EXPECT_NE(fifo_shard.out.find("shard " + (dir / "data/zz.h5").string() + " is a FIFO"),
+              std::string::npos)
+        << fifo_shard.out;
+    const Result fifo_path =
+        run("timeout 20 " + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+            " --overwrite --set data.path=" + (dir / "data/zz.h5").string());
+    EXPECT_EQ(fifo_path.code, 1) << fifo_path.out;
+    EXPECT_NE(fifo_path.out.find("is a FIFO"), std::string::npos) << fifo_path.out;
+    fs::remove(dir / "data/zz.h5");
+    fs::create_symlink(dir / "gone.h5", dir / "data/zz.h5");
+    const Result dangling = train("--overwrite");
+    EXPECT_EQ(dangling.code, 1) << dangling.out;
+    EXPECT_NE(dangling.out.find("zz.h5 is a dangling symlink"), std::string::npos) << dangling.out;
 }
 
 // Each bad input: non-zero exit and one "saetrain: error:" line naming the culprit.

@@ -23,6 +23,12 @@ public:
 [[noreturn]] void throw_check_failure(const char* lib, const char* stmt, const std::string& detail,
                                       const char* file, int line);
 
+// `path` (a file the user named: a config, a shard, a checkpoint) is, after its symlinks, a
+// regular file: opening a FIFO would block where no signal reaches, and a device or a directory
+// is never what was meant. Throws Error "<what> <path> is <a FIFO | a directory | a dangling
+// symlink | ...>, not a regular file" (or "does not exist"), before anything opens it.
+void require_regular_file(const std::string& path, const std::string& what);
+
 }  // namespace saetrain
 
 // SAE_ENFORCE(cond, "fmt {}", args...): a user-facing precondition; the message is the error.

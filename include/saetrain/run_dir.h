@@ -12,6 +12,13 @@
 
 namespace saetrain {
 
+// Refuses an out_dir that saetrain must not write into, before anything is created there: the
+// root or the home directory (whatever --overwrite says), a path that is not a directory, and a
+// non-empty directory that no saetrain run made (it has neither the lock file every run creates
+// first nor run.json): its files are someone's, and a run would remove or overwrite some
+// (config.yaml, sae/, tb/, ...). Throws Error naming out_dir and one of the foreign entries.
+void check_out_dir_is_ours(const std::string& out_dir);
+
 // An advisory lock on out_dir (flock on out_dir/.saetrain.lock), held by rank 0 for the whole
 // run: a second run on the same out_dir refuses to start, and a run that was killed leaves no
 // lock behind (the kernel drops it with the process), only the file, which blocks nothing.
@@ -26,6 +33,10 @@ public:
 private:
     int fd_ = -1;
 };
+
+// out_dir/config.yaml (the resolved config), written atomically: a temp file renamed onto it,
+// so a symlink planted at that name is replaced, never written through.
+void write_run_config(const std::string& out_dir, const std::string& yaml);
 
 // What a killed run can leave behind in out_dir, never read and never removed otherwise:
 // temp files of atomic writes (sae/<id>/*.h5.tmp.<pid>, checkpoints/*.commit.tmp), named by pid

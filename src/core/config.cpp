@@ -907,11 +907,18 @@ Config config_parse(const std::string& yaml_text, const std::vector<std::string>
 }
 
 Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
+    require_regular_file(path, "config file");
     std::ifstream in(path, std::ios::binary);
     SAE_ENFORCE(in.good(), "cannot read config file '{}': {}", path, std::strerror(errno));
-    std::ostringstream text;
-    text << in.rdbuf();
-    return config_parse(text.str(), overrides, path);
+    // A config is a page of YAML; a file that keeps growing is not one.
+    constexpr std::streamsize kMaxConfigBytes = 4 << 20;
+    std::string text(static_cast<size_t>(kMaxConfigBytes) + 1, '\0');
+    in.read(text.data(), kMaxConfigBytes + 1);
+    text.resize(static_cast<size_t>(in.gcount()));
+    SAE_ENFORCE(static_cast<std::streamsize>(text.size()) <= kMaxConfigBytes,
+                "config file {} is larger than {} MiB; a config is a short YAML file", path,
+                kMaxConfigBytes >> 20);
+    return config_parse(text, overrides, path);
 }
 
 std::string config_to_yaml(const Config& cfg) {

@@ -70,6 +70,7 @@ std::string file_name(hid_t loc) {
 // --- files and datasets --------------------------------------------------------------------
 
 File open_file(const std::string& path) {
+    require_regular_file(path, "file");  // HDF5 would block in open() on a FIFO
     init();
     File f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
     if (!f) {

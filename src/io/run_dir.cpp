@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -26,6 +27,45 @@ namespace fs = std::filesystem;
 
 namespace saetrain {
 
+void check_out_dir_is_ours(const std::string& out_dir) {
+    const fs::path out = out_dir;
+    std::error_code ec;
+    const fs::path real = fs::weakly_canonical(fs::absolute(out, ec), ec);
+    SAE_ENFORCE(real != real.root_path(),
+                "run.out_dir {} is the root directory; give the run a directory of its own "
+                "(e.g. runs/<name>)",
+                out_dir);
+    if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+        const fs::path h = fs::weakly_canonical(home, ec);
+        SAE_ENFORCE(ec || real != h,
+                    "run.out_dir {} is the home directory; give the run a directory of its own "
+                    "(e.g. {}/runs/<name>)",
+                    out_dir, h.string());
+    }
+    const fs::file_status st = fs::symlink_status(out, ec);
+    if (ec || !fs::exists(st)) return;  // a new directory
+    SAE_ENFORCE(fs::is_directory(fs::status(out, ec)),
+                "run.out_dir {} exists and is not a directory; choose another run.out_dir",
+                out_dir);
+    if (fs::exists(out / ".saetrain.lock", ec) || fs::exists(out / "run.json", ec)) return;
+    for (const auto& e : fs::directory_iterator(out, ec))
+        throw Error(fmt::format(
+            "run.out_dir {} holds files that no saetrain run wrote (e.g. '{}'); a run writes and "
+            "removes config.yaml, sae/, tb/, report/ and checkpoints/ there, so choose an empty "
+            "or new directory (--overwrite replaces only a saetrain run's directory)",
+            out_dir, e.path().filename().string()));
+}
+
+void write_run_config(const std::string& out_dir, const std::string& yaml) {
+    const std::string path = (fs::path(out_dir) / "config.yaml").string();
+    atomic_write(path, [&](const std::string& tmp) {
+        std::ofstream f(tmp, std::ios::binary);
+        f << yaml;
+        f.flush();
+        SAE_ENFORCE(f.good(), "cannot write {}: {}", path, std::strerror(errno));
+    });
+}
+
 OutDirLock::OutDirLock(const std::string& out_dir) {
     const fs::path out = out_dir;
     std::error_code ec;
@@ -35,7 +75,12 @@ OutDirLock::OutDirLock(const std::string& out_dir) {
                 "write",
                 out.string(), ec.message());
     const fs::path path = out / ".saetrain.lock";
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // Not through a symlink: a planted link would have the lock truncate a file elsewhere.
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    SAE_ENFORCE(fd_ >= 0 || errno != ELOOP,
+                "run.out_dir {}: the lock file {} is a symlink; remove it (saetrain writes no "
+                "file through a link)",
+                out.string(), path.string());
     SAE_ENFORCE(fd_ >= 0,
                 "run.out_dir {}: cannot create the lock file {} ({}); choose a directory "
                 "this job can write",

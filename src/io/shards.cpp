@@ -30,7 +30,11 @@ std::vector<std::string> list_shards(const std::string& source) {
     std::error_code ec;
     if (fs::is_directory(source, ec)) {
         for (const auto& e : fs::directory_iterator(source, ec)) {
-            if (e.is_regular_file() && is_shard_name(e.path())) out.push_back(e.path().string());
+            if (!is_shard_name(e.path())) continue;
+            // A .h5 name that is no readable file (a dangling symlink, a FIFO, a directory) is
+            // refused, not skipped: skipping it would train on fewer rows than the user has.
+            require_regular_file(e.path().string(), "dataset " + source + ": shard");
+            out.push_back(e.path().string());
         }
         SAE_ENFORCE(!ec, "dataset {}: cannot list directory ({})", source, ec.message());
         std::sort(out.begin(), out.end());
@@ -46,7 +50,12 @@ std::vector<std::string> list_shards(const std::string& source) {
         if (rc == 0) {
             for (size_t i = 0; i < g.gl_pathc; ++i) {
                 fs::path p(g.gl_pathv[i]);
-                if (fs::is_regular_file(p, ec) && is_shard_name(p)) out.push_back(p.string());
+                if (!is_shard_name(p)) continue;
+                if (!fs::is_regular_file(p, ec)) {
+                    globfree(&g);
+                    require_regular_file(p.string(), "dataset " + source + ": shard");
+                }
+                out.push_back(p.string());
             }
         }
         globfree(&g);
@@ -61,6 +70,7 @@ std::vector<std::string> list_shards(const std::string& source) {
                 "dataset {}: no such file or directory; point data.path at a directory of .h5 "
                 "shards, a glob, or one .h5 file",
                 source);
+    require_regular_file(source, "dataset");
     out.push_back(source);
     return out;
 }
