@@ -672,6 +672,21 @@ int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& st
                        kExitStopped);
         return kExitStopped;
     }
+    // A run that applied no step (every batch held NaN/Inf, or every step's loss or gradient was
+    // non-finite) has nothing to show: an error, and no checkpoint, final.h5 or COMPLETE that
+    // would call the untrained SAE finished. Collective: res.stopped is the same on every rank.
+    int64_t idle = trainer.step_count() == 0 ? world.size() - world.rank() : 0;
+    world.allreduce_max(&idle, 1);
+    if (idle > 0) {
+        if (world.size() - world.rank() == idle)
+            fmt::print(stderr,
+                       "saetrain: error: {}{} applied no optimizer step: {} batch(es) held NaN/Inf "
+                       "and {} step(s) had a non-finite loss or gradient; check the data "
+                       "(sae-inspect) before training again\n",
+                       world.size() > 1 ? fmt::format("rank {}: ", world.rank()) : "", s.id(),
+                       res.nonfinite_batches, res.skipped_steps);
+        return 1;
+    }
     // The last checkpoint: committed before anything else is written.
     const ReaderCursor end = s.cursor();
     checkpoints.save(trainer, res.iterations, end.epoch, end.offset, /*wait=*/true);

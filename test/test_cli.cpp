@@ -574,6 +574,27 @@ TEST_F(Cli, NonFiniteDataIsSkippedOrStops) {
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("skipped 2 batch(es) holding NaN/Inf"), std::string::npos) << r.out;
     EXPECT_TRUE(fs::exists(dir / "run" / "sae" / "topk-x2-k4" / "final.h5"));
+    // A NaN in every row: no step is ever applied. An error, not a COMPLETE run with an
+    // untrained final.h5 (issue 35).
+    for (const char* name : {"shard_00000.h5", "shard_00001.h5"}) {
+        const fs::path p = dir / "data" / name;
+        std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+        const auto start = static_cast<std::streamoff>(fs::file_size(p) - 1500 * 16 * 4);
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        for (std::streamoff row = 0; row < 1500; ++row) {
+            f.seekp(start + row * 16 * 4);
+            f.write(reinterpret_cast<const char*>(&nan), 4);
+        }
+    }
+    r = train("--overwrite");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(line_with(r.out, "saetrain: error:"),
+              "saetrain: error: topk-x2-k4 applied no optimizer step: 12 batch(es) held NaN/Inf "
+              "and 0 step(s) had a non-finite loss or gradient; check the data (sae-inspect) "
+              "before training again")
+        << r.out;
+    EXPECT_FALSE(fs::exists(dir / "run" / "COMPLETE"));
+    EXPECT_FALSE(fs::exists(dir / "run" / "sae" / "topk-x2-k4" / "final.h5"));
 }
 
 // Two runs on one out_dir: the second refuses with one line while the first holds the lock;
