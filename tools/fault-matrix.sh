@@ -340,9 +340,14 @@ row "Ctrl-C twice, 1 rank, iteration 40" "stops at once, names the kept step" \
 # own), stops relaying their output, sends them SIGTERM and a second later SIGKILL, and exits 1
 # whatever they return; SIGUSR1 it forwards, and then returns the ranks' 75. Console lines every
 # step, so that a rank blocked writing to mpirun's pty would show.
+# (The 30-epoch runs, 2812 steps on 2 ranks, and their own reference: a 2-epoch run on a loaded
+# machine could finish before mpirun forwarded the signal.)
+config ref-dp-ctrlc dp "$CTRLC"
+launch ref-dp-ctrlc "$dir/ref-dp-ctrlc.log"
+[ "$rc" = 0 ] || { cat "$dir/ref-dp-ctrlc.log" >&2; exit 1; }
 mpi_signal() {  # mpi_signal NAME SIGNAL: to mpirun, after the first commit
     local name=$1
-    config "$name" dp
+    config "$name" dp "$CTRLC"
     setsid bash -c "$(cmd "$name" --set log.every_steps=1)" >"$dir/$name.log" 2>&1 &
     bg=$!
     for _ in $(seq 300); do [ -n "$(newest "$name")" ] && break; sleep 0.02; done
@@ -350,6 +355,7 @@ mpi_signal() {  # mpi_signal NAME SIGNAL: to mpirun, after the first commit
     { wait "$bg"; } 2>/dev/null; rc=$?; bg=""
     t=$(secs "$(now) - $tk")
 }
+ref_suffix=-ctrlc
 name=dp-mpirun-int; mpi_signal $name INT
 at=$(stopped_at "$dir/$name.log")
 ok=0; { [ "$rc" = 1 ] || [ "$rc" = 75 ]; } && [ -n "$at" ] && [ "$(newest $name)" = "$at" ] && ok=1
@@ -366,6 +372,7 @@ lost=$(finish $name)
 row "SIGUSR1 to mpirun (2 ranks, data_parallel)" "forwarded: ranks stop, exit 75" \
     "exit $rc (mpirun), ranks stopped after ${at:-?} steps, resumed from $(resumed_from "$dir/$name.rerun.log")" \
     "$t" "$lost" "$ok"
+ref_suffix=""
 
 # SIGKILL right after a checkpoint's write finished (SAETRAIN_FAULT phase `written`: the writer
 # waits for the write of checkpoint 21 and dies at the start of iteration 22): the checkpoint is
