@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
     app.add_option("--noise", o.noise_std, "per-dimension Gaussian noise std")
         ->capture_default_str();
     app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+    app.add_option("--target", o.target_dir,
+                   "also write a paired target set here (transcoders: data.target_path)");
     app.add_option("--min-scale", o.min_scale, "smallest feature magnitude")->capture_default_str();
     app.add_option("--max-scale", o.max_scale, "largest feature magnitude")->capture_default_str();
     app.add_option("--mean-norm", o.mean_norm, "norm of the shared mean vector")

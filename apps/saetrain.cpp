@@ -85,6 +85,8 @@ struct Setup {
     RankGrid grid;      // the job's configs x replicas x latent shards
     RankCoords coords;  // this rank's place in it
     DatasetInfo data;
+    // Transcoders: data.target_path, read row for row beside `data` (else empty: no shards).
+    DatasetInfo target;
     DataSplit split;  // the rows this rank reads and holds out
     std::vector<std::string> ids;
     std::unique_ptr<Backend> backend;
@@ -93,6 +95,11 @@ struct Setup {
     // Held-out rows: this replica's share of them, [split.eval_mine.size(), d_model], on its
     // first latent shard (empty elsewhere).
     std::vector<float> eval_x;
+    // The datasets a row is read from: data, and the target for a transcoder.
+    std::vector<DatasetInfo> parts() const {
+        if (target.shards.empty()) return {data};
+        return {data, target};
+    }
     int64_t eval_rows() const { return split.eval_all.size(); }  // 0: no evaluation
     int threads = 1;
     bool resume = false;    // out_dir has committed checkpoints
@@ -104,10 +111,12 @@ struct Setup {
     ReaderCursor cursor() const { return local ? local->cursor() : ReaderCursor{}; }
 };
 
-// This replica's share of the held-out rows (data_split.h), read by its first latent shard.
-void load_eval_rows(Setup& s, const DatasetInfo* eval_data) {
+// This replica's share of the held-out rows (data_split.h), read by its first latent shard:
+// `eval_parts` (data.eval_path and a transcoder's data.eval_target_path), or the last rows of
+// the training parts.
+void load_eval_rows(Setup& s, const std::vector<DatasetInfo>& eval_parts) {
     if (s.split.loads_eval)
-        s.eval_x = read_rows(eval_data ? *eval_data : s.data, s.split.eval_mine);
+        s.eval_x = read_rows(eval_parts.empty() ? s.parts() : eval_parts, s.split.eval_mine);
 }
 
 // What out_dir holds: a run to resume (committed checkpoints), a finished one, or one that died
@@ -171,19 +180,25 @@ void open_slice(Setup& s) {
     lo.widen = false;
     // With the math on a device, the reader's gathering may use the rank's cores.
     if (!s.backend->host_memory()) lo.convert_threads = s.threads;
-    s.local = std::make_unique<ShardBatchSource>(s.data, s.split.slice, lo);
+    s.local = std::make_unique<ShardBatchSource>(s.parts(), s.split.slice, lo);
 }
 
-// Everything a rank sets up before the first collective after the start-up agreement. `data`
-// (and `eval_data`, the held-out shards when data.eval_path is set): the datasets as rank 0
-// validated them.
-Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* eval_data, int rank,
-             int world, const NodePlacement& place) {
+// Everything a rank sets up before the first collective after the start-up agreement. `found`:
+// the datasets as rank 0 validated them (data.path, a transcoder's data.target_path, the
+// held-out shards when data.eval_path is set and their targets).
+struct Datasets {
+    DatasetInfo data, target;
+    std::vector<DatasetInfo> eval;  // empty: no data.eval_path
+};
+Setup set_up(const Args& args, Config cfg, Datasets found, int rank, int world,
+             const NodePlacement& place) {
     Setup s;
     s.cfg = std::move(cfg);
     s.grid = RankGrid::from_config(s.cfg, world);
     s.coords = s.grid.at(rank);
-    s.data = std::move(data);
+    s.data = std::move(found.data);
+    s.target = std::move(found.target);
+    const DatasetInfo* eval_data = found.eval.empty() ? nullptr : &found.eval.front();
     config_validate_for_data(s.cfg, s.data.d_model);
     for (const SaeConfig& c : s.cfg.sweep)
         check_latent_sharding(c, s.data.d_model, c.resolved_latents(s.data.d_model),
@@ -191,7 +206,7 @@ Setup set_up(const Args& args, Config cfg, DatasetInfo data, const DatasetInfo* 
     s.ids = sweep_ids(s.cfg, s.data.d_model);
     inspect_out_dir(s, args, rank);
     s.split = data_split_for(s.cfg, s.coords, s.data, eval_data);
-    load_eval_rows(s, eval_data);
+    load_eval_rows(s, found.eval);
     s.threads = args.threads > 0 ? args.threads : cpu_threads_for_rank(place.local_size);
     choose_backend(s, place);
     open_slice(s);
@@ -239,13 +254,20 @@ int print_placement(Communicator& world, const NodePlacement& place, int threads
 // it found (one metadata pass over a parallel file system per job, not one per rank); then
 // every rank sets up locally (its loader opens only the shards of its own slice). Returns
 // nothing when any rank failed (the lowest failing rank has said why).
+// dataset_info_pack of data.path, data.target_path, data.eval_path and data.eval_target_path
+// (empty when not set).
 struct DataFound {
-    std::string packed, packed_eval;  // dataset_info_pack of data.path and data.eval_path
+    std::string packed, packed_target, packed_eval, packed_eval_target;
 };
 DataFound open_datasets(const Config& cfg) {
     DataFound found;
     const DatasetInfo data = dataset_open(cfg.data.path, cfg.data.dataset);
     found.packed = dataset_info_pack(data);
+    if (!cfg.data.target_path.empty()) {
+        const DatasetInfo target = dataset_open(cfg.data.target_path, cfg.data.dataset);
+        dataset_check_paired(data, target, "data.path", "data.target_path");
+        found.packed_target = dataset_info_pack(target);
+    }
     if (!cfg.data.eval_path.empty()) {
         const DatasetInfo ev = dataset_open(cfg.data.eval_path, cfg.data.dataset);
         SAE_ENFORCE(ev.d_model == data.d_model,
@@ -253,6 +275,11 @@ DataFound open_datasets(const Config& cfg) {
                     "held-out rows must come from the same hook",
                     ev.source, ev.d_model, data.d_model, data.source);
         found.packed_eval = dataset_info_pack(ev);
+        if (!cfg.data.eval_target_path.empty()) {
+            const DatasetInfo et = dataset_open(cfg.data.eval_target_path, cfg.data.dataset);
+            dataset_check_paired(ev, et, "data.eval_path", "data.eval_target_path");
+            found.packed_eval_target = dataset_info_pack(et);
+        }
     }
     return found;
 }
@@ -284,14 +311,19 @@ std::optional<Setup> start_up(const Args& args, Communicator& world, const NodeP
     // Bound every collective from the first one on (the start-up agreement included).
     set_collective_timeout(config ? config->parallel.timeout_s : ParallelConfig{}.timeout_s);
     if (!agree_on_startup(world, error)) return std::nullopt;
-    bcast_string(world, found.packed);
-    bcast_string(world, found.packed_eval);
+    for (std::string* p :
+         {&found.packed, &found.packed_target, &found.packed_eval, &found.packed_eval_target})
+        bcast_string(world, *p);
     std::optional<Setup> setup;
     try {
-        std::optional<DatasetInfo> eval_data;
-        if (!found.packed_eval.empty()) eval_data = dataset_info_unpack(found.packed_eval);
-        setup.emplace(set_up(args, std::move(*config), dataset_info_unpack(found.packed),
-                             eval_data ? &*eval_data : nullptr, world.rank(), world.size(), place));
+        Datasets sets;
+        sets.data = dataset_info_unpack(found.packed);
+        if (!found.packed_target.empty()) sets.target = dataset_info_unpack(found.packed_target);
+        if (!found.packed_eval.empty()) sets.eval.push_back(dataset_info_unpack(found.packed_eval));
+        if (!found.packed_eval_target.empty())
+            sets.eval.push_back(dataset_info_unpack(found.packed_eval_target));
+        setup.emplace(
+            set_up(args, std::move(*config), std::move(sets), world.rank(), world.size(), place));
     } catch (const std::exception& e) {
         error = e.what();
     }
@@ -397,8 +429,12 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
         "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", s.data.source,
         s.data.shards.size(), s.data.total_rows, s.data.d_model, dtype_name(s.data.dtype),
         static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) / 1e6);
-    // Batches move as stored (reader, ring, exchanges, upload) and are widened on the backend.
-    const int64_t value_bytes = dtype_size(s.data.dtype);
+    if (!s.target.shards.empty())
+        fmt::print("target {} | {} shard(s), read row for row beside it (transcoder)\n",
+                   s.target.source, s.target.shards.size());
+    // Batches move as stored (reader, ring, exchanges, upload) and are widened on the backend;
+    // a transcoder's rows are its input and its target side by side.
+    const int64_t value_bytes = dtype_size(s.data.dtype) * static_cast<int64_t>(s.parts().size());
     fmt::print(
         "{} step(s) of {} rows per SAE replica | batches move as {} ({} B per token, {:.1f} MB "
         "a batch), widened to float32 on upload\n",
@@ -410,7 +446,9 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
             "held-out: {} rows from {}, never trained on ({:.1f} MB in memory, split among "
             "an SAE's replicas)\n",
             s.eval_rows(), s.split.eval_source,
-            static_cast<double>(s.eval_rows() * s.data.d_model * 4) / 1e6);
+            static_cast<double>(s.eval_rows() * s.data.d_model * 4 *
+                                static_cast<int64_t>(s.parts().size())) /
+                1e6);
 }
 
 // --- resume or start fresh ----------------------------------------------------------------------
@@ -549,11 +587,14 @@ SaeSummary summarize(const Setup& s, const LoopResult& res, SaeTrainer& trainer)
 }
 
 // sae/<id>/final.h5 on the raw activations (data.normalize's scale folded into the weights),
-// its feature-density histogram, and the recovery of planted features when the data has them.
+// its feature-density histogram, and the recovery of planted features when the data has them
+// (the decoder's: a transcoder's are the target's).
 void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
     const fs::path sae_dir = s.out() / "sae" / s.id();
     const std::string final_h5 = (sae_dir / "final.h5").string();
-    const fs::path truth = fs::path(s.cfg.data.path) / "ground_truth.h5";
+    const fs::path truth =
+        fs::path(s.target.shards.empty() ? s.cfg.data.path : s.cfg.data.target_path) /
+        "ground_truth.h5";
     SaeWeights w;
     if (trainer.latent_sharded()) {
         // Streamed from every latent shard to the first, which writes it (no whole copy).

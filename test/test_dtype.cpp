@@ -156,7 +156,7 @@ LoopResult train_on(BatchSource& source, int64_t batch, const SaeConfig& cfg,
                     std::vector<float>* params, bool stop_on_nonfinite = false) {
     auto be = make_cpu_backend(1);
     auto self = make_self_comm();
-    SaeTrainer tr(cfg, source.d_model(), total_steps_for(source.total_rows(), batch), 0, *be,
+    SaeTrainer tr(cfg, source.row_width(), total_steps_for(source.total_rows(), batch), 0, *be,
                   *self);
     LoopOptions opt;
     opt.batch_size = batch;

@@ -71,7 +71,8 @@ struct PassContext {
     int64_t B = 0, d = 0, n = 0;
     const float* p = nullptr;
     float* g = nullptr;
-    const float* x = nullptr;      // [B, d] the batch
+    const float* x = nullptr;      // [B, d] the batch (a transcoder's input)
+    const float* y = nullptr;      // [B, d] the target x_hat approximates: x, or a transcoder's
     float* xc = nullptr;           // [B, d] x - b_dec, the encoder's input (written by encode())
     float* pre = nullptr;          // [B, n] xc W_enc^T (written by encode())
     float* xhat = nullptr;         // [B, d] x_hat; after the residual, dL/dx_hat
@@ -152,6 +153,7 @@ struct ExportTensor {
 struct ArchExport {
     std::string saelens_architecture;           // SAELens cfg "architecture"
     std::vector<ExportTensor> saelens_tensors;  // in SAELens's names and layout
+    std::string saelens_refusal;                // non-empty: SAELens has no such SAE; why
     // Extra cfg.json entries, the values as JSON text: {"k", "32"}, {"rescale_...", "false"}.
     std::vector<std::pair<std::string, std::string>> saelens_cfg;
     // sparsify loads it as a SparseCoder with this activation and k (empty: it cannot, and
@@ -159,6 +161,9 @@ struct ArchExport {
     std::string sparsify_activation;
     int64_t sparsify_k = 0;
     std::string sparsify_refusal;
+    // A transcoder (sparsify's transcode: true); W_skip, when it has one (skip_connection).
+    bool sparsify_transcode = false;
+    std::vector<float> sparsify_w_skip;  // [d, d], sparsify's layout (x @ W_skip^T)
 };
 
 class Architecture {
@@ -208,6 +213,10 @@ public:
     // only), top-k selections through select_topk (common.h), stats that are sums over latents (L0,
     // L1), and no state over all latents in its step_sums. All but Switch do.
     virtual bool latent_shardable() const { return false; }
+    // Whether it is a transcoder: its rows are pairs, the input x (data.path) and the target y
+    // (data.target_path) side by side ([B, 2 d]); the encoder reads x as it is (no b_dec: that
+    // bias is the target's), and x_hat, the loss, FVU and b_dec's initial mean are the target's.
+    virtual bool transcodes() const { return false; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {
         return {};

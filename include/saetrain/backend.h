@@ -98,6 +98,12 @@ public:
     // the host (widen_to_f32) and uploads the floats; the CPU backend widens straight into dst,
     // the CUDA backend uploads the 16-bit words and widens them on its stream.
     virtual void upload_rows(float* dst, const void* src, DType t, int64_t n);
+    // The same for a block of columns: dst [rows, cols] from host rows of `stride` values of
+    // type t, src pointing at the block's first value (paired rows: a transcoder's input or
+    // target half). The default gathers the block on the host and calls upload_rows; the CPU
+    // backend widens straight into dst, the CUDA backend copies it with one strided memcpy.
+    virtual void upload_columns(float* dst, const void* src, DType t, int64_t rows, int64_t cols,
+                                int64_t stride);
     virtual void fill(float* x, int64_t n, float value) = 0;
     virtual void synchronize() = 0;
     // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer

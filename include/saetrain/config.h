@@ -23,7 +23,10 @@ struct RunConfig {
 };
 
 struct DataConfig {
-    std::string path;           // directory or glob of .h5 shards (required)
+    std::string path;  // directory or glob of .h5 shards (required)
+    // Transcoders (sae.arch transcoder, skip_transcoder): the target set, e.g. an MLP's output
+    // where data.path holds its input; the same shards, rows and token order as data.path.
+    std::string target_path;
     int64_t batch_size = 4096;  // rows per rank per step
     int64_t epochs = 1;
     int64_t max_tokens = 0;                // when > 0, replaces epochs
@@ -40,6 +43,7 @@ struct DataConfig {
     // held out of training (0: no evaluation).
     std::string eval_path;
     int64_t eval_rows = 0;
+    std::string eval_target_path;  // transcoders with eval_path: its target set
     // none | expected_average_only_in (SAELens's name and meaning): every SAE sees x * c, with
     // c = sqrt(d_model / mean ||x||^2) estimated on the first batch (all replicas' rows) and
     // kept with the checkpoints; final.h5 and exports fold c into the weights, so they work

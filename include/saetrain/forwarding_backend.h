@@ -35,6 +35,8 @@ public:
     void upload(void* dst, const void* src, int64_t bytes) override;
     void download(void* dst, const void* src, int64_t bytes) override;
     void upload_rows(float* dst, const void* src, DType t, int64_t n) override;
+    void upload_columns(float* dst, const void* src, DType t, int64_t rows, int64_t cols,
+                        int64_t stride) override;
     void fill(float* x, int64_t n, float value) override;
     void synchronize() override { be_.synchronize(); }
     bool host_memory() const override { return be_.host_memory(); }

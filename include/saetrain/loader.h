@@ -77,11 +77,17 @@ public:
     // Starts at `start` (a cursor() saved earlier with the same dataset, range and options).
     ShardBatchSource(const DatasetInfo& info, RowRange range, const LoaderOptions& opt,
                      ReaderCursor start);
+    // Several datasets read row for row (a transcoder's input and target): every part's rows
+    // of `range`, in one shuffle, each delivered row the parts' rows side by side
+    // ([rows, sum of their d_model]). The parts must store one type and hold the range;
+    // dataset_check_paired (shards.h) checks that they are aligned.
+    ShardBatchSource(const std::vector<DatasetInfo>& parts, RowRange range,
+                     const LoaderOptions& opt, ReaderCursor start = {});
     ~ShardBatchSource() override;
     ShardBatchSource(const ShardBatchSource&) = delete;
     ShardBatchSource& operator=(const ShardBatchSource&) = delete;
 
-    int64_t d_model() const override;
+    int64_t row_width() const override;
     // The shards' type, or float32 with LoaderOptions::widen.
     DType dtype() const override;
     // Rows of the whole run (all epochs, or max_rows), including any delivered before a restore.
@@ -100,7 +106,9 @@ public:
     int64_t buffer_bytes() const;
     const ShufflePlan& plan() const;
     // The dataset actually read: after staging, its shard paths point at the staged copies.
+    // With several parts, the first; datasets() lists them all.
     const DatasetInfo& dataset() const;
+    const std::vector<DatasetInfo>& datasets() const;
 
 private:
     struct Impl;

@@ -37,6 +37,14 @@ struct DatasetInfo {
 DatasetInfo dataset_open(const std::string& path_or_glob,
                          const std::string& dataset = "activations");
 
+// Throws Error naming the shard unless `target` is aligned with `input` row for row (a
+// transcoder's MLP input and output): the same rows per shard, d_model and type, and, where the
+// shards carry them, the same token ids (the first and last 4096 of each shard) and extraction
+// digest (contexts_sha256). The keys name the config's settings in messages (data.path,
+// data.target_path).
+void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
+                          const std::string& input_key, const std::string& target_key);
+
 // DatasetInfo as bytes and back: one rank validates a dataset and broadcasts the result, so a
 // job of R ranks opens every shard's metadata once instead of R times. unpack throws Error on
 // bytes that pack did not produce.
@@ -63,5 +71,8 @@ bool shard_overlaps(const ShardInfo& s, RowRange range);
 // (raw stored bytes by pread or H5Dread, then the same conversion): the held-out rows. Throws
 // Error naming the shard when a read fails.
 std::vector<float> read_rows(const DatasetInfo& info, RowRange range);
+// The same of several datasets read side by side: [range.size(), sum of their d_model], each
+// row the parts' rows in turn (a transcoder's held-out input and target).
+std::vector<float> read_rows(const std::vector<DatasetInfo>& parts, RowRange range);
 
 }  // namespace saetrain

@@ -23,7 +23,7 @@ class SharedBatchSource final : public BatchSource {
 public:
     // Collective: every rank of `group` constructs it together.
     SharedBatchSource(BatchSource& local, Communicator& group, int64_t batch_rows);
-    int64_t d_model() const override { return local_.d_model(); }
+    int64_t row_width() const override { return local_.row_width(); }
     DType dtype() const override { return local_.dtype(); }
     int64_t total_rows() const override { return total_; }
     // Collective. `rows` must be the batch_rows given at construction.
@@ -52,7 +52,7 @@ public:
     // Collective: every rank of `group` constructs it together; `reader` is used on rank 0
     // only (the others may pass null and learn its dtype() from rank 0).
     BroadcastBatchSource(BatchSource* reader, Communicator& group, int64_t d_model);
-    int64_t d_model() const override { return d_; }
+    int64_t row_width() const override { return d_; }
     DType dtype() const override { return dtype_; }
     int64_t total_rows() const override { return total_; }
     int64_t next(void* out, int64_t rows) override;  // collective

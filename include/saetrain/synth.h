@@ -29,6 +29,10 @@ struct SynthOptions {
     bool chunked = false;  // chunked by rows (else contiguous)
     int64_t chunk_rows = 1024;
     uint64_t seed = 0;
+    // Non-empty: also a paired target set here (a transcoder's data), row for row with out_dir:
+    // each target row is the same codes through a second set of planted features, with its own
+    // mean and noise; both sets carry token_ids (the global row index) and ground_truth.h5.
+    std::string target_dir;
 };
 
 // Writes shard_00000.h5 ... and ground_truth.h5 (dataset `features` [m, d_model], `mean`

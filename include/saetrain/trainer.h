@@ -67,7 +67,10 @@ public:
 
     // Every x_host below is a BatchView (dtype.h): rows in host memory, float32 (a float
     // pointer converts) or 16-bit as a BatchSource delivers them; they are widened where they
-    // are uploaded (Backend::upload_rows), exactly, so the dtype changes no result.
+    // are uploaded (Backend::upload_rows), exactly, so the dtype changes no result. Their rows
+    // are row_width() values: x [rows, d_model] for an SAE; for a transcoder each row is its
+    // input and its target side by side, [rows, 2 d_model], and "x_hat" below approximates the
+    // target (the loss, FVU and b_dec's mean are the target's).
 
     // Initializes the parameters: decoder rows random unit vectors (from the seed), W_enc as
     // W_dec transposed (times the fitted scale, train.encoder_init), b_enc = 0, b_dec = the
@@ -99,7 +102,9 @@ public:
     // Forward and backward only, for tests and the benchmark: gradients of
     // L * rows / norm_rows (norm_rows = rows: the mean loss L; 1: the summed loss) land in the
     // gradient buffer; returns L. `x_dev` is in backend memory.
-    StepResult compute_gradients(const float* x_dev, int64_t rows, int64_t norm_rows = 0);
+    // A transcoder's target rows are y_dev [rows, d_model] (null: x_dev, for an SAE).
+    StepResult compute_gradients(const float* x_dev, int64_t rows, int64_t norm_rows = 0,
+                                 const float* y_dev = nullptr);
 
     // Host copies of the flat parameter and gradient buffers (param_store.h's layout; this latent
     // shard's latents on a latent shard), and a setter. After step() the gradients are the ones
@@ -122,6 +127,9 @@ public:
     // Tokens since each of this latent shard's latents last fired.
     const std::vector<int64_t>& since_fired() const { return since_fired_; }
     int64_t d_model() const { return d_; }
+    // Values per row of the batches it takes: d_model, or 2 d_model for a transcoder (the input
+    // and the target side by side, Architecture::transcodes).
+    int64_t row_width() const { return transcodes_ ? 2 * d_ : d_; }
     int64_t n_latents() const { return n_total_; }  // the whole SAE's
     int64_t local_latents() const { return n_; }    // this latent shard's (all without sharding)
     bool latent_sharded() const { return store_->latent_sharded(); }
@@ -156,10 +164,14 @@ private:
     int64_t chunk_rows(int64_t rows) const {
         return cfg_.accum_steps > 1 ? (rows + cfg_.accum_steps - 1) / cfg_.accum_steps : rows;
     }
-    // x_host [rows, d] into x_ (widened on the backend), times the input scale (data.normalize).
+    // x_host [rows, row_width()] into x_ (widened on the backend), times the input scale
+    // (data.normalize); a transcoder's rows into x_ (the input) and y_ (the target).
     void upload_batch(BatchView x_host, int64_t rows);
-    // The pass context over x_dev [rows, d] and the trainer's buffers.
-    PassContext context(const float* x_dev, int64_t rows);
+    // The target of the uploaded batch: y_ for a transcoder, else x_.
+    const float* target() const { return transcodes_ ? y_.data() : x_.data(); }
+    // The pass context over x_dev [rows, d] (and the target y_dev; null: x_dev) and the
+    // trainer's buffers.
+    PassContext context(const float* x_dev, int64_t rows, const float* y_dev = nullptr);
     // The encoder, activation and decoder on x_dev [rows, d]: x_hat in xhat_, the activations
     // in the pass. `training`: the pass a step uses (BatchTopK's batch selection).
     void forward(const float* x_dev, int64_t rows, bool training);
@@ -170,13 +182,15 @@ private:
     // --- init (trainer.cpp) --------------------------------------------------------------------
     // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
     std::vector<float> initial_b_dec(const float* x, int64_t rows);
-    // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it).
-    void fit_encoder_scale(const float* x_host, int64_t rows, std::vector<float>& p);
+    // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it); y:
+    // the rows x_hat approximates (x, or a transcoder's targets).
+    void fit_encoder_scale(const float* x_host, const float* y_host, int64_t rows,
+                           std::vector<float>& p);
 
     // --- the step's pieces, in the order it runs them (trainer.cpp) ----------------------------
     // compute_gradients in two halves: queue forward, loss and backward (idle -> queued); then
     // read the step's sums back (queued -> idle).
-    void launch_gradients(const float* x_dev, int64_t rows, int64_t norm_rows);
+    void launch_gradients(const float* x_dev, int64_t rows, int64_t norm_rows, const float* y_dev);
     StepResult collect_gradients();
     // train.accum_steps > 1: the gradients of x_host's rows in that many chunks, summed into
     // the gradient buffer; the step's result waits in accumulated_ (idle -> accumulated).
@@ -234,7 +248,8 @@ private:
     int64_t bad_in_a_row_ = 0;
     float input_scale_ = 1.0f;  // data.normalize: every batch is multiplied by it
 
-    DeviceArray<float> x_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;
+    bool transcodes_;  // arch_.transcodes(): rows [x | y], y_ the target
+    DeviceArray<float> x_, y_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;
     DeviceArray<int32_t> fires_;
     int64_t batch_cap_ = 0;
     StepState state_ = StepState::idle;

@@ -2,6 +2,7 @@
 // the architectures' own ops as a backend hands them out (arch_ops.h).
 #include "saetrain/backend.h"
 
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -16,6 +17,18 @@ void Backend::upload_rows(float* dst, const void* src, DType t, int64_t n) {
     std::vector<float> wide(static_cast<size_t>(n));
     widen_to_f32(t, src, wide.data(), n);
     upload(dst, wide.data(), n * int64_t{sizeof(float)});
+}
+
+void Backend::upload_columns(float* dst, const void* src, DType t, int64_t rows, int64_t cols,
+                             int64_t stride) {
+    if (stride == cols) return upload_rows(dst, src, t, rows * cols);
+    const auto size = static_cast<size_t>(dtype_size(t));
+    std::vector<char> block(static_cast<size_t>(rows * cols) * size);
+    const auto* s = static_cast<const char*>(src);
+    for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(block.data() + static_cast<size_t>(r * cols) * size,
+                    s + static_cast<size_t>(r * stride) * size, static_cast<size_t>(cols) * size);
+    upload_rows(dst, block.data(), t, rows * cols);
 }
 
 // A host-memory backend exchanges its buffers through `group` itself. It still takes part in

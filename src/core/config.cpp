@@ -248,6 +248,8 @@ std::vector<Field> make_fields() {
         CFG_KEY(run, seed, "seeds the weights' initialization and the data's shuffling", kAny),
         CFG_KEY(data, path, "a directory or glob of .h5 activation shards", kAny,
                 required("a directory or glob of .h5 shards")),
+        CFG_KEY(data, target_path,
+                "transcoders: the target set (an MLP's output), row for row with data.path", kAny),
         CFG_KEY(data, batch_size, "rows (tokens) per rank per optimizer step", kAny, at_least(1)),
         CFG_KEY(
             data, epochs, "passes over the data (unless data.max_tokens > 0)", kAny,
@@ -267,6 +269,9 @@ std::vector<Field> make_fields() {
         CFG_KEY(data, nonfinite, "a batch holding NaN/Inf: skip (and count) or stop",
                 kNonfiniteChoices),
         same_results(CFG_KEY(data, eval_path, "held-out shards of their own (same d_model)", kAny)),
+        same_results(CFG_KEY(data, eval_target_path,
+                             "transcoders: the held-out target set, row for row with eval_path",
+                             kAny)),
         CFG_KEY(
             data, eval_rows, "held-out rows: of data.eval_path (0: all), or the last of data.path",
             kAny,
@@ -748,7 +753,26 @@ private:
             for (const Field& f : fields())
                 if (f.sweepable()) enforce(f, c, s);
             arch_get(s.arch).validate(s, 0, loc("sae.arch"));
+            // A transcoder reads paired rows, an SAE single ones: one stream cannot feed both.
+            const bool transcodes = arch_get(s.arch).transcodes();
+            SAE_ENFORCE(!transcodes || !c.data.target_path.empty(),
+                        "{}sae.arch: {} reads an MLP's input (data.path) and its output; set "
+                        "data.target_path to the output's shards, row for row with data.path",
+                        loc("sae.arch"), s.arch);
+            SAE_ENFORCE(transcodes || c.data.target_path.empty(),
+                        "{}data.target_path is set, but sae.arch {} reconstructs its input; use "
+                        "transcoder or skip_transcoder, or remove data.target_path",
+                        loc("data.target_path"), s.arch);
         }
+        SAE_ENFORCE(c.data.eval_path.empty() || c.data.target_path.empty() ||
+                        !c.data.eval_target_path.empty(),
+                    "{}data.eval_path is set for a transcoder: set data.eval_target_path to the "
+                    "held-out targets, row for row with it",
+                    loc("data.eval_path"));
+        SAE_ENFORCE(c.data.eval_target_path.empty() ||
+                        (!c.data.eval_path.empty() && !c.data.target_path.empty()),
+                    "{}data.eval_target_path needs data.eval_path and data.target_path",
+                    loc("data.eval_target_path"));
     }
 
     void enforce(const Field& f, const Config& c, const SaeConfig& point) const {

@@ -145,16 +145,16 @@ QualityGates QualityWindow::gates(const ParamStore& store) const {
 
 BatchView SaeTrainer::first_latent_shard_rows(BatchView x_host, int64_t r0, int64_t rows,
                                               std::vector<char>& buf) const {
-    if (!latent_sharded()) return x_host.rows_from(r0, d_);
+    if (!latent_sharded()) return x_host.rows_from(r0, row_width());
     const LatentShard& shard = store_->latent_shard();
     // The element type is the first latent shard's: the others may pass no rows at all.
     int64_t type = static_cast<int64_t>(x_host.dtype);
     shard.group->bcast(&type, sizeof(type), 0);
     const auto t = static_cast<DType>(type);
-    const int64_t bytes = rows * d_ * dtype_size(t);
+    const int64_t bytes = rows * row_width() * dtype_size(t);
     buf.resize(static_cast<size_t>(bytes));
     if (shard.index == 0)
-        std::memcpy(buf.data(), x_host.rows_from(r0, d_).data, static_cast<size_t>(bytes));
+        std::memcpy(buf.data(), x_host.rows_from(r0, row_width()).data, static_cast<size_t>(bytes));
     shard.group->bcast(buf.data(), bytes, 0);
     return {buf.data(), t};
 }
@@ -175,7 +175,7 @@ EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_ro
         upload_batch(first_latent_shard_rows(x_host, r0, B, shared), B);
         forward(x_.data(), B, false);
         be_.fill(stats_.data(), kStatCount, 0.0f);
-        be_.residual(xhat_.data(), x_.data(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
+        be_.residual(xhat_.data(), target(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
                      stats_.data());
         float st[kStatCount];
         be_.download(st, stats_.data(), sizeof(st));
@@ -195,7 +195,7 @@ void SaeTrainer::reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows,
     batch_rows = chunk_rows(batch_rows);
     for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
         const int64_t B = std::min(batch_rows, rows - r0);
-        upload_batch(x_host.rows_from(r0, d_), B);
+        upload_batch(x_host.rows_from(r0, row_width()), B);
         forward(x_.data(), B, false);
         be_.download(x_hat_host + r0 * d_, xhat_.data(), B * d_ * int64_t{sizeof(float)});
     }

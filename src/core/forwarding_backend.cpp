@@ -14,6 +14,11 @@ void ForwardingBackend::download(void* dst, const void* src, int64_t bytes) {
 void ForwardingBackend::upload_rows(float* dst, const void* src, DType t, int64_t n) {
     around("upload_rows", [&] { be_.upload_rows(dst, src, t, n); });
 }
+
+void ForwardingBackend::upload_columns(float* dst, const void* src, DType t, int64_t rows,
+                                       int64_t cols, int64_t stride) {
+    around("upload_columns", [&] { be_.upload_columns(dst, src, t, rows, cols, stride); });
+}
 void ForwardingBackend::fill(float* x, int64_t n, float value) {
     around("fill", [&] { be_.fill(x, n, value); });
 }

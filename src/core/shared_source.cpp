@@ -27,7 +27,7 @@ SharedBatchSource::SharedBatchSource(BatchSource& local, Communicator& group, in
                 "shared batch source: rank {} of the stream delivers {} rows, another rank "
                 "another type",
                 r, dtype_name(local.dtype()));
-    row_bytes_ = local.d_model() * dtype_size(local.dtype());
+    row_bytes_ = local.row_width() * dtype_size(local.dtype());
     const int64_t words = 1 + (max_share_ * row_bytes_ + 7) / 8;
     block_bytes_ = words * 8;
     send_.resize(static_cast<size_t>(words));

@@ -61,9 +61,9 @@ public:
         : trainer_(trainer),
           source_(source),
           opt_(opt),
-          d_(source.d_model()),
+          d_(source.row_width()),
           dtype_(source.dtype()),
-          batch_(opt.batch_allocator, opt.batch_size * source.d_model() * dtype_size(dtype_)),
+          batch_(opt.batch_allocator, opt.batch_size * source.row_width() * dtype_size(dtype_)),
           threads_(std::max(1, opt.threads)),
           // Model FLOPs per token (the architecture's count): what TFLOP/s and MFU count. TopK
           // runs sparse kernels on every backend, so its count is 2*d*n + 8*k*d.

@@ -39,6 +39,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       comm_(grad_comm),
       arch_(arch_get(cfg.arch)),
       pass_(arch_.make_pass(cfg, d_, n_, backend)),
+      transcodes_(arch_.transcodes()),
       dec_norms_(backend, n_),
       zsum_(backend, n_),
       xcol_(backend, d_),
@@ -52,6 +53,10 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
     arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
     check_latent_sharding(cfg, d_, n_total_, placement.count, "");
     arch_check_backend(cfg, d_, n_, be_);
+    SAE_ENFORCE(!transcodes_ || cfg.normalize == "none",
+                "data.normalize: {} is not supported for {} (it would need one scale for the "
+                "input and one for the target); use none",
+                cfg.normalize, cfg.arch);
     store_ = make_param_store(cfg, ParamLayout(n_, d_, arch_.extra_params(cfg, n_, d_)),
                               ParamLayout(n_total_, d_, arch_.extra_params(cfg, n_total_, d_)),
                               placement, be_, comm_);
@@ -63,17 +68,18 @@ void SaeTrainer::ensure_batch(int64_t rows) {
     if (rows <= batch_cap_) return;
     batch_cap_ = rows;
     x_ = DeviceArray<float>(be_, rows * d_);
+    if (transcodes_) y_ = DeviceArray<float>(be_, rows * d_);
     xc_ = DeviceArray<float>(be_, rows * d_);
     xhat_ = DeviceArray<float>(be_, rows * d_);
     if (pass_->uses_dense_pre()) pre_ = DeviceArray<float>(be_, rows * n_);
     pass_->reserve(rows);
 }
 
-PassContext SaeTrainer::context(const float* x, int64_t rows) {
+PassContext SaeTrainer::context(const float* x, int64_t rows, const float* y) {
     PassContext c{be_, store_->layout()};
     c.B = rows, c.d = d_, c.n = n_;
     c.p = store_->params(), c.g = store_->grads();
-    c.x = x, c.xc = xc_.data(), c.pre = pre_.data(), c.xhat = xhat_.data();
+    c.x = x, c.y = y ? y : x, c.xc = xc_.data(), c.pre = pre_.data(), c.xhat = xhat_.data();
     c.stats = stats_.data(), c.fires = fires_.data();
     c.dec_norms = dec_norms_.data(), c.col_scratch = zsum_.data();
     c.dead = &dead_, c.n_dead = n_dead_total_;
@@ -83,6 +89,12 @@ PassContext SaeTrainer::context(const float* x, int64_t rows) {
 
 void SaeTrainer::upload_batch(BatchView x_host, int64_t rows) {
     ensure_batch(rows);
+    if (transcodes_) {  // [x | y] rows: each half into its own buffer, in one strided copy
+        be_.upload_columns(x_.data(), x_host.data, x_host.dtype, rows, d_, 2 * d_);
+        const char* y_host = static_cast<const char*>(x_host.data) + d_ * dtype_size(x_host.dtype);
+        be_.upload_columns(y_.data(), y_host, x_host.dtype, rows, d_, 2 * d_);
+        return;  // data.normalize is refused for transcoders
+    }
     be_.upload_rows(x_.data(), x_host.data, x_host.dtype, rows * d_);
     if (input_scale_ != 1.0f) be_.axpby(x_.data(), x_.data(), input_scale_, 0.0f, rows * d_);
 }
@@ -134,9 +146,20 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     std::vector<float> wide;
     const float* x_raw = static_cast<const float*>(x_host.data);
     if (x_host.dtype != DType::f32) {
-        wide.resize(static_cast<size_t>(rows * d_));
-        widen_to_f32(x_host.dtype, x_host.data, wide.data(), rows * d_);
+        wide.resize(static_cast<size_t>(rows * row_width()));
+        widen_to_f32(x_host.dtype, x_host.data, wide.data(), rows * row_width());
         x_raw = wide.data();
+    }
+    // A transcoder's rows are [x | y]: the input and the target, apart (b_dec, the scales and
+    // the fitted encoder read the target; normalize is refused for transcoders).
+    std::vector<float> input, target;
+    if (transcodes_) {
+        input.resize(static_cast<size_t>(rows * d_)), target.resize(input.size());
+        for (int64_t r = 0; r < rows; ++r) {
+            std::copy_n(x_raw + r * 2 * d_, d_, input.data() + r * d_);
+            std::copy_n(x_raw + r * 2 * d_ + d_, d_, target.data() + r * d_);
+        }
+        x_raw = input.data();
     }
     // data.normalize: c = sqrt(d / mean ||x||^2) over all replicas' rows of this batch.
     std::vector<float> scaled;
@@ -169,16 +192,17 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
         const float inv = static_cast<float>(1.0 / std::sqrt(s));
         for (int64_t c = 0; c < d_; ++c) row[c] *= inv;
     }
-    std::copy(w_dec, w_dec + n_ * d_, p.data());  // W_enc (latent-major) = W_dec^T
-    const std::vector<float> b_dec = initial_b_dec(x, rows);
+    std::copy(w_dec, w_dec + n_ * d_, p.data());       // W_enc (latent-major) = W_dec^T
+    const float* y = transcodes_ ? target.data() : x;  // what x_hat approximates
+    const std::vector<float> b_dec = initial_b_dec(y, rows);
     std::copy(b_dec.begin(), b_dec.end(), p.begin() + off(ParamLayout::kBDec));
     InitInputs in;
     in.seed = seed_;
     {
-        double s[2] = {0, static_cast<double>(rows)};  // sum ||x - b_dec||^2, rows
+        double s[2] = {0, static_cast<double>(rows)};  // sum ||y - b_dec||^2, rows
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t c = 0; c < d_; ++c) {
-                const double v = double(x[r * d_ + c]) - b_dec[c];
+                const double v = double(y[r * d_ + c]) - b_dec[c];
                 s[0] += v * v;
             }
         comm_.allreduce_sum(s, 2);
@@ -186,22 +210,25 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     }
     arch_.init_extra(cfg_, store_->layout(), p, in);
     set_params_host(p);
-    if (cfg_.encoder_init == "fitted") fit_encoder_scale(x, rows, p);
+    if (cfg_.encoder_init == "fitted") fit_encoder_scale(x, y, rows, p);
 }
 
-void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<float>& p) {
+void SaeTrainer::fit_encoder_scale(const float* x, const float* y, int64_t rows,
+                                   std::vector<float>& p) {
     // With b_enc = 0, scaling W_enc by c scales every activation by c (ReLU and TopK are
     // positively homogeneous), so x_hat - b_dec = c * u with u the reconstruction at c = 1.
-    // The c minimizing sum ||c u - (x - b_dec)||^2 over the batch is <u, x - b_dec> / ||u||^2:
+    // The c minimizing sum ||c u - (y - b_dec)||^2 over the batch (y: x, or a transcoder's
+    // target) is <u, y - b_dec> / ||u||^2:
     // random unit decoder rows start the reconstruction at its best scale instead of
     // (n_latents / d_model)-fold too large (ReLU) or off by the batch's norm (TopK).
     const float* b_dec = p.data() + off(ParamLayout::kBDec);
-    double uv[2] = {0, 0};  // <u, x - b_dec>, ||u||^2 over all replicas' rows
+    double uv[2] = {0, 0};  // <u, y - b_dec>, ||u||^2 over all replicas' rows
     // In chunks of a step's chunk size (train.accum_steps): no buffer larger than a step's.
     const int64_t chunk = chunk_rows(rows);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t B = std::min(chunk, rows - r0);
         const float* xr = x + r0 * d_;
+        const float* yr = y + r0 * d_;
         ensure_batch(B);  // x is scaled already: uploaded as it is
         be_.upload(x_.data(), xr, B * d_ * static_cast<int64_t>(sizeof(float)));
         forward(x_.data(), B, true);
@@ -210,7 +237,7 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
         for (int64_t r = 0; r < B; ++r)
             for (int64_t c = 0; c < d_; ++c) {
                 const double u = double(xhat[r * d_ + c]) - b_dec[c];
-                uv[0] += u * (double(xr[r * d_ + c]) - b_dec[c]), uv[1] += u * u;
+                uv[0] += u * (double(yr[r * d_ + c]) - b_dec[c]), uv[1] += u * u;
             }
     }
     comm_.allreduce_sum(uv, 2);
@@ -244,7 +271,7 @@ void SaeTrainer::step_begin(BatchView x_host, int64_t rows) {
         upload_batch(x_host, rows);
         // Gradient of the summed loss: replicas with different row counts then add up to the
         // gradient of the mean over all rows once step_end divides by the total.
-        launch_gradients(x_.data(), rows, 1);  // -> queued
+        launch_gradients(x_.data(), rows, 1, target());  // -> queued
     } else {
         be_.fill(store_->grads(), store_->size(), 0.0f);  // an idle replica joins the reduce
         std::fill(fires_host_.begin(), fires_host_.end(), 0);
@@ -275,12 +302,15 @@ StepResult SaeTrainer::step_end() {
 
 // --- the step's pieces, in the order it runs them ----------------------------------------------
 
-StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t norm_rows) {
-    launch_gradients(x, rows, norm_rows);
+StepResult SaeTrainer::compute_gradients(const float* x, int64_t rows, int64_t norm_rows,
+                                         const float* y) {
+    SAE_ENFORCE(!transcodes_ || y != nullptr,
+                "SaeTrainer::compute_gradients: a transcoder needs its target rows");
+    launch_gradients(x, rows, norm_rows, y);
     return collect_gradients();
 }
 
-void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows) {
+void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_rows, const float* y) {
     const int64_t B = rows, d = d_;
     if (norm_rows <= 0) norm_rows = rows;
     transition(StepState::idle, StepState::queued, "launch_gradients");
@@ -288,15 +318,16 @@ void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_row
     ensure_batch(B);
     store_->new_gradient();
     be_.fill(stats_.data(), kStatCount, 0.0f);
-    PassContext c = context(x, B);
+    PassContext c = context(x, B, y);
     // d/dx_hat of sum_t ||err_t||^2 / norm_rows
     c.grad_scale = 2.0f / static_cast<float>(norm_rows);
     c.norm_rows = static_cast<float>(norm_rows);
     // forward: the activations and x_hat (summed over latent shards)
     pass_->forward(c, true);
     reduce_x_hat(B);
-    // loss: err = x_hat - x and its sums; dL/dx_hat in place of x_hat, b_dec's residual term
-    be_.residual(c.xhat, x, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
+    // loss: err = x_hat - y (y: x, or a transcoder's target) and its sums; dL/dx_hat in place
+    // of x_hat, b_dec's residual term
+    be_.residual(c.xhat, c.y, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
                  stats_.data());
     // On a latent shard b_dec's gradient is the residual's term (once, on the first latent shard)
     // plus every latent shard's term through its encoder input, summed below.
@@ -327,9 +358,9 @@ void SaeTrainer::accumulate_gradients(BatchView x_host, int64_t rows) {
     std::vector<int64_t> fired(static_cast<size_t>(n_), 0);
     for (int64_t a = 0; a < chunks; ++a) {
         const int64_t r0 = rows * a / chunks, r1 = rows * (a + 1) / chunks;
-        upload_batch(x_host.rows_from(r0, d), r1 - r0);
-        launch_gradients(x_.data(), r1 - r0, 1);  // the summed loss: chunks add up
-        last_rows_ = r1 - r0;                     // the activations the pass now holds
+        upload_batch(x_host.rows_from(r0, row_width()), r1 - r0);
+        launch_gradients(x_.data(), r1 - r0, 1, target());  // the summed loss: chunks add up
+        last_rows_ = r1 - r0;                               // the activations the pass now holds
         const StepResult c = collect_gradients();
         be_.axpby(accum_grads_.data(), grads, 1.0f, a == 0 ? 0.0f : 1.0f, n_params);
         sum.rows += c.rows, sum.sse += c.sse, sum.l1 += c.l1, sum.l0 += c.l0, sum.aux += c.aux;

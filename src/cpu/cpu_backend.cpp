@@ -170,6 +170,14 @@ public:
             widen_to_f32(t, s + i * size, dst + i, std::min(kPiece, n - i));
         }
     }
+    void upload_columns(float* dst, const void* src, DType t, int64_t rows, int64_t cols,
+                        int64_t stride) override {
+        const auto* s = static_cast<const char*>(src);
+        const int64_t size = dtype_size(t);
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+        for (int64_t r = 0; r < rows; ++r)
+            widen_to_f32(t, s + r * stride * size, dst + r * cols, cols);
+    }
     void fill(float* x, int64_t n, float value) override {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; ++i) x[i] = value;

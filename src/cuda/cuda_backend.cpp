@@ -88,6 +88,24 @@ public:
         upload(staging_.data(), src, n * int64_t{sizeof(uint16_t)});
         cuda::widen_16bit(stream(), staging_.data(), dst, n, t == DType::bf16);
     }
+    // One strided copy of the block (as stored), then the widening kernel for 16-bit rows.
+    void upload_columns(float* dst, const void* src, DType t, int64_t rows, int64_t cols,
+                        int64_t stride) override {
+        if (rows <= 0 || cols <= 0) return;
+        const auto size = static_cast<size_t>(dtype_size(t));
+        void* to = dst;
+        if (t != DType::f32) {
+            if (staging_.size() < rows * cols) staging_ = DeviceArray<uint16_t>(*this, rows * cols);
+            to = staging_.data();
+        }
+        SAE_CUDA_CHECK(
+            cudaMemcpy2DAsync(to, static_cast<size_t>(cols) * size, src,
+                              static_cast<size_t>(stride) * size, static_cast<size_t>(cols) * size,
+                              static_cast<size_t>(rows), cudaMemcpyHostToDevice, stream()));
+        SAE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+        if (t != DType::f32)
+            cuda::widen_16bit(stream(), staging_.data(), dst, rows * cols, t == DType::bf16);
+    }
     void fill(float* x, int64_t n, float value) override { cuda::fill(stream(), x, n, value); }
     void synchronize() override { SAE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
     bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {

@@ -71,6 +71,8 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
         {"format", "pt"}, {"saetrain_version", SAETRAIN_VERSION}, {"saetrain_id", meta.id}};
     std::vector<std::string> written;
     if (format == ExportFormat::saelens) {
+        SAE_ENFORCE(ex.saelens_refusal.empty(), "cannot export '{}' with --format saelens: {}",
+                    meta.id, ex.saelens_refusal);
         const std::string weights = (fs::path(dir) / "sae_weights.safetensors").string();
         std::vector<TensorView> tensors;
         for (const ExportTensor& t : ex.saelens_tensors)
@@ -107,12 +109,13 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
                     ex.sparsify_refusal, meta.id);
         const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
         const std::string weights = (fs::path(dir) / "sae.safetensors").string();
-        safetensors_write(weights,
-                          {{"encoder.weight", {n, d}, enc.data()},
-                           {"encoder.bias", {n}, w.b_enc.data()},
-                           {"W_dec", {n, d}, w.w_dec.data()},
-                           {"b_dec", {d}, w.b_dec.data()}},
-                          st_meta);
+        std::vector<TensorView> tensors = {{"encoder.weight", {n, d}, enc.data()},
+                                           {"encoder.bias", {n}, w.b_enc.data()},
+                                           {"W_dec", {n, d}, w.w_dec.data()},
+                                           {"b_dec", {d}, w.b_dec.data()}};
+        const bool skip = !ex.sparsify_w_skip.empty();
+        if (skip) tensors.push_back({"W_skip", {d, d}, ex.sparsify_w_skip.data()});
+        safetensors_write(weights, tensors, st_meta);
         nlohmann::ordered_json cfg;
         cfg["activation"] = ex.sparsify_activation;
         cfg["expansion_factor"] = n % d == 0 ? n / d : 0;
@@ -120,8 +123,8 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
         cfg["num_latents"] = n;
         cfg["k"] = ex.sparsify_k;
         cfg["multi_topk"] = false;
-        cfg["skip_connection"] = false;
-        cfg["transcode"] = false;
+        cfg["skip_connection"] = skip;
+        cfg["transcode"] = ex.sparsify_transcode;
         cfg["d_in"] = d;
         const std::string cfg_path = (fs::path(dir) / "cfg.json").string();
         write_json(cfg_path, cfg);

@@ -1,5 +1,9 @@
 // loader.cpp — the prefetching, shuffling reader behind ShardBatchSource (see loader.h).
 //
+// A source may read several datasets side by side (a transcoder's input and target): one plan,
+// one permutation and one cursor for all, each part read into its own region of the window and
+// a delivered row holding each part's row in turn.
+//
 // Three parties, two queues of buffer indices between them:
 //   reader thread  : reads a window's chunks (raw stored bytes) into one of two window buffers;
 //                    the only thread that touches the files (and HDF5, for fallback shards).
@@ -152,17 +156,31 @@ int64_t rows_of_run(const LoaderOptions& opt, int64_t per_epoch) {
     return opt.max_rows > 0 ? opt.max_rows : per_epoch * std::max<int64_t>(1, opt.epochs);
 }
 
+// The widest part's stored row: what one read request of read_bytes is cut by (each part's
+// requests are then at most read_bytes).
+int64_t widest_row_bytes(const std::vector<DatasetInfo>& parts) {
+    int64_t b = 1;
+    for (const DatasetInfo& p : parts) b = std::max(b, p.d_model * dtype_size(p.dtype));
+    return b;
+}
+
 }  // namespace
 
 // --- pipeline ------------------------------------------------------------------------------
 
 struct ShardBatchSource::Impl {
-    DatasetInfo info;
+    // The datasets read side by side (one for SAEs; a transcoder's input and target), each
+    // with its reader and its region of a window: part k's rows lie at window byte
+    // window_rows * (bytes of the parts before k), [rows, its d_model] as stored.
+    std::vector<DatasetInfo> parts;
+    const DatasetInfo& info;  // parts[0], named in messages
     RowRange range;
     LoaderOptions opt;
     ShufflePlan plan;
+    // d: values per delivered row (the parts' widths summed); disk_row_bytes: their stored bytes.
     int64_t d = 0, per_epoch = 0, total = 0, disk_row_bytes = 0;
-    DType out_type = DType::f32;  // what next() delivers: the stored type, or float32 (widen)
+    std::vector<int64_t> part_bytes;  // stored bytes of a row of each part
+    DType out_type = DType::f32;      // what next() delivers: the stored type, or float32 (widen)
     int64_t out_row_bytes = 0;
 
     // Consumer state (the caller's thread).
@@ -190,7 +208,7 @@ struct ShardBatchSource::Impl {
     Channel free_blocks, ready_blocks;
     std::vector<uint32_t> perm;  // emitter's permutation of the current window
 
-    std::unique_ptr<io::RawRowReader> reader;
+    std::vector<std::unique_ptr<io::RawRowReader>> readers;  // one per part
     struct Piece {
         int64_t row, rows;  // range-relative first row, rows
     };
@@ -202,16 +220,19 @@ struct ShardBatchSource::Impl {
     std::atomic<bool> stop{false};
     std::thread read_thread, emit_thread;
 
-    Impl(const DatasetInfo& in, RowRange r, const LoaderOptions& o)
-        : info(in),
+    Impl(const std::vector<DatasetInfo>& in, RowRange r, const LoaderOptions& o)
+        : parts(in),
+          info(parts.front()),
           range(r),
           opt(o),
-          plan(ShufflePlan::from_options(std::max<int64_t>(1, r.size()),
-                                         in.d_model * dtype_size(in.dtype), o)) {
-        d = info.d_model;
+          plan(ShufflePlan::from_options(std::max<int64_t>(1, r.size()), widest_row_bytes(in), o)) {
+        for (const DatasetInfo& p : parts) {
+            d += p.d_model;
+            part_bytes.push_back(p.d_model * dtype_size(p.dtype));
+            disk_row_bytes += part_bytes.back();
+        }
         per_epoch = range.size();
         total = rows_of_run(opt, per_epoch);
-        disk_row_bytes = d * dtype_size(info.dtype);
         out_type = opt.widen ? DType::f32 : info.dtype;
         out_row_bytes = d * dtype_size(out_type);
         if (!opt.allocator.alloc || !opt.allocator.free) opt.allocator = host_allocator_default();
@@ -243,7 +264,9 @@ struct ShardBatchSource::Impl {
         SAE_ENFORCE(delivered <= total,
                     "reader cursor (epoch {}, offset {}) lies beyond the run's {} rows", c.epoch,
                     c.offset, total);
-        if (!reader) reader = std::make_unique<io::RawRowReader>(info, range);
+        if (readers.empty())
+            for (const DatasetInfo& p : parts)
+                readers.push_back(std::make_unique<io::RawRowReader>(p, range));
         const int64_t window_rows = plan.window_capacity();
         for (Window& w : windows)
             w.bytes.allocate(static_cast<size_t>(window_rows * disk_row_bytes), opt.allocator);
@@ -336,12 +359,18 @@ struct ShardBatchSource::Impl {
                 else
                     queued -= pieces[i].rows * disk_row_bytes;
                 for (; hinted < pieces.size() && queued < ahead_bytes; ++hinted) {
-                    reader->will_need(range.begin + pieces[hinted].row, pieces[hinted].rows);
+                    for (auto& reader : readers)
+                        reader->will_need(range.begin + pieces[hinted].row, pieces[hinted].rows);
                     queued += pieces[hinted].rows * disk_row_bytes;
                 }
                 const Piece& pc = pieces[i];
-                reader->read(range.begin + pc.row, pc.rows,
-                             win.bytes.data() + win.rows * disk_row_bytes);
+                // Each part's rows into its region of the window, in part order.
+                int64_t region = 0;
+                for (size_t k = 0; k < readers.size(); ++k) {
+                    readers[k]->read(range.begin + pc.row, pc.rows,
+                                     win.bytes.data() + region + win.rows * part_bytes[k]);
+                    region += plan.window_capacity() * part_bytes[k];
+                }
                 bytes += pc.rows * disk_row_bytes;
                 win.rows += pc.rows;
                 reader_at.store(win.rows * disk_row_bytes, std::memory_order_relaxed);
@@ -393,27 +422,34 @@ struct ShardBatchSource::Impl {
                 if (!free_blocks.pop(&b)) return;
                 const int64_t n = std::min({block_rows, win.rows - p, total - global});
                 char* dst = blocks + static_cast<int64_t>(b) * block_rows * out_row_bytes;
-                // One row from the window into the block: as stored, or widened.
+                // Window row r into block row i: each part's row side by side, as stored or
+                // widened.
                 const bool widen = out_type != info.dtype;
-                auto emit_row = [&](const char* src, int64_t i) {
-                    if (widen)
-                        widen_to_f32(info.dtype, src,
-                                     reinterpret_cast<float*>(dst + i * out_row_bytes), d);
-                    else
-                        std::memcpy(dst + i * out_row_bytes, src,
-                                    static_cast<size_t>(out_row_bytes));
+                const int64_t cap = plan.window_capacity();
+                auto emit_row = [&](int64_t r, int64_t i) {
+                    const char* region = win.bytes.data();
+                    char* out = dst + i * out_row_bytes;
+                    for (size_t k = 0; k < parts.size(); ++k) {
+                        const char* src = region + r * part_bytes[k];
+                        const int64_t w = parts[k].d_model;
+                        if (widen)
+                            widen_to_f32(info.dtype, src, reinterpret_cast<float*>(out), w);
+                        else
+                            std::memcpy(out, src, static_cast<size_t>(part_bytes[k]));
+                        out += w * dtype_size(out_type);
+                        region += cap * part_bytes[k];
+                    }
                 };
                 // A block's rows are gathered on convert_threads threads: one thread gathers
                 // and widens ~0.5M 16-bit rows/s of d 768, less than a GPU trains.
                 const int nt = n * d >= (1 << 15) ? std::max(1, opt.convert_threads) : 1;
-                if (!plan.shuffled() && !widen) {
+                if (!plan.shuffled() && !widen && parts.size() == 1) {
                     // Disk order as stored: the block is one run of the window.
                     std::memcpy(dst, win.bytes.data() + p * disk_row_bytes,
                                 static_cast<size_t>(n * disk_row_bytes));
                 } else if (!plan.shuffled()) {
 #pragma omp parallel for schedule(static) num_threads(nt)
-                    for (int64_t i = 0; i < n; ++i)
-                        emit_row(win.bytes.data() + (p + i) * disk_row_bytes, i);
+                    for (int64_t i = 0; i < n; ++i) emit_row(p + i, i);
                 } else {
                     const char* base = win.bytes.data();
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -421,12 +457,16 @@ struct ShardBatchSource::Impl {
                         // Rows are scattered over a window of hundreds of MB: ask for the row
                         // after next early so its first lines are in cache when converted.
                         if (p + i + 2 < win.rows) {
-                            const char* ahead =
-                                base + static_cast<int64_t>(perm[p + i + 2]) * disk_row_bytes;
-                            for (int64_t k = 0; k < disk_row_bytes; k += 256)
-                                __builtin_prefetch(ahead + k);
+                            const char* region = base;
+                            for (size_t k = 0; k < parts.size(); ++k) {
+                                const char* ahead =
+                                    region + static_cast<int64_t>(perm[p + i + 2]) * part_bytes[k];
+                                for (int64_t o = 0; o < part_bytes[k]; o += 256)
+                                    __builtin_prefetch(ahead + o);
+                                region += cap * part_bytes[k];
+                            }
                         }
-                        emit_row(base + static_cast<int64_t>(perm[p + i]) * disk_row_bytes, i);
+                        emit_row(static_cast<int64_t>(perm[p + i]), i);
                     }
                 }
                 block_len[static_cast<size_t>(b)] = n;
@@ -444,9 +484,13 @@ struct ShardBatchSource::Impl {
 
 namespace {
 
-DatasetInfo staged(const DatasetInfo& info, RowRange range, const LoaderOptions& opt) {
-    if (opt.stage_dir.empty()) return info;
-    return stage_shards(info, range, opt.stage_dir, opt.progress);
+std::vector<DatasetInfo> staged(const std::vector<DatasetInfo>& parts, RowRange range,
+                                const LoaderOptions& opt) {
+    if (opt.stage_dir.empty()) return parts;
+    std::vector<DatasetInfo> out;
+    for (const DatasetInfo& p : parts)
+        out.push_back(stage_shards(p, range, opt.stage_dir, opt.progress));
+    return out;
 }
 
 }  // namespace
@@ -456,21 +500,33 @@ ShardBatchSource::ShardBatchSource(const DatasetInfo& info, RowRange range,
     : ShardBatchSource(info, range, opt, ReaderCursor{}) {}
 
 ShardBatchSource::ShardBatchSource(const DatasetInfo& info, RowRange range,
+                                   const LoaderOptions& opt, ReaderCursor start)
+    : ShardBatchSource(std::vector<DatasetInfo>{info}, range, opt, start) {}
+
+ShardBatchSource::ShardBatchSource(const std::vector<DatasetInfo>& parts, RowRange range,
                                    const LoaderOptions& opt, ReaderCursor start) {
-    SAE_ENFORCE(range.begin >= 0 && range.begin < range.end && range.end <= info.total_rows,
-                "dataset {}: this rank's row range [{}, {}) is empty or outside the dataset's {} "
-                "rows",
-                info.source, range.begin, range.end, info.total_rows);
+    SAE_ENFORCE(!parts.empty(), "loader: no dataset to read");
+    for (const DatasetInfo& p : parts) {
+        SAE_ENFORCE(range.begin >= 0 && range.begin < range.end && range.end <= p.total_rows,
+                    "dataset {}: this rank's row range [{}, {}) is empty or outside the "
+                    "dataset's {} rows",
+                    p.source, range.begin, range.end, p.total_rows);
+        SAE_ENFORCE(p.dtype == parts.front().dtype,
+                    "dataset {} stores {}, but {} read beside it stores {}; paired datasets "
+                    "must store one type",
+                    p.source, dtype_name(p.dtype), parts.front().source,
+                    dtype_name(parts.front().dtype));
+    }
     SAE_ENFORCE(opt.max_rows >= 0 && opt.epochs >= 0 && opt.ring_bytes > 0,
                 "loader: max_rows {} and epochs {} must be >= 0, ring_bytes {} > 0", opt.max_rows,
                 opt.epochs, opt.ring_bytes);
-    impl_ = std::make_unique<Impl>(staged(info, range, opt), range, opt);
+    impl_ = std::make_unique<Impl>(staged(parts, range, opt), range, opt);
     impl_->start(start);
 }
 
 ShardBatchSource::~ShardBatchSource() = default;
 
-int64_t ShardBatchSource::d_model() const { return impl_->d; }
+int64_t ShardBatchSource::row_width() const { return impl_->d; }
 DType ShardBatchSource::dtype() const { return impl_->out_type; }
 int64_t ShardBatchSource::total_rows() const { return impl_->total; }
 int64_t ShardBatchSource::bytes_read() const { return impl_->bytes.load(); }
@@ -478,6 +534,7 @@ double ShardBatchSource::wait_seconds() const { return impl_->wait_s; }
 int64_t ShardBatchSource::buffer_bytes() const { return impl_->buffer_bytes.load(); }
 const ShufflePlan& ShardBatchSource::plan() const { return impl_->plan; }
 const DatasetInfo& ShardBatchSource::dataset() const { return impl_->info; }
+const std::vector<DatasetInfo>& ShardBatchSource::datasets() const { return impl_->parts; }
 
 ReaderCursor ShardBatchSource::cursor() const {
     const Impl& m = *impl_;
@@ -488,10 +545,10 @@ void ShardBatchSource::restore(ReaderCursor c) {
     // A fresh pipeline over the same (already staged) dataset, in the same buffers (peak memory
     // stays buffer_bytes()); byte and wait counters carry on.
     impl_->shutdown();
-    auto fresh = std::make_unique<Impl>(impl_->info, impl_->range, impl_->opt);
+    auto fresh = std::make_unique<Impl>(impl_->parts, impl_->range, impl_->opt);
     fresh->bytes = impl_->bytes.load();
     fresh->wait_s = impl_->wait_s;
-    fresh->reader = std::move(impl_->reader);
+    fresh->readers = std::move(impl_->readers);
     for (int k = 0; k < 2; ++k) fresh->windows[k].bytes = std::move(impl_->windows[k].bytes);
     fresh->block_mem = std::move(impl_->block_mem);
     fresh->perm = std::move(impl_->perm);

@@ -443,4 +443,19 @@ std::vector<float> read_rows(const DatasetInfo& info, RowRange range) {
     return out;
 }
 
+std::vector<float> read_rows(const std::vector<DatasetInfo>& parts, RowRange range) {
+    if (parts.size() == 1) return read_rows(parts.front(), range);
+    int64_t width = 0;
+    for (const DatasetInfo& p : parts) width += p.d_model;
+    std::vector<float> out(static_cast<size_t>(range.size() * width));
+    int64_t col = 0;
+    for (const DatasetInfo& p : parts) {
+        const std::vector<float> part = read_rows(p, range);
+        for (int64_t r = 0; r < range.size(); ++r)
+            std::copy_n(part.data() + r * p.d_model, p.d_model, out.data() + r * width + col);
+        col += p.d_model;
+    }
+    return out;
+}
+
 }  // namespace saetrain

@@ -190,6 +190,82 @@ DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dat
     return info;
 }
 
+// --- paired datasets ----------------------------------------------------------------------
+
+namespace {
+
+// Up to `count` token ids of a shard from row `row` (int32; empty when the shard has none).
+std::vector<int32_t> token_ids_at(hid_t file, const std::string& path, int64_t row, int64_t count) {
+    if (!h5::link_exists(file, "token_ids")) return {};
+    h5::Dataset ds = h5::open_dataset(file, "token_ids", path);
+    const std::vector<hsize_t> dims = h5::dataset_dims(ds.get());
+    if (dims.size() != 1 || static_cast<int64_t>(dims[0]) < row + count) return {};
+    std::vector<int32_t> out(static_cast<size_t>(count));
+    h5::Space file_space(SAE_H5_CHECK(H5Dget_space(ds.get())));
+    const hsize_t start[1] = {static_cast<hsize_t>(row)}, n[1] = {static_cast<hsize_t>(count)};
+    SAE_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, n, nullptr));
+    h5::Space mem(SAE_H5_CHECK(H5Screate_simple(1, n, nullptr)));
+    SAE_H5_CHECK(
+        H5Dread(ds.get(), H5T_NATIVE_INT32, mem.get(), file_space.get(), H5P_DEFAULT, out.data()));
+    return out;
+}
+
+}  // namespace
+
+void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
+                          const std::string& input_key, const std::string& target_key) {
+    const std::string hint =
+        "; both sets must come from one extraction (tools/extract_activations.py with both "
+        "hooks, the same text and --max-tokens)";
+    SAE_ENFORCE(input.total_rows == target.total_rows, "{} {} holds {} rows, but {} {} holds {}{}",
+                target_key, target.source, target.total_rows, input_key, input.source,
+                input.total_rows, hint);
+    SAE_ENFORCE(input.shards.size() == target.shards.size(),
+                "{} {} has {} shard(s), but {} {} has {}{}", target_key, target.source,
+                target.shards.size(), input_key, input.source, input.shards.size(), hint);
+    SAE_ENFORCE(input.d_model == target.d_model,
+                "{} {} has d_model {}, but {} {} has {}: a transcoder here maps d_model values "
+                "to as many (an MLP's input to its output)",
+                target_key, target.source, target.d_model, input_key, input.source, input.d_model);
+    SAE_ENFORCE(input.dtype == target.dtype,
+                "{} {} stores {}, but {} {} stores {}; write both sets with one --dtype",
+                target_key, target.source, dtype_name(target.dtype), input_key, input.source,
+                dtype_name(input.dtype));
+    auto guard = h5::lock();
+    h5::init();
+    for (size_t i = 0; i < input.shards.size(); ++i) {
+        const ShardInfo& a = input.shards[i];
+        const ShardInfo& b = target.shards[i];
+        SAE_ENFORCE(a.rows == b.rows, "{} shard {} holds {} rows, but its partner {} holds {}{}",
+                    target_key, b.path, b.rows, a.path, a.rows, hint);
+        // The tokens behind the rows, where both shards name them: the first and the last
+        // 4096 token ids (a different text, order or --max-tokens shows there), and the
+        // extraction's digest of its contexts.
+        h5::File fa = h5::open_file(a.path), fb = h5::open_file(b.path);
+        for (const std::string name : {"contexts_sha256", "first_context"}) {
+            h5::Dataset da = h5::open_dataset(fa.get(), input.dataset, a.path);
+            h5::Dataset db = h5::open_dataset(fb.get(), target.dataset, b.path);
+            const std::string va = attr_on(da.get(), fa.get(), name.c_str());
+            const std::string vb = attr_on(db.get(), fb.get(), name.c_str());
+            SAE_ENFORCE(va.empty() || vb.empty() || va == vb,
+                        "{} shard {}: attribute {} ({}) differs from its partner {} ({}){}",
+                        target_key, b.path, name, vb, a.path, va, hint);
+        }
+        const int64_t n = std::min<int64_t>(4096, a.rows);
+        for (int64_t row : {int64_t{0}, a.rows - n}) {
+            const std::vector<int32_t> ta = token_ids_at(fa.get(), a.path, row, n);
+            const std::vector<int32_t> tb = token_ids_at(fb.get(), b.path, row, n);
+            if (ta.empty() || tb.empty()) break;
+            const auto m = std::mismatch(ta.begin(), ta.end(), tb.begin());
+            SAE_ENFORCE(m.first == ta.end(),
+                        "{} shard {}: row {} is token id {}, but row {} of its partner {} is "
+                        "token id {}: the rows are not aligned{}",
+                        target_key, b.path, row + (m.first - ta.begin()), *m.second,
+                        row + (m.first - ta.begin()), a.path, *m.first, hint);
+        }
+    }
+}
+
 // --- packing ------------------------------------------------------------------------------
 
 namespace {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <random>
 
 #include "h5.h"
@@ -53,23 +54,29 @@ h5::Type make_f16_type() {
 class RowGen {
 public:
     RowGen(const SynthOptions& o, std::mt19937_64& rng, const std::vector<float>& features,
-           const std::vector<float>& mean)
+           const std::vector<float>& mean, const std::vector<float>* out_features = nullptr,
+           const std::vector<float>* out_mean = nullptr)
         : o_(o),
           rng_(rng),
           features_(features),
           mean_(mean),
+          out_features_(out_features),
+          out_mean_(out_mean),
           count_(o.n_features, std::min(1.0, o.active_per_row / static_cast<double>(o.n_features))),
           logscale_(std::log(o.min_scale), std::log(o.max_scale)),
           pick_(static_cast<size_t>(o.n_features), 0) {}
 
-    // Fills out [n, d] with the next n rows.
-    void next(float* out, int64_t n) {
+    // Fills out [n, d] with the next n rows; with target features, target [n, d] with the same
+    // codes through them (its own mean and noise).
+    void next(float* out, int64_t n, float* target = nullptr) {
         const int64_t d = o_.d_model, m = o_.n_features;
         std::normal_distribution<double> noise(0.0, 1.0);
-        std::vector<double> x(static_cast<size_t>(d));
+        std::vector<double> x(static_cast<size_t>(d)), y(static_cast<size_t>(d));
         std::vector<int64_t> active;
         for (int64_t r = 0; r < n; ++r) {
             for (int64_t j = 0; j < d; ++j) x[j] = mean_[j];
+            if (target)
+                for (int64_t j = 0; j < d; ++j) y[j] = (*out_mean_)[static_cast<size_t>(j)];
             // Bernoulli(p) per feature is Binomial(m, p) active features, chosen uniformly
             // without replacement: O(k) per row instead of O(m).
             int64_t k = count_(rng_);
@@ -86,9 +93,17 @@ public:
                 double a = std::exp(logscale_(rng_));
                 const float* fv = &features_[static_cast<size_t>(f * d)];
                 for (int64_t j = 0; j < d; ++j) x[j] += a * fv[j];
+                if (target) {
+                    const float* gv = &(*out_features_)[static_cast<size_t>(f * d)];
+                    for (int64_t j = 0; j < d; ++j) y[j] += a * gv[j];
+                }
             }
             for (int64_t j = 0; j < d; ++j) x[j] += o_.noise_std * noise(rng_);
             for (int64_t j = 0; j < d; ++j) out[r * d + j] = static_cast<float>(x[j]);
+            if (target) {
+                for (int64_t j = 0; j < d; ++j) y[j] += o_.noise_std * noise(rng_);
+                for (int64_t j = 0; j < d; ++j) target[r * d + j] = static_cast<float>(y[j]);
+            }
         }
     }
 
@@ -97,6 +112,8 @@ private:
     std::mt19937_64& rng_;
     const std::vector<float>& features_;
     const std::vector<float>& mean_;
+    const std::vector<float>* out_features_;  // paired: the target's features and mean
+    const std::vector<float>* out_mean_;
     std::binomial_distribution<int64_t> count_;
     std::uniform_real_distribution<double> logscale_;
     std::vector<char> pick_;  // [m] scratch marks for Floyd's sampling, all zero between rows
@@ -115,58 +132,110 @@ void random_direction(std::mt19937_64& rng, float* out, int64_t d, double norm) 
     for (int64_t j = 0; j < d; ++j) out[j] = static_cast<float>(v[j] * s);
 }
 
-void write_shard(const std::string& path, const SynthOptions& o, int64_t rows, RowGen& gen) {
+// One shard's file: its `activations` dataset, written block by block, and with `first_row` >= 0
+// its token_ids (the global row index: paired sets must agree on them).
+class ShardFile {
+public:
+    ShardFile(const std::string& path, const SynthOptions& o, int64_t rows, int64_t first_row);
+    void write(const float* rows, int64_t r0, int64_t n);
+    void close();
+
+private:
+    std::string path_;
+    const SynthOptions& o_;
+    h5::File f_;
+    h5::Space fspace_;
+    h5::Type f16_;
+    h5::Dataset ds_;
+    std::vector<uint16_t> buf16_;
+};
+
+ShardFile::ShardFile(const std::string& path, const SynthOptions& o, int64_t rows,
+                     int64_t first_row)
+    : path_(path), o_(o) {
     const int64_t d = o.d_model;
-    h5::File f = h5::create_file(path);
+    h5::File& f = f_;
+    f = h5::create_file(path);
     hsize_t dims[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(d)};
-    h5::Space fspace(SAE_H5_CHECK(H5Screate_simple(2, dims, nullptr)));
+    fspace_ = h5::Space(SAE_H5_CHECK(H5Screate_simple(2, dims, nullptr)));
+    h5::Space& fspace = fspace_;
     h5::Plist dcpl(SAE_H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)));
     if (o.chunked) {
         hsize_t chunk[2] = {static_cast<hsize_t>(std::min(o.chunk_rows, rows)),
                             static_cast<hsize_t>(d)};
         SAE_H5_CHECK(H5Pset_chunk(dcpl.get(), 2, chunk));
     }
-    h5::Type f16 = make_f16_type();
+    f16_ = make_f16_type();
     hid_t ftype = o.dtype == DType::f32   ? H5T_IEEE_F32LE
-                  : o.dtype == DType::f16 ? f16.get()
+                  : o.dtype == DType::f16 ? f16_.get()
                                           : H5T_STD_U16LE;
-    hid_t mtype = o.dtype == DType::f32   ? H5T_NATIVE_FLOAT
-                  : o.dtype == DType::f16 ? f16.get()
-                                          : H5T_NATIVE_UINT16;
-    h5::Dataset ds(SAE_H5_CHECK(H5Dcreate2(f.get(), "activations", ftype, fspace.get(), H5P_DEFAULT,
-                                           dcpl.get(), H5P_DEFAULT)));
-    h5::write_attr_string(ds.get(), "model", "synthetic");
-    h5::write_attr_string(ds.get(), "hook", "synthetic");
-    h5::write_attr_int64(ds.get(), "d_model", d);
-    h5::write_attr_string(ds.get(), "dtype", dtype_name(o.dtype));
-
-    // Blocks of ~4M elements keep memory flat whatever the shard size.
-    const int64_t block = std::max<int64_t>(1, (int64_t{1} << 22) / d);
-    std::vector<float> buf;
-    std::vector<uint16_t> buf16;
-    for (int64_t r0 = 0; r0 < rows; r0 += block) {
-        int64_t n = std::min(block, rows - r0);
-        size_t elems = static_cast<size_t>(n * d);
-        buf.resize(elems);
-        gen.next(buf.data(), n);
-        hsize_t start[2] = {static_cast<hsize_t>(r0), 0};
-        hsize_t count[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(d)};
+    ds_ = h5::Dataset(SAE_H5_CHECK(H5Dcreate2(f.get(), "activations", ftype, fspace.get(),
+                                              H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)));
+    h5::write_attr_string(ds_.get(), "model", "synthetic");
+    h5::write_attr_string(ds_.get(), "hook", "synthetic");
+    h5::write_attr_int64(ds_.get(), "d_model", d);
+    h5::write_attr_string(ds_.get(), "dtype", dtype_name(o.dtype));
+    if (first_row >= 0) {
+        std::vector<int32_t> ids(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) ids[r] = static_cast<int32_t>((first_row + r) % 30522);
+        const hsize_t n[1] = {static_cast<hsize_t>(rows)};
+        h5::Space s(SAE_H5_CHECK(H5Screate_simple(1, n, nullptr)));
+        h5::Dataset t(SAE_H5_CHECK(H5Dcreate2(f.get(), "token_ids", H5T_STD_I32LE, s.get(),
+                                              H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
         SAE_H5_CHECK(
-            H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
-        h5::Space mspace(SAE_H5_CHECK(H5Screate_simple(2, count, nullptr)));
-        const void* src = buf.data();
-        if (o.dtype != DType::f32) {
-            buf16.resize(elems);
-            for (size_t i = 0; i < elems; ++i)
-                buf16[i] = o.dtype == DType::f16 ? math::float_to_fp16_bits(buf[i])
-                                                 : math::float_to_bf16_bits(buf[i]);
-            src = buf16.data();
-        }
-        SAE_H5_CHECK(H5Dwrite(ds.get(), mtype, mspace.get(), fspace.get(), H5P_DEFAULT, src));
+            H5Dwrite(t.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, ids.data()));
     }
-    ds.reset();
-    SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({}); is the disk full?", path,
+}
+
+void ShardFile::write(const float* rows, int64_t r0, int64_t n) {
+    const int64_t d = o_.d_model;
+    const size_t elems = static_cast<size_t>(n * d);
+    hsize_t start[2] = {static_cast<hsize_t>(r0), 0};
+    hsize_t count[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(d)};
+    SAE_H5_CHECK(
+        H5Sselect_hyperslab(fspace_.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
+    h5::Space mspace(SAE_H5_CHECK(H5Screate_simple(2, count, nullptr)));
+    hid_t mtype = o_.dtype == DType::f32   ? H5T_NATIVE_FLOAT
+                  : o_.dtype == DType::f16 ? f16_.get()
+                                           : H5T_NATIVE_UINT16;
+    const void* src = rows;
+    if (o_.dtype != DType::f32) {
+        buf16_.resize(elems);
+        for (size_t i = 0; i < elems; ++i)
+            buf16_[i] = o_.dtype == DType::f16 ? math::float_to_fp16_bits(rows[i])
+                                               : math::float_to_bf16_bits(rows[i]);
+        src = buf16_.data();
+    }
+    SAE_H5_CHECK(H5Dwrite(ds_.get(), mtype, mspace.get(), fspace_.get(), H5P_DEFAULT, src));
+}
+
+void ShardFile::close() {
+    ds_.reset();
+    SAE_ENFORCE(f_.close() >= 0, "file {}: closing failed ({}); is the disk full?", path_,
                 h5::last_error());
+}
+
+// The shard's rows from the generator, in blocks of ~4M elements (memory stays flat whatever
+// the shard size); with `target_path`, the paired target shard beside it.
+void write_shard(const std::string& path, const std::string& target_path, const SynthOptions& o,
+                 RowRange r, RowGen& gen) {
+    const int64_t d = o.d_model, rows = r.size();
+    const bool paired = !target_path.empty();
+    ShardFile in(path, o, rows, paired ? r.begin : -1);
+    std::optional<ShardFile> out;
+    if (paired) out.emplace(target_path, o, rows, r.begin);
+    const int64_t block = std::max<int64_t>(1, (int64_t{1} << 22) / d);
+    std::vector<float> buf, ybuf;
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+        const int64_t n = std::min(block, rows - r0);
+        buf.resize(static_cast<size_t>(n * d));
+        if (paired) ybuf.resize(buf.size());
+        gen.next(buf.data(), n, paired ? ybuf.data() : nullptr);
+        in.write(buf.data(), r0, n);
+        if (paired) out->write(ybuf.data(), r0, n);
+    }
+    in.close();
+    if (paired) out->close();
 }
 
 }  // namespace
@@ -185,24 +254,40 @@ void synth_write(const SynthOptions& opt) {
     for (int64_t i = 0; i < m; ++i) random_direction(rng, &features[i * d], d, 1.0);
     std::vector<float> mean(static_cast<size_t>(d));  // [d], norm mean_norm
     random_direction(rng, mean.data(), d, opt.mean_norm);
+    // Paired: the target's own planted features and mean, drawn after the input's.
+    const bool paired = !opt.target_dir.empty();
+    std::vector<float> out_features, out_mean;
+    if (paired) {
+        fs::create_directories(opt.target_dir, ec);
+        SAE_ENFORCE(!ec, "synth: cannot create directory {} ({})", opt.target_dir, ec.message());
+        out_features.resize(features.size()), out_mean.resize(mean.size());
+        for (int64_t i = 0; i < m; ++i) random_direction(rng, &out_features[i * d], d, 1.0);
+        random_direction(rng, out_mean.data(), d, opt.mean_norm);
+    }
 
-    {
-        std::string gt = (fs::path(opt.out_dir) / "ground_truth.h5").string();
+    auto ground_truth = [&](const std::string& dir, const std::vector<float>& f_rows,
+                            const std::vector<float>& mu) {
+        std::string gt = (fs::path(dir) / "ground_truth.h5").string();
         h5::File f = h5::create_file(gt);
-        h5::write_f32(f.get(), "features", features.data(),
+        h5::write_f32(f.get(), "features", f_rows.data(),
                       {static_cast<hsize_t>(m), static_cast<hsize_t>(d)});
-        h5::write_f32(f.get(), "mean", mean.data(), {static_cast<hsize_t>(d)});
+        h5::write_f32(f.get(), "mean", mu.data(), {static_cast<hsize_t>(d)});
         h5::write_attr_int64(f.get(), "seed", static_cast<int64_t>(opt.seed));
         h5::write_attr_string(f.get(), "active_per_row", fmt::format("{}", opt.active_per_row));
         SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({})", gt, h5::last_error());
-    }
+    };
+    ground_truth(opt.out_dir, features, mean);
+    if (paired) ground_truth(opt.target_dir, out_features, out_mean);
 
-    RowGen gen(opt, rng, features, mean);
+    RowGen gen(opt, rng, features, mean, paired ? &out_features : nullptr,
+               paired ? &out_mean : nullptr);
     for (int64_t s = 0; s < opt.shards; ++s) {
         // Same split as the ranks' partition: the first rows % shards shards get one more.
         RowRange r = partition_rows(opt.rows, static_cast<int>(s), static_cast<int>(opt.shards));
-        std::string path = (fs::path(opt.out_dir) / fmt::format("shard_{:05d}.h5", s)).string();
-        write_shard(path, opt, r.size(), gen);
+        const std::string name = fmt::format("shard_{:05d}.h5", s);
+        write_shard((fs::path(opt.out_dir) / name).string(),
+                    paired ? (fs::path(opt.target_dir) / name).string() : std::string(), opt, r,
+                    gen);
     }
 }
 

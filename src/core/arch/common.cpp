@@ -201,12 +201,16 @@ void AuxK::backward(PassContext& c) {
 }
 
 void SelectionPass::backward(PassContext& c, int64_t, int64_t) {
+    backward_selection(c);
+    encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+}
+
+void SelectionPass::backward_selection(PassContext& c) {
     const float* extra = decorr_.sparse(c, idx_.data(), val_.data(), width_);
     SparseBackward a = sparse_backward(c, c.xc, c.xhat, idx_.data(), val_.data(), c.B, width_);
     a.dval_extra = extra;
     c.be.topk_backward(a);
     auxk_.backward(c);
-    encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
 }
 
 }  // namespace saetrain::arch

@@ -149,6 +149,9 @@ public:
     SelectionPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
         : be_(be), auxk_(cfg, d, n, be), decorr_(cfg), width_(cfg.k) {}
     void backward(PassContext& c, int64_t step, int64_t total_steps) override;
+    // backward() without b_dec's term through the encoder input (a transcoder's encoder reads
+    // x itself): the selection's gradients, the decorrelation penalty's and AuxK's.
+    void backward_selection(PassContext& c);
     double penalty(const float* st) const override {
         return auxk_.penalty(st) + decorr_.penalty(st);
     }
@@ -181,5 +184,7 @@ const Architecture& batchtopk_arch();
 const Architecture& jumprelu_arch();
 const Architecture& gated_arch();
 const Architecture& switch_arch();
+const Architecture& transcoder_arch();
+const Architecture& skip_transcoder_arch();
 
 }  // namespace saetrain::arch

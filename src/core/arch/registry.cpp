@@ -10,8 +10,10 @@ std::string default_arch_name() { return kDefaultArch; }
 
 const std::vector<const Architecture*>& architectures() {
     static const std::vector<const Architecture*> all = {
-        &arch::relu_arch(),     &arch::topk_arch(),  &arch::batchtopk_arch(),
-        &arch::jumprelu_arch(), &arch::gated_arch(), &arch::switch_arch(),
+        &arch::relu_arch(),       &arch::topk_arch(),
+        &arch::batchtopk_arch(),  &arch::jumprelu_arch(),
+        &arch::gated_arch(),      &arch::switch_arch(),
+        &arch::transcoder_arch(), &arch::skip_transcoder_arch(),
     };
     return all;
 }
