@@ -393,7 +393,9 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
         auto self = make_self_comm();
         std::mt19937 rng(11);
         std::normal_distribution<float> normal(0.0f, 1.0f);
-        std::vector<std::vector<float>> batches(7, std::vector<float>(rows * d));
+        // A transcoder's rows are [x | y]: twice as wide.
+        const int64_t width = arch_get(arch).transcodes() ? 2 * d : d;
+        std::vector<std::vector<float>> batches(7, std::vector<float>(rows * width));
         for (auto& b : batches)
             for (float& v : b) v = normal(rng);
         SaeTrainer a(cfg, d, 6, 1, *be, *self);
@@ -900,7 +902,7 @@ TEST(ArchOps, AForwardingBackendSeesEveryArchitectureOp) {
     const int64_t d = 16, rows = 64;
     std::mt19937 rng(3);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(rows * d));
+    std::vector<float> x(static_cast<size_t>(rows * 2 * d));  // wide enough for [x | y] rows
     for (float& v : x) v = normal(rng);
     for (const Architecture* a : architectures()) {
         Recorder rec(*cpu);

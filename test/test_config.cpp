@@ -219,6 +219,27 @@ TEST(Config, ArchNamesComeFromTheRegistry) {
     EXPECT_THROW(arch_get("nope"), Error);
 }
 
+// A transcoder needs its target set, an SAE must not have one, and held-out rows of a transcoder
+// need their targets: each refusal names the key.
+TEST(ConfigErrors, TranscodersAndTargetSetsGoTogether) {
+    EXPECT_HAS(parse_error(kMinimal + "sae: {arch: transcoder}\n"),
+               "sae.arch: transcoder reads an MLP's input (data.path) and its output; set "
+               "data.target_path");
+    EXPECT_HAS(parse_error("data: {path: a, target_path: b}\nsae: {arch: topk}\n"),
+               "data.target_path is set, but sae.arch topk reconstructs its input");
+    EXPECT_HAS(parse_error("data: {path: a, target_path: b, eval_path: c}\n"
+                           "sae: {arch: skip_transcoder}\n"),
+               "data.eval_path is set for a transcoder: set data.eval_target_path");
+    EXPECT_HAS(parse_error("data: {path: a, eval_target_path: c}\n"),
+               "data.eval_target_path needs data.eval_path and data.target_path");
+    const Config c = config_parse(
+        "data: {path: a, target_path: b, eval_path: c, "
+        "eval_target_path: d}\nsae: {arch: transcoder}\n");
+    EXPECT_EQ(c.data.target_path, "b");
+    EXPECT_EQ(c.data.eval_target_path, "d");
+    EXPECT_TRUE(arch_get(c.sae.arch).transcodes());
+}
+
 // ---- unknown keys and suggestions --------------------------------------------------------------
 
 TEST(ConfigErrors, TypoSuggestsNearestKey) {

@@ -132,7 +132,7 @@ TEST(GemmLayout, EveryCallTheTrainerMakes) {
     const int64_t B = 7, d = 6, steps = 3;
     std::mt19937 rng(5);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(B * d));
+    std::vector<float> x(static_cast<size_t>(B * 2 * d));  // wide enough for [x | y] rows
     for (float& v : x) v = normal(rng);
     auto cpu = make_cpu_backend(1);
     size_t replayed = 0;

@@ -1,4 +1,5 @@
-// Finite-difference checks of the analytic gradients, for ReLU-L1 and TopK SAEs.
+// Finite-difference checks of the analytic gradients, for ReLU-L1 and TopK SAEs and TopK
+// transcoders.
 //
 // The reference loss is an independent forward pass written here in double precision, so the
 // central differences are accurate to ~1e-8 and any disagreement is the analytic gradient's.
@@ -25,19 +26,25 @@ struct Dims {
 };
 
 // L = mean_t ||x_hat_t - x_t||^2 + l1 * mean_t sum_i z_ti ||W_dec_i||, flat layout as in trainer.h.
+// A transcoder (y given): the encoder reads x without b_dec, x_hat approximates y, and with
+// `skip` x_hat adds x W_skip^T (W_skip [d, d] after b_dec in the layout).
 double ref_loss(const std::vector<double>& p, const std::vector<float>& x, const Dims& s,
-                const std::string& arch, double l1) {
+                const std::string& arch, double l1, const std::vector<float>* y = nullptr,
+                bool skip = false) {
     const int64_t d = s.d, n = s.n;
     const double* w_enc = p.data();
     const double* w_dec = p.data() + n * d;
     const double* b_enc = p.data() + 2 * n * d;
     const double* b_dec = b_enc + n;
+    const double* w_skip = b_dec + d;
+    const std::vector<float>& target = y ? *y : x;
     double loss = 0;
     for (int64_t t = 0; t < s.rows; ++t) {
         std::vector<double> pre(n), z(n, 0.0);
         for (int64_t l = 0; l < n; ++l) {
             double a = b_enc[l];
-            for (int64_t c = 0; c < d; ++c) a += (x[t * d + c] - b_dec[c]) * w_enc[l * d + c];
+            for (int64_t c = 0; c < d; ++c)
+                a += (x[t * d + c] - (y ? 0.0 : b_dec[c])) * w_enc[l * d + c];
             pre[l] = a;
         }
         if (arch == "relu") {
@@ -52,7 +59,9 @@ double ref_loss(const std::vector<double>& p, const std::vector<float>& x, const
         for (int64_t c = 0; c < d; ++c) {
             double xh = b_dec[c];
             for (int64_t l = 0; l < n; ++l) xh += z[l] * w_dec[l * d + c];
-            loss += (xh - x[t * d + c]) * (xh - x[t * d + c]);
+            if (skip)
+                for (int64_t j = 0; j < d; ++j) xh += x[t * d + j] * w_skip[c * d + j];
+            loss += (xh - target[t * d + c]) * (xh - target[t * d + c]);
         }
         for (int64_t l = 0; l < n; ++l) {
             double nrm = 0;
@@ -65,6 +74,7 @@ double ref_loss(const std::vector<double>& p, const std::vector<float>& x, const
 
 void check_gradients(const std::string& arch) {
     const Dims s{8, 12, 24, 5};
+    const bool transcodes = arch_get(arch).transcodes(), skip = arch == "skip_transcoder";
     SaeConfig cfg;
     cfg.arch = arch;
     cfg.n_latents = s.n;
@@ -78,15 +88,23 @@ void check_gradients(const std::string& arch) {
 
     std::mt19937 rng(42);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(s.rows * s.d), p(static_cast<size_t>(2 * s.n * s.d + s.n + s.d));
+    std::vector<float> x(s.rows * s.d), y(x.size()),
+        p(static_cast<size_t>(2 * s.n * s.d + s.n + s.d + (skip ? s.d * s.d : 0)));
+    ASSERT_EQ(p.size(), tr.params_host().size());
     for (float& v : x) v = normal(rng);
+    for (float& v : y) v = normal(rng);
     for (float& v : p) v = 0.4f * normal(rng);
     tr.set_params_host(p);
+    const std::vector<float>* target = transcodes ? &y : nullptr;
+    auto ref = [&](const std::vector<double>& q) {
+        return ref_loss(q, x, s, arch, cfg.l1_coeff, target, skip);
+    };
 
-    const StepResult r = tr.compute_gradients(x.data(), s.rows);  // CPU: host memory is fine
+    // CPU: host memory is fine
+    const StepResult r = tr.compute_gradients(x.data(), s.rows, 0, transcodes ? y.data() : nullptr);
     const std::vector<float> g = tr.grads_host();
     std::vector<double> pd(p.begin(), p.end());
-    const double l0 = ref_loss(pd, x, s, arch, cfg.l1_coeff);
+    const double l0 = ref(pd);
     EXPECT_NEAR(r.loss, l0, 1e-4 * std::abs(l0)) << "trainer loss differs from the reference";
 
     const double h = 1e-5;
@@ -95,9 +113,9 @@ void check_gradients(const std::string& arch) {
     for (size_t i = 0; i < pd.size(); ++i) {
         const double keep = pd[i];
         pd[i] = keep + h;
-        const double lp = ref_loss(pd, x, s, arch, cfg.l1_coeff);
+        const double lp = ref(pd);
         pd[i] = keep - h;
-        const double lm = ref_loss(pd, x, s, arch, cfg.l1_coeff);
+        const double lm = ref(pd);
         pd[i] = keep;
         // At a kink (ReLU at 0, a TopK selection change) the one-sided slopes disagree: skip.
         const double right = (lp - l0) / h, left = (l0 - lm) / h;
@@ -147,5 +165,10 @@ TEST(Gradients, NonFiniteStepsAreSkippedThenStop) {
     EXPECT_THROW(tr.step(huge.data(), 8), Error);
 }
 TEST(Gradients, TopkMatchesFiniteDifferences) { check_gradients("topk"); }
+
+// The transcoders: the encoder reads x as it is (no b_dec term), the loss is against y, and the
+// skip-transcoder's W_skip gets (dL/dy_hat)^T x.
+TEST(Gradients, TranscoderMatchesFiniteDifferences) { check_gradients("transcoder"); }
+TEST(Gradients, SkipTranscoderMatchesFiniteDifferences) { check_gradients("skip_transcoder"); }
 
 }  // namespace

@@ -7,6 +7,7 @@
 // back to its global row in the oracle's read of the whole dataset, and a match
 // also proves the values are bit-identical.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <algorithm>
 #include <cmath>
@@ -630,4 +631,157 @@ TEST(Loader, BuffersDoNotGrowOverEpochs) {
     while (s.next(buf.data(), 100) > 0) {
         ASSERT_EQ(s.buffer_bytes(), at_start);
     }
+}
+
+// Paired datasets (a transcoder's input and target) are read row for row by one reader: every
+// delivered row is an input row followed by the target row of the same index, in one shuffle
+// (each row once per epoch, the same order as the input read alone), and a cursor restores the
+// pairs' remaining stream; 16-bit pairs as stored. The alignment check refuses sets that differ
+// in shards, rows or token ids, naming the shard.
+TEST(Loader, PairedSetsAreReadRowForRowInOneShuffle) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = tmp / "in";
+    so.target_dir = tmp / "out";
+    so.d_model = 8, so.n_features = 32, so.rows = 3001, so.shards = 3, so.seed = 4;
+    so.dtype = DType::f16;
+    synth_write(so);
+    const DatasetInfo in = dataset_open(tmp / "in"), out = dataset_open(tmp / "out");
+    EXPECT_NO_THROW(dataset_check_paired(in, out, "data.path", "data.target_path"));
+    const std::vector<float> xs = read_rows(in, {0, in.total_rows});
+    const std::vector<float> ys = read_rows(out, {0, out.total_rows});
+    const int64_t d = in.d_model;
+    std::map<std::vector<float>, int64_t> row_of;  // an input row's values -> its index
+    for (int64_t r = 0; r < in.total_rows; ++r)
+        row_of[std::vector<float>(xs.begin() + r * d, xs.begin() + (r + 1) * d)] = r;
+    ASSERT_EQ(static_cast<int64_t>(row_of.size()), in.total_rows);
+
+    const RowRange range = partition_rows(in.total_rows, 1, 2);
+    LoaderOptions o;
+    o.epochs = 2, o.shuffle_rows = 400, o.read_bytes = 1024, o.seed = 9, o.widen = true;
+    auto drain = [&](ShardBatchSource& src, int64_t limit) {
+        std::vector<int64_t> order;
+        std::vector<float> buf(static_cast<size_t>(37 * 2 * d));
+        while (static_cast<int64_t>(order.size()) < limit) {
+            const int64_t got =
+                src.next(buf.data(), std::min<int64_t>(37, limit - int64_t(order.size())));
+            if (got == 0) break;
+            for (int64_t i = 0; i < got; ++i) {
+                const float* row = buf.data() + i * 2 * d;
+                const auto it = row_of.find(std::vector<float>(row, row + d));
+                EXPECT_NE(it, row_of.end()) << "an input half that is no input row";
+                if (it == row_of.end()) return order;
+                EXPECT_TRUE(std::equal(row + d, row + 2 * d, ys.begin() + it->second * d))
+                    << "row " << it->second << ": the target half is another row's";
+                order.push_back(it->second);
+            }
+        }
+        return order;
+    };
+    ShardBatchSource paired(std::vector<DatasetInfo>{in, out}, range, o);
+    EXPECT_EQ(paired.row_width(), 2 * d);
+    EXPECT_EQ(paired.dtype(), DType::f32);
+    const std::vector<int64_t> stream = drain(paired, 1 << 20);
+    ASSERT_EQ(static_cast<int64_t>(stream.size()), 2 * range.size());
+    for (int e = 0; e < 2; ++e) {
+        std::vector<int64_t> epoch(stream.begin() + e * range.size(),
+                                   stream.begin() + (e + 1) * range.size());
+        std::sort(epoch.begin(), epoch.end());
+        for (int64_t i = 0; i < range.size(); ++i) ASSERT_EQ(epoch[i], range.begin + i);
+    }
+    // The input read alone comes in the same order: one plan for both.
+    ShardBatchSource alone(in, range, o);
+    std::vector<float> abuf(static_cast<size_t>(range.size() * d));
+    ASSERT_EQ(alone.next(abuf.data(), range.size()), range.size());
+    for (int64_t i = 0; i < range.size(); ++i)
+        ASSERT_TRUE(std::equal(abuf.begin() + i * d, abuf.begin() + (i + 1) * d,
+                               xs.begin() + stream[i] * d))
+            << "position " << i;
+    // A cursor mid-epoch restores the pairs' remaining stream.
+    ShardBatchSource first(std::vector<DatasetInfo>{in, out}, range, o);
+    const std::vector<int64_t> head = drain(first, 777);
+    ShardBatchSource resumed(std::vector<DatasetInfo>{in, out}, range, o, first.cursor());
+    std::vector<int64_t> joined = head;
+    const std::vector<int64_t> tail = drain(resumed, 1 << 20);
+    joined.insert(joined.end(), tail.begin(), tail.end());
+    EXPECT_EQ(joined, stream);
+    // As stored (16-bit): the same pairs, bit for bit.
+    o.widen = false;
+    ShardBatchSource raw(std::vector<DatasetInfo>{in, out}, range, o);
+    EXPECT_EQ(raw.dtype(), DType::f16);
+    std::vector<uint16_t> words(static_cast<size_t>(range.size() * 2 * d));
+    ASSERT_EQ(raw.next(words.data(), range.size()), range.size());
+    std::vector<float> wide(words.size());
+    widen_to_f32(DType::f16, words.data(), wide.data(), static_cast<int64_t>(words.size()));
+    for (int64_t i = 0; i < range.size(); ++i) {
+        ASSERT_TRUE(std::equal(wide.begin() + i * 2 * d, wide.begin() + i * 2 * d + d,
+                               xs.begin() + stream[i] * d));
+        ASSERT_TRUE(std::equal(wide.begin() + i * 2 * d + d, wide.begin() + (i + 1) * 2 * d,
+                               ys.begin() + stream[i] * d));
+    }
+    // read_rows of the pair: [rows, 2 d], each row its input and its target.
+    const std::vector<float> both = read_rows(std::vector<DatasetInfo>{in, out}, {5, 9});
+    for (int64_t r = 0; r < 4; ++r) {
+        EXPECT_TRUE(std::equal(both.begin() + r * 2 * d, both.begin() + r * 2 * d + d,
+                               xs.begin() + (5 + r) * d));
+        EXPECT_TRUE(std::equal(both.begin() + r * 2 * d + d, both.begin() + (r + 1) * 2 * d,
+                               ys.begin() + (5 + r) * d));
+    }
+}
+
+TEST(Loader, MisalignedPairsAreRefusedNamingTheShard) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = tmp / "in";
+    so.target_dir = tmp / "out";
+    so.d_model = 8, so.n_features = 32, so.rows = 3000, so.shards = 3, so.seed = 4;
+    synth_write(so);
+    // Other shard boundaries: the same rows in 2 shards.
+    SynthOptions two = so;
+    two.out_dir = tmp / "in2", two.target_dir = tmp / "out2", two.shards = 2;
+    synth_write(two);
+    const DatasetInfo in = dataset_open(tmp / "in");
+    std::string m = saetrain::testing::error_of([&] {
+        dataset_check_paired(in, dataset_open(tmp / "out2"), "data.path", "data.target_path");
+    });
+    EXPECT_NE(m.find("data.target_path " + (tmp / "out2") + " has 2 shard(s), but data.path"),
+              std::string::npos)
+        << m;
+    // Fewer rows in all.
+    SynthOptions fewer = so;
+    fewer.out_dir = tmp / "in3", fewer.target_dir = tmp / "out3", fewer.rows = 2999;
+    synth_write(fewer);
+    m = saetrain::testing::error_of([&] {
+        dataset_check_paired(in, dataset_open(tmp / "out3"), "data.path", "data.target_path");
+    });
+    EXPECT_NE(m.find("holds 2999 rows, but data.path"), std::string::npos) << m;
+    // Another width.
+    SynthOptions wide = so;
+    wide.out_dir = tmp / "in4", wide.target_dir = tmp / "out4", wide.d_model = 16;
+    synth_write(wide);
+    m = saetrain::testing::error_of([&] {
+        dataset_check_paired(in, dataset_open(tmp / "out4"), "data.path", "data.target_path");
+    });
+    EXPECT_NE(m.find("has d_model 16, but data.path"), std::string::npos) << m;
+    // The same shapes but other tokens: one token id changed in the last shard's last rows.
+    const std::string last = (fs::path(tmp / "out") / "shard_00002.h5").string();
+    {
+        hid_t f = H5Fopen(last.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        ASSERT_GE(f, 0);
+        hid_t ds = H5Dopen2(f, "token_ids", H5P_DEFAULT);
+        hid_t space = H5Dget_space(ds);
+        const hsize_t at[1] = {999}, one[1] = {1};
+        H5Sselect_hyperslab(space, H5S_SELECT_SET, at, nullptr, one, nullptr);
+        hid_t mem = H5Screate_simple(1, one, nullptr);
+        const int32_t v = -7;
+        ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_INT32, mem, space, H5P_DEFAULT, &v), 0);
+        H5Sclose(mem), H5Sclose(space), H5Dclose(ds), H5Fclose(f);
+    }
+    m = saetrain::testing::error_of([&] {
+        dataset_check_paired(in, dataset_open(tmp / "out"), "data.path", "data.target_path");
+    });
+    EXPECT_NE(m.find("data.target_path shard " + last + ": row 999 is token id -7"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
 }

@@ -552,7 +552,8 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 48;
     for (const int S : shard_counts(w.size()))
-        for (const char* name_c : {"topk", "auxk", "batchtopk", "relu", "jumprelu", "gated"}) {
+        for (const char* name_c : {"topk", "auxk", "batchtopk", "relu", "jumprelu", "gated",
+                                   "transcoder", "skip_transcoder"}) {
             const std::string name = name_c;
             // BatchTopK selects over each replica's batch: the one-process reference over all
             // rows is the same SAE only with one replica.
@@ -572,7 +573,7 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
             EXPECT_EQ(tr.local_latents(), cfg.n_latents / S);
             std::mt19937 rng(100 + g.replica);  // each replica its own rows, each shard alike
             std::normal_distribution<float> normal(0.0f, 1.0f);
-            std::vector<float> x(rows * d);
+            std::vector<float> x(rows * tr.row_width());  // a transcoder's: [x | y]
             for (float& v : x) v = normal(rng);
             std::vector<float> all = all_replicas_rows(g, x);
             tr.init(x.data(), rows);
@@ -622,6 +623,11 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
                 EXPECT_LT(max_diff(*a, *b), 1e-5 * scale) << name << " S " << S << " " << what;
                 worst = std::max(worst, max_diff(*a, *b) / scale);
             }
+            // Segments of no latent (the skip-transcoder's W_skip), held whole by every shard.
+            ASSERT_EQ(got.extra.size(), want.extra.size()) << name;
+            for (size_t i = 0; i < got.extra.size(); ++i)
+                EXPECT_LT(max_diff(got.extra[i].second, want.extra[i].second), 1e-5 * scale)
+                    << name << " S " << S << " " << got.extra[i].first;
             if (w.rank() == 0)
                 std::printf("%s, %d shards x %d replicas: weights within %.2g of the largest\n",
                             name.c_str(), S, g.R, worst);
