@@ -195,6 +195,24 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     std::copy(w_dec, w_dec + n_ * d_, p.data());       // W_enc (latent-major) = W_dec^T
     const float* y = transcodes_ ? target.data() : x;  // what x_hat approximates
     const std::vector<float> b_dec = initial_b_dec(y, rows);
+    if (transcodes_) {
+        // The encoder reads x itself, whose mean would dominate every pre-activation (the same
+        // few latents would win every row and the rest never fire): b_enc = -W_enc mean(x), the
+        // mean over all replicas' rows, starts the pre-activations centred, as x - b_dec does
+        // an SAE's.
+        std::vector<double> sums(static_cast<size_t>(d_) + 1, 0.0);
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d_; ++c) sums[c] += x[r * d_ + c];
+        sums[d_] = static_cast<double>(rows);
+        comm_.allreduce_sum(sums.data(), d_ + 1);
+        SAE_ENFORCE(sums[d_] > 0, "cannot initialize the transcoder from an empty batch");
+        float* b_enc = p.data() + off(ParamLayout::kBEnc);
+        for (int64_t l = 0; l < n_; ++l) {
+            double a = 0;
+            for (int64_t c = 0; c < d_; ++c) a += double(p[l * d_ + c]) * sums[c] / sums[d_];
+            b_enc[l] = static_cast<float>(-a);
+        }
+    }
     std::copy(b_dec.begin(), b_dec.end(), p.begin() + off(ParamLayout::kBDec));
     InitInputs in;
     in.seed = seed_;
@@ -210,7 +228,10 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     }
     arch_.init_extra(cfg_, store_->layout(), p, in);
     set_params_host(p);
-    if (cfg_.encoder_init == "fitted") fit_encoder_scale(x, y, rows, p);
+    // A transcoder's random encoder and decoder rows are unrelated at the start, so the fitted
+    // scale has nothing to fit (on planted pairs it shrank the encoder and left half the
+    // latents never firing): its encoder starts as W_dec^T.
+    if (cfg_.encoder_init == "fitted" && !transcodes_) fit_encoder_scale(x, y, rows, p);
 }
 
 void SaeTrainer::fit_encoder_scale(const float* x, const float* y, int64_t rows,
