@@ -36,8 +36,8 @@ public:
         backward_selection(c);
         // G.W_skip = (dL/dy_hat)^T x: ctx.xhat holds dL/dy_hat, the same on every latent shard.
         if (skip_)
-            c.be.gemm(true, false, c.d, c.d, c.B, 1.0f, c.xhat, c.d, c.x, c.d, 0.0f,
-                      c.grad(kWSkip), c.d);
+            c.be.gemm(true, false, c.d, c.d, c.B, 1.0f, c.xhat, c.d, c.x, c.d, 0.0f, c.grad(kWSkip),
+                      c.d);
     }
 
 private:
