@@ -736,32 +736,33 @@ TEST(Loader, MisalignedPairsAreRefusedNamingTheShard) {
     so.target_dir = tmp / "out";
     so.d_model = 8, so.n_features = 32, so.rows = 3000, so.shards = 3, so.seed = 4;
     synth_write(so);
+    const DatasetInfo in = dataset_open(tmp / "in");
+    // The message dataset_check_paired gives `in` and the target set of `variant`'s synthetic
+    // pair (written to in<tag>/out<tag>).
+    auto refusal = [&](SynthOptions variant, const std::string& tag) {
+        variant.out_dir = tmp / ("in" + tag), variant.target_dir = tmp / ("out" + tag);
+        synth_write(variant);
+        return saetrain::testing::error_of([&] {
+            dataset_check_paired(in, dataset_open(variant.target_dir), "data.path",
+                                 "data.target_path");
+        });
+    };
     // Other shard boundaries: the same rows in 2 shards.
     SynthOptions two = so;
-    two.out_dir = tmp / "in2", two.target_dir = tmp / "out2", two.shards = 2;
-    synth_write(two);
-    const DatasetInfo in = dataset_open(tmp / "in");
-    std::string m = saetrain::testing::error_of([&] {
-        dataset_check_paired(in, dataset_open(tmp / "out2"), "data.path", "data.target_path");
-    });
+    two.shards = 2;
+    std::string m = refusal(two, "2");
     EXPECT_NE(m.find("data.target_path " + (tmp / "out2") + " has 2 shard(s), but data.path"),
               std::string::npos)
         << m;
     // Fewer rows in all.
     SynthOptions fewer = so;
-    fewer.out_dir = tmp / "in3", fewer.target_dir = tmp / "out3", fewer.rows = 2999;
-    synth_write(fewer);
-    m = saetrain::testing::error_of([&] {
-        dataset_check_paired(in, dataset_open(tmp / "out3"), "data.path", "data.target_path");
-    });
+    fewer.rows = 2999;
+    m = refusal(fewer, "3");
     EXPECT_NE(m.find("holds 2999 rows, but data.path"), std::string::npos) << m;
     // Another width.
     SynthOptions wide = so;
-    wide.out_dir = tmp / "in4", wide.target_dir = tmp / "out4", wide.d_model = 16;
-    synth_write(wide);
-    m = saetrain::testing::error_of([&] {
-        dataset_check_paired(in, dataset_open(tmp / "out4"), "data.path", "data.target_path");
-    });
+    wide.d_model = 16;
+    m = refusal(wide, "4");
     EXPECT_NE(m.find("has d_model 16, but data.path"), std::string::npos) << m;
     // The same shapes but other tokens: one token id changed in the last shard's last rows.
     const std::string last = (fs::path(tmp / "out") / "shard_00002.h5").string();

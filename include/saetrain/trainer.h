@@ -182,10 +182,11 @@ private:
     // --- init (trainer.cpp) --------------------------------------------------------------------
     // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
     std::vector<float> initial_b_dec(const float* x, int64_t rows);
-    // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it); y:
-    // the rows x_hat approximates (x, or a transcoder's targets).
-    void fit_encoder_scale(const float* x_host, const float* y_host, int64_t rows,
-                           std::vector<float>& p);
+    // The mean of x [rows, d] over all replicas' rows; `what` names the model in the error
+    // an empty batch gets.
+    std::vector<double> mean_over_replicas(const float* x, int64_t rows, const char* what);
+    // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it).
+    void fit_encoder_scale(const float* x_host, int64_t rows, std::vector<float>& p);
 
     // --- the step's pieces, in the order it runs them (trainer.cpp) ----------------------------
     // compute_gradients in two halves: queue forward, loss and backward (idle -> queued); then

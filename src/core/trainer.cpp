@@ -101,20 +101,26 @@ void SaeTrainer::upload_batch(BatchView x_host, int64_t rows) {
 
 // --- init --------------------------------------------------------------------------------------
 
-std::vector<float> SaeTrainer::initial_b_dec(const float* x, int64_t rows) {
+std::vector<double> SaeTrainer::mean_over_replicas(const float* x, int64_t rows, const char* what) {
     const int64_t d = d_;
-    std::vector<float> b(static_cast<size_t>(d), 0.0f);
-    if (cfg_.b_dec_init == "zeros") return b;
-    // The mean over all replicas' rows.
     std::vector<double> sums(static_cast<size_t>(d) + 1, 0.0);
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < d; ++c) sums[c] += x[r * d + c];
     sums[d] = static_cast<double>(rows);
     comm_.allreduce_sum(sums.data(), d + 1);
-    SAE_ENFORCE(sums[d] > 0, "cannot initialize the SAE from an empty batch");
+    SAE_ENFORCE(sums[d] > 0, "cannot initialize the {} from an empty batch", what);
     std::vector<double> m(static_cast<size_t>(d));
     for (int64_t c = 0; c < d; ++c) m[c] = sums[c] / sums[d];
+    return m;
+}
+
+std::vector<float> SaeTrainer::initial_b_dec(const float* x, int64_t rows) {
+    const int64_t d = d_;
+    std::vector<float> b(static_cast<size_t>(d), 0.0f);
+    if (cfg_.b_dec_init == "zeros") return b;
+    std::vector<double> m = mean_over_replicas(x, rows, "SAE");
     if (cfg_.b_dec_init == "geometric_median") {
+        std::vector<double> sums(static_cast<size_t>(d) + 1, 0.0);
         // Weiszfeld from the mean: m <- sum_i x_i / ||x_i - m|| / sum_i 1 / ||x_i - m||, the
         // sums all-reduced over the replicas (so every replica gets the same point).
         for (int it = 0; it < 100; ++it) {
@@ -200,16 +206,11 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
         // few latents would win every row and the rest never fire): b_enc = -W_enc mean(x), the
         // mean over all replicas' rows, starts the pre-activations centred, as x - b_dec does
         // an SAE's.
-        std::vector<double> sums(static_cast<size_t>(d_) + 1, 0.0);
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < d_; ++c) sums[c] += x[r * d_ + c];
-        sums[d_] = static_cast<double>(rows);
-        comm_.allreduce_sum(sums.data(), d_ + 1);
-        SAE_ENFORCE(sums[d_] > 0, "cannot initialize the transcoder from an empty batch");
+        const std::vector<double> mean = mean_over_replicas(x, rows, "transcoder");
         float* b_enc = p.data() + off(ParamLayout::kBEnc);
         for (int64_t l = 0; l < n_; ++l) {
             double a = 0;
-            for (int64_t c = 0; c < d_; ++c) a += double(p[l * d_ + c]) * sums[c] / sums[d_];
+            for (int64_t c = 0; c < d_; ++c) a += double(p[l * d_ + c]) * mean[c];
             b_enc[l] = static_cast<float>(-a);
         }
     }
@@ -231,25 +232,22 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     // A transcoder's random encoder and decoder rows are unrelated at the start, so the fitted
     // scale has nothing to fit (on planted pairs it shrank the encoder and left half the
     // latents never firing): its encoder starts as W_dec^T.
-    if (cfg_.encoder_init == "fitted" && !transcodes_) fit_encoder_scale(x, y, rows, p);
+    if (cfg_.encoder_init == "fitted" && !transcodes_) fit_encoder_scale(x, rows, p);
 }
 
-void SaeTrainer::fit_encoder_scale(const float* x, const float* y, int64_t rows,
-                                   std::vector<float>& p) {
+void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<float>& p) {
     // With b_enc = 0, scaling W_enc by c scales every activation by c (ReLU and TopK are
     // positively homogeneous), so x_hat - b_dec = c * u with u the reconstruction at c = 1.
-    // The c minimizing sum ||c u - (y - b_dec)||^2 over the batch (y: x, or a transcoder's
-    // target) is <u, y - b_dec> / ||u||^2:
+    // The c minimizing sum ||c u - (x - b_dec)||^2 over the batch is <u, x - b_dec> / ||u||^2:
     // random unit decoder rows start the reconstruction at its best scale instead of
     // (n_latents / d_model)-fold too large (ReLU) or off by the batch's norm (TopK).
     const float* b_dec = p.data() + off(ParamLayout::kBDec);
-    double uv[2] = {0, 0};  // <u, y - b_dec>, ||u||^2 over all replicas' rows
+    double uv[2] = {0, 0};  // <u, x - b_dec>, ||u||^2 over all replicas' rows
     // In chunks of a step's chunk size (train.accum_steps): no buffer larger than a step's.
     const int64_t chunk = chunk_rows(rows);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         const int64_t B = std::min(chunk, rows - r0);
         const float* xr = x + r0 * d_;
-        const float* yr = y + r0 * d_;
         ensure_batch(B);  // x is scaled already: uploaded as it is
         be_.upload(x_.data(), xr, B * d_ * static_cast<int64_t>(sizeof(float)));
         forward(x_.data(), B, true);
@@ -258,7 +256,7 @@ void SaeTrainer::fit_encoder_scale(const float* x, const float* y, int64_t rows,
         for (int64_t r = 0; r < B; ++r)
             for (int64_t c = 0; c < d_; ++c) {
                 const double u = double(xhat[r * d_ + c]) - b_dec[c];
-                uv[0] += u * (double(yr[r * d_ + c]) - b_dec[c]), uv[1] += u * u;
+                uv[0] += u * (double(xr[r * d_ + c]) - b_dec[c]), uv[1] += u * u;
             }
     }
     comm_.allreduce_sum(uv, 2);

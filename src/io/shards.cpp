@@ -242,9 +242,9 @@ void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
         // 4096 token ids (a different text, order or --max-tokens shows there), and the
         // extraction's digest of its contexts.
         h5::File fa = h5::open_file(a.path), fb = h5::open_file(b.path);
+        h5::Dataset da = h5::open_dataset(fa.get(), input.dataset, a.path);
+        h5::Dataset db = h5::open_dataset(fb.get(), target.dataset, b.path);
         for (const std::string name : {"contexts_sha256", "first_context"}) {
-            h5::Dataset da = h5::open_dataset(fa.get(), input.dataset, a.path);
-            h5::Dataset db = h5::open_dataset(fb.get(), target.dataset, b.path);
             const std::string va = attr_on(da.get(), fa.get(), name.c_str());
             const std::string vb = attr_on(db.get(), fb.get(), name.c_str());
             SAE_ENFORCE(va.empty() || vb.empty() || va == vb,
