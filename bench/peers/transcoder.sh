@@ -191,6 +191,8 @@ if want saetrain; then
         rm -f "$RES/saetrain-$name.json"  # a failed rerun leaves no stale row behind
         [ -x "$SAETRAIN" ] || { echo "peers-tc: $SAETRAIN not built; skipping saetrain" >&2; failed+=("saetrain-$name"); continue; }
         note_load "saetrain-$name"
+        # Which build trained it (results change with the init between commits).
+        say "saetrain-$name: $("$SAETRAIN" --version 2>&1 | head -1)" | tee -a "$LOGS/saetrain-$name.load"
         # shellcheck disable=SC2086  # SAETRAIN_EXTRA is a list of words
         run_logged "saetrain-$name" "$SAETRAIN" "$CONFIG" --overwrite --threads "$THREADS" \
             --set "data.path=$X_TRAIN" --set "data.target_path=$Y_TRAIN" \
