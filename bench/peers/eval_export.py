@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
 """Evaluates an SAE in SAELens's format (cfg.json + sae_weights.safetensors, as
-`sae-export SAE --format saelens --out DIR` writes for saetrain) on held-out rows with the
-same evaluator as the peers (bench/peers/sae_eval.py), and writes one JSON object.
+`sae-export SAE --format saelens --out DIR` writes for saetrain) or in sparsify's
+(cfg.json + sae.safetensors, `--format sparsify`; saetrain's TopK transcoders export only so)
+on held-out rows with the same evaluator as the peers (bench/peers/sae_eval.py), and writes
+one JSON object.
 
     python bench/peers/eval_export.py SAE_EXPORT_DIR --eval DIR --json OUT \\
         [--tool saetrain] [--summary out_dir/summary.csv --sae-id ID] [--threads 2]
+    python bench/peers/eval_export.py SPARSIFY_DIR --eval X_DIR --eval-target Y_DIR ...
+
+A transcoder (a sparsify directory with transcode: true) is judged against --eval-target,
+the held-out target rows (an MLP's output), row for row with --eval (its input); its arch is
+transcoder, or skip_transcoder when it has a skip connection.
 
 With --summary, the SAE's row of saetrain's summary.csv (matched by --sae-id, or the only
 row) supplies tokens, tokens_per_s, steps and saetrain's own C++ evaluation (eval_fvu, eval_l0,
@@ -18,7 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sae_eval import evaluate_saelens_dir, read_rows  # noqa: E402
+from sae_eval import evaluate_saelens_dir, evaluate_sparsify_dir, read_rows  # noqa: E402
 
 
 def _num(v):
@@ -43,6 +50,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("export_dir")
     ap.add_argument("--eval", required=True)
+    ap.add_argument("--eval-target", help="a transcoder's held-out target rows, row for row "
+                    "with --eval")
     ap.add_argument("--json", required=True)
     ap.add_argument("--tool", default="saetrain")
     ap.add_argument("--summary", help="saetrain's out_dir/summary.csv")
@@ -57,13 +66,24 @@ def main():
 
     torch.set_num_threads(a.threads)
     ev = read_rows(a.eval, a.eval_max_rows)
-    m, cfg = evaluate_saelens_dir(a.export_dir, ev, batch_size=a.batch_size,
-                                  device=a.device)
-    arch = "topk" if cfg.get("architecture") == "topk" else "relu"
+    if os.path.exists(os.path.join(a.export_dir, "sae.safetensors")):  # sparsify's layout
+        ev_y = read_rows(a.eval_target, a.eval_max_rows) if a.eval_target else None
+        m, cfg = evaluate_sparsify_dir(a.export_dir, ev, target=ev_y, batch_size=a.batch_size,
+                                       device=a.device)
+        arch = ("skip_transcoder" if cfg.get("skip_connection") else "transcoder") \
+            if cfg.get("transcode") else "topk"
+        d_in = cfg.get("d_in")
+        d_sae = cfg.get("num_latents") or (d_in or 0) * cfg.get("expansion_factor", 0)
+    else:
+        if a.eval_target:
+            raise SystemExit(f"{a.export_dir}: a SAELens-format SAE, but --eval-target given")
+        m, cfg = evaluate_saelens_dir(a.export_dir, ev, batch_size=a.batch_size,
+                                      device=a.device)
+        arch = "topk" if cfg.get("architecture") == "topk" else "relu"
+        d_in, d_sae = cfg.get("d_in"), cfg.get("d_sae")
     out = {"tool": a.tool, "arch": arch}
-    if arch == "topk":
+    if arch != "relu":
         out["k"] = cfg.get("k")
-    d_in, d_sae = cfg.get("d_in"), cfg.get("d_sae")
     out["expansion"] = d_sae // d_in if d_in and d_sae and d_sae % d_in == 0 else None
     out["n_latents"] = d_sae
     md = cfg.get("metadata") or {}

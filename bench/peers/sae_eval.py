@@ -20,6 +20,14 @@ of SAELens's topk/standard SAEs (after folding rescale_acts_by_decoder_norm, whi
 itself does when it saves an inference model) and of sparsify's SparseCoder (ReLU before the
 top-k there, the same selection and values: W_enc = encoder.weight^T).
 
+Transcoders (target=y rows, row for row with x; apply_b_dec_to_input=False):
+  y_hat = TopK(x W_enc + b_enc) W_dec + b_dec  (+ x W_skip^T with W_skip [d_out, d_in])
+and every metric above is taken against y: eval_fvu = sum ||y - y_hat||^2 / sum ||y - mean(y)||^2.
+That is saetrain's transcoder and skip_transcoder forward and sparsify's SparseCoder with
+transcode=True (no b_dec at the input) and skip_connection. evaluate_sparsify_dir reads either
+kind (SAE or transcoder) from a sparsify-format directory (cfg.json + sae.safetensors), as
+sparsify's save_to_disk and saetrain's `sae-export --format sparsify` write it.
+
 read_rows(path) reads a dataset the way saetrain does: a directory (every *.h5 in name
 order), a glob or one file; 2-D dataset `activations` of float32, float16, or bfloat16 stored
 as uint16 with attribute dtype="bfloat16"; returned as one float32 array.
@@ -107,11 +115,14 @@ def read_rows(path, max_rows=0, dataset="activations"):
 
 
 def evaluate(W_enc, b_enc, W_dec, b_dec, arch, rows, k=None, apply_b_dec_to_input=True,
-             batch_size=4096, device="cpu", dense_threshold=DENSE_THRESHOLD):
+             batch_size=4096, device="cpu", dense_threshold=DENSE_THRESHOLD, target=None,
+             W_skip=None):
     """Held-out FVU, L0, dead and dense fractions of one SAE (see the module docstring).
 
     Weights: numpy arrays or torch tensors in the SAELens layout. arch: "topk" (with k) or
     "relu" ("standard" is accepted as SAELens's name for it). rows: [N, d] float32.
+    A transcoder: target [N, d_out], the rows to reconstruct (else rows themselves), and
+    optionally W_skip [d_out, d] (y_hat += x W_skip^T).
     """
     import torch
 
@@ -128,18 +139,31 @@ def evaluate(W_enc, b_enc, W_dec, b_dec, arch, rows, k=None, apply_b_dec_to_inpu
 
     W_enc, b_enc, W_dec, b_dec = t(W_enc), t(b_enc), t(W_dec), t(b_dec)
     d, n = W_enc.shape
-    if W_dec.shape != (n, d) or b_enc.shape != (n,) or b_dec.shape != (d,):
+    d_out = W_dec.shape[1] if W_dec.ndim == 2 else -1
+    if target is None:
+        d_out = d
+    if W_dec.shape != (n, d_out) or b_enc.shape != (n,) or b_dec.shape != (d_out,):
         raise ValueError(f"shapes: W_enc {tuple(W_enc.shape)} b_enc {tuple(b_enc.shape)} "
                          f"W_dec {tuple(W_dec.shape)} b_dec {tuple(b_dec.shape)}")
+    if W_skip is not None:
+        W_skip = t(W_skip)
+        if W_skip.shape != (d_out, d):
+            raise ValueError(f"W_skip {tuple(W_skip.shape)}: expected [d_out, d_in] = "
+                             f"[{d_out}, {d}]")
     rows = torch.as_tensor(rows)
     if rows.ndim != 2 or rows.shape[1] != d:
         raise ValueError(f"eval rows {tuple(rows.shape)} do not match d_in {d}")
     N = rows.shape[0]
     if N == 0:
         raise ValueError("no eval rows")
+    if target is not None:
+        target = torch.as_tensor(target)
+        if tuple(target.shape) != (N, d_out):
+            raise ValueError(f"eval target {tuple(target.shape)}: expected [{N}, {d_out}], "
+                             "row for row with the input rows")
 
     sse = 0.0
-    sum_x = torch.zeros(d, dtype=torch.float64)
+    sum_x = torch.zeros(d_out, dtype=torch.float64)
     sum_sq = 0.0
     nnz = 0
     fires = torch.zeros(n, dtype=torch.int64)
@@ -155,6 +179,10 @@ def evaluate(W_enc, b_enc, W_dec, b_dec, arch, rows, k=None, apply_b_dec_to_inpu
             else:
                 z = pre.relu_()
             x_hat = torch.addmm(b_dec, z, W_dec)
+            if W_skip is not None:
+                x_hat.addmm_(x, W_skip.T)
+            if target is not None:  # a transcoder: judged against its target rows
+                x = target[lo:lo + batch_size].to(device=device, dtype=torch.float32)
             on = z > 0
             nnz += int(on.sum())
             fires += on.sum(0).cpu()
@@ -207,3 +235,53 @@ def evaluate_saelens_dir(path, rows, batch_size=4096, device="cpu"):
     return evaluate(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], arch, rows,
                     k=cfg.get("k"), apply_b_dec_to_input=cfg.get("apply_b_dec_to_input", True),
                     batch_size=batch_size, device=device), cfg
+
+
+def load_sparsify_dir(path):
+    """(weights dict in the layout evaluate() takes, cfg dict) of a sparsify-format directory:
+    cfg.json and sae.safetensors with encoder.weight [n, d], encoder.bias [n], W_dec [n, d_out],
+    b_dec [d_out] and, with skip_connection, W_skip [d_out, d]. sparsify's SparseCoder.forward
+    (sparse_coder.py, 1.3.3): x - b_dec into the encoder unless transcode, ReLU then top-k,
+    embedding-bag decoder + b_dec, + x W_skip^T."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    with open(os.path.join(path, "cfg.json")) as f:
+        cfg = json.load(f)
+    w = load_file(os.path.join(path, "sae.safetensors"))
+    names = ["encoder.weight", "encoder.bias", "W_dec", "b_dec"]
+    if cfg.get("skip_connection"):
+        names.append("W_skip")
+    for name in names:
+        if name not in w:
+            raise SystemExit(f"{path}: sae.safetensors has no {name} (cfg.json: "
+                             f"skip_connection={cfg.get('skip_connection')})")
+    if cfg.get("activation", "topk") != "topk":
+        raise SystemExit(f"{path}: activation {cfg.get('activation')!r}: this evaluator knows "
+                         "topk")
+    if cfg.get("multi_topk"):
+        raise SystemExit(f"{path}: multi_topk is a training loss; its inference is plain top-k, "
+                         "but this evaluator does not expect it")
+    out = {"W_enc": np.ascontiguousarray(w["encoder.weight"].astype(np.float32).T),
+           "b_enc": w["encoder.bias"].astype(np.float32),
+           "W_dec": w["W_dec"].astype(np.float32), "b_dec": w["b_dec"].astype(np.float32),
+           "W_skip": w["W_skip"].astype(np.float32) if "W_skip" in names else None}
+    return out, cfg
+
+
+def evaluate_sparsify_dir(path, rows, target=None, batch_size=4096, device="cpu"):
+    """evaluate() on a sparsify-format directory; target: the y rows a transcoder
+    (cfg transcode: true) is judged against (required for one, refused for an SAE)."""
+    w, cfg = load_sparsify_dir(path)
+    transcode = bool(cfg.get("transcode", False))
+    if transcode and target is None:
+        raise SystemExit(f"{path} is a transcoder (transcode: true): give its target rows")
+    if not transcode and target is not None:
+        raise SystemExit(f"{path} is an autoencoder (transcode: false), but target rows were "
+                         "given")
+    if not transcode and w["W_skip"] is not None:
+        raise SystemExit(f"{path}: a skip connection on an autoencoder is not supported here")
+    return evaluate(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], "topk", rows,
+                    k=cfg.get("k"), apply_b_dec_to_input=not transcode, batch_size=batch_size,
+                    device=device, target=target, W_skip=w["W_skip"]), cfg

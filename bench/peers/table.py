@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the peer benchmark's results as one Markdown table.
 
-    python bench/peers/table.py RESULTS_DIR [--all-columns]
+    python bench/peers/table.py RESULTS_DIR [--all-columns] [--reference saelens|sparsify]
 
 Reads every *.json under RESULTS_DIR that train_peer.py or eval_export.py wrote (one SAE
 each) and prints: tool, arch, setting, tokens, tok/s, speed vs SAELens, eval FVU, eval L0,
@@ -10,8 +10,12 @@ dead %, dense %, and, when some row has saetrain's own C++ evaluation, that FVU 
 evaluator (bench/peers/sae_eval.py) on the same held-out rows.
 
 speed vs SAELens: the row's tok/s over SAELens's tok/s for the same arch (the SAELens row
-with the same setting when there is one, else the median over SAELens's rows of that arch,
-e.g. over an l1 sweep, whose cost does not depend on the coefficient).
+with the same setting when there is one, else the median over SAELens's rows of that arch at
+its defaults (no setting_extra such as autocast or a warm-up override; all of them when none
+is; of sparsify's, those with Adam, saetrain's optimizer), e.g. over an l1 sweep, whose cost
+does not depend on the coefficient). --reference sparsify makes sparsify the tool compared
+against ("speed vs sparsify"; the transcoder benchmark, bench/peers/transcoder.sh, where
+SAELens has no TopK transcoder).
 
 --l0-range LO,HI (default 20,100): after the table, one line per tool with ReLU rows saying
 whether its sweep's eval L0s bracket the range (some L0 <= LO and some >= HI), and which end
@@ -24,10 +28,12 @@ import os
 import statistics
 
 TOOL_ORDER = {"saetrain": 0, "saelens": 1, "sparsify": 2}
+TOOL_NAMES = {"saelens": "SAELens", "sparsify": "sparsify", "saetrain": "saetrain"}
+ARCH_ORDER = {"topk": 0, "transcoder": 1, "skip_transcoder": 2, "relu": 3}
 
 
 def setting(r):
-    if r.get("arch") == "topk":
+    if r.get("arch") != "relu":
         s = f"k={r.get('k')}"
     else:
         s = f"l1={r.get('l1_coeff'):g}" if r.get("l1_coeff") is not None else "l1=?"
@@ -71,6 +77,8 @@ def main():
     ap.add_argument("results_dir")
     ap.add_argument("--all-columns", action="store_true", help="add steps, seconds, file")
     ap.add_argument("--l0-range", default="20,100", help="ReLU sweep target L0 range LO,HI")
+    ap.add_argument("--reference", default="saelens", choices=["saelens", "sparsify"],
+                    help="the tool the speed column compares against")
     a = ap.parse_args()
     lo_l0, hi_l0 = (float(v) for v in a.l0_range.split(","))
     rows = load(a.results_dir)
@@ -78,17 +86,19 @@ def main():
         raise SystemExit(f"table: no result JSON under {a.results_dir}")
 
     def ref_rate(r):
-        peers = [p for p in rows if p["tool"] == "saelens" and p["arch"] == r["arch"]
+        peers = [p for p in rows if p["tool"] == a.reference and p["arch"] == r["arch"]
                  and p.get("tokens_per_s")]
         same = [p for p in peers if setting(p) == setting(r)]
-        use = same or peers
+        default = [p for p in peers if not p.get("setting_extra")]
+        adam = [p for p in default if p.get("optimizer") == "adam"]  # saetrain's optimizer
+        use = same or adam or default or peers
         return statistics.median(p["tokens_per_s"] for p in use) if use else None
 
-    rows.sort(key=lambda r: (r["arch"] != "topk", TOOL_ORDER.get(r["tool"], 9), r["tool"],
-                             r.get("optimizer") or "", r.get("eval_l0") or 0))
+    rows.sort(key=lambda r: (ARCH_ORDER.get(r["arch"], 9), TOOL_ORDER.get(r["tool"], 9),
+                             r["tool"], r.get("optimizer") or "", r.get("eval_l0") or 0))
     cross = any(r.get("cpp_eval_fvu") is not None for r in rows)
-    head = ["tool", "arch", "setting", "tokens", "tok/s", "speed vs SAELens", "eval FVU",
-            "eval L0", "dead %", "dense %"]
+    head = ["tool", "arch", "setting", "tokens", "tok/s", f"speed vs {TOOL_NAMES[a.reference]}",
+            "eval FVU", "eval L0", "dead %", "dense %"]
     if cross:
         head += ["saetrain's own eval FVU / L0"]
     if a.all_columns:

@@ -6,7 +6,12 @@
 - sae_eval.evaluate equals each peer's own forward (SAELens TopK with decoder-norm rescaling,
   SAELens standard, sparsify SparseCoder) and SAELens's own loader of a SAELens-format dir;
 - train_peer.py trains with both tools (and both archs for SAELens), every row once, the last
-  partial batch included; eval_export.py and table.py run on the results.
+  partial batch included; eval_export.py and table.py run on the results;
+- transcoders: the paired shuffle (one permutation for input and target, token ids checked),
+  the evaluator on sparsify-format directories against sparsify's own transcoder forward
+  (with and without W_skip), and train_peer.py --tool sparsify --arch transcoder and
+  skip_transcoder with eval_export.py and table.py --reference sparsify (skipped without
+  sparsify).
 """
 import json
 import os
@@ -22,7 +27,7 @@ torch = pytest.importorskip("torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 os.environ.setdefault("SPARSIFY_DISABLE_TRITON", "1")
-from sae_eval import evaluate, evaluate_saelens_dir, read_rows  # noqa: E402
+from sae_eval import evaluate, evaluate_saelens_dir, evaluate_sparsify_dir, read_rows  # noqa: E402
 
 D = 16
 
@@ -191,3 +196,136 @@ def test_sparsify_has_no_relu(data, tmp_path):
                         str(data["eval"]), "--json", str(tmp_path / "x.json")],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "no ReLU-L1" in r.stderr
+
+
+# --- transcoders ------------------------------------------------------------------------------
+def _pair(rng, n, mix):
+    """Input rows x and target rows y = an MLP-like map of x (plus noise), with token ids."""
+    x = _rows(rng, n)
+    y = (np.maximum(x @ mix[0], 0) @ mix[1] + 0.05 * rng.standard_normal((n, D)))
+    return x, y.astype(np.float32), rng.integers(0, 1000, n).astype(np.int32)
+
+
+def _write_pair(dirs, parts):
+    for d in dirs:
+        d.mkdir()
+    for i, (x, y, ids) in enumerate(parts):
+        for d, rows in zip(dirs, (x, y)):
+            with h5py.File(d / f"s{i}.h5", "w") as f:
+                f.create_dataset("activations", data=rows.astype(np.float16))
+                f.create_dataset("token_ids", data=ids)
+
+
+@pytest.fixture(scope="module")
+def paired(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peers-tc")
+    rng = np.random.default_rng(1)
+    mix = (rng.standard_normal((D, 2 * D)) / 4, rng.standard_normal((2 * D, D)) / 4)
+    train = [_pair(rng, 700, mix), _pair(rng, 800, mix)]
+    _write_pair([root / "x-raw", root / "y-raw"], train)
+    _write_pair([root / "x-eval", root / "y-eval"], [_pair(rng, 400, mix)])
+    subprocess.run([sys.executable, os.path.join(HERE, "shuffle_shards.py"), str(root / "x-raw"),
+                    str(root / "x"), "--target", str(root / "y-raw"), str(root / "y"),
+                    "--seed", "4", "--rows-per-shard", "600"], check=True)
+    cat = [np.concatenate([p[i] for p in train]) for i in range(3)]
+    return {"root": root, "x_orig": cat[0].astype(np.float16).astype(np.float32),
+            "y_orig": cat[1].astype(np.float16).astype(np.float32), "ids": cat[2]}
+
+
+def test_paired_shuffle_is_one_permutation(paired):
+    root = paired["root"]
+    perm = np.random.default_rng(4).permutation(1500)
+    assert np.array_equal(read_rows(str(root / "x")), paired["x_orig"][perm])
+    assert np.array_equal(read_rows(str(root / "y")), paired["y_orig"][perm])
+    for side in ("x", "y"):
+        ids = np.concatenate([h5py.File(root / side / f"shard-0000{i}.h5")["token_ids"][:]
+                              for i in range(3)])
+        assert np.array_equal(ids, paired["ids"][perm])
+    # a target whose token ids differ from the input's is refused before anything is written
+    bad = root / "y-bad"
+    bad.mkdir()
+    for i in range(2):
+        with h5py.File(root / "y-raw" / f"s{i}.h5") as f, h5py.File(bad / f"s{i}.h5", "w") as g:
+            g.create_dataset("activations", data=f["activations"][:])
+            g.create_dataset("token_ids", data=np.roll(f["token_ids"][:], 1))
+    r = subprocess.run([sys.executable, os.path.join(HERE, "shuffle_shards.py"),
+                        str(root / "x-raw"), str(root / "x2"), "--target", str(bad),
+                        str(root / "y2")], capture_output=True, text=True)
+    assert r.returncode != 0 and "not aligned" in r.stderr and not (root / "x2").exists()
+
+
+def test_evaluator_matches_sparsify_transcoder(paired, tmp_path):
+    sparsify = pytest.importorskip("sparsify")
+    root = paired["root"]
+    x = torch.from_numpy(read_rows(str(root / "x-eval")))
+    y = torch.from_numpy(read_rows(str(root / "y-eval")))
+    torch.manual_seed(0)
+    for skip in (False, True):
+        sc = sparsify.SparseCoder(D, sparsify.SparseCoderConfig(
+            expansion_factor=4, k=6, transcode=True, skip_connection=skip))
+        with torch.no_grad():
+            for p in sc.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+            out = sc(x, y)
+            z = torch.zeros(len(x), 64).scatter_(1, out.latent_indices, out.latent_acts)
+            y_hat = out.sae_out
+            want = (float((y_hat - y).double().pow(2).sum() /
+                          (y - y.mean(0)).double().pow(2).sum()),
+                    float((z != 0).sum(1).double().mean()))
+        sc.save_to_disk(tmp_path / f"tc-{skip}")
+        m, cfg = evaluate_sparsify_dir(str(tmp_path / f"tc-{skip}"), x.numpy(), target=y.numpy(),
+                                       batch_size=97)
+        assert cfg["transcode"] and cfg["skip_connection"] == skip
+        assert m["eval_fvu"] == pytest.approx(want[0], rel=1e-5)
+        assert m["eval_fvu"] == pytest.approx(float(out.fvu), rel=1e-4)  # sparsify's own fvu
+        assert m["eval_l0"] == pytest.approx(want[1])
+        with pytest.raises(SystemExit, match="target rows"):
+            evaluate_sparsify_dir(str(tmp_path / f"tc-{skip}"), x.numpy())
+
+
+def test_train_peer_sparsify_transcoders_eval_export_and_table(paired):
+    pytest.importorskip("sparsify")
+    root = paired["root"]
+    res = root / "results"
+    for arch in ("transcoder", "skip_transcoder"):
+        out = res / f"sparsify-{arch}.json"
+        _run(os.path.join(HERE, "train_peer.py"), "--tool", "sparsify", "--arch", arch,
+             "--train", str(root / "x"), "--train-target", str(root / "y"),
+             "--eval", str(root / "x-eval"), "--eval-target", str(root / "y-eval"),
+             "--batch-size", "256", "--expansion", "4", "--k", "6", "--threads", "1",
+             "--warmup-steps", "1", "--lr", "1e-2",
+             "--export-dir", str(root / f"export-{arch}"),
+             "--json", str(out))
+        r = json.loads(out.read_text())
+        assert r["arch"] == arch and r["tokens"] == 1500 and r["steps"] == 6
+        assert r["eval_rows"] == 400 and 0 < r["eval_l0"] <= 6
+        assert 0 < r["eval_fvu"] < 1  # it learned something of y from x
+        cfg = json.loads((root / f"export-{arch}" / "cfg.json").read_text())
+        assert cfg["transcode"] and cfg["skip_connection"] == (arch == "skip_transcoder")
+    # eval_export.py reads the same sparsify directory (as it reads saetrain's export)
+    summary = root / "summary.csv"
+    summary.write_text("sae,arch,n_latents,k,lr,steps,tokens,fvu,l0,tokens_per_s,eval_fvu,"
+                       "eval_l0\nt,skip_transcoder,64,6,0.0004,6,1500,0.5,6,3000,0.25,6\n")
+    _run(os.path.join(HERE, "eval_export.py"), str(root / "export-skip_transcoder"),
+         "--eval", str(root / "x-eval"), "--eval-target", str(root / "y-eval"),
+         "--summary", str(summary), "--threads", "1", "--json", str(res / "saetrain-tc.json"))
+    r = json.loads((res / "saetrain-tc.json").read_text())
+    peer = json.loads((res / "sparsify-skip_transcoder.json").read_text())
+    assert r["arch"] == "skip_transcoder" and r["tokens_per_s"] == 3000
+    assert r["eval_fvu"] == pytest.approx(peer["eval_fvu"], rel=1e-9)
+    table = _run(os.path.join(HERE, "table.py"), str(res), "--reference", "sparsify")
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    assert len(lines) == 1 + 3 and "speed vs sparsify" in lines[0]
+    assert any(ln.startswith("| saetrain | skip_transcoder | k=6, x4") for ln in lines)
+
+
+def test_transcoders_need_targets_and_sparsify(paired, tmp_path):
+    root = paired["root"]
+    for tool, extra, says in (("sparsify", [], "needs --train-target"),
+                              ("saelens", ["--train-target", str(root / "y"), "--eval-target",
+                                           str(root / "y-eval")], "--tool sparsify")):
+        r = subprocess.run([sys.executable, os.path.join(HERE, "train_peer.py"), "--tool", tool,
+                            "--arch", "transcoder", "--train", str(root / "x"), "--eval",
+                            str(root / "x-eval"), "--json", str(tmp_path / "x.json"), *extra],
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and says in r.stderr, r.stderr

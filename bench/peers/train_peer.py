@@ -6,8 +6,11 @@ training loop and evaluates the result on held-out rows with bench/peers/sae_eva
     python bench/peers/train_peer.py --tool saelens|sparsify --arch topk|relu \\
         --train DIR --eval DIR [--batch-size 4096 --expansion 16 --k 32 --l1-coeff 5 \\
         --lr 4e-4 --threads 2 --max-tokens N] --json OUT
+    python bench/peers/train_peer.py --tool sparsify --arch transcoder|skip_transcoder \\
+        --train X_DIR --train-target Y_DIR --eval X_DIR --eval-target Y_DIR [...] --json OUT
 
-Data: the first --max-tokens rows of --train (0: all), read into memory first (not timed),
+Data: the first --max-tokens rows of --train (0: all; transcoders: and of --train-target, row
+for row), read into memory first (not timed),
 then fed in order in batches of --batch-size rows with no shuffling, --epochs times; the last
 batch of each pass may be partial and is trained (both tools, as saetrain does). Run bench/peers/shuffle_shards.py on
 the data once beforehand so every tool sees the same shuffled order.
@@ -31,6 +34,14 @@ What each tool runs (README.md beside this file has the full list of defaults):
             --optimizer adam (default here: Adam at --lr, sparsify's linear warm-up over
             lr_warmup_steps then linear decay to 0) or signum (sparsify's own default:
             ScheduleFree SignSGD; --lr auto gives its default 5e-3 / sqrt(n / 2^14)).
+            Transcoders (sparsify only: SparseCoderConfig(transcode=True,
+            skip_connection=False|True)): the hooked module stands in for an MLP, called
+            with the cached input rows x and returning the cached output rows y of the
+            same tokens, so the Trainer's hook takes x as the module's input and y as its
+            output, as it does on a real MLP. The trained coder is written with sparsify's
+            own SparseCoder.save_to_disk (--export-dir) and evaluated from that directory
+            by sae_eval.evaluate_sparsify_dir, the evaluator saetrain's sparsify exports
+            go through.
 
 Output (--json): {tool, arch, k or l1_coeff, expansion, n_latents, lr, tokens, steps,
 seconds, tokens_per_s, eval_fvu, eval_l0, eval_dead_fraction, eval_dense_fraction,
@@ -50,7 +61,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from sae_eval import evaluate, read_rows  # noqa: E402
+from sae_eval import evaluate, evaluate_sparsify_dir, read_rows  # noqa: E402
 
 
 def batches_of(x, batch_size):
@@ -147,10 +158,11 @@ def train_saelens(a, x, device):
 # --------------------------------------------------------------------------------------------
 # sparsify
 # --------------------------------------------------------------------------------------------
-def train_sparsify(a, x, device):
-    if a.arch != "topk":
+def train_sparsify(a, x, device, y=None):
+    if a.arch == "relu":
         raise SystemExit("train_peer: sparsify has no ReLU-L1 SAE (its activations are topk "
                          "and groupmax); use --arch topk")
+    transcode = a.arch in TRANSCODERS
     os.environ.setdefault("SPARSIFY_DISABLE_TRITON", "0" if device.startswith("cuda") else "1")
     import torch
     from torch import nn
@@ -160,6 +172,7 @@ def train_sparsify(a, x, device):
 
     acts = torch.from_numpy(x).to(device)
     N, d = acts.shape
+    targets = torch.from_numpy(y).to(device) if transcode else None
 
     class CachedRows(nn.Module):
         """The hooked module: returns the cached rows a batch's input_ids name, [B, S, d]."""
@@ -167,13 +180,22 @@ def train_sparsify(a, x, device):
         def forward(self, input_ids):
             return acts[input_ids]
 
+    class CachedMlp(nn.Module):
+        """The hooked module of a transcoder, standing in for an MLP: called with the cached
+        input rows x of a batch, it returns the cached output rows y of the same tokens. The
+        Trainer's hook reads its input (x) and its output (y), as on a real MLP."""
+
+        def forward(self, x_rows, input_ids):
+            return targets[input_ids]
+
     class CachedActivationsModel(nn.Module):
         """Stands in for a transformer: sparsify's Trainer hooks `rows` and trains on what it
-        outputs, the cached activations, exactly as it would on a layer's hidden states."""
+        outputs, the cached activations, exactly as it would on a layer's hidden states
+        (a transcoder: on the input and output of `rows`, a CachedMlp)."""
 
         def __init__(self):
             super().__init__()
-            self.rows = CachedRows()
+            self.rows = CachedMlp() if transcode else CachedRows()
             self.config = type("Cfg", (), {"num_hidden_layers": 1})()
 
         @property
@@ -189,6 +211,8 @@ def train_sparsify(a, x, device):
             return {"input_ids": torch.zeros(1, 1, dtype=torch.long)}
 
         def forward(self, input_ids, **_):
+            if transcode:
+                return self.rows(acts[input_ids], input_ids)
             return self.rows(input_ids)
 
     class BatchIndexDataset(torch.utils.data.Dataset):
@@ -205,7 +229,8 @@ def train_sparsify(a, x, device):
             lo = (i % ((N + self.b - 1) // self.b)) * self.b
             return {"input_ids": torch.arange(lo, min(N, lo + self.b), dtype=torch.long)}
 
-    sae_cfg = SparseCoderConfig(expansion_factor=a.expansion, k=a.k)
+    sae_cfg = SparseCoderConfig(expansion_factor=a.expansion, k=a.k, transcode=transcode,
+                                skip_connection=a.arch == "skip_transcoder")
     kw = dict(sae=sae_cfg, batch_size=1, hookpoints=["rows"], optimizer=a.optimizer,
               log_to_wandb=False, save_dir=os.path.join(a.tmp_dir, "sparsify-checkpoints"),
               init_seeds=[a.seed])
@@ -241,6 +266,10 @@ def train_sparsify(a, x, device):
         lr = float(a.lr)
     elif cfg.optimizer == "signum":
         lr = 5e-3 / (sae.num_latents / (2**14)) ** 0.5
+    export_dir = None
+    if transcode:  # evaluated from sparsify's own file, as saetrain's sparsify export is
+        export_dir = a.export_dir or os.path.join(a.tmp_dir, f"sparsify-{a.arch}")
+        sae.save_to_disk(export_dir)
     with torch.no_grad():
         weights = (sae.encoder.weight.detach().T.contiguous(), sae.encoder.bias.detach().clone(),
                    sae.W_dec.detach().clone(), sae.b_dec.detach().clone())
@@ -259,19 +288,34 @@ def train_sparsify(a, x, device):
         "normalize_decoder": sae_cfg.normalize_decoder,
         "decoder_impl": sparsify.sparse_coder.decoder_impl.__name__,
     }
+    if transcode:
+        info["transcode"] = True
+        info["skip_connection"] = sae_cfg.skip_connection
+        info["init"] = ("W_dec = 0, b_enc = -mean(x of the first batch) W_enc^T, b_dec = "
+                        "mean(y of the first batch); no decoder normalization or gradient "
+                        "projection (sparsify skips both when transcoding)")
+        info["export_dir"] = os.path.abspath(export_dir)
     return dict(lr=lr, n_latents=sae.num_latents, tokens=N * a.epochs, steps=steps,
                 seconds=seconds,
                 train_fvu_last=float(last["fvu"]) if "fvu" in last else None,
-                weights=weights, apply_b_dec_to_input=True, info=info)
+                weights=weights, apply_b_dec_to_input=True, export_dir=export_dir, info=info)
+
+
+TRANSCODERS = ("transcoder", "skip_transcoder")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tool", required=True, choices=["saelens", "sparsify"])
-    ap.add_argument("--arch", required=True, choices=["topk", "relu"])
-    ap.add_argument("--train", required=True, help="shards to train on, read in order")
+    ap.add_argument("--arch", required=True, choices=["topk", "relu", *TRANSCODERS])
+    ap.add_argument("--train", required=True, help="shards to train on, read in order "
+                    "(a transcoder's input, e.g. an MLP's input)")
+    ap.add_argument("--train-target", help="transcoders: the target shards (the MLP's output), "
+                    "row for row with --train")
     ap.add_argument("--eval", required=True, help="held-out shards to evaluate on")
+    ap.add_argument("--eval-target", help="transcoders: the held-out target shards, row for "
+                    "row with --eval")
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--expansion", type=int, default=16)
     ap.add_argument("--k", type=int, default=32)
@@ -294,11 +338,23 @@ def main():
     ap.add_argument("--warmup-steps", type=int, default=None,
                     help="sparsify only: TrainConfig.lr_warmup_steps (default: sparsify's)")
     ap.add_argument("--tmp-dir", default=None, help="scratch (default: next to --json)")
+    ap.add_argument("--export-dir", default=None, help="transcoders: where sparsify's "
+                    "save_to_disk writes the trained coder (default: TMP_DIR/sparsify-ARCH)")
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
-    if a.tool == "sparsify" and a.arch != "topk":
+    if a.tool == "sparsify" and a.arch == "relu":
         raise SystemExit("train_peer: sparsify has no ReLU-L1 SAE (its activations are topk "
                          "and groupmax); use --arch topk")
+    transcode = a.arch in TRANSCODERS
+    if transcode and a.tool != "sparsify":
+        raise SystemExit("train_peer: SAELens's transcoders are ReLU or JumpReLU, not TopK; "
+                         "--arch transcoder|skip_transcoder runs with --tool sparsify")
+    if transcode and not (a.train_target and a.eval_target):
+        raise SystemExit(f"train_peer: --arch {a.arch} needs --train-target and --eval-target "
+                         "(the MLP's output rows beside its input rows)")
+    if not transcode and (a.train_target or a.eval_target):
+        raise SystemExit(f"train_peer: --train-target/--eval-target are for transcoders, not "
+                         f"--arch {a.arch}")
     if a.lr != "auto":
         float(a.lr)
     if a.tmp_dir is None:
@@ -312,17 +368,34 @@ def main():
     x = read_rows(a.train, a.max_tokens)
     ev = read_rows(a.eval, a.eval_max_rows)
     x = np.ascontiguousarray(x)
-    print(f"train_peer: {a.tool} {a.arch}: {x.shape[0]} train rows x {x.shape[1]}, "
+    y = ev_y = None
+    if transcode:
+        y = np.ascontiguousarray(read_rows(a.train_target, a.max_tokens))
+        ev_y = read_rows(a.eval_target, a.eval_max_rows)
+        if y.shape[0] != x.shape[0] or ev_y.shape[0] != ev.shape[0]:
+            raise SystemExit(f"train_peer: the targets hold {y.shape[0]} train and "
+                             f"{ev_y.shape[0]} eval rows, the inputs {x.shape[0]} and "
+                             f"{ev.shape[0]}: not row for row")
+    print(f"train_peer: {a.tool} {a.arch}: {x.shape[0]} train rows x {x.shape[1]}"
+          f"{' -> ' + str(y.shape[1]) if transcode else ''}, "
           f"{ev.shape[0]} eval rows (read in {time.perf_counter() - t0:.1f} s), "
           f"batch {a.batch_size}, {a.threads} thread(s)", flush=True)
 
-    r = (train_saelens if a.tool == "saelens" else train_sparsify)(a, x, a.device)
-    W_enc, b_enc, W_dec, b_dec = r["weights"]
-    m = evaluate(W_enc, b_enc, W_dec, b_dec, a.arch, ev, k=a.k if a.arch == "topk" else None,
-                 apply_b_dec_to_input=r["apply_b_dec_to_input"], batch_size=a.batch_size,
-                 device=a.device)
+    if a.tool == "saelens":
+        r = train_saelens(a, x, a.device)
+    else:
+        r = train_sparsify(a, x, a.device, y)
+    if transcode:
+        m, _ = evaluate_sparsify_dir(r["export_dir"], ev, target=ev_y,
+                                     batch_size=a.batch_size, device=a.device)
+    else:
+        W_enc, b_enc, W_dec, b_dec = r["weights"]
+        m = evaluate(W_enc, b_enc, W_dec, b_dec, a.arch, ev,
+                     k=a.k if a.arch == "topk" else None,
+                     apply_b_dec_to_input=r["apply_b_dec_to_input"], batch_size=a.batch_size,
+                     device=a.device)
     out = {"tool": a.tool, "arch": a.arch}
-    if a.arch == "topk":
+    if a.arch != "relu":
         out["k"] = a.k
     else:
         out["l1_coeff"] = a.l1_coeff
