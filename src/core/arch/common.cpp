@@ -206,6 +206,7 @@ void SelectionPass::backward(PassContext& c, int64_t, int64_t) {
     a.dval_extra = extra;
     c.be.topk_backward(a);
     auxk_.backward(c);
+    extra_backward(c);
     encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
 }
 
