@@ -185,5 +185,6 @@ const Architecture& batchtopk_arch();
 const Architecture& jumprelu_arch();
 const Architecture& gated_arch();
 const Architecture& switch_arch();
+const Architecture& matryoshka_batchtopk_arch();
 
 }  // namespace saetrain::arch

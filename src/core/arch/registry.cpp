@@ -10,8 +10,13 @@ std::string default_arch_name() { return kDefaultArch; }
 
 const std::vector<const Architecture*>& architectures() {
     static const std::vector<const Architecture*> all = {
-        &arch::relu_arch(),     &arch::topk_arch(),  &arch::batchtopk_arch(),
-        &arch::jumprelu_arch(), &arch::gated_arch(), &arch::switch_arch(),
+        &arch::relu_arch(),
+        &arch::topk_arch(),
+        &arch::batchtopk_arch(),
+        &arch::jumprelu_arch(),
+        &arch::gated_arch(),
+        &arch::switch_arch(),
+        &arch::matryoshka_batchtopk_arch(),
     };
     return all;
 }
