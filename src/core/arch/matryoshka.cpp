@@ -80,9 +80,9 @@ const MatryoshkaKeys& keys() {
 
 // The prefixes below the whole dictionary of n latents (n itself, when listed, is the SAE's own
 // reconstruction, which the trainer's loss has already).
-std::vector<int64_t> inner_prefixes(const SaeConfig& cfg, int64_t n) {
+std::vector<int64_t> inner_prefixes(const IntList& listed, int64_t n) {
     std::vector<int64_t> inner;
-    for (int64_t m : keys().prefixes(cfg))
+    for (int64_t m : listed)
         if (m < n) inner.push_back(m);
     return inner;
 }
@@ -92,9 +92,11 @@ public:
     MatryoshkaPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
         : BatchTopkPass(cfg, d, n, be),
           mops_(arch_ops<MatryoshkaOps>(be, matryoshka_op_set())),
-          prefixes_(inner_prefixes(cfg, n)),
+          listed_(keys().prefixes(cfg)),
           d_(d) {
-        const auto P = static_cast<int64_t>(prefixes_.size());
+        // Scratch for every listed prefix: on a latent shard n is this shard's latents, so which
+        // are inner is known at the first pass (resolve).
+        const auto P = static_cast<int64_t>(listed_.size());
         if (P == 0) return;
         stats_ = DeviceArray<float>(be, P * kStatCount);
         col_ = DeviceArray<float>(be, 2 * d);
@@ -108,6 +110,7 @@ public:
 
     void forward(PassContext& c, bool training) override {
         BatchTopkPass::forward(c, training);
+        resolve(c);
         if (prefixes_.empty()) return;
         if (training)
             reset_eval();  // the figures are of the evaluation after the last training step
@@ -163,6 +166,13 @@ public:
     }
 
 private:
+    // The inner prefixes: those below the whole SAE's latents (all latent shards').
+    void resolve(const PassContext& c) {
+        if (resolved_) return;
+        prefixes_ = inner_prefixes(listed_, c.latent_shard ? c.latent_shard->n_total : c.n);
+        resolved_ = true;
+    }
+
     // Prefix m's bound in this pass's latent ids (a latent shard's are local).
     static int64_t local_prefix(const PassContext& c, int64_t m) {
         if (!c.latent_shard) return m;
@@ -245,7 +255,9 @@ private:
     }
 
     MatryoshkaOps& mops_;
-    std::vector<int64_t> prefixes_;  // the inner prefixes, increasing, each < n (global ids)
+    IntList listed_;                 // sae.matryoshka_prefixes
+    std::vector<int64_t> prefixes_;  // the inner ones, increasing, each < n (global ids)
+    bool resolved_ = false;
     int64_t d_;
     DeviceArray<float> masked_, recon_, stats_, col_, sel_stats_;
     DeviceArray<int32_t> fires_;
@@ -290,7 +302,7 @@ public:
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         // Each inner prefix decodes at most k latents a token and runs their backward: about
         // 2 k d + 4 k d more (the perf model's sparse decoder and backward per selection).
-        const auto inner = static_cast<double>(inner_prefixes(cfg, n).size());
+        const auto inner = static_cast<double>(inner_prefixes(keys().prefixes(cfg), n).size());
         return KSelection::flops_per_token(cfg, d, n) +
                inner * 6.0 * static_cast<double>(cfg.k) * static_cast<double>(d);
     }
