@@ -935,7 +935,7 @@ const std::map<std::string, std::vector<ArchOpCase>>& arch_op_cases() {
     static const std::map<std::string, std::vector<ArchOpCase>> cases = {
         {"relu", {relu_case}},         {"batchtopk", {batch_threshold_case, select_above_case}},
         {"jumprelu", {jumprelu_case}}, {"gated", {gated_case}},
-        {"switch", {switch_case}},     {"matryoshka", {prefix_mask_case}},
+        {"switch", {switch_case}},     {"matryoshka_batchtopk", {prefix_mask_case}},
     };
     return cases;
 }

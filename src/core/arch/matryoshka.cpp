@@ -332,7 +332,7 @@ const Architecture& matryoshka_batchtopk_arch() {
 }  // namespace saetrain::arch
 
 const saetrain::ArchOpSet& saetrain::matryoshka_op_set() {
-    static const ArchOpSet set{"matryoshka",
+    static const ArchOpSet set{"matryoshka_batchtopk",
                                {"prefix_mask"},
                                [](Backend&) -> std::unique_ptr<ArchOps> {
                                    return std::make_unique<arch::CpuMatryoshkaOps>();
