@@ -389,6 +389,7 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
         cfg.l0_coeff = 0.01;
         cfg.dead_tokens = 64;  // latents die within the run: AuxK is part of what resumes
         cfg.lr = 1e-2;
+        cfg.set("sae.matryoshka_prefixes", IntList{12, 24});
         auto be = make_cpu_backend(1);
         auto self = make_self_comm();
         std::mt19937 rng(11);
@@ -854,6 +855,7 @@ SaeConfig small_config(const char* arch) {
     cfg.expansion = 4;
     cfg.k = 4;
     cfg.set("sae.n_experts", 2);
+    cfg.set("sae.matryoshka_prefixes", IntList{8, 32});
     return cfg;
 }
 
@@ -891,7 +893,7 @@ TEST(ArchOps, ABackendWithoutAnArchitecturesOpsRefusesIt) {
             }
         }
     }
-    EXPECT_GE(sets, 5);  // relu, batchtopk, jumprelu, gated, switch
+    EXPECT_GE(sets, 7);  // relu, batchtopk, jumprelu, gated, switch, matryoshka's two
 }
 
 // A ForwardingBackend (bench_step's per-op timing, the tests' recorders) sees every op of the

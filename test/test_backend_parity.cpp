@@ -31,6 +31,7 @@
 #include "saetrain/arch/batchtopk.h"
 #include "saetrain/arch/gated.h"
 #include "saetrain/arch/jumprelu.h"
+#include "saetrain/arch/matryoshka.h"
 #include "saetrain/arch/relu.h"
 #include "saetrain/arch/switch.h"
 #include "saetrain/backend.h"
@@ -768,6 +769,27 @@ void select_above_case(Backend& host, Backend& dev) {
     }
 }
 
+// Matryoshka's prefix mask: a compare and a copy, so kExact, at prefixes that keep none, some
+// and all of the entries (padding entries, value 0, among them).
+void prefix_mask_case(Backend& host, Backend& dev) {
+    MatryoshkaOps* oracle = &arch_ops<MatryoshkaOps>(host, matryoshka_op_set());
+    MatryoshkaOps* be = &arch_ops<MatryoshkaOps>(dev, matryoshka_op_set());
+    const int64_t count = 3001, n = 500;
+    const auto val = tie_heavy(count, 50);
+    std::vector<int32_t> idx(count);
+    for (int64_t i = 0; i < count; ++i) idx[i] = static_cast<int32_t>((i * 7919) % n);
+    Buf<float> gval(dev, val);
+    Buf<int32_t> gidx(dev, idx);
+    for (const int64_t prefix : {int64_t{0}, int64_t{1}, int64_t{137}, n}) {
+        SCOPED_TRACE(::testing::Message() << "prefix=" << prefix);
+        std::vector<float> out(count, -1.0f);
+        Buf<float> gout(dev, out);
+        oracle->prefix_mask(idx.data(), val.data(), count, prefix, out.data());
+        be->prefix_mask(gidx.p(), gval.p(), count, prefix, gout.p());
+        EXPECT_EQ(gout.get(), out);
+    }
+}
+
 // JumpReLU: v and z are exact (an add and a compare), dv exact (dz or 0); the column sums
 // kSum (order); dlog_threshold also carries exp's last ulp (1e-7), inside kSum.
 void jumprelu_case(Backend& host, Backend& dev) {
@@ -913,7 +935,7 @@ const std::map<std::string, std::vector<ArchOpCase>>& arch_op_cases() {
     static const std::map<std::string, std::vector<ArchOpCase>> cases = {
         {"relu", {relu_case}},         {"batchtopk", {batch_threshold_case, select_above_case}},
         {"jumprelu", {jumprelu_case}}, {"gated", {gated_case}},
-        {"switch", {switch_case}},
+        {"switch", {switch_case}},     {"matryoshka_batchtopk", {prefix_mask_case}},
     };
     return cases;
 }

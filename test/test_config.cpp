@@ -881,7 +881,7 @@ TEST(ConfigKeys, ArchitectureKeysJoinTheTableWhereTheFileListsThem) {
     for (const ConfigKeyInfo& k : config_keys()) info[k.name] = k;
     EXPECT_EQ(info["sae.n_experts"].declared_by, "switch");
     EXPECT_EQ(info["train.auxk_coeff"].declared_by,
-              "topk, batchtopk, switch, transcoder, skip_transcoder");
+              "topk, batchtopk, switch, matryoshka_batchtopk, transcoder, skip_transcoder");
     EXPECT_EQ(info["sae.k"].declared_by, "");
     EXPECT_EQ(info["train.balance_coeff"].default_text, "0.1");
 }

@@ -509,6 +509,10 @@ TEST_P(PlantedRecovery, EveryArchitectureFindsThePlantedFeatures) {
     // Switch: 4 experts of 48 latents. Planted features are independent of each other, so
     // every expert's tokens carry features of every kind: the data least suited to experts.
     cfg.set("sae.n_experts", 4);
+    // Matryoshka BatchTopK: one inner prefix as wide as the planted features. A narrower one
+    // must reconstruct with fewer latents than there are independent features, so its latents
+    // mix them (prefixes {16, 64}: recovery 0.79).
+    cfg.set("sae.matryoshka_prefixes", IntList{128});
     cfg.lr = 1e-2;
     // Transcoders: the encoder has to find the input's features from a start unrelated to the
     // decoder's. Measured here: lr 1e-2 recovery 0.73 (FVU 0.44), lr 3e-3 0.83 (0.35); the

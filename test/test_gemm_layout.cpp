@@ -143,6 +143,7 @@ TEST(GemmLayout, EveryCallTheTrainerMakes) {
         cfg.n_latents = 12;
         cfg.k = 3;
         cfg.set("sae.n_experts", 2);
+        cfg.set("sae.matryoshka_prefixes", IntList{4});
         cfg.l1_coeff = 0.1;
         cfg.dead_tokens = B;
         cfg.decorr_coeff = arch == "switch" ? 0.0 : 0.01;  // Switch has no decorrelation

@@ -3,7 +3,8 @@
 // The section and key names are the user contract of the design brief (run, data, sae, train,
 // parallel, backend, log, checkpoint). Unknown keys are errors that name the nearest valid key,
 // so a typo never silently trains with a default. Any `sae`/`train` value may be a YAML list;
-// lists expand to a sweep (the cartesian product), one SaeConfig per point.
+// lists expand to a sweep (the cartesian product), one SaeConfig per point; a list-valued key
+// (ConfigValue below) sweeps a list of lists.
 #pragma once
 
 #include <cstdint>
@@ -54,8 +55,13 @@ struct DataConfig {
 // The architecture an SaeConfig trains unless it names one (the registry's, arch.h).
 std::string default_arch_name();
 
-// A key's value as the config holds it (a YAML scalar of the key's type).
-using ConfigValue = std::variant<int64_t, uint64_t, double, bool, std::string>;
+// A key's value as the config holds it: a YAML scalar of the key's type, or, for a key declared
+// list-valued (an IntList or StringList default), one YAML list of such scalars. For a list-valued
+// sae.* or train.* key a list of lists is the sweep (`[[128, 512], [256]]`: two points); a plain
+// list is one value, and a single scalar counts as a list of one.
+using IntList = std::vector<int64_t>;
+using StringList = std::vector<std::string>;
+using ConfigValue = std::variant<int64_t, uint64_t, double, bool, std::string, IntList, StringList>;
 
 // One point of a sweep: everything that differs between SAEs trained in one run.
 struct SaeConfig {
@@ -127,7 +133,8 @@ struct SaeConfig {
     // key's choices. What code and tests use for keys without a field.
     template <class T>
     SaeConfig& set(const std::string& key, const T& value) {
-        if constexpr (std::is_same_v<T, bool>)
+        if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, IntList> ||
+                      std::is_same_v<T, StringList>)
             return set_value(key, ConfigValue(value));
         else if constexpr (std::is_integral_v<T>)
             return set_value(key, ConfigValue(static_cast<int64_t>(value)));
@@ -187,7 +194,8 @@ private:
     bool changes_results_;
 };
 
-// A declared key of type T (int64_t, double, bool or std::string): key(cfg) is its value.
+// A declared key of type T (int64_t, double, bool, std::string, IntList or StringList): key(cfg)
+// is its value.
 template <class T>
 class ArchKey : public ArchKeyDecl {
 public:

@@ -35,7 +35,13 @@ namespace {
 // ---- values and keys ---------------------------------------------------------------------------
 
 using Value = ConfigValue;
-enum class Kind { integer, unsigned_integer, number, boolean, string };
+enum class Kind { integer, unsigned_integer, number, boolean, string, integer_list, string_list };
+
+bool is_list(Kind k) { return k == Kind::integer_list || k == Kind::string_list; }
+// The kind of a list's elements.
+Kind element_kind(Kind k) {
+    return k == Kind::integer_list ? Kind::integer : k == Kind::string_list ? Kind::string : k;
+}
 
 const char* kind_name(Kind k) {
     switch (k) {
@@ -49,6 +55,10 @@ const char* kind_name(Kind k) {
             return "a boolean (true or false)";
         case Kind::string:
             return "a string";
+        case Kind::integer_list:
+            return "a list of integers";
+        case Kind::string_list:
+            return "a list of strings";
     }
     return "a value";
 }
@@ -64,6 +74,10 @@ constexpr Kind kind_of() {
         return Kind::number;
     else if constexpr (std::is_same_v<T, bool>)
         return Kind::boolean;
+    else if constexpr (std::is_same_v<T, IntList>)
+        return Kind::integer_list;
+    else if constexpr (std::is_same_v<T, StringList>)
+        return Kind::string_list;
     else {
         static_assert(std::is_same_v<T, std::string>, "a Value type");
         return Kind::string;
@@ -83,7 +97,17 @@ void from_value(T& dst, const Value& v) {
 // Shortest text that reads back as the same double ("5", "0.5", "0.001", "1e-05").
 std::string compact(double v) { return fmt::format("{}", v); }
 
+// A list as "[a, b]" (elements joined by `sep` between the brackets, or bare when `bare`).
+template <class T>
+std::string list_text(const std::vector<T>& list, const char* sep = ", ", bool bare = false) {
+    std::string out = bare ? "" : "[";
+    for (size_t i = 0; i < list.size(); ++i) out += (i ? sep : "") + fmt::format("{}", list[i]);
+    return bare ? out : out + "]";
+}
+
 std::string value_text(const Value& v) {
+    if (auto ints = std::get_if<IntList>(&v)) return list_text(*ints);
+    if (auto strings = std::get_if<StringList>(&v)) return list_text(*strings);
     if (auto d = std::get_if<double>(&v)) return compact(*d);
     if (auto b = std::get_if<bool>(&v)) return *b ? "true" : "false";
     if (auto s = std::get_if<std::string>(&v)) return *s;
@@ -173,7 +197,7 @@ Field make_field(const char* section, const char* key, const char* doc, Access a
         const auto& v = access(const_cast<Config&>(c), const_cast<SaeConfig&>(s));
         if (rule.ok(v, c)) return std::string();
         if (!rule.shows_value) return fmt::format("{} {}", full, rule.says);
-        return fmt::format("{} {} (got {})", full, rule.says, v);
+        return fmt::format("{} {} (got {})", full, rule.says, value_text(to_value(v)));
     };
     return f;
 }
@@ -640,7 +664,9 @@ private:
         const std::string full = f.full();
         if (!key_node.Mark().is_null()) line_of_[full] = key_node.Mark().line + 1;
         std::vector<Value> values;
-        if (node.IsSequence()) {
+        if (is_list(f.kind)) {
+            values = list_values(f, node);
+        } else if (node.IsSequence()) {
             SAE_ENFORCE(f.sweepable(),
                         "{}{}: got a list, but only sae.* and train.* keys can be swept (lists "
                         "expand to a sweep); give one value",
@@ -660,21 +686,78 @@ private:
         given_[idx] = std::move(values);
     }
 
+    // The value(s) of a list-valued key: a list of lists is a sweep of them (sae.* and train.*
+    // keys only); a list of scalars, a single scalar (a list of one) or nothing (the empty list)
+    // is one value.
+    std::vector<Value> list_values(const Field& f, const YAML::Node& node) const {
+        const std::string full = f.full();
+        const bool nested = node.IsSequence() && node.size() > 0 &&
+                            std::any_of(node.begin(), node.end(),
+                                        [](const YAML::Node& i) { return i.IsSequence(); });
+        if (!nested) return {convert(f, node)};
+        SAE_ENFORCE(f.sweepable(),
+                    "{}{}: got a list of lists, but only sae.* and train.* keys can be swept; give "
+                    "one list",
+                    loc(full), full);
+        std::vector<Value> values;
+        for (const auto& item : node) {
+            SAE_ENFORCE(item.IsSequence(),
+                        "{}{}: a sweep of lists must list lists only (got '{}' among them); write "
+                        "a list of one as [{}]",
+                        loc(full), full, item.IsScalar() ? item.Scalar() : "a mapping",
+                        item.IsScalar() ? item.Scalar() : "...");
+            Value v = convert(f, item);
+            for (const Value& prev : values)
+                SAE_ENFORCE(!(prev == v), "{}{}: the list has {} twice", loc(full), full,
+                            value_text(v));
+            values.push_back(std::move(v));
+        }
+        return values;
+    }
+
     Value convert(const Field& f, const YAML::Node& node) const {
+        if (!is_list(f.kind)) return convert_scalar(f, f.kind, node);
+        const std::string full = f.full();
+        if (node.IsNull()) return f.kind == Kind::integer_list ? Value(IntList{}) : StringList{};
+        if (node.IsMap())
+            throw Error(fmt::format("{}{}: expected {}, got a mapping", loc(full), full,
+                                    kind_name(f.kind)));
+        std::vector<YAML::Node> items;
+        if (node.IsSequence())
+            for (const YAML::Node& item : node) items.push_back(item);
+        else
+            items.push_back(node);  // a scalar: a list of one
+        IntList ints;
+        StringList strings;
+        for (const YAML::Node& item : items) {
+            if (item.IsSequence())
+                throw Error(fmt::format("{}{}: expected {}, got a list nested deeper", loc(full),
+                                        full, kind_name(f.kind)));
+            const Value v = convert_scalar(f, element_kind(f.kind), item);
+            if (auto i = std::get_if<int64_t>(&v))
+                ints.push_back(*i);
+            else
+                strings.push_back(std::get<std::string>(v));
+        }
+        return f.kind == Kind::integer_list ? Value(std::move(ints)) : Value(std::move(strings));
+    }
+
+    // One scalar of kind `kind` (f's, or its elements' for a list-valued key).
+    Value convert_scalar(const Field& f, Kind kind, const YAML::Node& node) const {
         const std::string full = f.full();
         const std::string where = loc(full);
-        if (node.IsNull() && f.kind == Kind::string && f.choices.empty()) return std::string();
+        const char* what = kind_name(f.kind);
+        if (node.IsNull() && kind == Kind::string && f.choices.empty()) return std::string();
         if (node.IsNull())
-            throw Error(fmt::format(
-                "{}{}: no value given; expected {}", where, full,
-                f.choices.empty() ? std::string(kind_name(f.kind)) : "one of " + join(f.choices)));
+            throw Error(
+                fmt::format("{}{}: no value given; expected {}", where, full,
+                            f.choices.empty() ? std::string(what) : "one of " + join(f.choices)));
         if (!node.IsScalar())
-            throw Error(fmt::format("{}{}: expected {}, got a {}", where, full, kind_name(f.kind),
+            throw Error(fmt::format("{}{}: expected {}, got a {}", where, full, what,
                                     node.IsSequence() ? "nested list" : "mapping"));
         const std::string s = node.Scalar();
-        const std::string bad =
-            fmt::format("{}{}: expected {}, got '{}'", where, full, kind_name(f.kind), s);
-        switch (f.kind) {
+        const std::string bad = fmt::format("{}{}: expected {}, got '{}'", where, full, what, s);
+        switch (kind) {
             case Kind::integer: {
                 int64_t v = 0;
                 SAE_ENFORCE(parse_integer(s, v), "{}", bad);
@@ -696,6 +779,8 @@ private:
                 return v;
             }
             case Kind::string:
+            case Kind::integer_list:
+            case Kind::string_list:
                 break;
         }
         if (!f.choices.empty() &&
@@ -797,7 +882,11 @@ std::string yaml_double(double v) {
 }
 
 void emit_value(YAML::Emitter& out, const Value& v) {
-    if (auto d = std::get_if<double>(&v))
+    if (auto ints = std::get_if<IntList>(&v))
+        out << YAML::Flow << *ints;
+    else if (auto strings = std::get_if<StringList>(&v))
+        out << YAML::Flow << *strings;
+    else if (auto d = std::get_if<double>(&v))
         out << yaml_double(*d);
     else if (auto b = std::get_if<bool>(&v))
         out << *b;
@@ -810,6 +899,14 @@ void emit_value(YAML::Emitter& out, const Value& v) {
 }
 
 }  // namespace
+
+// A list value in an SAE id (a directory name): its elements joined by '_' ("empty" for none).
+std::string id_list_text(const Value& v) {
+    std::string s;
+    if (auto ints = std::get_if<IntList>(&v)) s = list_text(*ints, "_", true);
+    if (auto strings = std::get_if<StringList>(&v)) s = list_text(*strings, "_", true);
+    return s.empty() ? "empty" : s;
+}
 
 // ---- public API --------------------------------------------------------------------------------
 
@@ -905,7 +1002,10 @@ std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model) {
             if (!differs) continue;
             const bool numeric =
                 !std::holds_alternative<std::string>(mine) && !std::holds_alternative<bool>(mine);
-            suffix += fmt::format("-{}{}{}", f.key, numeric ? "" : "_", value_text(mine));
+            if (is_list(f.kind))  // a path component: "-matryoshka_prefixes_128_512"
+                suffix += fmt::format("-{}_{}", f.key, id_list_text(mine));
+            else
+                suffix += fmt::format("-{}{}{}", f.key, numeric ? "" : "_", value_text(mine));
         }
         ids[i] = base[i] + suffix;
     }

@@ -209,6 +209,15 @@ int64_t host_peak_rss_bytes() {
     return 0;
 }
 
+// A CSV cell (RFC 4180): quoted, its quotes doubled, when it holds a comma, a quote or a line
+// break (a list-valued key's "[128, 512]").
+static std::string csv_cell(const std::string& s) {
+    if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+    std::string out = "\"";
+    for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+}
+
 void summary_write(const std::string& path, const std::vector<std::string>& columns,
                    const std::vector<std::map<std::string, std::string>>& rows) {
     const std::string tmp = path + ".tmp";
@@ -220,7 +229,7 @@ void summary_write(const std::string& path, const std::vector<std::string>& colu
         for (const auto& row : rows) {
             for (size_t i = 0; i < columns.size(); ++i) {
                 const auto it = row.find(columns[i]);
-                out << (i ? "," : "") << (it == row.end() ? "" : it->second);
+                out << (i ? "," : "") << (it == row.end() ? "" : csv_cell(it->second));
             }
             out << "\n";
         }

@@ -1,10 +1,12 @@
 // The CUDA implementations of the architectures' own ops (arch_ops.h): thin classes over the
-// launchers in kernels.h (kernels.cu, topk.cu, switch.cu), each registered by one line below.
+// launchers in kernels.h (kernels.cu, topk.cu, switch.cu, matryoshka.cu), each registered by one
+// line below.
 #include "arch_ops.h"
 
 #include "saetrain/arch/batchtopk.h"
 #include "saetrain/arch/gated.h"
 #include "saetrain/arch/jumprelu.h"
+#include "saetrain/arch/matryoshka.h"
 #include "saetrain/arch/relu.h"
 #include "saetrain/arch/switch.h"
 
@@ -95,6 +97,18 @@ private:
     OpContext c_;
 };
 
+class CudaMatryoshkaOps final : public MatryoshkaOps {
+public:
+    explicit CudaMatryoshkaOps(const OpContext& c) : c_(c) {}
+    void prefix_mask(const int32_t* idx, const float* val, int64_t count, int64_t prefix,
+                     float* out) override {
+        cuda::prefix_mask(c_.stream, idx, val, count, prefix, out);
+    }
+
+private:
+    OpContext c_;
+};
+
 template <class Ops>
 std::unique_ptr<ArchOps> make(const OpContext& c) {
     return std::make_unique<Ops>(c);
@@ -104,9 +118,12 @@ std::unique_ptr<ArchOps> make(const OpContext& c) {
 
 const std::vector<ArchOpsImpl>& arch_ops_impls() {
     static const std::vector<ArchOpsImpl> impls = {
-        {&relu_op_set(), make<CudaReluOps>},         {&batchtopk_op_set(), make<CudaBatchTopkOps>},
-        {&jumprelu_op_set(), make<CudaJumpReluOps>}, {&gated_op_set(), make<CudaGatedOps>},
+        {&relu_op_set(), make<CudaReluOps>},
+        {&batchtopk_op_set(), make<CudaBatchTopkOps>},
+        {&jumprelu_op_set(), make<CudaJumpReluOps>},
+        {&gated_op_set(), make<CudaGatedOps>},
         {&switch_op_set(), make<CudaSwitchOps>},
+        {&matryoshka_op_set(), make<CudaMatryoshkaOps>},
     };
     return impls;
 }

@@ -91,6 +91,11 @@ void row_dots(cudaStream_t s, const float* a, const float* b, int64_t rows, int6
               float* out);
 void offset_indices(cudaStream_t s, int32_t* idx, int64_t count, int32_t offset);
 
+// The Matryoshka BatchTopK SAE's prefix mask (matryoshka.cu); see MatryoshkaOps
+// (arch/matryoshka.h).
+void prefix_mask(cudaStream_t s, const int32_t* idx, const float* val, int64_t count,
+                 int64_t prefix, float* out);
+
 // Backend::decorr_grad, in three steps around the backend's two GEMMs (C = U^T U, then
 // dU = U G; the caller owns u, c, du, inv_norm and factor). z is dense [rows, n] (idx null) or
 // `width` (idx, val) pairs per row (val 0: unused); rows >= 2, n >= 2.

@@ -553,12 +553,14 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
     const int64_t d = 16, rows = 48;
     for (const int S : shard_counts(w.size()))
         for (const char* name_c : {"topk", "auxk", "batchtopk", "relu", "jumprelu", "gated",
-                                   "transcoder", "skip_transcoder"}) {
+                                   "matryoshka_batchtopk", "transcoder", "skip_transcoder"}) {
             const std::string name = name_c;
             // BatchTopK selects over each replica's batch: the one-process reference over all
             // rows is the same SAE only with one replica.
-            if (name == "batchtopk" && S != w.size()) continue;
+            if (name.find("batchtopk") != std::string::npos && S != w.size()) continue;
             SaeConfig cfg = small_sae(name == "auxk" ? "topk" : name);
+            // Matryoshka: a prefix inside the first latent shard and one across a boundary.
+            if (name == "matryoshka_batchtopk") cfg.set("sae.matryoshka_prefixes", IntList{6, 20});
             if (name == "auxk") {
                 cfg.dead_tokens = 1;
                 cfg.set("sae.k_aux", 3);
@@ -600,6 +602,18 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
             EXPECT_NEAR(ea.fvu, eb.fvu, 1e-5 * eb.fvu) << name << " S " << S;
             EXPECT_NEAR(ea.l0, eb.l0, 1e-9) << name << " S " << S;
             EXPECT_EQ(ea.dead_fraction, eb.dead_fraction) << name << " S " << S;
+            // The architecture's summary figures (Matryoshka's prefix FVUs) over the whole SAE.
+            const auto fa = tr.arch_summary(), fb = ref.arch_summary();
+            ASSERT_EQ(fa.size(), fb.size()) << name << " S " << S;
+            for (size_t i = 0; i < fa.size(); ++i) {
+                EXPECT_EQ(fa[i].first, fb[i].first) << name << " S " << S;
+                EXPECT_NEAR(fa[i].second, fb[i].second, 1e-5 * std::abs(fb[i].second))
+                    << name << " S " << S << " " << fb[i].first;
+            }
+            if (name == "matryoshka_batchtopk") {
+                // Each prefix's held-out FVU (6 of 20 steps never reach the training window).
+                EXPECT_EQ(fb.size(), 2u);
+            }
             const QualityGates qa = tr.training_quality(), qb = ref.training_quality();
             EXPECT_NEAR(qa.zeros_frac, qb.zeros_frac, 1e-9) << name << " S " << S;
             if (g.R == 1) {

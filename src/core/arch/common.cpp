@@ -211,6 +211,7 @@ void SelectionPass::backward_selection(PassContext& c) {
     a.dval_extra = extra;
     c.be.topk_backward(a);
     auxk_.backward(c);
+    extra_backward(c);
 }
 
 }  // namespace saetrain::arch

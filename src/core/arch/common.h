@@ -158,6 +158,10 @@ public:
     Activations activations() const override { return {nullptr, idx_.data(), val_.data(), width_}; }
 
 protected:
+    // Gradients a pass adds to the selection's after AuxK's and before b_dec's path through the
+    // encoder input, which must see every dL/dpre column sum in G.b_enc (Matryoshka BatchTopK's
+    // prefix losses). Default: none.
+    virtual void extra_backward(PassContext& /*ctx*/) {}
     // Grows the selection to hold `rows` rows of width_ (contents are not kept).
     void reserve_selection(int64_t rows) {
         ensure(idx_, be_, rows * width_);
@@ -186,5 +190,6 @@ const Architecture& gated_arch();
 const Architecture& switch_arch();
 const Architecture& transcoder_arch();
 const Architecture& skip_transcoder_arch();
+const Architecture& matryoshka_batchtopk_arch();
 
 }  // namespace saetrain::arch

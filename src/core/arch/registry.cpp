@@ -10,10 +10,15 @@ std::string default_arch_name() { return kDefaultArch; }
 
 const std::vector<const Architecture*>& architectures() {
     static const std::vector<const Architecture*> all = {
-        &arch::relu_arch(),       &arch::topk_arch(),
-        &arch::batchtopk_arch(),  &arch::jumprelu_arch(),
-        &arch::gated_arch(),      &arch::switch_arch(),
-        &arch::transcoder_arch(), &arch::skip_transcoder_arch(),
+        &arch::relu_arch(),
+        &arch::topk_arch(),
+        &arch::batchtopk_arch(),
+        &arch::jumprelu_arch(),
+        &arch::gated_arch(),
+        &arch::switch_arch(),
+        &arch::matryoshka_batchtopk_arch(),
+        &arch::transcoder_arch(),
+        &arch::skip_transcoder_arch(),
     };
     return all;
 }
@@ -65,7 +70,18 @@ void Architecture::validate(const SaeConfig&, int64_t, const std::string&) const
 
 void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be) {
     const Architecture& arch = arch_get(cfg.arch);
-    for (const ArchOpSet* set : arch.op_sets()) require_arch_ops(be, *set);
+    for (const ArchOpSet* set : arch.op_sets()) {
+        try {
+            require_arch_ops(be, *set);
+        } catch (const Error& e) {
+            // A set it shares with another architecture (Matryoshka BatchTopK runs BatchTopK's)
+            // is named by that one: the line names the architecture asked for.
+            const std::string prefix = "sae.arch = " + set->name + ":";
+            const std::string m = e.what();
+            if (set->name == cfg.arch || m.rfind(prefix, 0) != 0) throw;
+            throw Error("sae.arch = " + cfg.arch + ":" + m.substr(prefix.size()));
+        }
+    }
     for (const Architecture::OpUse& use : arch.limited_ops(cfg, d, n)) {
         std::string why;
         SAE_ENFORCE(be.supports(use.op, use.shape, &why),
