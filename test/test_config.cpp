@@ -238,6 +238,16 @@ TEST(ConfigErrors, TranscodersAndTargetSetsGoTogether) {
     EXPECT_EQ(c.data.target_path, "b");
     EXPECT_EQ(c.data.eval_target_path, "d");
     EXPECT_TRUE(arch_get(c.sae.arch).transcodes());
+    // The activation: one of three, a sweepable key, and in the SAE's id.
+    EXPECT_HAS(parse_error("data: {path: a, target_path: b}\n"
+                           "sae: {arch: transcoder, transcoder_activation: relu}\n"),
+               "sae.transcoder_activation must be topk, batchtopk or jumprelu (got relu)");
+    const Config s = config_parse(
+        "data: {path: a, target_path: b}\nsae: {arch: skip_transcoder, expansion: 4, k: 8, "
+        "transcoder_activation: [topk, batchtopk, jumprelu]}\n");
+    EXPECT_EQ(sweep_ids(s, 16), (std::vector<std::string>{"skip_transcoder-x4-k8",
+                                                            "skip_transcoder-x4-batchtopk-k8",
+                                                            "skip_transcoder-x4-jumprelu-l0_1"}));
 }
 
 // ---- unknown keys and suggestions --------------------------------------------------------------

@@ -1,5 +1,5 @@
-// Finite-difference checks of the analytic gradients, for ReLU-L1 and TopK SAEs and TopK
-// transcoders.
+// Finite-difference checks of the analytic gradients, for ReLU-L1 and TopK SAEs and
+// transcoders with TopK, BatchTopK and JumpReLU activations.
 //
 // The reference loss is an independent forward pass written here in double precision, so the
 // central differences are accurate to ~1e-8 and any disagreement is the analytic gradient's.
@@ -27,28 +27,44 @@ struct Dims {
 
 // L = mean_t ||x_hat_t - x_t||^2 + l1 * mean_t sum_i z_ti ||W_dec_i||, flat layout as in trainer.h.
 // A transcoder (y given): the encoder reads x without b_dec, x_hat approximates y, and with
-// `skip` x_hat adds x W_skip^T (W_skip [d, d] after b_dec in the layout).
+// `skip` x_hat adds x W_skip^T (W_skip [d, d] after b_dec in the layout). `act` "batchtopk":
+// the k * rows largest positive pre-activations of the batch; "jumprelu": pre where it exceeds
+// exp(log_threshold) (log_threshold [n] after b_dec, before W_skip), plus l0 per firing.
 double ref_loss(const std::vector<double>& p, const std::vector<float>& x, const Dims& s,
                 const std::string& arch, double l1, const std::vector<float>* y = nullptr,
-                bool skip = false) {
+                bool skip = false, const std::string& act = "topk", double l0 = 0) {
     const int64_t d = s.d, n = s.n;
     const double* w_enc = p.data();
     const double* w_dec = p.data() + n * d;
     const double* b_enc = p.data() + 2 * n * d;
     const double* b_dec = b_enc + n;
-    const double* w_skip = b_dec + d;
+    const double* log_threshold = b_dec + d;
+    const double* w_skip = b_dec + d + (act == "jumprelu" ? n : 0);
     const std::vector<float>& target = y ? *y : x;
-    double loss = 0;
-    for (int64_t t = 0; t < s.rows; ++t) {
-        std::vector<double> pre(n), z(n, 0.0);
+    std::vector<double> all_pre(static_cast<size_t>(s.rows * n));
+    for (int64_t t = 0; t < s.rows; ++t)
         for (int64_t l = 0; l < n; ++l) {
             double a = b_enc[l];
             for (int64_t c = 0; c < d; ++c)
                 a += (x[t * d + c] - (y ? 0.0 : b_dec[c])) * w_enc[l * d + c];
-            pre[l] = a;
+            all_pre[t * n + l] = a;
         }
+    double batch_t = 0;  // BatchTopK: the (k * rows)-th largest positive value of the batch
+    if (act == "batchtopk") {
+        std::vector<double> v = all_pre;
+        std::sort(v.begin(), v.end(), std::greater<double>());
+        batch_t = std::max(v[static_cast<size_t>(s.k * s.rows - 1)], 1e-300);
+    }
+    double loss = 0;
+    for (int64_t t = 0; t < s.rows; ++t) {
+        std::vector<double> pre(all_pre.begin() + t * n, all_pre.begin() + (t + 1) * n), z(n, 0.0);
         if (arch == "relu") {
             for (int64_t l = 0; l < n; ++l) z[l] = std::max(pre[l], 0.0);
+        } else if (act == "batchtopk") {
+            for (int64_t l = 0; l < n; ++l) z[l] = pre[l] >= batch_t ? pre[l] : 0.0;
+        } else if (act == "jumprelu") {
+            for (int64_t l = 0; l < n; ++l)
+                if (pre[l] > std::exp(log_threshold[l])) z[l] = pre[l], loss += l0;
         } else {
             std::vector<int64_t> order(n);
             std::iota(order.begin(), order.end(), 0);
@@ -72,11 +88,17 @@ double ref_loss(const std::vector<double>& p, const std::vector<float>& x, const
     return loss / static_cast<double>(s.rows);
 }
 
-void check_gradients(const std::string& arch) {
+// `act`: a transcoder's sae.transcoder_activation. JumpReLU's threshold gets a straight-through
+// pseudo-gradient, not the true one (zero almost everywhere), so its log_threshold is not
+// checked; every other parameter's gradient is exact.
+void check_gradients(const std::string& arch, const std::string& act = "topk") {
     const Dims s{8, 12, 24, 5};
     const bool transcodes = arch_get(arch).transcodes(), skip = arch == "skip_transcoder";
+    const bool jumprelu = act == "jumprelu";
     SaeConfig cfg;
     cfg.arch = arch;
+    if (transcodes) cfg.set("sae.transcoder_activation", act);
+    cfg.l0_coeff = jumprelu ? 0.1 : 0.0;
     cfg.n_latents = s.n;
     cfg.k = s.k;
     cfg.l1_coeff = arch == "relu" ? 0.7 : 0.0;
@@ -89,7 +111,8 @@ void check_gradients(const std::string& arch) {
     std::mt19937 rng(42);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(s.rows * s.d), y(x.size()),
-        p(static_cast<size_t>(2 * s.n * s.d + s.n + s.d + (skip ? s.d * s.d : 0)));
+        p(static_cast<size_t>(2 * s.n * s.d + s.n + s.d + (jumprelu ? s.n : 0) +
+                              (skip ? s.d * s.d : 0)));
     ASSERT_EQ(p.size(), tr.params_host().size());
     for (float& v : x) v = normal(rng);
     for (float& v : y) v = normal(rng);
@@ -97,8 +120,10 @@ void check_gradients(const std::string& arch) {
     tr.set_params_host(p);
     const std::vector<float>* target = transcodes ? &y : nullptr;
     auto ref = [&](const std::vector<double>& q) {
-        return ref_loss(q, x, s, arch, cfg.l1_coeff, target, skip);
+        return ref_loss(q, x, s, arch, cfg.l1_coeff, target, skip, act, cfg.l0_coeff);
     };
+    const auto thresholds_begin = static_cast<size_t>(2 * s.n * s.d + s.n + s.d);
+    const auto thresholds_end = thresholds_begin + (jumprelu ? static_cast<size_t>(s.n) : 0);
 
     // CPU: host memory is fine
     const StepResult r = tr.compute_gradients(x.data(), s.rows, 0, transcodes ? y.data() : nullptr);
@@ -111,6 +136,7 @@ void check_gradients(const std::string& arch) {
     int checked = 0, kinks = 0;
     double worst = 0;
     for (size_t i = 0; i < pd.size(); ++i) {
+        if (i >= thresholds_begin && i < thresholds_end) continue;  // straight-through
         const double keep = pd[i];
         pd[i] = keep + h;
         const double lp = ref(pd);
@@ -170,5 +196,14 @@ TEST(Gradients, TopkMatchesFiniteDifferences) { check_gradients("topk"); }
 // skip-transcoder's W_skip gets (dL/dy_hat)^T x.
 TEST(Gradients, TranscoderMatchesFiniteDifferences) { check_gradients("transcoder"); }
 TEST(Gradients, SkipTranscoderMatchesFiniteDifferences) { check_gradients("skip_transcoder"); }
+// With BatchTopK's batch selection and JumpReLU's thresholds (and its L0 term in the loss).
+TEST(Gradients, BatchTopkTranscodersMatchFiniteDifferences) {
+    check_gradients("transcoder", "batchtopk");
+    check_gradients("skip_transcoder", "batchtopk");
+}
+TEST(Gradients, JumpReluTranscodersMatchFiniteDifferences) {
+    check_gradients("transcoder", "jumprelu");
+    check_gradients("skip_transcoder", "jumprelu");
+}
 
 }  // namespace

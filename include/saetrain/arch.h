@@ -82,6 +82,10 @@ struct PassContext {
     float* col_scratch = nullptr;  // [n] scratch for column sums
     float grad_scale = 0;          // d/dx_hat of the summed squared error per row: 2 / norm_rows
     float norm_rows = 1;           // the loss is summed over rows and divided by this
+    // A transcoder's pass (Architecture::transcodes): the encoder reads x as it is, so encode()
+    // copies x into xc and b_dec, the target's bias, has no path through the encoder input
+    // (encoder_input_grad adds nothing).
+    bool encode_x = false;
     // Latents dead before this step (host: 1 = dead) and their count, for AuxK.
     const std::vector<uint8_t>* dead = nullptr;
     int64_t n_dead = 0;  // over the whole SAE (all latent shards)
@@ -162,8 +166,12 @@ struct ArchExport {
     int64_t sparsify_k = 0;
     std::string sparsify_refusal;
     // A transcoder (sparsify's transcode: true); W_skip, when it has one (skip_connection).
-    bool sparsify_transcode = false;
-    std::vector<float> sparsify_w_skip;  // [d, d], sparsify's layout (x @ W_skip^T)
+    bool transcode = false;
+    std::vector<float> w_skip;  // [d, d], sparsify's and circuit-tracer's layout (x @ W_skip^T)
+    // circuit-tracer loads a transcoder as a JumpReLU with this threshold per latent (empty: it
+    // cannot, and circuit_tracer_refusal says why).
+    std::vector<float> circuit_tracer_threshold;
+    std::string circuit_tracer_refusal;
 };
 
 class Architecture {

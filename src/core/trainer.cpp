@@ -84,6 +84,7 @@ PassContext SaeTrainer::context(const float* x, int64_t rows, const float* y) {
     c.dec_norms = dec_norms_.data(), c.col_scratch = zsum_.data();
     c.dead = &dead_, c.n_dead = n_dead_total_;
     c.latent_shard = latent_sharded() ? &store_->latent_shard() : nullptr;
+    c.encode_x = transcodes_;
     return c;
 }
 

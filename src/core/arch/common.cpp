@@ -11,8 +11,10 @@
 namespace saetrain::arch {
 
 void encode(PassContext& c) {
-    const float* b_dec = c.seg(ParamLayout::kBDec);
-    c.be.sub_rows(c.xc, c.x, b_dec, c.B, c.d);
+    if (c.encode_x)
+        c.be.axpby(c.xc, c.x, 1.0f, 0.0f, c.B * c.d);
+    else
+        c.be.sub_rows(c.xc, c.x, c.seg(ParamLayout::kBDec), c.B, c.d);
     c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg(ParamLayout::kWEnc), c.d, 0.0f,
               c.pre, c.n);
     start_reconstruction(c, c.xhat);
@@ -38,6 +40,7 @@ void sum_over_latent_shards(PassContext& c, float* data, int64_t count) {
 }
 
 void encoder_input_grad(PassContext& c, const float* dpre_col_sum) {
+    if (c.encode_x) return;
     c.be.gemm(false, false, 1, c.d, c.n, -1.0f, dpre_col_sum, c.n, c.seg(ParamLayout::kWEnc), c.d,
               1.0f, c.grad(ParamLayout::kBDec), c.d);
 }
@@ -201,17 +204,13 @@ void AuxK::backward(PassContext& c) {
 }
 
 void SelectionPass::backward(PassContext& c, int64_t, int64_t) {
-    backward_selection(c);
-    encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
-}
-
-void SelectionPass::backward_selection(PassContext& c) {
     const float* extra = decorr_.sparse(c, idx_.data(), val_.data(), width_);
     SparseBackward a = sparse_backward(c, c.xc, c.xhat, idx_.data(), val_.data(), c.B, width_);
     a.dval_extra = extra;
     c.be.topk_backward(a);
     auxk_.backward(c);
     extra_backward(c);
+    encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
 }
 
 }  // namespace saetrain::arch

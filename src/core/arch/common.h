@@ -10,7 +10,7 @@
 
 namespace saetrain::arch {
 
-// ctx.xc = x - b_dec; ctx.pre = xc W_enc^T (b_enc is the activation's to add); ctx.xhat = b_dec
+// ctx.xc = x - b_dec (x itself when ctx.encode_x); ctx.pre = xc W_enc^T (b_enc is the activation's to add); ctx.xhat = b_dec
 // in every row (the decoder adds z W_dec); on a latent shard other than the first, xhat = 0, so
 // that the latent shards' partial reconstructions sum to one x_hat.
 void encode(PassContext& ctx);
@@ -25,7 +25,7 @@ void select_topk(PassContext& ctx, const float* bias, int64_t k, int32_t* idx, f
 // On a latent shard: data [count] (backend memory) summed over the latent shards, in place.
 void sum_over_latent_shards(PassContext& ctx, float* data, int64_t count);
 // b_dec also enters through the encoder input x - b_dec: G.b_dec -= dpre_col_sum^T W_enc,
-// with dpre_col_sum [n] the column sums of dL/dpre.
+// with dpre_col_sum [n] the column sums of dL/dpre. Nothing when ctx.encode_x.
 void encoder_input_grad(PassContext& ctx, const float* dpre_col_sum);
 
 // The dense decoder: ctx.xhat += z W_dec (z [B, n]).
@@ -149,9 +149,6 @@ public:
     SelectionPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
         : be_(be), auxk_(cfg, d, n, be), decorr_(cfg), width_(cfg.k) {}
     void backward(PassContext& c, int64_t step, int64_t total_steps) override;
-    // backward() without b_dec's term through the encoder input (a transcoder's encoder reads
-    // x itself): the selection's gradients, the decorrelation penalty's and AuxK's.
-    void backward_selection(PassContext& c);
     double penalty(const float* st) const override {
         return auxk_.penalty(st) + decorr_.penalty(st);
     }

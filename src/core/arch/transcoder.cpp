@@ -1,90 +1,188 @@
-// transcoder.cpp — TopK transcoders and skip-transcoders (Dunefsky et al. 2024; Paulo et al.
-// 2025): the encoder reads an MLP's input x, the decoder writes its output y,
-//   y_hat = TopK(x W_enc^T + b_enc) W_dec + b_dec  (+ x W_skip^T for a skip-transcoder),
-// trained on paired rows [x | y] (data.path and data.target_path, read row for row). Everything
-// else is TopK's: the exact (latent-sharded) selection, the sparse decoder and its backward,
-// AuxK on dead latents against the target's residual. b_dec is the target's bias, so it does not
-// enter the encoder (no b_dec term through the encoder input). W_skip [d, d] starts at zero and
-// belongs to no latent: every latent shard holds it whole and computes its same gradient from
-// the same dL/dy_hat and x, and only the first adds the skip term to its partial y_hat.
+// transcoder.cpp — transcoders and skip-transcoders (Dunefsky et al. 2024; Paulo et al. 2025):
+// the encoder reads an MLP's input x, the decoder writes its output y,
+//   y_hat = act(x W_enc^T + b_enc) W_dec + b_dec  (+ x W_skip^T for a skip-transcoder),
+// trained on paired rows [x | y] (data.path and data.target_path, read row for row). The
+// activation is an SAE architecture's (sae.transcoder_activation: TopK, BatchTopK or JumpReLU),
+// whose pass runs unchanged with PassContext::encode_x set by the trainer: its encoder reads x
+// as it is and b_dec, the target's bias, has no path through the encoder input. Everything else
+// is that architecture's: the (latent-sharded) selection or threshold, the decoder and its
+// backward, AuxK on dead latents against the target's residual, its keys, buffers and export
+// tensors. W_skip [d, d] starts at zero and belongs to no latent: every latent shard holds it
+// whole and computes its same gradient from the same dL/dy_hat and x, and only the first adds
+// the skip term to its partial y_hat.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
 #include "common.h"
-#include "saetrain/perfmodel.h"
+#include "saetrain/error.h"
 
 namespace saetrain::arch {
 namespace {
 
 constexpr const char* kWSkip = "W_skip";
+constexpr std::array<const char*, 3> kActivations = {"topk", "batchtopk", "jumprelu"};
 
-class TranscoderPass final : public SelectionPass {
+const ArchKey<std::string>& activation_key() {
+    static const ArchKey<std::string> key{
+        "sae", "transcoder_activation", "topk",
+        "a transcoder's activation: topk | batchtopk | jumprelu (as sae.arch of that name)",
+        KeyRule{[](const ConfigValue& v) {
+                    const std::string& s = std::get<std::string>(v);
+                    for (const char* a : kActivations)
+                        if (s == a) return true;
+                    return false;
+                },
+                "must be topk, batchtopk or jumprelu"}};
+    return key;
+}
+
+// The architecture whose activation a transcoder of `cfg` uses.
+const Architecture& activation_arch(const SaeConfig& cfg) {
+    const std::string a = activation_key()(cfg);
+    if (a == "batchtopk") return batchtopk_arch();
+    if (a == "jumprelu") return jumprelu_arch();
+    return topk_arch();
+}
+
+// The activation's pass, and the skip path around it.
+class TranscoderPass final : public ArchPass {
 public:
-    TranscoderPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be, bool skip)
-        : SelectionPass(cfg, d, n, be), skip_(skip) {}
-    void reserve(int64_t rows) override { reserve_selection(rows); }
-    void forward(PassContext& c, bool) override {
-        // The encoder's input is x as it is; ctx.xc holds it for AuxK and the backward pass.
-        c.be.axpby(c.xc, c.x, 1.0f, 0.0f, c.B * c.d);
-        c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg(ParamLayout::kWEnc), c.d, 0.0f,
-                  c.pre, c.n);
-        start_reconstruction(c, c.xhat);
+    TranscoderPass(std::unique_ptr<ArchPass> inner, bool skip)
+        : inner_(std::move(inner)), skip_(skip) {}
+    void reserve(int64_t rows) override { inner_->reserve(rows); }
+    void forward(PassContext& c, bool training) override {
+        SAE_ENFORCE(c.encode_x, "a transcoder's pass needs PassContext::encode_x");
+        inner_->forward(c, training);
         if (skip_ && !(c.latent_shard && c.latent_shard->index > 0))
             c.be.gemm(false, true, c.B, c.d, c.d, 1.0f, c.x, c.d, c.seg(kWSkip), c.d, 1.0f, c.xhat,
                       c.d);
-        select_topk(c, c.seg(ParamLayout::kBEnc), width_, idx_.data(), val_.data(), true, scratch_);
-        decode_selection(c);
     }
-    void backward(PassContext& c, int64_t, int64_t) override {
-        backward_selection(c);
-        // G.W_skip = (dL/dy_hat)^T x: ctx.xhat holds dL/dy_hat, the same on every latent shard.
+    void backward(PassContext& c, int64_t step, int64_t total_steps) override {
+        // G.W_skip = (dL/dy_hat)^T x: ctx.xhat holds dL/dy_hat, the same on every latent shard
+        // (read before the activation's backward, which may reuse it as scratch).
         if (skip_)
             c.be.gemm(true, false, c.d, c.d, c.B, 1.0f, c.xhat, c.d, c.x, c.d, 0.0f, c.grad(kWSkip),
                       c.d);
+        inner_->backward(c, step, total_steps);
+    }
+    double penalty(const float* stats) const override { return inner_->penalty(stats); }
+    Activations activations() const override { return inner_->activations(); }
+    std::vector<double> step_sums() const override { return inner_->step_sums(); }
+    void after_step(const std::vector<double>& sums) override { inner_->after_step(sums); }
+    std::vector<NamedTensor> buffers() const override { return inner_->buffers(); }
+    void set_buffer(const std::string& name, const std::vector<float>& v) override {
+        inner_->set_buffer(name, v);
+    }
+    bool uses_dense_pre() const override { return inner_->uses_dense_pre(); }
+    std::vector<std::pair<std::string, double>> summarize(
+        const std::vector<double>& window_sums, const std::vector<double>& fired) const override {
+        return inner_->summarize(window_sums, fired);
     }
 
 private:
+    std::unique_ptr<ArchPass> inner_;
     bool skip_;
 };
 
-class Transcoder final : public KSelection {
+class Transcoder final : public Architecture {
 public:
     explicit Transcoder(bool skip) : skip_(skip) {}
     const char* name() const override { return skip_ ? "skip_transcoder" : "transcoder"; }
     const char* describe() const override {
-        return skip_ ? "a TopK transcoder with a trained affine skip path x W_skip^T (Paulo et al. "
-                       "2025): data.path the MLP's input, data.target_path its output; sae.k, "
-                       "AuxK as TopK"
-                     : "a TopK transcoder: the sae.k largest activations of the MLP's input "
-                       "(data.path) reconstruct its output (data.target_path); AuxK as TopK";
+        return skip_ ? "a transcoder with a trained affine skip path x W_skip^T (Paulo et al. "
+                       "2025): data.path the MLP's input, data.target_path its output; "
+                       "sae.transcoder_activation topk | batchtopk | jumprelu with that "
+                       "architecture's keys"
+                     : "a transcoder: sparse latents of the MLP's input (data.path) reconstruct "
+                       "its output (data.target_path); sae.transcoder_activation topk | "
+                       "batchtopk | jumprelu with that architecture's keys";
     }
-    bool transcodes() const override { return true; }
-    std::vector<ParamSegment> extra_params(const SaeConfig&, int64_t, int64_t d) const override {
-        if (!skip_) return {};
-        ParamSegment s;
-        s.name = kWSkip, s.rows = d, s.cols = d, s.per_latent = false, s.decay = false;
-        return {s};
+    std::vector<const ArchKeyDecl*> config_keys() const override {
+        std::vector<const ArchKeyDecl*> k = {&activation_key()};
+        for (const char* a : kActivations)
+            for (const ArchKeyDecl* key : arch_get(a).config_keys())
+                if (std::find(k.begin(), k.end(), key) == k.end()) k.push_back(key);
+        return k;
     }
-    // W_skip starts at zero (the parameters are zero before init_extra).
+    std::vector<std::string> summary_keys() const override {
+        return {"sae.transcoder_activation", "sae.k", "train.l0_coeff"};
+    }
+    std::vector<const ArchOpSet*> op_sets() const override {
+        std::vector<const ArchOpSet*> s;
+        for (const char* a : kActivations)
+            for (const ArchOpSet* o : arch_get(a).op_sets()) s.push_back(o);
+        return s;
+    }
+    void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
+        activation_arch(cfg).validate(cfg, n, where);
+    }
+    // "k32" for TopK (the ids of the first transcoders), else the activation's name first:
+    // "batchtopk-k32", "jumprelu-l0_1".
+    std::string id_suffix(const SaeConfig& cfg) const override {
+        const Architecture& a = activation_arch(cfg);
+        const std::string inner = a.id_suffix(cfg);
+        return &a == &topk_arch() ? inner : std::string(a.name()) + "-" + inner;
+    }
+    std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t n,
+                                           int64_t d) const override {
+        std::vector<ParamSegment> s = activation_arch(cfg).extra_params(cfg, n, d);
+        if (skip_) {
+            ParamSegment w;
+            w.name = kWSkip, w.rows = d, w.cols = d, w.per_latent = false, w.decay = false;
+            s.push_back(w);  // from zero (the parameters are zero before init_extra)
+        }
+        return s;
+    }
+    void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
+                    const InitInputs& in) const override {
+        activation_arch(cfg).init_extra(cfg, layout, p, in);
+    }
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         const double skip = skip_ ? 4.0 * static_cast<double>(d) * static_cast<double>(d) : 0.0;
-        return sae_flops_per_token(SaeKind::topk, d, n, cfg.k) + skip;
+        return activation_arch(cfg).flops_per_token(cfg, d, n) + skip;
     }
+    // The perf model's kind follows the default activation (TopK): sparse.
+    bool sparse() const override { return true; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
+        const Architecture& a = activation_arch(cfg);
+        const ArchExport inner = a.export_fields(w, cfg);
         ArchExport e;
         e.saelens_refusal =
-            "SAELens's transcoders apply a ReLU or JumpReLU to every latent, not a top-k; "
-            "export this TopK transcoder with --format sparsify";
-        e.sparsify_activation = "topk";
-        e.sparsify_k = cfg.k;
-        e.sparsify_transcode = true;
-        if (skip_) e.sparsify_w_skip = extra_tensor(w, kWSkip);
+            "saetrain does not write SAELens's transcoder layout yet; export a transcoder with "
+            "--format circuit_tracer (BatchTopK or JumpReLU) or --format sparsify (TopK)";
+        e.transcode = true;
+        if (skip_) e.w_skip = extra_tensor(w, kWSkip);
+        if (&a == &topk_arch()) {
+            e.sparsify_activation = inner.sparsify_activation;
+            e.sparsify_k = inner.sparsify_k;
+            e.circuit_tracer_refusal =
+                "circuit-tracer's transcoders are ReLU or JumpReLU, which a per-row top-k is "
+                "not; train with sae.transcoder_activation: batchtopk or jumprelu, or export "
+                "this one with --format sparsify";
+        } else {
+            e.sparsify_refusal = fmt::format(
+                "sparsify's transcoders are TopK, not {}; export this one with --format "
+                "circuit_tracer",
+                a.name());
+            // Both export as SAELens's JumpReLU: its threshold per latent is circuit-tracer's.
+            for (const ExportTensor& t : inner.saelens_tensors)
+                if (t.name == "threshold") e.circuit_tracer_threshold = t.data;
+            SAE_ENFORCE(!e.circuit_tracer_threshold.empty(),
+                        "the {} export has no threshold tensor", a.name());
+        }
         return e;
     }
     std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
                                         Backend& be) const override {
-        return std::make_unique<TranscoderPass>(cfg, d, n, be, skip_);
+        return std::make_unique<TranscoderPass>(activation_arch(cfg).make_pass(cfg, d, n, be),
+                                                skip_);
     }
-    bool latent_shardable() const override { return true; }
+    bool latent_shardable() const override { return true; }  // as TopK, BatchTopK and JumpReLU
+    bool transcodes() const override { return true; }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
-        return topk_uses(cfg, cfg.k, d, n);
+        return activation_arch(cfg).limited_ops(cfg, d, n);
     }
 
 private:
