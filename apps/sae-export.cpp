@@ -1,8 +1,10 @@
-// sae-export — writes trained SAEs for SAELens or sparsify.
+// sae-export — writes trained SAEs for SAELens or sparsify, transcoders for circuit-tracer.
 //
 //   sae-export runs/x/sae/topk-x8-k32/final.h5 --format saelens --out exports/topk-x8-k32
 //   sae-export runs/x/sae/topk-x8-k32 --format sparsify --out exports/sparsify/topk-x8-k32
 //   sae-export runs/sweep/sae/* --format saelens --out exports/sweep   # one dir per SAE
+//   sae-export runs/tc/sae/transcoder-x16-batchtopk-k32 --format circuit_tracer --layer 3
+//       --out exports/tc   # layer_3.safetensors + config.yaml (the set of every layer there)
 // SAE is an SAE file (final.h5 or checkpoint-<step>.h5) or an SAE directory (its final.h5).
 // Several SAEs (a sweep's sae/*) go each into its own directory under --out, named after its
 // SAE directory (sae/<id>/ -> OUT/<id>; a checkpoint-<step>.h5 -> OUT/<id>-checkpoint-<step>);
@@ -57,10 +59,11 @@ std::string export_name(const Input& in) {
 
 // Writes one SAE into `out`; prints what it wrote, and a note when the model or hook is unknown.
 void export_one(const Input& in, ExportFormat format, const std::string& out,
-                const std::string& model_name, const std::string& hook_name) {
+                const std::string& model_name, const std::string& hook_name,
+                const ExportSource& given) {
     SaeMeta meta;
     const SaeWeights w = sae_read_h5(in.path, &meta);
-    ExportSource src;
+    ExportSource src = given;  // the layer and circuit-tracer's hooks
     try {  // the training data's description, when it is still there
         const Config cfg = config_parse(meta.config_yaml, {}, in.path);
         src.dataset_path = cfg.data.path;
@@ -86,26 +89,42 @@ void export_one(const Input& in, ExportFormat format, const std::string& out,
 int main(int argc, char** argv) {
     std::vector<std::string> inputs;
     std::string format, out, model_name, hook_name;
-    CLI::App app{"sae-export: write trained SAEs for SAELens or sparsify"};
+    ExportSource ct;
+    CLI::App app{"sae-export: write trained SAEs for SAELens or sparsify, transcoders for "
+                 "circuit-tracer"};
     app.add_option("SAE", inputs,
                    "SAE file (final.h5, checkpoint-<step>.h5) or its directory; several: each "
                    "into its own directory under --out")
         ->required();
-    app.add_option("--format", format, "saelens | sparsify")->required();
+    app.add_option("--format", format, "saelens | sparsify | circuit_tracer")->required();
     app.add_option("--out", out,
                    "output directory (created; cfg.json and weights replaced); with several "
                    "SAEs, the directory that holds one directory per SAE")
         ->required();
     app.add_option("--model-name", model_name, "model the activations came from (metadata)");
     app.add_option("--hook-name", hook_name, "hook point, e.g. blocks.8.hook_resid_post");
+    app.add_option("--layer", ct.layer,
+                   "circuit_tracer: the transcoder's layer (its file is layer_<N>.safetensors)")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--input-hook", ct.input_hook,
+                   "circuit_tracer: the set's feature_input_hook (TransformerLens name)")
+        ->capture_default_str();
+    app.add_option("--output-hook", ct.output_hook,
+                   "circuit_tracer: the set's feature_output_hook (TransformerLens name)")
+        ->capture_default_str();
     if (const int code = cli_parse(app, "sae-export",
-                                   "sae-export SAE [SAE ...] --format saelens|sparsify --out DIR "
-                                   "[--model-name NAME] [--hook-name HOOK]",
+                                   "sae-export SAE [SAE ...] --format saelens|sparsify|"
+                                   "circuit_tracer --out DIR [--model-name NAME] [--hook-name "
+                                   "HOOK] [--layer N]",
                                    argc, argv);
         code >= 0)
         return code;
     try {
         const ExportFormat f = export_format_parse(format);
+        SAE_ENFORCE(f != ExportFormat::circuit_tracer || inputs.size() == 1,
+                    "--format circuit_tracer exports one transcoder per command (its --layer); "
+                    "got {} SAEs",
+                    inputs.size());
         // Every input is checked, and every output directory known, before anything is written.
         std::vector<Input> saes;
         for (const std::string& given : inputs) saes.push_back(resolve_input(given));
@@ -125,7 +144,7 @@ int main(int argc, char** argv) {
             }
         }
         for (size_t i = 0; i < saes.size(); ++i)
-            export_one(saes[i], f, outs[i], model_name, hook_name);
+            export_one(saes[i], f, outs[i], model_name, hook_name, ct);
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "sae-export: error: %s\n", e.what());

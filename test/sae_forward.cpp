@@ -4,8 +4,9 @@
 //
 //   sae_forward SAE.h5 ROWS.f32 XHAT.f32
 // ROWS.f32: float32 little-endian [rows, d_model], row-major, no header (numpy's tofile);
-// XHAT.f32 the same shape. test/python/test_saelens_interop.py compares SAELens's and
+// XHAT.f32 the same shape. A transcoder's rows are its inputs x, and XHAT.f32 its y_hat. test/python/test_saelens_interop.py compares SAELens's and
 // sparsify's decode(encode(x)) of the exports with it.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -55,6 +56,13 @@ int main(int argc, char** argv) {
         st.adam_m.assign(n_params, 0.0f), st.adam_v.assign(n_params, 0.0f);
         st.since_fired.assign(static_cast<size_t>(w.n_latents), 0);
         trainer_restore(trainer, w, st);
+        if (trainer.row_width() != w.d_model) {  // a transcoder reads [x | y]: y is not read
+            std::vector<float> xy(static_cast<size_t>(rows * trainer.row_width()), 0.0f);
+            for (int64_t r = 0; r < rows; ++r)
+                std::copy_n(x.begin() + r * w.d_model, w.d_model,
+                            xy.begin() + r * trainer.row_width());
+            x.swap(xy);
+        }
         trainer.reconstruct(x.data(), rows, 4096, x_hat.data());
         std::ofstream out(argv[3], std::ios::binary | std::ios::trunc);
         out.write(reinterpret_cast<const char*>(x_hat.data()),

@@ -3,7 +3,12 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
+#include <yaml-cpp/yaml.h>
+
+#include <cinttypes>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "atomic_file.h"
@@ -48,12 +53,82 @@ std::vector<float> transpose(const std::vector<float>& a, int64_t rows, int64_t 
     return t;
 }
 
+// circuit-tracer's single-layer transcoder (circuit_tracer.transcoder.single_layer_transcoder,
+// load_relu_transcoder): layer_<L>.safetensors with W_enc [n, d] (pre = x W_enc^T + b_enc),
+// b_enc [n], W_dec [n, d], b_dec [d], activation_function.threshold [n] (a JumpReLU) and
+// W_skip [d, d] (x W_skip^T) when it has one; and config.yaml, its transcoder-set config, listing
+// every layer_<L>.safetensors in the directory (one export per layer fills it).
+std::vector<std::string> circuit_tracer_export(const SaeWeights& w, const SaeMeta& meta,
+                                               const ArchExport& ex, const std::string& dir,
+                                               const ExportSource& source) {
+    SAE_ENFORCE(ex.transcode,
+                "cannot export '{}' with --format circuit_tracer: circuit-tracer loads "
+                "transcoders, and this is an SAE of its input; export it with --format saelens",
+                meta.id);
+    SAE_ENFORCE(!ex.circuit_tracer_threshold.empty(),
+                "cannot export '{}' with --format circuit_tracer: {}", meta.id,
+                ex.circuit_tracer_refusal);
+    SAE_ENFORCE(source.layer >= 0,
+                "--format circuit_tracer needs the transcoder's layer: pass --layer N for '{}'",
+                meta.id);
+    const int64_t d = w.d_model, n = w.n_latents;
+    const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
+    const std::string weights =
+        (fs::path(dir) / fmt::format("layer_{}.safetensors", source.layer)).string();
+    std::vector<TensorView> tensors = {{"W_enc", {n, d}, enc.data()},
+                                       {"b_enc", {n}, w.b_enc.data()},
+                                       {"W_dec", {n, d}, w.w_dec.data()},
+                                       {"b_dec", {d}, w.b_dec.data()},
+                                       {"activation_function.threshold", {n},
+                                        ex.circuit_tracer_threshold.data()}};
+    if (!ex.w_skip.empty()) tensors.push_back({"W_skip", {d, d}, ex.w_skip.data()});
+    safetensors_write(weights, tensors,
+                      {{"format", "pt"},
+                       {"saetrain_version", SAETRAIN_VERSION},
+                       {"saetrain_id", meta.id},
+                       {"saetrain_layer", std::to_string(source.layer)}});
+    // The set: every layer file here, in layer order (circuit-tracer wants layers 0..L-1).
+    std::map<int64_t, std::string> layers;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        int64_t layer = -1;
+        char tail = 0;
+        if (std::sscanf(name.c_str(), "layer_%" SCNd64 ".safetensor%c", &layer, &tail) == 2 &&
+            tail == 's' && name == fmt::format("layer_{}.safetensors", layer))
+            layers[layer] = fs::absolute(e.path()).lexically_normal().string();
+    }
+    YAML::Emitter y;
+    y << YAML::BeginMap;
+    y << YAML::Key << "model_kind" << YAML::Value << "transcoder_set";
+    y << YAML::Key << "model_name" << YAML::Value << source.model_name;
+    y << YAML::Key << "scan" << YAML::Value
+      << (source.model_name.empty() ? std::string("saetrain")
+                                    : source.model_name + "-saetrain-transcoders");
+    y << YAML::Key << "feature_input_hook" << YAML::Value << source.input_hook;
+    y << YAML::Key << "feature_output_hook" << YAML::Value << source.output_hook;
+    y << YAML::Key << "transcoders" << YAML::Value << YAML::BeginSeq;
+    for (const auto& [layer, path] : layers) y << path;
+    y << YAML::EndSeq << YAML::EndMap;
+    const std::string cfg_path = (fs::path(dir) / "config.yaml").string();
+    atomic_write(cfg_path, [&](const std::string& tmp) {
+        std::ofstream out(tmp);
+        out << "# circuit-tracer's transcoder set, written by saetrain's sae-export: one\n"
+               "# layer_<L>.safetensors per layer (load_transcoder_set needs layers 0..L-1).\n"
+            << y.c_str() << "\n";
+        out.flush();
+        SAE_ENFORCE(out.good(), "cannot write {}", tmp);
+    });
+    return {weights, cfg_path};
+}
+
 }  // namespace
 
 ExportFormat export_format_parse(const std::string& s) {
     if (s == "saelens") return ExportFormat::saelens;
     if (s == "sparsify") return ExportFormat::sparsify;
-    throw Error(fmt::format("unknown export format '{}': use saelens or sparsify", s));
+    if (s == "circuit_tracer") return ExportFormat::circuit_tracer;
+    throw Error(
+        fmt::format("unknown export format '{}': use saelens, sparsify or circuit_tracer", s));
 }
 
 std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
@@ -104,17 +179,19 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
         const std::string cfg_path = (fs::path(dir) / "cfg.json").string();
         write_json(cfg_path, cfg);
         written = {cfg_path, weights};
-    } else {
-        SAE_ENFORCE(!ex.sparsify_activation.empty(), "{}: export '{}' with --format saelens",
-                    ex.sparsify_refusal, meta.id);
+    } else if (format == ExportFormat::sparsify) {
+        SAE_ENFORCE(!ex.sparsify_activation.empty() || ex.transcode,
+                    "{}: export '{}' with --format saelens", ex.sparsify_refusal, meta.id);
+        SAE_ENFORCE(!ex.sparsify_activation.empty(), "cannot export '{}' with --format sparsify: {}",
+                    meta.id, ex.sparsify_refusal);
         const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
         const std::string weights = (fs::path(dir) / "sae.safetensors").string();
         std::vector<TensorView> tensors = {{"encoder.weight", {n, d}, enc.data()},
                                            {"encoder.bias", {n}, w.b_enc.data()},
                                            {"W_dec", {n, d}, w.w_dec.data()},
                                            {"b_dec", {d}, w.b_dec.data()}};
-        const bool skip = !ex.sparsify_w_skip.empty();
-        if (skip) tensors.push_back({"W_skip", {d, d}, ex.sparsify_w_skip.data()});
+        const bool skip = !ex.w_skip.empty();
+        if (skip) tensors.push_back({"W_skip", {d, d}, ex.w_skip.data()});
         safetensors_write(weights, tensors, st_meta);
         nlohmann::ordered_json cfg;
         cfg["activation"] = ex.sparsify_activation;
@@ -124,11 +201,13 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
         cfg["k"] = ex.sparsify_k;
         cfg["multi_topk"] = false;
         cfg["skip_connection"] = skip;
-        cfg["transcode"] = ex.sparsify_transcode;
+        cfg["transcode"] = ex.transcode;
         cfg["d_in"] = d;
         const std::string cfg_path = (fs::path(dir) / "cfg.json").string();
         write_json(cfg_path, cfg);
         written = {cfg_path, weights};
+    } else {
+        written = circuit_tracer_export(w, meta, ex, dir, source);
     }
     return written;
 }
