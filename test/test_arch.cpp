@@ -897,7 +897,8 @@ TEST(ArchOps, ABackendWithoutAnArchitecturesOpsRefusesIt) {
 }
 
 // A ForwardingBackend (bench_step's per-op timing, the tests' recorders) sees every op of the
-// architectures' own sets in a training step, by the names the sets give them.
+// architectures' own sets in a training step, by the names the sets give them. A transcoder's
+// sets are its activations' (sae.transcoder_activation): each is seen with one of them.
 TEST(ArchOps, AForwardingBackendSeesEveryArchitectureOp) {
     auto cpu = make_cpu_backend(1);
     auto self = make_self_comm();
@@ -907,13 +908,22 @@ TEST(ArchOps, AForwardingBackendSeesEveryArchitectureOp) {
     std::vector<float> x(static_cast<size_t>(rows * 2 * d));  // wide enough for [x | y] rows
     for (float& v : x) v = normal(rng);
     for (const Architecture* a : architectures()) {
-        Recorder rec(*cpu);
-        SaeTrainer tr(small_config(a->name()), d, 10, 0, rec, *self);
-        tr.init(x.data(), rows);
-        tr.step(x.data(), rows);
+        std::set<std::string> seen;
+        for (const char* act : {"topk", "batchtopk", "jumprelu"}) {
+            SaeConfig cfg = small_config(a->name());
+            if (a->transcodes())
+                cfg.set("sae.transcoder_activation", act);
+            else if (std::string(act) != "topk")
+                continue;
+            Recorder rec(*cpu);
+            SaeTrainer tr(cfg, d, 10, 0, rec, *self);
+            tr.init(x.data(), rows);
+            tr.step(x.data(), rows);
+            seen.insert(rec.seen.begin(), rec.seen.end());
+        }
         for (const ArchOpSet* set : a->op_sets())
             for (const std::string& op : set->ops)
-                EXPECT_EQ(rec.seen.count(op), 1u) << a->name() << ": " << op;
+                EXPECT_EQ(seen.count(op), 1u) << a->name() << ": " << op;
     }
 }
 

@@ -706,8 +706,8 @@ TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
          "[--dtype f32|f16|bf16] [--chunked] [--seed S] ..."},
         {"sae-inspect", "sae-inspect PATH [--dataset NAME] [--compare OTHER_SAE.h5]"},
         {"sae-export",
-         "sae-export SAE [SAE ...] --format saelens|sparsify --out DIR [--model-name NAME] "
-         "[--hook-name HOOK]"},
+         "sae-export SAE [SAE ...] --format saelens|sparsify|circuit_tracer --out DIR "
+         "[--model-name NAME] [--hook-name HOOK] [--layer N]"},
         {"sae-perfmodel",
          "sae-perfmodel [--gpu NAME] [--d-model D] [--n-latents N] [--k K] [--arch ARCH] "
          "[--mode MODE] [--ranks N] ... | --list-gpus"},

@@ -177,7 +177,7 @@ TEST(Export, SparsifyLayoutAndConfig) {
         sae_export(w, meta_for("relu", 0), ExportFormat::sparsify, (tmp.path / "x").string(), {});
     });
     EXPECT_NE(e.find("--format saelens"), std::string::npos) << e;
-    EXPECT_NE(error_of([] { export_format_parse("hf"); }).find("saelens or sparsify"),
+    EXPECT_NE(error_of([] { export_format_parse("hf"); }).find("saelens, sparsify or circuit_tracer"),
               std::string::npos);
 }
 
@@ -201,7 +201,7 @@ TEST(Export, CommandLine) {
     r = saetrain::testing::run_command(bin + sae.string() + " --format onnx --out " +
                                        (tmp.path / "o3").string());
     EXPECT_NE(r.code, 0);
-    EXPECT_NE(r.out.find("saelens or sparsify"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("saelens, sparsify or circuit_tracer"), std::string::npos) << r.out;
 }
 
 // Several SAEs (a sweep's sae/*): each into its own directory under --out, named after its SAE
