@@ -64,7 +64,7 @@ void export_one(const Input& in, ExportFormat format, const std::string& out,
     SaeMeta meta;
     const SaeWeights w = sae_read_h5(in.path, &meta);
     ExportSource src = given;  // the layer and circuit-tracer's hooks
-    try {  // the training data's description, when it is still there
+    try {                      // the training data's description, when it is still there
         const Config cfg = config_parse(meta.config_yaml, {}, in.path);
         src.dataset_path = cfg.data.path;
         const DatasetInfo data = dataset_open(cfg.data.path, cfg.data.dataset);
@@ -90,8 +90,9 @@ int main(int argc, char** argv) {
     std::vector<std::string> inputs;
     std::string format, out, model_name, hook_name;
     ExportSource ct;
-    CLI::App app{"sae-export: write trained SAEs for SAELens or sparsify, transcoders for "
-                 "circuit-tracer"};
+    CLI::App app{
+        "sae-export: write trained SAEs for SAELens or sparsify, transcoders for "
+        "circuit-tracer"};
     app.add_option("SAE", inputs,
                    "SAE file (final.h5, checkpoint-<step>.h5) or its directory; several: each "
                    "into its own directory under --out")

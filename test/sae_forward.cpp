@@ -4,8 +4,9 @@
 //
 //   sae_forward SAE.h5 ROWS.f32 XHAT.f32
 // ROWS.f32: float32 little-endian [rows, d_model], row-major, no header (numpy's tofile);
-// XHAT.f32 the same shape. A transcoder's rows are its inputs x, and XHAT.f32 its y_hat. test/python/test_saelens_interop.py compares SAELens's and
-// sparsify's decode(encode(x)) of the exports with it.
+// XHAT.f32 the same shape. A transcoder's rows are its inputs x, and XHAT.f32 its y_hat.
+// test/python/test_saelens_interop.py compares SAELens's and sparsify's decode(encode(x)) of the
+// exports with it.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>

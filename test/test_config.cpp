@@ -245,9 +245,9 @@ TEST(ConfigErrors, TranscodersAndTargetSetsGoTogether) {
     const Config s = config_parse(
         "data: {path: a, target_path: b}\nsae: {arch: skip_transcoder, expansion: 4, k: 8, "
         "transcoder_activation: [topk, batchtopk, jumprelu]}\n");
-    EXPECT_EQ(sweep_ids(s, 16), (std::vector<std::string>{"skip_transcoder-x4-k8",
-                                                            "skip_transcoder-x4-batchtopk-k8",
-                                                            "skip_transcoder-x4-jumprelu-l0_1"}));
+    EXPECT_EQ(sweep_ids(s, 16),
+              (std::vector<std::string>{"skip_transcoder-x4-k8", "skip_transcoder-x4-batchtopk-k8",
+                                        "skip_transcoder-x4-jumprelu-l0_1"}));
 }
 
 // ---- unknown keys and suggestions --------------------------------------------------------------

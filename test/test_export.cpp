@@ -177,8 +177,9 @@ TEST(Export, SparsifyLayoutAndConfig) {
         sae_export(w, meta_for("relu", 0), ExportFormat::sparsify, (tmp.path / "x").string(), {});
     });
     EXPECT_NE(e.find("--format saelens"), std::string::npos) << e;
-    EXPECT_NE(error_of([] { export_format_parse("hf"); }).find("saelens, sparsify or circuit_tracer"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of([] { export_format_parse("hf"); }).find("saelens, sparsify or circuit_tracer"),
+        std::string::npos);
 }
 
 TEST(Export, CommandLine) {

@@ -1,12 +1,11 @@
 #include "saetrain/export.h"
 
 #include <fmt/ranges.h>
-
-#include <filesystem>
 #include <yaml-cpp/yaml.h>
 
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -75,12 +74,12 @@ std::vector<std::string> circuit_tracer_export(const SaeWeights& w, const SaeMet
     const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
     const std::string weights =
         (fs::path(dir) / fmt::format("layer_{}.safetensors", source.layer)).string();
-    std::vector<TensorView> tensors = {{"W_enc", {n, d}, enc.data()},
-                                       {"b_enc", {n}, w.b_enc.data()},
-                                       {"W_dec", {n, d}, w.w_dec.data()},
-                                       {"b_dec", {d}, w.b_dec.data()},
-                                       {"activation_function.threshold", {n},
-                                        ex.circuit_tracer_threshold.data()}};
+    std::vector<TensorView> tensors = {
+        {"W_enc", {n, d}, enc.data()},
+        {"b_enc", {n}, w.b_enc.data()},
+        {"W_dec", {n, d}, w.w_dec.data()},
+        {"b_dec", {d}, w.b_dec.data()},
+        {"activation_function.threshold", {n}, ex.circuit_tracer_threshold.data()}};
     if (!ex.w_skip.empty()) tensors.push_back({"W_skip", {d, d}, ex.w_skip.data()});
     safetensors_write(weights, tensors,
                       {{"format", "pt"},
@@ -182,8 +181,8 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
     } else if (format == ExportFormat::sparsify) {
         SAE_ENFORCE(!ex.sparsify_activation.empty() || ex.transcode,
                     "{}: export '{}' with --format saelens", ex.sparsify_refusal, meta.id);
-        SAE_ENFORCE(!ex.sparsify_activation.empty(), "cannot export '{}' with --format sparsify: {}",
-                    meta.id, ex.sparsify_refusal);
+        SAE_ENFORCE(!ex.sparsify_activation.empty(),
+                    "cannot export '{}' with --format sparsify: {}", meta.id, ex.sparsify_refusal);
         const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
         const std::string weights = (fs::path(dir) / "sae.safetensors").string();
         std::vector<TensorView> tensors = {{"encoder.weight", {n, d}, enc.data()},

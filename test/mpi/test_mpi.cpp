@@ -552,17 +552,16 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 48;
     for (const int S : shard_counts(w.size()))
-        for (const char* name_c :
-             {"topk", "auxk", "batchtopk", "relu", "jumprelu", "gated", "matryoshka_batchtopk",
-              "transcoder", "skip_transcoder", "transcoder/batchtopk", "skip_transcoder/jumprelu"}) {
+        for (const char* name_c : {"topk", "auxk", "batchtopk", "relu", "jumprelu", "gated",
+                                   "matryoshka_batchtopk", "transcoder", "skip_transcoder",
+                                   "transcoder/batchtopk", "skip_transcoder/jumprelu"}) {
             // "<arch>/<activation>": a transcoder with that sae.transcoder_activation.
             const std::string name = name_c, arch = name.substr(0, name.find('/'));
             // BatchTopK selects over each replica's batch: the one-process reference over all
             // rows is the same SAE only with one replica.
             if (name.find("batchtopk") != std::string::npos && S != w.size()) continue;
             SaeConfig cfg = small_sae(name == "auxk" ? "topk" : arch);
-            if (arch != name)
-                cfg.set("sae.transcoder_activation", name.substr(name.find('/') + 1));
+            if (arch != name) cfg.set("sae.transcoder_activation", name.substr(name.find('/') + 1));
             // Matryoshka: a prefix inside the first latent shard and one across a boundary.
             if (name == "matryoshka_batchtopk") cfg.set("sae.matryoshka_prefixes", IntList{6, 20});
             if (name == "auxk") {

@@ -10,9 +10,9 @@
 
 namespace saetrain::arch {
 
-// ctx.xc = x - b_dec (x itself when ctx.encode_x); ctx.pre = xc W_enc^T (b_enc is the activation's to add); ctx.xhat = b_dec
-// in every row (the decoder adds z W_dec); on a latent shard other than the first, xhat = 0, so
-// that the latent shards' partial reconstructions sum to one x_hat.
+// ctx.xc = x - b_dec (x itself when ctx.encode_x); ctx.pre = xc W_enc^T (b_enc is the activation's
+// to add); ctx.xhat = b_dec in every row (the decoder adds z W_dec); on a latent shard other than
+// the first, xhat = 0, so that the latent shards' partial reconstructions sum to one x_hat.
 void encode(PassContext& ctx);
 // out [B, d] = b_dec in every row, where a reconstruction starts (0 on a latent shard after the
 // first: the latent shards' partial reconstructions then sum to one with b_dec once).
