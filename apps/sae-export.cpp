@@ -66,8 +66,8 @@ void export_one(const Input& in, ExportFormat format, const std::string& out,
     ExportSource src = given;  // the layer and circuit-tracer's hooks
     try {                      // the training data's description, when it is still there
         const Config cfg = config_parse(meta.config_yaml, {}, in.path);
-        src.dataset_path = cfg.data.path;
-        const DatasetInfo data = dataset_open(cfg.data.path, cfg.data.dataset);
+        src.dataset_path = cfg.data.path.front();
+        const DatasetInfo data = dataset_open(cfg.data.path.front(), cfg.data.dataset);
         src.model_name = data.model, src.hook_name = data.hook;
     } catch (const Error&) {
     }

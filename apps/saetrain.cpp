@@ -84,9 +84,12 @@ struct Setup {
     Config cfg;
     RankGrid grid;      // the job's configs x replicas x latent shards
     RankCoords coords;  // this rank's place in it
-    DatasetInfo data;
+    DatasetInfo data;   // data.path (a CLT's: its first layer's)
     // Transcoders: data.target_path, read row for row beside `data` (else empty: no shards).
     DatasetInfo target;
+    // A CLT's other layers' inputs and targets (data.path[1:] and data.target_path[1:]; empty
+    // otherwise), read row for row beside `data` and `target`.
+    std::vector<DatasetInfo> more_inputs, more_targets;
     DataSplit split;  // the rows this rank reads and holds out
     std::vector<std::string> ids;
     std::unique_ptr<Backend> backend;
@@ -95,10 +98,25 @@ struct Setup {
     // Held-out rows: this replica's share of them, [split.eval_mine.size(), d_model], on its
     // first latent shard (empty elsewhere).
     std::vector<float> eval_x;
-    // The datasets a row is read from: data, and the target for a transcoder.
+    // The datasets a row is read from: data, and the target for a transcoder; a CLT's rows are
+    // every layer's input, then every layer's target.
     std::vector<DatasetInfo> parts() const {
         if (target.shards.empty()) return {data};
-        return {data, target};
+        std::vector<DatasetInfo> p = {data};
+        p.insert(p.end(), more_inputs.begin(), more_inputs.end());
+        p.push_back(target);
+        p.insert(p.end(), more_targets.begin(), more_targets.end());
+        return p;
+    }
+    // The SAEs' d_model: the input's width (a CLT's: its layers' widths summed).
+    int64_t model_d() const {
+        return data.d_model * (1 + static_cast<int64_t>(more_inputs.size()));
+    }
+    // Values in one row as read: the parts' widths summed.
+    int64_t row_width() const {
+        int64_t w = 0;
+        for (const DatasetInfo& p : parts()) w += p.d_model;
+        return w;
     }
     int64_t eval_rows() const { return split.eval_all.size(); }  // 0: no evaluation
     int threads = 1;
@@ -154,8 +172,7 @@ void choose_backend(Setup& s, const NodePlacement& place) {
     request.gemm = s.cfg.gpu.gemm;
     request.deterministic = s.cfg.gpu.deterministic;
     s.backend = make_backend(request, &s.backend_note);
-    arch_check_backend(s.sae(), s.data.d_model, s.sae().resolved_latents(s.data.d_model),
-                       *s.backend);
+    arch_check_backend(s.sae(), s.model_d(), s.sae().resolved_latents(s.model_d()), *s.backend);
 }
 
 // This rank's reader over its slice of the training rows (data_split.h; nothing on a latent
@@ -188,7 +205,8 @@ void open_slice(Setup& s) {
 // held-out shards when data.eval_path is set and their targets).
 struct Datasets {
     DatasetInfo data, target;
-    std::vector<DatasetInfo> eval;  // empty: no data.eval_path
+    std::vector<DatasetInfo> more_inputs, more_targets;  // a CLT's layers after the first
+    std::vector<DatasetInfo> eval;                       // empty: no data.eval_path
 };
 Setup set_up(const Args& args, Config cfg, Datasets found, int rank, int world,
              const NodePlacement& place) {
@@ -198,12 +216,14 @@ Setup set_up(const Args& args, Config cfg, Datasets found, int rank, int world,
     s.coords = s.grid.at(rank);
     s.data = std::move(found.data);
     s.target = std::move(found.target);
+    s.more_inputs = std::move(found.more_inputs);
+    s.more_targets = std::move(found.more_targets);
     const DatasetInfo* eval_data = found.eval.empty() ? nullptr : &found.eval.front();
-    config_validate_for_data(s.cfg, s.data.d_model);
+    config_validate_for_data(s.cfg, s.model_d());
     for (const SaeConfig& c : s.cfg.sweep)
-        check_latent_sharding(c, s.data.d_model, c.resolved_latents(s.data.d_model),
+        check_latent_sharding(c, s.model_d(), c.resolved_latents(s.model_d()),
                               s.coords.latent_shards, s.cfg.source + ": ");
-    s.ids = sweep_ids(s.cfg, s.data.d_model);
+    s.ids = sweep_ids(s.cfg, s.model_d());
     inspect_out_dir(s, args, rank);
     s.split = data_split_for(s.cfg, s.coords, s.data, eval_data);
     load_eval_rows(s, found.eval);
@@ -254,19 +274,37 @@ int print_placement(Communicator& world, const NodePlacement& place, int threads
 // it found (one metadata pass over a parallel file system per job, not one per rank); then
 // every rank sets up locally (its loader opens only the shards of its own slice). Returns
 // nothing when any rank failed (the lowest failing rank has said why).
-// dataset_info_pack of data.path, data.target_path, data.eval_path and data.eval_target_path
-// (empty when not set).
+// dataset_info_pack of data.path, data.target_path (one each per layer for a CLT),
+// data.eval_path and data.eval_target_path (empty when not set).
 struct DataFound {
-    std::string packed, packed_target, packed_eval, packed_eval_target;
+    std::vector<std::string> packed_inputs, packed_targets;
+    std::string packed_eval, packed_eval_target;
 };
+// "data.path" for one set, "data.path[2]" for a CLT's third layer.
+std::string layer_key(const char* key, size_t layer, size_t layers) {
+    return layers == 1 ? std::string(key) : fmt::format("{}[{}]", key, layer);
+}
 DataFound open_datasets(const Config& cfg) {
     DataFound found;
-    const DatasetInfo data = dataset_open(cfg.data.path, cfg.data.dataset);
-    found.packed = dataset_info_pack(data);
-    if (!cfg.data.target_path.empty()) {
-        const DatasetInfo target = dataset_open(cfg.data.target_path, cfg.data.dataset);
-        dataset_check_paired(data, target, "data.path", "data.target_path");
-        found.packed_target = dataset_info_pack(target);
+    const size_t layers = cfg.data.path.size();
+    const DatasetInfo data = dataset_open(cfg.data.path.front(), cfg.data.dataset);
+    for (size_t l = 0; l < layers; ++l) {
+        const DatasetInfo in = l == 0 ? data : dataset_open(cfg.data.path[l], cfg.data.dataset);
+        // Every layer's rows are the first layer's tokens (one extraction).
+        if (l > 0) {
+            SAE_ENFORCE(in.d_model == data.d_model,
+                        "{} {}: d_model {} differs from data.path[0]'s {}; a CLT's layers must "
+                        "have one width",
+                        layer_key("data.path", l, layers), in.source, in.d_model, data.d_model);
+            dataset_check_paired(data, in, "data.path[0]", layer_key("data.path", l, layers));
+        }
+        found.packed_inputs.push_back(dataset_info_pack(in));
+        if (l < cfg.data.target_path.size()) {
+            const DatasetInfo target = dataset_open(cfg.data.target_path[l], cfg.data.dataset);
+            dataset_check_paired(in, target, layer_key("data.path", l, layers),
+                                 layer_key("data.target_path", l, layers));
+            found.packed_targets.push_back(dataset_info_pack(target));
+        }
     }
     if (!cfg.data.eval_path.empty()) {
         const DatasetInfo ev = dataset_open(cfg.data.eval_path, cfg.data.dataset);
@@ -311,14 +349,23 @@ std::optional<Setup> start_up(const Args& args, Communicator& world, const NodeP
     // Bound every collective from the first one on (the start-up agreement included).
     set_collective_timeout(config ? config->parallel.timeout_s : ParallelConfig{}.timeout_s);
     if (!agree_on_startup(world, error)) return std::nullopt;
-    for (std::string* p :
-         {&found.packed, &found.packed_target, &found.packed_eval, &found.packed_eval_target})
-        bcast_string(world, *p);
+    for (std::vector<std::string>* list : {&found.packed_inputs, &found.packed_targets}) {
+        auto count = static_cast<int64_t>(list->size());
+        world.bcast(&count, sizeof(count), 0);
+        list->resize(static_cast<size_t>(count));
+        for (std::string& p : *list) bcast_string(world, p);
+    }
+    for (std::string* p : {&found.packed_eval, &found.packed_eval_target}) bcast_string(world, *p);
     std::optional<Setup> setup;
     try {
         Datasets sets;
-        sets.data = dataset_info_unpack(found.packed);
-        if (!found.packed_target.empty()) sets.target = dataset_info_unpack(found.packed_target);
+        sets.data = dataset_info_unpack(found.packed_inputs.at(0));
+        for (size_t l = 1; l < found.packed_inputs.size(); ++l)
+            sets.more_inputs.push_back(dataset_info_unpack(found.packed_inputs[l]));
+        if (!found.packed_targets.empty())
+            sets.target = dataset_info_unpack(found.packed_targets[0]);
+        for (size_t l = 1; l < found.packed_targets.size(); ++l)
+            sets.more_targets.push_back(dataset_info_unpack(found.packed_targets[l]));
         if (!found.packed_eval.empty()) sets.eval.push_back(dataset_info_unpack(found.packed_eval));
         if (!found.packed_eval_target.empty())
             sets.eval.push_back(dataset_info_unpack(found.packed_eval_target));
@@ -369,11 +416,11 @@ std::optional<Connections> connect(Setup& s, Communicator& world, const NodePlac
         c.shared = std::make_unique<SharedBatchSource>(*s.local, *c.groups.shared_data,
                                                        s.cfg.data.batch_size);
     c.source = c.shared ? static_cast<BatchSource*>(c.shared.get()) : s.local.get();
-    c.latent_shard = c.groups.latent_shard(s.sae().resolved_latents(s.data.d_model));
+    c.latent_shard = c.groups.latent_shard(s.sae().resolved_latents(s.model_d()));
     if (l.latent_shards > 1) {
         // The first latent shard's batches, as stored, to every latent shard of its replica.
         c.from_reader = std::make_unique<BroadcastBatchSource>(c.source, *c.groups.latent_shards,
-                                                               s.data.d_model);
+                                                               s.row_width());
         c.source = c.from_reader.get();
     }
     // One SAE consumes replicas x batch_size rows a step, from its whole stream.
@@ -429,26 +476,29 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
         "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", s.data.source,
         s.data.shards.size(), s.data.total_rows, s.data.d_model, dtype_name(s.data.dtype),
         static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) / 1e6);
+    for (const DatasetInfo& more : s.more_inputs)
+        fmt::print("data {} | the next layer's input, row for row beside it (CLT)\n", more.source);
     if (!s.target.shards.empty())
         fmt::print("target {} | {} shard(s), read row for row beside it (transcoder)\n",
                    s.target.source, s.target.shards.size());
+    for (const DatasetInfo& more : s.more_targets)
+        fmt::print("target {} | the next layer's target, row for row beside it (CLT)\n",
+                   more.source);
     // Batches move as stored (reader, ring, exchanges, upload) and are widened on the backend;
     // a transcoder's rows are its input and its target side by side.
-    const int64_t value_bytes = dtype_size(s.data.dtype) * static_cast<int64_t>(s.parts().size());
+    const int64_t value_bytes = dtype_size(s.data.dtype);
     fmt::print(
         "{} step(s) of {} rows per SAE replica | batches move as {} ({} B per token, {:.1f} MB "
         "a batch), widened to float32 on upload\n",
-        steps, s.cfg.data.batch_size, dtype_name(s.data.dtype), s.data.d_model * value_bytes,
-        static_cast<double>(s.cfg.data.batch_size * s.data.d_model * value_bytes) / 1e6);
+        steps, s.cfg.data.batch_size, dtype_name(s.data.dtype), s.row_width() * value_bytes,
+        static_cast<double>(s.cfg.data.batch_size * s.row_width() * value_bytes) / 1e6);
     warn_about_run_length(s, steps);
     if (s.eval_rows() > 0)
         fmt::print(
             "held-out: {} rows from {}, never trained on ({:.1f} MB in memory, split among "
             "an SAE's replicas)\n",
             s.eval_rows(), s.split.eval_source,
-            static_cast<double>(s.eval_rows() * s.data.d_model * 4 *
-                                static_cast<int64_t>(s.parts().size())) /
-                1e6);
+            static_cast<double>(s.eval_rows() * s.row_width() * 4) / 1e6);
 }
 
 // --- resume or start fresh ----------------------------------------------------------------------
@@ -592,9 +642,9 @@ SaeSummary summarize(const Setup& s, const LoopResult& res, SaeTrainer& trainer)
 void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
     const fs::path sae_dir = s.out() / "sae" / s.id();
     const std::string final_h5 = (sae_dir / "final.h5").string();
-    const fs::path truth =
-        fs::path(s.target.shards.empty() ? s.cfg.data.path : s.cfg.data.target_path) /
-        "ground_truth.h5";
+    const fs::path truth = fs::path(s.target.shards.empty() ? s.cfg.data.path.front()
+                                                            : s.cfg.data.target_path.front()) /
+                           "ground_truth.h5";
     SaeWeights w;
     if (trainer.latent_sharded()) {
         // Streamed from every latent shard to the first, which writes it (no whole copy).
@@ -627,7 +677,7 @@ void config_columns(const Setup& s, std::vector<std::string>& names,
     for (const SaeConfig& c : s.cfg.sweep) {
         std::map<std::string, std::string> row = {
             {"arch", c.arch},
-            {"n_latents", std::to_string(c.resolved_latents(s.data.d_model))},
+            {"n_latents", std::to_string(c.resolved_latents(s.model_d()))},
             {"lr", fmt::format("{:g}", c.lr)}};
         for (const std::string& k : arch_get(c.arch).summary_keys())
             row[k.substr(k.find('.') + 1)] = sae_key_text(s.cfg, c, k);
@@ -676,8 +726,8 @@ int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& st
     const int hosts = print_placement(world, place, s.threads);
     world.barrier();  // out_dir exists before anyone writes into it
 
-    SaeTrainer trainer(s.sae(), s.data.d_model, conn.steps, s.cfg.run.seed, *s.backend,
-                       conn.grads(), &conn.latent_shard);
+    SaeTrainer trainer(s.sae(), s.model_d(), conn.steps, s.cfg.run.seed, *s.backend, conn.grads(),
+                       &conn.latent_shard);
     // Replicas are identical: replica 0 writes (its latent shards gather the SAE to latent shard
     // 0).
     const bool writer = s.coords.replica == 0;
@@ -768,7 +818,7 @@ int dry_run(const Args& args) {
         fmt::print("saetrain: {}: config OK: {} SAE{}: {}\n", cfg.source, ids.size(),
                    ids.size() == 1 ? "" : "s", fmt::join(ids, ", "));
         fmt::print("saetrain: {} mode on {} rank(s): {}; out_dir {}; data {}\n", cfg.parallel.mode,
-                   ranks, grid.describe(), cfg.run.out_dir, cfg.data.path);
+                   ranks, grid.describe(), cfg.run.out_dir, fmt::join(cfg.data.path, ", "));
         return 0;
     } catch (const std::exception& e) {
         fmt::print(stderr, "saetrain: error: {}\n", e.what());

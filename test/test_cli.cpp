@@ -475,6 +475,98 @@ TEST_F(Cli, HeldOutRowsAreNeverTrainedAndReported) {
     }
 }
 
+// A transcoder over two latent shards trains and evaluates as one process does (the shards
+// receive the whole [x | y] rows: each once got half of each row and the run crashed).
+TEST_F(Cli, MpiLatentShardedTranscoderTrainsAsOneProcess) {
+    const Result synth =
+        run(bin("sae-synth") + " --out " + (dir / "in").string() + " --target " +
+            (dir / "out").string() + " --d-model 16 --features 32 --rows 3000 --shards 2 --seed 5");
+    ASSERT_EQ(synth.code, 0) << synth.out;
+    const std::string sets = " --set data.path=" + (dir / "in").string() +
+                             " --set data.target_path=" + (dir / "out").string() +
+                             " --set sae.arch=transcoder --set data.eval_rows=500"
+                             " --set parallel.mode=data_parallel";
+    auto eval_fvu = [&] {
+        const auto j = nlohmann::json::parse(lines_of(dir / "run/metrics.jsonl").back());
+        return j["eval_fvu"].get<double>();
+    };
+    Result r = train(sets);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const double one = eval_fvu();
+    r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --overwrite" +
+            sets + " --set parallel.latent_shards=2");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NEAR(eval_fvu(), one, 1e-4 * one) << r.out;
+}
+
+// A cross-layer transcoder on two layers' pairs (data.path and data.target_path as lists):
+// it trains with two replicas, its final.h5 keeps the encoder's off-diagonal blocks and the
+// decoder to the earlier layer at exactly zero, and layers that disagree are refused in one line
+// naming the layer's key.
+TEST_F(Cli, CltTrainsOnEveryLayersPairsAndRefusesMisalignedLayers) {
+    for (int l = 0; l < 2; ++l) {
+        const Result synth = run(fmt::format(
+            "{} --out {} --target {} --d-model 8 --features 16 --rows 3000 --shards 2 --seed {}",
+            bin("sae-synth"), (dir / fmt::format("in{}", l)).string(),
+            (dir / fmt::format("out{}", l)).string(), 10 + l));
+        ASSERT_EQ(synth.code, 0) << synth.out;
+    }
+    const std::string in = fmt::format("[{},{}]", (dir / "in0").string(), (dir / "in1").string());
+    const std::string out =
+        fmt::format("[{},{}]", (dir / "out0").string(), (dir / "out1").string());
+    const std::string sets =
+        " --set 'data.path=" + in + "' --set 'data.target_path=" + out +
+        "' --set sae.arch=clt --set sae.k=2 --set data.eval_rows=500 --set data.epochs=6";
+    Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() + sets +
+                   " --set parallel.mode=data_parallel");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const saetrain::SaeWeights w =
+        saetrain::sae_read_h5((dir / "run/sae/clt-x2-k2/final.h5").string());
+    ASSERT_EQ(w.d_model, 16);
+    ASSERT_EQ(w.n_latents, 32);
+    double off = 0, live = 0;
+    for (int64_t i = 0; i < 32; ++i)
+        for (int64_t c = 0; c < 16; ++c) {
+            const int64_t layer = i / 16, block = c / 8;
+            const float e = w.w_enc[static_cast<size_t>(c * 32 + i)];  // [d, n] in the file
+            const float dec = w.w_dec[static_cast<size_t>(i * 16 + c)];
+            (block != layer ? off : live) += std::abs(e);
+            (block < layer ? off : live) += std::abs(dec);
+        }
+    EXPECT_EQ(off, 0.0);
+    EXPECT_GT(live, 1.0);
+    // It learns: the training FVU falls from the first logged interval to the last.
+    const auto metrics = lines_of(dir / "run/metrics.jsonl");
+    ASSERT_GE(metrics.size(), 3u);
+    const auto first = nlohmann::json::parse(metrics.front());
+    const auto last = nlohmann::json::parse(metrics.back());
+    EXPECT_LT(last["fvu"].get<double>(), 0.8 * first["fvu"].get<double>());
+    // k per token and layer: up to 4 latents a token over the 2 layers (a ReLU'd one may be 0).
+    EXPECT_LE(last["eval_l0"].get<double>(), 4.0);
+    EXPECT_GT(last["eval_l0"].get<double>(), 2.0);
+
+    // A second layer of other rows; two inputs for a transcoder; one target too few.
+    const Result small = run(bin("sae-synth") + " --out " + (dir / "small").string() +
+                             " --d-model 8 --features 16 --rows 2000 --shards 2");
+    ASSERT_EQ(small.code, 0) << small.out;
+    const std::string misaligned =
+        fmt::format("[{},{}]", (dir / "in0").string(), (dir / "small").string());
+    for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+             {" --set 'data.path=" + misaligned + "' --set 'data.target_path=" + out +
+                  "' --set sae.arch=clt",
+              "data.path[1] " + (dir / "small").string() + " holds 2000 rows, but data.path[0]"},
+             {" --set 'data.path=" + in + "' --set 'data.target_path=" + out +
+                  "' --set sae.arch=transcoder",
+              "data.path lists 2 datasets, but sae.arch transcoder reads one"},
+             {" --set 'data.path=" + in + "' --set data.target_path=" + (dir / "out0").string() +
+                  " --set sae.arch=clt",
+              "data.target_path lists 1 dataset(s), but data.path lists 2"}}) {
+        r = train("--overwrite" + args);
+        EXPECT_EQ(r.code, 1) << args << ": " << r.out;
+        EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
+    }
+}
+
 TEST_F(Cli, MpiDataParallelTrainsOneSaeOnAllSlices) {
     const Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
                          " --set parallel.mode=data_parallel");

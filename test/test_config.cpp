@@ -88,7 +88,7 @@ void expect_same(const Config& a, const Config& b) {
 TEST(Config, MissingSectionsTakeStructDefaults) {
     const Config c = config_parse(kMinimal);
     Config d;
-    d.data.path = "data/x";
+    d.data.path = {"data/x"};
     d.sweep = {d.sae};
     expect_same(c, d);
     EXPECT_EQ(c.sweep.size(), 1u);
@@ -168,7 +168,7 @@ checkpoint: {every_steps: 11, keep: 2}
     EXPECT_EQ(c.log.eval_every_steps, 14);
     EXPECT_EQ(c.run.out_dir, "runs/all");
     EXPECT_EQ(c.run.seed, 18446744073709551615ull);
-    EXPECT_EQ(c.data.path, "shards/*.h5");
+    EXPECT_EQ(c.data.path, StringList{"shards/*.h5"});
     EXPECT_EQ(c.data.batch_size, 128);
     EXPECT_EQ(c.data.epochs, 7);
     EXPECT_EQ(c.data.max_tokens, 1500000000);
@@ -219,6 +219,43 @@ TEST(Config, ArchNamesComeFromTheRegistry) {
     EXPECT_THROW(arch_get("nope"), Error);
 }
 
+// A CLT lists one input and one target set per layer: the lists reach DataConfig and every sweep
+// point's layer count, config.yaml writes them back as lists (and a single path as it always
+// was), and counts that disagree, lists for other architectures, an empty entry and held-out
+// shards of their own are refused naming the key.
+TEST(ConfigErrors, CltListsOneInputAndTargetSetPerLayer) {
+    const Config c = config_parse(
+        "data: {path: [l0/in, l1/in, l2/in], target_path: [l0/out, l1/out, l2/out]}\n"
+        "sae: {arch: clt, expansion: 4, k: 8, transcoder_activation: [topk, jumprelu]}\n");
+    EXPECT_EQ(c.data.path, (StringList{"l0/in", "l1/in", "l2/in"}));
+    EXPECT_EQ(c.data.target_path, (StringList{"l0/out", "l1/out", "l2/out"}));
+    ASSERT_EQ(c.sweep.size(), 2u);
+    for (const SaeConfig& s : c.sweep) EXPECT_EQ(s.layers, 3);
+    EXPECT_TRUE(arch_get("clt").layered());
+    EXPECT_EQ(sweep_ids(c, 48), (std::vector<std::string>{"clt-x4-k8", "clt-x4-jumprelu-l0_1"}));
+    const std::string yaml = config_to_yaml(c);
+    EXPECT_HAS(yaml, "path: [l0/in, l1/in, l2/in]");
+    EXPECT_EQ(config_parse(yaml).data.target_path, c.data.target_path);
+    EXPECT_HAS(config_to_yaml(config_parse("data: {path: one/dir}\n")), "path: one/dir\n");
+    EXPECT_EQ(config_parse("data: {path: one/dir}\n").sae.layers, 1);
+
+    EXPECT_HAS(parse_error("data: {path: [a, b], target_path: [c]}\nsae: {arch: clt}\n"),
+               "data.target_path lists 1 dataset(s), but data.path lists 2: sae.arch clt reads "
+               "one input and one target set per layer");
+    EXPECT_HAS(parse_error("data: {path: [a, b], target_path: [c, d]}\nsae: {arch: transcoder}\n"),
+               "data.path lists 2 datasets, but sae.arch transcoder reads one; only sae.arch clt");
+    EXPECT_HAS(parse_error("data: {path: [a, b]}\nsae: {arch: topk}\n"),
+               "data.path lists 2 datasets, but sae.arch topk reads one");
+    EXPECT_HAS(parse_error("data: {path: [a, ''], target_path: [c, d]}\nsae: {arch: clt}\n"),
+               "data.path is required: a directory or glob of .h5 shards");
+    EXPECT_HAS(parse_error("data: {path: [a, b], target_path: [c, d], eval_path: e, "
+                           "eval_target_path: f}\nsae: {arch: clt}\n"),
+               "data.eval_path is not supported for sae.arch clt yet");
+    EXPECT_HAS(parse_error("data: {path: [a, b], target_path: [c, d]}\n"
+                           "sae: {arch: clt, n_latents: 9}\n"),
+               "sae.n_latents = 9 is not a multiple of the CLT's 2 layers");
+}
+
 // A transcoder needs its target set, an SAE must not have one, and held-out rows of a transcoder
 // need their targets: each refusal names the key.
 TEST(ConfigErrors, TranscodersAndTargetSetsGoTogether) {
@@ -235,7 +272,7 @@ TEST(ConfigErrors, TranscodersAndTargetSetsGoTogether) {
     const Config c = config_parse(
         "data: {path: a, target_path: b, eval_path: c, "
         "eval_target_path: d}\nsae: {arch: transcoder}\n");
-    EXPECT_EQ(c.data.target_path, "b");
+    EXPECT_EQ(c.data.target_path, StringList{"b"});
     EXPECT_EQ(c.data.eval_target_path, "d");
     EXPECT_TRUE(arch_get(c.sae.arch).transcodes());
     // The activation: one of three, a sweepable key, and in the SAE's id.
@@ -556,7 +593,7 @@ TEST(ConfigOverrides, OverrideBeatsFileAndLaterBeatsEarlier) {
     EXPECT_DOUBLE_EQ(c.sae.lr, 5e-3);
     EXPECT_EQ(c.log.every_steps, 9);  // section absent from the file
     EXPECT_EQ(c.backend, "cuda");
-    EXPECT_EQ(c.data.path, "other");
+    EXPECT_EQ(c.data.path, StringList{"other"});
 }
 
 TEST(ConfigOverrides, ListOverrideSweeps) {
@@ -572,7 +609,7 @@ TEST(ConfigOverrides, ListOverrideSweeps) {
 
 TEST(ConfigOverrides, OverrideCanSupplyTheRequiredPath) {
     const Config c = config_parse("", {"data.path=/scratch/acts"});
-    EXPECT_EQ(c.data.path, "/scratch/acts");
+    EXPECT_EQ(c.data.path, StringList{"/scratch/acts"});
 }
 
 TEST(ConfigOverrides, MalformedOverridesNameTheOverride) {
@@ -750,7 +787,7 @@ TEST(ConfigFiles, QuickstartHasTheDocumentedValues) {
     const Config c =
         config_load(std::string(SAETRAIN_TEST_DATA) + "/../../configs/quickstart.yaml");
     EXPECT_EQ(c.run.out_dir, "runs/quickstart");
-    EXPECT_EQ(c.data.path, "data/quickstart");
+    EXPECT_EQ(c.data.path, StringList{"data/quickstart"});
     EXPECT_EQ(c.data.batch_size, 1024);
     EXPECT_EQ(c.data.epochs, 3);
     EXPECT_EQ(c.sae.arch, "topk");
@@ -891,7 +928,7 @@ TEST(ConfigKeys, ArchitectureKeysJoinTheTableWhereTheFileListsThem) {
     for (const ConfigKeyInfo& k : config_keys()) info[k.name] = k;
     EXPECT_EQ(info["sae.n_experts"].declared_by, "switch");
     EXPECT_EQ(info["train.auxk_coeff"].declared_by,
-              "topk, batchtopk, switch, matryoshka_batchtopk, transcoder, skip_transcoder");
+              "topk, batchtopk, switch, matryoshka_batchtopk, transcoder, skip_transcoder, clt");
     EXPECT_EQ(info["sae.k"].declared_by, "");
     EXPECT_EQ(info["train.balance_coeff"].default_text, "0.1");
 }

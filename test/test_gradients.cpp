@@ -1,5 +1,5 @@
-// Finite-difference checks of the analytic gradients, for ReLU-L1 and TopK SAEs and
-// transcoders with TopK, BatchTopK and JumpReLU activations.
+// Finite-difference checks of the analytic gradients, for ReLU-L1 and TopK SAEs, transcoders
+// with TopK, BatchTopK and JumpReLU activations, and cross-layer transcoders.
 //
 // The reference loss is an independent forward pass written here in double precision, so the
 // central differences are accurate to ~1e-8 and any disagreement is the analytic gradient's.
@@ -204,6 +204,152 @@ TEST(Gradients, BatchTopkTranscodersMatchFiniteDifferences) {
 TEST(Gradients, JumpReluTranscodersMatchFiniteDifferences) {
     check_gradients("transcoder", "jumprelu");
     check_gradients("skip_transcoder", "jumprelu");
+}
+
+// --- cross-layer transcoders ---------------------------------------------------------------
+// An independent reference with the layers written out: layer l's latents (n / L of them, in
+// layer order) read x_l only, and write to y_m for every m >= l. `act` as above; TopK and
+// BatchTopK keep k L per token (k per token and layer on average) over all layers' latents.
+double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
+                    const std::vector<float>& y, const Dims& s, int64_t L, const std::string& act,
+                    double l0) {
+    const int64_t d = s.d, n = s.n, dl = d / L, nl = n / L, k = s.k * L;
+    const double* w_enc = p.data();
+    const double* w_dec = p.data() + n * d;
+    const double* b_enc = p.data() + 2 * n * d;
+    const double* b_dec = b_enc + n;
+    const double* log_threshold = b_dec + d;
+    std::vector<double> pre(static_cast<size_t>(s.rows * n));
+    for (int64_t t = 0; t < s.rows; ++t)
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t l = i / nl;
+            double a = b_enc[i];
+            for (int64_t c = 0; c < dl; ++c)
+                a += double(x[t * d + l * dl + c]) * w_enc[i * d + l * dl + c];
+            pre[t * n + i] = a;
+        }
+    double batch_t = 0;
+    if (act == "batchtopk") {
+        std::vector<double> v = pre;
+        std::sort(v.begin(), v.end(), std::greater<double>());
+        batch_t = std::max(v[static_cast<size_t>(k * s.rows - 1)], 1e-300);
+    }
+    double loss = 0;
+    for (int64_t t = 0; t < s.rows; ++t) {
+        const double* row = pre.data() + t * n;
+        std::vector<double> z(static_cast<size_t>(n), 0.0);
+        if (act == "jumprelu") {
+            for (int64_t i = 0; i < n; ++i)
+                if (row[i] > std::exp(log_threshold[i])) z[i] = row[i], loss += l0;
+        } else if (act == "batchtopk") {
+            for (int64_t i = 0; i < n; ++i) z[i] = row[i] >= batch_t ? row[i] : 0.0;
+        } else {
+            std::vector<int64_t> order(static_cast<size_t>(n));
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(),
+                             [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+            for (int64_t j = 0; j < k; ++j) z[order[j]] = std::max(row[order[j]], 0.0);
+        }
+        for (int64_t m = 0; m < L; ++m)
+            for (int64_t c = 0; c < dl; ++c) {
+                double yh = b_dec[m * dl + c];
+                for (int64_t i = 0; i < (m + 1) * nl; ++i)  // latents of layers 0..m
+                    yh += z[i] * w_dec[i * d + m * dl + c];
+                const double e = yh - y[t * d + m * dl + c];
+                loss += e * e;
+            }
+    }
+    return loss / static_cast<double>(s.rows);
+}
+
+// A CLT of 3 layers of 4 values, 8 latents each: every live parameter's gradient against finite
+// differences of the reference, and exactly zero gradient for the blocks outside the structure
+// (the encoder's off-diagonal blocks, the decoders to earlier layers).
+void check_clt_gradients(const std::string& act) {
+    const int64_t L = 3;
+    const Dims s{8, 12, 24, 2};
+    const int64_t dl = s.d / L, nl = s.n / L;
+    const bool jumprelu = act == "jumprelu";
+    SaeConfig cfg;
+    cfg.arch = "clt";
+    cfg.layers = L;
+    cfg.set("sae.transcoder_activation", act);
+    cfg.l0_coeff = jumprelu ? 0.1 : 0.0;
+    cfg.n_latents = s.n;
+    cfg.k = s.k;
+    cfg.l1_warmup_fraction = 0;  // JumpReLU's l0 coefficient in full from step 0
+    cfg.normalize_decoder = false;
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    SaeTrainer tr(cfg, s.d, 10, 0, *be, *self);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(s.rows * s.d), y(x.size()),
+        p(static_cast<size_t>(2 * s.n * s.d + s.n + s.d + (jumprelu ? s.n : 0)));
+    ASSERT_EQ(p.size(), tr.params_host().size());
+    for (float& v : x) v = normal(rng);
+    for (float& v : y) v = normal(rng);
+    for (float& v : p) v = 0.4f * normal(rng);
+    // Whether parameter index i lies in a block the structure holds at zero.
+    auto masked = [&](size_t i) {
+        const auto j = static_cast<int64_t>(i);
+        if (j >= 2 * s.n * s.d) return false;
+        const bool enc = j < s.n * s.d;
+        const int64_t r = (enc ? j : j - s.n * s.d) / s.d, c = j % s.d;
+        const int64_t l = r / nl, m = c / dl;
+        return enc ? m != l : m < l;
+    };
+    for (size_t i = 0; i < p.size(); ++i)
+        if (masked(i)) p[i] = 0.0f;
+    tr.set_params_host(p);
+    const StepResult r = tr.compute_gradients(x.data(), s.rows, 0, y.data());
+    const std::vector<float> g = tr.grads_host();
+    std::vector<double> pd(p.begin(), p.end());
+    auto ref = [&](const std::vector<double>& q) {
+        return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff);
+    };
+    const double l0 = ref(pd);
+    EXPECT_NEAR(r.loss, l0, 1e-4 * std::abs(l0)) << act << ": trainer loss differs";
+    const auto thresholds_begin = static_cast<size_t>(2 * s.n * s.d + s.n + s.d);
+    const double h = 1e-5;
+    int checked = 0, kinks = 0, zeros = 0;
+    double worst = 0;
+    for (size_t i = 0; i < pd.size(); ++i) {
+        if (masked(i)) {
+            EXPECT_EQ(g[i], 0.0f) << act << ": parameter " << i << " outside the structure";
+            ++zeros;
+            continue;
+        }
+        if (jumprelu && i >= thresholds_begin) continue;  // straight-through
+        const double keep = pd[i];
+        pd[i] = keep + h;
+        const double lp = ref(pd);
+        pd[i] = keep - h;
+        const double lm = ref(pd);
+        pd[i] = keep;
+        const double right = (lp - l0) / h, left = (l0 - lm) / h;
+        if (std::abs(right - left) > 1e-3 * (1 + std::abs(right))) {
+            ++kinks;
+            continue;
+        }
+        const double fd = (lp - lm) / (2 * h);
+        const double err = std::abs(g[i] - fd) / (1e-3 + std::abs(fd));
+        worst = std::max(worst, err);
+        EXPECT_LT(err, 2e-3) << act << ": parameter " << i << ": analytic " << g[i] << " vs fd "
+                             << fd;
+        ++checked;
+    }
+    EXPECT_LT(kinks, static_cast<int>(pd.size() / 20)) << "too many kinks to trust the check";
+    EXPECT_GT(checked, 300);  // of 324 live parameters (336 with JumpReLU's thresholds)
+    EXPECT_EQ(zeros, static_cast<int>(s.n * s.d * (L - 1) / L + s.n * s.d * (L - 1) / (2 * L)));
+    std::printf(
+        "clt/%s: %d gradients checked, %d kinks skipped, %d held at zero, worst rel err "
+        "%.2e\n",
+        act.c_str(), checked, kinks, zeros, worst);
+}
+
+TEST(Gradients, CltMatchesFiniteDifferences) {
+    for (const char* act : {"topk", "batchtopk", "jumprelu"}) check_clt_gradients(act);
 }
 
 }  // namespace

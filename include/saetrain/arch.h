@@ -86,6 +86,11 @@ struct PassContext {
     // copies x into xc and b_dec, the target's bias, has no path through the encoder input
     // (encoder_input_grad adds nothing).
     bool encode_x = false;
+    // A cross-layer transcoder's pass (Architecture::layered): x and y hold `layers` blocks of
+    // d / layers values, latent l belongs to layer l / (n / layers), and encode() and
+    // encoder_weight_grad() run one GEMM per layer on the encoder's diagonal blocks (the others
+    // are zero).
+    int64_t layers = 1;
     // Latents dead before this step (host: 1 = dead) and their count, for AuxK.
     const std::vector<uint8_t>* dead = nullptr;
     int64_t n_dead = 0;  // over the whole SAE (all latent shards)
@@ -146,6 +151,9 @@ public:
 struct InitInputs {
     uint64_t seed = 0;
     double centred_rms = 1;  // RMS over the first batch's rows of ||x - b_dec||
+    // A transcoder's: the mean of its input x over all replicas' first batches ([d]; empty for
+    // an SAE). The trainer set b_enc = -W_enc mean(x) from it.
+    std::vector<double> input_mean;
 };
 
 // What an export format needs from the architecture (export.h does the writing).
@@ -225,6 +233,10 @@ public:
     // (data.target_path) side by side ([B, 2 d]); the encoder reads x as it is (no b_dec: that
     // bias is the target's), and x_hat, the loss, FVU and b_dec's initial mean are the target's.
     virtual bool transcodes() const { return false; }
+    // Whether it spans layers (a cross-layer transcoder): data.path and data.target_path list one
+    // set per layer (SaeConfig::layers), whose rows are read side by side, [x_1 .. x_L | y_1 ..
+    // y_L], and its d_model is the layers' widths summed.
+    virtual bool layered() const { return false; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {
         return {};

@@ -105,6 +105,9 @@ public:
     virtual void upload_columns(float* dst, const void* src, DType t, int64_t rows, int64_t cols,
                                 int64_t stride);
     virtual void fill(float* x, int64_t n, float value) = 0;
+    // Zeroes a block of `rows` rows of `cols` values, `ld` values apart (a CLT's weight blocks
+    // that must stay zero). The default fills row by row; the CPU and CUDA backends do it in one.
+    virtual void zero_block(float* x, int64_t rows, int64_t cols, int64_t ld);
     virtual void synchronize() = 0;
     // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer
     // may place parameters in node memory that the other ranks of the node map too.

@@ -23,11 +23,17 @@ struct RunConfig {
     uint64_t seed = 0;
 };
 
+// A key's list of strings (StringList, below; declared before DataConfig, which holds two).
+using StringList = std::vector<std::string>;
+
 struct DataConfig {
-    std::string path;  // directory or glob of .h5 shards (required)
-    // Transcoders (sae.arch transcoder, skip_transcoder): the target set, e.g. an MLP's output
-    // where data.path holds its input; the same shards, rows and token order as data.path.
-    std::string target_path;
+    // Directory or glob of .h5 shards (required): one for an SAE or a transcoder; for a
+    // cross-layer transcoder (sae.arch clt) one per layer, in layer order (a YAML list).
+    StringList path;
+    // Transcoders (sae.arch transcoder, skip_transcoder, clt): the target set, e.g. an MLP's
+    // output where data.path holds its input; the same shards, rows and token order as
+    // data.path (a CLT: one per layer, as data.path).
+    StringList target_path;
     int64_t batch_size = 4096;  // rows per rank per step
     int64_t epochs = 1;
     int64_t max_tokens = 0;                // when > 0, replaces epochs
@@ -60,7 +66,6 @@ std::string default_arch_name();
 // sae.* or train.* key a list of lists is the sweep (`[[128, 512], [256]]`: two points); a plain
 // list is one value, and a single scalar counts as a list of one.
 using IntList = std::vector<int64_t>;
-using StringList = std::vector<std::string>;
 using ConfigValue = std::variant<int64_t, uint64_t, double, bool, std::string, IntList, StringList>;
 
 // One point of a sweep: everything that differs between SAEs trained in one run.
@@ -114,6 +119,9 @@ struct SaeConfig {
     std::string b_dec_init = "mean";
     // data.normalize, copied into every sweep point (the trainer reads it from here)
     std::string normalize = "none";
+    // The layers a cross-layer transcoder spans: data.path's datasets, copied into every sweep
+    // point (1 for the other architectures).
+    int64_t layers = 1;
     int64_t dead_tokens = 10000000;  // a latent not fired for this many tokens counts as dead
     int64_t max_bad_steps = 10;      // stop after this many non-finite losses/gradients in a row
 

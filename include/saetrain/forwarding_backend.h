@@ -38,6 +38,7 @@ public:
     void upload_columns(float* dst, const void* src, DType t, int64_t rows, int64_t cols,
                         int64_t stride) override;
     void fill(float* x, int64_t n, float value) override;
+    void zero_block(float* x, int64_t rows, int64_t cols, int64_t ld) override;
     void synchronize() override { be_.synchronize(); }
     bool host_memory() const override { return be_.host_memory(); }
     bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {

@@ -11,6 +11,10 @@
 
 namespace saetrain {
 
+void Backend::zero_block(float* x, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; ++r) fill(x + r * ld, cols, 0.0f);
+}
+
 void Backend::upload_rows(float* dst, const void* src, DType t, int64_t n) {
     if (n <= 0) return;
     if (t == DType::f32) return upload(dst, src, n * int64_t{sizeof(float)});

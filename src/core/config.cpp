@@ -187,7 +187,20 @@ auto not_empty(std::string says = "must not be empty") {
     return Rule<decltype(ok)>{ok, std::move(says), /*shows_value=*/false};
 }
 
-auto required(const char* what) { return not_empty(fmt::format("is required: {}", what)); }
+// A list of paths: at least one, none empty.
+auto paths_required(const char* what) {
+    auto ok = [](const StringList& v, const Config&) {
+        return !v.empty() &&
+               std::none_of(v.begin(), v.end(), [](const auto& p) { return p.empty(); });
+    };
+    return Rule<decltype(ok)>{ok, fmt::format("is required: {}", what), /*shows_value=*/false};
+}
+auto no_empty_path() {
+    auto ok = [](const StringList& v, const Config&) {
+        return std::none_of(v.begin(), v.end(), [](const auto& p) { return p.empty(); });
+    };
+    return Rule<decltype(ok)>{ok, "lists an empty path", /*shows_value=*/false};
+}
 
 template <class Access, class Ok>
 Field make_field(const char* section, const char* key, const char* doc, Access access,
@@ -270,10 +283,13 @@ std::vector<Field> make_fields() {
         same_results(CFG_KEY(run, out_dir, "the run's directory: config, metrics, checkpoints",
                              kAny, not_empty())),
         CFG_KEY(run, seed, "seeds the weights' initialization and the data's shuffling", kAny),
-        CFG_KEY(data, path, "a directory or glob of .h5 activation shards", kAny,
-                required("a directory or glob of .h5 shards")),
+        CFG_KEY(data, path,
+                "a directory or glob of .h5 activation shards (clt: a list, one per layer)", kAny,
+                paths_required("a directory or glob of .h5 shards")),
         CFG_KEY(data, target_path,
-                "transcoders: the target set (an MLP's output), row for row with data.path", kAny),
+                "transcoders: the target set (an MLP's output), row for row with data.path (clt: "
+                "a list, one per layer)",
+                kAny, no_empty_path()),
         CFG_KEY(data, batch_size, "rows (tokens) per rank per optimizer step", kAny, at_least(1)),
         CFG_KEY(
             data, epochs, "passes over the data (unless data.max_tokens > 0)", kAny,
@@ -819,6 +835,7 @@ private:
                 rest /= values.size();
             }
             point.normalize = cfg.data.normalize;
+            point.layers = std::max<int64_t>(1, static_cast<int64_t>(cfg.data.path.size()));
             cfg.sweep.push_back(point);
         }
         cfg.sae = cfg.sweep.front();
@@ -848,6 +865,28 @@ private:
                         "{}data.target_path is set, but sae.arch {} reconstructs its input; use "
                         "transcoder or skip_transcoder, or remove data.target_path",
                         loc("data.target_path"), s.arch);
+            // A CLT reads one input and one target set per layer; everything else one of each.
+            const auto sets = static_cast<int64_t>(c.data.path.size());
+            if (arch_get(s.arch).layered()) {
+                SAE_ENFORCE(
+                    c.data.target_path.size() == c.data.path.size(),
+                    "{}data.target_path lists {} dataset(s), but data.path lists {}: sae.arch "
+                    "{} reads one input and one target set per layer, in layer order",
+                    loc("data.target_path"), c.data.target_path.size(), sets, s.arch);
+                SAE_ENFORCE(c.data.eval_path.empty(),
+                            "{}data.eval_path is not supported for sae.arch {} yet; hold out the "
+                            "last rows of data.path with data.eval_rows instead",
+                            loc("data.eval_path"), s.arch);
+            } else {
+                SAE_ENFORCE(
+                    sets == 1,
+                    "{}data.path lists {} datasets, but sae.arch {} reads one; only sae.arch "
+                    "clt reads one per layer",
+                    loc("data.path"), sets, s.arch);
+                SAE_ENFORCE(c.data.target_path.size() <= 1,
+                            "{}data.target_path lists {} datasets, but sae.arch {} reads one",
+                            loc("data.target_path"), c.data.target_path.size(), s.arch);
+            }
         }
         SAE_ENFORCE(c.data.eval_path.empty() || c.data.target_path.empty() ||
                         !c.data.eval_target_path.empty(),
@@ -1071,7 +1110,10 @@ std::string config_to_yaml(const Config& cfg) {
                 values.push_back(std::move(v));
             if (!f.sweepable()) break;
         }
-        if (values.size() == 1) {
+        const auto* one_path = std::get_if<StringList>(&values[0]);
+        if (values.size() == 1 && one_path && one_path->size() == 1 && !f.sweepable()) {
+            out << one_path->front();  // data.path of one dataset, as it was always written
+        } else if (values.size() == 1) {
             emit_value(out, values[0]);
         } else {
             out << YAML::Flow << YAML::BeginSeq;

@@ -22,6 +22,10 @@ void ForwardingBackend::upload_columns(float* dst, const void* src, DType t, int
 void ForwardingBackend::fill(float* x, int64_t n, float value) {
     around("fill", [&] { be_.fill(x, n, value); });
 }
+
+void ForwardingBackend::zero_block(float* x, int64_t rows, int64_t cols, int64_t ld) {
+    around("zero_block", [&] { be_.zero_block(x, rows, cols, ld); });
+}
 void ForwardingBackend::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                              const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                              float* c, int64_t ldc) {

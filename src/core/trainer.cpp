@@ -202,12 +202,15 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     std::copy(w_dec, w_dec + n_ * d_, p.data());       // W_enc (latent-major) = W_dec^T
     const float* y = transcodes_ ? target.data() : x;  // what x_hat approximates
     const std::vector<float> b_dec = initial_b_dec(y, rows);
+    InitInputs in;
+    in.seed = seed_;
     if (transcodes_) {
         // The encoder reads x itself, whose mean would dominate every pre-activation (the same
         // few latents would win every row and the rest never fire): b_enc = -W_enc mean(x), the
         // mean over all replicas' rows, starts the pre-activations centred, as x - b_dec does
         // an SAE's.
         const std::vector<double> mean = mean_over_replicas(x, rows, "transcoder");
+        in.input_mean = mean;
         float* b_enc = p.data() + off(ParamLayout::kBEnc);
         for (int64_t l = 0; l < n_; ++l) {
             double a = 0;
@@ -216,8 +219,6 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
         }
     }
     std::copy(b_dec.begin(), b_dec.end(), p.begin() + off(ParamLayout::kBDec));
-    InitInputs in;
-    in.seed = seed_;
     {
         double s[2] = {0, static_cast<double>(rows)};  // sum ||y - b_dec||^2, rows
         for (int64_t r = 0; r < rows; ++r)

@@ -182,6 +182,10 @@ public:
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; ++i) x[i] = value;
     }
+    void zero_block(float* x, int64_t rows, int64_t cols, int64_t ld) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) std::fill_n(x + r * ld, cols, 0.0f);
+    }
     void synchronize() override {}
 
     void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

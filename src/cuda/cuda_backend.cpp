@@ -107,6 +107,12 @@ public:
             cuda::widen_16bit(stream(), staging_.data(), dst, rows * cols, t == DType::bf16);
     }
     void fill(float* x, int64_t n, float value) override { cuda::fill(stream(), x, n, value); }
+    void zero_block(float* x, int64_t rows, int64_t cols, int64_t ld) override {
+        if (rows <= 0 || cols <= 0) return;
+        SAE_CUDA_CHECK(cudaMemset2DAsync(x, static_cast<size_t>(ld) * sizeof(float), 0,
+                                         static_cast<size_t>(cols) * sizeof(float),
+                                         static_cast<size_t>(rows), stream()));
+    }
     void synchronize() override { SAE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
     bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {
         if (op != BackendOp::topk_forward || shape.k <= cuda::kMaxTopk) return true;

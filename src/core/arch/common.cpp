@@ -15,8 +15,17 @@ void encode(PassContext& c) {
         c.be.axpby(c.xc, c.x, 1.0f, 0.0f, c.B * c.d);
     else
         c.be.sub_rows(c.xc, c.x, c.seg(ParamLayout::kBDec), c.B, c.d);
-    c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg(ParamLayout::kWEnc), c.d, 0.0f,
-              c.pre, c.n);
+    if (c.layers > 1) {
+        // pre[:, layer l's latents] = x_l W_enc[l's latents, l's block]^T, layer by layer.
+        const int64_t dl = c.d / c.layers, nl = c.n / c.layers;
+        for (int64_t l = 0; l < c.layers; ++l)
+            c.be.gemm(false, true, c.B, nl, dl, 1.0f, c.xc + l * dl, c.d,
+                      c.seg(ParamLayout::kWEnc) + l * nl * c.d + l * dl, c.d, 0.0f, c.pre + l * nl,
+                      c.n);
+    } else {
+        c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg(ParamLayout::kWEnc), c.d, 0.0f,
+                  c.pre, c.n);
+    }
     start_reconstruction(c, c.xhat);
 }
 
@@ -58,6 +67,14 @@ void decoder_backward_dense(PassContext& c, const float* z, float* dz) {
 }
 
 void encoder_weight_grad(PassContext& c, const float* dpre) {
+    if (c.layers > 1) {
+        // The diagonal blocks only; the layered pass keeps the others' gradient at zero.
+        const int64_t dl = c.d / c.layers, nl = c.n / c.layers;
+        for (int64_t l = 0; l < c.layers; ++l)
+            c.be.gemm(true, false, nl, dl, c.B, 1.0f, dpre + l * nl, c.n, c.xc + l * dl, c.d, 0.0f,
+                      c.grad(ParamLayout::kWEnc) + l * nl * c.d + l * dl, c.d);
+        return;
+    }
     c.be.gemm(true, false, c.n, c.d, c.B, 1.0f, dpre, c.n, c.xc, c.d, 0.0f,
               c.grad(ParamLayout::kWEnc), c.d);
 }

@@ -2,7 +2,11 @@
 // encoder input, AuxK, and the registry's entries.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "saetrain/arch.h"
@@ -185,8 +189,42 @@ const Architecture& batchtopk_arch();
 const Architecture& jumprelu_arch();
 const Architecture& gated_arch();
 const Architecture& switch_arch();
+// A pass that runs another architecture's pass and adds to it (a transcoder's skip path, a
+// CLT's layer structure): everything it does not override goes to the inner pass.
+class WrappedPass : public ArchPass {
+public:
+    explicit WrappedPass(std::unique_ptr<ArchPass> inner) : inner_(std::move(inner)) {}
+    void reserve(int64_t rows) override { inner_->reserve(rows); }
+    void forward(PassContext& c, bool training) override { inner_->forward(c, training); }
+    void backward(PassContext& c, int64_t step, int64_t total_steps) override {
+        inner_->backward(c, step, total_steps);
+    }
+    double penalty(const float* stats) const override { return inner_->penalty(stats); }
+    Activations activations() const override { return inner_->activations(); }
+    std::vector<double> step_sums() const override { return inner_->step_sums(); }
+    void after_step(const std::vector<double>& sums) override { inner_->after_step(sums); }
+    std::vector<NamedTensor> buffers() const override { return inner_->buffers(); }
+    void set_buffer(const std::string& name, const std::vector<float>& v) override {
+        inner_->set_buffer(name, v);
+    }
+    bool uses_dense_pre() const override { return inner_->uses_dense_pre(); }
+    std::vector<std::pair<std::string, double>> summarize(
+        const std::vector<double>& window_sums, const std::vector<double>& fired) const override {
+        return inner_->summarize(window_sums, fired);
+    }
+
+protected:
+    std::unique_ptr<ArchPass> inner_;
+};
+
 const Architecture& transcoder_arch();
 const Architecture& skip_transcoder_arch();
+const Architecture& clt_arch();
+// sae.transcoder_activation (transcoders and CLTs), its values, and the architecture whose
+// activation a transcoder of `cfg` runs (transcoder.cpp).
+const ArchKey<std::string>& transcoder_activation_key();
+extern const std::array<const char*, 3> kTranscoderActivations;
+const Architecture& transcoder_activation_arch(const SaeConfig& cfg);
 const Architecture& matryoshka_batchtopk_arch();
 
 }  // namespace saetrain::arch

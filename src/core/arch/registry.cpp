@@ -19,6 +19,7 @@ const std::vector<const Architecture*>& architectures() {
         &arch::matryoshka_batchtopk_arch(),
         &arch::transcoder_arch(),
         &arch::skip_transcoder_arch(),
+        &arch::clt_arch(),
     };
     return all;
 }

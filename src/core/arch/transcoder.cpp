@@ -19,18 +19,16 @@
 #include "saetrain/error.h"
 
 namespace saetrain::arch {
-namespace {
 
-constexpr const char* kWSkip = "W_skip";
-constexpr std::array<const char*, 3> kActivations = {"topk", "batchtopk", "jumprelu"};
+const std::array<const char*, 3> kTranscoderActivations = {"topk", "batchtopk", "jumprelu"};
 
-const ArchKey<std::string>& activation_key() {
+const ArchKey<std::string>& transcoder_activation_key() {
     static const ArchKey<std::string> key{
         "sae", "transcoder_activation", "topk",
         "a transcoder's activation: topk | batchtopk | jumprelu (as sae.arch of that name)",
         KeyRule{[](const ConfigValue& v) {
                     const std::string& s = std::get<std::string>(v);
-                    for (const char* a : kActivations)
+                    for (const char* a : kTranscoderActivations)
                         if (s == a) return true;
                     return false;
                 },
@@ -39,19 +37,22 @@ const ArchKey<std::string>& activation_key() {
 }
 
 // The architecture whose activation a transcoder of `cfg` uses.
-const Architecture& activation_arch(const SaeConfig& cfg) {
-    const std::string a = activation_key()(cfg);
+const Architecture& transcoder_activation_arch(const SaeConfig& cfg) {
+    const std::string a = transcoder_activation_key()(cfg);
     if (a == "batchtopk") return batchtopk_arch();
     if (a == "jumprelu") return jumprelu_arch();
     return topk_arch();
 }
 
+namespace {
+
+constexpr const char* kWSkip = "W_skip";
+
 // The activation's pass, and the skip path around it.
-class TranscoderPass final : public ArchPass {
+class TranscoderPass final : public WrappedPass {
 public:
     TranscoderPass(std::unique_ptr<ArchPass> inner, bool skip)
-        : inner_(std::move(inner)), skip_(skip) {}
-    void reserve(int64_t rows) override { inner_->reserve(rows); }
+        : WrappedPass(std::move(inner)), skip_(skip) {}
     void forward(PassContext& c, bool training) override {
         SAE_ENFORCE(c.encode_x, "a transcoder's pass needs PassContext::encode_x");
         inner_->forward(c, training);
@@ -67,22 +68,8 @@ public:
                       c.d);
         inner_->backward(c, step, total_steps);
     }
-    double penalty(const float* stats) const override { return inner_->penalty(stats); }
-    Activations activations() const override { return inner_->activations(); }
-    std::vector<double> step_sums() const override { return inner_->step_sums(); }
-    void after_step(const std::vector<double>& sums) override { inner_->after_step(sums); }
-    std::vector<NamedTensor> buffers() const override { return inner_->buffers(); }
-    void set_buffer(const std::string& name, const std::vector<float>& v) override {
-        inner_->set_buffer(name, v);
-    }
-    bool uses_dense_pre() const override { return inner_->uses_dense_pre(); }
-    std::vector<std::pair<std::string, double>> summarize(
-        const std::vector<double>& window_sums, const std::vector<double>& fired) const override {
-        return inner_->summarize(window_sums, fired);
-    }
 
 private:
-    std::unique_ptr<ArchPass> inner_;
     bool skip_;
 };
 
@@ -100,8 +87,8 @@ public:
                        "batchtopk | jumprelu with that architecture's keys";
     }
     std::vector<const ArchKeyDecl*> config_keys() const override {
-        std::vector<const ArchKeyDecl*> k = {&activation_key()};
-        for (const char* a : kActivations)
+        std::vector<const ArchKeyDecl*> k = {&transcoder_activation_key()};
+        for (const char* a : kTranscoderActivations)
             for (const ArchKeyDecl* key : arch_get(a).config_keys())
                 if (std::find(k.begin(), k.end(), key) == k.end()) k.push_back(key);
         return k;
@@ -111,23 +98,23 @@ public:
     }
     std::vector<const ArchOpSet*> op_sets() const override {
         std::vector<const ArchOpSet*> s;
-        for (const char* a : kActivations)
+        for (const char* a : kTranscoderActivations)
             for (const ArchOpSet* o : arch_get(a).op_sets()) s.push_back(o);
         return s;
     }
     void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
-        activation_arch(cfg).validate(cfg, n, where);
+        transcoder_activation_arch(cfg).validate(cfg, n, where);
     }
     // "k32" for TopK (the ids of the first transcoders), else the activation's name first:
     // "batchtopk-k32", "jumprelu-l0_1".
     std::string id_suffix(const SaeConfig& cfg) const override {
-        const Architecture& a = activation_arch(cfg);
+        const Architecture& a = transcoder_activation_arch(cfg);
         const std::string inner = a.id_suffix(cfg);
         return &a == &topk_arch() ? inner : std::string(a.name()) + "-" + inner;
     }
     std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t n,
                                            int64_t d) const override {
-        std::vector<ParamSegment> s = activation_arch(cfg).extra_params(cfg, n, d);
+        std::vector<ParamSegment> s = transcoder_activation_arch(cfg).extra_params(cfg, n, d);
         if (skip_) {
             ParamSegment w;
             w.name = kWSkip, w.rows = d, w.cols = d, w.per_latent = false, w.decay = false;
@@ -137,16 +124,16 @@ public:
     }
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs& in) const override {
-        activation_arch(cfg).init_extra(cfg, layout, p, in);
+        transcoder_activation_arch(cfg).init_extra(cfg, layout, p, in);
     }
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         const double skip = skip_ ? 4.0 * static_cast<double>(d) * static_cast<double>(d) : 0.0;
-        return activation_arch(cfg).flops_per_token(cfg, d, n) + skip;
+        return transcoder_activation_arch(cfg).flops_per_token(cfg, d, n) + skip;
     }
     // The perf model's kind follows the default activation (TopK): sparse.
     bool sparse() const override { return true; }
     ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
-        const Architecture& a = activation_arch(cfg);
+        const Architecture& a = transcoder_activation_arch(cfg);
         const ArchExport inner = a.export_fields(w, cfg);
         ArchExport e;
         e.saelens_refusal =
@@ -176,13 +163,13 @@ public:
     }
     std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
                                         Backend& be) const override {
-        return std::make_unique<TranscoderPass>(activation_arch(cfg).make_pass(cfg, d, n, be),
-                                                skip_);
+        return std::make_unique<TranscoderPass>(
+            transcoder_activation_arch(cfg).make_pass(cfg, d, n, be), skip_);
     }
     bool latent_shardable() const override { return true; }  // as TopK, BatchTopK and JumpReLU
     bool transcodes() const override { return true; }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
-        return activation_arch(cfg).limited_ops(cfg, d, n);
+        return transcoder_activation_arch(cfg).limited_ops(cfg, d, n);
     }
 
 private:

@@ -1,0 +1,170 @@
+// clt.cpp — cross-layer transcoders (Ameisen et al. 2025, "Circuit tracing"): one encoder per
+// layer reads that layer's MLP input, and each latent of layer l writes to the MLP outputs of
+// layer l and of every later layer,
+//   y_hat_m = sum_{l <= m} act(x_l W_enc_l^T + b_enc_l) W_dec_{l->m} + b_dec_m.
+// Rows are [x_1 .. x_L | y_1 .. y_L] (data.path and data.target_path list one set per layer), so
+// the trainer sees a transcoder of d = L d_l values in and out with n = L F latents, layer-major
+// (latent i belongs to layer i / F). Its parameters are the SAE's four, block-structured:
+// W_enc [n, d] is block-diagonal (latent i reads only its layer's block) and W_dec [n, d] is
+// block upper-triangular (no latent writes to an earlier layer); the other blocks start at zero
+// and stay there (their gradient is zeroed every step, so Adam and weight decay never move them).
+// SAE files, checkpoints, replicas and the evaluation therefore treat a CLT as the transcoder it
+// is. The encoder runs one GEMM per layer on its diagonal blocks (PassContext::layers); the
+// activation is sae.transcoder_activation's: JumpReLU per latent, or TopK / BatchTopK with
+// sae.k per token and layer on average (k L per token, or k L B per batch, over every layer's
+// latents together). Not yet: per-layer TopK, latent shards and a skip path.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "common.h"
+#include "saetrain/error.h"
+
+namespace saetrain::arch {
+namespace {
+
+// The activation's config: a CLT's k is per token and layer, its activation's per token.
+SaeConfig activation_config(const SaeConfig& cfg) {
+    SaeConfig a = cfg;
+    a.k = cfg.k * std::max<int64_t>(1, cfg.layers);
+    return a;
+}
+
+class CltPass final : public WrappedPass {
+public:
+    CltPass(std::unique_ptr<ArchPass> inner, int64_t layers)
+        : WrappedPass(std::move(inner)), layers_(layers) {}
+    void forward(PassContext& c, bool training) override {
+        SAE_ENFORCE(c.encode_x, "a CLT's pass needs PassContext::encode_x");
+        c.layers = layers_;
+        inner_->forward(c, training);
+    }
+    void backward(PassContext& c, int64_t step, int64_t total_steps) override {
+        c.layers = layers_;
+        inner_->backward(c, step, total_steps);
+        // The blocks outside the structure get no gradient: the encoder's off-diagonal ones
+        // and the decoder's to earlier layers.
+        const int64_t dl = c.d / layers_, nl = c.n / layers_;
+        float* g_enc = c.grad(ParamLayout::kWEnc);
+        float* g_dec = c.grad(ParamLayout::kWDec);
+        for (int64_t l = 0; l < layers_; ++l) {
+            float* enc = g_enc + l * nl * c.d;
+            float* dec = g_dec + l * nl * c.d;
+            if (l > 0) {
+                c.be.zero_block(enc, nl, l * dl, c.d);
+                c.be.zero_block(dec, nl, l * dl, c.d);
+            }
+            if (l + 1 < layers_) c.be.zero_block(enc + (l + 1) * dl, nl, c.d - (l + 1) * dl, c.d);
+        }
+    }
+
+private:
+    int64_t layers_;
+};
+
+class Clt final : public Architecture {
+public:
+    const char* name() const override { return "clt"; }
+    const char* describe() const override {
+        return "a cross-layer transcoder: data.path and data.target_path list each layer's MLP "
+               "input and output; layer l's latents write to layers l..L; "
+               "sae.transcoder_activation topk | batchtopk (sae.k per token and layer on "
+               "average) | jumprelu";
+    }
+    std::vector<const ArchKeyDecl*> config_keys() const override {
+        return transcoder_arch().config_keys();
+    }
+    std::vector<std::string> summary_keys() const override {
+        return transcoder_arch().summary_keys();
+    }
+    std::vector<const ArchOpSet*> op_sets() const override { return transcoder_arch().op_sets(); }
+    void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
+        SAE_ENFORCE(cfg.layers >= 1, "{}a CLT needs at least one layer", where);
+        const int64_t latents = n > 0 ? n : cfg.n_latents;  // 0: expansion x d, a multiple
+        SAE_ENFORCE(latents % cfg.layers == 0,
+                    "{}sae.n_latents = {} is not a multiple of the CLT's {} layers (each layer has "
+                    "n_latents / layers latents)",
+                    where, latents, cfg.layers);
+        transcoder_activation_arch(cfg).validate(activation_config(cfg), n, where);
+    }
+    std::string id_suffix(const SaeConfig& cfg) const override {
+        return transcoder_arch().id_suffix(cfg);
+    }
+    std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t n,
+                                           int64_t d) const override {
+        return transcoder_activation_arch(cfg).extra_params(activation_config(cfg), n, d);
+    }
+    // The trainer drew unit decoder rows over all d values and W_enc = W_dec with b_enc =
+    // -W_enc mean(x). Here: each decoder row keeps its blocks from its layer on (unit norm
+    // again), each encoder row its own layer's block of that (unit norm), and b_enc follows.
+    void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
+                    const InitInputs& in) const override {
+        const int64_t L = cfg.layers;
+        const ParamSegment& enc = layout.segments()[ParamLayout::kWEnc];
+        const int64_t n = enc.rows, d = enc.cols, dl = d / L, nl = n / L;
+        float* w_enc = p.data() + enc.offset;
+        float* w_dec = p.data() + layout.offset("W_dec");
+        float* b_enc = p.data() + layout.offset("b_enc");
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t l = i / nl;
+            float* dec = w_dec + i * d;
+            float* e = w_enc + i * d;
+            std::fill(dec, dec + l * dl, 0.0f);
+            double s = 0, se = 0;
+            for (int64_t c = l * dl; c < d; ++c) s += double(dec[c]) * dec[c];
+            for (int64_t c = l * dl; c < (l + 1) * dl; ++c) se += double(dec[c]) * dec[c];
+            const double inv = s > 0 ? 1.0 / std::sqrt(s) : 0.0;
+            for (int64_t c = l * dl; c < d; ++c) dec[c] = static_cast<float>(dec[c] * inv);
+            const double inv_e = se > 0 ? 1.0 / std::sqrt(se * inv * inv) : 0.0;
+            std::fill(e, e + d, 0.0f);
+            double a = 0;
+            for (int64_t c = l * dl; c < (l + 1) * dl; ++c) {
+                e[c] = static_cast<float>(dec[c] * inv_e);
+                if (!in.input_mean.empty()) a += double(e[c]) * in.input_mean[c];
+            }
+            b_enc[i] = static_cast<float>(-a);
+        }
+        transcoder_activation_arch(cfg).init_extra(activation_config(cfg), layout, p, in);
+    }
+    // Model FLOPs: the encoder's diagonal blocks (n d_l each way), and decoders that reach
+    // (L + 1) / 2 layers on average.
+    double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        const double L = static_cast<double>(cfg.layers);
+        const double dl = static_cast<double>(d) / L, nn = static_cast<double>(n);
+        const double reach = dl * (L + 1) / 2;
+        const Architecture& a = transcoder_activation_arch(cfg);
+        if (&a == &jumprelu_arch()) return 4.0 * dl * nn + 6.0 * nn * reach;
+        return 2.0 * dl * nn + 8.0 * static_cast<double>(cfg.k) * L * reach;
+    }
+    bool sparse() const override { return true; }
+    ArchExport export_fields(const SaeWeights&, const SaeConfig&) const override {
+        ArchExport e;
+        e.transcode = true;
+        e.saelens_refusal = "SAELens has no cross-layer transcoder";
+        e.sparsify_refusal =
+            "saetrain does not write sparsify's cross-layer transcoder layout; export per-layer "
+            "transcoders instead";
+        e.circuit_tracer_refusal = "saetrain does not write circuit-tracer's CLT files yet";
+        return e;
+    }
+    std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
+                                        Backend& be) const override {
+        return std::make_unique<CltPass>(
+            transcoder_activation_arch(cfg).make_pass(activation_config(cfg), d, n, be),
+            cfg.layers);
+    }
+    bool transcodes() const override { return true; }
+    bool layered() const override { return true; }
+    std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return transcoder_activation_arch(cfg).limited_ops(activation_config(cfg), d, n);
+    }
+};
+
+}  // namespace
+
+const Architecture& clt_arch() {
+    static const Clt a;
+    return a;
+}
+
+}  // namespace saetrain::arch
