@@ -23,10 +23,12 @@ using RefLoss =
 // `loss`, skipping kinks (a ReLU at 0, a selection change); `skip` marks the parameters whose
 // gradient is not a derivative of the loss (straight-through terms, checked elsewhere);
 // `checked_one(i, fd)` sees each parameter that was compared. `what` names the SAE in messages.
+// `y`: a transcoder's targets (null: an SAE's).
 inline void check_fd(SaeTrainer& tr, const std::vector<float>& x, int64_t rows, const RefLoss& loss,
                      const std::string& what, const std::function<bool(size_t)>& skip = {},
-                     const std::function<void(size_t, double)>& checked_one = {}) {
-    const StepResult r = tr.compute_gradients(x.data(), rows);
+                     const std::function<void(size_t, double)>& checked_one = {},
+                     const std::vector<float>* y = nullptr) {
+    const StepResult r = tr.compute_gradients(x.data(), rows, 0, y ? y->data() : nullptr);
     const std::vector<float> g = tr.grads_host();
     const std::vector<float> pf = tr.params_host();
     std::vector<double> pd(pf.begin(), pf.end());

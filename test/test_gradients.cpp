@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "fd_check.h"
 #include "saetrain/arch.h"
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
@@ -302,50 +303,23 @@ void check_clt_gradients(const std::string& act) {
     for (size_t i = 0; i < p.size(); ++i)
         if (masked(i)) p[i] = 0.0f;
     tr.set_params_host(p);
-    const StepResult r = tr.compute_gradients(x.data(), s.rows, 0, y.data());
-    const std::vector<float> g = tr.grads_host();
-    std::vector<double> pd(p.begin(), p.end());
-    auto ref = [&](const std::vector<double>& q) {
-        return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff);
-    };
-    const double l0 = ref(pd);
-    EXPECT_NEAR(r.loss, l0, 1e-4 * std::abs(l0)) << act << ": trainer loss differs";
     const auto thresholds_begin = static_cast<size_t>(2 * s.n * s.d + s.n + s.d);
-    const double h = 1e-5;
-    int checked = 0, kinks = 0, zeros = 0;
-    double worst = 0;
-    for (size_t i = 0; i < pd.size(); ++i) {
+    int zeros = 0;
+    saetrain::testing::check_fd(
+        tr, x, s.rows,
+        [&](const std::vector<double>& q, const std::vector<double>&) {
+            return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff);
+        },
+        "clt/" + act,
+        // Outside the structure (checked for exact zeros below), or straight-through.
+        [&](size_t i) { return masked(i) || (jumprelu && i >= thresholds_begin); }, {}, &y);
+    const std::vector<float> g = tr.grads_host();
+    for (size_t i = 0; i < g.size(); ++i)
         if (masked(i)) {
             EXPECT_EQ(g[i], 0.0f) << act << ": parameter " << i << " outside the structure";
             ++zeros;
-            continue;
         }
-        if (jumprelu && i >= thresholds_begin) continue;  // straight-through
-        const double keep = pd[i];
-        pd[i] = keep + h;
-        const double lp = ref(pd);
-        pd[i] = keep - h;
-        const double lm = ref(pd);
-        pd[i] = keep;
-        const double right = (lp - l0) / h, left = (l0 - lm) / h;
-        if (std::abs(right - left) > 1e-3 * (1 + std::abs(right))) {
-            ++kinks;
-            continue;
-        }
-        const double fd = (lp - lm) / (2 * h);
-        const double err = std::abs(g[i] - fd) / (1e-3 + std::abs(fd));
-        worst = std::max(worst, err);
-        EXPECT_LT(err, 2e-3) << act << ": parameter " << i << ": analytic " << g[i] << " vs fd "
-                             << fd;
-        ++checked;
-    }
-    EXPECT_LT(kinks, static_cast<int>(pd.size() / 20)) << "too many kinks to trust the check";
-    EXPECT_GT(checked, 300);  // of 324 live parameters (336 with JumpReLU's thresholds)
     EXPECT_EQ(zeros, static_cast<int>(s.n * s.d * (L - 1) / L + s.n * s.d * (L - 1) / (2 * L)));
-    std::printf(
-        "clt/%s: %d gradients checked, %d kinks skipped, %d held at zero, worst rel err "
-        "%.2e\n",
-        act.c_str(), checked, kinks, zeros, worst);
 }
 
 TEST(Gradients, CltMatchesFiniteDifferences) {
