@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fd_check.h"
@@ -376,13 +377,85 @@ TEST(ArchBehaviour, BatchTopkThresholdGivesTheTrainingL0) {
     EXPECT_GT(w.extra[0].second[0], 0.0f);
 }
 
-// Every architecture resumes bitwise: 6 steps straight equal 3 steps, a checkpoint's weights
-// and state restored into a fresh trainer, and 3 more.
-TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
-    const int64_t d = 12, n = 48, rows = 64;
-    for (const std::string& arch : arch_names()) {
+// sae.target_l0's controller, through the pass's hooks: log(coefficient) moves by
+// kGain * log(L0 / target_t) after each step, target_t falling geometrically from the first
+// step's L0 to the target over the L1 ramp; frozen for the last tenth of the run; the
+// coefficient and the first L0 are the pass's buffers (restored by set_buffer).
+TEST(TargetL0, CoefficientFollowsTheL0OnTheRampAndFreezesAtTheEnd) {
+    auto be = make_cpu_backend(1);
+    for (const std::string arch : {"relu", "gated", "jumprelu"}) {
         SaeConfig cfg;
         cfg.arch = arch;
+        cfg.l1_coeff = 5.0, cfg.l0_coeff = 2.0;
+        cfg.l1_warmup_fraction = 0.2;  // a ramp of 20 of the 100 steps
+        const std::string name = arch == "jumprelu" ? "l0_coeff" : "l1_coeff";
+        const double c0 = arch == "jumprelu" ? 2.0 : 5.0;
+        // Without a target: no buffers, and the configured coefficient is used.
+        EXPECT_TRUE(arch_get(arch).make_pass(cfg, 8, 32, *be)->buffers().empty()) << arch;
+        cfg.set("sae.target_l0", 10.0);
+        auto pass = arch_get(arch).make_pass(cfg, 8, 32, *be);
+        auto coeff = [&] {
+            const auto b = pass->buffers();
+            EXPECT_EQ(b.size(), 2u) << arch;
+            EXPECT_EQ(b.at(0).first, name) << arch;
+            EXPECT_EQ(b.at(1).first, name + "_start_l0") << arch;
+            return std::pair<double, double>(b.at(0).second.at(0), b.at(1).second.at(0));
+        };
+        EXPECT_EQ(coeff().first, static_cast<float>(c0)) << arch;
+        // Step 0 at L0 100 (1000 activations over 10 rows): target_0 = 100^(1 - 1/20) 10^(1/20).
+        pass->after_update({0, 100, 10, 1000.0});
+        double want = std::exp(
+            std::log(c0) + 0.05 * (std::log(100.0) -
+                                   (std::log(100.0) + (std::log(10.0) - std::log(100.0)) / 20.0)));
+        EXPECT_NEAR(coeff().first, want, 1e-6 * want) << arch;
+        EXPECT_EQ(coeff().second, 100.0f) << arch;
+        // Past the ramp at the target: no change; above it: up; below: down.
+        const float before = static_cast<float>(coeff().first);
+        pass->after_update({30, 100, 10, 100.0});
+        EXPECT_EQ(coeff().first, before) << arch;
+        pass->after_update({31, 100, 10, 200.0});
+        want = std::exp(std::log(double(before)) + 0.05 * std::log(2.0));
+        EXPECT_NEAR(coeff().first, want, 1e-6 * want) << arch;
+        pass->after_update({32, 100, 10, 50.0});
+        EXPECT_NEAR(coeff().first, before, 1e-6 * before) << arch;
+        // Nothing firing moves it down by at most 0.05 log(100).
+        const float low = static_cast<float>(coeff().first);
+        pass->after_update({33, 100, 10, 0.0});
+        EXPECT_NEAR(coeff().first, low * std::exp(-0.05 * std::log(100.0)), 1e-5 * low) << arch;
+        // The last tenth of the run: frozen.
+        const float frozen = static_cast<float>(coeff().first);
+        pass->after_update({90, 100, 10, 1000.0});
+        pass->after_update({99, 100, 10, 1.0});
+        EXPECT_EQ(coeff().first, frozen) << arch;
+        // The buffers restore the state; other names are refused.
+        auto other = arch_get(arch).make_pass(cfg, 8, 32, *be);
+        for (const auto& [bname, v] : pass->buffers()) other->set_buffer(bname, v);
+        EXPECT_EQ(other->buffers(), pass->buffers()) << arch;
+        EXPECT_THROW(other->set_buffer("threshold", {1.0f}), Error) << arch;
+        EXPECT_THROW(other->set_buffer(name, {1.0f, 2.0f}), Error) << arch;
+        // summary.csv's column.
+        const auto fig = pass->summarize({}, {});
+        ASSERT_EQ(fig.size(), 1u) << arch;
+        EXPECT_EQ(fig[0].first, name + "_final") << arch;
+        EXPECT_EQ(fig[0].second, frozen) << arch;
+    }
+    // Architectures without a penalty do not declare the key.
+    for (const ArchKeyDecl* k : arch_get("topk").config_keys())
+        EXPECT_NE(k->full(), "sae.target_l0");
+}
+
+// Every architecture resumes bitwise: 6 steps straight equal 3 steps, a checkpoint's weights
+// and state restored into a fresh trainer, and 3 more. The penalized ones also with
+// sae.target_l0, whose adapted coefficient must resume too.
+TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
+    const int64_t d = 12, n = 48, rows = 64;
+    std::vector<std::pair<std::string, double>> runs;
+    for (const std::string& arch : arch_names()) runs.emplace_back(arch, 0.0);
+    for (const char* arch : {"relu", "jumprelu", "gated"}) runs.emplace_back(arch, 6.0);
+    for (const auto& [arch, target] : runs) {
+        SaeConfig cfg;
+        cfg.arch = arch;
+        if (target > 0) cfg.set("sae.target_l0", target);
         cfg.n_latents = n;
         cfg.k = 4;
         cfg.l1_coeff = 0.1;

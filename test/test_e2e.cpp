@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <ostream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -544,3 +546,79 @@ TEST_P(PlantedRecovery, EveryArchitectureFindsThePlantedFeatures) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, PlantedRecovery, ::testing::ValuesIn(arch_names()),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+// sae.target_l0 at the defaults (no coefficient chosen for the data): the controller brings the
+// training L0 to the target and the SAE recovers the planted features, on sae-synth data of two
+// shapes: 3 active of 128 features (magnitudes 0.5-2, d 48) and 2 active of 96 (magnitudes
+// 0.2-3 around a mean of norm 4, d 32). Measured (469 steps): relu L0 3.91 / 2.43, recovery
+// 0.974 / 0.940; gated 3.87 / 2.42, 0.977 / 0.941. JumpReLU does not reach its target on this
+// data yet (L0 2.7 for 4, recovery 0.71; issue 30), so it is not among them.
+struct TargetCase {
+    std::string arch;
+    int shape;
+};
+void PrintTo(const TargetCase& c, std::ostream* os) { *os << c.arch << " shape " << c.shape; }
+
+class TargetL0Recovery : public ::testing::TestWithParam<TargetCase> {};
+
+TEST_P(TargetL0Recovery, ControllerReachesTheTargetAndRecoversTheFeatures) {
+    static TempDir tmp;
+    const int shape = GetParam().shape;
+    SynthOptions so;
+    so.out_dir = (tmp.path / std::to_string(shape)).string();
+    so.rows = 60000;
+    so.shards = 2;
+    if (shape == 0) {
+        so.d_model = 48, so.n_features = 128, so.active_per_row = 3.0, so.seed = 7;
+    } else {
+        so.d_model = 32, so.n_features = 96, so.active_per_row = 2.0, so.seed = 3;
+        so.min_scale = 0.2, so.max_scale = 3.0, so.mean_norm = 4.0;
+    }
+    if (!fs::exists(fs::path(so.out_dir) / "ground_truth.h5")) synth_write(so);
+    const double target = shape == 0 ? 4.0 : 2.5;
+    const DatasetInfo data = dataset_open(so.out_dir);
+    LoaderOptions lo;
+    lo.epochs = 2;
+    lo.shuffle_rows = 16384;
+    lo.seed = 1;
+    ShardBatchSource source(data, {0, data.total_rows}, lo);
+    SaeConfig cfg;
+    cfg.arch = GetParam().arch;
+    cfg.expansion = 4;
+    cfg.set("sae.target_l0", target);
+    cfg.lr = 1e-2;
+    cfg.warmup_steps = 20;
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    const int64_t batch = 256;
+    SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, *be, *self);
+    LoopOptions opt;
+    opt.batch_size = batch;
+    opt.sae_id = cfg.arch;
+    const LoopResult res = train_loop(tr, source, opt);
+    int64_t m = 0, d = 0;
+    const auto truth =
+        synth_read_features((fs::path(so.out_dir) / "ground_truth.h5").string(), &m, &d);
+    const SaeWeights w = trainer_weights(tr);
+    const double recovery = feature_recovery(truth.data(), m, w.w_dec.data(), w.n_latents, d);
+    std::printf("%s shape %d: steps %lld fvu %.4f l0 %.3f recovery %.4f dead %.4f\n",
+                cfg.arch.c_str(), shape, static_cast<long long>(res.steps), res.last.fvu,
+                res.last.l0, recovery, res.last.dead_fraction);
+    // The L0 of the last steps, where the coefficient is frozen.
+    EXPECT_NEAR(res.last.l0, target, 0.1 * target);
+    EXPECT_GE(recovery, 0.9);
+    EXPECT_LT(res.last.fvu, 0.3);
+    EXPECT_LE(res.last.dead_fraction, 0.05);
+    // The adapted coefficient is in the weights' buffers, moved off the configured one.
+    const auto coeff = std::find_if(w.extra.begin(), w.extra.end(),
+                                    [](const auto& e) { return e.first == "l1_coeff"; });
+    ASSERT_NE(coeff, w.extra.end());
+    EXPECT_NE(coeff->second.at(0), static_cast<float>(cfg.l1_coeff));
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, TargetL0Recovery,
+                         ::testing::Values(TargetCase{"relu", 0}, TargetCase{"relu", 1},
+                                           TargetCase{"gated", 0}, TargetCase{"gated", 1}),
+                         [](const ::testing::TestParamInfo<TargetCase>& p) {
+                             return p.param.arch + "_shape" + std::to_string(p.param.shape);
+                         });

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,6 +31,8 @@
 namespace saetrain {
 
 struct LatentShard;  // sharded_topk.h
+class Communicator;  // comm.h
+using SumOverLatentShards = std::function<void(double*, int64_t)>;
 
 // The architecture of an SaeConfig that does not name one.
 inline constexpr const char* kDefaultArch = "topk";
@@ -113,6 +116,13 @@ struct Activations {
     int64_t width = 0;
 };
 
+// One step's figures over the whole SAE and all replicas (ArchPass::after_update).
+struct StepTotals {
+    int64_t step = 0, total_steps = 0;  // the step just taken (0-based) of the run's
+    int64_t rows = 0;                   // rows of all replicas
+    double l0 = 0;                      // non-zero latent activations summed over those rows
+};
+
 class ArchPass {
 public:
     virtual ~ArchPass() = default;
@@ -133,6 +143,9 @@ public:
     // receives them once the update was applied. Default: none.
     virtual std::vector<double> step_sums() const { return {}; }
     virtual void after_step(const std::vector<double>& /*sums*/) {}
+    // The step's totals once its update was applied, the same on every replica and latent
+    // shard: sae.target_l0's controller adapts its coefficient to them. Default: nothing.
+    virtual void after_update(const StepTotals& /*totals*/) {}
     // State outside the parameters (saved with the weights; restored before training resumes).
     virtual std::vector<NamedTensor> buffers() const { return {}; }
     virtual void set_buffer(const std::string& name, const std::vector<float>& /*value*/);
@@ -210,6 +223,19 @@ public:
     }
     virtual void init_extra(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
                             std::vector<float>& /*params*/, const InitInputs& /*in*/) const {}
+    // A start that depends on the scale of the data (JumpReLU's thresholds): when
+    // inits_from_preactivations, the trainer runs a forward pass over (up to a bounded number
+    // of) the first batch's rows after init_extra and the fitted encoder, and hands the
+    // pre-activations the pass left in ctx.pre (b_enc added: v [rows, n], this latent shard's
+    // latents) to init_from_preactivations, with the replicas' communicator and a sum over the
+    // latent shards (in place; nothing without latent shards): collectives that give every
+    // replica the same parameters, those one process over all rows and latents would get.
+    virtual bool inits_from_preactivations(const SaeConfig& /*cfg*/) const { return false; }
+    virtual void init_from_preactivations(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
+                                          std::vector<float>& /*params*/, const float* /*v*/,
+                                          int64_t /*rows*/, int64_t /*n*/,
+                                          Communicator& /*replicas*/,
+                                          const SumOverLatentShards& /*over_shards*/) const {}
     // Model FLOPs of one training token (forward and backward), the count behind TFLOP/s and
     // MFU; and whether its kernels are sparse (the perf model's SaeKind).
     virtual double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const = 0;

@@ -161,6 +161,8 @@ private:
     void ensure_batch(int64_t rows);
     // The rows one pass over `rows` rows takes at a time: all of them, or with
     // train.accum_steps > 1 a chunk of ceil(rows / accum_steps).
+    // Architecture::init_from_preactivations from the first rows of x (init's last step).
+    void init_from_preactivations(const float* x, int64_t rows, std::vector<float>& p);
     int64_t chunk_rows(int64_t rows) const {
         return cfg_.accum_steps > 1 ? (rows + cfg_.accum_steps - 1) / cfg_.accum_steps : rows;
     }

@@ -235,6 +235,27 @@ void SaeTrainer::init(BatchView x_host, int64_t rows) {
     // scale has nothing to fit (on planted pairs it shrank the encoder and left half the
     // latents never firing): its encoder starts as W_dec^T.
     if (cfg_.encoder_init == "fitted" && !transcodes_) fit_encoder_scale(x, rows, p);
+    if (arch_.inits_from_preactivations(cfg_)) init_from_preactivations(x, rows, p);
+}
+
+void SaeTrainer::init_from_preactivations(const float* x, int64_t rows, std::vector<float>& p) {
+    // This replica's first rows, at most ~16 Mi pre-activations on the host, through the
+    // forward pass in chunks of a step's chunk size (train.accum_steps does not change them).
+    const int64_t B =
+        std::min(rows, std::max<int64_t>(256, (int64_t{1} << 24) / std::max<int64_t>(n_, 1)));
+    std::vector<float> v(static_cast<size_t>(B * n_));
+    const int64_t chunk = chunk_rows(std::max<int64_t>(B, 1));
+    for (int64_t r0 = 0; r0 < B; r0 += chunk) {
+        const int64_t b = std::min(chunk, B - r0);
+        ensure_batch(b);
+        be_.upload(x_.data(), x + r0 * d_, b * d_ * static_cast<int64_t>(sizeof(float)));
+        forward(x_.data(), b, false);
+        be_.download(v.data() + r0 * n_, pre_.data(), b * n_ * static_cast<int64_t>(sizeof(float)));
+    }
+    arch_.init_from_preactivations(
+        cfg_, store_->layout(), p, v.data(), B, n_, comm_,
+        [&](double* sums, int64_t count) { store_->sum_over_latent_shards(sums, count); });
+    set_params_host(p);
 }
 
 void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<float>& p) {
@@ -506,6 +527,7 @@ math::AdamScalars SaeTrainer::adam_scalars(float grad_scale, float lr, int64_t t
 
 void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
+    pass_->after_update({step_, total_steps_, r.rows, r.l0});
     window_.add(step_, r.rows, r.sse, r.sum_sq_x, r.l0, fires_host_, arch_sums);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {

@@ -27,6 +27,9 @@ namespace {
 SaeConfig activation_config(const SaeConfig& cfg) {
     SaeConfig a = cfg;
     a.k = cfg.k * std::max<int64_t>(1, cfg.layers);
+    // sae.target_l0 is per layer too (a JumpReLU CLT's controller sees the L0 over all layers).
+    const double t = target_l0_key()(cfg);
+    if (t > 0) a.set("sae.target_l0", t * static_cast<double>(std::max<int64_t>(1, cfg.layers)));
     return a;
 }
 
@@ -125,6 +128,16 @@ public:
             b_enc[i] = static_cast<float>(-a);
         }
         transcoder_activation_arch(cfg).init_extra(activation_config(cfg), layout, p, in);
+    }
+    bool inits_from_preactivations(const SaeConfig& cfg) const override {
+        return transcoder_activation_arch(cfg).inits_from_preactivations(activation_config(cfg));
+    }
+    void init_from_preactivations(const SaeConfig& cfg, const ParamLayout& layout,
+                                  std::vector<float>& p, const float* v, int64_t rows, int64_t n,
+                                  Communicator& replicas,
+                                  const SumOverLatentShards& over_shards) const override {
+        transcoder_activation_arch(cfg).init_from_preactivations(activation_config(cfg), layout, p,
+                                                                 v, rows, n, replicas, over_shards);
     }
     // Model FLOPs: the encoder's diagonal blocks (n d_l each way), and decoders that reach
     // (L + 1) / 2 layers on average.

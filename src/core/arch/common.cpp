@@ -7,6 +7,7 @@
 #include "saetrain/comm.h"
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
+#include "saetrain/schedule.h"
 
 namespace saetrain::arch {
 
@@ -103,7 +104,70 @@ const std::vector<float>& extra_tensor(const SaeWeights& w, const std::string& n
     throw Error(fmt::format("the SAE's weights have no '{}' tensor", name));
 }
 
-std::string l1_suffix(const SaeConfig& cfg) { return fmt::format("l1_{}", cfg.l1_coeff); }
+std::string l1_suffix(const SaeConfig& cfg) {
+    const double t = target_l0_key()(cfg);
+    return t > 0 ? fmt::format("target_l0_{}", t) : fmt::format("l1_{}", cfg.l1_coeff);
+}
+
+const ArchKey<double>& target_l0_key() {
+    static const ArchKey<double> key{
+        "sae", "target_l0", 0.0,
+        "the training L0 the sparsity penalty's coefficient is adapted to reach (0: the fixed "
+        "sae.l1_coeff or train.l0_coeff)",
+        key_at_least(0, " (0: a fixed coefficient)")};
+    return key;
+}
+
+SparsityCoefficient::SparsityCoefficient(const SaeConfig& cfg, double configured, std::string name)
+    : cfg_(cfg),
+      target_(target_l0_key()(cfg)),
+      name_(std::move(name)),
+      coeff_(static_cast<float>(configured)) {}
+
+double SparsityCoefficient::at(int64_t step, int64_t total_steps) const {
+    if (!adaptive()) return sparsity_coeff_at(cfg_, static_cast<double>(coeff_), step, total_steps);
+    return coeff_;
+}
+
+double SparsityCoefficient::target_at(int64_t step, int64_t total_steps) const {
+    // The L1 ramp's length: sparsity_coeff_at's fraction reaches 1 at step ramp - 1.
+    const double f = sparsity_coeff_at(cfg_, 1.0, step, total_steps);
+    if (start_l0_ <= target_ || f >= 1.0) return target_;
+    return std::exp(std::log(static_cast<double>(start_l0_)) +
+                    f * (std::log(target_) - std::log(static_cast<double>(start_l0_))));
+}
+
+void SparsityCoefficient::after_update(const StepTotals& t) {
+    if (!adaptive() || t.rows <= 0) return;
+    const double l0 = t.l0 / static_cast<double>(t.rows);
+    if (start_l0_ == 0) start_l0_ = static_cast<float>(std::max(l0, target_));
+    const auto frozen_from = static_cast<int64_t>(
+        std::llround((1.0 - kFrozenFraction) * static_cast<double>(t.total_steps)));
+    if (t.total_steps > 0 && t.step >= frozen_from) return;
+    // Never below a hundredth of the target: an SAE with nothing firing lowers the coefficient
+    // by at most kGain * log(100) a step.
+    const double err =
+        std::log(std::max(l0, 0.01 * target_)) - std::log(target_at(t.step, t.total_steps));
+    const double next = std::exp(std::log(static_cast<double>(coeff_)) + kGain * err);
+    coeff_ = static_cast<float>(std::clamp(next, 1e-30, 1e30));
+}
+
+std::vector<NamedTensor> SparsityCoefficient::buffers() const {
+    if (!adaptive()) return {};
+    return {{name_, {coeff_}}, {name_ + "_start_l0", {start_l0_}}};
+}
+
+bool SparsityCoefficient::set_buffer(const std::string& name, const std::vector<float>& v) {
+    if (!adaptive() || (name != name_ && name != name_ + "_start_l0")) return false;
+    SAE_ENFORCE(v.size() == 1, "the SAE's '{}' buffer holds one value, not {}", name, v.size());
+    (name == name_ ? coeff_ : start_l0_) = v[0];
+    return true;
+}
+
+std::vector<std::pair<std::string, double>> SparsityCoefficient::summarize() const {
+    if (!adaptive()) return {};
+    return {{name_ + "_final", static_cast<double>(coeff_)}};
+}
 
 void Decorrelation::dense(PassContext& c, const float* z, float* dz) {
     rows_ = 0;

@@ -124,6 +124,64 @@ const std::vector<float>& extra_tensor(const SaeWeights& w, const std::string& n
 // The decoder-norm weighted L1 term of ReLU and Gated SAEs, as a summary column and an id.
 std::string l1_suffix(const SaeConfig& cfg);
 
+// sae.target_l0, declared once for the penalized architectures (ReLU, JumpReLU, Gated; and
+// the transcoders and CLTs that run JumpReLU): each lists it in its config_keys.
+const ArchKey<double>& target_l0_key();
+
+// The sparsity penalty's coefficient of a penalized architecture (the L1 term of ReLU and Gated,
+// JumpReLU's L0 term). Without sae.target_l0 it is the configured coefficient on the L1 ramp
+// (schedule.h). With it, a controller adapts the coefficient so the training L0 reaches the
+// target: after every step it moves log(coefficient) by kGain * log(L0 / target_t), L0 per
+// token over all replicas, starting from the configured coefficient. target_t falls
+// geometrically from the first step's L0 to the target over the L1 ramp (the SAE sparsifies
+// gradually, as under the ramp), then holds; the coefficient is frozen for the last
+// kFrozenFraction of the run so its last steps are stationary. The coefficient and the first L0
+// are buffers (checkpointed: a resume continues them bitwise; written to final.h5).
+class SparsityCoefficient {
+public:
+    static constexpr double kGain = 0.05;
+    static constexpr double kFrozenFraction = 0.1;
+    // `configured`: sae.l1_coeff or train.l0_coeff; `name`: the buffer ("l1_coeff", "l0_coeff").
+    SparsityCoefficient(const SaeConfig& cfg, double configured, std::string name);
+    bool adaptive() const { return target_ > 0; }
+    // The coefficient step `step` of `total_steps` uses.
+    double at(int64_t step, int64_t total_steps) const;
+    // The L0 the controller aims at after `step` (the target, or on the ramp above it).
+    double target_at(int64_t step, int64_t total_steps) const;
+    void after_update(const StepTotals& t);
+    std::vector<NamedTensor> buffers() const;
+    // False for a name that is not one of its buffers; throws for a wrong size.
+    bool set_buffer(const std::string& name, const std::vector<float>& v);
+    // {"<name>_final", coefficient} when adaptive (summary.csv).
+    std::vector<std::pair<std::string, double>> summarize() const;
+
+private:
+    SaeConfig cfg_;
+    double target_;
+    std::string name_;
+    float coeff_;         // the adapted coefficient (a float: a checkpoint holds it exactly)
+    float start_l0_ = 0;  // the first step's L0 per token (0: not measured yet)
+};
+
+// What the ReLU, Gated and JumpReLU passes share: their sparsity coefficient's hooks.
+class PenalizedPass : public ArchPass {
+public:
+    PenalizedPass(const SaeConfig& cfg, double configured, std::string name)
+        : coeff_(cfg, configured, std::move(name)) {}
+    void after_update(const StepTotals& t) override { coeff_.after_update(t); }
+    std::vector<NamedTensor> buffers() const override { return coeff_.buffers(); }
+    void set_buffer(const std::string& name, const std::vector<float>& v) override {
+        if (!coeff_.set_buffer(name, v)) ArchPass::set_buffer(name, v);
+    }
+    std::vector<std::pair<std::string, double>> summarize(
+        const std::vector<double>&, const std::vector<double>&) const override {
+        return coeff_.summarize();
+    }
+
+protected:
+    SparsityCoefficient coeff_;
+};
+
 // The decorrelation penalty train.decorr_coeff * R * rows (R: Backend::decorr_grad), added
 // to an architecture's loss when the coefficient is positive.
 class Decorrelation {
@@ -203,6 +261,7 @@ public:
     Activations activations() const override { return inner_->activations(); }
     std::vector<double> step_sums() const override { return inner_->step_sums(); }
     void after_step(const std::vector<double>& sums) override { inner_->after_step(sums); }
+    void after_update(const StepTotals& t) override { inner_->after_update(t); }
     std::vector<NamedTensor> buffers() const override { return inner_->buffers(); }
     void set_buffer(const std::string& name, const std::vector<float>& v) override {
         inner_->set_buffer(name, v);

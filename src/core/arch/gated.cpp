@@ -15,7 +15,6 @@
 #include "common.h"
 #include "reference.h"
 #include "saetrain/sae_math.h"
-#include "saetrain/schedule.h"
 
 namespace saetrain::arch {
 namespace {
@@ -98,10 +97,11 @@ private:
 
 // --- the architecture -------------------------------------------------------------------------
 
-class GatedPass final : public ArchPass {
+class GatedPass final : public PenalizedPass {
 public:
     GatedPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
-        : cfg_(cfg),
+        : PenalizedPass(cfg, cfg.l1_coeff, "l1_coeff"),
+          cfg_(cfg),
           d_(d),
           n_(n),
           be_(be),
@@ -125,7 +125,7 @@ public:
         const int64_t B = c.B, d = c.d, n = c.n;
         const float* w_dec = c.seg(ParamLayout::kWDec);
         float* g_w_dec = c.grad(ParamLayout::kWDec);
-        l1_ = l1_at(cfg_, step, total_steps);
+        l1_ = coeff_.at(step, total_steps);
         // The gate path's reconstruction and its gradient (b_dec and W_dec held fixed).
         start_reconstruction(c, ahat_.data());
         be.gemm(false, false, B, d, n, 1.0f, gate_.data(), n, w_dec, d, 1.0f, ahat_.data(), d);
@@ -175,7 +175,10 @@ public:
         return "gate and magnitude paths sharing W_enc (r_mag), L1 on the gate (sae.l1_coeff), "
                "auxiliary gate reconstruction";
     }
-    std::vector<std::string> summary_keys() const override { return {"sae.l1_coeff"}; }
+    std::vector<const ArchKeyDecl*> config_keys() const override { return {&target_l0_key()}; }
+    std::vector<std::string> summary_keys() const override {
+        return {"sae.l1_coeff", "sae.target_l0"};
+    }
     std::vector<const ArchOpSet*> op_sets() const override { return {&gated_op_set()}; }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
     std::vector<ParamSegment> extra_params(const SaeConfig&, int64_t n, int64_t) const override {

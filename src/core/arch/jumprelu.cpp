@@ -1,7 +1,8 @@
 // jumprelu.cpp — JumpReLU (Rajamanoharan et al. 2024): z = v * H(v - theta) with a learned
 // per-latent threshold theta = exp(log_threshold), trained through straight-through
 // pseudo-derivatives (rectangle kernel of bandwidth sae.jumprelu_bandwidth; sae_math.h) with
-// an L0 penalty train.l0_coeff * sum_i H(v_i - theta_i) that ramps in like the L1 term. Its own
+// an L0 penalty train.l0_coeff * sum_i H(v_i - theta_i) that ramps in like the L1 term (or that
+// sae.target_l0 adapts: SparsityCoefficient, common.h). Its own
 // ops (arch/jumprelu.h): the activation and its backward, with their CPU reference here.
 #include "saetrain/arch/jumprelu.h"
 
@@ -12,10 +13,10 @@
 
 #include "common.h"
 #include "reference.h"
+#include "saetrain/comm.h"
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
 #include "saetrain/sae_math.h"
-#include "saetrain/schedule.h"
 
 namespace saetrain::arch {
 namespace {
@@ -94,21 +95,33 @@ private:
 
 // --- the architecture -------------------------------------------------------------------------
 
+// The threshold of sae.jumprelu_init_threshold 0 until the first batch sets them, and the L0 they
+// are set to when there is no sae.target_l0.
+constexpr double kPlaceholderThreshold = 0.001;
+constexpr double kDefaultInitL0 = 32;
+
 struct JumpReluKeys {
     ArchKey<double> bandwidth{"sae", "jumprelu_bandwidth", 0.001,
                               "the straight-through estimator's kernel width (> 0)"};
-    ArchKey<double> init_threshold{"sae", "jumprelu_init_threshold", 0.001,
-                                   "every latent's threshold at init (> 0)"};
+    ArchKey<double> init_threshold{
+        "sae",
+        "jumprelu_init_threshold",
+        0.0,
+        "every latent's threshold at init (0: from the first batch, where sae.target_l0 (else "
+        "32) latents per token fire)",
+        {[](const ConfigValue& v) { return std::get<double>(v) >= 0; },
+         "must be >= 0 (0: from the first batch)"}};
 };
 const JumpReluKeys& keys() {
     static const JumpReluKeys k;
     return k;
 }
 
-class JumpReluPass final : public ArchPass {
+class JumpReluPass final : public PenalizedPass {
 public:
     JumpReluPass(const SaeConfig& cfg, int64_t n, Backend& be)
-        : cfg_(cfg),
+        : PenalizedPass(cfg, cfg.l0_coeff, "l0_coeff"),
+          cfg_(cfg),
           n_(n),
           be_(be),
           ops_(arch_ops<JumpReluOps>(be, jumprelu_op_set())),
@@ -125,7 +138,7 @@ public:
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
         const int64_t B = c.B, n = c.n;
-        l0_ = sparsity_coeff_at(cfg_, cfg_.l0_coeff, step, total_steps);
+        l0_ = coeff_.at(step, total_steps);
         decoder_backward_dense(c, z_.data(), dz_.data());
         decorr_.dense(c, z_.data(), dz_.data());
         const float l0_eff = static_cast<float>(l0_ / static_cast<double>(c.norm_rows));
@@ -162,29 +175,83 @@ public:
                "with sae.jumprelu_bandwidth";
     }
     std::vector<const ArchKeyDecl*> config_keys() const override {
-        return {&keys().bandwidth, &keys().init_threshold};
+        return {&keys().bandwidth, &keys().init_threshold, &target_l0_key()};
     }
-    std::vector<std::string> summary_keys() const override { return {"train.l0_coeff"}; }
+    std::vector<std::string> summary_keys() const override {
+        return {"train.l0_coeff", "sae.target_l0"};
+    }
     std::vector<const ArchOpSet*> op_sets() const override { return {&jumprelu_op_set()}; }
     void validate(const SaeConfig& cfg, int64_t, const std::string& where) const override {
         SAE_ENFORCE(keys().bandwidth(cfg) > 0, "{}sae.jumprelu_bandwidth must be > 0 (got {})",
                     where, keys().bandwidth(cfg));
-        SAE_ENFORCE(keys().init_threshold(cfg) > 0,
-                    "{}sae.jumprelu_init_threshold must be > 0 (got {})", where,
+        SAE_ENFORCE(keys().init_threshold(cfg) >= 0,
+                    "{}sae.jumprelu_init_threshold must be >= 0 (got {})", where,
                     keys().init_threshold(cfg));
     }
     std::string id_suffix(const SaeConfig& cfg) const override {
-        return fmt::format("l0_{}", cfg.l0_coeff);
+        const double t = target_l0_key()(cfg);
+        return t > 0 ? fmt::format("target_l0_{}", t) : fmt::format("l0_{}", cfg.l0_coeff);
     }
     std::vector<ParamSegment> extra_params(const SaeConfig&, int64_t n, int64_t) const override {
         return {{"log_threshold", n, 1, true, false}};
     }
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs&) const override {
+        // 0 (from the first batch): a placeholder until init_from_preactivations.
+        const double t = keys().init_threshold(cfg);
         const int64_t off = layout.offset("log_threshold");
-        const auto v = static_cast<float>(std::log(keys().init_threshold(cfg)));
+        const auto v = static_cast<float>(std::log(t > 0 ? t : kPlaceholderThreshold));
         const int64_t n = layout.segments()[ParamLayout::kBEnc].rows;
         std::fill(p.begin() + off, p.begin() + off + n, v);
+    }
+    bool inits_from_preactivations(const SaeConfig& cfg) const override {
+        return keys().init_threshold(cfg) == 0;
+    }
+    // Each latent's threshold theta_i = s * rms_i, rms_i the RMS of its pre-activations over
+    // the rows and s the one factor at which L (sae.target_l0, else kDefaultInitL0; at most
+    // n / 2) latents per row fire on them: every latent starts as likely to fire relative to its
+    // own scale, and the SAE at the L0 it is to have, on activations of any scale. Over all
+    // replicas' rows and latent shards' latents: sums and counts all-reduced, s by bisection on
+    // the count above it.
+    void init_from_preactivations(const SaeConfig& cfg, const ParamLayout& layout,
+                                  std::vector<float>& p, const float* v, int64_t rows, int64_t n,
+                                  Communicator& replicas,
+                                  const SumOverLatentShards& over_shards) const override {
+        std::vector<double> rms(static_cast<size_t>(n) + 1, 0.0);  // sums of squares, rows
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t i = 0; i < n; ++i) rms[i] += double(v[r * n + i]) * v[r * n + i];
+        rms[n] = static_cast<double>(rows);
+        replicas.allreduce_sum(rms.data(), n + 1);
+        const double all_rows = rms[n];
+        if (all_rows <= 0) return;
+        for (int64_t i = 0; i < n; ++i) rms[i] = std::sqrt(rms[i] / all_rows);
+        std::vector<float> u(static_cast<size_t>(rows * n));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t i = 0; i < n; ++i)
+                u[r * n + i] = rms[i] > 0 ? static_cast<float>(v[r * n + i] / rms[i]) : 0.0f;
+        double n_all = static_cast<double>(n);  // over the latent shards
+        over_shards(&n_all, 1);
+        const double target = target_l0_key()(cfg);
+        const double want = std::min(target > 0 ? target : kDefaultInitL0, 0.5 * n_all) * all_rows;
+        auto above = [&](double s) {  // values above s over all replicas and latent shards
+            double c = 0;
+            for (float x : u) c += x > s ? 1.0 : 0.0;
+            replicas.allreduce_sum(&c, 1);
+            over_shards(&c, 1);
+            return c;
+        };
+        double lo = 0, hi = 1;
+        while (above(hi) > want && hi < 1e6) lo = hi, hi *= 2;
+        for (int it = 0; it < 40; ++it) {
+            const double mid = 0.5 * (lo + hi);
+            (above(mid) > want ? lo : hi) = mid;
+        }
+        const double s = std::max(hi, 1e-3);
+        // A latent that never moved off zero keeps the placeholder (it has no scale to go by).
+        const int64_t off = layout.offset("log_threshold");
+        for (int64_t i = 0; i < n; ++i)
+            p[off + i] =
+                static_cast<float>(std::log(rms[i] > 0 ? s * rms[i] : kPlaceholderThreshold));
     }
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return sae_flops_per_token(SaeKind::dense, d, n, cfg.k);

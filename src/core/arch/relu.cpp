@@ -1,5 +1,6 @@
 // relu.cpp — the standard SAE: z = relu(pre + b_enc), with the decoder-norm weighted L1
-// penalty l1 * sum_i z_i ||W_dec_i|| (the coefficient ramps in, schedule.h). Dense kernels:
+// penalty l1 * sum_i z_i ||W_dec_i|| (the coefficient ramps in, or sae.target_l0 adapts it:
+// SparsityCoefficient, common.h). Dense kernels:
 // five GEMMs per step. Its own ops (arch/relu.h): the activation and its backward, with their
 // CPU reference here.
 #include "saetrain/arch/relu.h"
@@ -12,7 +13,6 @@
 #include "reference.h"
 #include "saetrain/perfmodel.h"
 #include "saetrain/sae_math.h"
-#include "saetrain/schedule.h"
 
 namespace saetrain::arch {
 namespace {
@@ -83,10 +83,15 @@ private:
 };
 
 // --- the architecture -------------------------------------------------------------------------
-class ReluPass final : public ArchPass {
+class ReluPass final : public PenalizedPass {
 public:
     ReluPass(const SaeConfig& cfg, int64_t n, Backend& be)
-        : cfg_(cfg), n_(n), be_(be), ops_(arch_ops<ReluOps>(be, relu_op_set())), decorr_(cfg) {}
+        : PenalizedPass(cfg, cfg.l1_coeff, "l1_coeff"),
+          cfg_(cfg),
+          n_(n),
+          be_(be),
+          ops_(arch_ops<ReluOps>(be, relu_op_set())),
+          decorr_(cfg) {}
     void reserve(int64_t rows) override { ensure(dz_, be_, rows * n_); }
     void forward(PassContext& c, bool) override {
         encode(c);
@@ -99,7 +104,7 @@ public:
         const int64_t B = c.B, d = c.d, n = c.n;
         const float* w_dec = c.seg(ParamLayout::kWDec);
         float* g_w_dec = c.grad(ParamLayout::kWDec);
-        l1_ = l1_at(cfg_, step, total_steps);
+        l1_ = coeff_.at(step, total_steps);
         // Five dense GEMMs in all: encoder, decoder, and these three.
         decoder_backward_dense(c, c.pre, dz_.data());
         decorr_.dense(c, c.pre, dz_.data());
@@ -133,7 +138,10 @@ public:
     const char* describe() const override {
         return "ReLU with a decoder-norm weighted L1 penalty (sae.l1_coeff)";
     }
-    std::vector<std::string> summary_keys() const override { return {"sae.l1_coeff"}; }
+    std::vector<const ArchKeyDecl*> config_keys() const override { return {&target_l0_key()}; }
+    std::vector<std::string> summary_keys() const override {
+        return {"sae.l1_coeff", "sae.target_l0"};
+    }
     std::vector<const ArchOpSet*> op_sets() const override { return {&relu_op_set()}; }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
