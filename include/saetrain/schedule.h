@@ -24,4 +24,14 @@ double l1_at(const SaeConfig& cfg, int64_t step, int64_t total_steps);
 // Any sparsity coefficient (L1, JumpReLU's L0) on the same ramp: coeff times l1_at's fraction.
 double sparsity_coeff_at(const SaeConfig& cfg, double coeff, int64_t step, int64_t total_steps);
 
+// The L1 ramp's two settings, all a sparsity coefficient needs of the config.
+struct SparsityRamp {
+    explicit SparsityRamp(const SaeConfig& cfg)
+        : warmup_steps(cfg.l1_warmup_steps), warmup_fraction(cfg.l1_warmup_fraction) {}
+    // The ramp's fraction at `step` of `total_steps`: (step + 1) / ramp up to 1 (1 without a ramp).
+    double fraction(int64_t step, int64_t total_steps) const;
+    int64_t warmup_steps;
+    double warmup_fraction;
+};
+
 }  // namespace saetrain

@@ -51,12 +51,16 @@ double l1_at(const SaeConfig& cfg, int64_t step, int64_t total_steps) {
 }
 
 double sparsity_coeff_at(const SaeConfig& cfg, double coeff, int64_t step, int64_t total_steps) {
-    const int64_t ramp = cfg.l1_warmup_steps > 0
-                             ? cfg.l1_warmup_steps
-                             : std::llround(cfg.l1_warmup_fraction *
+    return coeff * SparsityRamp(cfg).fraction(step, total_steps);
+}
+
+double SparsityRamp::fraction(int64_t step, int64_t total_steps) const {
+    const int64_t ramp = warmup_steps > 0
+                             ? warmup_steps
+                             : std::llround(warmup_fraction *
                                             static_cast<double>(std::max<int64_t>(total_steps, 0)));
-    if (ramp <= 0) return coeff;
-    return coeff * std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(ramp));
+    if (ramp <= 0) return 1.0;
+    return std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(ramp));
 }
 
 }  // namespace saetrain

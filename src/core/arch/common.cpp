@@ -119,19 +119,19 @@ const ArchKey<double>& target_l0_key() {
 }
 
 SparsityCoefficient::SparsityCoefficient(const SaeConfig& cfg, double configured, std::string name)
-    : cfg_(cfg),
+    : ramp_(cfg),
       target_(target_l0_key()(cfg)),
       name_(std::move(name)),
+      configured_(configured),
       coeff_(static_cast<float>(configured)) {}
 
 double SparsityCoefficient::at(int64_t step, int64_t total_steps) const {
-    if (!adaptive()) return sparsity_coeff_at(cfg_, static_cast<double>(coeff_), step, total_steps);
+    if (!adaptive()) return configured_ * ramp_.fraction(step, total_steps);
     return coeff_;
 }
 
 double SparsityCoefficient::target_at(int64_t step, int64_t total_steps) const {
-    // The L1 ramp's length: sparsity_coeff_at's fraction reaches 1 at step ramp - 1.
-    const double f = sparsity_coeff_at(cfg_, 1.0, step, total_steps);
+    const double f = ramp_.fraction(step, total_steps);  // 1 from step ramp - 1 on
     if (start_l0_ <= target_ || f >= 1.0) return target_;
     return std::exp(std::log(static_cast<double>(start_l0_)) +
                     f * (std::log(target_) - std::log(static_cast<double>(start_l0_))));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "saetrain/arch.h"
+#include "saetrain/schedule.h"
 #include "saetrain/sharded_topk.h"
 
 namespace saetrain::arch {
@@ -156,9 +157,10 @@ public:
     std::vector<std::pair<std::string, double>> summarize() const;
 
 private:
-    SaeConfig cfg_;
+    SparsityRamp ramp_;
     double target_;
     std::string name_;
+    double configured_;   // used as given (a double) without a target
     float coeff_;         // the adapted coefficient (a float: a checkpoint holds it exactly)
     float start_l0_ = 0;  // the first step's L0 per token (0: not measured yet)
 };
