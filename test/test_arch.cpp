@@ -259,12 +259,15 @@ TEST(ArchGradients, GatedMatchesFiniteDifferencesWithItsStopGradients) {
 
 // JumpReLU: every gradient but the threshold's is a true derivative (checked by finite
 // differences); the threshold's is the straight-through surrogate of sae_math.h, checked
-// against that definition computed here in double precision.
-TEST(ArchGradients, JumpReluMatchesFiniteDifferencesAndItsSurrogate) {
+// against that definition computed here in double precision: a fixed width, and (bandwidth 0,
+// the default) a width of twice each latent's threshold.
+class JumpReluSurrogate : public ::testing::TestWithParam<double> {};
+
+TEST_P(JumpReluSurrogate, MatchesFiniteDifferencesAndItsSurrogate) {
     Ref s;
     s.arch = "jumprelu";
     s.l0 = 0.05;
-    s.bandwidth = 0.4;  // wide enough that many (row, latent) pairs fall inside the window
+    s.bandwidth = GetParam();  // wide enough that many (row, latent) pairs fall inside the window
     auto be = make_cpu_backend(2);
     auto self = make_self_comm();
     SaeTrainer tr(base_config(s), s.d, 10, 0, *be, *self);
@@ -299,8 +302,9 @@ TEST(ArchGradients, JumpReluMatchesFiniteDifferencesAndItsSurrogate) {
             double dz = 0;
             for (int64_t c = 0; c < d; ++c)
                 dz += 2.0 / double(s.rows) * (xh[c] - x[t * d + c]) * p[n * d + l * d + c];
-            const double u = (v - theta) / s.bandwidth;
-            const double kernel = (u > -0.5 && u < 0.5) ? 1.0 / s.bandwidth : 0.0;
+            const double width = s.bandwidth > 0 ? s.bandwidth : 2.0 * double(float(theta));
+            const double u = (v - theta) / width;
+            const double kernel = (u > -0.5 && u < 0.5) ? 1.0 / width : 0.0;
             in_window += kernel > 0;
             want += -kernel * (theta * dz + s.l0 / double(s.rows));
         }
@@ -309,6 +313,11 @@ TEST(ArchGradients, JumpReluMatchesFiniteDifferencesAndItsSurrogate) {
     }
     EXPECT_GT(in_window, 10) << "too few pairs in the window to test the surrogate";
 }
+
+INSTANTIATE_TEST_SUITE_P(Widths, JumpReluSurrogate, ::testing::Values(0.4, 0.0),
+                         [](const ::testing::TestParamInfo<double>& p) {
+                             return p.param > 0 ? std::string("Fixed") : std::string("Relative");
+                         });
 
 // AuxK: latents marked dead (restored counters) get the auxiliary gradient; finite
 // differences of the loss with the residual target held fixed.

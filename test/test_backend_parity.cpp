@@ -660,7 +660,8 @@ void keep_off_jumprelu_edges(std::vector<float>& pre, const std::vector<float>& 
         const int64_t c = i % n;
         if (log_theta[c] == 0.0f) continue;  // exp(0) = 1 on both: the planted exact edges
         const float theta = std::exp(log_theta[c]), v = pre[i] + bias[c];
-        for (float edge : {theta, theta - bandwidth / 2, theta + bandwidth / 2})
+        const float width = math::jumprelu_width(bandwidth, theta);
+        for (float edge : {theta, theta - width / 2, theta + width / 2})
             if (std::abs(v - edge) < margin) pre[i] += 4 * margin;
     }
 }
@@ -792,15 +793,18 @@ void prefix_mask_case(Backend& host, Backend& dev) {
 
 // JumpReLU: v and z are exact (an add and a compare), dv exact (dz or 0); the column sums
 // kSum (order); dlog_threshold also carries exp's last ulp (1e-7), inside kSum.
-void jumprelu_case(Backend& host, Backend& dev) {
+// `bandwidth` 0: the width of twice each threshold (math::jumprelu_width).
+void jumprelu_case_at(Backend& host, Backend& dev, float bandwidth) {
+    SCOPED_TRACE(bandwidth > 0 ? "a fixed width" : "widths relative to the thresholds");
     JumpReluOps* oracle = &arch_ops<JumpReluOps>(host, jumprelu_op_set());
     JumpReluOps* be = &arch_ops<JumpReluOps>(dev, jumprelu_op_set());
     const int64_t rows = 257, n = 300;
-    const float bandwidth = 0.25f, l0 = 0.05f;
+    const float l0 = 0.05f;
     auto pre = randn(rows * n, 47), bias = randn(n, 48, 0.1f), log_theta = randn(n, 49, 0.3f);
     for (int64_t c = 0; c < n; c += 7) {
         // theta = 1 exactly, zero bias and v on a 1/16 grid: v lands on theta and on both
-        // window edges (1 -+ 1/8) exactly, where the strict comparisons decide.
+        // window edges (1 -+ 1/8; 0 and 2 for the relative width, 0 on the grid) exactly, where
+        // the strict comparisons decide.
         log_theta[c] = 0.0f, bias[c] = 0.0f;
         for (int64_t r = 0; r < rows; ++r)
             pre[r * n + c] = static_cast<float>(r % 24) / 16.0f - 0.25f;
@@ -836,6 +840,11 @@ void jumprelu_case(Backend& host, Backend& dev) {
                                    gdlt.p(), gf.p(), gst.p()));
     EXPECT_EQ(gdb.get(), db_got);
     EXPECT_EQ(gdlt.get(), dlt_got);
+}
+
+void jumprelu_case(Backend& host, Backend& dev) {
+    jumprelu_case_at(host, dev, 0.25f);
+    jumprelu_case_at(host, dev, 0.0f);
 }
 
 // Gated: gate = relu(g) is exact (an add); z and dpre go through exp(r_mag) (last ulp) and a
@@ -1121,7 +1130,7 @@ TEST_P(BackendParity, FusedOptimizerMatchesTheSeparateOps) {
         UnitRows unit;
         if (c.unit) unit.offset = dec, unit.rows = c.rows, unit.cols = c.cols;
         const std::vector<AdamRange> ranges = {
-            {enc, w, true}, {dec, w, true}, {benc, c.rows, false}, {bdec, c.cols, false}};
+            {enc, w, true}, {dec, w, true}, {benc, c.rows, false, 10.0f}, {bdec, c.cols, false}};
         Buf<float> gp(*be, p), gg(*be, g), gm(*be, m), gv(*be, v);
         const std::string where = "rows=" + std::to_string(c.rows) +
                                   " cols=" + std::to_string(c.cols) +

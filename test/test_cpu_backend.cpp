@@ -214,6 +214,33 @@ TEST_F(CpuBackendTest, AdamMatchesTextbookUpdateInDouble) {
     }
 }
 
+// optimizer_apply: each range at the step's lr times its lr_scale (JumpReLU's thresholds), with
+// weight decay where the range decays; equal to adam on each range with those scalars.
+TEST_F(CpuBackendTest, OptimizerApplyScalesEachRangesLearningRate) {
+    const int64_t n = 300;
+    auto p = randn(n, 25), g = randn(n, 26), m = randn(n, 27, 0.1f), v = randn(n, 28, 0.1f);
+    for (float& x : v) x = x * x;
+    auto pw = p, gw = g, mw = m, vw = v;
+    const std::vector<AdamRange> ranges = {
+        {0, 100, true}, {100, 150, false, 10.0f}, {250, 50, false, 0.5f}};
+    const math::AdamScalars s{1e-2f, 0.9f, 0.999f, 1e-8f, 1 / 0.1f, 1 / 0.001f, 0.0f, 1.0f};
+    be->optimizer_apply(p.data(), g.data(), m.data(), v.data(), ranges, UnitRows{}, s, 0.01f);
+    for (const AdamRange& r : ranges) {
+        math::AdamScalars rs = s;
+        rs.lr = s.lr * r.lr_scale, rs.weight_decay = r.decay ? 0.01f : 0.0f;
+        be->adam(pw.data() + r.offset, gw.data() + r.offset, mw.data() + r.offset,
+                 vw.data() + r.offset, r.count, rs);
+    }
+    EXPECT_EQ(p, pw);
+    EXPECT_EQ(m, mw);
+    // The scale reached the step: a range at 10x moved about 10x as far as at 1x.
+    auto p0 = randn(n, 25);
+    double moved_1 = 0, moved_10 = 0;
+    for (int64_t i = 0; i < 100; ++i) moved_1 += std::abs(p[i] - p0[i]);
+    for (int64_t i = 100; i < 200; ++i) moved_10 += std::abs(p[i] - p0[i]);
+    EXPECT_GT(moved_10, 5 * moved_1);
+}
+
 TEST_F(CpuBackendTest, DecoderRowOps) {
     const int64_t rows = 6, cols = 10;
     auto w = randn(rows * cols, 23), g = randn(rows * cols, 24);

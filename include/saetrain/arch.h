@@ -44,6 +44,7 @@ struct ParamSegment {
     bool per_latent = true;  // row l belongs to latent l (replicas split the optimizer by latent)
     bool decay = false;      // weight decay applies (weights, not biases)
     int64_t offset = 0;      // in floats, filled in by ParamLayout
+    float lr_scale = 1.0f;   // multiplies the learning rate of this segment's Adam step
     int64_t size() const { return rows * cols; }
 };
 

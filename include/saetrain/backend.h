@@ -53,7 +53,8 @@ struct SparseBackward {
 // The optimizer step's view of the flat parameter buffer (ParamStore::update, param_store.h).
 struct AdamRange {
     int64_t offset = 0, count = 0;
-    bool decay = false;  // AdamW's weight decay applies (weights yes, biases and thresholds no)
+    bool decay = false;     // AdamW's weight decay applies (weights yes, biases and thresholds no)
+    float lr_scale = 1.0f;  // the step's learning rate times this (ParamSegment::lr_scale)
 };
 // Decoder rows kept at unit norm (sae.normalize_decoder): their gradient loses its radial part
 // (project_out_parallel) before it is measured and applied, and the rows are renormalized after

@@ -81,9 +81,11 @@ double Backend::optimizer_grad_sum_squares(const float* params, float* grads, in
 void Backend::optimizer_apply(float* params, float* grads, float* m, float* v,
                               const std::vector<AdamRange>& ranges, const UnitRows& unit,
                               math::AdamScalars s, float weight_decay) {
+    const float lr = s.lr;
     for (const AdamRange& r : ranges) {
         if (r.count == 0) continue;
         s.weight_decay = r.decay ? weight_decay : 0.0f;
+        s.lr = lr * r.lr_scale;
         adam(params + r.offset, grads + r.offset, m + r.offset, v + r.offset, r.count, s);
     }
     if (unit.any()) normalize_rows(params + unit.offset, unit.rows, unit.cols);

@@ -46,9 +46,9 @@ std::vector<AdamRange> ParamStore::ranges(int64_t lo, int64_t hi, bool with_non_
     std::vector<AdamRange> out;
     for (const ParamSegment& s : layout_.segments()) {
         if (s.per_latent)
-            out.push_back({s.offset + lo * s.cols, (hi - lo) * s.cols, s.decay});
+            out.push_back({s.offset + lo * s.cols, (hi - lo) * s.cols, s.decay, s.lr_scale});
         else
-            out.push_back({s.offset, with_non_latent ? s.size() : 0, s.decay});
+            out.push_back({s.offset, with_non_latent ? s.size() : 0, s.decay, s.lr_scale});
     }
     return out;
 }

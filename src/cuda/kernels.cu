@@ -332,10 +332,11 @@ __global__ void jumprelu_backward_kernel(const float* v, float* dz, const float*
     int32_t fs = 0;
     if (c < n) {
         const float theta = expf(log_threshold[c]);
+        const float width = math::jumprelu_width(bandwidth, theta);
         for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
             const float vv = v[r * n + c];
             float dv, dt;
-            math::jumprelu_grad(vv, theta, bandwidth, dz[r * n + c], l0, dv, dt);
+            math::jumprelu_grad(vv, theta, width, dz[r * n + c], l0, dv, dt);
             dz[r * n + c] = dv;
             sums[0] += dv;
             sums[1] += dt;

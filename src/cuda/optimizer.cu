@@ -264,9 +264,11 @@ void optimizer_apply(cudaStream_t s, float* params, const float* grads, float* m
                      const std::vector<AdamRange>& ranges, const UnitRows& unit,
                      math::AdamScalars scalars, float weight_decay) {
     const int64_t unit_end = unit.offset + unit.rows * unit.cols;
+    const float lr = scalars.lr;
     for (const AdamRange& r : ranges) {
         if (r.count <= 0) continue;
         scalars.weight_decay = r.decay ? weight_decay : 0.0f;
+        scalars.lr = lr * r.lr_scale;
         float* p = params + r.offset;
         const float* g = grads + r.offset;
         const bool vec =

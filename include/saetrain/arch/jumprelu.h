@@ -14,7 +14,7 @@ namespace saetrain {
 struct JumpReluBackward {
     const float* v = nullptr;              // [rows, n] pre + b_enc (jumprelu_forward's)
     const float* log_threshold = nullptr;  // [n]
-    float bandwidth = 0;                   // the straight-through estimator's kernel width
+    float bandwidth = 0;                   // the kernel width (0: the threshold; sae_math.h)
     float l0 = 0;                          // the L0 penalty's coefficient
     int64_t rows = 0, n = 0;
     float* dz_to_dpre = nullptr;      // [rows, n] dL/dz in, dL/dpre out
