@@ -30,12 +30,26 @@
 #            (sparsify has no ReLU SAE). Pick the lists so each tool's eval L0s bracket
 #            L0_RANGE (default 20,100); the table says when they do not.
 #   table    bench/peers/table.py OUT/results, also written to OUT/table.md.
+#   frontier (not in the default STEPS: about two hours on 2 cores) every architecture of
+#            FRONTIER_ARCHS at saetrain's defaults (CONFIG's values) over FRONTIER_L0S as
+#            sae.k (TopK-like) or sae.target_l0 (relu, gated, jumprelu): one sweep per
+#            architecture, one SAE per rank under MPIRUN; beside them SAELens's TopK and
+#            sparsify's TopK (signum, its default optimizer) at each k, both at their default
+#            lr, and SAELens's standard SAE over FRONTIER_SAELENS_L1S. Then
+#            bench/peers/frontier.py: OUT/frontier.csv, OUT/frontier.png (held-out FVU against
+#            held-out L0) and OUT/frontier.md.
 #
 # Sizes and settings (environment):
 #   TOKENS=1000000 EVAL_TOKENS=TOKENS/10 BATCH=4096 EXPANSION=16 K=32 LR=4e-4 THREADS=2 SEED=0
 #   EPOCHS=1 (passes over the train rows, in the same order, for every tool)
 #   L1S_SAETRAIN="2 5 10 20 50"  L1S_SAELENS="2 5 10 20 50"  L0_RANGE=20,100
 #   SPARSIFY_OPTIMIZERS="adam signum"  SPARSIFY_SIGNUM_LR=auto
+#   FRONTIER_L0S="16 32 64 128"  FRONTIER_SAELENS_L1S="1 2 5 10"
+#   FRONTIER_ARCHS="topk batchtopk jumprelu gated relu switch matryoshka_batchtopk"
+#   FRONTIER_PEERS="saelens-topk sparsify-topk saelens-relu" (a subset skips the others)
+#   FRONTIER_MATRYOSHKA_PREFIXES="[384,1536]" (sae.matryoshka_prefixes has no default)
+#   MPIRUN="mpirun --oversubscribe" (as root also export OMPI_ALLOW_RUN_AS_ROOT=1 and
+#   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
 #   SPARSIFY_WARMUP_STEPS, SPARSIFY_AUXK_ALPHA: unset = sparsify's defaults (1000 warm-up
 #   steps for adam, which is more than 1M tokens' ~240 steps: the lr never reaches LR; auxk 0)
 #   HOOK=encoder.layer.3 CONTEXT=128 TEXT_DIR=... HOLDOUT_EVERY=10
@@ -88,6 +102,12 @@ SAE_EXPORT="${SAE_EXPORT:-build/cpu/apps/sae-export}"
 STEPS="${STEPS:-extract shuffle topk relu table}"
 DEVICE="${DEVICE:-cpu}"
 GPU_GEMM="${GPU_GEMM:-bf16}"
+FRONTIER_L0S="${FRONTIER_L0S:-16 32 64 128}"
+FRONTIER_SAELENS_L1S="${FRONTIER_SAELENS_L1S:-1 2 5 10}"
+FRONTIER_ARCHS="${FRONTIER_ARCHS:-topk batchtopk jumprelu gated relu switch matryoshka_batchtopk}"
+FRONTIER_PEERS="${FRONTIER_PEERS:-saelens-topk sparsify-topk saelens-relu}"
+FRONTIER_MATRYOSHKA_PREFIXES="${FRONTIER_MATRYOSHKA_PREFIXES:-[384,1536]}"
+MPIRUN="${MPIRUN:-mpirun --oversubscribe}"
 
 say() { echo "peers: $*"; }
 die() { echo "peers: error: $*" >&2; exit 1; }
@@ -174,7 +194,7 @@ if want shuffle; then
     run_logged shuffle "$PYTHON" bench/peers/shuffle_shards.py "$raw" "$TRAIN" --seed "$SEED" \
         || die "shuffle failed"
 fi
-if want topk || want relu; then
+if want topk || want relu || want frontier; then
     [ -d "$TRAIN" ] && [ -d "$EVAL" ] || die "$TRAIN or $EVAL missing: run the extract and shuffle steps"
 fi
 
@@ -249,7 +269,59 @@ if want relu; then
     done
 fi
 
-# --- (f) table --------------------------------------------------------------------------------
+# --- (f) the frontier -------------------------------------------------------------------------
+if want frontier; then
+    l0s=($FRONTIER_L0S)
+    list="[$(echo "${l0s[*]}" | tr ' ' ',')]"
+    for arch in $FRONTIER_ARCHS; do
+        case "$arch" in
+            relu | gated | jumprelu) key=sae.target_l0 ;;
+            *) key=sae.k ;;
+        esac
+        extra=()
+        if [ "$arch" = matryoshka_batchtopk ]; then
+            extra=(--set "sae.matryoshka_prefixes=$FRONTIER_MATRYOSHKA_PREFIXES")
+        fi
+        out="$OUT/saetrain/frontier-$arch"
+        if [ ! -x "$SAETRAIN" ]; then
+            echo "peers: $SAETRAIN not built; skipping saetrain frontier-$arch" >&2
+            failed+=("saetrain-frontier-$arch")
+            continue
+        fi
+        # One SAE per rank, the ranks sharing THREADS cores (at least one thread each).
+        run_logged "saetrain-frontier-$arch" $MPIRUN -np "${#l0s[@]}" "$SAETRAIN" "$CONFIG" \
+            --overwrite --threads "$(( THREADS / ${#l0s[@]} > 0 ? THREADS / ${#l0s[@]} : 1 ))" \
+            --set "data.path=$TRAIN" --set "data.eval_path=$EVAL" \
+            --set data.shuffle_buffer_rows=0 --set "data.epochs=$EPOCHS" \
+            --set data.max_tokens=0 --set "data.batch_size=$BATCH" \
+            --set "sae.expansion=$EXPANSION" --set "run.seed=$SEED" --set "run.out_dir=$out" \
+            --set log.eval_every_steps=0 --set "sae.arch=$arch" --set "$key=$list" \
+            "${extra[@]}" "${device_args[@]}" ${SAETRAIN_EXTRA:-} || true
+    done
+    peers=" $FRONTIER_PEERS "
+    for k in "${l0s[@]}"; do
+        if [[ "$peers" == *" saelens-topk "* ]]; then
+            peer_run "frontier-saelens-topk-k$k" --tool saelens --arch topk --k "$k" --lr auto
+        fi
+        if [[ "$peers" == *" sparsify-topk "* ]]; then
+            peer_run "frontier-sparsify-topk-k$k-signum" --tool sparsify --arch topk --k "$k" \
+                --lr auto --optimizer signum
+        fi
+    done
+    if [[ "$peers" == *" saelens-relu "* ]]; then
+        for l1 in $FRONTIER_SAELENS_L1S; do
+            peer_run "frontier-saelens-relu-l1_$l1" --tool saelens --arch relu --l1-coeff "$l1" \
+                --lr auto
+        done
+    fi
+    "$PYTHON" bench/peers/frontier.py --saetrain-runs "$OUT/saetrain" --results "$RES" \
+        --csv "$OUT/frontier.csv" --png "$OUT/frontier.png" \
+        --title "MiniLM ${HOOK}, x$EXPANSION, $((TOKENS / 1000))K tokens: held-out FVU against L0" \
+        | tee "$OUT/frontier.md" || failed+=("frontier")
+    say "frontier: $OUT/frontier.png, $OUT/frontier.csv, $OUT/frontier.md"
+fi
+
+# --- (g) table --------------------------------------------------------------------------------
 if want table; then
     "$PYTHON" bench/peers/table.py "$RES" --l0-range "$L0_RANGE" | tee "$OUT/table.md"
     say "table written to $OUT/table.md; per-SAE JSON in $RES; logs in $LOGS"

@@ -7,6 +7,8 @@
   SAELens standard, sparsify SparseCoder) and SAELens's own loader of a SAELens-format dir;
 - train_peer.py trains with both tools (and both archs for SAELens), every row once, the last
   partial batch included; eval_export.py and table.py run on the results;
+- frontier.py: saetrain's frontier-*/summary.csv rows and the peers' frontier-*.json into the
+  CSV, the PNG and the table (other runs ignored; a run without a held-out evaluation refused);
 - transcoders: the paired shuffle (one permutation for input and target, token ids checked),
   the evaluator on sparsify-format directories against sparsify's own transcoder forward
   (with and without W_skip), and train_peer.py --tool sparsify --arch transcoder and
@@ -188,6 +190,49 @@ def test_train_peers_eval_export_and_table(data):
     assert len(lines) == 1 + 5 and "speed vs SAELens" in lines[0]
     assert any(ln.startswith("| saetrain | topk | k=6, x4, lr 0.0004 |") for ln in lines)
     assert "saelens ReLU-L1: eval L0" in table
+
+
+def test_frontier_csv_plot_and_table(tmp_path):
+    import csv
+    runs, res = tmp_path / "saetrain", tmp_path / "results"
+    for arch, key, rows in [("topk", "k", [(16, 15.9, 0.20), (64, 63.5, 0.10)]),
+                            ("relu", "target_l0", [(32, 30.2, 0.21)])]:
+        d = runs / f"frontier-{arch}"
+        d.mkdir(parents=True)
+        lines = ["sae,arch,k,target_l0,l0,tokens,tokens_per_s,eval_fvu,eval_l0,"
+                 "eval_dead_fraction"]
+        for aim, l0, fvu in rows:
+            k, t = (aim, "") if key == "k" else ("", aim)
+            lines.append(f"{arch}-{aim},{arch},{k},{t},{l0 + 0.5},1000,50,{fvu},{l0},0.125")
+        (d / "summary.csv").write_text("\n".join(lines) + "\n")
+    (runs / "topk-k32").mkdir()  # not a frontier run: ignored
+    (runs / "topk-k32" / "summary.csv").write_text("sae,arch\nx,topk\n")
+    res.mkdir()
+    (res / "frontier-sparsify-topk-k16-signum.json").write_text(json.dumps(
+        {"tool": "sparsify", "arch": "topk", "k": 16, "optimizer": "signum", "tokens": 1000,
+         "eval_fvu": 0.18, "eval_l0": 16.0, "eval_dead_fraction": 0.5}))
+    (res / "saelens-topk-k32.json").write_text(json.dumps(  # not a frontier run: ignored
+        {"tool": "saelens", "arch": "topk", "k": 32, "eval_fvu": 0.1, "eval_l0": 32.0}))
+    out_csv, png = tmp_path / "f.csv", tmp_path / "f.png"
+    table = _run(os.path.join(HERE, "frontier.py"), "--saetrain-runs", str(runs), "--results",
+                 str(res), "--csv", str(out_csv), "--png", str(png))
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [(r["tool"], r["arch"], r["setting"]) for r in rows] == [
+        ("saetrain", "relu", "target_l0=32"), ("saetrain", "topk", "k=16"),
+        ("saetrain", "topk", "k=64"), ("sparsify", "topk", "k=16, signum")]
+    assert float(rows[2]["eval_fvu"]) == 0.10 and float(rows[2]["eval_l0"]) == 63.5
+    assert float(rows[0]["eval_dead_pct"]) == 12.5 and float(rows[0]["train_l0"]) == 30.7
+    assert float(rows[3]["eval_dead_pct"]) == 50.0 and rows[3]["train_l0"] == ""
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| saetrain | topk | k=64 | 63.5 | 0.1000 | 12.5 | 64.0 |" in table
+    # A saetrain run without a held-out evaluation cannot be placed on the plot: one line.
+    (runs / "frontier-gated").mkdir()
+    (runs / "frontier-gated" / "summary.csv").write_text("sae,arch,target_l0,l0,eval_fvu\n"
+                                                         "g,gated,32,30,\n")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "frontier.py"), "--saetrain-runs",
+                        str(runs), "--results", str(res), "--csv", str(out_csv)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "frontier-gated/summary.csv: SAE g has no held-out" in r.stderr
 
 
 def test_sparsify_has_no_relu(data, tmp_path):
