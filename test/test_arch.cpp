@@ -895,6 +895,19 @@ TEST(LatentSharding, UnshardableConfigsAreRefusedNamingTheKey) {
                   std::string::npos)
             << arch;
     }
+    // The refusal lists the architectures that can be sharded, every one of them, from the
+    // registry (a hand-kept list went stale).
+    SaeConfig sw;
+    sw.arch = "switch";
+    const std::string refusal = error_of(sw, 256, 2);
+    const size_t at = refusal.find("(these can:");
+    ASSERT_NE(at, std::string::npos) << refusal;
+    const std::string listed = refusal.substr(at + 11);
+    for (const std::string& name : arch_names())
+        EXPECT_EQ(listed.find(" " + name + ",") != std::string::npos ||
+                      listed.find(" " + name + ")") != std::string::npos,
+                  arch_get(name).latent_shardable())
+            << name << ": " << refusal;
     for (const char* arch : {"relu", "jumprelu", "batchtopk", "gated"}) {
         SaeConfig a;
         a.arch = arch;

@@ -292,10 +292,14 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
                            const std::string& where) {
     if (shards <= 1) return;
     const Architecture& a = arch_get(cfg.arch);
-    SAE_ENFORCE(a.latent_shardable(),
-                "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (topk, "
-                "batchtopk, relu, jumprelu and gated can)",
-                where, shards, cfg.arch);
+    if (!a.latent_shardable()) {
+        std::string can;  // from the registry, so the list stays true
+        for (const std::string& name : arch_names())
+            if (arch_get(name).latent_shardable()) can += (can.empty() ? "" : ", ") + name;
+        throw Error(fmt::format(
+            "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (these can: {})",
+            where, shards, cfg.arch, can));
+    }
     SAE_ENFORCE(n_total % shards == 0,
                 "{}parallel.latent_shards = {} does not divide the SAE's {} latents", where, shards,
                 n_total);
