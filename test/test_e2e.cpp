@@ -48,6 +48,45 @@ DatasetInfo small_data(const std::string& dir, int64_t rows, int shards, uint64_
     return dataset_open(dir);
 }
 
+// Trains `cfg` for `epochs` passes over the sae-synth data in `dir` (a transcoder on its paired
+// target set in dir/target) at batch 256 and scores the decoder against the planted features (mean
+// over the true features of the best cosine with a decoder row).
+struct PlantedRun {
+    LoopResult res;
+    SaeWeights weights;
+    double recovery = 0;
+};
+PlantedRun train_planted(const SaeConfig& cfg, const fs::path& dir, int64_t epochs = 2) {
+    const bool transcodes = arch_get(cfg.arch).transcodes();
+    const DatasetInfo data = dataset_open(dir.string());
+    std::vector<DatasetInfo> parts = {data};
+    if (transcodes) parts.push_back(dataset_open((dir / "target").string()));
+    LoaderOptions lo;
+    lo.epochs = epochs;
+    lo.shuffle_rows = 16384;
+    lo.seed = 1;
+    ShardBatchSource source(parts, {0, data.total_rows}, lo);
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    const int64_t batch = 256;
+    SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, *be, *self);
+    LoopOptions opt;
+    opt.batch_size = batch;
+    opt.sae_id = cfg.arch;
+    PlantedRun run;
+    run.res = train_loop(tr, source, opt);
+    int64_t m = 0, d = 0;
+    const auto truth = synth_read_features(
+        ((transcodes ? dir / "target" : dir) / "ground_truth.h5").string(), &m, &d);
+    run.weights = trainer_weights(tr);
+    run.recovery =
+        feature_recovery(truth.data(), m, run.weights.w_dec.data(), run.weights.n_latents, d);
+    std::printf("%s: steps %lld fvu %.4f l0 %.3f recovery %.4f dead %.4f\n", cfg.arch.c_str(),
+                static_cast<long long>(run.res.steps), run.res.last.fvu, run.res.last.l0,
+                run.recovery, run.res.last.dead_fraction);
+    return run;
+}
+
 TEST(EndToEnd, TopkRecoversPlantedFeatures) {
     TempDir tmp;
     SynthOptions so;
@@ -63,34 +102,15 @@ TEST(EndToEnd, TopkRecoversPlantedFeatures) {
     so.seed = 7;
     synth_write(so);
 
-    const DatasetInfo data = dataset_open(so.out_dir);
-    LoaderOptions lo;
-    lo.epochs = 3;
-    lo.shuffle_rows = 16384;
-    lo.seed = 1;
-    ShardBatchSource source(data, {0, data.total_rows}, lo);
-
     SaeConfig cfg;
     cfg.arch = "topk";
     cfg.expansion = 4;  // 192 latents for 128 features
     cfg.k = 6;
     cfg.lr = 1e-2;  // a small SAE on easy data: a high rate converges in few steps
     cfg.warmup_steps = 20;
-    auto be = make_cpu_backend(2);
-    auto self = make_self_comm();
-    const int64_t batch = 256;
-    SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, *be, *self);
-    LoopOptions opt;
-    opt.batch_size = batch;
-    opt.sae_id = "e2e";
-    const LoopResult res = train_loop(tr, source, opt);
-
-    int64_t m = 0, d = 0;
-    const auto truth = synth_read_features((tmp.path / "ground_truth.h5").string(), &m, &d);
-    const SaeWeights w = trainer_weights(tr);
-    const double recovery = feature_recovery(truth.data(), m, w.w_dec.data(), w.n_latents, d);
-    std::printf("steps %lld fvu %.4f l0 %.2f recovery %.4f\n", static_cast<long long>(res.steps),
-                res.last.fvu, res.last.l0, recovery);
+    const PlantedRun run = train_planted(cfg, tmp.path, 3);
+    const LoopResult& res = run.res;
+    const double recovery = run.recovery;
     EXPECT_GE(recovery, 0.9);
     // The bound on fvu: the noise alone is d * noise_std^2 = 0.0128 per row against a signal
     // variance of about active * E[a^2] = 3 * 1.35 = 4.05 (a log-uniform on [0.5, 2]), i.e. 0.3%;
@@ -462,45 +482,6 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
 INSTANTIATE_TEST_SUITE_P(Archs, Evaluation,
                          ::testing::Values(std::string("relu"), std::string("topk")),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
-
-// Trains `cfg` for 2 epochs of sae-synth data in `dir` (a transcoder on its paired target set in
-// dir/target) at batch 256 and scores the decoder against the planted features (mean over the true
-// features of the best cosine with a decoder row).
-struct PlantedRun {
-    LoopResult res;
-    SaeWeights weights;
-    double recovery = 0;
-};
-PlantedRun train_planted(const SaeConfig& cfg, const fs::path& dir) {
-    const bool transcodes = arch_get(cfg.arch).transcodes();
-    const DatasetInfo data = dataset_open(dir.string());
-    std::vector<DatasetInfo> parts = {data};
-    if (transcodes) parts.push_back(dataset_open((dir / "target").string()));
-    LoaderOptions lo;
-    lo.epochs = 2;
-    lo.shuffle_rows = 16384;
-    lo.seed = 1;
-    ShardBatchSource source(parts, {0, data.total_rows}, lo);
-    auto be = make_cpu_backend(2);
-    auto self = make_self_comm();
-    const int64_t batch = 256;
-    SaeTrainer tr(cfg, data.d_model, total_steps_for(source.total_rows(), batch), 0, *be, *self);
-    LoopOptions opt;
-    opt.batch_size = batch;
-    opt.sae_id = cfg.arch;
-    PlantedRun run;
-    run.res = train_loop(tr, source, opt);
-    int64_t m = 0, d = 0;
-    const auto truth = synth_read_features(
-        ((transcodes ? dir / "target" : dir) / "ground_truth.h5").string(), &m, &d);
-    run.weights = trainer_weights(tr);
-    run.recovery =
-        feature_recovery(truth.data(), m, run.weights.w_dec.data(), run.weights.n_latents, d);
-    std::printf("%s: steps %lld fvu %.4f l0 %.3f recovery %.4f dead %.4f\n", cfg.arch.c_str(),
-                static_cast<long long>(run.res.steps), run.res.last.fvu, run.res.last.l0,
-                run.recovery, run.res.last.dead_fraction);
-    return run;
-}
 
 // Every architecture recovers the planted features of sae-synth data (mean over the true
 // features of the best cosine with a decoder row), its sparsity coefficient chosen for this

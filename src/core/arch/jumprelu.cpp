@@ -113,14 +113,14 @@ constexpr double kDefaultInitL0 = 32;
 constexpr double kDefaultThresholdLrScale = 1;
 
 struct JumpReluKeys {
-    ArchKey<double> bandwidth{"sae",
-                              "jumprelu_bandwidth",
-                              0.001,
-                              "the straight-through estimator's kernel width (0: twice each "
-                              "latent's threshold, a width on "
-                              "the data's own scale)",
-                              {[](const ConfigValue& v) { return std::get<double>(v) >= 0; },
-                               "must be >= 0 (0: the threshold)"}};
+    ArchKey<double> bandwidth{
+        "sae",
+        "jumprelu_bandwidth",
+        0.001,
+        "the straight-through estimator's kernel width (0: twice each latent's threshold, a "
+        "width on the data's own scale)",
+        {[](const ConfigValue& v) { return std::get<double>(v) >= 0; },
+         "must be >= 0 (0: twice each threshold)"}};
     ArchKey<double> init_threshold{
         "sae",
         "jumprelu_init_threshold",
