@@ -1109,58 +1109,66 @@ TEST_P(BackendParity, RowOpsAndAdam) {
 // CPU's separate ops: the clipping sum of squares with the unit rows' gradient projected, then
 // AdamW over every range with the unit rows projected and renormalized. Shapes: 16-byte
 // vectorized rows (cols 96), scalar rows (cols 129), a layout whose segments start off a 4-float
-// boundary, and no unit rows. Tolerance kSum: the projection's and the renormalization's row
-// sums run in another order; Adam's element math is the same function on both.
+// boundary, and no unit rows; each with Adam and with signum (train.optimizer). Tolerance kSum:
+// the projection's and the renormalization's row sums run in another order; the optimizer's
+// element math is the same function on both.
 TEST_P(BackendParity, FusedOptimizerMatchesTheSeparateOps) {
     struct Case {
         int64_t rows, cols, lead;  // lead: floats before W_enc (shifts every segment's alignment)
         bool unit;
     };
-    for (const Case c : {Case{300, 96, 0, true}, Case{257, 129, 0, true}, Case{100, 64, 3, true},
-                         Case{300, 96, 0, false}}) {
-        const int64_t w = c.rows * c.cols;
-        // [lead][W_enc][W_dec (unit rows)][b_enc][b_dec]
-        const int64_t enc = c.lead, dec = enc + w, benc = dec + w, bdec = benc + c.rows;
-        const int64_t total = bdec + c.cols;
-        auto p = randn(total, 30, 0.1f), g = randn(total, 31), m = randn(total, 32, 0.01f),
-             v = randn(total, 33, 0.01f);
-        for (float& x : v) x = x * x;
-        // A zero row: no radial part to project (its norm is 0) before Adam moves it.
-        for (int64_t j = 0; j < c.cols; ++j) p[dec + 7 * c.cols + j] = 0.0f;
-        UnitRows unit;
-        if (c.unit) unit.offset = dec, unit.rows = c.rows, unit.cols = c.cols;
-        const std::vector<AdamRange> ranges = {
-            {enc, w, true}, {dec, w, true}, {benc, c.rows, false, 10.0f}, {bdec, c.cols, false}};
-        Buf<float> gp(*be, p), gg(*be, g), gm(*be, m), gv(*be, v);
-        const std::string where = "rows=" + std::to_string(c.rows) +
-                                  " cols=" + std::to_string(c.cols) +
-                                  " lead=" + std::to_string(c.lead) + (c.unit ? " unit" : "");
-        math::AdamScalars s{1e-3f, 0.9f, 0.999f, 1e-8f, 1 / 0.1f, 1 / 0.001f, 0.0f, 0.0f};
-        for (int step = 0; step < 3; ++step) {
-            // A fresh gradient each step, as training computes one: after the first call the
-            // buffer is only an input to the second (the CPU projects it in place, CUDA not).
-            g = randn(total, 31 + step);
-            be->upload(gg.p(), g.data(), total * static_cast<int64_t>(sizeof(float)));
-            const double want = oracle->optimizer_grad_sum_squares(p.data(), g.data(), total, unit);
-            const double got = be->optimizer_grad_sum_squares(gp.p(), gg.p(), total, unit);
-            EXPECT_LE(std::abs(got - want) / want, kSum) << where << " step " << step;
-            s.grad_scale = static_cast<float>(0.5 / std::sqrt(want));  // a clipping scale
-            oracle->optimizer_apply(p.data(), g.data(), m.data(), v.data(), ranges, unit, s, 0.01f);
-            be->optimizer_apply(gp.p(), gg.p(), gm.p(), gv.p(), ranges, unit, s, 0.01f);
-            EXPECT_LE(norm_err(gp.get(), p), kSum) << where << " step " << step;
-            EXPECT_LE(norm_err(gm.get(), m), kSum) << where << " step " << step;
-            EXPECT_LE(norm_err(gv.get(), v), kSum) << where << " step " << step;
-        }
-        if (c.unit) {  // every unit row ends at norm 1 (the zero row too: Adam moved it)
-            const std::vector<float> got = gp.get();
-            for (int64_t r = 0; r < c.rows; ++r) {
-                double nrm = 0;
-                for (int64_t j = 0; j < c.cols; ++j)
-                    nrm += double(got[dec + r * c.cols + j]) * got[dec + r * c.cols + j];
-                EXPECT_NEAR(std::sqrt(nrm), 1.0, 1e-5) << where << " row " << r;
+    for (const bool signum : {false, true})
+        for (const Case c : {Case{300, 96, 0, true}, Case{257, 129, 0, true},
+                             Case{100, 64, 3, true}, Case{300, 96, 0, false}}) {
+            const int64_t w = c.rows * c.cols;
+            // [lead][W_enc][W_dec (unit rows)][b_enc][b_dec]
+            const int64_t enc = c.lead, dec = enc + w, benc = dec + w, bdec = benc + c.rows;
+            const int64_t total = bdec + c.cols;
+            auto p = randn(total, 30, 0.1f), g = randn(total, 31), m = randn(total, 32, 0.01f),
+                 v = randn(total, 33, 0.01f);
+            for (float& x : v) x = x * x;
+            // A zero row: no radial part to project (its norm is 0) before Adam moves it.
+            for (int64_t j = 0; j < c.cols; ++j) p[dec + 7 * c.cols + j] = 0.0f;
+            UnitRows unit;
+            if (c.unit) unit.offset = dec, unit.rows = c.rows, unit.cols = c.cols;
+            const std::vector<AdamRange> ranges = {{enc, w, true},
+                                                   {dec, w, true},
+                                                   {benc, c.rows, false, 10.0f},
+                                                   {bdec, c.cols, false}};
+            Buf<float> gp(*be, p), gg(*be, g), gm(*be, m), gv(*be, v);
+            const std::string where = "rows=" + std::to_string(c.rows) +
+                                      " cols=" + std::to_string(c.cols) +
+                                      " lead=" + std::to_string(c.lead) + (c.unit ? " unit" : "") +
+                                      (signum ? " signum" : "");
+            math::AdamScalars s{1e-3f, 0.9f, 0.999f, 1e-8f, 1 / 0.1f, 1 / 0.001f, 0.0f, 0.0f};
+            s.signum = signum, s.average = 0.3f;
+            for (int step = 0; step < 3; ++step) {
+                // A fresh gradient each step, as training computes one: after the first call the
+                // buffer is only an input to the second (the CPU projects it in place, CUDA not).
+                g = randn(total, 31 + step);
+                be->upload(gg.p(), g.data(), total * static_cast<int64_t>(sizeof(float)));
+                const double want =
+                    oracle->optimizer_grad_sum_squares(p.data(), g.data(), total, unit);
+                const double got = be->optimizer_grad_sum_squares(gp.p(), gg.p(), total, unit);
+                EXPECT_LE(std::abs(got - want) / want, kSum) << where << " step " << step;
+                s.grad_scale = static_cast<float>(0.5 / std::sqrt(want));  // a clipping scale
+                oracle->optimizer_apply(p.data(), g.data(), m.data(), v.data(), ranges, unit, s,
+                                        0.01f);
+                be->optimizer_apply(gp.p(), gg.p(), gm.p(), gv.p(), ranges, unit, s, 0.01f);
+                EXPECT_LE(norm_err(gp.get(), p), kSum) << where << " step " << step;
+                EXPECT_LE(norm_err(gm.get(), m), kSum) << where << " step " << step;
+                EXPECT_LE(norm_err(gv.get(), v), kSum) << where << " step " << step;
+            }
+            if (c.unit) {  // every unit row ends at norm 1 (the zero row too: Adam moved it)
+                const std::vector<float> got = gp.get();
+                for (int64_t r = 0; r < c.rows; ++r) {
+                    double nrm = 0;
+                    for (int64_t j = 0; j < c.cols; ++j)
+                        nrm += double(got[dec + r * c.cols + j]) * got[dec + r * c.cols + j];
+                    EXPECT_NEAR(std::sqrt(nrm), 1.0, 1e-5) << where << " row " << r;
+                }
             }
         }
-    }
 }
 
 // --- training parity --------------------------------------------------------------------------

@@ -49,6 +49,8 @@ void expect_same(const SaeConfig& a, const SaeConfig& b) {
     EXPECT_EQ(a.lr_min_ratio, b.lr_min_ratio);
     EXPECT_EQ(a.l1_warmup_steps, b.l1_warmup_steps);
     EXPECT_EQ(a.grad_clip, b.grad_clip);
+    EXPECT_EQ(a.optimizer, b.optimizer);
+    EXPECT_EQ(a.momentum, b.momentum);
     EXPECT_EQ(a.beta1, b.beta1);
     EXPECT_EQ(a.beta2, b.beta2);
     EXPECT_EQ(a.eps, b.eps);
@@ -150,6 +152,8 @@ train:
   l1_warmup_steps: 250
   l1_warmup_fraction: 0.3
   grad_clip: 0
+  optimizer: signum
+  momentum: 0.9
   beta1: 0.8
   beta2: 0.95
   eps: 1.0e-6
@@ -189,6 +193,8 @@ checkpoint: {every_steps: 11, keep: 2}
     EXPECT_EQ(c.sae.l1_warmup_steps, 250);
     EXPECT_DOUBLE_EQ(c.sae.l1_warmup_fraction, 0.3);
     EXPECT_DOUBLE_EQ(c.sae.grad_clip, 0.0);
+    EXPECT_EQ(c.sae.optimizer, "signum");
+    EXPECT_DOUBLE_EQ(c.sae.momentum, 0.9);
     EXPECT_DOUBLE_EQ(c.sae.beta1, 0.8);
     EXPECT_DOUBLE_EQ(c.sae.beta2, 0.95);
     EXPECT_DOUBLE_EQ(c.sae.eps, 1e-6);
@@ -392,6 +398,7 @@ TEST(ConfigErrors, BadValuesNameKeyAndReason) {
         {"sae: {l1_coeff: -0.5}\n", "sae.l1_coeff", ">= 0"},
         {"train: {grad_clip: -1}\n", "train.grad_clip", ">= 0"},
         {"train: {beta1: 1.0}\n", "train.beta1", "[0, 1)"},
+        {"train: {momentum: 1.0}\n", "train.momentum", "[0, 1)"},
         {"train: {beta1: -0.1}\n", "train.beta1", "[0, 1)"},
         {"train: {beta2: 1}\n", "train.beta2", "[0, 1)"},
         {"train: {eps: 0}\n", "train.eps", "> 0"},
@@ -436,6 +443,9 @@ TEST(ConfigErrors, UnknownEnumValuesListTheAllowedOnes) {
     m = parse_error(kMinimal + "train: {lr_decay: exp}\n");
     EXPECT_HAS(m, "train.lr_decay");
     EXPECT_HAS(m, "cosine, linear, constant");
+    m = parse_error(kMinimal + "train: {optimizer: sgd}\n");
+    EXPECT_HAS(m, "train.optimizer");
+    EXPECT_HAS(m, "adam, signum");
     m = parse_error(kMinimal + "parallel: {mode: ddp}\n");
     EXPECT_HAS(m, "parallel.mode");
     EXPECT_HAS(m, "sweep, data_parallel, hybrid");

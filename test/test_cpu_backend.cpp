@@ -241,6 +241,77 @@ TEST_F(CpuBackendTest, OptimizerApplyScalesEachRangesLearningRate) {
     EXPECT_GT(moved_10, 5 * moved_1);
 }
 
+// train.optimizer: signum against the schedule-free wrapper's own procedure, in double: the
+// parameter holds y; each step recovers the average x from y and the iterate z, moves z by
+// -lr sign(g), mixes it into x with weight lr_max^2 / (sum of the weights so far), and sets
+// y = momentum x + (1 - momentum) z. saetrain keeps x in v instead of recovering it. The lr
+// rises for three steps (a warmup) and then falls, so the weights are not uniform.
+TEST_F(CpuBackendTest, SignumMatchesTheScheduleFreeWrapper) {
+    const int64_t n = 500;
+    const double beta = 0.9;
+    auto p = randn(n, 40);
+    std::vector<float> m = p, v = p;  // at the start all three points are the parameters
+    std::vector<double> y(p.begin(), p.end()), z = y;
+    double lr_max = 0, weight_sum = 0;
+    const double lrs[] = {0.01, 0.02, 0.03, 0.025, 0.01, 0.005};
+    for (int step = 0; step < 6; ++step) {
+        const std::vector<float> g = randn(n, 41 + step);
+        lr_max = std::max(lr_max, lrs[step]);
+        weight_sum += lr_max * lr_max;
+        const double c = lr_max * lr_max / weight_sum;
+        math::AdamScalars s{float(lrs[step]), float(beta), 0.999f, 1e-8f, 1.0f, 1.0f, 0.0f, 0.5f};
+        s.signum = true, s.average = static_cast<float>(c);
+        be->adam(p.data(), g.data(), m.data(), v.data(), n, s);
+        for (int64_t i = 0; i < n; ++i) {
+            const double x = (y[i] - (1 - beta) * z[i]) / beta;
+            z[i] -= lrs[step] * (g[i] > 0 ? 1.0 : g[i] < 0 ? -1.0 : 0.0);
+            const double x_new = x + c * (z[i] - x);
+            y[i] = beta * x_new + (1 - beta) * z[i];
+            EXPECT_NEAR(m[i], z[i], 1e-5) << "step " << step;
+            EXPECT_NEAR(v[i], x_new, 1e-5) << "step " << step;
+            EXPECT_NEAR(p[i], y[i], 1e-5) << "step " << step;
+        }
+    }
+}
+
+// Decoupled weight decay is taken at y: z moves by -lr (sign(g) + wd y).
+TEST_F(CpuBackendTest, SignumWeightDecayIsTakenAtY) {
+    std::vector<float> p = {2.0f, -1.0f, 0.5f}, m = {1.0f, -2.0f, 0.25f}, v = {3.0f, 0.0f, 1.0f};
+    const std::vector<float> g = {0.3f, 0.0f, -4.0f};
+    math::AdamScalars s{0.1f, 0.8f, 0.999f, 1e-8f, 1.0f, 1.0f, 0.5f, 1.0f};
+    s.signum = true, s.average = 0.25f;
+    const std::vector<float> y = p, z = m, x = v;
+    be->adam(p.data(), g.data(), m.data(), v.data(), 3, s);
+    for (size_t i = 0; i < 3; ++i) {
+        const double sign = g[i] > 0 ? 1 : g[i] < 0 ? -1 : 0;
+        const double z1 = z[i] - 0.1 * (sign + 0.5 * y[i]);
+        const double x1 = x[i] + 0.25 * (z1 - x[i]);
+        EXPECT_NEAR(m[i], z1, 1e-6);
+        EXPECT_NEAR(v[i], x1, 1e-6);
+        EXPECT_NEAR(p[i], 0.8 * x1 + 0.2 * z1, 1e-6);
+    }
+}
+
+// signum with unit decoder rows: the rows of all three points end at norm 1.
+TEST_F(CpuBackendTest, SignumKeepsEveryPointsDecoderRowsUnit) {
+    const int64_t rows = 5, cols = 8, n = rows * cols;
+    auto p = randn(n, 50), g = randn(n, 51);
+    be->normalize_rows(p.data(), rows, cols);
+    std::vector<float> m = p, v = p;
+    UnitRows unit;
+    unit.offset = 0, unit.rows = rows, unit.cols = cols;
+    math::AdamScalars s{0.2f, 0.95f, 0.999f, 1e-8f, 1.0f, 1.0f, 0.0f, 1.0f};
+    s.signum = true, s.average = 0.5f;
+    const std::vector<float> before = p;
+    be->optimizer_apply(p.data(), g.data(), m.data(), v.data(), {{0, n, true}}, unit, s, 0.0f);
+    EXPECT_NE(p, before);
+    for (const std::vector<float>* w : {&p, &m, &v}) {
+        std::vector<float> norms(rows);
+        be->row_norms(w->data(), rows, cols, norms.data());
+        for (float nr : norms) EXPECT_NEAR(nr, 1.0f, 1e-6);
+    }
+}
+
 TEST_F(CpuBackendTest, DecoderRowOps) {
     const int64_t rows = 6, cols = 10;
     auto w = randn(rows * cols, 23), g = randn(rows * cols, 24);

@@ -75,6 +75,7 @@ PlantedRun train_planted(const SaeConfig& cfg, const fs::path& dir, int64_t epoc
     opt.sae_id = cfg.arch;
     PlantedRun run;
     run.res = train_loop(tr, source, opt);
+    tr.rest();  // train.optimizer: signum's SAE is its average
     int64_t m = 0, d = 0;
     const auto truth = synth_read_features(
         ((transcodes ? dir / "target" : dir) / "ground_truth.h5").string(), &m, &d);
@@ -132,6 +133,35 @@ TEST(EndToEnd, TopkRecoversPlantedFeatures) {
     EXPECT_GT(res.last.host_mem_peak_GB, 1e-3);
     EXPECT_EQ(res.last.gpu_mem_peak_GB, 0.0);
     EXPECT_LT(res.last.mfu, 0.0);
+}
+
+// train.optimizer: signum (schedule-free sign descent) trains TopK and BatchTopK to the planted
+// features at a constant lr, sparsify's default scaled to this width (5e-3 / sqrt(n / 2^14)).
+TEST(EndToEnd, SignumRecoversPlantedFeatures) {
+    TempDir tmp;
+    SynthOptions so;
+    so.out_dir = tmp.path.string();
+    so.d_model = 48;
+    so.n_features = 128;
+    so.active_per_row = 3.0;
+    so.rows = 60000;
+    so.shards = 2;
+    so.noise_std = 0.02;
+    so.seed = 7;
+    synth_write(so);
+    for (const std::string arch : {"topk", "batchtopk"}) {
+        SaeConfig cfg;
+        cfg.arch = arch;
+        cfg.expansion = 4;
+        cfg.k = 6;
+        cfg.optimizer = "signum";
+        cfg.lr = 5e-3 / std::sqrt(192.0 / 16384.0);
+        cfg.lr_decay = "constant";
+        cfg.warmup_steps = 20;
+        const PlantedRun run = train_planted(cfg, tmp.path);
+        EXPECT_GE(run.recovery, 0.9) << arch;
+        EXPECT_LT(run.res.last.fvu, 0.15) << arch;
+    }
 }
 
 // The loop's batch comes from LoopOptions::batch_allocator when one is given (pinned memory on
@@ -387,7 +417,9 @@ TEST(EndToEnd, CheckpointIsCommittedTheStepAfterItsWriteFinished) {
 }
 
 // SaeTrainer::evaluate against the SAE computed here from its weights, on rows it never saw;
-// and evaluating every few steps leaves training bit-identical.
+// and evaluating every few steps leaves training bit-identical. The parameter: the architecture,
+// and "_signum" for train.optimizer: signum (whose SAE, the average, is exchanged into the
+// parameter buffer for each evaluation and back for the next step).
 class Evaluation : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
@@ -398,7 +430,8 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
     ASSERT_EQ(static_cast<int64_t>(x.size()), held * d);
 
     SaeConfig cfg;
-    cfg.arch = GetParam();
+    cfg.arch = GetParam().substr(0, GetParam().find('_'));
+    if (GetParam().find("_signum") != std::string::npos) cfg.optimizer = "signum";
     cfg.expansion = 4;
     cfg.k = 3;
     cfg.l1_coeff = 0.05;
@@ -432,6 +465,17 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
             EXPECT_EQ(res.last.eval_fvu, res.eval.fvu);
             *final_eval = res.eval;
         }
+        if (cfg.optimizer == "signum" && !eval_during) {
+            // Training left the point of the next gradient in the parameters and the SAE (the
+            // average) in adam_v: rest() exchanges them.
+            const std::vector<float> y = tr.params_host(),
+                                     avg = tr.store().host(ParamStore::Buffer::adam_v);
+            EXPECT_NE(y, avg);
+            tr.rest();
+            EXPECT_EQ(tr.params_host(), avg);
+            EXPECT_EQ(tr.store().host(ParamStore::Buffer::adam_v), y);
+        }
+        tr.rest();  // signum: the SAE (an evaluation left it there; the other run did not)
         return std::make_pair(tr.params_host(), trainer_weights(tr));
     };
     EvalResult e;
@@ -480,7 +524,8 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, Evaluation,
-                         ::testing::Values(std::string("relu"), std::string("topk")),
+                         ::testing::Values(std::string("relu"), std::string("topk"),
+                                           std::string("topk_signum")),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // Every architecture recovers the planted features of sae-synth data (mean over the true

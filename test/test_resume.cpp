@@ -144,6 +144,30 @@ TEST_F(Resume, KilledSingleRankRunResumesBitwise) {
                    "single rank");
 }
 
+// train.optimizer: signum keeps three points per parameter; a checkpoint holds the SAE (the
+// average) as its weights and the point of the next gradient in adam_v, and the average's
+// weights are replayed from the schedule on resume: resumed runs end bitwise equal, under
+// mpirun the data-parallel run's node-split update too (each replica exchanges its own range).
+TEST_F(Resume, SignumKilledRunsResumeBitwise) {
+    const std::string set = " --set train.optimizer=signum --set train.lr=0.01 --threads 1";
+    for (const bool mpi : {false, true}) {
+        const std::string tag = mpi ? "dp" : "one";
+        const std::string extra = mpi ? "parallel: {mode: data_parallel, timeout_s: 30}\n" : "";
+        const std::string launch = mpi ? std::string(kMpi) : std::string("timeout 120 ");
+        const std::string ref_cfg = config("ref-" + tag, extra),
+                          cfg = config("killed-" + tag, extra);
+        ASSERT_EQ(run(launch + bin("saetrain") + " " + ref_cfg + set).code, 0) << tag;
+        std::mt19937 rng(mpi ? 31 : 32);
+        const int landed = kill_and_resume(launch + bin("saetrain") + " " + cfg + set, cfg,
+                                           dir / ("killed-" + tag), rng, 4, 0.5);
+        ASSERT_TRUE(fs::exists(dir / ("killed-" + tag) / "COMPLETE")) << tag;
+        std::printf("signum %s: %d kills landed mid-run\n", tag.c_str(), landed);
+        EXPECT_GE(landed, 1) << tag;
+        expect_bitwise(final_of(dir / ("ref-" + tag), "topk-x4-k6"),
+                       final_of(dir / ("killed-" + tag), "topk-x4-k6"), "signum " + tag);
+    }
+}
+
 TEST_F(Resume, KilledMpiSweepAndDataParallelRunsResumeBitwise) {
     for (const std::string mode : {"sweep", "data_parallel"}) {
         const std::string extra = mode == "sweep"

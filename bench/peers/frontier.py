@@ -47,6 +47,10 @@ def saetrain_points(runs_dir):
                     setting, aim = f"k={k:g}", k
                 else:
                     setting, aim = "defaults", None
+                # frontier-ARCH-TAG (run.sh's FRONTIER_TAG): a variant of ARCH, its own series
+                tag = os.path.basename(os.path.dirname(path))[len("frontier-" + r["arch"]):]
+                if tag.startswith("-"):
+                    setting += f", {tag[1:]}"
                 points.append({
                     "tool": "saetrain", "arch": r["arch"], "setting": setting, "target": aim,
                     "eval_l0": _num(r["eval_l0"]), "eval_fvu": _num(r["eval_fvu"]),

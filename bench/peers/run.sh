@@ -48,6 +48,9 @@
 #   FRONTIER_ARCHS="topk batchtopk jumprelu gated relu switch matryoshka_batchtopk"
 #   FRONTIER_PEERS="saelens-topk sparsify-topk saelens-relu" (a subset skips the others)
 #   FRONTIER_MATRYOSHKA_PREFIXES="[384,1536]" (sae.matryoshka_prefixes has no default)
+#   FRONTIER_TAG=""  a variant beside the defaults' runs: saetrain's go to frontier-ARCH-TAG
+#            (with SAETRAIN_EXTRA's --set options) and plot as their own series, "ARCH (TAG)"
+#   FRONTIER_PEERS=none  saetrain's runs only
 #   MPIRUN="mpirun --oversubscribe" (as root also export OMPI_ALLOW_RUN_AS_ROOT=1 and
 #   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
 #   SPARSIFY_WARMUP_STEPS, SPARSIFY_AUXK_ALPHA: unset = sparsify's defaults (1000 warm-up
@@ -282,7 +285,7 @@ if want frontier; then
         if [ "$arch" = matryoshka_batchtopk ]; then
             extra=(--set "sae.matryoshka_prefixes=$FRONTIER_MATRYOSHKA_PREFIXES")
         fi
-        out="$OUT/saetrain/frontier-$arch"
+        out="$OUT/saetrain/frontier-$arch${FRONTIER_TAG:+-$FRONTIER_TAG}"
         if [ ! -x "$SAETRAIN" ]; then
             echo "peers: $SAETRAIN not built; skipping saetrain frontier-$arch" >&2
             failed+=("saetrain-frontier-$arch")

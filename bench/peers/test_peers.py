@@ -195,9 +195,11 @@ def test_train_peers_eval_export_and_table(data):
 def test_frontier_csv_plot_and_table(tmp_path):
     import csv
     runs, res = tmp_path / "saetrain", tmp_path / "results"
-    for arch, key, rows in [("topk", "k", [(16, 15.9, 0.20), (64, 63.5, 0.10)]),
-                            ("relu", "target_l0", [(32, 30.2, 0.21)])]:
-        d = runs / f"frontier-{arch}"
+    # frontier-topk-signum: run.sh's FRONTIER_TAG, a variant plotted as its own series
+    for name, arch, key, rows in [("topk", "topk", "k", [(16, 15.9, 0.20), (64, 63.5, 0.10)]),
+                                  ("topk-signum", "topk", "k", [(32, 31.8, 0.15)]),
+                                  ("relu", "relu", "target_l0", [(32, 30.2, 0.21)])]:
+        d = runs / f"frontier-{name}"
         d.mkdir(parents=True)
         lines = ["sae,arch,k,target_l0,l0,tokens,tokens_per_s,eval_fvu,eval_l0,"
                  "eval_dead_fraction"]
@@ -219,10 +221,11 @@ def test_frontier_csv_plot_and_table(tmp_path):
     rows = list(csv.DictReader(out_csv.open()))
     assert [(r["tool"], r["arch"], r["setting"]) for r in rows] == [
         ("saetrain", "relu", "target_l0=32"), ("saetrain", "topk", "k=16"),
-        ("saetrain", "topk", "k=64"), ("sparsify", "topk", "k=16, signum")]
+        ("saetrain", "topk", "k=64"), ("saetrain", "topk", "k=32, signum"),
+        ("sparsify", "topk", "k=16, signum")]
     assert float(rows[2]["eval_fvu"]) == 0.10 and float(rows[2]["eval_l0"]) == 63.5
     assert float(rows[0]["eval_dead_pct"]) == 12.5 and float(rows[0]["train_l0"]) == 30.7
-    assert float(rows[3]["eval_dead_pct"]) == 50.0 and rows[3]["train_l0"] == ""
+    assert float(rows[4]["eval_dead_pct"]) == 50.0 and rows[4]["train_l0"] == ""
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| saetrain | topk | k=64 | 63.5 | 0.1000 | 12.5 | 64.0 |" in table
     # A saetrain run without a held-out evaluation cannot be placed on the plot: one line.

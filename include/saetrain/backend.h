@@ -206,6 +206,8 @@ public:
 
     // y = a * x + b * y over n elements.
     virtual void axpby(float* y, const float* x, float a, float b, int64_t n) = 0;
+    // Exchanges a[0, n) and b[0, n), bit for bit.
+    virtual void swap(float* a, float* b, int64_t n) = 0;
 
     // norms[i] = ||w[i, :]||.
     virtual void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) = 0;
@@ -219,7 +221,8 @@ public:
     virtual void add_norm_grad(const float* w, const float* coeff, float scale, float* g,
                                int64_t rows, int64_t cols) = 0;
 
-    // Adam(W) over n elements; see math::adam_update.
+    // The optimizer's step (Adam(W) or signum, as s says) over n elements; see
+    // math::optimizer_update.
     virtual void adam(float* p, const float* g, float* m, float* v, int64_t n,
                       const math::AdamScalars& s) = 0;
 
@@ -230,10 +233,12 @@ public:
     //    pass fewer over the decoder's gradient): after this call g is only an input to (2).
     virtual double optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,
                                               const UnitRows& unit);
-    // 2. Adam(W) over every range (s.weight_decay = weight_decay where the range decays, else
+    // 2. The optimizer (Adam(W) or signum) over every range (s.weight_decay = weight_decay where
+    // the range decays, else
     //    0; s.grad_scale carries the clipping and averaging), the unit rows' gradient projected
     //    as in (1) (again: a second projection changes nothing but rounding), and the unit rows
-    //    renormalized after the update. Default: adam per range, then normalize_rows.
+    //    renormalized after the update (signum: also m's and v's rows, the iterate and the
+    //    average). Default: adam per range, then normalize_rows.
     virtual void optimizer_apply(float* params, float* grads, float* m, float* v,
                                  const std::vector<AdamRange>& ranges, const UnitRows& unit,
                                  math::AdamScalars s, float weight_decay);

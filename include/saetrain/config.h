@@ -106,6 +106,11 @@ struct SaeConfig {
     // Gradient accumulation: each batch (data.batch_size rows, one optimizer step) is processed
     // in this many chunks whose gradients are summed, so activation memory is that of one chunk.
     int64_t accum_steps = 1;
+    // The optimizer: adam (AdamW) | signum (schedule-free sign descent: the SGD iterate z steps
+    // by -lr sign(g), the average x weighs each z by lr_max^2, the gradient is taken at
+    // y = momentum x + (1 - momentum) z; the SAE written and evaluated is x; sparsify's default).
+    std::string optimizer = "adam";
+    double momentum = 0.95;  // signum: the interpolation above
     double beta1 = 0.9;
     double beta2 = 0.999;
     double eps = 1.0e-8;

@@ -73,6 +73,7 @@ public:
                      float scale, float* dz, float* stats) override;
     void offset_indices(int32_t* idx, int64_t count, int32_t offset) override;
     void axpby(float* y, const float* x, float a, float b, int64_t n) override;
+    void swap(float* a, float* b, int64_t n) override;
     void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override;
     void project_out_parallel(const float* w, float* g, int64_t rows, int64_t cols) override;
     void normalize_rows(float* w, int64_t rows, int64_t cols) override;

@@ -108,6 +108,9 @@ public:
     // Writes a host vector of size() values into one buffer; collective over the replicas,
     // which pass the same values.
     virtual void write(Buffer which, const std::vector<float>& values);
+    // Exchanges two buffers' values, bit for bit (signum's average and the parameters the
+    // gradient is taken at); collective over the replicas.
+    virtual void swap(Buffer a, Buffer b);
 
     // --- latent shards (a whole SAE is one latent shard: these do nothing)
     // ------------------------

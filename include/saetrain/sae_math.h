@@ -67,6 +67,10 @@ struct AdamScalars {
     float inv_bias_corr2;  // element and two per step made Adam compute-bound on the CPU)
     float weight_decay;    // decoupled (AdamW), already multiplied by nothing: p -= lr * wd * p
     float grad_scale;      // multiplies the gradient first (clipping, replica averaging)
+    // train.optimizer: signum. Then the step is signum_update, beta1 is train.momentum and
+    // `average` the new iterate's weight in the average this step.
+    bool signum = false;
+    float average = 0.0f;
 };
 
 // One element of Adam(W). Written so CPU and GPU round identically for the same inputs when
@@ -78,6 +82,26 @@ SAE_HD void adam_update(float& p, float& m, float& v, float g, const AdamScalars
     const float m_hat = m * s.inv_bias_corr1;
     const float v_hat = v * s.inv_bias_corr2;
     p -= s.lr * (m_hat / (sqrtf(v_hat) + s.eps) + s.weight_decay * p);
+}
+
+// One element of schedule-free sign descent (Defazio et al. 2024, "The Road Less Scheduled",
+// around sign SGD; sparsify's default optimizer). Three points per parameter: p = y, where the
+// gradient g was taken; m = z, the sign-descent iterate; v = x, the weighted average of the
+// iterates, which is the SAE. Decoupled weight decay is taken at y. The gradient's scale
+// (grad_scale > 0) does not change its sign.
+SAE_HD void signum_update(float& p, float& m, float& v, float g, const AdamScalars& s) {
+    const float sign = g > 0.0f ? 1.0f : (g < 0.0f ? -1.0f : 0.0f);
+    m -= s.lr * (sign + s.weight_decay * p);
+    v += s.average * (m - v);
+    p = s.beta1 * v + (1.0f - s.beta1) * m;
+}
+
+// The optimizer's step on one element: Adam(W) or signum, as `s` says.
+SAE_HD void optimizer_update(float& p, float& m, float& v, float g, const AdamScalars& s) {
+    if (s.signum)
+        signum_update(p, m, v, g, s);
+    else
+        adam_update(p, m, v, g, s);
 }
 
 // The bits of a float and back (memcpy: defined behaviour, compiled to a register move).

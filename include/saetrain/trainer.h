@@ -112,7 +112,15 @@ public:
     // which must pass the same values; so is grads_host after a step when splits_update().
     std::vector<float> params_host() const;
     std::vector<float> grads_host() const;
+    // Sets the parameters (train.optimizer: signum, also its iterate and average: a fresh start
+    // from p).
     void set_params_host(const std::vector<float>& p);
+    // train.optimizer: signum keeps the point its next gradient is taken at in the parameter
+    // buffer while it trains, and the SAE (the average) in adam_v. This exchanges the two,
+    // exactly, so that the parameter buffer holds the SAE until the next step exchanges them
+    // back: evaluation and checkpoints call it (a checkpoint's weights are the SAE, its adam_v
+    // the training point). Adam: nothing to do. Collective over the replicas.
+    void rest();
 
     // The SAE in the checkpoint files' layout, and back, is io's (trainer_io.h: trainer_weights,
     // trainer_state, trainer_read_part, trainer_restore, the gathers of a latent-sharded SAE).
@@ -250,6 +258,12 @@ private:
     int64_t step_ = 0, tokens_ = 0;
     int64_t bad_in_a_row_ = 0;
     float input_scale_ = 1.0f;  // data.normalize: every batch is multiplied by it
+    // train.optimizer: signum. at_rest_: the parameter buffer holds the average (rest()). The
+    // average weighs step t's iterate by lr_max_t^2 (the largest lr so far), lr_max_ and
+    // weight_sum_ the running values (replayed from the schedule on restore).
+    bool signum_ = false, at_rest_ = false;
+    double lr_max_ = 0, weight_sum_ = 0;
+    float next_average(double lr);
 
     bool transcodes_;  // arch_.transcodes(): rows [x | y], y_ the target
     DeviceArray<float> x_, y_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;

@@ -88,7 +88,11 @@ void Backend::optimizer_apply(float* params, float* grads, float* m, float* v,
         s.lr = lr * r.lr_scale;
         adam(params + r.offset, grads + r.offset, m + r.offset, v + r.offset, r.count, s);
     }
-    if (unit.any()) normalize_rows(params + unit.offset, unit.rows, unit.cols);
+    if (!unit.any()) return;
+    normalize_rows(params + unit.offset, unit.rows, unit.cols);
+    if (!s.signum) return;  // signum: the iterate and the average are unit rows too
+    normalize_rows(m + unit.offset, unit.rows, unit.cols);
+    normalize_rows(v + unit.offset, unit.rows, unit.cols);
 }
 
 // --- an architecture's own ops ------------------------------------------------------------------

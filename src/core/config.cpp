@@ -219,6 +219,7 @@ const std::vector<std::string> kAny;
 const std::vector<std::string> kArchChoices = arch_names();
 const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant", "cosine_restarts"};
 const std::vector<std::string> kEncoderInitChoices = {"fitted", "transpose"};
+const std::vector<std::string> kOptimizerChoices = {"adam", "signum"};
 const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
 const std::vector<std::string> kNormalizeChoices = {"none", "expected_average_only_in"};
 const std::vector<std::string> kBDecInitChoices = {"mean", "geometric_median", "zeros"};
@@ -332,7 +333,7 @@ std::vector<Field> make_fields() {
     const std::vector<Field> more = {
         SAE_KEY("sae", b_dec_init, "b_dec at init: the first batch's mean or geometric median",
                 kBDecInitChoices),
-        SAE_KEY("train", lr, "Adam's learning rate after the warmup", kAny, above(0)),
+        SAE_KEY("train", lr, "the learning rate after the warmup", kAny, above(0)),
         SAE_KEY("train", warmup_steps, "linear LR warmup steps (0: train.warmup_fraction)", kAny,
                 at_least(0)),
         SAE_KEY("train", warmup_fraction, "linear LR warmup over this fraction of the steps", kAny,
@@ -363,6 +364,12 @@ std::vector<Field> make_fields() {
                 at_least(0, " (0 disables clipping)")),
         SAE_KEY("train", accum_steps, "chunks each batch's gradient is accumulated over", kAny,
                 at_least(1)),
+        SAE_KEY("train", optimizer,
+                "adam (AdamW) or signum (schedule-free sign descent; the SAE is the average)",
+                kOptimizerChoices),
+        SAE_KEY("train", momentum,
+                "signum: the gradient's point between the average and the iterate", kAny,
+                within(0, 1, /*closed=*/false)),
         SAE_KEY("train", beta1, "Adam's beta1", kAny, within(0, 1, /*closed=*/false)),
         SAE_KEY("train", beta2, "Adam's beta2", kAny, within(0, 1, /*closed=*/false)),
         SAE_KEY("train", eps, "Adam's epsilon", kAny, above(0)),

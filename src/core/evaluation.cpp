@@ -162,6 +162,7 @@ BatchView SaeTrainer::first_latent_shard_rows(BatchView x_host, int64_t r0, int6
 EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_rows) {
     SAE_ENFORCE(state_ == StepState::idle, "SaeTrainer::evaluate during a step");
     SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::evaluate: batch_rows must be >= 1");
+    rest();                               // signum: the SAE is the average
     batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
     const int64_t d = d_;
     // Sums over this replica's rows, then over the replicas, in one all-reduce.

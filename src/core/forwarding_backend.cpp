@@ -77,6 +77,10 @@ void ForwardingBackend::offset_indices(int32_t* idx, int64_t count, int32_t offs
 void ForwardingBackend::axpby(float* y, const float* x, float a, float b, int64_t n) {
     around("axpby", [&] { be_.axpby(y, x, a, b, n); });
 }
+
+void ForwardingBackend::swap(float* a, float* b, int64_t n) {
+    around("swap", [&] { be_.swap(a, b, n); });
+}
 void ForwardingBackend::row_norms(const float* w, int64_t rows, int64_t cols, float* norms) {
     around("row_norms", [&] { be_.row_norms(w, rows, cols, norms); });
 }

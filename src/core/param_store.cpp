@@ -67,6 +67,8 @@ void ParamStore::update(const math::AdamScalars& s, float weight_decay) {
     be_.optimizer_apply(p_, g_, m_, v_, owned_ranges(), unit_rows(), s, weight_decay);
 }
 
+void ParamStore::swap(Buffer a, Buffer b) { be_.swap(pointer(a), pointer(b), size()); }
+
 std::vector<float> ParamStore::host(Buffer which) const {
     std::vector<float> out(static_cast<size_t>(size()));
     be_.download(out.data(), pointer(which), size() * static_cast<int64_t>(sizeof(float)));
@@ -246,6 +248,13 @@ public:
         }
         mem_->fence();
         return g;
+    }
+
+    // Every replica exchanges the ranges it owns (all of them at once would exchange twice).
+    void swap(Buffer a, Buffer b) override {
+        for (const AdamRange& r : owned_ranges())
+            be_.swap(pointer(a) + r.offset, pointer(b) + r.offset, r.count);
+        mem_->fence();
     }
 
     void write(Buffer which, const std::vector<float>& values) override {

@@ -49,6 +49,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       dead_(static_cast<size_t>(n_), 0),
       fires_host_(static_cast<size_t>(n_), 0),
       window_(total_steps, n_) {
+    signum_ = cfg.optimizer == "signum";
     const LatentShard placement = shard_or_whole(shard, n_total_);
     arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
     check_latent_sharding(cfg, d_, n_total_, placement.count, "");
@@ -306,6 +307,8 @@ StepResult SaeTrainer::step(BatchView x_host, int64_t rows) {
 void SaeTrainer::step_begin(BatchView x_host, int64_t rows) {
     SAE_ENFORCE(state_ == StepState::idle,
                 "SaeTrainer::step_begin: the previous step has not ended");
+    if (at_rest_) store_->swap(ParamStore::Buffer::params, ParamStore::Buffer::adam_v);
+    at_rest_ = false;
     last_rows_ = rows;
     if (rows > 1 && cfg_.accum_steps > 1) {
         accumulate_gradients(x_host, rows);  // -> accumulated
@@ -334,9 +337,14 @@ StepResult SaeTrainer::step_end() {
     if (skip_nonfinite(r)) return r;
     // lr
     r.lr = lr_at(cfg_, step_, total_steps_);
-    // Adam: on the owned ranges, the unit decoder rows renormalized after it
-    store_->update(adam_scalars(grad_scale, static_cast<float>(r.lr), step_ + 1),
-                   static_cast<float>(cfg_.weight_decay));
+    // the optimizer: on the owned ranges, the unit decoder rows renormalized after it
+    math::AdamScalars s = adam_scalars(grad_scale, static_cast<float>(r.lr), step_ + 1);
+    if (signum_) {
+        s.signum = true;
+        s.beta1 = static_cast<float>(cfg_.momentum);
+        s.average = next_average(r.lr);
+    }
+    store_->update(s, static_cast<float>(cfg_.weight_decay));
     // finish: the architecture's after_step, the quality window, dead latents, the counters
     finish_step(r, arch_sums);
     return r;
@@ -525,6 +533,21 @@ math::AdamScalars SaeTrainer::adam_scalars(float grad_scale, float lr, int64_t t
             grad_scale};
 }
 
+// The weight of this step's iterate in signum's average (schedule-free: lr_max^2 over the sum of
+// the weights so far; 1 for a first step at lr 0).
+float SaeTrainer::next_average(double lr) {
+    lr_max_ = std::max(lr_max_, lr);
+    const double w = lr_max_ * lr_max_;
+    weight_sum_ += w;
+    return weight_sum_ > 0 ? static_cast<float>(w / weight_sum_) : 1.0f;
+}
+
+void SaeTrainer::rest() {
+    if (!signum_ || at_rest_) return;
+    store_->swap(ParamStore::Buffer::params, ParamStore::Buffer::adam_v);
+    at_rest_ = true;
+}
+
 void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
     pass_->after_update({step_, total_steps_, r.rows, r.l0});
@@ -584,6 +607,10 @@ std::vector<float> SaeTrainer::grads_host() const {
 
 void SaeTrainer::set_params_host(const std::vector<float>& p) {
     store_->write(ParamStore::Buffer::params, p);
+    if (!signum_) return;
+    store_->write(ParamStore::Buffer::adam_m, p);
+    store_->write(ParamStore::Buffer::adam_v, p);
+    at_rest_ = false;
 }
 
 void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
@@ -601,6 +628,12 @@ void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
     count_dead_over_latent_shards();
     step_ = step;
     tokens_ = tokens;
+    // signum: a checkpoint is at rest (rest()); the average's weights replayed from the schedule
+    // (every counted step applied one update at its lr).
+    at_rest_ = signum_;
+    lr_max_ = 0, weight_sum_ = 0;
+    if (signum_)
+        for (int64_t t = 0; t < step; ++t) next_average(lr_at(cfg_, t, total_steps_));
 }
 
 }  // namespace saetrain

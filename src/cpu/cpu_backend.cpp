@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "saetrain/backend.h"
@@ -416,6 +417,11 @@ public:
         for (int64_t i = 0; i < n; ++i) y[i] = b == 0.0f ? a * x[i] : a * x[i] + b * y[i];
     }
 
+    void swap(float* a, float* b, int64_t n) override {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) std::swap(a[i], b[i]);
+    }
+
     void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; ++r)
@@ -457,6 +463,11 @@ public:
 
     void adam(float* p, const float* g, float* m, float* v, int64_t n,
               const math::AdamScalars& s) override {
+        if (s.signum) {
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < n; ++i) math::signum_update(p[i], m[i], v[i], g[i], s);
+            return;
+        }
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; ++i) math::adam_update(p[i], m[i], v[i], g[i], s);
     }

@@ -207,6 +207,7 @@ public:
     void axpby(float* y, const float* x, float a, float b, int64_t n) override {
         cuda::axpby(stream(), y, x, a, b, n);
     }
+    void swap(float* a, float* b, int64_t n) override { cuda::swap(stream(), a, b, n); }
     void row_norms(const float* w, int64_t rows, int64_t cols, float* norms) override {
         cuda::row_norms(stream(), w, rows, cols, norms);
     }

@@ -94,6 +94,15 @@ __global__ void gated_forward_kernel(const float* pre, const float* b_gate, cons
     }
 }
 
+__global__ void swap_kernel(float* a, float* b, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const float t = a[i];
+        a[i] = b[i];
+        b[i] = t;
+    }
+}
+
 // y = a x + b y; b == 0 overwrites (a NaN or Inf in y does not survive), as BLAS does.
 __global__ void axpby_kernel(float* y, const float* x, float a, float b, int64_t n) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -106,7 +115,7 @@ __global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x) {
         float pi = p[i], mi = m[i], vi = v[i];
-        math::adam_update(pi, mi, vi, g[i], a);
+        math::optimizer_update(pi, mi, vi, g[i], a);
         p[i] = pi, m[i] = mi, v[i] = vi;
     }
 }
@@ -811,6 +820,12 @@ void gated_backward(cudaStream_t s, Workspace& ws, const GatedBackward& a) {
 void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n) {
     if (n <= 0) return;
     axpby_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, a, b, n);
+    SAE_CUDA_LAUNCH_CHECK();
+}
+
+void swap(cudaStream_t s, float* a, float* b, int64_t n) {
+    if (n <= 0) return;
+    swap_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, n);
     SAE_CUDA_LAUNCH_CHECK();
 }
 

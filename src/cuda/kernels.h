@@ -81,6 +81,8 @@ void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const 
                    const float* b_mag, int64_t rows, int64_t n, float* z, float* gate);
 void gated_backward(cudaStream_t s, Workspace& ws, const GatedBackward& a);
 void axpby(cudaStream_t s, float* y, const float* x, float a, float b, int64_t n);
+// Exchanges a[0, n) and b[0, n).
+void swap(cudaStream_t s, float* a, float* b, int64_t n);
 
 // The Switch SAE's row permutations (switch.cu); see SwitchOps (arch/switch.h).
 void gather_rows(cudaStream_t s, float* dst, const float* src, const int32_t* rows_of,

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda_check.h"
+#include "kernels.h"  // defines: normalize_rows
 #include "optimizer.h"
 
 namespace saetrain::cuda {
@@ -105,10 +106,10 @@ __global__ void sum_partials_kernel(const double* part, int64_t len, double* out
 
 __device__ __forceinline__ void adam4(float4& p, float4& m, float4& v, float4 g,
                                       const math::AdamScalars& a) {
-    math::adam_update(p.x, m.x, v.x, g.x, a);
-    math::adam_update(p.y, m.y, v.y, g.y, a);
-    math::adam_update(p.z, m.z, v.z, g.z, a);
-    math::adam_update(p.w, m.w, v.w, g.w, a);
+    math::optimizer_update(p.x, m.x, v.x, g.x, a);
+    math::optimizer_update(p.y, m.y, v.y, g.y, a);
+    math::optimizer_update(p.z, m.z, v.z, g.z, a);
+    math::optimizer_update(p.w, m.w, v.w, g.w, a);
 }
 
 // AdamW over [0, n): 16-byte loads and stores when vec.
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     for (; i < n; i += stride) {
         float pi = p[i], mi = m[i], vi = v[i];
-        math::adam_update(pi, mi, vi, g[i], a);
+        math::optimizer_update(pi, mi, vi, g[i], a);
         p[i] = pi, m[i] = mi, v[i] = vi;
     }
 }
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(kThreads)
             const float s = ww > 0.0f ? gw / ww : 0.0f;
             for (int64_t c = lane; c < cols; c += 32) {
                 float pc = pr[c], mc = mr[c], vc = vr[c];
-                math::adam_update(pc, mc, vc, gr[c] - s * pc, a);
+                math::optimizer_update(pc, mc, vc, gr[c] - s * pc, a);
                 pr[c] = pc, mr[c] = mc, vr[c] = vc;
                 pp += pc * pc;
             }
@@ -287,6 +288,10 @@ void optimizer_apply(cudaStream_t s, float* params, const float* grads, float* m
             p, g, m + r.offset, v + r.offset, unit.rows, unit.cols, vec && unit.cols % 4 == 0,
             scalars);
         SAE_CUDA_LAUNCH_CHECK();
+        if (scalars.signum) {  // the iterate and the average are unit rows too
+            normalize_rows(s, m + r.offset, unit.rows, unit.cols);
+            normalize_rows(s, v + r.offset, unit.rows, unit.cols);
+        }
     }
 }
 

@@ -207,6 +207,7 @@ void Checkpointer::join_and_commit() {
 void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, int64_t offset,
                         bool wait) {
     join_and_commit();
+    trainer.rest();  // signum: the checkpoint's weights are the SAE (the average)
     // Every replica's reader position goes into the SAE's checkpoint.
     const int64_t mine[2] = {epoch, offset};
     std::vector<int64_t> cursors(static_cast<size_t>(2 * replicas_.size()));
