@@ -88,19 +88,27 @@ PlantedRun train_planted(const SaeConfig& cfg, const fs::path& dir, int64_t epoc
     return run;
 }
 
-TEST(EndToEnd, TopkRecoversPlantedFeatures) {
-    TempDir tmp;
+// The planted-feature data of the recovery tests: 48-wide rows of 3 (Poisson) of 128 features
+// (magnitudes 0.5-2) plus noise 0.02, 60000 rows, in `dir`; callers change what they need.
+SynthOptions planted_options(const fs::path& dir) {
     SynthOptions so;
-    so.out_dir = tmp.path.string();
+    so.out_dir = dir.string();
     so.d_model = 48;
     so.n_features = 128;  // overcomplete: the features cannot be orthogonal
     so.active_per_row = 3.0;
     so.rows = 60000;
-    so.shards = 3;
+    so.shards = 2;
     so.noise_std = 0.02;
+    so.seed = 7;
+    return so;
+}
+
+TEST(EndToEnd, TopkRecoversPlantedFeatures) {
+    TempDir tmp;
+    SynthOptions so = planted_options(tmp.path);
+    so.shards = 3;
     so.dtype = DType::f16;  // exercise conversion on the way in
     so.chunked = true;
-    so.seed = 7;
     synth_write(so);
 
     SaeConfig cfg;
@@ -139,16 +147,7 @@ TEST(EndToEnd, TopkRecoversPlantedFeatures) {
 // features at a constant lr, sparsify's default scaled to this width (5e-3 / sqrt(n / 2^14)).
 TEST(EndToEnd, SignumRecoversPlantedFeatures) {
     TempDir tmp;
-    SynthOptions so;
-    so.out_dir = tmp.path.string();
-    so.d_model = 48;
-    so.n_features = 128;
-    so.active_per_row = 3.0;
-    so.rows = 60000;
-    so.shards = 2;
-    so.noise_std = 0.02;
-    so.seed = 7;
-    synth_write(so);
+    synth_write(planted_options(tmp.path));
     for (const std::string arch : {"topk", "batchtopk"}) {
         SaeConfig cfg;
         cfg.arch = arch;
@@ -538,16 +537,8 @@ class PlantedRecovery : public ::testing::TestWithParam<std::string> {};
 TEST_P(PlantedRecovery, EveryArchitectureFindsThePlantedFeatures) {
     static TempDir tmp;  // one dataset for all architectures (with a paired target set)
     static const bool written = [] {
-        SynthOptions so;
-        so.out_dir = tmp.path.string();
+        SynthOptions so = planted_options(tmp.path);
         so.target_dir = (tmp.path / "target").string();
-        so.d_model = 48;
-        so.n_features = 128;
-        so.active_per_row = 3.0;
-        so.rows = 60000;
-        so.shards = 2;
-        so.noise_std = 0.02;
-        so.seed = 7;
         synth_write(so);
         return true;
     }();
