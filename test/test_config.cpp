@@ -388,9 +388,13 @@ TEST(ConfigErrors, BadValuesNameKeyAndReason) {
         {"train: {lr: -1e-3}\n", "train.lr", "> 0"},
         {"train: {warmup_steps: -1}\n", "train.warmup_steps", ">= 0"},
         {"train: {l1_warmup_steps: -5}\n", "train.l1_warmup_steps", ">= 0"},
-        {"data: {path: d, batch_size: 0}\n", "data.batch_size", ">= 1"},
+        {"data: {path: d, batch_size: 0}\n", "data.batch_size", "in [1, 16777216]"},
+        {"data: {path: d, batch_size: 9223372036854775807}\n", "data.batch_size",
+         "in [1, 16777216]"},
         {"data: {path: d, epochs: 0}\n", "data.epochs", "data.max_tokens"},
-        {"data: {path: d, max_tokens: -3}\n", "data.max_tokens", ">= 0"},
+        {"data: {path: d, epochs: 9223372036854775807}\n", "data.epochs", "at most 1000000"},
+        {"data: {path: d, max_tokens: -3}\n", "data.max_tokens", "in [0, 9007199254740992]"},
+        {"data: {path: d, max_tokens: 9.2e18}\n", "data.max_tokens", "in [0, 9007199254740992]"},
         {"data: {path: d, shuffle_buffer_rows: -1}\n", "data.shuffle_buffer_rows", ">= 0"},
         {"sae: {k: 0}\n", "sae.k", ">= 1"},
         {"sae: {expansion: 0}\n", "sae.expansion", ">= 1"},
@@ -728,6 +732,19 @@ TEST(ConfigForData, KLargerThanLatentsNamesBothNumbersAndTheKey) {
     EXPECT_NO_THROW(
         config_validate_for_data(config_parse(kMinimal + "sae: {arch: relu, k: 999}\n"), 4));
     EXPECT_THROW(config_validate_for_data(c, 0), Error);
+}
+
+TEST(ConfigForData, ABatchLargerThanTheMachinesMemoryNamesTheKey) {
+    // 2^24 rows x d_model 2^20 as float32: 64 TiB for one step, more than any host has.
+    const Config c = config_parse("data: {path: d, batch_size: 16777216}\n");
+    EXPECT_NO_THROW(config_validate_for_data(c, 4));
+    try {
+        config_validate_for_data(c, int64_t{1} << 20);
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_HAS(e.what(), "data.batch_size 16777216 x d_model 1048576 needs 65536.0 GiB");
+        EXPECT_HAS(e.what(), "lower data.batch_size");
+    }
 }
 
 // ---- files -------------------------------------------------------------------------------------

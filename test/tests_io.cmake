@@ -1,5 +1,6 @@
 saetrain_add_test(test_partition saetrain::io)
 saetrain_add_test(test_shards saetrain::io saetrain_shard_oracle)
+saetrain_add_test(test_hostile_shards saetrain::io hdf5::hdf5)
 saetrain_add_test(test_synth saetrain::io saetrain_shard_oracle)
 saetrain_add_test(test_checkpoint saetrain::io saetrain_shard_oracle hdf5::hdf5)
 saetrain_add_test(test_loader saetrain::io saetrain_shard_oracle hdf5::hdf5)

@@ -26,6 +26,13 @@ struct RunConfig {
 // A key's list of strings (StringList, below; declared before DataConfig, which holds two).
 using StringList = std::vector<std::string>;
 
+// The largest data.batch_size, data.epochs and data.max_tokens accepted: far above any real
+// run, and low enough that every count made from them (rows x epochs, steps, buffer bytes) stays
+// far from int64's limit.
+constexpr int64_t kMaxBatchRows = int64_t{1} << 24;
+constexpr int64_t kMaxEpochs = 1000000;
+constexpr int64_t kMaxTokens = int64_t{1} << 53;
+
 struct DataConfig {
     // Directory or glob of .h5 shards (required): one for an SAE or a transcoder; for a
     // cross-layer transcoder (sae.arch clt) one per layer, in layer order (a YAML list).

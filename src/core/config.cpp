@@ -9,6 +9,7 @@
 // line beside their architecture, none here.
 #include "saetrain/config.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -176,7 +177,8 @@ auto above(int lo) {
 }
 
 // [lo, hi] when `closed`, else [lo, hi).
-auto within(int lo, int hi, bool closed = true) {
+template <class T>
+auto within(T lo, T hi, bool closed = true) {
     return must_be(
         fmt::format("in [{}, {}{}", lo, hi, closed ? "]" : ")"),
         [=](const auto& v, const Config&) { return v >= lo && (closed ? v <= hi : v < hi); });
@@ -291,13 +293,17 @@ std::vector<Field> make_fields() {
                 "transcoders: the target set (an MLP's output), row for row with data.path (clt: "
                 "a list, one per layer)",
                 kAny, no_empty_path()),
-        CFG_KEY(data, batch_size, "rows (tokens) per rank per optimizer step", kAny, at_least(1)),
-        CFG_KEY(
-            data, epochs, "passes over the data (unless data.max_tokens > 0)", kAny,
-            must_be(">= 1 unless data.max_tokens > 0",
-                    [](int64_t v, const Config& c) { return v >= 1 || c.data.max_tokens > 0; })),
+        // The upper bounds keep every count made from these (rows x epochs, steps, buffer
+        // bytes) far from int64's limit, each far above any real run.
+        CFG_KEY(data, batch_size, "rows (tokens) per rank per optimizer step", kAny,
+                within(int64_t{1}, kMaxBatchRows)),
+        CFG_KEY(data, epochs, "passes over the data (unless data.max_tokens > 0)", kAny,
+                must_be(fmt::format(">= 1 unless data.max_tokens > 0, and at most {}", kMaxEpochs),
+                        [](int64_t v, const Config& c) {
+                            return (v >= 1 || c.data.max_tokens > 0) && v <= kMaxEpochs;
+                        })),
         CFG_KEY(data, max_tokens, "a token budget instead of data.epochs (0: epochs)", kAny,
-                at_least(0, " (0: train for data.epochs)")),
+                within(int64_t{0}, kMaxTokens)),
         CFG_KEY(data, shuffle_buffer_rows, "rows mixed in memory for shuffling (0: in order)", kAny,
                 at_least(0, " (0: no shuffling)")),
         CFG_KEY(data, dataset, "the dataset's name inside each shard", kAny, not_empty()),
@@ -1135,6 +1141,19 @@ std::string config_to_yaml(const Config& cfg) {
 
 void config_validate_for_data(const Config& cfg, int64_t d_model) {
     SAE_ENFORCE(d_model >= 1, "{}: the data's d_model must be >= 1 (got {})", cfg.source, d_model);
+    {
+        // One step's rows as float32 are held in host memory whatever the backend: a batch
+        // larger than the machine's memory is named here, not met as std::bad_alloc.
+        const double step_bytes =
+            static_cast<double>(cfg.data.batch_size) * static_cast<double>(d_model) * sizeof(float);
+        const double machine = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                               static_cast<double>(sysconf(_SC_PAGE_SIZE));
+        SAE_ENFORCE(machine <= 0 || step_bytes < machine,
+                    "{}: data.batch_size {} x d_model {} needs {:.1f} GiB for one step's rows, "
+                    "more than this machine's {:.1f} GiB of memory; lower data.batch_size",
+                    cfg.source, cfg.data.batch_size, d_model, step_bytes / (1 << 30),
+                    machine / (1 << 30));
+    }
     std::vector<SaeConfig> scratch;
     const std::vector<SaeConfig>& points = points_of(cfg, scratch);
     for (const SaeConfig& s : points) {

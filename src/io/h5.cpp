@@ -94,8 +94,44 @@ File create_file(const std::string& path) {
     return f;
 }
 
-bool link_exists(hid_t loc, const std::string& name) {
-    return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0;
+namespace {
+
+// "FILE:OBJECT" of the last external link this thread refused to follow, or "".
+thread_local std::string refused_external_link;
+
+herr_t refuse_external_link(const char*, const char*, const char* file, const char* object,
+                            unsigned*, hid_t, void*) {
+    refused_external_link = fmt::format("{}:{}", file, object);
+    return -1;  // HDF5 fails the traversal before it opens `file`
+}
+
+// Link access with external links refused: an external link would make HDF5 open another file
+// (any path, a FIFO too) and read a dataset that is not stored in the file we were given.
+// `base` (a link or dataset access list, or H5P_DEFAULT) is copied, not changed.
+Plist no_external_links(hid_t base, hid_t cls) {
+    Plist p(SAE_H5_CHECK(base == H5P_DEFAULT ? H5Pcreate(cls) : H5Pcopy(base)));
+    SAE_H5_CHECK(H5Pset_elink_cb(p.get(), refuse_external_link, nullptr));
+    return p;
+}
+
+// Throws naming `path` when the last failed traversal met an external link.
+void throw_if_external_link(hid_t loc, const std::string& path, const std::string& name) {
+    if (refused_external_link.empty()) return;
+    const std::string target = std::exchange(refused_external_link, std::string());
+    throw Error(fmt::format(
+        "file {}: '{}' leads through an external link to {}; saetrain reads only data stored "
+        "in the file itself (copy it in with h5copy, or point the config at that file)",
+        path.empty() ? file_name(loc) : path, name, target));
+}
+
+}  // namespace
+
+bool link_exists(hid_t loc, const std::string& name, const std::string& path) {
+    Plist lapl = no_external_links(H5P_DEFAULT, H5P_LINK_ACCESS);
+    refused_external_link.clear();
+    const htri_t r = H5Lexists(loc, name.c_str(), lapl.get());
+    throw_if_external_link(loc, path, name);
+    return r > 0;
 }
 
 std::vector<std::string> list_root(hid_t file) {
@@ -112,7 +148,7 @@ std::vector<std::string> list_root(hid_t file) {
 }
 
 Dataset open_dataset(hid_t file, const std::string& name, const std::string& path, hid_t dapl) {
-    if (!link_exists(file, name)) {
+    if (!link_exists(file, name, path)) {
         std::string have;
         for (const auto& n : list_root(file)) have += (have.empty() ? "" : ", ") + n;
         throw Error(
@@ -120,7 +156,9 @@ Dataset open_dataset(hid_t file, const std::string& name, const std::string& pat
                         "choose the dataset name",
                         path, name, have.empty() ? "nothing" : have));
     }
-    Dataset d(H5Dopen2(file, name.c_str(), dapl));
+    Plist access = no_external_links(dapl, H5P_DATASET_ACCESS);
+    Dataset d(H5Dopen2(file, name.c_str(), access.get()));
+    throw_if_external_link(file, path, name);
     SAE_ENFORCE(d.valid(), "file {}: '{}' is not a readable dataset ({})", path, name,
                 last_error());
     return d;

@@ -91,7 +91,10 @@ File open_file(const std::string& path);
 // Creates or truncates `path` for writing.
 File create_file(const std::string& path);
 
-bool link_exists(hid_t loc, const std::string& name);
+// Whether `name` (a path under loc) exists. External links are never followed, here or by
+// open_dataset: one met on the way throws Error naming the file (`path`, or loc's file's name
+// when empty) and the link's target.
+bool link_exists(hid_t loc, const std::string& name, const std::string& path = "");
 // Names of the objects directly under the root group, for "has: ..." hints in errors.
 std::vector<std::string> list_root(hid_t file);
 

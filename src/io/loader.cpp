@@ -153,7 +153,12 @@ bool populate_without_writing(char* p, size_t bytes) {
 }
 
 int64_t rows_of_run(const LoaderOptions& opt, int64_t per_epoch) {
-    return opt.max_rows > 0 ? opt.max_rows : per_epoch * std::max<int64_t>(1, opt.epochs);
+    if (opt.max_rows > 0) return opt.max_rows;
+    int64_t rows = 0;
+    SAE_ENFORCE(!__builtin_mul_overflow(per_epoch, std::max<int64_t>(1, opt.epochs), &rows),
+                "data.epochs {} x {} rows overflows a row count; lower data.epochs", opt.epochs,
+                per_epoch);
+    return rows;
 }
 
 // The widest part's stored row: what one read request of read_bytes is cut by (each part's

@@ -2,10 +2,13 @@
 #include "saetrain/shards.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "h5.h"
 #include "saetrain/error.h"
@@ -113,9 +116,153 @@ DType classify_type(hid_t dset, hid_t file, const std::string& path, const std::
         path, name, size, what));
 }
 
+// --- where a shard's bytes live ------------------------------------------------------------
+// HDF5 answers where a dataset's elements are; these checks make sure that answer is inside the
+// file we were given and covers every row, so that only the bytes the user wrote are trained.
+// Each refusal is made here, at validation, before out_dir is locked or anything is written.
+
+#if H5_VERSION_GE(1, 12, 0)
+using ObjectInfo = H5O_info1_t;  // the 1.10 record (address, header size) under its 1.12 name
+#else
+using ObjectInfo = H5O_info_t;
+#endif
+
+// An extent of the file's metadata: [addr, addr + size), addresses relative to the base address
+// (after any user block), as HDF5 gives them.
+struct MetaExtent {
+    haddr_t addr = 0;
+    hsize_t size = 0;
+};
+
+// The superblock and every object header reachable by hard links. A header split into several
+// chunks is only known by its first byte (its other chunks lie elsewhere).
+std::vector<MetaExtent> metadata_extents(hid_t f) {
+    std::vector<MetaExtent> out;
+    H5F_info2_t fi{};
+    SAE_H5_CHECK(H5Fget_info2(f, &fi));
+    out.push_back({0, std::max<hsize_t>(fi.super.super_size, 1)});
+    SAE_H5_CHECK(H5Ovisit2(
+        f, H5_INDEX_NAME, H5_ITER_NATIVE,
+        [](hid_t, const char*, const ObjectInfo* info, void* data) -> herr_t {
+            static_cast<std::vector<MetaExtent>*>(data)->push_back(
+                {info->addr, info->hdr.nchunks == 1 ? info->hdr.space.total : 1});
+            return 0;
+        },
+        &out, H5O_INFO_BASIC | H5O_INFO_HDR));
+    return out;
+}
+
+// a x b, or nullopt when it does not fit in int64.
+std::optional<int64_t> times(int64_t a, int64_t b) {
+    int64_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+    return r;
+}
+
+// The filters of a chunked dataset that this HDF5 cannot decode, e.g. "32000 (lzf)".
+std::string missing_filters(hid_t dcpl) {
+    std::string missing;
+    const int n = H5Pget_nfilters(dcpl);
+    for (int i = 0; i < n; ++i) {
+        unsigned flags = 0, config = 0;
+        size_t nvalues = 0;
+        char name[64] = {};
+        const H5Z_filter_t id = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nvalues,
+                                               nullptr, sizeof(name), name, &config);
+        unsigned have = 0;
+        if (id >= 0 && H5Zfilter_avail(id) > 0 && H5Zget_filter_info(id, &have) >= 0 &&
+            (have & H5Z_FILTER_CONFIG_DECODE_ENABLED) != 0)
+            continue;
+        missing += fmt::format("{}{}{}", missing.empty() ? "" : ", ", static_cast<int>(id),
+                               name[0] ? fmt::format(" ({})", name) : "");
+    }
+    return missing;
+}
+
+// Throws naming the shard unless every element of dataset d ([rows, d_model] of `elem` bytes)
+// is stored in the shard file itself, inside it, apart from its metadata, and readable: no
+// virtual dataset, no external raw-data file, no filter this HDF5 lacks, no row never written,
+// no size larger than the file.
+void check_storage(hid_t f, hid_t d, const std::string& path, const std::string& name, int64_t rows,
+                   int64_t d_model, int64_t elem) {
+    h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(d)));
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    SAE_ENFORCE(layout != H5D_VIRTUAL,
+                "shard {}: dataset '{}' is a virtual dataset (its rows live in other files); "
+                "saetrain reads only data stored in the shard: write the rows into it (h5repack "
+                "-l CONTI, or copy them with h5py)",
+                path, name);
+    SAE_ENFORCE(H5Pget_external_count(dcpl.get()) <= 0,
+                "shard {}: dataset '{}' keeps its elements in external raw-data files; saetrain "
+                "reads only data stored in the shard: write the rows into it (h5repack -l CONTI)",
+                path, name);
+    if (layout == H5D_CHUNKED) {
+        const std::string missing = missing_filters(dcpl.get());
+        SAE_ENFORCE(missing.empty(),
+                    "shard {}: dataset '{}' is compressed with filter {}, which this HDF5 cannot "
+                    "decode; re-write it uncompressed (h5repack -f NONE) or with gzip",
+                    path, name, missing);
+    }
+    struct stat st {};
+    SAE_ENFORCE(::stat(path.c_str(), &st) == 0, "shard {}: cannot stat ({})", path,
+                std::strerror(errno));
+    const auto file_bytes = static_cast<int64_t>(st.st_size);
+    h5::Plist fcpl(SAE_H5_CHECK(H5Fget_create_plist(f)));
+    hsize_t user_block = 0;
+    SAE_H5_CHECK(H5Pget_userblock(fcpl.get(), &user_block));
+    const std::optional<int64_t> elems = times(rows, d_model);
+    const std::optional<int64_t> bytes = elems ? times(*elems, elem) : std::nullopt;
+    SAE_ENFORCE(bytes,
+                "shard {}: dataset '{}' declares [{}, {}] elements, over 2^63 bytes; its header "
+                "is damaged: re-write it",
+                path, name, rows, d_model);
+    if (layout == H5D_CONTIGUOUS) {
+        const haddr_t a = H5Dget_offset(d);
+        SAE_ENFORCE(a != HADDR_UNDEF,
+                    "shard {}: dataset '{}' was never written (HDF5 allocated no storage for it; "
+                    "reads would return fill values); re-write the shard",
+                    path, name);
+        const auto end = static_cast<int64_t>(user_block + a) + *bytes;
+        SAE_ENFORCE(static_cast<int64_t>(user_block + a) >= 0 && end >= 0 && end <= file_bytes,
+                    "shard {}: dataset '{}' says its {} bytes start at offset {}, past the end of "
+                    "the file ({} bytes); the file is truncated or damaged: re-write or re-copy it",
+                    path, name, *bytes, user_block + a, file_bytes);
+        for (const MetaExtent& m : metadata_extents(f)) {
+            const bool overlap = a < m.addr + m.size && m.addr < a + static_cast<hsize_t>(*bytes);
+            SAE_ENFORCE(!overlap,
+                        "shard {}: dataset '{}' says its elements lie at offset {}, over the "
+                        "file's own metadata (at {}); its header is damaged: re-write the shard",
+                        path, name, user_block + a, user_block + m.addr);
+        }
+    } else if (layout == H5D_CHUNKED) {
+        hsize_t chunk[2] = {0, 0};
+        SAE_ENFORCE(H5Pget_chunk(dcpl.get(), 2, chunk) == 2 && chunk[0] > 0 && chunk[1] > 0,
+                    "shard {}: dataset '{}' has an unreadable chunk shape; re-write the shard",
+                    path, name);
+        const auto per_dim = [](int64_t n, hsize_t c) {
+            return (static_cast<uint64_t>(n) + c - 1) / c;
+        };
+        uint64_t want = 0;
+        const bool fits =
+            !__builtin_mul_overflow(per_dim(rows, chunk[0]), per_dim(d_model, chunk[1]), &want);
+        h5::Space space(SAE_H5_CHECK(H5Dget_space(d)));
+        hsize_t have = 0;
+        SAE_H5_CHECK(H5Dget_num_chunks(d, space.get(), &have));
+        SAE_ENFORCE(fits && have == want,
+                    "shard {}: dataset '{}' has {} of its {} chunks written; rows in the others "
+                    "were never written (reads would return fill values): re-write the shard",
+                    path, name, have, fits ? fmt::format("{}", want) : "2^64 or more");
+    }
+    const bool compressed = layout == H5D_CHUNKED && H5Pget_nfilters(dcpl.get()) > 0;
+    SAE_ENFORCE(compressed || layout == H5D_COMPACT || *bytes <= file_bytes,
+                "shard {}: dataset '{}' declares [{}, {}] elements ({} bytes) but the file holds "
+                "{} bytes; it was never fully written or its header is damaged: re-write it",
+                path, name, rows, d_model, *bytes, file_bytes);
+}
+
 ShardMeta inspect_shard(const std::string& path, const std::string& name) {
     h5::File f = h5::open_file(path);
-    if (!h5::link_exists(f.get(), name)) {
+    if (!h5::link_exists(f.get(), name, path)) {
         std::string have;
         for (const auto& n : h5::list_root(f.get())) have += (have.empty() ? "" : ", ") + n;
         throw Error(fmt::format(
@@ -148,6 +295,7 @@ ShardMeta inspect_shard(const std::string& path, const std::string& name) {
     SAE_ENFORCE(m.d_model > 0, "shard {}: dataset '{}' has 0 columns; expected [rows, d_model]",
                 path, name);
     m.dtype = classify_type(d.get(), f.get(), path, name);
+    check_storage(f.get(), d.get(), path, name, m.rows, m.d_model, dtype_size(m.dtype));
     if (auto a = h5::read_attr_int64(d.get(), "d_model")) {
         SAE_ENFORCE(*a == m.d_model,
                     "shard {}: attribute d_model={} disagrees with the dataset's {} columns; fix "
@@ -185,7 +333,10 @@ DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dat
                         paths[i], dtype_name(m.dtype), dtype_name(info.dtype), paths[0]);
         }
         info.shards.push_back(ShardInfo{paths[i], m.rows, info.total_rows});
-        info.total_rows += m.rows;
+        SAE_ENFORCE(!__builtin_add_overflow(info.total_rows, m.rows, &info.total_rows),
+                    "dataset {}: the shards' rows add up to more than 2^63 (at shard {}); the "
+                    "shards' headers are damaged",
+                    path_or_glob, paths[i]);
     }
     return info;
 }
