@@ -12,10 +12,13 @@
 // written. The model and hook names come from the training data's shard attributes when the
 // shards are still at the path the run used; --model-name / --hook-name set them (for all).
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "app_cli.h"              // defines: cli_parse (--version, usage errors)
@@ -40,11 +43,29 @@ Input resolve_input(const std::string& given) {
     Input in{given, given};
     if (fs::is_directory(given)) in.path = (fs::path(given) / "final.h5").string();
     SAE_ENFORCE(fs::is_regular_file(in.path), "{}: no such SAE file", in.path);
-    SAE_ENFORCE(sae_is_checkpoint(in.path),
-                "{}: not an SAE file (no W_dec); give final.h5 or a "
-                "checkpoint-<step>.h5 from a run's sae/<id>/ directory",
-                in.path);
+    if (!sae_is_checkpoint(in.path)) {
+        sae_read_h5(in.path);  // says why: not HDF5, truncated, a dataset missing or damaged
+        throw Error(
+            fmt::format("{}: not an SAE file (no W_dec); give final.h5 or a "
+                        "checkpoint-<step>.h5 from a run's sae/<id>/ directory",
+                        in.path));
+    }
     return in;
+}
+
+// Throws naming the file and tensor when the weights hold NaN or Inf: an SAE that diverged or
+// was damaged would load into SAELens or sparsify and give NaN features without a word.
+void require_finite(const SaeWeights& w, const std::string& path) {
+    const std::pair<const char*, const std::vector<float>*> tensors[] = {
+        {"W_enc", &w.w_enc}, {"W_dec", &w.w_dec}, {"b_enc", &w.b_enc}, {"b_dec", &w.b_dec}};
+    for (const auto& [name, v] : tensors) {
+        const auto bad =
+            std::count_if(v->begin(), v->end(), [](float x) { return !std::isfinite(x); });
+        SAE_ENFORCE(bad == 0,
+                    "{}: {} holds {} non-finite value(s) (NaN/Inf); the SAE diverged or the file "
+                    "is damaged: export an earlier checkpoint (sae-inspect shows each one)",
+                    path, name, bad);
+    }
 }
 
 // With several inputs, each SAE's directory under --out: its SAE directory's name (a run's
@@ -63,6 +84,7 @@ void export_one(const Input& in, ExportFormat format, const std::string& out,
                 const ExportSource& given) {
     SaeMeta meta;
     const SaeWeights w = sae_read_h5(in.path, &meta);
+    require_finite(w, in.path);
     ExportSource src = given;  // the layer and circuit-tracer's hooks
     try {                      // the training data's description, when it is still there
         const Config cfg = config_parse(meta.config_yaml, {}, in.path);
@@ -73,7 +95,8 @@ void export_one(const Input& in, ExportFormat format, const std::string& out,
     }
     if (!model_name.empty()) src.model_name = model_name;
     if (!hook_name.empty()) src.hook_name = hook_name;
-    for (const std::string& p : sae_export(w, meta, format, out, src)) fmt::print("wrote {}\n", p);
+    for (const std::string& p : sae_export(w, meta, format, out, src))
+        fmt::print("wrote {}\n", printable(p));
     if (src.model_name.empty() || src.hook_name.empty())
         fmt::print(stderr,
                    "sae-export: note: {}: {} unknown (the shards carry no such attribute or are "
@@ -148,7 +171,7 @@ int main(int argc, char** argv) {
             export_one(saes[i], f, outs[i], model_name, hook_name, ct);
         return 0;
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "sae-export: error: %s\n", e.what());
+        std::fprintf(stderr, "sae-export: error: %s\n", printable(e.what()).c_str());
         return 1;
     }
 }

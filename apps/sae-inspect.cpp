@@ -36,9 +36,10 @@ void print_sae(const std::string& path) {
         hi = std::max(hi, n);
         sum += n;
     }
-    fmt::print("SAE {}\n", path);
-    fmt::print("  arch {}  id {}\n", meta.arch.empty() ? "?" : meta.arch,
-               meta.id.empty() ? "?" : meta.id);
+    // Strings from the file (its id, arch, model and hook attributes) may hold anything.
+    fmt::print("SAE {}\n", saetrain::printable(path));
+    fmt::print("  arch {}  id {}\n", meta.arch.empty() ? "?" : saetrain::printable(meta.arch),
+               meta.id.empty() ? "?" : saetrain::printable(meta.id));
     fmt::print("  d_model {}  n_latents {}  k {}\n", w.d_model, w.n_latents, meta.k);
     fmt::print("  step {}  tokens {}\n", meta.step, meta.tokens);
     fmt::print("  decoder row norm min {:.4f}  mean {:.4f}  max {:.4f}\n", lo,
@@ -90,13 +91,13 @@ void print_dataset(const std::string& path, const std::string& name) {
     for (const auto& s : info.shards) w = std::max(w, s.path.size());
     fmt::print("{:<{}}  {:>12}  {:>12}\n", "shard", w, "rows", "first_row");
     for (const auto& s : info.shards)
-        fmt::print("{:<{}}  {:>12}  {:>12}\n", s.path, w, s.rows, s.first_row);
+        fmt::print("{:<{}}  {:>12}  {:>12}\n", saetrain::printable(s.path), w, s.rows, s.first_row);
     double gb = static_cast<double>(info.total_rows) * static_cast<double>(info.d_model) *
                 saetrain::dtype_size(info.dtype) / 1e9;
     fmt::print("total: {} shards, {} rows, d_model {}, {}, {:.3f} GB\n", info.shards.size(),
                info.total_rows, info.d_model, saetrain::dtype_name(info.dtype), gb);
-    fmt::print("model: {}  hook: {}\n", info.model.empty() ? "-" : info.model,
-               info.hook.empty() ? "-" : info.hook);
+    fmt::print("model: {}  hook: {}\n", info.model.empty() ? "-" : saetrain::printable(info.model),
+               info.hook.empty() ? "-" : saetrain::printable(info.hook));
 }
 
 }  // namespace
@@ -129,7 +130,7 @@ int main(int argc, char** argv) {
         else
             print_dataset(path, dataset);
     } catch (const std::exception& e) {
-        fmt::print(stderr, "sae-inspect: error: {}\n", e.what());
+        fmt::print(stderr, "sae-inspect: error: {}\n", saetrain::printable(e.what()));
         return 1;
     }
     return 0;

@@ -453,7 +453,7 @@ int main(int argc, char** argv) {
         print_token_bytes(info, out);
         if (a.json) print_json(a, info, r, q, out);
     } catch (const Error& e) {
-        std::fprintf(stderr, "sae-iobench: error: %s\n", e.what());
+        std::fprintf(stderr, "sae-iobench: error: %s\n", printable(e.what()).c_str());
         return 1;
     }
     return 0;

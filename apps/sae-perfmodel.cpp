@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
             print_table(o, *g, in, p);
         return 0;
     } catch (const Error& e) {
-        std::fprintf(stderr, "sae-perfmodel: %s\n", e.what());
+        std::fprintf(stderr, "sae-perfmodel: %s\n", printable(e.what()).c_str());
         return 2;
     }
 }

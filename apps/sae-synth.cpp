@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
             o.chunked ? fmt::format(", chunks of {} rows", o.chunk_rows) : "",
             static_cast<double>(bytes) / 1e6, o.n_features);
     } catch (const std::exception& e) {
-        fmt::print(stderr, "sae-synth: error: {}\n", e.what());
+        fmt::print(stderr, "sae-synth: error: {}\n", saetrain::printable(e.what()));
         return 1;
     }
     return 0;

@@ -11,6 +11,7 @@
 // through the layers below.
 #include <fmt/format.h>
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -241,9 +242,10 @@ bool agree_on_startup(Communicator& world, const std::string& error) {
     if (failed == 0) return true;
     if (world.size() - world.rank() == failed) {
         if (world.size() > 1)
-            std::fprintf(stderr, "saetrain: error: rank %d: %s\n", world.rank(), error.c_str());
+            std::fprintf(stderr, "saetrain: error: rank %d: %s\n", world.rank(),
+                         printable(error).c_str());
         else
-            std::fprintf(stderr, "saetrain: error: %s\n", error.c_str());
+            std::fprintf(stderr, "saetrain: error: %s\n", printable(error).c_str());
     }
     return false;
 }
@@ -473,17 +475,18 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
                s.coords.describe(), s.backend->name(),
                s.backend_note.empty() ? "" : " | " + s.backend_note);
     fmt::print(
-        "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", s.data.source,
+        "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", printable(s.data.source),
         s.data.shards.size(), s.data.total_rows, s.data.d_model, dtype_name(s.data.dtype),
         static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) / 1e6);
     for (const DatasetInfo& more : s.more_inputs)
-        fmt::print("data {} | the next layer's input, row for row beside it (CLT)\n", more.source);
+        fmt::print("data {} | the next layer's input, row for row beside it (CLT)\n",
+                   printable(more.source));
     if (!s.target.shards.empty())
         fmt::print("target {} | {} shard(s), read row for row beside it (transcoder)\n",
-                   s.target.source, s.target.shards.size());
+                   printable(s.target.source), s.target.shards.size());
     for (const DatasetInfo& more : s.more_targets)
         fmt::print("target {} | the next layer's target, row for row beside it (CLT)\n",
-                   more.source);
+                   printable(more.source));
     // Batches move as stored (reader, ring, exchanges, upload) and are widened on the backend;
     // a transcoder's rows are its input and its target side by side.
     const int64_t value_bytes = dtype_size(s.data.dtype);
@@ -815,13 +818,14 @@ int dry_run(const Args& args) {
         const int ranks = args.ranks > 0 ? args.ranks : asked;
         const RankGrid grid = RankGrid::from_config(cfg, ranks);
         const std::vector<std::string> ids = sweep_ids(cfg, 0);
-        fmt::print("saetrain: {}: config OK: {} SAE{}: {}\n", cfg.source, ids.size(),
+        fmt::print("saetrain: {}: config OK: {} SAE{}: {}\n", printable(cfg.source), ids.size(),
                    ids.size() == 1 ? "" : "s", fmt::join(ids, ", "));
         fmt::print("saetrain: {} mode on {} rank(s): {}; out_dir {}; data {}\n", cfg.parallel.mode,
-                   ranks, grid.describe(), cfg.run.out_dir, fmt::join(cfg.data.path, ", "));
+                   ranks, grid.describe(), printable(cfg.run.out_dir),
+                   printable(fmt::format("{}", fmt::join(cfg.data.path, ", "))));
         return 0;
     } catch (const std::exception& e) {
-        fmt::print(stderr, "saetrain: error: {}\n", e.what());
+        fmt::print(stderr, "saetrain: error: {}\n", printable(e.what()));
         return 1;
     }
 }
@@ -842,6 +846,29 @@ void print_keys() {
 }
 
 }  // namespace
+
+// Resource limits too low for MPI, OpenMP and OpenBLAS to start, found before they start: under
+// them MPI_Init segfaults or spins and libgomp fails to create threads, with no line of ours.
+// Measured on the 2-core VM (1 rank, 2 threads): MPI start-up opens about 30 files and the
+// process needs 0.8 GiB of address space; the floors leave room for shards and more threads.
+// "" when the limits are fine.
+static std::string limits_too_low() {
+    constexpr rlim_t kMinFiles = 64;
+    constexpr rlim_t kMinAddressSpace = rlim_t{1} << 30;
+    rlimit r{};
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur != RLIM_INFINITY && r.rlim_cur < kMinFiles)
+        return fmt::format(
+            "the open-file limit (ulimit -n) is {}; MPI's start-up alone opens about 30 files and "
+            "each rank reads shards beside them: raise it to at least {} (ulimit -n 1024)",
+            r.rlim_cur, kMinFiles);
+    if (getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY &&
+        r.rlim_cur < kMinAddressSpace)
+        return fmt::format(
+            "the address-space limit (ulimit -v) is {} MiB; MPI, OpenMP and OpenBLAS need about "
+            "0.8 GiB to start, before any data: raise it to at least {} MiB (ulimit -v unlimited)",
+            r.rlim_cur >> 20, kMinAddressSpace >> 20);
+    return "";
+}
 
 int main(int argc, char** argv) {
     Args args;
@@ -875,6 +902,10 @@ int main(int argc, char** argv) {
         code >= 0)
         return code;
     if (args.dry_run) return dry_run(args);
+    if (const std::string low = limits_too_low(); !low.empty()) {
+        std::fprintf(stderr, "saetrain: error: %s\n", low.c_str());
+        return 1;
+    }
     MpiScope mpi(&argc, &argv);
     // From here on a stop signal is a request: honoured at the first iteration if it arrives
     // during start-up (the default action would kill the rank and leave its peers waiting).
@@ -892,11 +923,11 @@ int main(int argc, char** argv) {
         // rank's message is the one printed and the whole job is aborted.
         if (world->size() > 1) {
             std::fprintf(stderr, "saetrain: error: rank %d: %s; stopping all %d ranks\n",
-                         world->rank(), e.what(), world->size());
+                         world->rank(), printable(e.what()).c_str(), world->size());
             std::fflush(stderr);
             world_abort(1);
         }
-        std::fprintf(stderr, "saetrain: error: %s\n", e.what());
+        std::fprintf(stderr, "saetrain: error: %s\n", printable(e.what()).c_str());
         return 1;
     }
 }

@@ -785,6 +785,60 @@ TEST_F(Cli, OutDirThatCannotBeWrittenIsOneClearLine) {
     }
 }
 
+// Resource limits too low for MPI, OpenMP and OpenBLAS to start are named before they start (they
+// segfaulted or spun in MPI_Init, or libgomp failed to make threads, with no line of ours); a run
+// under limits above those floors trains.
+TEST_F(Cli, ResourceLimitsTooLowAreNamedBeforeMpiStarts) {
+    const std::string cmd = bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --threads 1";
+    Result r = run("ulimit -n 40 && " + cmd);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(r.out,
+              "saetrain: error: the open-file limit (ulimit -n) is 40; MPI's start-up alone opens "
+              "about 30 files and each rank reads shards beside them: raise it to at least 64 "
+              "(ulimit -n 1024)\n");
+    EXPECT_FALSE(fs::exists(dir / "run"));
+#if defined(__SANITIZE_ADDRESS__)
+    std::printf("ulimit -v: not tested (AddressSanitizer reserves terabytes of address space)\n");
+#else
+    r = run("ulimit -v 900000 && " + cmd);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("saetrain: error: the address-space limit (ulimit -v) is 878 MiB;"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(count(r.out, "\n"), 1u) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "run"));
+    r = run("ulimit -n 64 && ulimit -v 2097152 && " + cmd);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(fs::exists(dir / "run/COMPLETE")) << r.out;
+#endif
+}
+
+// A symlink to a file planted inside a run's directory (where saetrain appends to metrics.jsonl and
+// replaces or removes its files) is refused before anything is written through it, with or
+// without --overwrite; a linked directory (checkpoints/ on another disk) is not refused.
+TEST_F(Cli, SymlinksPlantedInARunDirectoryAreRefused) {
+    ASSERT_EQ(train().code, 0);
+    const fs::path victim = dir / "victim.txt";
+    std::ofstream(victim) << "someone's file\n";
+    fs::remove(dir / "run/metrics.jsonl");
+    fs::create_symlink(victim, dir / "run/metrics.jsonl");
+    for (const char* extra : {"", "--overwrite"}) {
+        const Result r = train(extra);
+        EXPECT_EQ(r.code, 1) << r.out;
+        EXPECT_EQ(r.out, "saetrain: error: run.out_dir " + (dir / "run").string() +
+                             ": metrics.jsonl is a symlink; saetrain writes only its own files in "
+                             "a run's directory and would write or remove through it: remove the "
+                             "link\n");
+        EXPECT_EQ(lines_of(victim), std::vector<std::string>{"someone's file"});
+        EXPECT_TRUE(fs::is_symlink(dir / "run/metrics.jsonl"));
+    }
+    fs::remove(dir / "run/metrics.jsonl");
+    fs::create_directories(dir / "elsewhere");
+    fs::remove_all(dir / "run/checkpoints");
+    fs::create_directory_symlink(dir / "elsewhere", dir / "run/checkpoints");
+    EXPECT_EQ(train("--overwrite").code, 0);
+}
+
 // Usage errors on every program: no arguments (where one is required), an unknown option and a
 // bad option value each print "PROGRAM: error: WHAT" and the usage line, and exit 2 (issue 34:
 // saetrain with no arguments exited 106, sae-export with two inputs 109, CLI11's own codes).

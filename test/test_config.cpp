@@ -777,6 +777,15 @@ TEST(ConfigFiles, SyntaxErrorNamesFileAndLine) {
     }
 }
 
+TEST(ConfigFiles, DeepNestingIsNamedNotABadFile) {
+    // yaml-cpp stops at 2000 levels with "bad file"; say what is wrong instead.
+    const std::string m =
+        parse_error("data: " + std::string(5000, '[') + std::string(5000, ']') + "\n");
+    EXPECT_HAS(m, "cfg.yaml:1:");
+    EXPECT_HAS(m, "YAML nested too deeply for the parser");
+    EXPECT_EQ(m.find("bad file"), std::string::npos) << m;
+}
+
 TEST(ConfigFiles, LoadSetsSourceAndAppliesOverrides) {
     TempFile f(kMinimal + "sae: {k: 16}\n");
     const Config c = config_load(f.path(), {"sae.k=20"});
@@ -1003,3 +1012,9 @@ TEST(ConfigKeys, SetTakesAnyKeyAsTheFileWould) {
 
 }  // namespace
 }  // namespace saetrain
+
+TEST(Printable, ControlCharactersBecomeEscapesOnOneLine) {
+    using saetrain::printable;
+    EXPECT_EQ(printable("runs/a\x1b[31mred\nnext\x7f"), "runs/a\\x1b[31mred\\x0anext\\x7f");
+    EXPECT_EQ(printable("caf\xc3\xa9 ok"), "caf\xc3\xa9 ok");  // UTF-8 is kept
+}

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "saetrain/checkpoint.h"
@@ -249,6 +250,34 @@ TEST(Export, SeveralSaesEachIntoTheirOwnDirectory) {
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_EQ(r.out, "sae-export: error: " + (tmp.path / "nope").string() + ": no such SAE file\n");
     EXPECT_FALSE(fs::exists(out2));
+}
+
+// A truncated SAE file is named as truncated (not "not an SAE file"), and one holding NaN
+// weights is refused naming the tensor, with nothing written.
+TEST(Export, TruncatedAndNonFiniteSaesAreRefusedSayingWhy) {
+    TempDir tmp;
+    const fs::path cut = tmp.path / "cut.h5", nan = tmp.path / "nan.h5";
+    sae_write_h5(cut.string(), small_weights(3, 4), meta_for("topk", 2));
+    fs::resize_file(cut, fs::file_size(cut) / 2);
+    SaeWeights w = small_weights(3, 4);
+    w.w_dec[5] = std::numeric_limits<float>::quiet_NaN();
+    w.b_enc[0] = std::numeric_limits<float>::infinity();
+    sae_write_h5(nan.string(), w, meta_for("topk", 2));
+    const std::string bin = std::string(SAETRAIN_BIN_DIR) + "/sae-export ";
+    auto r = saetrain::testing::run_command(bin + cut.string() + " --format saelens --out " +
+                                            (tmp.path / "o1").string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("file " + cut.string() + ": cannot open as HDF5 (truncated file"),
+              std::string::npos)
+        << r.out;
+    r = saetrain::testing::run_command(bin + nan.string() + " --format sparsify --out " +
+                                       (tmp.path / "o2").string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(r.out, "sae-export: error: " + nan.string() +
+                         ": W_dec holds 1 non-finite value(s) (NaN/Inf); the SAE diverged or "
+                         "the file is damaged: export an earlier checkpoint (sae-inspect shows "
+                         "each one)\n");
+    EXPECT_FALSE(fs::exists(tmp.path / "o2"));
 }
 
 // The exports as the reference safetensors library reads them (tools/check_export.py: names,

@@ -41,8 +41,8 @@ std::vector<float> values() {
 // contiguous): `write` false leaves it unwritten; `rows_written` < rows (chunked only) writes
 // that many rows and then extends the dataset to `rows`, as a writer killed mid-file would leave
 // it. Returns the dataset's contiguous offset (HADDR_UNDEF when chunked or unwritten).
-haddr_t write_file(const fs::path& path, hsize_t rows, hid_t dcpl = H5P_DEFAULT,
-                   bool write = true, hsize_t rows_written = kRows, hsize_t max_rows = 0,
+haddr_t write_file(const fs::path& path, hsize_t rows, hid_t dcpl = H5P_DEFAULT, bool write = true,
+                   hsize_t rows_written = kRows, hsize_t max_rows = 0,
                    const char* name = "activations") {
     hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     EXPECT_GE(f, 0) << path;
@@ -139,14 +139,12 @@ TEST(HostileShards, ExternalLinksAreNotFollowed) {
                        H5P_DEFAULT);
     H5Lcreate_external((tmp / "target.h5").c_str(), "/", f, "g", H5P_DEFAULT, H5P_DEFAULT);
     ASSERT_EQ(mkfifo((tmp / "fifo.h5").c_str(), 0600), 0);
-    H5Lcreate_external((tmp / "fifo.h5").c_str(), "/data", f, "to_fifo", H5P_DEFAULT,
-                       H5P_DEFAULT);
+    H5Lcreate_external((tmp / "fifo.h5").c_str(), "/data", f, "to_fifo", H5P_DEFAULT, H5P_DEFAULT);
     H5Fclose(f);
     const fs::path shard = tmp / "d/link.h5";
     expect_refused(shard, shard, "external link to " + (tmp / "target.h5") + ":/data");
     std::string msg = error_of([&] { dataset_open(shard.string(), "g/data"); });
-    EXPECT_NE(msg.find("external link to " + (tmp / "target.h5")), std::string::npos)
-        << msg;
+    EXPECT_NE(msg.find("external link to " + (tmp / "target.h5")), std::string::npos) << msg;
     const auto t0 = std::chrono::steady_clock::now();
     msg = error_of([&] { dataset_open(shard.string(), "to_fifo"); });
     EXPECT_NE(msg.find("fifo.h5"), std::string::npos) << msg;
@@ -161,8 +159,8 @@ TEST(HostileShards, VirtualDatasetsAndExternalRawFilesAreRefused) {
         hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
         ASSERT_GE(H5Pset_virtual(dcpl, space, (tmp / "missing.h5").c_str(), "/data", space), 0);
         hid_t f = H5Fcreate((tmp / "vds.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-        hid_t d = H5Dcreate2(f, "activations", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl,
-                             H5P_DEFAULT);
+        hid_t d =
+            H5Dcreate2(f, "activations", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
         ASSERT_GE(d, 0);
         H5Dclose(d);
         H5Fclose(f);

@@ -29,6 +29,11 @@ public:
 // symlink | ...>, not a regular file" (or "does not exist"), before anything opens it.
 void require_regular_file(const std::string& path, const std::string& what);
 
+// `text` safe to print on one terminal line: control characters (newlines, ESC of an ANSI
+// sequence planted in a path or a file's attribute) and DEL become \xNN; other bytes, UTF-8
+// included, are kept. Every program prints its error line and user-named strings through it.
+std::string printable(const std::string& text);
+
 }  // namespace saetrain
 
 // SAE_ENFORCE(cond, "fmt {}", args...): a user-facing precondition; the message is the error.

@@ -10,6 +10,7 @@
 #include "saetrain/config.h"
 
 #include <unistd.h>
+#include <yaml-cpp/depthguard.h>  // YAML::DeepRecursion
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -597,6 +598,11 @@ private:
         YAML::Node root;
         try {
             root = YAML::Load(text);
+        } catch (const YAML::DeepRecursion& e) {
+            throw Error(fmt::format(
+                "{}:{}:{}: YAML nested too deeply for the parser; a saetrain config is a "
+                "mapping of sections, each a mapping of keys (lists at most one level down)",
+                source_, e.mark.line + 1, e.mark.column + 1));
         } catch (const YAML::Exception& e) {
             throw Error(fmt::format("{}:{}:{}: YAML syntax error: {}", source_, e.mark.line + 1,
                                     e.mark.column + 1, e.msg));

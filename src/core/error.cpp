@@ -43,4 +43,17 @@ void require_regular_file(const std::string& path, const std::string& what) {
         fmt::format("{} {}: {}", what, path, err == ENOENT ? "no such file" : std::strerror(err)));
 }
 
+std::string printable(const std::string& text) {
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u < 0x20 || u == 0x7f)
+            out += fmt::format("\\x{:02x}", u);
+        else
+            out += c;
+    }
+    return out;
+}
+
 }  // namespace saetrain

@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -137,12 +138,23 @@ void Checkpointer::commit(int64_t step, int64_t iteration) {
         fs::create_directories(p.parent_path());
         const fs::path tmp = p.string() + ".tmp";
         {
+            errno = 0;
             std::ofstream f(tmp);
             f << fmt::format("{{\"step\": {}, \"iteration\": {}, \"world\": {}}}\n", step,
                              iteration, world_.size());
-            SAE_ENFORCE(f.good(), "cannot write {}", tmp.string());
+            f.flush();
+            SAE_ENFORCE(f.good(),
+                        "cannot write the commit marker {} ({}); the checkpoint at step {} is not "
+                        "committed: free space or fix permissions in {}, then resume",
+                        tmp.string(), errno ? std::strerror(errno) : "write failed", step,
+                        p.parent_path().string());
         }
-        fs::rename(tmp, p);
+        std::error_code ec;
+        fs::rename(tmp, p, ec);
+        SAE_ENFORCE(!ec,
+                    "cannot rename the commit marker {} into place ({}); the checkpoint at "
+                    "step {} is not committed",
+                    tmp.string(), ec.message(), step);
     }
     // A resumed run that had nothing left to do saves its restored step again.
     if (std::find(committed_.begin(), committed_.end(), step) == committed_.end())

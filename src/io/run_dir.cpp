@@ -47,7 +47,24 @@ void check_out_dir_is_ours(const std::string& out_dir) {
     SAE_ENFORCE(fs::is_directory(fs::status(out, ec)),
                 "run.out_dir {} exists and is not a directory; choose another run.out_dir",
                 out_dir);
-    if (fs::exists(out / ".saetrain.lock", ec) || fs::exists(out / "run.json", ec)) return;
+    if (fs::exists(out / ".saetrain.lock", ec) || fs::exists(out / "run.json", ec)) {
+        // A run's directory: saetrain appends to some of its files (metrics.jsonl, tb/) and
+        // replaces or removes others, so a symlink to a file planted there would be written or
+        // removed through. Directories may be links (checkpoints/ on another disk).
+        const auto opts = fs::directory_options::follow_directory_symlink |
+                          fs::directory_options::skip_permission_denied;
+        for (auto it = fs::recursive_directory_iterator(out, opts, ec);
+             !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+            if (it.depth() >= 3) it.disable_recursion_pending();
+            std::error_code e2;
+            if (it->is_symlink(e2) && !it->is_directory(e2))
+                throw Error(fmt::format(
+                    "run.out_dir {}: {} is a symlink; saetrain writes only its own files in a "
+                    "run's directory and would write or remove through it: remove the link",
+                    out_dir, it->path().lexically_relative(out).string()));
+        }
+        return;
+    }
     for (const auto& e : fs::directory_iterator(out, ec))
         throw Error(fmt::format(
             "run.out_dir {} holds files that no saetrain run wrote (e.g. '{}'); a run writes and "
