@@ -138,6 +138,32 @@ void load_eval_rows(Setup& s, const std::vector<DatasetInfo>& eval_parts) {
         s.eval_x = read_rows(eval_parts.empty() ? s.parts() : eval_parts, s.split.eval_mine);
 }
 
+// Whether out_dir holds this run, finished: its COMPLETE marks the run there (run_dir.h), which
+// was trained with this config. A finished run of another config is an error naming the keys;
+// a COMPLETE that is not the marker of the run there is ignored (rank 0 warns), and the run goes
+// on as an unfinished one would.
+bool holds_finished_run(const Setup& s, int rank) {
+    const fs::path out = s.out();
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(out / "COMPLETE", ec))) return false;
+    std::string why_not;
+    const std::optional<std::string> finished = finished_run_config(out.string(), &why_not);
+    if (!finished) {
+        if (rank == 0)
+            fmt::print(stderr,
+                       "saetrain: warning: ignoring {}: {}; the run goes on as unfinished\n",
+                       (out / "COMPLETE").string(), why_not);
+        return false;
+    }
+    const std::vector<std::string> diff =
+        config_result_differences(*finished, config_to_yaml(s.cfg));
+    SAE_ENFORCE(diff.empty(),
+                "run.out_dir {} holds a finished run trained with a different config ({}); pass "
+                "--overwrite to replace it or choose another run.out_dir",
+                out.string(), fmt::join(diff, "; "));
+    return true;
+}
+
 // What out_dir holds: a run to resume (committed checkpoints), a finished one, or one that died
 // before its first checkpoint, which restarts only if it is this same run (its config.yaml
 // agrees on every key that changes the result); anything else is kept. Rank 0 takes the lock.
@@ -148,7 +174,7 @@ void inspect_out_dir(Setup& s, const Args& args, int rank) {
         s.lock = std::make_unique<OutDirLock>(out.string());
     }
     s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
-    s.complete = !args.overwrite && fs::exists(out / "COMPLETE");
+    s.complete = !args.overwrite && holds_finished_run(s, rank);
     if (rank != 0 || s.resume || s.complete || args.overwrite || !fs::exists(out / "metrics.jsonl"))
         return;
     std::ifstream in(out / "config.yaml");
@@ -798,7 +824,8 @@ int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& st
     reporter.finish(mine, (s.out() / "summary.csv").string(), names, rows);
     world.barrier();
     if (root) {
-        std::ofstream(s.out() / "COMPLETE") << trainer.step_count() << "\n";
+        write_complete_marker(s.out().string(), trainer.step_count(), conn.steps,
+                              config_to_yaml(s.cfg));
         fmt::print("wrote {}/summary.csv and sae/<id>/final.h5\n", s.out().string());
     }
     return 0;

@@ -610,8 +610,9 @@ TEST(Quality, DecorrelationRmsOfKnownCorrelations) {
 
 TEST(Quality, GatesFromSumsAndTheirVerdicts) {
     QualityGates q;
-    // 100 rows, 4 latents: latent 0 fires on 50 rows (dense), 1 on 5, 2 on 1, 3 never (dead).
-    quality_from_sums(q, 100, 5.0, 100.0, 56.0, {50, 5, 1, 0});
+    // 100 rows of 8 values, 4 latents: latent 0 fires on 50 rows (dense), 1 on 5, 2 on 1, 3
+    // never (dead).
+    quality_from_sums(q, 100, 800.0, 5.0, 60.0, 100.0, 56.0, {50, 5, 1, 0});
     EXPECT_TRUE(q.measured);
     EXPECT_DOUBLE_EQ(q.rel_recon_err, 0.05);
     EXPECT_DOUBLE_EQ(q.zeros_frac, 1.0 - 56.0 / 400.0);
@@ -629,6 +630,33 @@ TEST(Quality, GatesFromSumsAndTheirVerdicts) {
     EXPECT_FALSE(q.pass());
     QualityGates none;
     EXPECT_FALSE(none.pass());
+    // Rows of no variance (the same sums, sst at the floor): FVU is undefined and the gates fail
+    // though each of the five passes (all-zero rows reconstruct with rel_recon_err 0).
+    QualityGates flat;
+    quality_from_sums(flat, 100, 800.0, 0.0, 100.0 * kFvuRelativeFloor, 100.0, 56.0, {5, 5, 5, 5});
+    flat.decorr_rms = 0.1;
+    EXPECT_TRUE(flat.no_variance);
+    EXPECT_FALSE(flat.pass());
+    EXPECT_EQ(flat.failures(), "no variance in the rows (FVU undefined)");
+}
+
+// FVU is sse / sst while the rows have variance, and undefined (NaN) below the floor: all-zero
+// rows, identical rows (sst is then the rounding residue of float32 sums) and denormal rows.
+TEST(Quality, FvuIsUndefinedOnRowsOfNoVariance) {
+    const double elements = 1000 * 16;
+    EXPECT_DOUBLE_EQ(fvu_from_sums(1.0, 4.0, 10.0, elements), 0.25);
+    // Data of any scale with real variance keeps its FVU: 1e-15-sized values with unit-relative
+    // spread.
+    EXPECT_DOUBLE_EQ(fvu_from_sums(1e-31, 4e-30, 8e-30, elements), 0.025);
+    EXPECT_TRUE(std::isnan(fvu_from_sums(0.0, 0.0, 0.0, elements)));  // all zeros
+    // Identical rows of a value around 3: sum ||x||^2 = 9 per value, and the float32 sums leave
+    // an sst of a few parts in 1e7 of it.
+    EXPECT_TRUE(std::isnan(fvu_from_sums(1e-3, 9.0 * elements * 3e-7, 9.0 * elements, elements)));
+    // Denormal rows (about 1e-41): their squares flush to zero in float32, or are at most 1e-82.
+    EXPECT_TRUE(std::isnan(fvu_from_sums(0.0, 1e-82 * elements, 2e-82 * elements, elements)));
+    EXPECT_TRUE(std::isnan(fvu_from_sums(1.0, -1e-9, 1.0, elements)));  // a rounding below zero
+    // Just above the relative floor, FVU is defined again.
+    EXPECT_FALSE(std::isnan(fvu_from_sums(1.0, 2e-5, 1.0, elements)));
 }
 
 }  // namespace

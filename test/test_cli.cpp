@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -687,6 +688,152 @@ TEST_F(Cli, NonFiniteDataIsSkippedOrStops) {
         << r.out;
     EXPECT_FALSE(fs::exists(dir / "run" / "COMPLETE"));
     EXPECT_FALSE(fs::exists(dir / "run" / "sae" / "topk-x2-k4" / "final.h5"));
+}
+
+// Hostile inputs (issue 35): COMPLETE says which run finished. A finished run started again with
+// another result-changing config names the keys and touches nothing; a marker that is not the
+// run's own (garbage, an older version's bare step count, another run's, a FIFO) is ignored with
+// one warning, and the stopped run it was planted in resumes from its checkpoint.
+TEST_F(Cli, CompleteMarkersCarryTheRunsIdentity) {
+    ASSERT_EQ(train().code, 0);
+    const fs::path out = dir / "run", marker = out / "COMPLETE";
+    const fs::path final_h5 = out / "sae/topk-x2-k4/final.h5";
+    const std::vector<std::string> written = lines_of(marker);
+    ASSERT_EQ(written.size(), 1u);
+    const auto j = nlohmann::json::parse(written[0]);
+    EXPECT_EQ(j.at("format"), "saetrain-complete-1");
+    EXPECT_EQ(j.at("steps"), 12);
+    EXPECT_EQ(j.at("total_steps"), 12);
+    EXPECT_EQ(j.at("config_digest").get<std::string>().rfind("xxh3:", 0), 0u) << written[0];
+
+    const auto h5_time = fs::last_write_time(final_h5);
+    const std::vector<std::string> config = lines_of(out / "config.yaml");
+    const std::vector<std::string> metrics = lines_of(out / "metrics.jsonl");
+    Result r = train("--set train.lr=0.01");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(line_with(r.out, "saetrain: error:"),
+              "saetrain: error: run.out_dir " + out.string() +
+                  " holds a finished run trained with a different config (train.lr: 0.005 -> "
+                  "0.01); pass --overwrite to replace it or choose another run.out_dir")
+        << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    EXPECT_EQ(fs::last_write_time(final_h5), h5_time);
+    EXPECT_EQ(lines_of(out / "config.yaml"), config);
+    EXPECT_EQ(lines_of(out / "metrics.jsonl"), metrics);
+    EXPECT_EQ(lines_of(marker), written);
+    // A key that cannot change the result: the same finished run, nothing to do.
+    r = train("--set log.every_steps=2");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("nothing to do"), std::string::npos) << r.out;
+    EXPECT_EQ(fs::last_write_time(final_h5), h5_time);
+
+    // Each foreign marker in a run stopped at a committed checkpoint (it said "nothing to do").
+    const std::string another_run =
+        R"({"format":"saetrain-complete-1","steps":12,"total_steps":12,)"
+        R"("config_digest":"xxh3:0123456789abcdef"})";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"done", "it is not a marker saetrain wrote"},
+        {"12",
+         "it holds only a step count (an older saetrain's marker), which does not say which run "
+         "finished"},
+        {written[0],
+         "it says 12 steps, but the newest committed checkpoint is at step {} "
+         "(another run's marker)"},
+        {another_run, "its config_digest xxh3:0123456789abcdef is not that of " +
+                          (out / "config.yaml").string() + " (another run's marker)"},
+        {"", "it is not a regular file"},  // a FIFO: never opened, so nothing blocks
+    };
+    for (const auto& [text, why] : cases) {
+        const Result stop = run("SAETRAIN_FAULT=0:7:TERM " + bin("saetrain") + " " +
+                                (dir / "cfg.yaml").string() + " --threads 1 --overwrite");
+        ASSERT_EQ(stop.code, 75) << stop.out;
+        const std::vector<int64_t> steps =
+            saetrain::checkpoint_steps((out / "sae/topk-x2-k4").string());
+        ASSERT_EQ(steps.size(), 1u);
+        ASSERT_LT(steps[0], 12);
+        ASSERT_FALSE(fs::exists(marker));
+        if (text.empty())
+            ASSERT_EQ(::mkfifo(marker.c_str(), 0600), 0);
+        else
+            std::ofstream(marker) << text << "\n";
+        r = run("timeout 60 " + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+                " --threads 1");
+        EXPECT_EQ(r.code, 0) << text << ": " << r.out;
+        EXPECT_EQ(line_with(r.out, "saetrain: warning: ignoring"),
+                  "saetrain: warning: ignoring " + marker.string() + ": " +
+                      fmt::format(fmt::runtime(why), steps[0]) + "; the run goes on as unfinished")
+            << r.out;
+        EXPECT_NE(r.out.find(fmt::format("resumed from the checkpoint at step {} ", steps[0])),
+                  std::string::npos)
+            << text << ": " << r.out;
+        EXPECT_EQ(lines_of(marker), written) << text;  // the finished run's own marker now
+    }
+}
+
+// Hostile inputs (issue 35): FVU on rows of no variance (identical, all-zero, denormal) is
+// undefined, not 0.0000: null in metrics.jsonl, an empty summary.csv cell, "n/a" on the console,
+// one warning per SAE and set of rows, and quality gates that fail.
+TEST_F(Cli, FvuOfDataWithoutVarianceIsUndefined) {
+    // Every row of both shards (contiguous float32: the last 1500 x 16 floats of each file).
+    auto plant = [&](const std::function<float(int64_t row, int64_t col)>& value) {
+        for (const char* name : {"shard_00000.h5", "shard_00001.h5"}) {
+            const fs::path p = dir / "data" / name;
+            std::vector<float> rows(1500 * 16);
+            for (int64_t i = 0; i < 1500 * 16; ++i) rows[i] = value(i / 16, i % 16);
+            std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+            f.seekp(static_cast<std::streamoff>(fs::file_size(p) - rows.size() * 4));
+            f.write(reinterpret_cast<const char*>(rows.data()),
+                    static_cast<std::streamsize>(rows.size() * 4));
+        }
+    };
+    const std::string warning = "saetrain: warning: topk-x2-k4: the ";
+    const std::string because =
+        " have (near) zero variance, so FVU is undefined (null in metrics.jsonl, n/a here) and "
+        "the quality gates fail; check the data (sae-inspect)";
+    // Identical rows, 512 of them held out.
+    plant([](int64_t, int64_t col) { return static_cast<float>(col + 1); });
+    Result r = train("--set data.eval_rows=512");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(line_with(r.out, warning), warning + "training batches" + because) << r.out;
+    EXPECT_EQ(line_with(r.out, warning + "held-out"), warning + "held-out rows" + because);
+    EXPECT_EQ(count(r.out, because), 2u) << "once per SAE and set of rows: " << r.out;
+    EXPECT_NE(r.out.find("| fvu n/a |"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("held-out (512 rows): fvu n/a |"), std::string::npos) << r.out;
+    const std::vector<std::string> log = lines_of(dir / "run/metrics.jsonl");
+    ASSERT_FALSE(log.empty());
+    for (const std::string& line : log) EXPECT_TRUE(nlohmann::json::parse(line)["fvu"].is_null());
+    EXPECT_TRUE(nlohmann::json::parse(log.back())["eval_fvu"].is_null()) << log.back();
+    auto summary = csv_rows(dir / "run/summary.csv");
+    ASSERT_EQ(summary.size(), 1u);
+    EXPECT_EQ(summary[0].at("fvu"), "");
+    EXPECT_EQ(summary[0].at("eval_fvu"), "");  // the column is there, its cell empty
+    EXPECT_EQ(summary[0].at("eval_rows"), "512");
+    EXPECT_EQ(summary[0].at("gates"), "FAIL");
+    EXPECT_EQ(summary[0].at("gates_failed").rfind("no variance in the rows (FVU undefined)", 0), 0u)
+        << summary[0].at("gates_failed");
+    // Resumed with nothing left to train: the summary still comes from the logged row (its null
+    // fvu read back as undefined, not a row to skip, which left an interval of zeros).
+    fs::remove(dir / "run/COMPLETE");
+    r = train("--set data.eval_rows=512");
+    ASSERT_EQ(r.code, 0) << r.out;
+    summary = csv_rows(dir / "run/summary.csv");
+    ASSERT_EQ(summary.size(), 1u);
+    EXPECT_GT(std::stod(summary[0].at("tokens_per_s")), 0.0);
+    EXPECT_EQ(summary[0].at("fvu"), "");
+    // All-zero and denormal rows (squares below float32's normal range), gates on the training
+    // steps.
+    for (const float tiny : {0.0f, 1e-41f}) {
+        plant([tiny](int64_t row, int64_t col) { return (row + col) % 2 ? tiny : -2 * tiny; });
+        r = train("--overwrite");
+        ASSERT_EQ(r.code, 0) << r.out;
+        EXPECT_EQ(line_with(r.out, warning), warning + "training batches" + because) << r.out;
+        summary = csv_rows(dir / "run/summary.csv");
+        ASSERT_EQ(summary.size(), 1u);
+        EXPECT_EQ(summary[0].at("fvu"), "") << tiny;
+        EXPECT_EQ(summary[0].at("gates_on"), "training");
+        EXPECT_EQ(summary[0].at("gates"), "FAIL") << tiny;
+        EXPECT_EQ(summary[0].at("gates_failed").rfind("no variance in the rows", 0), 0u) << tiny;
+    }
 }
 
 // Two runs on one out_dir: the second refuses with one line while the first holds the lock;

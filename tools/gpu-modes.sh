@@ -64,7 +64,7 @@ fvu() {
     python3 - "$out/runs/$1/summary.csv" "$2" <<'EOF'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get("k") == sys.argv[2]]
-print(rows[0]["eval_fvu"] if rows else "nan")
+print((rows[0]["eval_fvu"] or "nan") if rows else "nan")  # empty: FVU undefined (no variance)
 EOF
 }
 # check WHAT GOT WANT LIMIT

@@ -38,8 +38,10 @@ def saetrain_points(runs_dir):
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 if _num(r.get("eval_fvu")) is None:
-                    raise SystemExit(f"frontier: {path}: SAE {r.get('sae')} has no held-out "
-                                     "evaluation (eval_fvu); the run needs data.eval_path")
+                    why = ("'s held-out rows have no variance, so its FVU is undefined"
+                           if _num(r.get("eval_rows")) else
+                           " has no held-out evaluation (eval_fvu); the run needs data.eval_path")
+                    raise SystemExit(f"frontier: {path}: SAE {r.get('sae')}{why}")
                 k, target = _num(r.get("k")), _num(r.get("target_l0"))
                 if r["arch"] in ("relu", "gated", "jumprelu") and target:
                     setting, aim = f"target_l0={target:g}", target

@@ -110,4 +110,8 @@ private:
 std::vector<std::string> config_result_differences(const std::string& old_yaml,
                                                    const std::string& new_yaml);
 
+// A digest of the same keys' values ("xxh3:" and 16 hex digits): equal for two configs whose
+// result-changing keys agree as written. COMPLETE carries the finished run's (run_dir.h).
+std::string config_result_digest(const std::string& yaml);
+
 }  // namespace saetrain

@@ -24,8 +24,10 @@ class Communicator;
 
 // The SAE on held-out rows (SaeTrainer::evaluate), over all replicas' rows.
 struct EvalResult {
-    int64_t rows = 0;           // 0: nothing was evaluated
-    double fvu = 0;             // sum ||x_hat - x||^2 / sum ||x - mean||^2, mean over the set
+    int64_t rows = 0;  // 0: nothing was evaluated
+    // sum ||x_hat - x||^2 / sum ||x - mean||^2, mean over the set; NaN (undefined) when the set
+    // has no variance (fvu_from_sums, quality.h)
+    double fvu = 0;
     double l0 = 0;              // non-zero activations per row
     double dead_fraction = 0;   // latents that fire on no row of the set
     double dense_fraction = 0;  // latents that fire on more than 10% of its rows
@@ -71,9 +73,11 @@ private:
 // held-out rows (SaeTrainer::training_quality) and the architecture's summary.
 class QualityWindow {
 public:
-    QualityWindow(int64_t total_steps, int64_t n_local);
-    // A step's sums (over the replicas) when `step` is in the window.
-    void add(int64_t step, int64_t rows, double sse, double sum_sq_x, double l0,
+    // d: the values of a row the squared error is summed over (d_model).
+    QualityWindow(int64_t total_steps, int64_t n_local, int64_t d);
+    // A step's sums (over the replicas) when `step` is in the window; sst: its squared
+    // deviation from its batch's mean.
+    void add(int64_t step, int64_t rows, double sse, double sst, double sum_sq_x, double l0,
              const std::vector<int32_t>& fires, const std::vector<double>& arch_sums);
     // The gates over the window, the whole SAE's latents (gathered over latent shards).
     QualityGates gates(const ParamStore& store) const;
@@ -81,8 +85,8 @@ public:
     const std::vector<double>& arch_sums() const { return arch_sums_; }  // ArchPass::step_sums
 
 private:
-    int64_t start_ = 0, rows_ = 0;
-    double sse_ = 0, sum_sq_ = 0, l0_ = 0;
+    int64_t start_ = 0, rows_ = 0, d_ = 0;
+    double sse_ = 0, sst_ = 0, sum_sq_ = 0, l0_ = 0;
     std::vector<double> fired_;
     std::vector<double> arch_sums_;
 };

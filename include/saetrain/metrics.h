@@ -1,7 +1,9 @@
 // metrics.h — what a run reports: metrics.jsonl lines, the console progress line, summary.csv.
 //
 // One MetricsRow per SAE per log interval. Rates are over the interval, fvu over the interval
-// (sum of squared errors / sum of squared deviations from each batch's mean).
+// (sum of squared errors / sum of squared deviations from each batch's mean). fvu and eval_fvu
+// are NaN (undefined) on rows of no variance (fvu_from_sums, quality.h): null in metrics.jsonl,
+// an empty cell in summary.csv, "n/a" on the console.
 //
 // Throughput as a benchmark reports it: tflops = model FLOPs per token (sae_flops_per_token,
 // perfmodel.h) x tokens/s, for the SAE over all its replicas; mfu = tflops / the summed peak
@@ -89,6 +91,7 @@ std::string progress_line(const MetricsRow& row);
 std::string format_duration(double seconds);
 std::string format_count(double x);   // 12345 -> "12.3K"
 std::string format_tflops(double x);  // 3 significant digits: "0.194", "412"
+std::string format_fvu(double x);     // 4 decimals, "n/a" when undefined (NaN)
 // Peak resident set size of this process (VmHWM in /proc/self/status), bytes; 0 where that
 // cannot be read.
 int64_t host_peak_rss_bytes();

@@ -10,7 +10,8 @@
 //                   up to 2048 rows; latents that never fire there are left out) pass: < 0.3
 //   dead_fraction   latents that fire on none of the rows                   pass: < 0.10
 //   dense_fraction  latents that fire on more than 10% of the rows          pass: < 0.10
-// and `gates` is PASS when all five pass.
+// and `gates` is PASS when all five pass and the rows have variance: on rows of no variance
+// (fvu_from_sums: FVU undefined) the gates FAIL, whatever the five say.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,9 @@ namespace saetrain {
 struct QualityGates {
     bool measured = false;  // false: no rows were seen (nothing to judge)
     bool held_out = false;  // on the held-out rows, else on the end of training
+    // The rows have (near) zero variance, so FVU is undefined and the five figures judge an SAE
+    // that had nothing to learn (all-zero rows reconstruct with rel_recon_err 0).
+    bool no_variance = false;
     int64_t rows = 0;
     double rel_recon_err = 0, zeros_frac = 0, decorr_rms = 0, dead_fraction = 0, dense_fraction = 0;
     std::vector<double> density;  // per latent: the fraction of rows it fires on
@@ -34,10 +38,24 @@ struct QualityGates {
     std::string failures() const;
 };
 
-// Fills the gates from sums over `rows` rows: squared error, squared norm, non-zero
-// activations, and per-latent firing rows (n of them).
-void quality_from_sums(QualityGates& q, int64_t rows, double sse, double sum_sq_x, double l0,
-                       const std::vector<double>& fired_rows);
+// FVU, the fraction of the rows' variance the SAE leaves unexplained: sse / sst, from the sums
+// over `elements` values (rows x d_model) of the squared error (sse), the squared deviation from
+// the mean (sst) and the squared value (sum_sq_x). NaN (undefined) when the rows have no
+// variance to explain, that is when sst <= kFvuRelativeFloor x sum_sq_x (a variance under 1e-5
+// of the mean square: the float32 sums sst is the difference of carry about 1e-7 relative error
+// each, so below that sst is mostly rounding; identical rows leave such a residue) or when
+// sst <= elements x FLT_MIN (a variance per value below float32's smallest normal number: the
+// squares of such data are denormal or flush to zero). All-zero, identical and denormal rows are
+// undefined; data of any scale with real variance is not.
+constexpr double kFvuRelativeFloor = 1e-5;
+bool rows_have_variance(double sst, double sum_sq_x, double elements);
+double fvu_from_sums(double sse, double sst, double sum_sq_x, double elements);
+
+// Fills the gates from sums over `rows` rows: squared error, squared deviation from the mean,
+// squared norm, non-zero activations, and per-latent firing rows (n of them); `elements`: the
+// values summed (rows x d_model).
+void quality_from_sums(QualityGates& q, int64_t rows, double elements, double sse, double sst,
+                       double sum_sq_x, double l0, const std::vector<double>& fired_rows);
 
 // decorr_rms of activations on host: dense [rows, n], or `width` (idx, val) pairs per row
 // (val 0: unused). Uses at most 2048 rows and the 256 latents firing most among them; 0 when

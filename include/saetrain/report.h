@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,6 +79,7 @@ private:
     std::unique_ptr<MetricsLog> log_;
     std::map<std::string, std::unique_ptr<TensorBoardWriter>> tb_;  // by SAE id
     double log_write_s_ = 0;
+    std::set<std::string> warned_no_variance_;  // "<id>/<rows>": warned of an undefined FVU
 };
 
 }  // namespace saetrain

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +50,24 @@ void remove_stale_files(const std::string& out_dir);
 // On resume, metrics logged after the checkpoint will be logged again: drops the lines of the
 // metrics.jsonl at `path` whose step is after `step`.
 void drop_metrics_after(const std::string& path, int64_t step);
+
+// out_dir/COMPLETE, the last file a finished run writes (rank 0, atomically, after summary.csv
+// and every final.h5), says which run finished:
+//   {"format": "saetrain-complete-1", "steps": 1000, "total_steps": 1000,
+//    "config_digest": "xxh3:..."}
+// steps: the optimizer steps applied (those of the final checkpoint), total_steps: the run's
+// planned steps, config_digest: config_result_digest (checkpointer.h) of the config it trained,
+// which is out_dir/config.yaml.
+void write_complete_marker(const std::string& out_dir, int64_t steps, int64_t total_steps,
+                           const std::string& config_yaml);
+
+// The config.yaml of the finished run out_dir holds, when out_dir/COMPLETE is that run's marker:
+// a regular file that parses as write_complete_marker's, whose digest is that of
+// out_dir/config.yaml and whose step count is the newest committed checkpoint's (when any is
+// committed). Otherwise nothing, and `why_not` says why, e.g. "its config_digest xxh3:... is
+// not that of .../config.yaml (another run's marker)". A marker of the old format (the step
+// count alone) carries no identity and is not taken as one either.
+std::optional<std::string> finished_run_config(const std::string& out_dir, std::string* why_not);
 
 // What run.json says about the run besides its state: written when training starts.
 struct RunRecord {

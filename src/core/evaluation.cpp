@@ -109,26 +109,29 @@ EvalResult EvalSums::result(Communicator& replicas, const ParamStore& store,
     double mean_sq = 0;
     for (int64_t c = 0; c < d_; ++c) mean_sq += x_sum[c] * x_sum[c];
     const double sst = sums[2] - mean_sq / sums[0];
-    e.fvu = sst > 0 ? sums[1] / sst : 0.0;
+    const double elements = sums[0] * static_cast<double>(d_);
+    e.fvu = fvu_from_sums(sums[1], sst, sums[2], elements);
     e.l0 = sums[3] / sums[0];
     int64_t dead = 0, dense = 0;
     for (double f : fired_all) dead += f == 0, dense += f > 0.1 * sums[0];
     e.dead_fraction = static_cast<double>(dead) / static_cast<double>(n);
     e.dense_fraction = static_cast<double>(dense) / static_cast<double>(n);
-    quality_from_sums(e.quality, e.rows, sums[1], sums[2], sums[3], fired_all);
+    quality_from_sums(e.quality, e.rows, elements, sums[1], sst, sums[2], sums[3], fired_all);
     e.quality.held_out = true;
     e.quality.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
     return e;
 }
 
-QualityWindow::QualityWindow(int64_t total_steps, int64_t n_local)
+QualityWindow::QualityWindow(int64_t total_steps, int64_t n_local, int64_t d)
     : start_(total_steps - std::max<int64_t>(1, total_steps / 10)),
+      d_(d),
       fired_(static_cast<size_t>(n_local), 0.0) {}
 
-void QualityWindow::add(int64_t step, int64_t rows, double sse, double sum_sq_x, double l0,
-                        const std::vector<int32_t>& fires, const std::vector<double>& arch_sums) {
+void QualityWindow::add(int64_t step, int64_t rows, double sse, double sst, double sum_sq_x,
+                        double l0, const std::vector<int32_t>& fires,
+                        const std::vector<double>& arch_sums) {
     if (step < start_) return;
-    rows_ += rows, sse_ += sse, sum_sq_ += sum_sq_x;
+    rows_ += rows, sse_ += sse, sst_ += sst, sum_sq_ += sum_sq_x;
     l0_ += l0;
     for (size_t i = 0; i < fired_.size(); ++i) fired_[i] += fires[i];
     if (arch_sums_.size() != arch_sums.size()) arch_sums_.assign(arch_sums.size(), 0.0);
@@ -137,7 +140,8 @@ void QualityWindow::add(int64_t step, int64_t rows, double sse, double sum_sq_x,
 
 QualityGates QualityWindow::gates(const ParamStore& store) const {
     QualityGates q;
-    quality_from_sums(q, rows_, sse_, sum_sq_, l0_, store.all_latents(fired_));
+    quality_from_sums(q, rows_, static_cast<double>(rows_ * d_), sse_, sst_, sum_sq_, l0_,
+                      store.all_latents(fired_));
     return q;
 }
 

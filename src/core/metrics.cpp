@@ -144,10 +144,12 @@ std::optional<MetricsRow> metrics_last_row(const std::string& path, const std::s
         if (!j.is_object() || j.value("sae", std::string()) != sae) continue;
         MetricsRow r;
         r.sae = sae;
-        try {  // a field of another type (null for NaN) skips the row
+        try {  // a field of another type skips the row
             for (const MetricsField& f : metrics_fields()) {
                 if (!f.logged) continue;
-                if (f.count)
+                if (f.value && j.contains(f.name) && j[f.name].is_null())
+                    r.*f.value = std::nan("");  // as metrics_json writes NaN (an undefined fvu)
+                else if (f.count)
                     r.*f.count = j.value(f.name, defaults.*f.count);
                 else
                     r.*f.value = j.value(f.name, defaults.*f.value);
@@ -179,21 +181,25 @@ std::string format_duration(double s) {
 
 std::string format_tflops(double tflops) { return fmt::format("{:.3g}", tflops); }
 
+std::string format_fvu(double fvu) {
+    return std::isnan(fvu) ? std::string("n/a") : fmt::format("{:.4f}", fvu);
+}
+
 std::string progress_line(const MetricsRow& r) {
     std::string perf = fmt::format("{} TFLOP/s", format_tflops(r.tflops));
     if (r.mfu >= 0) perf += fmt::format(" | MFU {:.1f}%", 100.0 * r.mfu);
     if (r.gpu_mem_peak_GB > 0) perf += fmt::format(" | GPU mem {:.2f} GB", r.gpu_mem_peak_GB);
     if (r.host_mem_peak_GB > 0) perf += fmt::format(" | host mem {:.2f} GB", r.host_mem_peak_GB);
     std::string line = fmt::format(
-        "{} step {}/{} | {} tok/s | mse {:.3e} | fvu {:.4f} | l0 {:.1f} | dead {:.1f}% | "
+        "{} step {}/{} | {} tok/s | mse {:.3e} | fvu {} | l0 {:.1f} | dead {:.1f}% | "
         "wait {:.1f}% | {} | ETA {}",
-        r.sae, r.step, r.total_steps, format_count(r.tokens_per_s), r.mse, r.fvu, r.l0,
+        r.sae, r.step, r.total_steps, format_count(r.tokens_per_s), r.mse, format_fvu(r.fvu), r.l0,
         100.0 * r.dead_fraction, 100.0 * r.wait_fraction, perf, format_duration(r.eta_s));
     if (r.eval_rows > 0)
         line += fmt::format(
-            "\n{} held-out ({} rows): fvu {:.4f} | l0 {:.1f} | dead {:.1f}% | "
+            "\n{} held-out ({} rows): fvu {} | l0 {:.1f} | dead {:.1f}% | "
             "dense {:.1f}%",
-            r.sae, r.eval_rows, r.eval_fvu, r.eval_l0, 100.0 * r.eval_dead_fraction,
+            r.sae, r.eval_rows, format_fvu(r.eval_fvu), r.eval_l0, 100.0 * r.eval_dead_fraction,
             100.0 * r.eval_dense_fraction);
     return line;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "saetrain/error.h"
@@ -19,6 +20,7 @@ std::string QualityGates::failures() const {
     auto fail = [&](bool bad, const std::string& what) {
         if (bad) f += (f.empty() ? "" : "; ") + what;  // no comma: a summary.csv cell
     };
+    fail(no_variance, "no variance in the rows (FVU undefined)");
     fail(!(rel_recon_err < kMaxRelReconErr),
          fmt::format("rel_recon_err {:.3g} >= {:g}", rel_recon_err, kMaxRelReconErr));
     fail(!(zeros_frac > kMinZerosFrac),
@@ -32,11 +34,22 @@ std::string QualityGates::failures() const {
     return f;
 }
 
-void quality_from_sums(QualityGates& q, int64_t rows, double sse, double sum_sq_x, double l0,
-                       const std::vector<double>& fired_rows) {
+bool rows_have_variance(double sst, double sum_sq_x, double elements) {
+    return sst > kFvuRelativeFloor * sum_sq_x &&
+           sst > elements * static_cast<double>(std::numeric_limits<float>::min());
+}
+
+double fvu_from_sums(double sse, double sst, double sum_sq_x, double elements) {
+    return rows_have_variance(sst, sum_sq_x, elements) ? sse / sst
+                                                       : std::numeric_limits<double>::quiet_NaN();
+}
+
+void quality_from_sums(QualityGates& q, int64_t rows, double elements, double sse, double sst,
+                       double sum_sq_x, double l0, const std::vector<double>& fired_rows) {
     q.rows = rows;
     q.measured = rows > 0 && !fired_rows.empty();
     if (!q.measured) return;
+    q.no_variance = !rows_have_variance(sst, sum_sq_x, elements);
     const auto n = static_cast<double>(fired_rows.size()), r = static_cast<double>(rows);
     q.rel_recon_err = sum_sq_x > 0 ? sse / sum_sq_x : 0.0;
     q.zeros_frac = 1.0 - l0 / (r * n);

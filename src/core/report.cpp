@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <set>
 
 namespace saetrain {
 namespace {
@@ -183,7 +185,8 @@ std::vector<double> summary_pack(const SaeSummary& s) {
             g.zeros_frac,
             g.decorr_rms,
             g.dead_fraction,
-            g.dense_fraction};
+            g.dense_fraction,
+            g.no_variance ? 1.0 : 0.0};
 }
 
 void summary_unpack(SaeSummary& s, const double* x) {
@@ -194,6 +197,7 @@ void summary_unpack(SaeSummary& s, const double* x) {
     g.measured = x[6] > 0, g.held_out = x[6] > 1;
     g.rel_recon_err = x[7], g.zeros_frac = x[8], g.decorr_rms = x[9];
     g.dead_fraction = x[10], g.dense_fraction = x[11];
+    g.no_variance = x[12] > 0;
 }
 
 std::string fmt_g(double v) { return fmt::format("{:.6g}", v); }
@@ -204,17 +208,21 @@ struct Column {
     std::string name;
     std::function<std::string(const SaeSummary&)> cell;
     bool always = true;
+    // Also written when this holds for an SAE, its cell empty (an undefined figure).
+    std::function<bool(const SaeSummary&)> measured = nullptr;
 };
 
-// The final interval's value of a MetricsRow field, shown as metrics.jsonl shows it.
+// The final interval's value of a MetricsRow field, shown as metrics.jsonl shows it (an
+// undefined one, NaN and null there, as an empty cell: a missing figure, in a column that is
+// there when the field was measured).
 Column last_interval(const char* name, bool always = true) {
     const MetricsField& f = metrics_field(name);
     return {name,
             [&f](const SaeSummary& s) {
-                if (!f.shown_in(s.last)) return std::string();
+                if (!f.shown_in(s.last) || std::isnan(f.get(s.last))) return std::string();
                 return f.count ? std::to_string(s.last.*f.count) : fmt_g(s.last.*f.value);
             },
-            always};
+            always, [&f](const SaeSummary& s) { return f.shown_in(s.last); }};
 }
 
 std::vector<Column> summary_columns(const std::vector<SaeSummary>& sorted) {
@@ -297,6 +305,7 @@ void summary_csv_write(const std::string& path, const std::vector<SaeSummary>& s
         bool any = false;
         for (size_t i = 0; i < sorted.size(); ++i) {
             std::string cell = c.cell(sorted[i]);
+            any = any || (c.measured && c.measured(sorted[i]));
             if (cell.empty()) continue;
             any = true;
             rows[i][c.name] = std::move(cell);
@@ -307,6 +316,18 @@ void summary_csv_write(const std::string& path, const std::vector<SaeSummary>& s
 }
 
 // ---- the console tables ------------------------------------------------------------------------
+
+// Once per SAE and set of rows (training, held-out), the first time its FVU is undefined.
+void warn_if_no_variance(const MetricsRow& m, std::set<std::string>& warned) {
+    for (const auto& [fvu, rows] : {std::pair{m.fvu, "training batches"},
+                                    std::pair{m.eval_rows > 0 ? m.eval_fvu : 0.0, "held-out rows"}})
+        if (std::isnan(fvu) && warned.insert(m.sae + "/" + rows).second)
+            fmt::print(stderr,
+                       "saetrain: warning: {}: the {} have (near) zero variance, so FVU is "
+                       "undefined (null in metrics.jsonl, n/a here) and the quality gates fail; "
+                       "check the data (sae-inspect)\n",
+                       m.sae, rows);
+}
 
 bool any_of(const std::vector<SaeSummary>& out, const std::function<bool(const SaeSummary&)>& p) {
     return std::any_of(out.begin(), out.end(), p);
@@ -331,12 +352,13 @@ void print_sweep_table(const std::vector<SaeSummary>& out) {
         const double mem = any_gpu ? s.last.gpu_mem_peak_GB : s.last.host_mem_peak_GB;
         std::string held_out;
         if (any_eval && s.last.eval_rows > 0)
-            held_out = fmt::format("   {:>12.4f} {:>8.1f} {:>7.1f} {:>8.1f}", s.last.eval_fvu,
-                                   s.last.eval_l0, 100 * s.last.eval_dead_fraction,
-                                   100 * s.last.eval_dense_fraction);
-        fmt::print("{:<28} {:>8} {:>10.4f} {:>8.1f} {:>8.1f} {:>7.1f} {:>10} {:>9}{} {:>11}{}{}\n",
-                   s.last.sae, s.steps, s.last.fvu, s.last.l0, 100 * s.last.dead_fraction,
-                   100 * s.wait_fraction, format_count(s.tokens_per_s), format_tflops(s.tflops),
+            held_out = fmt::format(
+                "   {:>12} {:>8.1f} {:>7.1f} {:>8.1f}", format_fvu(s.last.eval_fvu), s.last.eval_l0,
+                100 * s.last.eval_dead_fraction, 100 * s.last.eval_dense_fraction);
+        fmt::print("{:<28} {:>8} {:>10} {:>8.1f} {:>8.1f} {:>7.1f} {:>10} {:>9}{} {:>11}{}{}\n",
+                   s.last.sae, s.steps, format_fvu(s.last.fvu), s.last.l0,
+                   100 * s.last.dead_fraction, 100 * s.wait_fraction, format_count(s.tokens_per_s),
+                   format_tflops(s.tflops),
                    any_mfu ? fmt::format(" {:>6}", s.mfu >= 0 ? fmt::format("{:.1f}", 100 * s.mfu)
                                                               : std::string("-"))
                            : "",
@@ -474,7 +496,10 @@ void RunReporter::gather(const MetricsRow& mine) {
             it->second->write(m.step, tensorboard_scalars(m));
     }
     log_write_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (const MetricsRow& m : rows) fmt::print("{}\n", progress_line(m));
+    for (const MetricsRow& m : rows) {
+        warn_if_no_variance(m, warned_no_variance_);
+        fmt::print("{}\n", progress_line(m));
+    }
     if (rows.size() > 1 || world_.size() > 1) print_all_line(blocks, rows);
     std::fflush(stdout);
 }

@@ -7,6 +7,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -313,8 +314,9 @@ std::string tensorboard_tag(const std::string& key) {
 std::vector<TbScalar> tensorboard_scalars(const MetricsRow& r) {
     std::vector<TbScalar> v;
     for (const MetricsField& f : metrics_fields()) {
-        // The same fields and conditions as metrics_json: absent there, absent here.
-        if (!f.logged || !f.scalar || !f.shown_in(r)) continue;
+        // The same fields and conditions as metrics_json: absent there, absent here. An
+        // undefined figure (NaN: fvu on rows of no variance; null there) is left out.
+        if (!f.logged || !f.scalar || !f.shown_in(r) || std::isnan(f.get(r))) continue;
         v.emplace_back(tensorboard_tag(f.name), static_cast<float>(f.get(r)));
     }
     return v;

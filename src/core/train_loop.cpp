@@ -8,6 +8,7 @@
 
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
+#include "saetrain/quality.h"  // defines: fvu_from_sums
 
 namespace saetrain {
 namespace {
@@ -20,10 +21,10 @@ double seconds_since(Clock::time_point t0) {
 // Sums over one log interval.
 struct Interval {
     int64_t steps = 0, rows = 0;
-    double loss = 0, sse = 0, sst = 0, l1 = 0, l0 = 0, grad_norm = 0, lr = 0;
+    double loss = 0, sse = 0, sst = 0, sum_sq_x = 0, l1 = 0, l0 = 0, grad_norm = 0, lr = 0;
     void add(const StepResult& r) {
         ++steps, rows += r.rows;
-        loss += r.loss, sse += r.sse, sst += r.sst, l1 += r.l1, l0 += r.l0;
+        loss += r.loss, sse += r.sse, sst += r.sst, sum_sq_x += r.sum_sq_x, l1 += r.l1, l0 += r.l0;
         grad_norm += r.grad_norm, lr = r.lr;
     }
 };
@@ -250,7 +251,10 @@ MetricsRow TrainLoop::metrics_row(const EvalResult* e) {
     m.lr = iv_.lr;
     m.loss = iv_.loss / steps;
     m.mse = iv_.sse / (rows * static_cast<double>(d_));
-    m.fvu = iv_.sst > 0 ? iv_.sse / iv_.sst : 0.0;
+    // NaN when the interval's rows have no variance (an interval of no rows keeps 0, as mse).
+    m.fvu = iv_.rows == 0 ? 0.0
+                          : fvu_from_sums(iv_.sse, iv_.sst, iv_.sum_sq_x,
+                                          static_cast<double>(iv_.rows * trainer_.d_model()));
     m.l0 = iv_.l0 / rows;
     m.l1 = iv_.l1 / rows;
     m.dead_fraction = trainer_.dead_fraction();

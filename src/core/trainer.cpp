@@ -48,7 +48,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       since_fired_(static_cast<size_t>(n_), 0),
       dead_(static_cast<size_t>(n_), 0),
       fires_host_(static_cast<size_t>(n_), 0),
-      window_(total_steps, n_) {
+      window_(total_steps, n_, d_) {
     signum_ = cfg.optimizer == "signum";
     const LatentShard placement = shard_or_whole(shard, n_total_);
     arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
@@ -551,7 +551,7 @@ void SaeTrainer::rest() {
 void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
     pass_->after_update({step_, total_steps_, r.rows, r.l0});
-    window_.add(step_, r.rows, r.sse, r.sum_sq_x, r.l0, fires_host_, arch_sums);
+    window_.add(step_, r.rows, r.sse, r.sst, r.sum_sq_x, r.l0, fires_host_, arch_sums);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {
         since_fired_[i] = fires_host_[i] > 0 ? 0 : since_fired_[i] + r.rows;

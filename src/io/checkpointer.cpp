@@ -15,6 +15,7 @@
 #include <regex>
 #include <sstream>
 
+#include "sae_file.h"  // defines: Checksum
 #include "saetrain/config.h"
 #include "saetrain/error.h"
 #include "saetrain/trainer_io.h"
@@ -73,13 +74,25 @@ void injected_kill_before_commit(int64_t step) {
 
 }  // namespace
 
+namespace {
+
+// The keys of a resolved config that change the result, with their values. Which keys those
+// are is said where each key is declared (config_keys, config.h).
+std::map<std::string, std::string> result_values(const std::string& yaml) {
+    std::map<std::string, std::string> out;
+    for (const auto& [k, v] : flatten(yaml))
+        if (config_key_changes_results(k)) out[k] = v;
+    return out;
+}
+
+}  // namespace
+
 std::vector<std::string> config_result_differences(const std::string& old_yaml,
                                                    const std::string& new_yaml) {
-    // Which keys change the result is said where each key is declared (config_keys, config.h).
     // A key one side lacks (a run from a version without it) counts as its default value.
     static const Config default_config;
-    static const auto defaults = flatten(config_to_yaml(default_config));
-    const auto a = flatten(old_yaml), b = flatten(new_yaml);
+    static const auto defaults = result_values(config_to_yaml(default_config));
+    const auto a = result_values(old_yaml), b = result_values(new_yaml);
     std::vector<std::string> keys;
     for (const auto& [k, v] : a) keys.push_back(k);
     for (const auto& [k, v] : b) keys.push_back(k);
@@ -87,7 +100,6 @@ std::vector<std::string> config_result_differences(const std::string& old_yaml,
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
     std::vector<std::string> diff;
     for (const std::string& k : keys) {
-        if (!config_key_changes_results(k)) continue;
         auto value = [&](const auto& side) -> std::string {
             if (auto i = side.find(k); i != side.end()) return i->second;
             if (auto i = defaults.find(k); i != defaults.end()) return i->second;
@@ -97,6 +109,15 @@ std::vector<std::string> config_result_differences(const std::string& old_yaml,
         if (va != vb) diff.push_back(fmt::format("{}: {} -> {}", k, va, vb));
     }
     return diff;
+}
+
+std::string config_result_digest(const std::string& yaml) {
+    Checksum sum;
+    for (const auto& [k, v] : result_values(yaml)) {
+        const std::string line = k + ": " + v + "\n";
+        sum.add(line.data(), line.size());
+    }
+    return sum.text();
 }
 
 Checkpointer::Checkpointer(Communicator& world, Communicator& replicas, std::string out_dir,

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "atomic_file.h"            // defines: atomic_write
@@ -167,6 +168,99 @@ void drop_metrics_after(const std::string& path, int64_t step) {
     in.close();
     std::ofstream out(path, std::ios::trunc);
     for (const std::string& l : keep) out << l << "\n";
+}
+
+// ---- COMPLETE ----------------------------------------------------------------------------------
+
+namespace {
+
+constexpr char kCompleteFormat[] = "saetrain-complete-1";
+
+// A regular file's text, at most max_bytes of it (not through a symlink, not a FIFO that would
+// block), or nothing and why not ("is not a regular file": the file is its subject).
+std::optional<std::string> read_small_file(const fs::path& path, std::uintmax_t max_bytes,
+                                           std::string* why_not) {
+    std::error_code ec;
+    const fs::file_status st = fs::symlink_status(path, ec);
+    if (ec || !fs::exists(st)) {
+        *why_not = "does not exist";
+        return std::nullopt;
+    }
+    if (!fs::is_regular_file(st)) {
+        *why_not = "is not a regular file";
+        return std::nullopt;
+    }
+    if (fs::file_size(path, ec) > max_bytes || ec) {
+        *why_not = fmt::format("is larger than {} bytes", max_bytes);
+        return std::nullopt;
+    }
+    std::ifstream in(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    if (in.bad()) {
+        *why_not = "cannot be read";
+        return std::nullopt;
+    }
+    return text;
+}
+
+}  // namespace
+
+void write_complete_marker(const std::string& out_dir, int64_t steps, int64_t total_steps,
+                           const std::string& config_yaml) {
+    nlohmann::ordered_json j;
+    j["format"] = kCompleteFormat;
+    j["steps"] = steps;
+    j["total_steps"] = total_steps;
+    j["config_digest"] = config_result_digest(config_yaml);
+    const std::string path = (fs::path(out_dir) / "COMPLETE").string();
+    atomic_write(path, [&](const std::string& tmp) {
+        std::ofstream f(tmp, std::ios::binary);
+        f << j.dump() << "\n";
+        f.flush();
+        SAE_ENFORCE(f.good(), "cannot write {}: {}", path, std::strerror(errno));
+    });
+}
+
+std::optional<std::string> finished_run_config(const std::string& out_dir, std::string* why_not) {
+    const fs::path out = out_dir;
+    std::string why;
+    // A marker is under 200 bytes; config.yaml is held to config_load's limit.
+    const std::optional<std::string> text = read_small_file(out / "COMPLETE", 4096, &why);
+    const auto fail = [&](const std::string& reason) {
+        *why_not = reason;
+        return std::nullopt;
+    };
+    if (!text) return fail("it " + why);
+    const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_number_integer())
+        return fail(
+            "it holds only a step count (an older saetrain's marker), which does not say "
+            "which run finished");
+    const auto has = [&j](const char* key, bool (nlohmann::json::*is)() const noexcept) {
+        return j.contains(key) && (j[key].*is)();
+    };
+    const bool ours = j.is_object() && has("format", &nlohmann::json::is_string) &&
+                      j["format"] == kCompleteFormat &&
+                      has("steps", &nlohmann::json::is_number_integer) &&
+                      has("total_steps", &nlohmann::json::is_number_integer) &&
+                      has("config_digest", &nlohmann::json::is_string);
+    if (!ours) return fail("it is not a marker saetrain wrote");
+    const std::optional<std::string> config = read_small_file(out / "config.yaml", 4 << 20, &why);
+    if (!config)
+        return fail(fmt::format("{} {}, so it cannot say which run finished",
+                                (out / "config.yaml").string(), why));
+    const std::string digest = j["config_digest"].get<std::string>();
+    if (digest != config_result_digest(*config))
+        return fail(fmt::format("its config_digest {} is not that of {} (another run's marker)",
+                                digest, (out / "config.yaml").string()));
+    const auto steps = j["steps"].get<int64_t>();
+    const std::vector<int64_t> committed = Checkpointer::committed_steps(out_dir);
+    if (!committed.empty() && committed.front() != steps)
+        return fail(fmt::format(
+            "it says {} steps, but the newest committed checkpoint is at step {} (another run's "
+            "marker)",
+            steps, committed.front()));
+    return config;
 }
 
 // ---- run.json ----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@
 #include "common.h"
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
+#include "saetrain/quality.h"  // defines: rows_have_variance
 
 namespace saetrain::arch {
 namespace {
@@ -128,13 +129,16 @@ public:
         return BatchTopkPass::penalty(st) + sse;
     }
 
-    // BatchTopK's {threshold, 1}, then this step's SST (sum ||x - mean||^2) and each inner
-    // prefix's squared error: the training window's prefix FVUs (summarize).
+    // BatchTopK's {threshold, 1}, then this step's SST (sum ||x - mean||^2), sum ||x||^2 and
+    // values (rows x d), and each inner prefix's squared error: the training window's prefix
+    // FVUs (summarize).
     std::vector<double> step_sums() const override {
         std::vector<double> s = BatchTopkPass::step_sums();
         if (prefixes_.empty()) return s;
         refresh();
         s.push_back(step_sst_);
+        s.push_back(host_stats_[kStatSumSqX]);
+        s.push_back(static_cast<double>(rows_ * d_));
         for (size_t i = 0; i < prefixes_.size(); ++i)
             s.push_back(host_stats_[i * kStatCount + kStatSse]);
         return s;
@@ -145,22 +149,24 @@ public:
 
     // Each inner prefix's FVU: `fvu_prefix<m>` over the training window (the last tenth of the
     // steps), `eval_fvu_prefix<m>` over the held-out rows of the evaluation after the last
-    // training step, when there was one (this replica's share of them).
+    // training step, when there was one (this replica's share of them). Rows of no variance
+    // have no FVU (fvu_from_sums, quality.h): the figures are left out.
     std::vector<std::pair<std::string, double>> summarize(
         const std::vector<double>& w, const std::vector<double>&) const override {
         std::vector<std::pair<std::string, double>> out;
         const size_t P = prefixes_.size();
         if (P == 0) return out;
-        if (w.size() == 3 + P && w[2] > 0)
+        if (w.size() == 5 + P && rows_have_variance(w[2], w[3], w[4]))
             for (size_t i = 0; i < P; ++i)
-                out.emplace_back(fmt::format("fvu_prefix{}", prefixes_[i]), w[3 + i] / w[2]);
+                out.emplace_back(fmt::format("fvu_prefix{}", prefixes_[i]), w[5 + i] / w[2]);
         if (eval_rows_ > 0) {
             double mean_sq = 0;
             for (double v : eval_xsum_) mean_sq += v * v;
             const double sst = eval_sumsq_ - mean_sq / eval_rows_;
-            for (size_t i = 0; i < P; ++i)
-                out.emplace_back(fmt::format("eval_fvu_prefix{}", prefixes_[i]),
-                                 sst > 0 ? eval_sse_[i] / sst : 0.0);
+            if (rows_have_variance(sst, eval_sumsq_, eval_rows_ * static_cast<double>(d_)))
+                for (size_t i = 0; i < P; ++i)
+                    out.emplace_back(fmt::format("eval_fvu_prefix{}", prefixes_[i]),
+                                     eval_sse_[i] / sst);
         }
         return out;
     }
