@@ -36,6 +36,7 @@
 #include "saetrain/data_split.h"        // defines: data_split_for (a rank's slice, seed, held-out)
 #include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
 #include "saetrain/fault.h"             // defines: Fault, fault_from_env (SAETRAIN_FAULT)
+#include "saetrain/host_alloc.h"        // defines: machine_memory_bytes
 #include "saetrain/loader.h"            // defines: ShardBatchSource (a rank's slice, shuffled)
 #include "saetrain/metrics.h"           // defines: metrics_last_row
 #include "saetrain/mpi_world.h"         // defines: MpiScope, make_mpi_world, node_placement
@@ -134,6 +135,15 @@ struct Setup {
 // `eval_parts` (data.eval_path and a transcoder's data.eval_target_path), or the last rows of
 // the training parts.
 void load_eval_rows(Setup& s, const std::vector<DatasetInfo>& eval_parts) {
+    const double bytes = static_cast<double>(s.split.eval_mine.size()) *
+                         static_cast<double>(s.row_width()) * sizeof(float);
+    const double machine = machine_memory_bytes();
+    SAE_ENFORCE(!s.split.loads_eval || machine <= 0 || bytes < machine / 2,
+                "{}: the held-out rows this rank keeps in memory ({} rows x {} values as float32, "
+                "{:.1f} GiB) would take more than half of this machine's {:.1f} GiB; lower "
+                "data.eval_rows",
+                s.cfg.source, s.split.eval_mine.size(), s.row_width(), bytes / (1 << 30),
+                machine / (1 << 30));
     if (s.split.loads_eval)
         s.eval_x = read_rows(eval_parts.empty() ? s.parts() : eval_parts, s.split.eval_mine);
 }
@@ -470,7 +480,9 @@ void prepare_out_dir(const Setup& s) {
             fs::remove_all(out / f);
     fs::create_directories(out);
     remove_stale_files(out.string());
-    write_run_config(out.string(), config_to_yaml(s.cfg));
+    // A resume keeps the config.yaml it was trained with until the checkpoint has accepted the
+    // new config (resume_if_any): a refused resume leaves the run as it was.
+    if (!s.resume) write_run_config(out.string(), config_to_yaml(s.cfg));
 }
 
 // Settings that the run's length makes meaningless: said before training.
@@ -554,6 +566,7 @@ int64_t resume_if_any(Setup& s, const Args& args, Communicator& world, Checkpoin
     opt.start_iteration = at->iteration;
     opt.initialized = true;
     if (world.rank() == 0) {
+        write_run_config(s.out().string(), config_to_yaml(s.cfg));
         drop_metrics_after((s.out() / "metrics.jsonl").string(), at->step);
         fmt::print(
             "resumed from the checkpoint at step {} ({} iterations done; read and "

@@ -306,15 +306,18 @@ TEST_F(Cli, ForeignOutDirsAndNonRegularFilesAreRefusedBeforeAnythingIsWritten) {
                             " --overwrite --set run.out_dir=" + (dir / "home/.").string());
     EXPECT_EQ(home.code, 1) << home.out;
     EXPECT_NE(home.out.find("is the home directory"), std::string::npos) << home.out;
-    // A run's own directory is still ours: a planted config.yaml symlink is replaced by the
-    // run's file, never written through; a planted lock-file symlink is refused.
+    // A run's own directory is still ours: a planted config.yaml or lock-file symlink is refused
+    // (SymlinksPlantedInARunDirectoryAreRefused has the other files), never written through.
     ASSERT_EQ(train().code, 0);
     std::ofstream(dir / "victim.txt") << "keep\n";
     fs::remove(dir / "run/config.yaml");
     fs::create_symlink(dir / "victim.txt", dir / "run/config.yaml");
-    ASSERT_EQ(train("--overwrite").code, 0);
-    EXPECT_FALSE(fs::is_symlink(dir / "run/config.yaml"));
+    const Result cfg_link = train("--overwrite");
+    EXPECT_EQ(cfg_link.code, 1) << cfg_link.out;
+    EXPECT_NE(cfg_link.out.find("config.yaml is a symlink"), std::string::npos) << cfg_link.out;
+    EXPECT_TRUE(fs::is_symlink(dir / "run/config.yaml"));
     EXPECT_EQ(lines_of(dir / "victim.txt"), std::vector<std::string>{"keep"});
+    fs::remove(dir / "run/config.yaml");
     fs::remove(dir / "run/.saetrain.lock");
     fs::create_symlink(dir / "victim.txt", dir / "run/.saetrain.lock");
     const Result lock = train("--overwrite");

@@ -210,6 +210,45 @@ TEST(HostileShards, DataAddressesOverMetadataOrPastTheEndAreRefused) {
     expect_refused(tmp / "b.h5", tmp / "b.h5", "past the end of the file");
 }
 
+// A chunk whose index entry points into the file's metadata is refused when the shard's storage
+// is probed (before any row is read), not read from the header.
+TEST(HostileShards, ChunkAddressesOverMetadataAreRefused) {
+    TempDir tmp;
+    const fs::path path = tmp / "a.h5";
+    hid_t c = chunked(kRows);
+    write_file(path, kRows, c);
+    H5Pclose(c);
+    haddr_t at = HADDR_UNDEF;
+    {
+        hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+        hid_t d = H5Dopen2(f, "activations", H5P_DEFAULT);
+        hsize_t coord[2] = {0, 0}, size = 0;
+        unsigned mask = 0;
+        ASSERT_GE(H5Dget_chunk_info_by_coord(d, coord, &mask, &at, &size), 0);
+        H5Dclose(d);
+        H5Fclose(f);
+    }
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    std::vector<char> bytes(at);
+    io.read(bytes.data(), static_cast<std::streamsize>(at));
+    std::vector<size_t> hits;
+    for (size_t i = 0; i + 8 <= bytes.size(); ++i)
+        if (std::memcmp(bytes.data() + i, &at, 8) == 0) hits.push_back(i);
+    ASSERT_EQ(hits.size(), 1u) << "the chunk's address should appear once, in the chunk index";
+    const uint64_t into_superblock = 8;
+    io.clear();
+    io.seekp(static_cast<std::streamoff>(hits[0]));
+    io.write(reinterpret_cast<const char*>(&into_superblock), 8);
+    io.close();
+    const DatasetInfo info = dataset_open(path);
+    const std::string msg = error_of([&] { read_rows(info, {0, 4}); });
+    EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the chunk of rows [0, 256) of dataset 'activations' lies at offset 8, over "
+                       "the file's own metadata"),
+              std::string::npos)
+        << msg;
+}
+
 namespace {
 // A filter this process can encode with but not decode (as an HDF5 without lzf's plugin is to
 // an lzf shard written elsewhere).

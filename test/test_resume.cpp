@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -694,10 +695,18 @@ TEST_F(Resume, DamagedNewestCheckpointFallsBackAndConfigChangesAreRefused) {
         f.seekp(static_cast<std::streamoff>(fs::file_size(newest) / 2));
         f.write("\x13\x37\x13\x37", 4);
     }
-    // A changed result-affecting key is refused, naming it.
+    // A changed result-affecting key is refused, naming it; the run's config.yaml stays the
+    // config it was trained with.
+    const auto text_of = [](const fs::path& p) {
+        std::ifstream in(p);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    const std::string trained_with = text_of(dir / "dmg/config.yaml");
+    ASSERT_NE(trained_with.find("lr: 0.003"), std::string::npos) << trained_with;
     Result r = run(cmd + " --set train.lr=0.01");
     EXPECT_NE(r.code, 0);
     EXPECT_NE(r.out.find("train.lr"), std::string::npos) << r.out;
+    EXPECT_EQ(text_of(dir / "dmg/config.yaml"), trained_with);
     r = run(cmd + " --set data.epochs=1");
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("unusable"), std::string::npos) << r.out;

@@ -25,4 +25,9 @@ struct HostAllocator {
 // std::aligned_alloc(4096, ...) / std::free.
 HostAllocator host_allocator_default();
 
+// This machine's physical memory in bytes (0 when the system does not say): what a buffer sized
+// by the config or the data is checked against before it is allocated, so that one too large
+// is named with its key instead of ending in std::bad_alloc or the OOM killer.
+double machine_memory_bytes();
+
 }  // namespace saetrain

@@ -9,7 +9,6 @@
 // line beside their architecture, none here.
 #include "saetrain/config.h"
 
-#include <unistd.h>
 #include <yaml-cpp/depthguard.h>  // YAML::DeepRecursion
 #include <yaml-cpp/yaml.h>
 
@@ -29,6 +28,7 @@
 
 #include "saetrain/arch.h"
 #include "saetrain/error.h"
+#include "saetrain/host_alloc.h"  // defines: machine_memory_bytes
 
 namespace saetrain {
 
@@ -1152,8 +1152,7 @@ void config_validate_for_data(const Config& cfg, int64_t d_model) {
         // larger than the machine's memory is named here, not met as std::bad_alloc.
         const double step_bytes =
             static_cast<double>(cfg.data.batch_size) * static_cast<double>(d_model) * sizeof(float);
-        const double machine = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                               static_cast<double>(sysconf(_SC_PAGE_SIZE));
+        const double machine = machine_memory_bytes();
         SAE_ENFORCE(machine <= 0 || step_bytes < machine,
                     "{}: data.batch_size {} x d_model {} needs {:.1f} GiB for one step's rows, "
                     "more than this machine's {:.1f} GiB of memory; lower data.batch_size",

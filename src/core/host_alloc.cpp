@@ -1,6 +1,8 @@
 // host_alloc.cpp — the default allocator for large host buffers (see host_alloc.h).
 #include "saetrain/host_alloc.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 namespace saetrain {
@@ -25,6 +27,11 @@ HostAllocator host_allocator_default() {
     a.free = [](void* p, size_t) { std::free(p); };
     a.name = "default";
     return a;
+}
+
+double machine_memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
 }
 
 }  // namespace saetrain

@@ -164,6 +164,30 @@ Dataset open_dataset(hid_t file, const std::string& name, const std::string& pat
     return d;
 }
 
+namespace {
+#if H5_VERSION_GE(1, 12, 0)
+using ObjectInfo = H5O_info1_t;  // the 1.10 record (address, header size) under its 1.12 name
+#else
+using ObjectInfo = H5O_info_t;
+#endif
+}  // namespace
+
+std::vector<MetaExtent> metadata_extents(hid_t file) {
+    std::vector<MetaExtent> out;
+    H5F_info2_t fi{};
+    SAE_H5_CHECK(H5Fget_info2(file, &fi));
+    out.push_back({0, std::max<hsize_t>(fi.super.super_size, 1)});
+    SAE_H5_CHECK(H5Ovisit2(
+        file, H5_INDEX_NAME, H5_ITER_NATIVE,
+        [](hid_t, const char*, const ObjectInfo* info, void* data) -> herr_t {
+            static_cast<std::vector<MetaExtent>*>(data)->push_back(
+                {info->addr, info->hdr.nchunks == 1 ? info->hdr.space.total : 1});
+            return 0;
+        },
+        &out, H5O_INFO_BASIC | H5O_INFO_HDR));
+    return out;
+}
+
 std::vector<hsize_t> dataset_dims(hid_t dset) {
     Space s(SAE_H5_CHECK(H5Dget_space(dset)));
     int nd = SAE_H5_CHECK(H5Sget_simple_extent_ndims(s.get()));

@@ -104,6 +104,18 @@ Dataset open_dataset(hid_t file, const std::string& name, const std::string& pat
 // Dimensions of a dataset's dataspace.
 std::vector<hsize_t> dataset_dims(hid_t dset);
 
+// An extent of a file's metadata: [addr, addr + size), addresses relative to the base address
+// (after any user block), as HDF5 gives them (H5Dget_offset, chunk addresses).
+struct MetaExtent {
+    haddr_t addr = 0;
+    hsize_t size = 0;
+    bool overlaps(haddr_t a, hsize_t n) const { return a < addr + size && addr < a + n; }
+};
+// The superblock and every object header reachable by hard links: where a dataset's elements
+// must never be. A header split into several chunks is only known by its first byte (its other
+// chunks lie elsewhere).
+std::vector<MetaExtent> metadata_extents(hid_t file);
+
 // Writes a contiguous float32 dataset of shape `dims` from `data` (row-major).
 void write_f32(hid_t loc, const std::string& name, const float* data,
                const std::vector<hsize_t>& dims);

@@ -51,7 +51,7 @@ bool plain_type(hid_t dset, DType t, std::string* why) {
 
 // The extents of a chunked dataset whose chunks span whole rows, merged where adjacent on disk;
 // false (and out->why) when some chunk cannot be read with pread.
-bool chunk_extents(hid_t d, hid_t dcpl, const ShardInfo& shard, const DatasetInfo& info,
+bool chunk_extents(hid_t f, hid_t d, hid_t dcpl, const ShardInfo& shard, const DatasetInfo& info,
                    ShardExtents* out) {
     if (H5Pget_nfilters(dcpl) > 0) {
         out->why = "chunks are filtered (compressed)";
@@ -64,6 +64,7 @@ bool chunk_extents(hid_t d, hid_t dcpl, const ShardInfo& shard, const DatasetInf
     }
     const int64_t row_bytes = info.d_model * dtype_size(info.dtype);
     const int64_t cr = static_cast<int64_t>(cdims[0]);
+    const std::vector<h5::MetaExtent> meta = h5::metadata_extents(f);
     for (int64_t r = 0; r < shard.rows; r += cr) {
         hsize_t coord[2] = {static_cast<hsize_t>(r), 0};
         unsigned mask = 0;
@@ -84,6 +85,13 @@ bool chunk_extents(hid_t d, hid_t dcpl, const ShardInfo& shard, const DatasetInf
             return false;
         }
         const int64_t n = std::min(cr, shard.rows - r);
+        // HDF5 would read such a chunk too, from the file's own metadata: refused either way.
+        for (const h5::MetaExtent& m : meta)
+            SAE_ENFORCE(!m.overlaps(a, size),
+                        "shard {}: the chunk of rows [{}, {}) of dataset '{}' lies at offset {}, "
+                        "over the file's own metadata (at {}); its chunk index is damaged: "
+                        "re-write the shard",
+                        shard.path, r, r + n, info.dataset, a, m.addr);
         Extent e{r, n, static_cast<int64_t>(a)};
         Extent* last = out->extents.empty() ? nullptr : &out->extents.back();
         // Merge when this chunk starts where the previous full chunk's bytes end.
@@ -112,7 +120,7 @@ bool storage_extents(hid_t f, hid_t d, const ShardInfo& shard, const DatasetInfo
     }
     h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(d)));
     const H5D_layout_t lay = H5Pget_layout(dcpl.get());
-    if (lay == H5D_CHUNKED) return chunk_extents(d, dcpl.get(), shard, info, out);
+    if (lay == H5D_CHUNKED) return chunk_extents(f, d, dcpl.get(), shard, info, out);
     if (lay != H5D_CONTIGUOUS) {
         out->why = "compact layout";
         return false;

@@ -134,9 +134,15 @@ void remove_stale_files(const std::string& out_dir) {
     const fs::path out = out_dir;
     std::error_code ec;
     const std::vector<int64_t> committed = Checkpointer::committed_steps(out.string());
-    auto sweep = [&](const fs::path& dir, bool checkpoints) {
+    // `only`: in out_dir itself, just the temp files of saetrain's own files there.
+    auto sweep = [&](const fs::path& dir, bool checkpoints,
+                     const std::vector<std::string>& only = {}) {
         for (const auto& e : fs::directory_iterator(dir, ec)) {
             const std::string name = e.path().filename().string();
+            if (!only.empty() && std::none_of(only.begin(), only.end(), [&](const std::string& o) {
+                    return name.rfind(o + ".tmp", 0) == 0;
+                }))
+                continue;
             const size_t at = name.rfind(".tmp");
             const bool temp = at != std::string::npos && at > 0 &&
                               name.find_first_not_of("0123456789", std::min(name.size(), at + 5)) ==
@@ -153,6 +159,7 @@ void remove_stale_files(const std::string& out_dir) {
         }
     };
     sweep(out / "checkpoints", false);
+    sweep(out, false, {"config.yaml", "run.json", "COMPLETE", "summary.csv"});
     for (const auto& e : fs::directory_iterator(out / "sae", ec))
         if (e.is_directory(ec)) sweep(e.path(), true);
 }

@@ -121,37 +121,6 @@ DType classify_type(hid_t dset, hid_t file, const std::string& path, const std::
 // file we were given and covers every row, so that only the bytes the user wrote are trained.
 // Each refusal is made here, at validation, before out_dir is locked or anything is written.
 
-#if H5_VERSION_GE(1, 12, 0)
-using ObjectInfo = H5O_info1_t;  // the 1.10 record (address, header size) under its 1.12 name
-#else
-using ObjectInfo = H5O_info_t;
-#endif
-
-// An extent of the file's metadata: [addr, addr + size), addresses relative to the base address
-// (after any user block), as HDF5 gives them.
-struct MetaExtent {
-    haddr_t addr = 0;
-    hsize_t size = 0;
-};
-
-// The superblock and every object header reachable by hard links. A header split into several
-// chunks is only known by its first byte (its other chunks lie elsewhere).
-std::vector<MetaExtent> metadata_extents(hid_t f) {
-    std::vector<MetaExtent> out;
-    H5F_info2_t fi{};
-    SAE_H5_CHECK(H5Fget_info2(f, &fi));
-    out.push_back({0, std::max<hsize_t>(fi.super.super_size, 1)});
-    SAE_H5_CHECK(H5Ovisit2(
-        f, H5_INDEX_NAME, H5_ITER_NATIVE,
-        [](hid_t, const char*, const ObjectInfo* info, void* data) -> herr_t {
-            static_cast<std::vector<MetaExtent>*>(data)->push_back(
-                {info->addr, info->hdr.nchunks == 1 ? info->hdr.space.total : 1});
-            return 0;
-        },
-        &out, H5O_INFO_BASIC | H5O_INFO_HDR));
-    return out;
-}
-
 // a x b, or nullopt when it does not fit in int64.
 std::optional<int64_t> times(int64_t a, int64_t b) {
     int64_t r = 0;
@@ -227,9 +196,8 @@ void check_storage(hid_t f, hid_t d, const std::string& path, const std::string&
                     "shard {}: dataset '{}' says its {} bytes start at offset {}, past the end of "
                     "the file ({} bytes); the file is truncated or damaged: re-write or re-copy it",
                     path, name, *bytes, user_block + a, file_bytes);
-        for (const MetaExtent& m : metadata_extents(f)) {
-            const bool overlap = a < m.addr + m.size && m.addr < a + static_cast<hsize_t>(*bytes);
-            SAE_ENFORCE(!overlap,
+        for (const h5::MetaExtent& m : h5::metadata_extents(f)) {
+            SAE_ENFORCE(!m.overlaps(a, static_cast<hsize_t>(*bytes)),
                         "shard {}: dataset '{}' says its elements lie at offset {}, over the "
                         "file's own metadata (at {}); its header is damaged: re-write the shard",
                         path, name, user_block + a, user_block + m.addr);
