@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# test_slurm.sh BUILD_DIR — saetrain the way Slurm users run it, on a one-node Slurm cluster this
+# test starts and stops (tools/slurm-local.sh): srun against mpirun, the sweep batch script
+# stopped by the time-limit signal and by preemption and requeued until COMPLETE, a rank
+# SIGKILLed under srun, and the scaling study's table. ctest label `slurm`; exit 77 (skipped)
+# where Slurm is not installed.
+#
+# The batch scripts run as users submit them, with the options a CPU partition on a site
+# without accounts needs (--gpus-per-node=0; account and partition are the site's defaults).
+# Two things are shortened only for time: the stop signals come from scancel --signal instead of
+# a time limit minutes away (Slurm sends the same signal to the same steps), and a requeued
+# job's start is moved to now (Slurm holds a requeued job for 120 s).
+set -euo pipefail
+
+build=$(cd "${1:?usage: test_slurm.sh BUILD_DIR}" && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+apps=${build}/apps
+for exe in srun sbatch munged slurmctld slurmd; do
+    if ! command -v "${exe}" >/dev/null 2>&1; then
+        echo "test_slurm: ${exe} not installed (Debian's slurm-wlm, munge): skipped"
+        exit 77
+    fi
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/saetrain-slurm-test.XXXXXX")
+cluster=${work}/cluster
+fail=0
+cleanup() {
+    bash "${repo}/tools/slurm-local.sh" stop "${cluster}" >/dev/null 2>&1 || true
+    if [ "${fail}" -eq 0 ]; then rm -rf "${work}"; else echo "test_slurm: kept ${work}"; fi
+}
+trap cleanup EXIT
+say() { echo "test_slurm: $*"; }
+bad() {
+    echo "test_slurm: FAIL: $*"
+    fail=1
+}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+    OPENBLAS_NUM_THREADS=1 HDF5_USE_FILE_LOCKING=FALSE
+# 64 CPUs on the node (more than the machine has), so that the sweep script's 8 tasks x 8 CPUs
+# run unchanged; ports of this process's own, so that two test runs on one machine do not meet.
+SLURM_LOCAL_CPUS=64 SLURM_LOCAL_PORT=$((17000 + ($$ % 4000) * 2)) \
+    bash "${repo}/tools/slurm-local.sh" start "${cluster}"
+export SLURM_CONF=${cluster}/slurm.conf
+
+cd "${work}"
+"${apps}/sae-synth" --out data --d-model 16 --features 32 --rows 6000 --shards 4 --seed 3 \
+    >/dev/null
+# write_config FILE K_LIST EXPANSION_LIST EPOCHS
+write_config() {
+    cat >"$1" <<EOF
+data: {path: ${work}/data, batch_size: 128, shuffle_buffer_rows: 1024, epochs: $4}
+sae: {arch: topk, expansion: $3, k: $2}
+train: {lr: 0.004, warmup_steps: 4}
+log: {every_steps: 20}
+checkpoint: {every_steps: 50, keep: 2}
+parallel: {timeout_s: 10}
+EOF
+}
+write_config sweep4.yaml "[2, 4, 6, 8]" 2 2
+write_config one.yaml 4 2 2
+write_config sweep8.yaml "[2, 4, 6, 8]" "[2, 4]" 10
+
+# bitwise A B: every SAE's final.h5 under run A equals run B's.
+bitwise() {
+    local a=$1 b=$2 n=0 f
+    for f in "${a}"/sae/*/final.h5; do
+        local id
+        id=$(basename "$(dirname "${f}")")
+        if ! "${apps}/sae-inspect" "${f}" --compare "${b}/sae/${id}/final.h5" |
+            grep -q "weights bitwise identical"; then
+            bad "${a} and ${b} differ for ${id}"
+            return
+        fi
+        n=$((n + 1))
+    done
+    [ "${n}" -gt 0 ] || bad "${a} has no final.h5"
+    say "${a} = ${b}: ${n} SAE(s) bitwise identical"
+}
+
+# --- 1. srun against mpirun ------------------------------------------------------------------
+for mode in sweep data_parallel; do
+    cfg=sweep4.yaml
+    [ "${mode}" = data_parallel ] && cfg=one.yaml
+    srun -n 4 --mpi=pmix "${apps}/saetrain" "${cfg}" --threads 1 \
+        --set parallel.mode="${mode}" --set run.out_dir="srun-${mode}" >"srun-${mode}.log" 2>&1 ||
+        bad "srun -n 4 (${mode}) exited $? (srun-${mode}.log)"
+    mpirun -np 4 --oversubscribe "${apps}/saetrain" "${cfg}" --threads 1 \
+        --set parallel.mode="${mode}" --set run.out_dir="mpirun-${mode}" >"mpirun-${mode}.log" 2>&1 ||
+        bad "mpirun -np 4 (${mode}) exited $?"
+    bitwise "srun-${mode}" "mpirun-${mode}"
+done
+
+# --- 2. the sweep script: stopped twice, requeued, COMPLETE ----------------------------------
+job_state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+# wait_for JOB STATE SECONDS
+wait_for() {
+    local i
+    for ((i = 0; i < $3 * 10; i++)); do
+        [ "$(job_state "$1")" = "$2" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+# wait_steps DIR N: until DIR/metrics.jsonl has a line past step N (training is under way).
+wait_steps() {
+    local i
+    for ((i = 0; i < 600; i++)); do
+        if [ -f "$1/metrics.jsonl" ] &&
+            [ "$(grep -o '"step": *[0-9]*' "$1/metrics.jsonl" | tail -n 1 | grep -o '[0-9]*$')" \
+                -gt "$2" ] 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+# release JOB: a requeued job is held 120 s (BeginTime); start it now.
+release() {
+    local i
+    for ((i = 0; i < 300; i++)); do
+        [ "$(job_state "$1")" = PENDING ] && break
+        sleep 0.1
+    done
+    scontrol update jobid="$1" StartTime=now
+}
+
+mpirun -np 8 --oversubscribe "${apps}/saetrain" sweep8.yaml --threads 1 \
+    --set run.out_dir=ref-sweep8 >ref-sweep8.log 2>&1 || bad "the reference sweep exited $?"
+cp "${repo}/slurm/sweep-1node.sbatch" "${repo}/slurm/common.sh" . 2>/dev/null || true
+mkdir -p slurm && mv sweep-1node.sbatch common.sh slurm/
+t0=$(date +%s)
+job=$(SAETRAIN="${apps}/saetrain" sbatch --parsable --gpus-per-node=0 --output=sweep-%j.out \
+    slurm/sweep-1node.sbatch sweep8.yaml --threads 1 --set run.out_dir=slurm-sweep8 --overwrite)
+say "sbatch slurm/sweep-1node.sbatch: job ${job}"
+# First stop: the time-limit signal (USR1 to every task of the step, as --signal=USR1@T sends it).
+wait_steps slurm-sweep8 20 || bad "job ${job} did not start training"
+scancel --signal=USR1 "${job}"
+release "${job}"
+# Second stop: preemption (SIGTERM to the steps).
+wait_for "${job}" RUNNING 60 || bad "job ${job} was not started again after its requeue"
+wait_steps slurm-sweep8 150 || bad "job ${job} did not train after its first requeue"
+scancel --signal=TERM "${job}"
+release "${job}"
+wait_for "${job}" RUNNING 60 || bad "job ${job} was not started again after its second requeue"
+wait_for "${job}" COMPLETED 300 || bad "job ${job} did not complete: $(job_state "${job}")"
+say "job ${job}: $(job_state "${job}") after $(($(date +%s) - t0)) s"
+out=sweep-${job}.out
+stops=$(grep -c "requeueing job ${job}" "${out}" || true)
+dropped=$(grep -c "ignoring --overwrite" "${out}" || true)
+resumed=$(grep -c "resumed from the checkpoint" "${out}" || true)
+say "job ${job}: ${stops} stop(s) requeued, ${resumed} resume line(s), --overwrite dropped ${dropped} time(s)"
+[ "${stops}" -eq 2 ] || bad "expected 2 requeues, saw ${stops} (${out})"
+[ "${dropped}" -eq 2 ] || bad "expected --overwrite dropped twice, saw ${dropped} (${out})"
+[ "${resumed}" -ge 2 ] || bad "expected the requeued jobs to resume (${out})"
+[ -f slurm-sweep8/COMPLETE ] || bad "slurm-sweep8 has no COMPLETE"
+bitwise slurm-sweep8 ref-sweep8
+
+# --- 3. preemption by a plain scancel, then scontrol requeue ----------------------------------
+job=$(SAETRAIN="${apps}/saetrain" sbatch --parsable --gpus-per-node=0 --output=cancel-%j.out \
+    slurm/sweep-1node.sbatch sweep8.yaml --threads 1 --set run.out_dir=slurm-cancel)
+wait_steps slurm-cancel 60 || bad "job ${job} did not start training"
+scancel "${job}"
+wait_for "${job}" CANCELLED 60 || bad "job ${job} was not cancelled: $(job_state "${job}")"
+scontrol requeue "${job}"
+release "${job}"
+wait_for "${job}" COMPLETED 300 || bad "job ${job} did not complete after scancel and requeue"
+say "job ${job}: scancel, scontrol requeue: $(job_state "${job}")"
+bitwise slurm-cancel ref-sweep8
+
+# --- 4. a rank SIGKILLed under srun ends the job -----------------------------------------------
+t0=$(date +%s.%N)
+rc=0
+SAETRAIN_FAULT=2:30:KILL timeout 120 srun -n 4 --mpi=pmix "${apps}/saetrain" sweep4.yaml \
+    --threads 1 --set run.out_dir=killed >killed.log 2>&1 || rc=$?
+secs=$(echo "$(date +%s.%N) - ${t0}" | bc)
+say "rank 2 SIGKILLed under srun: exit ${rc} after ${secs} s"
+if [ "${rc}" -eq 0 ] || [ "${rc}" -eq 124 ]; then bad "srun exited ${rc} (124: hung) (killed.log)"; fi
+# Slurm's PMIx plugin ends the step as soon as a task dies; srun names it.
+grep -q "task 2: Killed" killed.log || bad "no line names task 2 (killed.log)"
+# The whole run from start to end, kill included, within the watchdog (10 s) + 5 s of the kill.
+[ "$(echo "${secs} < 40" | bc)" -eq 1 ] || bad "the job took ${secs} s to end"
+grep -E "task 2|error" killed.log | head -n 3
+
+# --- 5. the scaling study's table on the CPU backend ----------------------------------------
+cp "${repo}/slurm/scaling-study.sbatch" slurm/
+mkdir -p tools && cp "${repo}/tools/scaling_table.py" tools/
+job=$(SAETRAIN="${apps}/saetrain" GPU_COUNTS=1 NODES=1 SHARDS="1 2" BATCHES=128 sbatch \
+    --parsable --gpus-per-node=0 --nodes=1 --ntasks-per-node=4 --cpus-per-task=1 \
+    --output=scaling-%j.out slurm/scaling-study.sbatch one.yaml --threads 1 --set data.epochs=1)
+wait_for "${job}" COMPLETED 300 || bad "the scaling study did not complete: $(job_state "${job}")"
+sed -n '/^===/d; /tokens\/s/,$p' "scaling-${job}.out"
+grep -q "tokens/s" "scaling-${job}.out" || bad "no table in scaling-${job}.out"
+
+if [ "${fail}" -ne 0 ]; then
+    for f in *.out *.log; do
+        echo "--- ${f}"
+        tail -n 20 "${f}"
+    done
+    exit 1
+fi
+say "PASS"
