@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "saetrain/error.h"
 
@@ -90,6 +91,17 @@ void atomic_write(const std::string& path, const std::function<void(const std::s
         fs::remove(tmp, ignored);
         throw;
     }
+}
+
+void atomic_write_text(const std::string& path, const std::string& text) {
+    atomic_write(path, [&](const std::string& tmp) {
+        errno = 0;
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << text;
+        out.flush();
+        SAE_ENFORCE(out.good(), "cannot write {}: {}", path,
+                    errno ? std::strerror(errno) : "write failed");
+    });
 }
 
 }  // namespace saetrain

@@ -6,7 +6,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -23,12 +22,7 @@ namespace saetrain {
 namespace {
 
 void write_json(const std::string& path, const nlohmann::ordered_json& j) {
-    atomic_write(path, [&](const std::string& tmp) {
-        std::ofstream out(tmp);
-        out << j.dump(2) << "\n";
-        out.flush();
-        SAE_ENFORCE(out.good(), "cannot write {}", tmp);
-    });
+    atomic_write_text(path, j.dump(2) + "\n");
 }
 
 // The SAE's own training settings from the run config stored in its file (the sweep point
@@ -109,14 +103,11 @@ std::vector<std::string> circuit_tracer_export(const SaeWeights& w, const SaeMet
     for (const auto& [layer, path] : layers) y << path;
     y << YAML::EndSeq << YAML::EndMap;
     const std::string cfg_path = (fs::path(dir) / "config.yaml").string();
-    atomic_write(cfg_path, [&](const std::string& tmp) {
-        std::ofstream out(tmp);
-        out << "# circuit-tracer's transcoder set, written by saetrain's sae-export: one\n"
-               "# layer_<L>.safetensors per layer (load_transcoder_set needs layers 0..L-1).\n"
-            << y.c_str() << "\n";
-        out.flush();
-        SAE_ENFORCE(out.good(), "cannot write {}", tmp);
-    });
+    atomic_write_text(cfg_path,
+                      std::string("# circuit-tracer's transcoder set, written by saetrain's "
+                                  "sae-export: one\n# layer_<L>.safetensors per layer "
+                                  "(load_transcoder_set needs layers 0..L-1).\n") +
+                          y.c_str() + "\n");
     return {weights, cfg_path};
 }
 

@@ -19,7 +19,7 @@
 #include <optional>
 #include <vector>
 
-#include "atomic_file.h"            // defines: atomic_write
+#include "atomic_file.h"            // defines: atomic_write_text
 #include "saetrain/checkpointer.h"  // defines: Checkpointer::committed_steps
 #include "saetrain/error.h"
 #include "saetrain/schedule.h"  // defines: warmup_steps_for, restart_steps_for
@@ -76,12 +76,7 @@ void check_out_dir_is_ours(const std::string& out_dir) {
 
 void write_run_config(const std::string& out_dir, const std::string& yaml) {
     const std::string path = (fs::path(out_dir) / "config.yaml").string();
-    atomic_write(path, [&](const std::string& tmp) {
-        std::ofstream f(tmp, std::ios::binary);
-        f << yaml;
-        f.flush();
-        SAE_ENFORCE(f.good(), "cannot write {}: {}", path, std::strerror(errno));
-    });
+    atomic_write_text(path, yaml);
 }
 
 OutDirLock::OutDirLock(const std::string& out_dir) {
@@ -220,12 +215,7 @@ void write_complete_marker(const std::string& out_dir, int64_t steps, int64_t to
     j["total_steps"] = total_steps;
     j["config_digest"] = config_result_digest(config_yaml);
     const std::string path = (fs::path(out_dir) / "COMPLETE").string();
-    atomic_write(path, [&](const std::string& tmp) {
-        std::ofstream f(tmp, std::ios::binary);
-        f << j.dump() << "\n";
-        f.flush();
-        SAE_ENFORCE(f.good(), "cannot write {}: {}", path, std::strerror(errno));
-    });
+    atomic_write_text(path, j.dump() + "\n");
 }
 
 std::optional<std::string> finished_run_config(const std::string& out_dir, std::string* why_not) {
@@ -326,14 +316,7 @@ RunStateFile::RunStateFile(std::string out_dir, const RunRecord& r)
     write();
 }
 
-void RunStateFile::write() const {
-    atomic_write(path_, [this](const std::string& tmp) {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << json_ << "\n";
-        out.flush();
-        SAE_ENFORCE(out.good(), "cannot write {}: {}", tmp, std::strerror(errno));
-    });
-}
+void RunStateFile::write() const { atomic_write_text(path_, json_ + "\n"); }
 
 void RunStateFile::end(int exit_code, const std::string& message) noexcept {
     try {

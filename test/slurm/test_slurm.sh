@@ -93,47 +93,48 @@ done
 
 # --- 2. the sweep script: stopped twice, requeued, COMPLETE ----------------------------------
 job_state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-# wait_for JOB STATE SECONDS
-wait_for() {
-    local i
-    for ((i = 0; i < $3 * 10; i++)); do
-        [ "$(job_state "$1")" = "$2" ] && return 0
+# poll SECONDS COMMAND...: until COMMAND succeeds (tried every 0.1 s); false after SECONDS.
+poll() {
+    local i n=$(($1 * 10))
+    shift
+    for ((i = 0; i < n; i++)); do
+        "$@" && return 0
         sleep 0.1
     done
     return 1
 }
-# wait_steps DIR N: until DIR/metrics.jsonl has a line past step N (training is under way).
-wait_steps() {
-    local i
-    for ((i = 0; i < 600; i++)); do
-        if [ -f "$1/metrics.jsonl" ] &&
-            [ "$(grep -o '"step": *[0-9]*' "$1/metrics.jsonl" | tail -n 1 | grep -o '[0-9]*$')" \
-                -gt "$2" ] 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    return 1
+in_state() { [ "$(job_state "$1")" = "$2" ]; }
+# ended JOB: the job is no longer running (requeued, or over).
+ended() {
+    case "$(job_state "$1")" in
+    PENDING | COMPLETED | FAILED | TIMEOUT | CANCELLED) ;;
+    *) false ;;
+    esac
 }
+# past_step DIR N: DIR/metrics.jsonl has a line past step N (training is under way).
+past_step() {
+    [ -f "$1/metrics.jsonl" ] &&
+        [ "$(grep -o '"step": *[0-9]*' "$1/metrics.jsonl" | tail -n 1 | grep -o '[0-9]*$')" \
+            -gt "$2" ] 2>/dev/null
+}
+requeued_and_node_idle() {
+    in_state "$1" PENDING && [ "$(sinfo -h -N -o %T 2>/dev/null | head -n 1)" = idle ]
+}
+wait_for() { poll "$3" in_state "$1" "$2"; }  # wait_for JOB STATE SECONDS
+wait_steps() { poll 60 past_step "$1" "$2"; }  # wait_steps DIR N
 # release JOB: a requeued job is held 120 s (BeginTime); start it sooner, once it is pending and
 # the node idle, and 2 s after that: slurmd revokes the job's credential when the old run ends,
 # to the second, and refuses a launch whose credential is from that same second ("Job
 # credential revoked": the job fails). Slurm's own 120 s hold is what avoids this for users.
 release() {
-    local i
-    for ((i = 0; i < 600; i++)); do
-        [ "$(job_state "$1")" = PENDING ] &&
-            [ "$(sinfo -h -N -o %T 2>/dev/null | head -n 1)" = idle ] && break
-        sleep 0.1
-    done
+    poll 60 requeued_and_node_idle "$1" || true
     sleep 2
     scontrol update jobid="$1" StartTime=now
 }
 
 mpirun -np 8 --oversubscribe "${apps}/saetrain" sweep8.yaml --threads 1 \
     --set run.out_dir=ref-sweep8 >ref-sweep8.log 2>&1 || bad "the reference sweep exited $?"
-cp "${repo}/slurm/sweep-1node.sbatch" "${repo}/slurm/common.sh" . 2>/dev/null || true
-mkdir -p slurm && mv sweep-1node.sbatch common.sh slurm/
+mkdir -p slurm && cp "${repo}/slurm/sweep-1node.sbatch" "${repo}/slurm/common.sh" slurm/
 t0=$(date +%s)
 job=$(SAETRAIN="${apps}/saetrain" sbatch --parsable --gpus-per-node=0 --output=sweep-%j.out \
     slurm/sweep-1node.sbatch sweep8.yaml --threads 1 --set run.out_dir=slurm-sweep8 --overwrite)
@@ -171,10 +172,7 @@ job=$(SAETRAIN="${apps}/saetrain" sbatch --parsable --gpus-per-node=0 --time=1 \
     --set run.out_dir=slurm-limit)
 say "sbatch --time=1 --signal=USR1@40 slurm/sweep-1node.sbatch: job ${job}"
 wait_for "${job}" RUNNING 60 || bad "job ${job} did not start: $(job_state "${job}")"
-for ((i = 0; i < 900; i++)); do
-    case "$(job_state "${job}")" in PENDING | COMPLETED | FAILED | TIMEOUT | CANCELLED) break ;; esac
-    sleep 0.1
-done
+poll 90 ended "${job}" || true
 if grep -q "requeueing job ${job}" "limit-${job}.out"; then
     say "job ${job}: stopped by the time-limit signal and requeued: $(grep -o 'stopped by a signal after [0-9]* steps' "limit-${job}.out")"
     scontrol update jobid="${job}" TimeLimit=10
