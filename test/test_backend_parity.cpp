@@ -1032,6 +1032,55 @@ TEST_P(BackendParity, UploadRowsWidensExactly) {
     EXPECT_EQ(std::memcmp(got.data(), x.data(), x.size() * 4), 0);
 }
 
+// Batches uploaded back to back, the host buffer overwritten as soon as each call returns (which
+// upload_rows allows), while the backend is still busy with earlier work: every batch arrives
+// whole and unmixed. On the GPU the copies run on a stream of their own into one staging
+// buffer; a copy that did not wait for the compute stream to consume the previous batch would
+// overwrite it before its widening ran (the busy GEMM queued first holds that widening back for
+// milliseconds), and a batch would arrive as the next one's values.
+TEST_P(BackendParity, BackToBackUploadsKeepEachBatch) {
+    const bool gpu = be->name().rfind("cuda", 0) == 0;
+    const int64_t g = gpu ? 4096 : 64;  // busy work: ~140 GFLOP on a GPU, nothing on a CPU
+    DeviceArray<float> ga(*be, g * g), gb(*be, g * g), gc(*be, g * g);
+    be->fill(ga.data(), g * g, 0.5f);
+    be->fill(gb.data(), g * g, 0.25f);
+    const int64_t count = 2 * 65536 + 3;
+    const std::vector<DType> kinds = {DType::bf16, DType::f16, DType::f32, DType::bf16};
+    std::vector<DeviceArray<float>> dev;
+    dev.reserve(kinds.size());
+    std::vector<std::vector<float>> want;
+    std::vector<uint16_t> words(static_cast<size_t>(count));
+    std::vector<float> floats(static_cast<size_t>(count));
+    for (size_t b = 0; b < kinds.size(); ++b) {
+        for (int rep = 0; rep < 2; ++rep)
+            be->gemm(false, false, g, g, g, 1.0f, ga.data(), g, gb.data(), g, 0.0f, gc.data(), g);
+        const uint32_t mul = 2654435761u * static_cast<uint32_t>(b + 1);
+        for (int64_t i = 0; i < count; ++i) {  // finite 16-bit values, different per batch
+            const auto w = static_cast<uint16_t>(((static_cast<uint32_t>(i) * mul) >> 7) & 0x3bff);
+            words[i] = w;
+            floats[i] = static_cast<float>(w) - 7000.0f;
+        }
+        std::vector<float> ref(static_cast<size_t>(count));
+        if (kinds[b] == DType::f32)
+            ref = floats;
+        else
+            widen_to_f32(kinds[b], words.data(), ref.data(), count);
+        want.push_back(ref);
+        dev.emplace_back(*be, count);
+        const void* src = kinds[b] == DType::f32 ? static_cast<const void*>(floats.data())
+                                                 : static_cast<const void*>(words.data());
+        be->upload_rows(dev.back().data(), src, kinds[b], count);
+        std::fill(words.begin(), words.end(), uint16_t{0x7fc0});  // reused at once: NaN now
+        std::fill(floats.begin(), floats.end(), std::nanf(""));
+    }
+    for (size_t b = 0; b < kinds.size(); ++b) {
+        SCOPED_TRACE(::testing::Message() << "batch " << b << " " << dtype_name(kinds[b]));
+        std::vector<float> got(static_cast<size_t>(count));
+        be->download(got.data(), dev[b].data(), dev[b].bytes());
+        EXPECT_EQ(std::memcmp(got.data(), want[b].data(), got.size() * 4), 0);
+    }
+}
+
 // Latent ids moved by an offset (a Switch expert's or a latent shard's ids to the SAE's): exact.
 TEST_P(BackendParity, OffsetIndices) {
     const int64_t count = 7000;

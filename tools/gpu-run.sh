@@ -7,8 +7,8 @@
 #
 # Usage (from the repository root on the GPU machine; the device tool: carry .gpu-bundle and
 # run `OUT=$OUT bash tools/gpu-run.sh`):
-#   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,bench,torch,databench,e2e,
-#                                     sweep2,model,peers,auxk,profile,modes
+#   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,upload,bench,torch,databench,
+#                                     e2e,sweep2,model,peers,auxk,profile,modes
 #                                     (default: all of them, in that order)
 # Environment: OUT (results folder; default ./gpu-out), CTEST_TIMEOUT (seconds per GPU test,
 # default 300), BUNDLE (default
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu-out}
 BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.gz}
-steps=${1:-env,test,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile,modes}
+steps=${1:-env,test,upload,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile,modes}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
 summary="$OUT/summary.txt"
@@ -153,6 +153,21 @@ if want bench; then
             --latents 24576 --k 32 --batch 16384 --reps 20 --json --gemm $mode ${BENCH_ARGS:-}
         grep -E '^(topk|relu) ' "$logs/bench_step_${mode}_b16k.log" |
             sed "s/^/bench $mode batch 16384: /" | tee -a "$summary"
+    done
+fi
+
+# --- upload: the batch copy on its own stream (the default) against the copy on the compute
+# stream (SAETRAIN_DEBUG_SYNC_UPLOAD=1, the path before), bf16 TopK, alternated twice; the
+# "streamed" line (steps back to back, as the loop runs them) is where the copy can overlap
+# the previous step's optimizer pass.
+if want upload; then
+    for rep in 1 2; do
+        for sync in 1 0; do
+            SAETRAIN_DEBUG_SYNC_UPLOAD=$sync run "upload_sync${sync}_$rep" 120 bench_step \
+                --backend cuda $shape --arch topk --reps 50 --gemm bf16
+            grep -E '^topk ' "$logs/upload_sync${sync}_$rep.log" |
+                sed "s/^/upload sync=$sync run $rep: /" | tee -a "$summary"
+        done
     done
 fi
 

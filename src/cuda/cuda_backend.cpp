@@ -1,9 +1,13 @@
-// CudaBackend: the Backend seam on one GPU. One stream orders everything; GEMMs go through
+// CudaBackend: the Backend seam on one GPU. One stream orders the computation (a second one
+// carries the batch uploads, event-ordered against it: upload_rows); GEMMs go through
 // cuBLASLt (lt_gemm.h), the SAE ops through the kernels in kernels.cu and topk.cu; the
 // architectures' own ops through the implementations arch_ops.cpp registers.
 #include "saetrain/cuda_backend.h"
 
 #include <fmt/format.h>
+
+#include <cstdlib>
+#include <string>
 
 #include "arch_ops.h"
 #include "cuda_check.h"
@@ -30,9 +34,18 @@ public:
         : opt_(o),
           device_(select_device(o.device)),
           stream_(cuda::make_stream()),
+          copy_stream_(cuda::make_stream()),
+          copied_(cuda::make_event()),
+          staging_free_(cuda::make_event()),
           gemm_(stream_.get(), o.gemm),
-          ws_(stream_.get()) {}
+          ws_(stream_.get()) {
+        // Debug and benchmark switch: the batch copy on the compute stream, after everything
+        // queued before it (the path before the copy stream; an A/B for bench_step).
+        const char* sync = std::getenv("SAETRAIN_DEBUG_SYNC_UPLOAD");
+        sync_upload_ = sync != nullptr && std::string(sync) == "1";
+    }
     ~CudaBackend() override {
+        cudaStreamSynchronize(copy_stream_.get());
         staging_.reset();  // freed on the stream, before the stream goes
         cudaStreamSynchronize(stream_.get());
     }
@@ -78,15 +91,31 @@ public:
                                        stream()));
         SAE_CUDA_CHECK(cudaStreamSynchronize(stream()));
     }
-    // 16-bit rows cross PCIe as stored (half of float32's bytes) into a staging buffer, kept
-    // and grown to the largest batch, and are widened by cuda::widen_16bit on the stream; the
-    // wait is for the copy only (the host buffer is free again), the kernel stays queued.
+    // The batch crosses PCIe as stored (16-bit rows at half of float32's bytes) on a copy
+    // stream of its own, into a staging buffer kept and grown to the largest batch; the compute
+    // stream waits for the copy's event, then widens it (cuda::widen_16bit) or copies it
+    // (float32) into dst. The host waits for the copy only, not for the compute stream, so the
+    // DMA of step i+1's batch runs while step i's optimizer pass still runs on the GPU (the
+    // trainer calls this at step_begin, right after step_end queued AdamW). The copy engine
+    // writes the staging buffer only after the compute stream has consumed the previous batch
+    // from it (staging_free_). The host buffer is free again on return, as upload() promises.
     void upload_rows(float* dst, const void* src, DType t, int64_t n) override {
         if (n <= 0) return;
-        if (t == DType::f32) return upload(dst, src, n * int64_t{sizeof(float)});
-        if (staging_.size() < n) staging_ = DeviceArray<uint16_t>(*this, n);
-        upload(staging_.data(), src, n * int64_t{sizeof(uint16_t)});
-        cuda::widen_16bit(stream(), staging_.data(), dst, n, t == DType::bf16);
+        const int64_t bytes = n * dtype_size(t);
+        uint16_t* staged = staging_words((bytes + 1) / 2);
+        cudaStream_t copy = sync_upload_ ? stream() : copy_stream_.get();
+        SAE_CUDA_CHECK(cudaStreamWaitEvent(copy, staging_free_.get(), 0));
+        SAE_CUDA_CHECK(
+            cudaMemcpyAsync(staged, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, copy));
+        SAE_CUDA_CHECK(cudaEventRecord(copied_.get(), copy));
+        SAE_CUDA_CHECK(cudaEventSynchronize(copied_.get()));
+        SAE_CUDA_CHECK(cudaStreamWaitEvent(stream(), copied_.get(), 0));
+        if (t == DType::f32)
+            SAE_CUDA_CHECK(cudaMemcpyAsync(dst, staged, static_cast<size_t>(bytes),
+                                           cudaMemcpyDeviceToDevice, stream()));
+        else
+            cuda::widen_16bit(stream(), staged, dst, n, t == DType::bf16);
+        SAE_CUDA_CHECK(cudaEventRecord(staging_free_.get(), stream()));
     }
     // One strided copy of the block (as stored), then the widening kernel for 16-bit rows.
     void upload_columns(float* dst, const void* src, DType t, int64_t rows, int64_t cols,
@@ -94,10 +123,7 @@ public:
         if (rows <= 0 || cols <= 0) return;
         const auto size = static_cast<size_t>(dtype_size(t));
         void* to = dst;
-        if (t != DType::f32) {
-            if (staging_.size() < rows * cols) staging_ = DeviceArray<uint16_t>(*this, rows * cols);
-            to = staging_.data();
-        }
+        if (t != DType::f32) to = staging_words(rows * cols);
         SAE_CUDA_CHECK(
             cudaMemcpy2DAsync(to, static_cast<size_t>(cols) * size, src,
                               static_cast<size_t>(stride) * size, static_cast<size_t>(cols) * size,
@@ -105,6 +131,7 @@ public:
         SAE_CUDA_CHECK(cudaStreamSynchronize(stream()));
         if (t != DType::f32)
             cuda::widen_16bit(stream(), staging_.data(), dst, rows * cols, t == DType::bf16);
+        SAE_CUDA_CHECK(cudaEventRecord(staging_free_.get(), stream()));  // see upload_rows
     }
     void fill(float* x, int64_t n, float value) override { cuda::fill(stream(), x, n, value); }
     void zero_block(float* x, int64_t rows, int64_t cols, int64_t ld) override {
@@ -267,6 +294,18 @@ public:
     }
 
 private:
+    // The staging buffer, at least `words` 16-bit words. Grown on the compute stream (the old
+    // one freed there after its last reader); the copy stream is made to wait for the new
+    // allocation through staging_free_, recorded right after it.
+    uint16_t* staging_words(int64_t words) {
+        if (staging_.size() < words) {
+            SAE_CUDA_CHECK(cudaStreamSynchronize(copy_stream_.get()));
+            staging_ = DeviceArray<uint16_t>(*this, words);
+            SAE_CUDA_CHECK(cudaEventRecord(staging_free_.get(), stream()));
+        }
+        return staging_.data();
+    }
+
     static int select_device(int device) {
         const int count = cuda_device_count();
         SAE_ENFORCE(count > 0,
@@ -285,9 +324,13 @@ private:
     CudaBackendOptions opt_;
     int device_;
     cuda::Stream stream_;
+    cuda::Stream copy_stream_;  // upload_rows: host-to-device copies beside the compute stream
+    cuda::Event copied_;        // the last batch copy's end, on copy_stream_
+    cuda::Event staging_free_;  // on stream_: staging_ may be written again after this point
+    bool sync_upload_ = false;  // SAETRAIN_DEBUG_SYNC_UPLOAD=1: copies on stream_ instead
     cuda::LtGemm gemm_;
     cuda::Workspace ws_;
-    DeviceArray<uint16_t> staging_;  // upload_rows: the stored 16-bit words before widening
+    DeviceArray<uint16_t> staging_;  // upload_rows/columns: the batch as stored, on the device
 };
 
 CudaBackend& as_cuda(Backend& b) {
