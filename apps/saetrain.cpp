@@ -257,6 +257,9 @@ Setup set_up(const Args& args, Config cfg, Datasets found, int rank, int world,
     s.more_targets = std::move(found.more_targets);
     const DatasetInfo* eval_data = found.eval.empty() ? nullptr : &found.eval.front();
     config_validate_for_data(s.cfg, s.model_d());
+    // train.optimizer: auto and train.lr: 0 as trained, so config.yaml and summary.csv say so.
+    for (SaeConfig& c : s.cfg.sweep) c = c.with_optimizer_defaults(s.model_d());
+    if (!s.cfg.sweep.empty()) s.cfg.sae = s.cfg.sweep.front();
     for (const SaeConfig& c : s.cfg.sweep)
         check_latent_sharding(c, s.model_d(), c.resolved_latents(s.model_d()),
                               s.coords.latent_shards, s.cfg.source + ": ");

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -99,7 +100,8 @@ TEST(Config, MissingSectionsTakeStructDefaults) {
     EXPECT_EQ(c.data.batch_size, 4096);
     EXPECT_EQ(c.sae.arch, "topk");
     EXPECT_EQ(c.sae.k, 32);
-    EXPECT_DOUBLE_EQ(c.sae.lr, 1.0e-3);
+    EXPECT_DOUBLE_EQ(c.sae.lr, 0);  // the optimizer's own (with_optimizer_defaults)
+    EXPECT_EQ(c.sae.optimizer, "auto");
     EXPECT_EQ(c.backend, "auto");
     EXPECT_EQ(c.parallel.mode, "sweep");
     EXPECT_EQ(c.checkpoint.keep, 3);
@@ -384,8 +386,7 @@ struct BadValue {
 
 TEST(ConfigErrors, BadValuesNameKeyAndReason) {
     const std::vector<BadValue> cases = {
-        {"train: {lr: 0}\n", "train.lr", "> 0"},
-        {"train: {lr: -1e-3}\n", "train.lr", "> 0"},
+        {"train: {lr: -1e-3}\n", "train.lr", ">= 0 (0: the optimizer's default)"},
         {"train: {warmup_steps: -1}\n", "train.warmup_steps", ">= 0"},
         {"train: {l1_warmup_steps: -5}\n", "train.l1_warmup_steps", ">= 0"},
         {"data: {path: d, batch_size: 0}\n", "data.batch_size", "in [1, 16777216]"},
@@ -682,7 +683,7 @@ TEST(ConfigYaml, DefaultsRoundTripAndLookLikeNumbers) {
     const Config a = config_parse(kMinimal);
     const std::string yaml = config_to_yaml(a);
     expect_same(a, config_parse(yaml));
-    EXPECT_HAS(yaml, "lr: 0.001");
+    EXPECT_HAS(yaml, "lr: 0.0");
     EXPECT_HAS(yaml, "l1_coeff: 5.0");
     EXPECT_HAS(yaml, "normalize_decoder: true");
     EXPECT_HAS(yaml, "eps: 1.0e-08");  // YAML 1.1 readers (PyYAML) need the dot to see a float
@@ -817,6 +818,38 @@ TEST(ConfigFiles, EveryShippedConfigParses) {
         expect_same(c, config_parse(config_to_yaml(c)));
     }
     EXPECT_GE(n, 3);
+}
+
+// train.optimizer: auto is the architecture's choice only while train.lr is unset: a config
+// that gives an lr keeps the Adam that lr was tuned for; lr 0 is the chosen optimizer's own.
+TEST(ConfigDefaults, AutoOptimizerIsTheArchitecturesUnlessAnLrIsGiven) {
+    const auto resolved = [](const std::string& train) {
+        return config_parse(kMinimal + train, {}, "cfg.yaml").sweep.front().with_optimizer_defaults(
+            384);
+    };
+    SaeConfig c = resolved("sae: {arch: topk, expansion: 16}\n");
+    EXPECT_EQ(c.optimizer, "signum");
+    EXPECT_NEAR(c.lr, SaeConfig::kSignumLr * std::sqrt(16384.0 / 6144.0), 1e-12);
+    EXPECT_NEAR(c.lr, 0.00604, 1e-5);  // the best of MiniLM x16's lr trials (issue 30)
+    c = resolved("sae: {arch: topk, expansion: 16}\ntrain: {lr: 4.0e-4}\n");
+    EXPECT_EQ(c.optimizer, "adam");
+    EXPECT_DOUBLE_EQ(c.lr, 4e-4);
+    for (const std::string arch : {"relu", "gated", "jumprelu", "matryoshka_batchtopk"}) {
+        c = resolved("sae: {arch: " + arch + ", matryoshka_prefixes: [128]}\n");
+        EXPECT_EQ(c.optimizer, "adam") << arch;
+        EXPECT_DOUBLE_EQ(c.lr, SaeConfig::kAdamLr) << arch;
+    }
+    for (const std::string arch : {"batchtopk", "switch"})
+        EXPECT_EQ(resolved("sae: {arch: " + arch + "}\n").optimizer, "signum") << arch;
+    c = resolved("sae: {arch: relu, n_latents: 65536}\ntrain: {optimizer: signum}\n");
+    EXPECT_EQ(c.optimizer, "signum");
+    EXPECT_NEAR(c.lr, SaeConfig::kSignumLr / 2, 1e-12);  // 4x the latents: half the lr
+    c = resolved("sae: {arch: topk}\ntrain: {optimizer: adam}\n");
+    EXPECT_DOUBLE_EQ(c.lr, SaeConfig::kAdamLr);
+    // Resolving twice changes nothing (config.yaml records the resolved values).
+    const SaeConfig twice = c.with_optimizer_defaults(384);
+    EXPECT_EQ(twice.optimizer, c.optimizer);
+    EXPECT_EQ(twice.lr, c.lr);
 }
 
 TEST(ConfigFiles, QuickstartHasTheDocumentedValues) {

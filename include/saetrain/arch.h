@@ -264,6 +264,10 @@ public:
     // set per layer (SaeConfig::layers), whose rows are read side by side, [x_1 .. x_L | y_1 ..
     // y_L], and its d_model is the layers' widths summed.
     virtual bool layered() const { return false; }
+    // The optimizer train.optimizer: auto picks when train.lr is unset (SaeConfig::
+    // with_optimizer_defaults): "signum" where it was measured to train better (issue 30's MiniLM
+    // runs: TopK, BatchTopK, Switch), else "adam".
+    virtual const char* default_optimizer() const { return "adam"; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {
         return {};

@@ -88,7 +88,9 @@ struct SaeConfig {
     int64_t k = 32;         // TopK, BatchTopK, Switch: latents per token (BatchTopK: on average)
     double l1_coeff = 5.0;  // ReLU, Gated: L1 penalty weight
     // train section values (may also be swept)
-    double lr = 1.0e-3;
+    // 0: the optimizer's own (with_optimizer_defaults): Adam kAdamLr, signum kSignumLr scaled
+    // by sqrt(16384 / n_latents) as sparsify scales its.
+    double lr = 0;
     // Linear LR warmup from 0: warmup_steps when > 0, else this fraction of the run's steps.
     int64_t warmup_steps = 0;
     double warmup_fraction = 0.01;
@@ -115,8 +117,10 @@ struct SaeConfig {
     int64_t accum_steps = 1;
     // The optimizer: adam (AdamW) | signum (schedule-free sign descent: the SGD iterate z steps
     // by -lr sign(g), the average x weighs each z by lr_max^2, the gradient is taken at
-    // y = momentum x + (1 - momentum) z; the SAE written and evaluated is x; sparsify's default).
-    std::string optimizer = "adam";
+    // y = momentum x + (1 - momentum) z; the SAE written and evaluated is x; sparsify's default)
+    // | auto: the architecture's default_optimizer() when lr is unset (0), else adam, the
+    // optimizer a given lr has always meant (with_optimizer_defaults).
+    std::string optimizer = "auto";
     double momentum = 0.95;  // signum: the interpolation above
     double beta1 = 0.9;
     double beta2 = 0.999;
@@ -145,6 +149,11 @@ struct SaeConfig {
     int64_t resolved_latents(int64_t d_model) const {
         return n_latents > 0 ? n_latents : expansion * d_model;
     }
+    static constexpr double kAdamLr = 1.0e-3;
+    static constexpr double kSignumLr = 3.7e-3;  // at 16384 latents (MiniLM x16: best 0.006)
+    // This point with train.optimizer: auto and train.lr: 0 resolved (see their fields) for an
+    // SAE of d_model inputs; what the trainer trains and the run's config.yaml records.
+    SaeConfig with_optimizer_defaults(int64_t d_model) const;
     // Readable id, e.g. "topk-x8-k32" or "relu-x4-l1_5" (the architecture's suffix).
     std::string id(int64_t d_model) const;
     // Sets the sae.* or train.* key `key` ("sae.n_experts", "train.lr") to `value`, converted to

@@ -222,7 +222,7 @@ const std::vector<std::string> kAny;
 const std::vector<std::string> kArchChoices = arch_names();
 const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant", "cosine_restarts"};
 const std::vector<std::string> kEncoderInitChoices = {"fitted", "transpose"};
-const std::vector<std::string> kOptimizerChoices = {"adam", "signum"};
+const std::vector<std::string> kOptimizerChoices = {"auto", "adam", "signum"};
 const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
 const std::vector<std::string> kNormalizeChoices = {"none", "expected_average_only_in"};
 const std::vector<std::string> kBDecInitChoices = {"mean", "geometric_median", "zeros"};
@@ -340,7 +340,8 @@ std::vector<Field> make_fields() {
     const std::vector<Field> more = {
         SAE_KEY("sae", b_dec_init, "b_dec at init: the first batch's mean or geometric median",
                 kBDecInitChoices),
-        SAE_KEY("train", lr, "the learning rate after the warmup", kAny, above(0)),
+        SAE_KEY("train", lr, "the learning rate after the warmup (0: the optimizer's default)",
+                kAny, at_least(0, " (0: the optimizer's default)")),
         SAE_KEY("train", warmup_steps, "linear LR warmup steps (0: train.warmup_fraction)", kAny,
                 at_least(0)),
         SAE_KEY("train", warmup_fraction, "linear LR warmup over this fraction of the steps", kAny,
@@ -372,7 +373,8 @@ std::vector<Field> make_fields() {
         SAE_KEY("train", accum_steps, "chunks each batch's gradient is accumulated over", kAny,
                 at_least(1)),
         SAE_KEY("train", optimizer,
-                "adam (AdamW) or signum (schedule-free sign descent; the SAE is the average)",
+                "adam (AdamW), signum (schedule-free sign descent; the SAE is the average) or "
+                "auto (the architecture's choice when train.lr is unset, else adam)",
                 kOptimizerChoices),
         SAE_KEY("train", momentum,
                 "signum: the gradient's point between the average and the iterate", kAny,
@@ -1037,6 +1039,16 @@ std::string SaeConfig::id(int64_t /*d_model: ids use the expansion as written*/)
     std::string s = arch;
     s += n_latents > 0 ? fmt::format("-n{}", n_latents) : fmt::format("-x{}", expansion);
     return s + "-" + arch_get(arch).id_suffix(*this);
+}
+
+SaeConfig SaeConfig::with_optimizer_defaults(int64_t d_model) const {
+    SaeConfig c = *this;
+    if (c.optimizer == "auto") c.optimizer = lr > 0 ? "adam" : arch_get(arch).default_optimizer();
+    if (c.lr <= 0) {
+        const auto n = static_cast<double>(resolved_latents(d_model));
+        c.lr = c.optimizer == "signum" ? kSignumLr * std::sqrt(16384.0 / n) : kAdamLr;
+    }
+    return c;
 }
 
 std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model) {

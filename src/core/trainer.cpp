@@ -29,7 +29,7 @@ LatentShard shard_or_whole(const LatentShard* shard, int64_t n_total) {
 
 SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
                        Backend& backend, Communicator& grad_comm, const LatentShard* shard)
-    : cfg_(cfg),
+    : cfg_(cfg.with_optimizer_defaults(d_model)),
       d_(d_model),
       n_total_(cfg.resolved_latents(d_model)),
       n_(shard_or_whole(shard, n_total_).n_local()),
@@ -49,7 +49,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       dead_(static_cast<size_t>(n_), 0),
       fires_host_(static_cast<size_t>(n_), 0),
       window_(total_steps, n_, d_) {
-    signum_ = cfg.optimizer == "signum";
+    signum_ = cfg_.optimizer == "signum";
     const LatentShard placement = shard_or_whole(shard, n_total_);
     arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
     check_latent_sharding(cfg, d_, n_total_, placement.count, "");

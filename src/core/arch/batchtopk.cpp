@@ -168,6 +168,7 @@ public:
                                         Backend& be) const override {
         return std::make_unique<BatchTopkPass>(cfg, d, n, be);
     }
+    const char* default_optimizer() const override { return "signum"; }
     bool latent_shardable() const override { return true; }
     std::vector<const ArchOpSet*> op_sets() const override { return {&batchtopk_op_set()}; }
     // The batch selection has no k limit (batch_threshold, select_above); AuxK's has.

@@ -374,6 +374,7 @@ public:
     std::vector<std::string> summary_keys() const override {
         return {"sae.k", "sae.n_experts", "train.balance_coeff"};
     }
+    const char* default_optimizer() const override { return "signum"; }
     void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
         const int64_t E = keys().n_experts(cfg);
         SAE_ENFORCE(E >= 1, "{}sae.n_experts = {} must be >= 1", where, E);

@@ -38,6 +38,7 @@ public:
                                         Backend& be) const override {
         return std::make_unique<TopkPass>(cfg, d, n, be);
     }
+    const char* default_optimizer() const override { return "signum"; }
     bool latent_shardable() const override { return true; }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return topk_uses(cfg, cfg.k, d, n);
