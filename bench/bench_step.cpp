@@ -61,7 +61,8 @@ public:
 // down by op. `x` is a pinned (or heap) buffer of x_floats floats for the batch.
 int bench_on_data(Backend& be, const std::string& path, const std::vector<std::string>& archs,
                   int64_t n, int64_t k, int64_t experts, int64_t batch, int64_t train_steps,
-                  int reps, float* x, int64_t x_floats, bool breakdown, int64_t dead_tokens) {
+                  int reps, float* x, int64_t x_floats, bool breakdown, int64_t dead_tokens,
+                  const std::string& optimizer) {
     const DatasetInfo info = dataset_open(path);
     const int64_t d = info.d_model;
     LoaderOptions lo;
@@ -75,14 +76,15 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
     auto self = make_self_comm();
     fmt::print(
         "bench_step | {} | data {} (d_model {}) | n_latents {} k {} batch {} | {} "
-        "training steps, then median of {}\n",
-        be.name(), path, d, n, k, batch, train_steps, reps);
+        "training steps, then median of {} | optimizer {}\n",
+        be.name(), path, d, n, k, batch, train_steps, reps, optimizer);
     for (const std::string& arch : archs) {
         SaeConfig cfg;
         cfg.arch = arch;
         cfg.n_latents = n;
         cfg.k = k;
         cfg.l1_coeff = 5.0;
+        cfg.optimizer = optimizer;
         cfg.set("sae.n_experts", experts);
         if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
         TimedBackend timed(be);
@@ -127,7 +129,7 @@ int main(int argc, char** argv) {
     int64_t d = 768, n = 6144, k = 32, batch = 4096, experts = 16, dead_tokens = 0;
     int reps = 5, threads = 0, device = 0;
     bool json = false, breakdown = false, pinned = true;
-    std::string backend = "cpu", gemm = "fp32";
+    std::string backend = "cpu", gemm = "fp32", optimizer = "adam";
     CLI::App app{"bench_step: SAE training-step throughput vs the GEMM-rate limit"};
     app.add_option("--d-model", d);
     app.add_option("--latents", n);
@@ -154,6 +156,10 @@ int main(int argc, char** argv) {
     app.add_option("--device", device, "CUDA device (--backend cuda)");
     app.add_option("--gemm", gemm, "CUDA GEMM operands: fp32 | tf32 | bf16 (--backend cuda)")
         ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+    // adam by default: the figures on record (docs/cuda.md) are AdamW steps; auto times each
+    // architecture's default optimizer (signum for TopK, BatchTopK and Switch).
+    app.add_option("--optimizer", optimizer, "train.optimizer: adam (default) | signum | auto")
+        ->check(CLI::IsMember({"adam", "signum", "auto"}));
     app.add_flag("!--pageable", pinned,
                  "CUDA: upload the batch from pageable memory (default: pinned, as saetrain)");
     CLI11_PARSE(app, argc, argv);
@@ -194,15 +200,18 @@ int main(int argc, char** argv) {
 
     if (!data.empty())
         return bench_on_data(*be, data, archs, n, k, experts, batch, train_steps, reps, x,
-                             static_cast<int64_t>(x_heap.size()), breakdown, dead_tokens);
+                             static_cast<int64_t>(x_heap.size()), breakdown, dead_tokens,
+                             optimizer);
 
     nlohmann::ordered_json out;
     out["backend"] = be->name();
     out["batch_memory"] = x_pinned ? "pinned" : "pageable";
+    out["optimizer"] = optimizer;
     out["shape"] = {{"d_model", d}, {"n_latents", n}, {"k", k}, {"batch", batch}};
     fmt::print(
-        "bench_step | {} | d_model {} n_latents {} k {} batch {} | {} batch | median of {}\n",
-        be->name(), d, n, k, batch, x_pinned ? "pinned" : "pageable", reps);
+        "bench_step | {} | d_model {} n_latents {} k {} batch {} | {} batch | median of {} | "
+        "optimizer {}\n",
+        be->name(), d, n, k, batch, x_pinned ? "pinned" : "pageable", reps, optimizer);
     // The GEMM rate of the dense step's five shapes: what every architecture's bound uses.
     const double rate = bench::gemm_flops_per_s(*be, bench::dense_step_gemms(batch, d, n), reps);
     out["gemm_GFLOPs"] = rate / 1e9;
@@ -220,6 +229,7 @@ int main(int argc, char** argv) {
         cfg.l1_coeff = 1.0;
         cfg.set("sae.n_experts", experts);
         cfg.warmup_steps = 0;
+        cfg.optimizer = optimizer;
         if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
         tr.init(x, batch);

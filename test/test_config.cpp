@@ -821,19 +821,26 @@ TEST(ConfigFiles, EveryShippedConfigParses) {
 }
 
 // train.optimizer: auto is the architecture's choice only while train.lr is unset: a config
-// that gives an lr keeps the Adam that lr was tuned for; lr 0 is the chosen optimizer's own.
+// that gives an lr keeps the Adam that lr was tuned for; lr 0 is the chosen optimizer's own, and
+// train.lr_decay: auto its schedule (constant for schedule-free signum, cosine for Adam).
 TEST(ConfigDefaults, AutoOptimizerIsTheArchitecturesUnlessAnLrIsGiven) {
     const auto resolved = [](const std::string& train) {
-        return config_parse(kMinimal + train, {}, "cfg.yaml").sweep.front().with_optimizer_defaults(
-            384);
+        return config_parse(kMinimal + train, {}, "cfg.yaml")
+            .sweep.front()
+            .with_optimizer_defaults(384);
     };
     SaeConfig c = resolved("sae: {arch: topk, expansion: 16}\n");
     EXPECT_EQ(c.optimizer, "signum");
+    EXPECT_EQ(c.lr_decay, "constant");  // schedule-free: the average does the decaying
     EXPECT_NEAR(c.lr, SaeConfig::kSignumLr * std::sqrt(16384.0 / 6144.0), 1e-12);
     EXPECT_NEAR(c.lr, 0.00604, 1e-5);  // the best of MiniLM x16's lr trials (issue 30)
     c = resolved("sae: {arch: topk, expansion: 16}\ntrain: {lr: 4.0e-4}\n");
     EXPECT_EQ(c.optimizer, "adam");
     EXPECT_DOUBLE_EQ(c.lr, 4e-4);
+    EXPECT_EQ(c.lr_decay, "cosine");
+    c = resolved("sae: {arch: topk}\ntrain: {lr_decay: linear}\n");  // a given decay stays
+    EXPECT_EQ(c.optimizer, "signum");
+    EXPECT_EQ(c.lr_decay, "linear");
     for (const std::string arch : {"relu", "gated", "jumprelu", "matryoshka_batchtopk"}) {
         c = resolved("sae: {arch: " + arch + ", matryoshka_prefixes: [128]}\n");
         EXPECT_EQ(c.optimizer, "adam") << arch;

@@ -177,6 +177,9 @@ std::vector<float> train(const SaeConfig& cfg, int steps, std::vector<double>* l
 TEST(MatryoshkaTraining, TheWholeDictionaryAloneIsBatchTopkBitwise) {
     SaeConfig batchtopk = matryoshka_config();
     batchtopk.arch = "batchtopk";
+    // The same optimizer for both (train.optimizer: auto picks signum for BatchTopK, AdamW for
+    // Matryoshka: docs/architectures.md, "The optimizer").
+    batchtopk.optimizer = "adam";
     batchtopk.dead_tokens = 1;
     batchtopk.set("sae.k_aux", 3);
     SaeConfig whole = matryoshka_config({kN});

@@ -9,8 +9,11 @@ peers' SAEs), as one CSV and one plot.
 saetrain's points: every summary.csv under OUT/saetrain/frontier-*/ (one row per SAE; its own
 held-out evaluation, data.eval_path: the same rows and the same FVU definition as the shared
 evaluator, which checks it for TopK and ReLU in run.sh's table). The peers' points: every
-OUT/results/frontier-*.json that train_peer.py wrote (the shared evaluator). Prints the CSV's
-rows as a Markdown table, sorted by tool, arch and L0.
+OUT/results/frontier-*.json that train_peer.py wrote (the shared evaluator). With --previous
+CSV, the points of an earlier frontier CSV (the same rows and evaluator, e.g. the README's)
+join them, except where a run here gives the same tool, arch and setting: a partial rerun
+(some architectures, a changed default) updates a frontier without rerunning the rest. Prints
+the CSV's rows as a Markdown table, sorted by tool, arch and L0.
 """
 import argparse
 import csv
@@ -83,6 +86,25 @@ def peer_points(results_dir):
     return points
 
 
+def previous_points(path, fresh):
+    """The rows of an earlier frontier CSV that no point of `fresh` replaces."""
+    seen = {(p["tool"], p["arch"], p["setting"]) for p in fresh}
+    points = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise SystemExit(f"frontier: {path} is not a frontier CSV (no column "
+                             f"{', '.join(missing)})")
+        for r in reader:
+            if (r["tool"], r["arch"], r["setting"]) in seen:
+                continue
+            p = {c: r[c] for c in ("tool", "arch", "setting")}
+            p.update({c: _num(r[c]) for c in COLUMNS if c not in p})
+            points.append(p)
+    return points
+
+
 def series_name(p):
     opt = p["setting"].split(", ")[1] if ", " in p["setting"] else ""
     return f"{p['tool']} {p['arch']}" + (f" ({opt})" if opt else "")
@@ -133,8 +155,13 @@ def main():
     ap.add_argument("--csv", required=True)
     ap.add_argument("--png", default=None, help="the plot (needs matplotlib)")
     ap.add_argument("--title", default="held-out FVU against L0")
+    ap.add_argument("--previous", default=None,
+                    help="an earlier frontier CSV whose points join these (a run here replaces "
+                         "the point of the same tool, arch and setting)")
     a = ap.parse_args()
     points = saetrain_points(a.saetrain_runs) + peer_points(a.results)
+    if a.previous:
+        points += previous_points(a.previous, points)
     if not points:
         raise SystemExit(f"frontier: no frontier-* runs under {a.saetrain_runs} or "
                          f"{a.results}")

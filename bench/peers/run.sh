@@ -51,6 +51,8 @@
 #   FRONTIER_TAG=""  a variant beside the defaults' runs: saetrain's go to frontier-ARCH-TAG
 #            (with SAETRAIN_EXTRA's --set options) and plot as their own series, "ARCH (TAG)"
 #   FRONTIER_PEERS=none  saetrain's runs only
+#   FRONTIER_PREVIOUS=CSV  an earlier frontier CSV (bench/peers/frontier-minilm.csv) whose
+#            points join this run's, except those this run replaces (same tool, arch, setting)
 #   MPIRUN="mpirun --oversubscribe" (as root also export OMPI_ALLOW_RUN_AS_ROOT=1 and
 #   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
 #   SPARSIFY_WARMUP_STEPS, SPARSIFY_AUXK_ALPHA: unset = sparsify's defaults (1000 warm-up
@@ -319,6 +321,7 @@ if want frontier; then
     fi
     "$PYTHON" bench/peers/frontier.py --saetrain-runs "$OUT/saetrain" --results "$RES" \
         --csv "$OUT/frontier.csv" --png "$OUT/frontier.png" \
+        ${FRONTIER_PREVIOUS:+--previous "$FRONTIER_PREVIOUS"} \
         --title "MiniLM ${HOOK}, x$EXPANSION, $((TOKENS / 1000))K tokens: held-out FVU against L0" \
         | tee "$OUT/frontier.md" || failed+=("frontier")
     say "frontier: $OUT/frontier.png, $OUT/frontier.csv, $OUT/frontier.md"

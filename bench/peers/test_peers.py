@@ -236,6 +236,26 @@ def test_frontier_csv_plot_and_table(tmp_path):
                         str(runs), "--results", str(res), "--csv", str(out_csv)],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "frontier-gated/summary.csv: SAE g has no held-out" in r.stderr
+    (runs / "frontier-gated" / "summary.csv").unlink()
+    # --previous: an earlier CSV's points join, except those a run here replaces.
+    prev = tmp_path / "prev.csv"
+    prev.write_text("tool,arch,setting,target,eval_l0,eval_fvu,eval_dead_pct,train_l0,tokens,"
+                    "tokens_per_s\n"
+                    "saetrain,topk,k=16,16,16,0.99,0,16,1000,50\n"      # replaced by the run
+                    "saetrain,gated,target_l0=32,32,29,0.14,48.8,28.8,1000,50\n"  # kept
+                    "saelens,topk,k=32,32,32,0.17,41,,1000,9\n")       # kept
+    _run(os.path.join(HERE, "frontier.py"), "--saetrain-runs", str(runs), "--results", str(res),
+         "--csv", str(out_csv), "--previous", str(prev))
+    rows = {(r["tool"], r["arch"], r["setting"]): r for r in csv.DictReader(out_csv.open())}
+    assert len(rows) == 7
+    assert float(rows[("saetrain", "topk", "k=16")]["eval_fvu"]) == 0.20  # this run's
+    assert float(rows[("saetrain", "gated", "target_l0=32")]["eval_dead_pct"]) == 48.8
+    assert rows[("saelens", "topk", "k=32")]["train_l0"] == ""
+    prev.write_text("a,b\n1,2\n")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "frontier.py"), "--saetrain-runs",
+                        str(runs), "--results", str(res), "--csv", str(out_csv), "--previous",
+                        str(prev)], capture_output=True, text=True)
+    assert r.returncode != 0 and "is not a frontier CSV (no column tool" in r.stderr
 
 
 def test_sparsify_has_no_relu(data, tmp_path):

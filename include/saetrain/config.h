@@ -94,7 +94,10 @@ struct SaeConfig {
     // Linear LR warmup from 0: warmup_steps when > 0, else this fraction of the run's steps.
     int64_t warmup_steps = 0;
     double warmup_fraction = 0.01;
-    std::string lr_decay = "cosine";  // cosine | linear | constant | cosine_restarts
+    // cosine | linear | constant | cosine_restarts | auto: constant for signum (schedule-free:
+    // the average needs no decay; measured better on MiniLM, issue 30), cosine for adam
+    // (with_optimizer_defaults).
+    std::string lr_decay = "auto";
     // cosine_restarts (PyTorch's CosineAnnealingWarmRestarts): the first cycle's steps T_0 (0: a
     // quarter of the run) and the factor T_mult by which each next cycle is longer.
     int64_t restart_steps = 0;
@@ -151,8 +154,9 @@ struct SaeConfig {
     }
     static constexpr double kAdamLr = 1.0e-3;
     static constexpr double kSignumLr = 3.7e-3;  // at 16384 latents (MiniLM x16: best 0.006)
-    // This point with train.optimizer: auto and train.lr: 0 resolved (see their fields) for an
-    // SAE of d_model inputs; what the trainer trains and the run's config.yaml records.
+    // This point with train.optimizer: auto, train.lr: 0 and train.lr_decay: auto resolved (see
+    // their fields) for an SAE of d_model inputs; what the trainer trains and the run's
+    // config.yaml records.
     SaeConfig with_optimizer_defaults(int64_t d_model) const;
     // Readable id, e.g. "topk-x8-k32" or "relu-x4-l1_5" (the architecture's suffix).
     std::string id(int64_t d_model) const;

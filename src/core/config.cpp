@@ -220,7 +220,8 @@ Field make_field(const char* section, const char* key, const char* doc, Access a
 
 const std::vector<std::string> kAny;
 const std::vector<std::string> kArchChoices = arch_names();
-const std::vector<std::string> kDecayChoices = {"cosine", "linear", "constant", "cosine_restarts"};
+const std::vector<std::string> kDecayChoices = {"auto", "cosine", "linear", "constant",
+                                                "cosine_restarts"};
 const std::vector<std::string> kEncoderInitChoices = {"fitted", "transpose"};
 const std::vector<std::string> kOptimizerChoices = {"auto", "adam", "signum"};
 const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
@@ -346,7 +347,9 @@ std::vector<Field> make_fields() {
                 at_least(0)),
         SAE_KEY("train", warmup_fraction, "linear LR warmup over this fraction of the steps", kAny,
                 within(0, 1, /*closed=*/false)),
-        SAE_KEY("train", lr_decay, "the LR decay after train.decay_start", kDecayChoices),
+        SAE_KEY("train", lr_decay,
+                "the LR decay after train.decay_start (auto: constant for signum, else cosine)",
+                kDecayChoices),
         SAE_KEY("train", decay_start, "the fraction of the run after which the LR decays", kAny,
                 within(0, 1)),
         SAE_KEY("train", restart_steps, "cosine_restarts: the first cycle's steps", kAny,
@@ -1048,6 +1051,7 @@ SaeConfig SaeConfig::with_optimizer_defaults(int64_t d_model) const {
         const auto n = static_cast<double>(resolved_latents(d_model));
         c.lr = c.optimizer == "signum" ? kSignumLr * std::sqrt(16384.0 / n) : kAdamLr;
     }
+    if (c.lr_decay == "auto") c.lr_decay = c.optimizer == "signum" ? "constant" : "cosine";
     return c;
 }
 
