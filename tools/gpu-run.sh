@@ -7,8 +7,8 @@
 #
 # Usage (from the repository root on the GPU machine; the device tool: carry .gpu-bundle and
 # run `OUT=$OUT bash tools/gpu-run.sh`):
-#   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,upload,bench,torch,databench,
-#                                     e2e,sweep2,model,peers,auxk,profile,modes
+#   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,upload,optimizer,bench,torch,
+#                                     databench,e2e,sweep2,model,peers,auxk,profile,modes
 #                                     (default: all of them, in that order)
 # Environment: OUT (results folder; default ./gpu-out), CTEST_TIMEOUT (seconds per GPU test,
 # default 300), BUNDLE (default
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu-out}
 BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.gz}
-steps=${1:-env,test,upload,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile,modes}
+steps=${1:-env,test,upload,optimizer,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile,modes}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
 summary="$OUT/summary.txt"
@@ -171,6 +171,19 @@ if want upload; then
     done
 fi
 
+# --- optimizer: TopK's default optimizer (train.optimizer: auto = signum) against AdamW, the
+# bf16 step alternated twice, then end to end (step e2e runs both when this step is asked too).
+if want optimizer; then
+    for rep in 1 2; do
+        for opt in adam signum; do
+            run "optimizer_${opt}_$rep" 120 bench_step --backend cuda $shape --arch topk \
+                --reps 50 --gemm bf16 --optimizer $opt
+            grep -E '^topk ' "$logs/optimizer_${opt}_$rep.log" |
+                sed "s/^/optimizer $opt run $rep: /" | tee -a "$summary"
+        done
+    done
+fi
+
 # --- torch: the same steps written as PyTorch users write them ---------------------------------
 if want torch; then
     PYTHONUNBUFFERED=1 run torch 420 python3 tools/bench_torch_sae.py $shape --reps 30
@@ -179,7 +192,7 @@ fi
 
 # --- e2e: saetrain end to end from bf16 shards in page cache -------------------------------------
 data=/tmp/saetrain-data
-if want e2e || want sweep2 || want databench; then
+if want e2e || want sweep2 || want databench || want optimizer; then
     rows=${E2E_ROWS:-1000000}
     if [ ! -d "$data" ]; then
         t0=$SECONDS
@@ -221,11 +234,19 @@ if want e2e; then
     cp /tmp/run-topk/metrics.jsonl "$logs/e2e_topk_metrics.jsonl" 2>/dev/null
     run e2e_topk_bf16 420 saetrain /tmp/e2e-topk.yaml --overwrite --set gpu.gemm=bf16
     grep -A3 -E "^(rank 0 time|sae \(sorted)" "$logs/e2e_topk_bf16.log" | sed 's/^/e2e topk bf16: /' >> "$summary"
+    cp /tmp/run-topk/metrics.jsonl "$logs/e2e_topk_bf16_metrics.jsonl" 2>/dev/null
     # The same with OpenMP's idle threads sleeping instead of spinning (they share the cores
     # with the reader's threads).
     OMP_WAIT_POLICY=passive run e2e_topk_passive 420 saetrain /tmp/e2e-topk.yaml --overwrite
     grep -A3 -E "^(rank 0 time|sae \(sorted)" "$logs/e2e_topk_passive.log" |
         sed 's/^/e2e topk OMP passive: /' >> "$summary"
+    if want optimizer; then  # the defaults' optimizer: lr and lr_decay left to auto (signum)
+        run e2e_topk_bf16_signum 420 saetrain /tmp/e2e-topk.yaml --overwrite \
+            --set gpu.gemm=bf16 --set train.lr=0 --set train.lr_decay=auto
+        grep -A3 -E "^(rank 0 time|sae \(sorted)" "$logs/e2e_topk_bf16_signum.log" |
+            sed 's/^/e2e topk bf16 signum: /' >> "$summary"
+        cp /tmp/run-topk/metrics.jsonl "$logs/e2e_topk_bf16_signum_metrics.jsonl" 2>/dev/null
+    fi
     e2e_config /tmp/run-relu 1 > /tmp/e2e-relu.yaml
     run e2e_relu 300 saetrain /tmp/e2e-relu.yaml --overwrite --set sae.arch=relu --set sae.l1_coeff=5
     grep -A3 -E "^(rank 0 time|sae \(sorted)" "$logs/e2e_relu.log" | sed 's/^/e2e relu: /' >> "$summary"
