@@ -1,0 +1,73 @@
+// s3_io.h — asynchronous range GETs of S3 objects, and the ranges a reader fetches ahead
+// (internal to saetrain_io).
+//
+// Every request of the process goes through one transfer thread driving a libcurl multi handle:
+// at most S3Settings::connections transfers at once, on keep-alive connections; a request that
+// times out, loses its connection or gets a 5xx / 503 SlowDown is retried with exponential
+// backoff (S3Settings::retries attempts), then fails with one line naming the object, the
+// endpoint and what to do. Requests marked urgent (a reader waiting for them) go ahead of
+// queued prefetches.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "saetrain/s3.h"
+
+namespace saetrain::io {
+
+struct S3Transfer;
+
+// A request under way; s3_wait blocks until it has ended.
+class S3Pending {
+public:
+    explicit S3Pending(std::shared_ptr<S3Transfer> t) : t_(std::move(t)) {}
+    // Blocks until the transfer has ended (its destination is no longer written); throws Error
+    // when it failed.
+    void wait();
+    // The same without throwing: "" or the error line.
+    std::string wait_error();
+
+private:
+    std::shared_ptr<S3Transfer> t_;
+};
+
+// Starts GET of bytes [offset, offset + bytes) of `obj` into out, If-Match obj.etag. `keep`
+// holds out's memory until the transfer has ended (even when the caller stops waiting).
+std::unique_ptr<S3Pending> s3_fetch(const S3Client& client, const S3Object& obj, int64_t offset,
+                                    int64_t bytes, char* out, std::shared_ptr<void> keep,
+                                    bool urgent);
+
+// A reader's ranges of a set of objects, fetched ahead on hints (RawRowReader::will_need) into
+// buffers of its own and copied out when read, or fetched straight into the destination when
+// not hinted. Hints and reads come in the same order (the loader hints the pieces it reads
+// next); a hinted range passed over by the reads (after a restore) is dropped.
+class S3RangeReader {
+public:
+    S3RangeReader(std::shared_ptr<const S3Client> client, std::vector<S3Object> objects);
+    ~S3RangeReader();
+    S3RangeReader(const S3RangeReader&) = delete;
+    S3RangeReader& operator=(const S3RangeReader&) = delete;
+
+    // Bytes [offset, offset + bytes) of object i into out.
+    void read(size_t i, int64_t offset, int64_t bytes, char* out);
+    // Starts fetching them, when the buffers ahead have room (ahead_bytes()).
+    void hint(size_t i, int64_t offset, int64_t bytes);
+    // Bytes a reader should hint ahead to keep every connection busy.
+    int64_t ahead_bytes() const;
+    const S3Object& object(size_t i) const { return objects_[i]; }
+
+private:
+    struct Ahead;
+    void drop_front();
+    std::shared_ptr<const S3Client> client_;
+    std::vector<S3Object> objects_;
+    std::deque<std::unique_ptr<Ahead>> ahead_;               // in hint order
+    int64_t ahead_held_ = 0;                                 // their bytes
+    std::vector<std::shared_ptr<std::vector<char>>> spare_;  // buffers to reuse
+};
+
+}  // namespace saetrain::io
