@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -601,14 +602,23 @@ private:
         if (verdict != "retry") return finish(t, verdict);
         const S3Settings& s = t->client->settings;
         ++t->attempt;
+        const std::string body_error = s3_error_text(t->body);
+        const std::string last =
+            rc != CURLE_OK
+                ? std::string(t->curl_error[0] ? t->curl_error : curl_easy_strerror(rc))
+                : fmt::format("HTTP {}{}", t->status, body_error.empty() ? "" : " " + body_error);
+        if (t->attempt < s.retries && Clock::now() - last_warning_ > std::chrono::seconds(5)) {
+            // Once per 5 s at most: a store that is down fails every connection's request.
+            last_warning_ = Clock::now();
+            std::fprintf(stderr,
+                         "saetrain: warning: %s: %s from %s; retrying (attempt %d of %lld, "
+                         "data.s3_retries)\n",
+                         printable(t->what).c_str(), printable(last).c_str(),
+                         t->client->endpoint.c_str(), t->attempt + 1,
+                         static_cast<long long>(s.retries));
+        }
         if (t->attempt >= s.retries) {
             const double secs = std::chrono::duration<double>(Clock::now() - t->first).count();
-            const std::string last =
-                rc != CURLE_OK
-                    ? std::string(t->curl_error[0] ? t->curl_error : curl_easy_strerror(rc))
-                    : fmt::format(
-                          "HTTP {}{}", t->status,
-                          s3_error_text(t->body).empty() ? "" : " " + s3_error_text(t->body));
             return finish(
                 t, fmt::format("{}: endpoint {} failed {} attempts over {:.0f} s (last: {}); "
                                "check that the store is up and reachable (data.s3_endpoint, "
@@ -662,6 +672,7 @@ private:
     std::map<CURL*, std::shared_ptr<S3Transfer>> active_;  // the transfer thread's alone
     std::vector<CURL*> idle_;
     int64_t max_active_ = 1;
+    Clock::time_point last_warning_{};
     bool stop_ = false;
     CURLM* multi_ = nullptr;
     std::thread thread_;

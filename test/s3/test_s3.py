@@ -376,7 +376,9 @@ def wait_for_commit(run_dir, proc, timeout=60):
 def start(cmd, env=None):
     e = dict(os.environ)
     e.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-              "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET})
+              "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
+              "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+              "OMPI_MCA_rmaps_base_oversubscribe": "1"})
     e.update(env or {})
     return subprocess.Popen(cmd, shell=True, env=e, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -419,28 +421,37 @@ def test_server_restarted_within_the_retries_rides_through(data, tmp_path):
         p = start(f"timeout 200 {BIN}/saetrain {obj} --threads 1")
         assert wait_for_commit(tmp_path / "obj", p), p.communicate()
         m.kill()
+        assert p.poll() is None, "the run ended before the store was killed"
         time.sleep(1.0)
         m.start()  # a new, empty store at the same address: the same objects uploaded again
         fill(m, {"quick": data["quick"]})
         out, err = p.communicate(timeout=200)
         assert p.returncode == 0, out + err
+        assert "saetrain: warning: s3://acts/quick/shard_" in err and "retrying" in err, err
+        assert not error_lines(err), err
         assert_bitwise(tmp_path / "disk", tmp_path / "obj")
     finally:
         m.kill()
 
 
-def test_server_down_past_the_retries_stops_then_resumes_bitwise(data, tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_server_down_past_the_retries_stops_then_resumes_bitwise(data, tmp_path, ranks):
+    # 2 ranks: data parallel, each rank reading its slice; the rank whose request fails first
+    # ends the job (no rank left waiting), the other is stopped with it.
+    extra = "parallel: {mode: data_parallel, replicas: 2}\n" if ranks == 2 else ""
+    launch = f"{MPIEXEC} --oversubscribe -np 2 " if ranks == 2 else ""
     m = Moto(tmp_path)
     try:
         fill(m, {"quick": data["quick"]})
-        disk = config(tmp_path, "disk", data["quick"], epochs=12)
-        obj = config(tmp_path, "obj", f"s3://{BUCKET}/quick/", data_extra=s3_keys(m, 3, 5),
+        disk = config(tmp_path, "disk", data["quick"], extra, epochs=12)
+        obj = config(tmp_path, "obj", f"s3://{BUCKET}/quick/", extra, s3_keys(m, 3, 5),
                      epochs=12)
-        assert run(f"{BIN}/saetrain {disk} --threads 1").returncode == 0
-        cmd = f"timeout 200 {BIN}/saetrain {obj} --threads 1"
+        assert run(f"{launch}{BIN}/saetrain {disk} --threads 1").returncode == 0
+        cmd = f"timeout 200 {launch}{BIN}/saetrain {obj} --threads 1"
         p = start(cmd)
         assert wait_for_commit(tmp_path / "obj", p), p.communicate()
         m.kill()
+        assert p.poll() is None, "the run ended before the store was killed"
         out, err = p.communicate(timeout=120)
         lines = error_lines(err)
         assert p.returncode == 1 and len(lines) == 1, out + err
