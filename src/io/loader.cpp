@@ -579,6 +579,7 @@ void ShardBatchSource::restore(ReaderCursor c) {
     fresh->bytes = impl_->bytes.load();
     fresh->wait_s = impl_->wait_s;
     fresh->readers = std::move(impl_->readers);
+    for (auto& r : fresh->readers) r->forget_hints();  // the old position's ranges ahead
     for (int k = 0; k < 2; ++k) fresh->windows[k].bytes = std::move(impl_->windows[k].bytes);
     fresh->block_mem = std::move(impl_->block_mem);
     fresh->perm = std::move(impl_->perm);

@@ -457,6 +457,10 @@ void RawRowReader::will_need(int64_t row, int64_t rows) {
     });
 }
 
+void RawRowReader::forget_hints() {
+    if (impl_->s3) impl_->s3->forget();
+}
+
 int64_t RawRowReader::row_bytes() const { return impl_->row_bytes; }
 
 int64_t RawRowReader::ahead_bytes() const { return impl_->s3 ? impl_->s3->ahead_bytes() : 0; }

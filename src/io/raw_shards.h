@@ -62,6 +62,9 @@ public:
     // strided (one chunk per stratum), and each jump otherwise restarts the kernel's readahead
     // with the disk idle.
     void will_need(int64_t row, int64_t rows);
+    // Forgets what will_need asked for that was not read (objects: their buffers ahead); the
+    // caller restarts elsewhere.
+    void forget_hints();
     int64_t row_bytes() const;
     // Bytes the caller should hint (will_need) ahead of its reads: 0 for files (the kernel's
     // readahead does the rest); for objects, enough to keep every connection busy.

@@ -528,7 +528,7 @@ private:
                     "object; is data.s3_endpoint an S3-compatible store?",
                     where);
             }
-            if (!t.if_match.empty() && !t.etag.empty() && t.etag != t.if_match)
+            if (!t.if_match.empty() && !t.etag.empty() && bare(t.etag) != bare(t.if_match))
                 return changed(t, t.etag);
             return "";
         }
@@ -568,6 +568,12 @@ private:
             return fmt::format("{}: {} with credentials from {}; check them", where, said,
                                c.creds.source);
         return fmt::format("{}: {}", where, said);
+    }
+
+    // An ETag without its quotes (stores differ in sending them).
+    static std::string bare(std::string e) {
+        if (e.size() >= 2 && e.front() == '"' && e.back() == '"') e = e.substr(1, e.size() - 2);
+        return e;
     }
 
     static std::string changed(const S3Transfer& t, const std::string& now) {
@@ -907,6 +913,10 @@ void S3RangeReader::drop_front() {
     if (ahead_.front()->waited && ahead_.front()->buf.use_count() == 1)
         spare_.push_back(std::move(ahead_.front()->buf));
     ahead_.pop_front();
+}
+
+void S3RangeReader::forget() {
+    while (!ahead_.empty()) drop_front();
 }
 
 void S3RangeReader::hint(size_t i, int64_t offset, int64_t bytes) {

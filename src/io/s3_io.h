@@ -56,6 +56,8 @@ public:
     void read(size_t i, int64_t offset, int64_t bytes, char* out);
     // Starts fetching them, when the buffers ahead have room (ahead_bytes()).
     void hint(size_t i, int64_t offset, int64_t bytes);
+    // Drops every hinted range (the reader restarts elsewhere: ShardBatchSource::restore).
+    void forget();
     // Bytes a reader should hint ahead to keep every connection busy.
     int64_t ahead_bytes() const;
     const S3Object& object(size_t i) const { return objects_[i]; }
