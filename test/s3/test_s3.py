@@ -242,11 +242,12 @@ def test_two_ranks_train_bitwise_equal_to_disk(server, data, tmp_path, mode, ext
 
 @pytest.fixture(scope="module")
 def auth_server(data, tmp_path_factory):
-    """A server that checks every request's SigV4 signature and IAM permissions (after the 5
-    unchecked IAM calls that make the users): `reader` may read the bucket, `nobody` has no
+    """A server that checks every request's SigV4 signature and IAM permissions (after the 7
+    unchecked IAM calls that make the users and a role): `reader` may read the bucket and
+    assume the role `rd` (temporary credentials with a session token), `nobody` has no
     permission."""
     import json
-    m = Moto(tmp_path_factory.mktemp("moto-auth"), auth=True, free_calls=5)
+    m = Moto(tmp_path_factory.mktemp("moto-auth"), auth=True, free_calls=7)
     iam = boto3.client("iam", endpoint_url=m.url, region_name="us-east-1",
                        aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
     keys = {}
@@ -254,12 +255,21 @@ def auth_server(data, tmp_path_factory):
         iam.create_user(UserName=user)
         k = iam.create_access_key(UserName=user)["AccessKey"]
         keys[user] = (k["AccessKeyId"], k["SecretAccessKey"])
-    iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    allow = lambda action: json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": action, "Resource": "*"}]})
+    iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=allow("*"))
+    role = iam.create_role(RoleName="rd", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}]}))
+    iam.put_role_policy(RoleName="rd", PolicyName="s3", PolicyDocument=allow("s3:*"))
     s3 = m.client(*keys["reader"])
     s3.create_bucket(Bucket=BUCKET)
     upload(s3, data["quick"], "quick/")
+    sts = boto3.client("sts", endpoint_url=m.url, region_name="us-east-1",
+                       aws_access_key_id=keys["reader"][0],
+                       aws_secret_access_key=keys["reader"][1])
+    t = sts.assume_role(RoleArn=role["Role"]["Arn"], RoleSessionName="test-s3")["Credentials"]
+    keys["session"] = (t["AccessKeyId"], t["SecretAccessKey"], t["SessionToken"])
     m.keys = keys
     yield m
     m.kill()
@@ -279,6 +289,17 @@ def test_signed_reads_train_bitwise(auth_server, data, tmp_path):
     r = run(f"{BIN}/saetrain {obj} --threads 1", creds(*auth_server.keys["reader"]))
     assert r.returncode == 0, r.stdout + r.stderr
     assert_bitwise(tmp_path / "disk", tmp_path / "obj")
+
+
+def test_session_token(auth_server):
+    key, secret, token = auth_server.keys["session"]
+    env = {"AWS_ENDPOINT_URL": auth_server.url}
+    r = run(f"{BIN}/sae-inspect s3://{BUCKET}/quick/", {**env, **creds(key, secret, token)})
+    assert r.returncode == 0 and "total: 5 shards" in r.stdout, r.stdout + r.stderr
+    # The same temporary keys without their token are refused, by a line naming the source.
+    r = run(f"{BIN}/sae-inspect s3://{BUCKET}/quick/", {**env, **creds(key, secret)})
+    assert r.returncode == 1 and "InvalidAccessKeyId" in r.stderr, r.stderr
+    assert "environment variables AWS_ACCESS_KEY_ID" in r.stderr, r.stderr
 
 
 def test_profile_credentials(auth_server, tmp_path):
