@@ -1,5 +1,6 @@
-// s3_io.h — asynchronous range GETs of S3 objects, and the ranges a reader fetches ahead
-// (internal to saetrain_io).
+// s3_io.h — asynchronous range GETs of S3 objects (s3_transfer.cpp), and the ranges a reader
+// fetches ahead (s3_ranges.cpp); what the client resolved (s3_client.cpp). Internal to
+// saetrain_io.
 //
 // Every request of the process goes through one transfer thread driving a libcurl multi handle:
 // at most S3Settings::connections transfers at once, on keep-alive connections; a request that
@@ -9,6 +10,7 @@
 // queued prefetches.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -17,11 +19,61 @@
 
 #include "saetrain/s3.h"
 
+namespace saetrain {
+
+namespace io {
+// RFC 3986 percent-encoding as SigV4 wants it: unreserved characters kept, and '/' in paths.
+std::string s3_uri_encode(const std::string& s, bool keep_slash);
+}  // namespace io
+
+// What a client resolved from its settings and the environment (s3.h).
+struct S3Client::Impl {
+    S3Settings settings;
+    std::string endpoint;  // scheme://host[:port], no trailing '/'
+    std::string region;
+    S3Credentials creds;
+    bool path_style = true;
+    std::string sigv4;  // "aws:amz:REGION:s3"
+
+    std::string scheme() const { return endpoint.substr(0, endpoint.find("://")); }
+    std::string host() const { return endpoint.substr(endpoint.find("://") + 3); }
+    // The URL of `key` in `bucket` (key "" : the bucket), with a query already in canonical
+    // order.
+    std::string url(const std::string& bucket, const std::string& key,
+                    const std::string& query = "") const {
+        std::string u =
+            path_style ? endpoint + "/" + bucket : scheme() + "://" + bucket + "." + host();
+        if (!key.empty() || !path_style) u += "/" + io::s3_uri_encode(key, true);
+        if (!query.empty()) u += "?" + query;
+        return u;
+    }
+};
+
+}  // namespace saetrain
+
 namespace saetrain::io {
+
+// "Code: Message" of an S3 error body (XML), or "".
+std::string s3_error_text(const std::string& body);
+
+// The body of a GET of `url` (a listing page), urgently; throws the request's error line.
+std::string s3_get_body(const S3Client& client, const std::string& url, const std::string& what);
+
+// Calls f(offset, bytes) for the request_bytes pieces of [offset, offset + bytes), aligned to
+// multiples of request_bytes in the object (so that reads and hints cut a range alike).
+template <class F>
+void s3_for_each_request(int64_t request_bytes, int64_t offset, int64_t bytes, F f) {
+    const int64_t end = offset + bytes;
+    while (offset < end) {
+        const int64_t next = std::min(end, (offset / request_bytes + 1) * request_bytes);
+        f(offset, next - offset);
+        offset = next;
+    }
+}
 
 struct S3Transfer;
 
-// A request under way; s3_wait blocks until it has ended.
+// A request under way; wait() blocks until it has ended.
 class S3Pending {
 public:
     explicit S3Pending(std::shared_ptr<S3Transfer> t) : t_(std::move(t)) {}
