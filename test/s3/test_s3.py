@@ -489,6 +489,37 @@ def test_server_down_past_the_retries_stops_then_resumes_bitwise(data, tmp_path,
         m.kill()
 
 
+def test_stalled_store_is_abandoned_not_waited_on(data, tmp_path):
+    # The store stops answering (SIGSTOP: connections are accepted by the kernel, nothing is
+    # sent): each request is abandoned after data.s3_timeout_s without progress and retried,
+    # and the run ends with the line, in bounded time; then it resumes bitwise.
+    m = Moto(tmp_path)
+    try:
+        fill(m, {"quick": data["quick"]})
+        disk = config(tmp_path, "disk", data["quick"], epochs=12)
+        obj = config(tmp_path, "obj", f"s3://{BUCKET}/quick/", data_extra=s3_keys(m, 3, 1),
+                     epochs=12)
+        assert run(f"{BIN}/saetrain {disk} --threads 1").returncode == 0
+        cmd = f"timeout 200 {BIN}/saetrain {obj} --threads 1"
+        p = start(cmd)
+        assert wait_for_commit(tmp_path / "obj", p), p.communicate()
+        os.killpg(m.proc.pid, signal.SIGSTOP)
+        t0 = time.time()
+        assert p.poll() is None, "the run ended before the store stalled"
+        out, err = p.communicate(timeout=120)
+        lines = error_lines(err)
+        assert p.returncode == 1 and len(lines) == 1, out + err
+        assert "failed 3 attempts" in lines[0] and "too slow" in lines[0].lower(), lines[0]
+        assert time.time() - t0 < 30
+        os.killpg(m.proc.pid, signal.SIGCONT)
+        r = run(cmd)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert_bitwise(tmp_path / "disk", tmp_path / "obj")
+    finally:
+        os.killpg(m.proc.pid, signal.SIGCONT)
+        m.kill()
+
+
 def test_iobench_reports_both_rates(server):
     r = run(f"{BIN}/sae-iobench s3://{BUCKET}/quick/ --passes 1 --json",
             {"AWS_ENDPOINT_URL": server.url})
