@@ -73,25 +73,30 @@ void S3RangeReader::read(size_t i, int64_t offset, int64_t bytes, char* out) {
                               [&](const std::unique_ptr<Ahead>& a) { return overlaps(*a); });
     if (first != ahead_.end())
         while (ahead_.front().get() != first->get()) drop_front();
-    // What was fetched ahead is copied out; the gaps are fetched straight into `out`, urgently.
-    std::vector<std::unique_ptr<S3Pending>> direct;
-    std::string error;
-    int64_t at = offset;
-    auto fetch_gap = [&](int64_t to) {
-        if (to > at)
-            s3_for_each_request(client_->settings().request_bytes, at, to - at,
-                                [&](int64_t off, int64_t n) {
-                                    direct.push_back(s3_fetch(*client_, objects_[i], off, n,
-                                                              out + (off - offset), nullptr, true));
-                                });
-    };
+    // The gaps between what was hinted are fetched straight into `out`, urgently, first; then
+    // what was fetched ahead is copied out as it arrives.
     std::vector<Ahead*> used;
     for (const auto& a : ahead_)
         if (overlaps(*a)) used.push_back(a.get());
     std::sort(used.begin(), used.end(),
               [](const Ahead* x, const Ahead* y) { return x->offset < y->offset; });
+    std::vector<std::unique_ptr<S3Pending>> direct;
+    auto fetch = [&](int64_t from, int64_t to) {
+        if (to > from)
+            s3_for_each_request(client_->settings().request_bytes, from, to - from,
+                                [&](int64_t off, int64_t n) {
+                                    direct.push_back(s3_fetch(*client_, objects_[i], off, n,
+                                                              out + (off - offset), nullptr, true));
+                                });
+    };
+    int64_t at = offset;
+    for (const Ahead* a : used) {
+        fetch(at, std::max(at, a->offset));
+        at = std::max(at, a->offset + a->bytes);
+    }
+    fetch(at, end);
+    std::string error;
     for (Ahead* a : used) {
-        fetch_gap(std::max(at, a->offset));
         if (!a->waited) a->error = a->pending->wait_error(), a->waited = true;
         if (error.empty()) error = a->error;
         const int64_t from = std::max(offset, a->offset);
@@ -99,9 +104,8 @@ void S3RangeReader::read(size_t i, int64_t offset, int64_t bytes, char* out) {
         if (a->error.empty() && to > from)
             std::memcpy(out + (from - offset), a->buf->data() + (from - a->offset),
                         static_cast<size_t>(to - from));
-        at = std::max(at, to);
     }
-    fetch_gap(end);
+    // Every transfer into `out` has ended before an error is thrown.
     for (auto& p : direct) {
         const std::string e = p->wait_error();
         if (error.empty()) error = e;
