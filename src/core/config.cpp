@@ -288,9 +288,11 @@ std::vector<Field> make_fields() {
         same_results(CFG_KEY(run, out_dir, "the run's directory: config, metrics, checkpoints",
                              kAny, not_empty())),
         CFG_KEY(run, seed, "seeds the weights' initialization and the data's shuffling", kAny),
-        CFG_KEY(data, path,
-                "a directory or glob of .h5 activation shards (clt: a list, one per layer)", kAny,
-                paths_required("a directory or glob of .h5 shards")),
+        CFG_KEY(
+            data, path,
+            "a directory or glob of .h5 activation shards, or s3://bucket/prefix/ (clt: a list, "
+            "one per layer)",
+            kAny, paths_required("a directory or glob of .h5 shards")),
         CFG_KEY(data, target_path,
                 "transcoders: the target set (an MLP's output), row for row with data.path (clt: "
                 "a list, one per layer)",
