@@ -221,6 +221,22 @@ def test_staged_and_held_out_from_s3(server, data, tmp_path):
     assert_bitwise(tmp_path / "disk", tmp_path / "obj")
 
 
+def test_run_started_on_disk_goes_on_from_the_bucket(server, data, tmp_path):
+    # Stopped at step 21 (SIGTERM, exit 75) reading from disk, resumed reading the same shards
+    # from the bucket: the same cursor into the same row space, so the weights end bitwise equal
+    # to an uninterrupted run on disk.
+    ref = config(tmp_path, "ref", data["quick"])
+    assert run(f"{BIN}/saetrain {ref} --threads 1").returncode == 0
+    disk = config(tmp_path, "moved", data["quick"])
+    r = run(f"{BIN}/saetrain {disk} --threads 1", {"SAETRAIN_FAULT": "0:20:TERM"})
+    assert r.returncode == 75, r.stdout + r.stderr
+    obj = config(tmp_path, "moved", f"s3://{BUCKET}/quick/", data_extra=s3_keys(server))
+    r = run(f"{BIN}/saetrain {obj} --threads 1 --allow-config-change")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resum" in r.stdout, r.stdout
+    assert_bitwise(tmp_path / "ref", tmp_path / "moved")
+
+
 def test_transcoder_input_and_target_from_s3(server, data, tmp_path):
     # data.path and data.target_path both in the bucket, read row for row (their pairing is
     # checked through the objects: rows, token ids), bitwise equal to the same sets on disk.
