@@ -31,6 +31,7 @@ BIN = Path(os.environ.get("SAETRAIN_BIN_DIR", Path(__file__).resolve().parents[2
 MPIEXEC = os.environ.get("SAETRAIN_MPIEXEC", "mpiexec")
 BUCKET = "acts"
 KEY_ID, SECRET = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+ODD = "odd key+=&ü"  # a prefix whose characters SigV4 must percent-encode in paths and queries
 
 
 def free_port():
@@ -302,6 +303,7 @@ def auth_server(data, tmp_path_factory):
     s3 = m.client(*keys["reader"])
     s3.create_bucket(Bucket=BUCKET)
     upload(s3, data["quick"], "quick/")
+    upload(s3, data["quick"], ODD + "/", extra=False)
     sts = boto3.client("sts", endpoint_url=m.url, region_name="us-east-1",
                        aws_access_key_id=keys["reader"][0],
                        aws_secret_access_key=keys["reader"][1])
@@ -326,6 +328,16 @@ def test_signed_reads_train_bitwise(auth_server, data, tmp_path):
     r = run(f"{BIN}/saetrain {obj} --threads 1", creds(*auth_server.keys["reader"]))
     assert r.returncode == 0, r.stdout + r.stderr
     assert_bitwise(tmp_path / "disk", tmp_path / "obj")
+
+
+def test_signed_listing_and_reads_of_keys_that_need_encoding(auth_server, data):
+    # The signature covers the encoded path and the listing's query: a mistake in either is a
+    # SignatureDoesNotMatch from the checking server.
+    env = {"AWS_ENDPOINT_URL": auth_server.url, **creds(*auth_server.keys["reader"])}
+    r = run(f"{BIN}/sae-inspect 's3://{BUCKET}/{ODD}/'", env)
+    assert r.returncode == 0 and "total: 5 shards" in r.stdout, r.stdout + r.stderr
+    r = run(f"{BIN}/sae-inspect 's3://{BUCKET}/{ODD}/shard_0000[24].h5'", env)
+    assert r.returncode == 0 and "total: 2 shards" in r.stdout, r.stdout + r.stderr
 
 
 def test_session_token(auth_server):
