@@ -191,6 +191,30 @@ def test_listing_across_pages_matches_the_directory(server, data):
     assert nothing.returncode == 1 and "no .h5 objects there" in nothing.stderr, nothing.stderr
 
 
+@pytest.mark.parametrize("bad", ["not_hdf5", "truncated", "other_width"])
+def test_a_bad_object_is_named_on_open(server, data, tmp_path, bad):
+    s3 = server.client()
+    prefix = f"bad-{bad}/"
+    good = (Path(data["quick"]) / "shard_00000.h5").read_bytes()
+    s3.put_object(Bucket=BUCKET, Key=prefix + "shard_00000.h5", Body=good)
+    if bad == "not_hdf5":
+        body = b"these bytes are not HDF5" * 100
+    elif bad == "truncated":
+        body = (Path(data["quick"]) / "shard_00001.h5").read_bytes()[:50000]
+    else:
+        r = run(f"{BIN}/sae-synth --out {tmp_path / 'wide'} --d-model 48 --rows 500 --shards 1")
+        assert r.returncode == 0, r.stderr
+        body = (tmp_path / "wide" / "shard_00000.h5").read_bytes()
+    s3.put_object(Bucket=BUCKET, Key=prefix + "shard_00001.h5", Body=body)
+    r = run(f"{BIN}/sae-inspect s3://{BUCKET}/{prefix}", {"AWS_ENDPOINT_URL": server.url})
+    lines = error_lines(r.stderr)
+    assert r.returncode == 1 and len(lines) == 1, r.stdout + r.stderr
+    assert f"s3://{BUCKET}/{prefix}shard_00001.h5" in lines[0], lines[0]
+    want = {"not_hdf5": "cannot open as HDF5", "truncated": "truncated",
+            "other_width": "d_model 48 differs from 32"}[bad]
+    assert want in lines[0], lines[0]
+
+
 # --- training -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["quick", "chunked"])
