@@ -22,6 +22,11 @@ namespace saetrain::io {
 // the object changed, the endpoint unreachable).
 h5::File s3_open_file(std::shared_ptr<const S3Client> client, const S3Object& obj);
 
+// Starts fetching the blocks that opening `obj` reads first (its first and last), to be taken
+// by s3_open_file: a caller about to open many objects one after the other (dataset_open) asks
+// for the next ones early. At most 64 MiB of such blocks are held.
+void s3_vfd_prefetch(const S3Client& client, const S3Object& obj);
+
 // The error line of the last request of this thread's HDF5 calls on an S3 object that failed,
 // or "" (and clears it): HDF5 reports a failed read only as "read failed", so callers that see
 // an HDF5 call fail on an object ask here for the reason.

@@ -332,7 +332,11 @@ DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dat
     }
     std::vector<std::string> paths;
     for (const ShardInfo& s : listed) paths.push_back(s.path);
+    size_t early = 0;  // objects whose first blocks are being fetched ahead of their opening
     for (size_t i = 0; i < paths.size(); ++i) {
+        // Objects: the next 32's first blocks under way while this one is validated.
+        for (; is_s3_url(path_or_glob) && early < std::min(paths.size(), i + 32); ++early)
+            io::s3_vfd_prefetch(*s3_client(s3, path_or_glob), io::s3_object_of(listed[early]));
         ShardMeta m = inspect(info, listed[i], dataset);
         if (i == 0) {
             info.d_model = m.d_model;

@@ -79,6 +79,67 @@ class Moto:
                             aws_access_key_id=key, aws_secret_access_key=secret)
 
 
+class Proxy:
+    """A TCP forwarder on 127.0.0.1:port to a store: stop() closes it and every connection
+    through it (the store gone, as the client sees it), start(backend) listens again on the same
+    port. Lets a test bring a restarted moto (which comes back empty) to the client only once it
+    holds the objects again, as a real store that restarts does."""
+
+    def __init__(self, backend_port):
+        self.port = free_port()
+        self.conns = []
+        self.listener = None
+        self.start(backend_port)
+
+    def start(self, backend_port):
+        import threading
+        self.backend = backend_port
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", self.port))
+        self.listener.listen(64)
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def _accept(self, listener):
+        import threading
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                backend = socket.create_connection(("127.0.0.1", self.backend))
+            except OSError:
+                client.close()
+                continue
+            self.conns += [client, backend]
+            for a, b in ((client, backend), (backend, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        except OSError:
+            pass
+        for x in (a, b):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self):
+        self.listener.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+        self.conns = []
+
+
 def upload(s3, data_dir, prefix, extra=True, public=False):
     """The shards of data_dir under prefix (and, with extra, objects the listing must skip);
     public: readable by anyone (ACL public-read)."""
@@ -505,26 +566,34 @@ def test_object_changed_during_the_run(data, tmp_path, change):
 # --- the store killed mid-run ---------------------------------------------------------------
 
 def test_server_restarted_within_the_retries_rides_through(data, tmp_path):
+    # The store is killed mid-run and a new one, holding the same objects, is back at the same
+    # address 1-2 s later (a moto restarts empty: the client reaches it through a proxy only
+    # once the objects are uploaded again, byte for byte, so their ETags are the same).
     m = Moto(tmp_path)
+    proxy = Proxy(m.port)
     try:
         fill(m, {"quick": data["quick"]})
         disk = config(tmp_path, "disk", data["quick"], epochs=12)
-        obj = config(tmp_path, "obj", f"s3://{BUCKET}/quick/", data_extra=s3_keys(m, 12, 5),
+        via = type("Endpoint", (), {"url": f"http://127.0.0.1:{proxy.port}"})
+        obj = config(tmp_path, "obj", f"s3://{BUCKET}/quick/", data_extra=s3_keys(via, 12, 5),
                      epochs=12)
         assert run(f"{BIN}/saetrain {disk} --threads 1").returncode == 0
         p = start(f"timeout 200 {BIN}/saetrain {obj} --threads 1")
         assert wait_for_commit(tmp_path / "obj", p), p.communicate()
         m.kill()
+        proxy.stop()
         assert p.poll() is None, "the run ended before the store was killed"
         time.sleep(1.0)
-        m.start()  # a new, empty store at the same address: the same objects uploaded again
+        m = Moto(tmp_path)
         fill(m, {"quick": data["quick"]})
+        proxy.start(m.port)
         out, err = p.communicate(timeout=200)
         assert p.returncode == 0, out + err
         assert "saetrain: warning: s3://acts/quick/shard_" in err and "retrying" in err, err
         assert not error_lines(err), err
         assert_bitwise(tmp_path / "disk", tmp_path / "obj")
     finally:
+        proxy.stop()
         m.kill()
 
 
