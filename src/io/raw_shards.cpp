@@ -409,15 +409,21 @@ RawRowReader::RawRowReader(const DatasetInfo& info, RowRange range) : impl_(new 
     m.layouts.resize(info.shards.size());
     m.fds.assign(info.shards.size(), -1);
     m.first = info.shards.size(), m.last = 0;
+    const bool objects = !info.shards.empty() && is_s3_url(info.shards.front().path);
+    size_t early = 0;  // objects: the next ones' first blocks fetched while one is probed
     for (size_t i = 0; i < info.shards.size(); ++i) {
         if (!shard_overlaps(info.shards[i], range)) continue;
         m.first = std::min(m.first, i), m.last = i + 1;
+        for (early = std::max(early, i); objects && early < std::min(info.shards.size(), i + 32);
+             ++early)
+            if (shard_overlaps(info.shards[early], range))
+                s3_vfd_prefetch(*s3_client(info.s3, info.source), s3_object_of(info.shards[early]));
         m.layouts[i] = probe_extents(info.shards[i], info);
     }
-    if (!info.shards.empty() && is_s3_url(info.shards.front().path)) {
-        std::vector<S3Object> objects;
-        for (const ShardInfo& s : info.shards) objects.push_back(s3_object_of(s));
-        m.s3 = std::make_unique<S3RangeReader>(s3_client(info.s3, info.source), std::move(objects));
+    if (objects) {
+        std::vector<S3Object> all;
+        for (const ShardInfo& s : info.shards) all.push_back(s3_object_of(s));
+        m.s3 = std::make_unique<S3RangeReader>(s3_client(info.s3, info.source), std::move(all));
     }
 }
 
