@@ -246,6 +246,9 @@ def test_listing_across_pages_matches_the_directory(server, data):
     assert glob.returncode == 0, glob.stderr
     assert [line.split()[0] for line in glob.stdout.splitlines() if "shard_" in line] == [
         "s3://acts/quick/shard_00001.h5", "s3://acts/quick/shard_00003.h5"]
+    # A prefix without its trailing '/' is the directory, as a directory's path is.
+    noslash = run(f"{BIN}/sae-inspect s3://{BUCKET}/quick", env)
+    assert noslash.returncode == 0 and rows(noslash.stdout) == rows(disk.stdout), noslash.stderr
     one = run(f"{BIN}/sae-inspect s3://{BUCKET}/quick/shard_00002.h5", env)
     assert one.returncode == 0 and "total: 1 shards" in one.stdout, one.stdout + one.stderr
     nothing = run(f"{BIN}/sae-inspect 's3://{BUCKET}/quick/nothing_*.h5'", env)
