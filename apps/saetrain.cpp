@@ -44,6 +44,7 @@
 #include "saetrain/rank_grid.h"         // defines: RankGrid (coordinates, every communicator)
 #include "saetrain/report.h"            // defines: RunReporter (rank 0 gathers metrics)
 #include "saetrain/run_dir.h"           // defines: OutDirLock, remove_stale_files, RunStateFile
+#include "saetrain/s3.h"                // defines: s3_settings_from (s3:// data.path)
 #include "saetrain/schedule.h"          // defines: warmup_steps_for
 #include "saetrain/shards.h"            // defines: dataset_open, dataset_info_pack, read_rows
 #include "saetrain/shared_source.h"     // defines: SharedBatchSource, BroadcastBatchSource
@@ -328,9 +329,10 @@ std::string layer_key(const char* key, size_t layer, size_t layers) {
 DataFound open_datasets(const Config& cfg) {
     DataFound found;
     const size_t layers = cfg.data.path.size();
-    const DatasetInfo data = dataset_open(cfg.data.path.front(), cfg.data.dataset);
+    const S3Settings s3 = s3_settings_from(cfg.data);  // s3:// paths: the data.s3_* keys
+    const DatasetInfo data = dataset_open(cfg.data.path.front(), cfg.data.dataset, s3);
     for (size_t l = 0; l < layers; ++l) {
-        const DatasetInfo in = l == 0 ? data : dataset_open(cfg.data.path[l], cfg.data.dataset);
+        const DatasetInfo in = l == 0 ? data : dataset_open(cfg.data.path[l], cfg.data.dataset, s3);
         // Every layer's rows are the first layer's tokens (one extraction).
         if (l > 0) {
             SAE_ENFORCE(in.d_model == data.d_model,
@@ -341,21 +343,21 @@ DataFound open_datasets(const Config& cfg) {
         }
         found.packed_inputs.push_back(dataset_info_pack(in));
         if (l < cfg.data.target_path.size()) {
-            const DatasetInfo target = dataset_open(cfg.data.target_path[l], cfg.data.dataset);
+            const DatasetInfo target = dataset_open(cfg.data.target_path[l], cfg.data.dataset, s3);
             dataset_check_paired(in, target, layer_key("data.path", l, layers),
                                  layer_key("data.target_path", l, layers));
             found.packed_targets.push_back(dataset_info_pack(target));
         }
     }
     if (!cfg.data.eval_path.empty()) {
-        const DatasetInfo ev = dataset_open(cfg.data.eval_path, cfg.data.dataset);
+        const DatasetInfo ev = dataset_open(cfg.data.eval_path, cfg.data.dataset, s3);
         SAE_ENFORCE(ev.d_model == data.d_model,
                     "data.eval_path {}: d_model {} differs from the training data's {} ({}); "
                     "held-out rows must come from the same hook",
                     ev.source, ev.d_model, data.d_model, data.source);
         found.packed_eval = dataset_info_pack(ev);
         if (!cfg.data.eval_target_path.empty()) {
-            const DatasetInfo et = dataset_open(cfg.data.eval_target_path, cfg.data.dataset);
+            const DatasetInfo et = dataset_open(cfg.data.eval_target_path, cfg.data.dataset, s3);
             dataset_check_paired(ev, et, "data.eval_path", "data.eval_target_path");
             found.packed_eval_target = dataset_info_pack(et);
         }

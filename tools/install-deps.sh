@@ -5,6 +5,7 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config clang-format
       libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev libopenblas-openmp-dev
       libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev libxxhash-dev
+      libcurl4-openssl-dev libxml2-dev  # s3:// data: HTTP + SigV4 signing, S3's XML
       bc util-linux  # bc, setpriv: tools/fault-matrix.sh and tools/soak.sh
       slurm-wlm munge  # tools/slurm-local.sh: the one-node cluster of ctest -L slurm
       python3-matplotlib)  # tools/sae-report (its plots need nothing else: no .venv)

@@ -63,6 +63,16 @@ struct DataConfig {
     // kept with the checkpoints; final.h5 and exports fold c into the weights, so they work
     // on the raw activations.
     std::string normalize = "none";
+    // Shards in S3-compatible storage (path: s3://bucket/prefix/; s3.h): how they are reached.
+    // "" means the AWS way (AWS_ENDPOINT_URL, AWS_REGION, the profile, else AWS's defaults).
+    std::string s3_endpoint;             // e.g. http://127.0.0.1:9000 for a local store
+    std::string s3_region;               // SigV4's region
+    std::string s3_addressing = "auto";  // auto | path | virtual (auto: path on s3_endpoint)
+    bool s3_anonymous = false;           // unsigned requests: public buckets
+    int64_t s3_connections = 16;         // concurrent range GETs (connections) per rank
+    int64_t s3_request_bytes = 8 << 20;  // bytes of one range GET
+    int64_t s3_retries = 10;             // attempts of a request (backoff 0.1 s doubling to 5 s)
+    double s3_timeout_s = 30;            // a request without progress this long is retried
 };
 
 // The architecture an SaeConfig trains unless it names one (the registry's, arch.h).

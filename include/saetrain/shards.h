@@ -1,6 +1,7 @@
 // shards.h — HDF5 activation shards as one global row space.
 //
-// A dataset is a directory (or glob) of .h5 shards ordered by name; each holds a 2-D dataset
+// A dataset is a directory (or glob) of .h5 shards ordered by name, or the same of objects in
+// S3-compatible storage (s3://bucket/prefix/, s3.h), ordered by key; each holds a 2-D dataset
 // `activations` [rows, d_model] of float32 or float16 (bfloat16: 16-bit words with attribute
 // dtype="bfloat16"), contiguous or chunked. The rows of all shards, in name order, form one
 // global row space; each rank owns one contiguous range of it (ranges may cross shards).
@@ -13,13 +14,18 @@
 #include <vector>
 
 #include "saetrain/dtype.h"  // defines: DType, dtype_name, dtype_size, dtype_parse
+#include "saetrain/s3.h"     // defines: S3Settings, is_s3_url
 
 namespace saetrain {
 
 struct ShardInfo {
-    std::string path;
+    std::string path;  // a file, or s3://bucket/key
     int64_t rows = 0;
     int64_t first_row = 0;  // global index of this shard's row 0
+    // Objects: size and ETag as listed when the dataset was opened (every read asks for this
+    // ETag); 0 and "" for files.
+    int64_t bytes = 0;
+    std::string etag;
 };
 
 struct DatasetInfo {
@@ -30,12 +36,14 @@ struct DatasetInfo {
     int64_t total_rows = 0;
     DType dtype = DType::f32;
     std::string model, hook;  // from attributes when present (first shard), else empty
+    S3Settings s3;            // how objects are read (s3:// sources)
 };
 
 // Lists and validates the shards (same d_model and dtype, 2-D, readable, non-empty). Throws
-// Error naming the offending shard or the path when nothing matches.
+// Error naming the offending shard or the path when nothing matches. `s3`: how s3:// paths are
+// read (the data.s3_* keys; unused for files).
 DatasetInfo dataset_open(const std::string& path_or_glob,
-                         const std::string& dataset = "activations");
+                         const std::string& dataset = "activations", const S3Settings& s3 = {});
 
 // Throws Error naming the shard unless `target` is aligned with `input` row for row (a
 // transcoder's MLP input and output): the same rows per shard, d_model and type, and, where the

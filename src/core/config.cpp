@@ -226,6 +226,7 @@ const std::vector<std::string> kEncoderInitChoices = {"fitted", "transpose"};
 const std::vector<std::string> kOptimizerChoices = {"auto", "adam", "signum"};
 const std::vector<std::string> kNonfiniteChoices = {"skip", "stop"};
 const std::vector<std::string> kNormalizeChoices = {"none", "expected_average_only_in"};
+const std::vector<std::string> kS3AddressingChoices = {"auto", "path", "virtual"};
 const std::vector<std::string> kBDecInitChoices = {"mean", "geometric_median", "zeros"};
 const std::vector<std::string> kModeChoices = {"sweep", "data_parallel", "hybrid"};
 const std::vector<std::string> kSweepDataChoices = {"shared", "disjoint"};
@@ -288,9 +289,11 @@ std::vector<Field> make_fields() {
         same_results(CFG_KEY(run, out_dir, "the run's directory: config, metrics, checkpoints",
                              kAny, not_empty())),
         CFG_KEY(run, seed, "seeds the weights' initialization and the data's shuffling", kAny),
-        CFG_KEY(data, path,
-                "a directory or glob of .h5 activation shards (clt: a list, one per layer)", kAny,
-                paths_required("a directory or glob of .h5 shards")),
+        CFG_KEY(
+            data, path,
+            "a directory or glob of .h5 activation shards, or s3://bucket/prefix/ (clt: a list, "
+            "one per layer)",
+            kAny, paths_required("a directory or glob of .h5 shards")),
         CFG_KEY(data, target_path,
                 "transcoders: the target set (an MLP's output), row for row with data.path (clt: "
                 "a list, one per layer)",
@@ -328,6 +331,30 @@ std::vector<Field> make_fields() {
         CFG_KEY(data, normalize,
                 "expected_average_only_in: train on c x with E||c x||^2 = d_model (SAELens)",
                 kNormalizeChoices),
+        same_results(CFG_KEY(data, s3_endpoint,
+                             "s3:// data: the store's URL (\"\": AWS_ENDPOINT_URL, else AWS)",
+                             kAny)),
+        same_results(CFG_KEY(data, s3_region,
+                             "s3:// data: the region (\"\": AWS_REGION, the profile, us-east-1)",
+                             kAny)),
+        same_results(CFG_KEY(data, s3_addressing,
+                             "s3:// data: path-style or virtual-hosted URLs (auto: path on "
+                             "s3_endpoint)",
+                             kS3AddressingChoices)),
+        same_results(CFG_KEY(data, s3_anonymous,
+                             "s3:// data: unsigned requests (a public bucket; no credentials)",
+                             kAny)),
+        same_results(CFG_KEY(data, s3_connections, "s3:// data: concurrent range GETs per rank",
+                             kAny, within(int64_t{1}, int64_t{1024}))),
+        same_results(CFG_KEY(data, s3_request_bytes, "s3:// data: bytes of one range GET", kAny,
+                             within(int64_t{4096}, int64_t{1} << 30))),
+        same_results(CFG_KEY(data, s3_retries,
+                             "s3:// data: attempts of a request on timeouts, 5xx and SlowDown "
+                             "(backoff 0.1 s doubling to 5 s)",
+                             kAny, within(int64_t{1}, int64_t{1000}))),
+        same_results(CFG_KEY(data, s3_timeout_s,
+                             "s3:// data: seconds without progress before a request is retried",
+                             kAny, above(0))),
         SAE_KEY("sae", arch, "the SAE architecture (docs/architectures.md)", kArchChoices),
         SAE_KEY("sae", expansion, "n_latents = expansion x d_model (unless sae.n_latents > 0)",
                 kAny, at_least(1)),

@@ -217,7 +217,8 @@ struct ShardBatchSource::Impl {
     struct Piece {
         int64_t row, rows;  // range-relative first row, rows
     };
-    std::vector<Piece> pieces;  // reader thread: the current window's read requests
+    std::vector<Piece> pieces;       // reader thread: the current window's read requests
+    std::vector<Piece> next_pieces;  // and the next window's, hinted early for objects
     std::atomic<int64_t> bytes{0};
     std::atomic<int64_t> buffer_bytes{0};
     std::mutex err_m;
@@ -327,6 +328,23 @@ struct ShardBatchSource::Impl {
         if (now < 19) setpriority(PRIO_PROCESS, tid, std::min(19, now + 10));
     }
 
+    // Window w's requests in disk order: chunks adjacent on disk coalesced, at most 4 chunks per
+    // request (keeps stop responsive and the cache friendly).
+    void window_pieces(const ShufflePlan::Epoch& ep, int64_t w, std::vector<Piece>* out) const {
+        const std::vector<int64_t> chunks = ep.window_chunks(w);
+        out->clear();
+        for (size_t k = 0; k < chunks.size();) {
+            size_t j = k + 1;
+            while (j < chunks.size() && chunks[j] == chunks[j - 1] + 1) ++j;
+            const int64_t row0 = chunks[k] * plan.chunk_rows();
+            int64_t rows = 0;
+            for (size_t q = k; q < j; ++q) rows += plan.chunk_size(chunks[q]);
+            for (int64_t r = 0; r < rows; r += 4 * plan.chunk_rows())
+                out->push_back({row0 + r, std::min(rows - r, 4 * plan.chunk_rows())});
+            k = j;
+        }
+    }
+
     // Reads windows from the one holding cursor c until the run's last row.
     void read_loop(ReaderCursor c) {
         ShufflePlan::Epoch ep = plan.epoch(c.epoch);
@@ -338,24 +356,31 @@ struct ShardBatchSource::Impl {
             if (!free_windows.pop(&idx)) return;
             Window& win = windows[idx];
             win.epoch = ep.epoch, win.index = w, win.rows = 0;
-            // The window's requests in disk order: chunks adjacent on disk coalesced, at most
-            // 4 chunks per request (keeps stop responsive and the cache friendly).
-            const std::vector<int64_t> chunks = ep.window_chunks(w);
-            pieces.clear();
-            for (size_t k = 0; k < chunks.size();) {
-                size_t j = k + 1;
-                while (j < chunks.size() && chunks[j] == chunks[j - 1] + 1) ++j;
-                const int64_t row0 = chunks[k] * plan.chunk_rows();
-                int64_t rows = 0;
-                for (size_t q = k; q < j; ++q) rows += plan.chunk_size(chunks[q]);
-                for (int64_t r = 0; r < rows; r += 4 * plan.chunk_rows())
-                    pieces.push_back({row0 + r, std::min(rows - r, 4 * plan.chunk_rows())});
-                k = j;
-            }
+            window_pieces(ep, w, &pieces);
             // Keep about two read chunks hinted beyond the one being read: the requests jump
             // from stratum to stratum, and without the hint the disk idles at every jump while
             // the kernel restarts its readahead (+40-80% on strided 8 MiB reads here).
-            const int64_t ahead_bytes = 2 * plan.chunk_rows() * disk_row_bytes;
+            // Objects in S3 want more in flight: enough to keep every connection busy, also
+            // across the end of the window (the next window's first pieces are hinted while
+            // this one's last are read; files keep to their window, as always).
+            int64_t ahead_bytes = 2 * plan.chunk_rows() * disk_row_bytes;
+            bool across = false;
+            for (auto& reader : readers) {
+                ahead_bytes = std::max(ahead_bytes, reader->ahead_bytes());
+                across = across || reader->ahead_bytes() > 0;
+            }
+            next_pieces.clear();
+            if (across) {
+                const bool last = w + 1 == plan.n_windows();
+                const ShufflePlan::Epoch next = last ? plan.epoch(ep.epoch + 1) : ep;
+                const int64_t nw = last ? 0 : w + 1;
+                if (next.epoch * per_epoch + next.window_begin[static_cast<size_t>(nw)] < total)
+                    window_pieces(next, nw, &next_pieces);
+            }
+            const size_t n_hintable = pieces.size() + next_pieces.size();
+            auto hintable = [&](size_t j) -> const Piece& {
+                return j < pieces.size() ? pieces[j] : next_pieces[j - pieces.size()];
+            };
             size_t hinted = 0;   // pieces [i + 1, hinted) are hinted
             int64_t queued = 0;  // their bytes
             for (size_t i = 0; i < pieces.size(); ++i) {
@@ -363,10 +388,10 @@ struct ShardBatchSource::Impl {
                     hinted = i + 1, queued = 0;
                 else
                     queued -= pieces[i].rows * disk_row_bytes;
-                for (; hinted < pieces.size() && queued < ahead_bytes; ++hinted) {
-                    for (auto& reader : readers)
-                        reader->will_need(range.begin + pieces[hinted].row, pieces[hinted].rows);
-                    queued += pieces[hinted].rows * disk_row_bytes;
+                for (; hinted < n_hintable && queued < ahead_bytes; ++hinted) {
+                    const Piece& h = hintable(hinted);
+                    for (auto& reader : readers) reader->will_need(range.begin + h.row, h.rows);
+                    queued += h.rows * disk_row_bytes;
                 }
                 const Piece& pc = pieces[i];
                 // Each part's rows into its region of the window, in part order.
@@ -554,6 +579,7 @@ void ShardBatchSource::restore(ReaderCursor c) {
     fresh->bytes = impl_->bytes.load();
     fresh->wait_s = impl_->wait_s;
     fresh->readers = std::move(impl_->readers);
+    for (auto& r : fresh->readers) r->forget_hints();  // the old position's ranges ahead
     for (int k = 0; k < 2; ++k) fresh->windows[k].bytes = std::move(impl_->windows[k].bytes);
     fresh->block_mem = std::move(impl_->block_mem);
     fresh->perm = std::move(impl_->perm);

@@ -11,9 +11,23 @@
 #include <cstring>
 
 #include "h5.h"
+#include "s3_io.h"
+#include "s3_vfd.h"
 #include "saetrain/error.h"
 
 namespace saetrain::io {
+
+h5::File open_shard(const DatasetInfo& info, const ShardInfo& shard) {
+    if (!is_s3_url(shard.path)) return h5::open_file(shard.path);
+    return s3_open_file(s3_client(info.s3, info.source), s3_object_of(shard));
+}
+
+S3Object s3_object_of(const ShardInfo& shard) {
+    const S3Url u = s3_url_parse(shard.path);
+    S3Object o;
+    o.bucket = u.bucket, o.key = u.key, o.size = shard.bytes, o.etag = shard.etag;
+    return o;
+}
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "raw shard reads assume a little-endian host (the stored order of every shard seen)");
@@ -134,8 +148,18 @@ bool storage_extents(hid_t f, hid_t d, const ShardInfo& shard, const DatasetInfo
     return true;
 }
 
-// Checks the extents lie inside the file and records which file they describe.
+// Checks the extents lie inside the file and records which file they describe (an object: its
+// size as listed; its ETag is checked by every read).
 void stat_extents(const ShardInfo& shard, int64_t row_bytes, ShardExtents* out) {
+    if (is_s3_url(shard.path)) {
+        for (const Extent& e : out->extents)
+            SAE_ENFORCE(e.offset + e.rows * row_bytes <= shard.bytes,
+                        "shard {}: rows [{}, {}) lie beyond the end of the object ({} bytes); it "
+                        "is truncated, re-upload it",
+                        shard.path, e.row, e.row + e.rows, shard.bytes);
+        out->size = shard.bytes;
+        return;
+    }
     struct stat st {};
     SAE_ENFORCE(::stat(shard.path.c_str(), &st) == 0, "shard {}: cannot stat ({})", shard.path,
                 std::strerror(errno));
@@ -166,7 +190,7 @@ ShardExtents probe_extents(const ShardInfo& shard, const DatasetInfo& info) {
     auto guard = h5::lock();
     h5::init();
     ShardExtents out;
-    h5::File f = h5::open_file(shard.path);
+    h5::File f = open_shard(info, shard);
     h5::Dataset d = h5::open_dataset(f.get(), info.dataset, shard.path);
     check_shape(d.get(), shard, info);
     if (!storage_extents(f.get(), d.get(), shard, info, &out)) return out;
@@ -223,6 +247,7 @@ struct RawRowReader::Impl {
     h5::Space fspace;
     h5::Type mtype;
     bool zero_fill = false;  // no fill value: H5Dread leaves unstored chunks' bytes untouched
+    std::unique_ptr<S3RangeReader> s3;  // objects: their range GETs (shard i is object i)
 
     ~Impl() {
         for (int fd : fds)
@@ -314,7 +339,7 @@ struct RawRowReader::Impl {
         dset.reset(), fspace.reset(), mtype.reset(), file.reset();
         h5_index = -1;
         const ShardInfo& s = info.shards[i];
-        file = h5::open_file(s.path);
+        file = open_shard(info, s);
         // Chunk cache large enough for many row chunks; w0 = 1 evicts fully read chunks first.
         h5::Plist dapl(SAE_H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
         SAE_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 12421, 64u << 20, 1.0));
@@ -349,6 +374,8 @@ struct RawRowReader::Impl {
         // would otherwise be whatever the buffer held (found by fuzzing).
         if (zero_fill) std::memset(out, 0, static_cast<size_t>(rows * row_bytes));
         if (H5Dread(dset.get(), mtype.get(), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
+            const std::string request = s3_vfd_take_error();
+            if (!request.empty()) throw Error(request);
             std::string why = h5::last_error();
             throw Error(fmt::format(
                 "shard {}: reading rows [{}, {}) failed{}; the file may be truncated or damaged",
@@ -362,7 +389,10 @@ struct RawRowReader::Impl {
         const ShardExtents& L = layouts[i];
         if (!L.raw) return h5_read(i, r, n, out);
         for_each_extent(L, r, n, row_bytes, [&](int64_t at, int64_t offset, int64_t k) {
-            pread_all(i, at, offset, k * row_bytes, out);
+            if (s3)
+                s3->read(i, offset, k * row_bytes, out);
+            else
+                pread_all(i, at, offset, k * row_bytes, out);
             out += k * row_bytes;
         });
     }
@@ -379,10 +409,21 @@ RawRowReader::RawRowReader(const DatasetInfo& info, RowRange range) : impl_(new 
     m.layouts.resize(info.shards.size());
     m.fds.assign(info.shards.size(), -1);
     m.first = info.shards.size(), m.last = 0;
+    const bool objects = !info.shards.empty() && is_s3_url(info.shards.front().path);
+    size_t early = 0;  // objects: the next ones' first blocks fetched while one is probed
     for (size_t i = 0; i < info.shards.size(); ++i) {
         if (!shard_overlaps(info.shards[i], range)) continue;
         m.first = std::min(m.first, i), m.last = i + 1;
+        for (early = std::max(early, i); objects && early < std::min(info.shards.size(), i + 32);
+             ++early)
+            if (shard_overlaps(info.shards[early], range))
+                s3_vfd_prefetch(*s3_client(info.s3, info.source), s3_object_of(info.shards[early]));
         m.layouts[i] = probe_extents(info.shards[i], info);
+    }
+    if (objects) {
+        std::vector<S3Object> all;
+        for (const ShardInfo& s : info.shards) all.push_back(s3_object_of(s));
+        m.s3 = std::make_unique<S3RangeReader>(s3_client(info.s3, info.source), std::move(all));
     }
 }
 
@@ -407,6 +448,12 @@ void RawRowReader::will_need(int64_t row, int64_t rows) {
     for_each_shard_piece(m.info, row, rows, [&](size_t i, int64_t r, int64_t n) {
         const ShardExtents& L = m.layouts[i];
         if (!L.raw) return;
+        if (m.s3) {
+            for_each_extent(L, r, n, m.row_bytes, [&](int64_t, int64_t offset, int64_t k) {
+                m.s3->hint(i, offset, k * m.row_bytes);
+            });
+            return;
+        }
         const int fd = m.fd_of(i, r);
         for_each_extent(L, r, n, m.row_bytes, [&](int64_t, int64_t offset, int64_t k) {
             // Advice only: an error (say, a file system without readahead) changes nothing.
@@ -416,7 +463,13 @@ void RawRowReader::will_need(int64_t row, int64_t rows) {
     });
 }
 
+void RawRowReader::forget_hints() {
+    if (impl_->s3) impl_->s3->forget();
+}
+
 int64_t RawRowReader::row_bytes() const { return impl_->row_bytes; }
+
+int64_t RawRowReader::ahead_bytes() const { return impl_->s3 ? impl_->s3->ahead_bytes() : 0; }
 
 int RawRowReader::raw_shards() const {
     int n = 0;

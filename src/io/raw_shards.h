@@ -5,7 +5,9 @@
 // of such runs (H5Dget_chunk_info_by_coord), usually back to back. For those, rows are read
 // with pread: no HDF5 call, no library lock and no per-call overhead on the hot path. Anything
 // else (filters, big-endian, user blocks, unallocated storage, partial-width chunks) falls back
-// to H5Dread of the stored type, under the io layer's HDF5 lock.
+// to H5Dread of the stored type, under the io layer's HDF5 lock. Shards in S3 (s3_io.h) are
+// read the same way with range GETs in place of pread, fetched ahead on will_need, and HDF5
+// reading them through the object driver (s3_vfd.h).
 // Internal to saetrain_io.
 #pragma once
 
@@ -14,9 +16,16 @@
 #include <string>
 #include <vector>
 
+#include "h5.h"
 #include "saetrain/shards.h"
 
 namespace saetrain::io {
+
+// A shard of `info` opened with HDF5, read-only: a file, or an object (s3_vfd.h). Throws naming
+// it.
+h5::File open_shard(const DatasetInfo& info, const ShardInfo& shard);
+// The object behind an s3:// shard, with the size and ETag it was listed with.
+S3Object s3_object_of(const ShardInfo& shard);
 
 // Rows [row, row + rows) of a shard stored at byte `offset` of its file.
 struct Extent {
@@ -53,7 +62,13 @@ public:
     // strided (one chunk per stratum), and each jump otherwise restarts the kernel's readahead
     // with the disk idle.
     void will_need(int64_t row, int64_t rows);
+    // Forgets what will_need asked for that was not read (objects: their buffers ahead); the
+    // caller restarts elsewhere.
+    void forget_hints();
     int64_t row_bytes() const;
+    // Bytes the caller should hint (will_need) ahead of its reads: 0 for files (the kernel's
+    // readahead does the rest); for objects, enough to keep every connection busy.
+    int64_t ahead_bytes() const;
     // Shards of the range that are read with pread / with H5Dread.
     int raw_shards() const;
     int hdf5_shards() const;

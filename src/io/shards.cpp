@@ -11,6 +11,8 @@
 #include <optional>
 
 #include "h5.h"
+#include "raw_shards.h"
+#include "s3_vfd.h"
 #include "saetrain/error.h"
 
 namespace fs = std::filesystem;
@@ -26,6 +28,23 @@ bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std
 // ground_truth.h5 sits beside synthetic shards and holds the planted features, not rows.
 bool is_shard_name(const fs::path& p) {
     return p.extension() == ".h5" && p.filename() != "ground_truth.h5";
+}
+
+// The objects of an s3:// source (s3.h's listing), as shards with their size and ETag.
+std::vector<ShardInfo> list_objects(const std::string& source, const S3Settings& s3) {
+    std::vector<ShardInfo> out;
+    for (const S3Object& o : s3_client(s3, source)->list(source)) {
+        if (!is_shard_name(fs::path(o.key).filename())) continue;
+        ShardInfo s;
+        s.path = o.url(), s.bytes = o.size, s.etag = o.etag;
+        out.push_back(std::move(s));
+    }
+    SAE_ENFORCE(!out.empty(),
+                "dataset {}: no .h5 objects there (listed at {}); point data.path at a prefix "
+                "holding .h5 shards (s3://bucket/prefix/), a glob such as "
+                "'s3://bucket/prefix/shard_*.h5', or one .h5 object",
+                source, s3_client(s3, source)->endpoint());
+    return out;
 }
 
 std::vector<std::string> list_shards(const std::string& source) {
@@ -153,7 +172,7 @@ std::string missing_filters(hid_t dcpl) {
 // virtual dataset, no external raw-data file, no filter this HDF5 lacks, no row never written,
 // no size larger than the file.
 void check_storage(hid_t f, hid_t d, const std::string& path, const std::string& name, int64_t rows,
-                   int64_t d_model, int64_t elem) {
+                   int64_t d_model, int64_t elem, int64_t file_bytes) {
     h5::Plist dcpl(SAE_H5_CHECK(H5Dget_create_plist(d)));
     const H5D_layout_t layout = H5Pget_layout(dcpl.get());
     SAE_ENFORCE(layout != H5D_VIRTUAL,
@@ -172,10 +191,6 @@ void check_storage(hid_t f, hid_t d, const std::string& path, const std::string&
                     "decode; re-write it uncompressed (h5repack -f NONE) or with gzip",
                     path, name, missing);
     }
-    struct stat st {};
-    SAE_ENFORCE(::stat(path.c_str(), &st) == 0, "shard {}: cannot stat ({})", path,
-                std::strerror(errno));
-    const auto file_bytes = static_cast<int64_t>(st.st_size);
     h5::Plist fcpl(SAE_H5_CHECK(H5Fget_create_plist(f)));
     hsize_t user_block = 0;
     SAE_H5_CHECK(H5Pget_userblock(fcpl.get(), &user_block));
@@ -228,8 +243,18 @@ void check_storage(hid_t f, hid_t d, const std::string& path, const std::string&
                 path, name, rows, d_model, *bytes, file_bytes);
 }
 
-ShardMeta inspect_shard(const std::string& path, const std::string& name) {
-    h5::File f = h5::open_file(path);
+// The bytes a shard holds: a file's size, an object's as listed.
+int64_t shard_bytes(const ShardInfo& shard) {
+    if (is_s3_url(shard.path)) return shard.bytes;
+    struct stat st {};
+    SAE_ENFORCE(::stat(shard.path.c_str(), &st) == 0, "shard {}: cannot stat ({})", shard.path,
+                std::strerror(errno));
+    return static_cast<int64_t>(st.st_size);
+}
+
+ShardMeta inspect_shard(const DatasetInfo& info, const ShardInfo& shard, const std::string& name) {
+    const std::string& path = shard.path;
+    h5::File f = io::open_shard(info, shard);
     if (!h5::link_exists(f.get(), name, path)) {
         std::string have;
         for (const auto& n : h5::list_root(f.get())) have += (have.empty() ? "" : ", ") + n;
@@ -263,7 +288,8 @@ ShardMeta inspect_shard(const std::string& path, const std::string& name) {
     SAE_ENFORCE(m.d_model > 0, "shard {}: dataset '{}' has 0 columns; expected [rows, d_model]",
                 path, name);
     m.dtype = classify_type(d.get(), f.get(), path, name);
-    check_storage(f.get(), d.get(), path, name, m.rows, m.d_model, dtype_size(m.dtype));
+    check_storage(f.get(), d.get(), path, name, m.rows, m.d_model, dtype_size(m.dtype),
+                  shard_bytes(shard));
     if (auto a = h5::read_attr_int64(d.get(), "d_model")) {
         SAE_ENFORCE(*a == m.d_model,
                     "shard {}: attribute d_model={} disagrees with the dataset's {} columns; fix "
@@ -275,17 +301,43 @@ ShardMeta inspect_shard(const std::string& path, const std::string& name) {
     return m;
 }
 
+// inspect_shard, with the failed request's own line when HDF5 failed reading an object (HDF5
+// says only "read failed").
+ShardMeta inspect(const DatasetInfo& info, const ShardInfo& shard, const std::string& name) {
+    try {
+        return inspect_shard(info, shard, name);
+    } catch (const Error&) {
+        const std::string request = io::s3_vfd_take_error();
+        if (!request.empty()) throw Error(request);
+        throw;
+    }
+}
+
 }  // namespace
 
-DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dataset) {
+DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dataset,
+                         const S3Settings& s3) {
     auto guard = h5::lock();
     h5::init();
     DatasetInfo info;
     info.source = path_or_glob;
     info.dataset = dataset;
-    std::vector<std::string> paths = list_shards(path_or_glob);
+    info.s3 = s3;
+    std::vector<ShardInfo> listed;
+    if (is_s3_url(path_or_glob)) {
+        listed = list_objects(path_or_glob, s3);
+    } else {
+        for (std::string& p : list_shards(path_or_glob))
+            listed.push_back(ShardInfo{p, 0, 0, 0, ""});
+    }
+    std::vector<std::string> paths;
+    for (const ShardInfo& s : listed) paths.push_back(s.path);
+    size_t early = 0;  // objects whose first blocks are being fetched ahead of their opening
     for (size_t i = 0; i < paths.size(); ++i) {
-        ShardMeta m = inspect_shard(paths[i], dataset);
+        // Objects: the next 32's first blocks under way while this one is validated.
+        for (; is_s3_url(path_or_glob) && early < std::min(paths.size(), i + 32); ++early)
+            io::s3_vfd_prefetch(*s3_client(s3, path_or_glob), io::s3_object_of(listed[early]));
+        ShardMeta m = inspect(info, listed[i], dataset);
         if (i == 0) {
             info.d_model = m.d_model;
             info.dtype = m.dtype;
@@ -300,7 +352,8 @@ DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dat
                         "shard {}: dtype {} differs from {} in {}; convert the shards to one dtype",
                         paths[i], dtype_name(m.dtype), dtype_name(info.dtype), paths[0]);
         }
-        info.shards.push_back(ShardInfo{paths[i], m.rows, info.total_rows});
+        info.shards.push_back(
+            ShardInfo{paths[i], m.rows, info.total_rows, listed[i].bytes, listed[i].etag});
         SAE_ENFORCE(!__builtin_add_overflow(info.total_rows, m.rows, &info.total_rows),
                     "dataset {}: the shards' rows add up to more than 2^63 (at shard {}); the "
                     "shards' headers are damaged",
@@ -360,7 +413,7 @@ void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
         // The tokens behind the rows, where both shards name them: the first and the last
         // 4096 token ids (a different text, order or --max-tokens shows there), and the
         // extraction's digest of its contexts.
-        h5::File fa = h5::open_file(a.path), fb = h5::open_file(b.path);
+        h5::File fa = io::open_shard(input, a), fb = io::open_shard(target, b);
         h5::Dataset da = h5::open_dataset(fa.get(), input.dataset, a.path);
         h5::Dataset db = h5::open_dataset(fb.get(), target.dataset, b.path);
         for (const std::string name : {"contexts_sha256", "first_context"}) {
@@ -427,7 +480,7 @@ private:
     size_t pos = 0;
 };
 
-constexpr int64_t kPackMagic = 0x5341454453493031;  // "SAEDSI01"
+constexpr int64_t kPackMagic = 0x5341454453493032;  // "SAEDSI02"
 
 }  // namespace
 
@@ -436,8 +489,12 @@ std::string dataset_info_pack(const DatasetInfo& info) {
     p.i64(kPackMagic);
     p.str(info.source), p.str(info.dataset), p.str(info.model), p.str(info.hook);
     p.i64(info.d_model), p.i64(info.total_rows), p.i64(static_cast<int64_t>(info.dtype));
+    p.str(info.s3.endpoint), p.str(info.s3.region), p.str(info.s3.addressing);
+    p.i64(info.s3.anonymous ? 1 : 0), p.i64(info.s3.connections), p.i64(info.s3.request_bytes);
+    p.i64(info.s3.retries), p.i64(static_cast<int64_t>(info.s3.timeout_s * 1000));
     p.i64(static_cast<int64_t>(info.shards.size()));
-    for (const ShardInfo& s : info.shards) p.str(s.path), p.i64(s.rows), p.i64(s.first_row);
+    for (const ShardInfo& s : info.shards)
+        p.str(s.path), p.i64(s.rows), p.i64(s.first_row), p.i64(s.bytes), p.str(s.etag);
     return p.out;
 }
 
@@ -451,11 +508,16 @@ DatasetInfo dataset_info_unpack(const std::string& bytes) {
     SAE_ENFORCE(t >= 0 && t <= static_cast<int64_t>(DType::bf16),
                 "dataset description is damaged (dtype {})", t);
     info.dtype = static_cast<DType>(t);
+    info.s3.endpoint = u.str(), info.s3.region = u.str(), info.s3.addressing = u.str();
+    info.s3.anonymous = u.i64() != 0, info.s3.connections = u.i64();
+    info.s3.request_bytes = u.i64(), info.s3.retries = u.i64();
+    info.s3.timeout_s = static_cast<double>(u.i64()) / 1000;
     const int64_t n = u.i64();
     SAE_ENFORCE(n >= 0, "dataset description is damaged ({} shards)", n);
     for (int64_t i = 0; i < n; ++i) {
         ShardInfo s;
-        s.path = u.str(), s.rows = u.i64(), s.first_row = u.i64();
+        s.path = u.str(), s.rows = u.i64(), s.first_row = u.i64(), s.bytes = u.i64();
+        s.etag = u.str();
         info.shards.push_back(std::move(s));
     }
     SAE_ENFORCE(u.done(), "dataset description has trailing bytes");

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "saetrain/error.h"
+#include "saetrain/s3.h"
 
 namespace fs = std::filesystem;
 
@@ -89,6 +90,56 @@ void copy_file(const std::string& src, const std::string& dst, int64_t size, int
     }
 }
 
+// Copies object `src` (a shard of `info`, `size` bytes) to dst through dst.tmp-<pid>, in pieces
+// of 64 MiB, each fetched by concurrent range GETs.
+void copy_object(const DatasetInfo& info, const ShardInfo& src, const std::string& dst,
+                 int64_t* done_total, int64_t grand_total, bool progress,
+                 std::chrono::steady_clock::time_point t0) {
+    const S3Url u = s3_url_parse(src.path);
+    const S3Object obj{u.bucket, u.key, src.bytes, src.etag};
+    const std::shared_ptr<const S3Client> client = s3_client(info.s3, info.source);
+    const std::string tmp = dst + ".tmp-" + std::to_string(::getpid());
+    Fd out(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    SAE_ENFORCE(out.fd >= 0, "staging: cannot create {} ({}); check the stage directory", tmp,
+                std::strerror(errno));
+    std::vector<char> buf(64u << 20);
+    for (int64_t done = 0; done < src.bytes;) {
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(buf.size()), src.bytes - done);
+        try {
+            client->read(obj, done, n, buf.data());
+        } catch (...) {
+            ::unlink(tmp.c_str());
+            throw;
+        }
+        for (int64_t w = 0; w < n;) {
+            const ssize_t k = ::write(out.fd, buf.data() + w, static_cast<size_t>(n - w));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) {
+                const int err = errno;
+                ::unlink(tmp.c_str());
+                throw Error(fmt::format("staging: writing {} failed ({}); is the local disk full?",
+                                        dst, std::strerror(err)));
+            }
+            w += k;
+        }
+        done += n;
+        *done_total += n;
+        if (progress) {
+            const double s =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            std::fprintf(stderr, "\rstaging: %.0f / %.0f MB (%.0f MB/s)   ",
+                         static_cast<double>(*done_total) / 1e6,
+                         static_cast<double>(grand_total) / 1e6,
+                         static_cast<double>(*done_total) / 1e6 / std::max(s, 1e-9));
+        }
+    }
+    if (::fsync(out.fd) != 0 || std::rename(tmp.c_str(), dst.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(tmp.c_str());
+        throw Error(fmt::format("staging: cannot finish {} ({})", dst, std::strerror(err)));
+    }
+}
+
 }  // namespace
 
 DatasetInfo stage_shards(const DatasetInfo& info, RowRange range, const std::string& dir_in,
@@ -102,11 +153,39 @@ DatasetInfo stage_shards(const DatasetInfo& info, RowRange range, const std::str
     for (size_t i = 0; i < info.shards.size(); ++i) {
         if (!shard_overlaps(info.shards[i], range)) continue;
         todo.push_back(i);
-        grand_total += static_cast<int64_t>(fs::file_size(info.shards[i].path, ec));
+        grand_total += is_s3_url(info.shards[i].path)
+                           ? info.shards[i].bytes
+                           : static_cast<int64_t>(fs::file_size(info.shards[i].path, ec));
     }
     const std::string root = stage_dir_resolve(dir_in);
     int64_t done_total = 0;
     for (size_t i : todo) {
+        if (is_s3_url(info.shards[i].path)) {
+            // An object: into dir/<the prefix's last part>/<its name>, like a file's parent.
+            const fs::path key = s3_url_parse(info.shards[i].path).key;
+            const fs::path dir =
+                fs::path(root) / (key.has_parent_path()
+                                      ? key.parent_path().filename()
+                                      : fs::path(s3_url_parse(info.source).bucket));
+            fs::create_directories(dir, ec);
+            SAE_ENFORCE(!ec, "staging: cannot create directory {} ({})", dir.string(),
+                        ec.message());
+            const fs::path dst = dir / key.filename();
+            std::error_code ec2;
+            const auto have = fs::file_size(dst, ec2);
+            if (!ec2 && static_cast<int64_t>(have) == info.shards[i].bytes) {
+                ++st.skipped;
+                done_total += info.shards[i].bytes;
+            } else {
+                copy_object(info, info.shards[i], dst.string(), &done_total, grand_total, progress,
+                            t0);
+                ++st.copied;
+                st.bytes_copied += info.shards[i].bytes;
+            }
+            out.shards[i].path = dst.string();
+            out.shards[i].bytes = 0, out.shards[i].etag.clear();
+            continue;
+        }
         const fs::path src = fs::absolute(info.shards[i].path, ec);
         // The parent directory's name keeps shards of different datasets apart.
         const fs::path dir = fs::path(root) / src.parent_path().filename();

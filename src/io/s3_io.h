@@ -1,0 +1,127 @@
+// s3_io.h — asynchronous range GETs of S3 objects (s3_transfer.cpp), and the ranges a reader
+// fetches ahead (s3_ranges.cpp); what the client resolved (s3_client.cpp). Internal to
+// saetrain_io.
+//
+// Every request of the process goes through one transfer thread driving a libcurl multi handle:
+// at most S3Settings::connections transfers at once, on keep-alive connections; a request that
+// times out, loses its connection or gets a 5xx / 503 SlowDown is retried with exponential
+// backoff (S3Settings::retries attempts), then fails with one line naming the object, the
+// endpoint and what to do. Requests marked urgent (a reader waiting for them) go ahead of
+// queued prefetches.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "saetrain/s3.h"
+
+namespace saetrain {
+
+namespace io {
+// RFC 3986 percent-encoding as SigV4 wants it: unreserved characters kept, and '/' in paths.
+std::string s3_uri_encode(const std::string& s, bool keep_slash);
+}  // namespace io
+
+// What a client resolved from its settings and the environment (s3.h).
+struct S3Client::Impl {
+    S3Settings settings;
+    std::string endpoint;  // scheme://host[:port], no trailing '/'
+    std::string region;
+    S3Credentials creds;
+    bool path_style = true;
+    std::string sigv4;  // "aws:amz:REGION:s3"
+
+    std::string scheme() const { return endpoint.substr(0, endpoint.find("://")); }
+    std::string host() const { return endpoint.substr(endpoint.find("://") + 3); }
+    // The URL of `key` in `bucket` (key "" : the bucket), with a query already in canonical
+    // order.
+    std::string url(const std::string& bucket, const std::string& key,
+                    const std::string& query = "") const {
+        std::string u =
+            path_style ? endpoint + "/" + bucket : scheme() + "://" + bucket + "." + host();
+        if (!key.empty() || !path_style) u += "/" + io::s3_uri_encode(key, true);
+        if (!query.empty()) u += "?" + query;
+        return u;
+    }
+};
+
+}  // namespace saetrain
+
+namespace saetrain::io {
+
+// "Code: Message" of an S3 error body (XML), or "".
+std::string s3_error_text(const std::string& body);
+
+// The body of a GET of `url` (a listing page), urgently; throws the request's error line.
+std::string s3_get_body(const S3Client& client, const std::string& url, const std::string& what);
+
+// Calls f(offset, bytes) for the request_bytes pieces of [offset, offset + bytes), aligned to
+// multiples of request_bytes in the object (so that reads and hints cut a range alike).
+template <class F>
+void s3_for_each_request(int64_t request_bytes, int64_t offset, int64_t bytes, F f) {
+    const int64_t end = offset + bytes;
+    while (offset < end) {
+        const int64_t next = std::min(end, (offset / request_bytes + 1) * request_bytes);
+        f(offset, next - offset);
+        offset = next;
+    }
+}
+
+struct S3Transfer;
+
+// A request under way; wait() blocks until it has ended.
+class S3Pending {
+public:
+    explicit S3Pending(std::shared_ptr<S3Transfer> t) : t_(std::move(t)) {}
+    // Blocks until the transfer has ended (its destination is no longer written); throws Error
+    // when it failed.
+    void wait();
+    // The same without throwing: "" or the error line.
+    std::string wait_error();
+
+private:
+    std::shared_ptr<S3Transfer> t_;
+};
+
+// Starts GET of bytes [offset, offset + bytes) of `obj` into out, If-Match obj.etag. `keep`
+// holds out's memory until the transfer has ended (even when the caller stops waiting).
+std::unique_ptr<S3Pending> s3_fetch(const S3Client& client, const S3Object& obj, int64_t offset,
+                                    int64_t bytes, char* out, std::shared_ptr<void> keep,
+                                    bool urgent);
+
+// A reader's ranges of a set of objects, fetched ahead on hints (RawRowReader::will_need) into
+// buffers of its own and copied out when read, or fetched straight into the destination when
+// not hinted. Hints and reads come in the same order (the loader hints the pieces it reads
+// next); a hinted range passed over by the reads (after a restore) is dropped.
+class S3RangeReader {
+public:
+    S3RangeReader(std::shared_ptr<const S3Client> client, std::vector<S3Object> objects);
+    ~S3RangeReader();
+    S3RangeReader(const S3RangeReader&) = delete;
+    S3RangeReader& operator=(const S3RangeReader&) = delete;
+
+    // Bytes [offset, offset + bytes) of object i into out.
+    void read(size_t i, int64_t offset, int64_t bytes, char* out);
+    // Starts fetching them, when the buffers ahead have room (ahead_bytes()).
+    void hint(size_t i, int64_t offset, int64_t bytes);
+    // Drops every hinted range (the reader restarts elsewhere: ShardBatchSource::restore).
+    void forget();
+    // Bytes a reader should hint ahead to keep every connection busy.
+    int64_t ahead_bytes() const;
+    const S3Object& object(size_t i) const { return objects_[i]; }
+
+private:
+    struct Ahead;
+    void drop_front();
+    std::shared_ptr<const S3Client> client_;
+    std::vector<S3Object> objects_;
+    std::deque<std::unique_ptr<Ahead>> ahead_;               // in hint order
+    int64_t ahead_held_ = 0;                                 // their bytes
+    std::vector<std::shared_ptr<std::vector<char>>> spare_;  // buffers to reuse
+};
+
+}  // namespace saetrain::io
