@@ -394,6 +394,10 @@ TEST(ServeState, TheStateComesFromTheFilesAndTheProcesses) {
     EXPECT_EQ(s.exit_code, 137);
     EXPECT_NE(s.exit_line.find("SIGKILL"), std::string::npos) << s.exit_line;
 
+    StateInputs exiting = running;
+    exiting.run_json_state = "stopped";  // written by saetrain just before it exits
+    exiting.stop_requested = true;
+    EXPECT_EQ(state_derive(exiting).state, "stopping") << "stopped only once the process is gone";
     StateInputs stopped = running;
     stopped.wrapper_alive = false;
     stopped.run_json_state = "stopped";
@@ -415,6 +419,10 @@ TEST(ServeState, TheStateComesFromTheFilesAndTheProcesses) {
     EXPECT_EQ(s.state, "failed");
     EXPECT_NE(s.exit_line.find("process 77 is gone"), std::string::npos) << s.exit_line;
     hand.run_pid_alive.reset();  // another host: taken at its word
+    EXPECT_EQ(state_derive(hand).state, "running");
+    hand.run_json_state = "complete";
+    EXPECT_EQ(state_derive(hand).state, "complete");
+    hand.run_pid_alive = true;  // still exiting, holding out_dir's lock
     EXPECT_EQ(state_derive(hand).state, "running");
     StateInputs failed;
     failed.run_json_state = "failed";

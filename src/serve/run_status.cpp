@@ -189,16 +189,17 @@ RunState state_derive(const StateInputs& in) {
     }
     if (in.run_json_state) {
         const std::string& st = *in.run_json_state;
+        // Whether the run's process is still there: the wrapper for a launched run (so a run is
+        // stopped or complete only once every process of it is gone and out_dir's lock is free
+        // for a resume), else rank 0's pid on this host; on another host, run.json's word.
+        const bool up = in.launched ? in.wrapper_alive : in.run_pid_alive.value_or(st == "running");
+        if (up) return active("running");
         if (st == "running") {
-            if (in.launched) {
-                if (in.wrapper_alive) return active("running");
-                if (in.wrapper_exit) return from_exit(*in.wrapper_exit);
-            }
-            if (in.run_pid_alive.value_or(true)) return active("running");
-            return RunState{"failed", std::nullopt,
+            if (in.launched && in.wrapper_exit) return from_exit(*in.wrapper_exit);
+            return RunState{"failed", in.wrapper_exit,
                             fmt::format("killed: run.json says running, but its process {} is "
                                         "gone; resume continues from the last checkpoint",
-                                        in.run_pid)};
+                                        in.launched ? in.wrapper_pid : in.run_pid)};
         }
         RunState s;
         s.state = st == "complete" || st == "stopped" ? st : "failed";
@@ -382,7 +383,8 @@ StateInputs RunWatch::state_inputs() {
             in.run_json_message = run_json_["message"].get<std::string>();
         in.run_pid = run_json_.value("pid", 0);
         if (run_json_.value("host", "") == host_name())
-            in.run_pid_alive = process_alive(in.run_pid, 0);
+            in.run_pid_alive =
+                process_alive(in.run_pid, 0) && process_name(in.run_pid).rfind("saetrain", 0) == 0;
     }
     in.complete_marker = complete_c_.present;
     return in;

@@ -212,9 +212,9 @@ public:
     int run();
 
     // A complete request of an authorized client. `respond` may be called later (a report
-    // being made); `upgrade` takes the connection for a WebSocket.
-    void handle(Request&& req, beast::tcp_stream* stream, std::function<void(Response)> respond,
-                bool* upgraded);
+    // being made), or never when the request is a WebSocket's: its session takes `stream`'s
+    // socket.
+    void handle(Request&& req, beast::tcp_stream* stream, std::function<void(Response)> respond);
     // A request whose headers arrived: nothing when it may go on, else the response that ends it.
     std::optional<Response> check_header(const Request& req);
     size_t max_body() const { return opt_.max_body; }
@@ -254,8 +254,8 @@ private:
     ServeOptions opt_;
     RunsRoot root_;
     std::string token_file_, token_;
-    Fd lock_;  // ROOT/.sae-serve/lock: one server per root
-    net::io_context ioc_{1};
+    Fd lock_;              // ROOT/.sae-serve/lock: one server per root
+    net::io_context ioc_;  // run by one thread; the report threads post to it
     tcp::acceptor acceptor_{ioc_};
     net::steady_timer timer_{ioc_};
     net::signal_set signals_{ioc_, SIGINT, SIGTERM};
@@ -280,6 +280,15 @@ void WsSession::start(Request req) {
     ws_.set_option(websocket::stream_base::decorator(
         [](websocket::response_type& res) { res.set(http::field::server, "sae-serve"); }));
     ws_.read_message_max(64 << 10);
+    // A client's close frame: stop writing at once, so that Beast can answer it (its close reply
+    // waits for our write in progress) instead of the client waiting out its close timeout.
+    ws_.control_callback([this](websocket::frame_type kind, beast::string_view) {
+        if (kind == websocket::frame_type::close) {
+            closed_ = true;
+            out_bytes_ = 0;
+            if (out_.size() > 1) out_.erase(out_.begin() + 1, out_.end());
+        }
+    });
     ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) {
         if (ec) return;
         self->server_.subscribe(self);
@@ -304,7 +313,8 @@ void WsSession::write_next() {
     ws_.text(true);
     ws_.async_write(net::buffer(*out_.front()),
                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                        self->out_bytes_ -= self->out_.front()->size();
+                        const size_t n = self->out_.front()->size();
+                        self->out_bytes_ -= std::min(self->out_bytes_, n);
                         self->out_.pop_front();
                         if (ec) {
                             self->closed_ = true;
@@ -405,14 +415,9 @@ void HttpSession::on_body(beast::error_code ec) {
 
 void HttpSession::dispatch() {
     Request req = parser_->release();
-    bool upgraded = false;
-    std::weak_ptr<HttpSession> weak = shared_from_this();
-    server_.handle(
-        std::move(req), &stream_,
-        [weak](Response res) {
-            if (auto self = weak.lock()) self->send(std::move(res));
-        },
-        &upgraded);
+    // The answer may come later (a report being made): the callback keeps the session.
+    server_.handle(std::move(req), &stream_,
+                   [self = shared_from_this()](Response res) { self->send(std::move(res)); });
 }
 
 void HttpSession::send(Response res, bool then_close) {
@@ -563,9 +568,9 @@ void Server::broadcast(const std::string& run, const std::string& text) {
 void Server::subscribe(const std::shared_ptr<WsSession>& s) {
     RunWatch* w = watch(s->run());
     if (w == nullptr) return;
-    // The state, then every complete step after `since`, then live ones: all on this thread
-    // between two polls, so no step is sent twice or skipped.
-    s->send(std::make_shared<const std::string>(w->state_message()));
+    // Every complete step after `since`, then the state (as a poll sends a step before the state
+    // change that follows it), then live ones: all on this thread between two polls, so no step
+    // is sent twice or skipped.
     if (const MetricsTail* m = w->metrics()) {
         const auto& steps = m->steps();
         for (size_t i = m->first_after(s->since()); i < steps.size(); ++i)
@@ -573,6 +578,7 @@ void Server::subscribe(const std::shared_ptr<WsSession>& s) {
                 fmt::format(R"({{"type":"metrics","step":{},"lines":[{}]}})", steps[i].step,
                             fmt::join(steps[i].lines, ","))));
     }
+    s->send(std::make_shared<const std::string>(w->state_message()));
     subscribers_[s->run()].push_back(s);
 }
 
@@ -636,8 +642,8 @@ std::optional<Response> Server::check_header(const Request& req) {
     return std::nullopt;
 }
 
-void Server::handle(Request&& req, beast::tcp_stream* stream, std::function<void(Response)> respond,
-                    bool* upgraded) {
+void Server::handle(Request&& req, beast::tcp_stream* stream,
+                    std::function<void(Response)> respond) {
     const Target t = parse_target(std::string(req.target()));
     if (!t.ok) {
         respond(error_response(req, http::status::bad_request,
@@ -686,7 +692,6 @@ void Server::handle(Request&& req, beast::tcp_stream* stream, std::function<void
                 }
                 since = *v;
             }
-            *upgraded = true;
             connection_opened();
             std::make_shared<WsSession>(stream->release_socket(), *this, s[2], since)
                 ->start(std::move(req));
@@ -784,8 +789,7 @@ Response Server::page(const Request& req, const Target& t) {
 
 Response Server::list_runs(const Request& req) {
     nlohmann::ordered_json runs = nlohmann::ordered_json::array();
-    for (auto& [id, w] : runs_)
-        if (w->state().state != "unknown" || w->metrics() != nullptr) runs.push_back(w->summary());
+    for (auto& [id, w] : runs_) runs.push_back(w->summary());
     nlohmann::ordered_json j;
     j["root"] = root_.path();
     j["runs"] = runs;
@@ -1078,7 +1082,7 @@ void Server::report(const Request& req, const std::string& id, const std::string
     if (!run.valid()) return respond(error_response(req, http::status::not_found, why));
     Fd dir = open_beneath(run.get(), "report", true, &why);
     const bool have = dir.valid() && stat_beneath(dir.get(), "index.html").has_value();
-    if (have && !(refresh && file == "index.html")) return respond(report_file(req, id, file));
+    if (file != "index.html" || (have && !refresh)) return respond(report_file(req, id, file));
     // Made now by sae-report, in a thread of its own (it takes seconds); every request for it
     // meanwhile waits for the same one.
     Request head;

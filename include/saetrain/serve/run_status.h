@@ -10,8 +10,9 @@
 // A run started by hand (no launch.json) is followed the same way from run.json, its pid
 // checked on this host.
 //
-// States: queued (launched, not training yet), running, stopping (a stop was sent and the
-// process still runs), stopped (exit 75: a checkpoint is committed; resume continues it),
+// States: queued (launched, not training yet), running (while any process of the run is there,
+// even after run.json says it ended), stopping (a stop was sent and the process still runs),
+// stopped (exit 75: a checkpoint is committed; resume continues it),
 // complete, failed (with the exit line: saetrain's error, or how the process ended), and
 // unknown (a directory with no run.json and no launch record: a run of an older saetrain, or
 // one that never started training).
@@ -55,7 +56,7 @@ struct StateInputs {
     std::optional<int> run_json_exit;
     std::string run_json_message;       // its error message, for failed
     pid_t run_pid = 0;                  // run.json's pid
-    std::optional<bool> run_pid_alive;  // on this host; nothing: another host
+    std::optional<bool> run_pid_alive;  // a saetrain on this host; nothing: another host
     bool complete_marker = false;
     std::string console_line;  // the launch's saetrain error or stop line, else its last line
 };
