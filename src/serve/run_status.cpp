@@ -111,6 +111,21 @@ nlohmann::ordered_json cell(const std::string& v) {
     return v;
 }
 
+// run.json and metrics lines are read as they are: a key of an unexpected type (a damaged or
+// hand-made file) reads as missing, never as an exception that would end a poll.
+template <class J>
+int64_t int_of(const J& j, const char* key, int64_t fallback) {
+    if (!j.is_object()) return fallback;
+    const auto it = j.find(key);
+    return it != j.end() && it->is_number_integer() ? it->template get<int64_t>() : fallback;
+}
+template <class J>
+std::string str_of(const J& j, const char* key) {
+    if (!j.is_object()) return "";
+    const auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->template get<std::string>() : "";
+}
+
 const char* const kGateColumns[] = {
     "gates",      "gates_on",   "gates_failed",        "rel_recon_err",
     "zeros_frac", "decorr_rms", "gates_dead_fraction", "gates_dense_fraction"};
@@ -353,8 +368,8 @@ void RunWatch::set_launch(const LaunchRecord& rec) {
 void RunWatch::note_stop_requested() { hand_stop_ns_ = now_ns(); }
 
 pid_t RunWatch::local_saetrain_pid() const {
-    if (!run_json_.is_object() || run_json_.value("host", "") != host_name()) return 0;
-    const pid_t pid = run_json_.value("pid", 0);
+    if (!run_json_.is_object() || str_of(run_json_, "host") != host_name()) return 0;
+    const auto pid = static_cast<pid_t>(int_of(run_json_, "pid", 0));
     if (!process_alive(pid, 0) || process_name(pid).rfind("saetrain", 0) != 0) return 0;
     return pid;
 }
@@ -375,14 +390,12 @@ StateInputs RunWatch::state_inputs() {
         in.stop_requested = hand_stop_ns_ > 0;
     }
     if (run_json_.is_object()) {
-        if (run_json_.contains("state") && run_json_["state"].is_string())
-            in.run_json_state = run_json_["state"].get<std::string>();
-        if (run_json_.contains("exit_code") && run_json_["exit_code"].is_number_integer())
-            in.run_json_exit = run_json_["exit_code"].get<int>();
-        if (run_json_.contains("message") && run_json_["message"].is_string())
-            in.run_json_message = run_json_["message"].get<std::string>();
-        in.run_pid = run_json_.value("pid", 0);
-        if (run_json_.value("host", "") == host_name())
+        if (const std::string st = str_of(run_json_, "state"); !st.empty()) in.run_json_state = st;
+        if (const int64_t code = int_of(run_json_, "exit_code", -1); code >= 0 && code < 256)
+            in.run_json_exit = static_cast<int>(code);
+        in.run_json_message = str_of(run_json_, "message");
+        in.run_pid = static_cast<pid_t>(int_of(run_json_, "pid", 0));
+        if (str_of(run_json_, "host") == host_name())
             in.run_pid_alive =
                 process_alive(in.run_pid, 0) && process_name(in.run_pid).rfind("saetrain", 0) == 0;
     }
@@ -426,7 +439,8 @@ std::string RunWatch::config_text() const {
 
 int RunWatch::ranks() const {
     if (launch_) return launch_->ranks;
-    if (run_json_.is_object()) return run_json_.value("ranks", 1);
+    if (const int64_t r = int_of(run_json_, "ranks", 1); r >= 1 && r <= (1 << 20))
+        return static_cast<int>(r);
     return 1;
 }
 
@@ -443,7 +457,7 @@ nlohmann::ordered_json RunWatch::summary() const {
     const bool rj = run_json_.is_object();
     j["started"] = rj && run_json_.contains("started") ? run_json_["started"] : nullptr;
     j["ended"] = rj && run_json_.contains("ended") ? run_json_["ended"] : nullptr;
-    const int64_t total = rj ? run_json_.value("total_steps", int64_t{0}) : 0;
+    const int64_t total = int_of(run_json_, "total_steps", 0);
     j["total_steps"] = total > 0 ? nlohmann::ordered_json(total) : nullptr;
     std::vector<std::string> ids;
     if (rj && run_json_.contains("saes") && run_json_["saes"].is_object())
@@ -465,7 +479,7 @@ nlohmann::ordered_json RunWatch::summary() const {
             }
         }
         if (slowest > 0) tps = slowest;
-        const int64_t per_step = rj ? run_json_.value("tokens_per_step", int64_t{0}) : 0;
+        const int64_t per_step = int_of(run_json_, "tokens_per_step", 0);
         if (state_.state == "running" && slowest > 0 && total > last.step && per_step > 0)
             eta = static_cast<double>(total - last.step) * static_cast<double>(per_step) / slowest;
     }
@@ -505,8 +519,7 @@ nlohmann::ordered_json RunWatch::detail() const {
                 const nlohmann::ordered_json l =
                     nlohmann::ordered_json::parse(steps[s].lines[i], nullptr, false);
                 if (e["latest"].is_null()) e["latest"] = l;
-                if (e["held_out"].is_null() && l.value("eval_rows", int64_t{0}) > 0)
-                    e["held_out"] = l;
+                if (e["held_out"].is_null() && int_of(l, "eval_rows", 0) > 0) e["held_out"] = l;
             }
         }
     }
@@ -534,9 +547,8 @@ std::string RunWatch::state_message() const {
     j["state"] = state_.state;
     j["exit_code"] = state_.exit_code ? nlohmann::ordered_json(*state_.exit_code) : nullptr;
     j["exit_line"] = state_.exit_line;
-    const bool rj = run_json_.is_object();
-    j["total_steps"] = rj ? run_json_.value("total_steps", nlohmann::ordered_json(nullptr))
-                          : nlohmann::ordered_json(nullptr);
+    const int64_t total = int_of(run_json_, "total_steps", 0);
+    j["total_steps"] = total > 0 ? nlohmann::ordered_json(total) : nlohmann::ordered_json(nullptr);
     j["saes"] = summary()["saes"];
     return j.dump();
 }

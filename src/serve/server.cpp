@@ -257,7 +257,7 @@ private:
     Fd lock_;              // ROOT/.sae-serve/lock: one server per root
     net::io_context ioc_;  // run by one thread; the report threads post to it
     tcp::acceptor acceptor_{ioc_};
-    net::steady_timer timer_{ioc_};
+    net::steady_timer timer_{ioc_}, accept_retry_{ioc_};
     net::signal_set signals_{ioc_, SIGINT, SIGTERM};
     std::map<std::string, std::unique_ptr<RunWatch>> runs_;
     std::map<std::string, std::vector<std::weak_ptr<WsSession>>> subscribers_;
@@ -495,14 +495,18 @@ int Server::run() {
 
 void Server::accept() {
     acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket s) {
-        if (!ec) {
-            if (too_many_connections()) {
-                beast::error_code ignored;
-                s.close(ignored);
-            } else {
-                connection_opened();
-                std::make_shared<HttpSession>(std::move(s), *this)->start();
-            }
+        if (ec) {
+            // Out of descriptors, say: try again shortly rather than spin.
+            accept_retry_.expires_after(std::chrono::milliseconds(100));
+            accept_retry_.async_wait([this](beast::error_code) { accept(); });
+            return;
+        }
+        if (too_many_connections()) {
+            beast::error_code ignored;
+            s.close(ignored);
+        } else {
+            connection_opened();
+            std::make_shared<HttpSession>(std::move(s), *this)->start();
         }
         accept();
     });
@@ -540,7 +544,15 @@ void Server::tick() {
     }
     if (ticks_++ % 4 == 0) discover();
     for (auto& [id, w] : runs_) {
-        const RunWatch::Changes ch = w->poll();
+        RunWatch::Changes ch;
+        try {
+            ch = w->poll();
+        } catch (const std::exception& e) {
+            // A run the server cannot read is reported, never the end of the server.
+            std::fprintf(stderr, "sae-serve: warning: run '%s': %s\n", id.c_str(),
+                         printable(e.what()).c_str());
+            continue;
+        }
         if (ch.metrics.rewound)
             broadcast(id, fmt::format(R"({{"type":"rewind","step":{}}})", *ch.metrics.rewound));
         const auto& steps = w->metrics() ? w->metrics()->steps() : std::vector<MetricsStep>{};

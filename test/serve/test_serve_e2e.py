@@ -220,6 +220,35 @@ def test_paths_cannot_leave_the_runs_root(server, data, tmp):
     assert sorted(os.listdir(outside)) == ["report", "run.json"], "nothing written outside"
 
 
+def test_damaged_run_files_do_not_end_the_server(server):
+    """Run directories the server only reads, with what a damaged or hand-made run could hold:
+    each is shown as well as its files allow; the server stays up."""
+    odd = os.path.join(server.root, "odd")
+    os.makedirs(odd)
+    with open(os.path.join(odd, "run.json"), "w") as f:
+        json.dump({"state": 3, "pid": "x", "host": None, "ranks": -5, "total_steps": "many",
+                   "saes": ["a"], "exit_code": 1e300}, f)
+    with open(os.path.join(odd, "metrics.jsonl"), "w") as f:
+        f.write('garbage\n{"sae": "a", "step": 5, "eval_rows": "x", "tokens_per_s": "fast"}\n'
+                '{"sae": 1, "step": 5}\n\x00\xff\n')
+    with open(os.path.join(odd, "summary.csv"), "w") as f:
+        f.write('sae,gates\n"unterminated,\n')
+    fifo = os.path.join(server.root, "fifo")
+    os.makedirs(fifo)
+    os.mkfifo(os.path.join(fifo, "metrics.jsonl"))  # opening it must not block the server
+    os.mkfifo(os.path.join(fifo, "run.json"))
+    for run_id in ("odd", "fifo"):
+        d = wait_for(lambda: server.get(f"/api/runs/{run_id}").status_code == 200 and
+                     server.run(run_id), f"GET /api/runs/{run_id}")
+        assert d["id"] == run_id
+        r = server.get(f"/api/runs/{run_id}/metrics?since=0")
+        assert r.status_code == 200
+    assert server.get("/api/runs").status_code == 200
+    assert server.proc.poll() is None
+    with open(server.log) as f:
+        assert "terminate" not in f.read()
+
+
 def test_an_oversized_request_is_413_and_the_server_goes_on(server):
     big = b"# padding\n" * 10000  # 100 KB against --max-body 65536
     r = server.post("/api/runs?id=big", data=big)
