@@ -161,6 +161,11 @@ public:
     ~WsSession();
     void start(Request req);
     void send(std::shared_ptr<const std::string> msg);
+    // A step's metrics message: sent only when the step is after the last one this client has
+    // (its `since`, then each step sent), so a client never gets a step twice, whenever it
+    // connected; a rewind moves that point back.
+    void send_step(int64_t step, std::shared_ptr<const std::string> msg);
+    void rewind(int64_t step, std::shared_ptr<const std::string> msg);
     const std::string& run() const { return run_; }
     int64_t since() const { return since_; }
 
@@ -230,7 +235,8 @@ private:
     void tick();
     void discover();
     RunWatch* watch(const std::string& id);
-    void broadcast(const std::string& run, const std::string& text);
+    enum class Kind { state, step, rewind };
+    void broadcast(const std::string& run, const std::string& text, Kind kind, int64_t step = 0);
 
     Response page(const Request& req, const Target& t);
     Response list_runs(const Request& req);
@@ -306,6 +312,17 @@ void WsSession::send(std::shared_ptr<const std::string> msg) {
     out_bytes_ += msg->size();
     out_.push_back(std::move(msg));
     if (!writing_) write_next();
+}
+
+void WsSession::send_step(int64_t step, std::shared_ptr<const std::string> msg) {
+    if (step <= since_) return;
+    since_ = step;
+    send(std::move(msg));
+}
+
+void WsSession::rewind(int64_t step, std::shared_ptr<const std::string> msg) {
+    since_ = std::min(since_, step);
+    send(std::move(msg));
 }
 
 void WsSession::write_next() {
@@ -554,12 +571,15 @@ void Server::tick() {
             continue;
         }
         if (ch.metrics.rewound)
-            broadcast(id, fmt::format(R"({{"type":"rewind","step":{}}})", *ch.metrics.rewound));
+            broadcast(id, fmt::format(R"({{"type":"rewind","step":{}}})", *ch.metrics.rewound),
+                      Kind::rewind, *ch.metrics.rewound);
         const auto& steps = w->metrics() ? w->metrics()->steps() : std::vector<MetricsStep>{};
         for (size_t i = ch.metrics.first_new; i < steps.size(); ++i)
-            broadcast(id, fmt::format(R"({{"type":"metrics","step":{},"lines":[{}]}})",
-                                      steps[i].step, fmt::join(steps[i].lines, ",")));
-        if (ch.state_changed) broadcast(id, w->state_message());
+            broadcast(id,
+                      fmt::format(R"({{"type":"metrics","step":{},"lines":[{}]}})", steps[i].step,
+                                  fmt::join(steps[i].lines, ",")),
+                      Kind::step, steps[i].step);
+        if (ch.state_changed) broadcast(id, w->state_message(), Kind::state);
     }
     timer_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(opt_.poll_s * 1000)));
     timer_.async_wait([this](beast::error_code ec) {
@@ -567,14 +587,21 @@ void Server::tick() {
     });
 }
 
-void Server::broadcast(const std::string& run, const std::string& text) {
+void Server::broadcast(const std::string& run, const std::string& text, Kind kind, int64_t step) {
     auto it = subscribers_.find(run);
     if (it == subscribers_.end()) return;
     auto msg = std::make_shared<const std::string>(text);
     std::vector<std::shared_ptr<WsSession>> live;
     for (auto& w : it->second)
         if (auto s = w.lock()) live.push_back(std::move(s));
-    for (auto& s : live) s->send(msg);
+    for (auto& s : live) {
+        if (kind == Kind::step)
+            s->send_step(step, msg);
+        else if (kind == Kind::rewind)
+            s->rewind(step, msg);
+        else
+            s->send(msg);
+    }
 }
 
 void Server::subscribe(const std::shared_ptr<WsSession>& s) {
@@ -586,9 +613,9 @@ void Server::subscribe(const std::shared_ptr<WsSession>& s) {
     if (const MetricsTail* m = w->metrics()) {
         const auto& steps = m->steps();
         for (size_t i = m->first_after(s->since()); i < steps.size(); ++i)
-            s->send(std::make_shared<const std::string>(
-                fmt::format(R"({{"type":"metrics","step":{},"lines":[{}]}})", steps[i].step,
-                            fmt::join(steps[i].lines, ","))));
+            s->send_step(steps[i].step, std::make_shared<const std::string>(fmt::format(
+                                            R"({{"type":"metrics","step":{},"lines":[{}]}})",
+                                            steps[i].step, fmt::join(steps[i].lines, ","))));
     }
     s->send(std::make_shared<const std::string>(w->state_message()));
     subscribers_[s->run()].push_back(s);

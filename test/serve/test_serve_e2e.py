@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 
 import pytest
 
@@ -27,8 +28,8 @@ from strict import need_module, skip_module  # noqa: E402
 
 requests = need_module("requests")
 websockets = need_module("websockets")
-from serve_helpers import (BIN, Server, file_lines, lines_of, proc_state, run_pid,  # noqa: E402
-                           stream, thaw, wait_for, wait_frozen)
+from serve_helpers import (BIN, TIMEOUT, Server, file_lines, lines_of, proc_state,  # noqa: E402
+                           run_pid, stream, thaw, wait_for, wait_frozen)
 
 FREEZE_AT = 30  # SAETRAIN_FAULT's iteration
 LOG_EVERY = 5
@@ -386,6 +387,17 @@ def test_a_client_reconnecting_with_since_loses_and_repeats_nothing(server, data
     wait_for(lambda: server.run("hops")["step"] == max(logged), "the server to read every step")
     again = stream(server, "hops", since=last, until=("running",))
     assert lines_of(first) + lines_of(again) == file_lines(server.root, "hops")
+    # A client asking for the steps after one the run has not reached: it gets those only,
+    # live (it connects before the run goes on: its first message is the state).
+    ahead = max(logged) + 3 * LOG_EVERY
+    connected, result = threading.Event(), {}
+
+    def watch_ahead():
+        result["msgs"] = stream(server, "hops", since=ahead, until=("complete", "failed"),
+                                on_message=lambda m: connected.set())
+    t = threading.Thread(target=watch_ahead)
+    t.start()
+    assert connected.wait(TIMEOUT)
     # Then live: a client that hangs up after every step and reconnects from the last one it
     # has, while the run goes on to its end.
     thaw(pid)
@@ -401,6 +413,9 @@ def test_a_client_reconnecting_with_since_loses_and_repeats_nothing(server, data
                 done = True
     assert_every_line_once(received, server.root, "hops")
     assert server.run("hops")["state"] == "complete"
+    t.join(TIMEOUT)
+    assert lines_of(result["msgs"]) == [x for x in file_lines(server.root, "hops")
+                                        if x["step"] > ahead]
 
 
 def test_a_killed_server_leaves_runs_going_and_a_new_one_picks_them_up(server, data):
