@@ -201,10 +201,11 @@ std::vector<std::string> list_plain_dirs(int dir_fd) {
 }
 
 std::optional<std::string> RunsRoot::run_id_of_out_dir(const std::string& out_dir,
+                                                       const std::string& cwd,
                                                        std::string* why) const {
     const std::string hint = fmt::format(
-        "a run launched by sae-serve writes into a directory directly under the runs root {}: "
-        "set run.out_dir to its name (the run id) or to {}/NAME, or pass ?id=NAME",
+        "a run launched by sae-serve writes into a directory directly in the runs root {}: set "
+        "run.out_dir to its name (the run id) or to {}/NAME, or pass ?id=NAME",
         path_, path_);
     std::string dir = out_dir;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -215,11 +216,7 @@ std::optional<std::string> RunsRoot::run_id_of_out_dir(const std::string& out_di
         }
         return dir;
     }
-    if (dir[0] != '/') {
-        *why = fmt::format("run.out_dir '{}' is a relative path of more than one name; {}",
-                           printable(out_dir), hint);
-        return std::nullopt;
-    }
+    if (dir[0] != '/') dir = cwd + "/" + dir;
     const size_t slash = dir.rfind('/');
     const std::string parent = slash == 0 ? "/" : dir.substr(0, slash);
     const std::string name = dir.substr(slash + 1);

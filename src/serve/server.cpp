@@ -932,7 +932,7 @@ Response Server::submit(const Request& req, const Target& t) {
         if (std::string bad = run_id_check(id); !bad.empty())
             return error_response(req, http::status::bad_request, "id: " + bad);
     } else {
-        const auto named = root_.run_id_of_out_dir(cfg.run.out_dir, &why);
+        const auto named = root_.run_id_of_out_dir(cfg.run.out_dir, opt_.cwd, &why);
         if (!named) return error_response(req, http::status::bad_request, why);
         id = *named;
     }

@@ -67,11 +67,12 @@ public:
     // run_id_check, sorted.
     std::vector<std::string> list_runs() const;
 
-    // The run id a submitted config's run.out_dir names: a bare run id (relative to the root), or
-    // an absolute path whose parent is the root itself (after resolving the parent's symlinks:
-    // /root-link/x names ROOT/x). Anything else, and "..", "a/b", "/elsewhere/x", is an error
-    // naming run.out_dir and the root; `why` says which.
-    std::optional<std::string> run_id_of_out_dir(const std::string& out_dir,
+    // The run id a submitted config's run.out_dir names: a bare run id (a directory of the
+    // root), or a path whose parent is the root itself after its symlinks are resolved,
+    // relative paths taken from `cwd` as saetrain run there would (runs/x names ROOT/x for a
+    // server started beside ROOT = runs). Anything else ("..", "/elsewhere/x", ROOT/a/b) is an
+    // error naming run.out_dir and the root, in `why`.
+    std::optional<std::string> run_id_of_out_dir(const std::string& out_dir, const std::string& cwd,
                                                  std::string* why) const;
 
 private:
