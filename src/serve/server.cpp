@@ -196,6 +196,7 @@ public:
 private:
     void read_header();
     void on_header(beast::error_code ec);
+    void read_body();
     void on_body(beast::error_code ec);
     void dispatch();
     void send(Response res, bool then_close = false);
@@ -411,6 +412,19 @@ void HttpSession::on_header(beast::error_code ec) {
                     true);
     parser_->body_limit(server_.max_body());  // a chunked body is counted as it comes
     if (parser_->is_done()) return dispatch();
+    if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+        // curl waits a second for this before it sends a body over 1 KiB.
+        auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
+                                                                       parser_->get().version());
+        return http::async_write(stream_, *cont,
+                                 [self = shared_from_this(), cont](beast::error_code e, size_t) {
+                                     if (!e) self->read_body();
+                                 });
+    }
+    read_body();
+}
+
+void HttpSession::read_body() {
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code e, size_t) { self->on_body(e); });
@@ -559,8 +573,12 @@ void Server::tick() {
         int status = 0;
         it = ::waitpid(*it, &status, WNOHANG) != 0 ? children_.erase(it) : std::next(it);
     }
-    if (ticks_++ % 4 == 0) discover();
+    const bool full = ticks_++ % 8 == 0;
+    if (full) discover();
     for (auto& [id, w] : runs_) {
+        // A run that is over and that nobody watches is looked at every 8th poll (2 s): a root
+        // of many finished runs costs little, and one started again by hand is still seen.
+        if (!full && !w->state().active() && !subscribers_.count(id)) continue;
         RunWatch::Changes ch;
         try {
             ch = w->poll();
@@ -622,13 +640,16 @@ void Server::subscribe(const std::shared_ptr<WsSession>& s) {
 }
 
 void Server::unsubscribe(const WsSession* s) {
-    for (auto& [run, list] : subscribers_)
+    for (auto it = subscribers_.begin(); it != subscribers_.end();) {
+        auto& list = it->second;
         list.erase(std::remove_if(list.begin(), list.end(),
                                   [s](const std::weak_ptr<WsSession>& w) {
                                       auto p = w.lock();
                                       return !p || p.get() == s;
                                   }),
                    list.end());
+        it = list.empty() ? subscribers_.erase(it) : std::next(it);
+    }
 }
 
 // ---- Server: requests --------------------------------------------------------------------------
@@ -691,7 +712,7 @@ void Server::handle(Request&& req, beast::tcp_stream* stream,
         return;
     }
     const auto& s = t.segments;
-    const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+    const bool get = req.method() == http::verb::get;
     const bool post = req.method() == http::verb::post;
     auto method_not_allowed = [&](const char* allowed) {
         Response r = error_response(req, http::status::method_not_allowed,
@@ -995,6 +1016,9 @@ Response Server::launch(const Request& req, const std::string& id, Config cfg, i
     children_.insert(rec.wrapper_pid);
     rec.wrapper_start = process_start_time(rec.wrapper_pid);
     w->set_launch(rec);
+    std::printf("sae-serve: launched run '%s' (%d rank(s), wrapper pid %d): %s\n", id.c_str(),
+                ranks, rec.wrapper_pid, printable(fmt::format("{}", fmt::join(argv, " "))).c_str());
+    std::fflush(stdout);
     nlohmann::ordered_json j;
     j["id"] = id;
     j["state"] = w->state().state;
@@ -1044,6 +1068,9 @@ Response Server::stop(const Request& req, const std::string& id) {
         w->refresh_state();
         j["pid"] = pid;
     }
+    std::printf("sae-serve: sent %s to run '%s' (pid %d)\n", signal_name(opt_.stop_signal).c_str(),
+                id.c_str(), j["pid"].get<int>());
+    std::fflush(stdout);
     j["id"] = id;
     j["state"] = w->state().state;
     j["signal"] = signal_name(opt_.stop_signal);

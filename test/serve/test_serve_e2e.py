@@ -12,6 +12,7 @@ by construction, not a race with the clock: the test disconnects, stops, kills t
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -264,6 +265,27 @@ def test_an_oversized_request_is_413_and_the_server_goes_on(server):
     r = requests.get(server.url + "/api/runs", headers={**server.auth, "X-Big": "x" * 20000},
                      timeout=60)
     assert r.status_code == 431
+    # Expect: 100-continue (curl's, for a body over 1 KiB): "100 Continue" before the body is
+    # sent, or at once the final answer when the body would be too large.
+    body = b"sae: {expnasion: 4}\n" + b"#" * 2000 + b"\n"
+    head = (f"POST /api/runs?id=x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}"
+            f"\r\nExpect: 100-continue\r\nContent-Length: {{}}\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(head.format(len(body)).encode())
+        assert s.recv(4096).startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(body)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < int(
+                re.search(rb"Content-Length: (\d+)", answer, re.I).group(1)
+                if re.search(rb"Content-Length: (\d+)", answer, re.I) else 1):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400") and b"expnasion" in answer, answer
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(head.format(10 ** 6).encode())
+        assert s.recv(4096).startswith(b"HTTP/1.1 413")
     # A garbled request and a client that hangs up mid-header end only their connection.
     with socket.create_connection(("127.0.0.1", server.port)) as s:
         s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
