@@ -283,7 +283,13 @@ WsSession::~WsSession() {
 }
 
 void WsSession::start(Request req) {
-    ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+    // A client gone without a close (a laptop's tunnel dropped) is noticed by a ping unanswered
+    // within two minutes, not at the next write.
+    websocket::stream_base::timeout timeouts =
+        websocket::stream_base::timeout::suggested(beast::role_type::server);
+    timeouts.idle_timeout = std::chrono::seconds(120);
+    timeouts.keep_alive_pings = true;
+    ws_.set_option(timeouts);
     ws_.set_option(websocket::stream_base::decorator(
         [](websocket::response_type& res) { res.set(http::field::server, "sae-serve"); }));
     ws_.read_message_max(64 << 10);
@@ -966,6 +972,10 @@ Response Server::submit(const Request& req, const Target& t) {
     const std::optional<int> ranks = ranks_for(cfg, asked, &why);
     if (!ranks) return error_response(req, http::status::bad_request, why);
     const bool overwrite = t.query.count("overwrite") && t.query.at("overwrite") != "0";
+    if (auto known = runs_.find(id); known != runs_.end() && known->second->state().active())
+        return error_response(
+            req, http::status::conflict,
+            fmt::format("run '{}' is {}: stop it first", id, known->second->state().state));
     if (root_.exists(id)) {
         Fd dir = root_.open_run(id, &why);
         if (!dir.valid()) return error_response(req, http::status::bad_request, why);

@@ -364,6 +364,9 @@ def test_stop_exits_75_and_resume_completes(server, data):
     server.wait_state("stopme", "running")
     r = server.post("/api/runs/stopme/resume")
     assert r.status_code == 409
+    for query in ("", "&overwrite=1"):  # a running run is never launched over
+        r = server.post("/api/runs?id=stopme" + query, data=config(data).encode())
+        assert r.status_code == 409 and "stop it first" in r.json()["error"], r.text
     states, received = [], []
     thawed = {}
 
