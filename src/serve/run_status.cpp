@@ -142,7 +142,7 @@ std::string LaunchRecord::to_json() const {
     j["wrapper_pid"] = wrapper_pid;
     j["wrapper_start"] = wrapper_start;
     j["stop_requested_ns"] = stop_requested_ns;
-    return j.dump(1) + "\n";
+    return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::optional<LaunchRecord> LaunchRecord::from_json(const std::string& text) {
@@ -550,7 +550,8 @@ std::string RunWatch::state_message() const {
     const int64_t total = int_of(run_json_, "total_steps", 0);
     j["total_steps"] = total > 0 ? nlohmann::ordered_json(total) : nlohmann::ordered_json(nullptr);
     j["saes"] = summary()["saes"];
-    return j.dump();
+    // Text from files (an exit line) may hold bytes that are not UTF-8: they become U+FFFD.
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace saetrain::serve

@@ -117,7 +117,9 @@ Response json_response(const Request& req, http::status status, const nlohmann::
     res.set(http::field::content_type, "application/json");
     res.set(http::field::cache_control, "no-store");
     res.keep_alive(req.keep_alive());
-    res.body() = j.dump(1) + "\n";
+    // Config text, error lines and file contents may hold bytes that are not UTF-8: they become
+    // U+FFFD rather than an exception.
+    res.body() = j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     res.prepare_payload();
     return res;
 }

@@ -170,6 +170,11 @@ def test_a_bad_config_is_a_400_with_saetrains_own_line(server, data, tmp):
     assert r.status_code == 400
     assert r.json()["error"].startswith("saetrain: error: ") and "run with 2 rank(s)" in \
         r.json()["error"]
+    # Bytes that are not UTF-8 in the config: saetrain's line, with U+FFFD for them.
+    r = server.post("/api/runs?id=bad", data=b"data: {path: x}\nsae: {\xff\xfe: 4}\n")
+    assert r.status_code == 400
+    assert r.json()["error"].startswith("saetrain: error: request body:2: unknown key 'sae.")
+    assert "\ufffd" in r.json()["error"]
     for query in ("ranks=0", "ranks=two", "since=1", "id=a&bogus=1"):
         r = server.post("/api/runs?" + query, data=config(data).encode())
         assert r.status_code == 400, (query, r.text)
