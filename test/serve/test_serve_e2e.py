@@ -10,6 +10,7 @@ by construction, not a race with the clock: the test disconnects, stops, kills t
         .venv/bin/python -m pytest -q test/serve
 """
 import asyncio
+import base64
 import json
 import os
 import re
@@ -394,8 +395,8 @@ def test_stop_exits_75_and_resume_completes(server, data):
     msgs = stream(server, "stopme", until=("complete", "failed"), on_message=on_message)
     received = lines_of(msgs)
     assert "stopping" in states and "stopped" in states, states
-    i = states.index("stopped")
-    assert states[-1] == "complete" and "queued" in states[i:], states
+    # (The resumed run's queued and running may each fall between two polls: not asserted.)
+    assert states.index("stopped") < len(states) - 1 and states[-1] == "complete", states
     stopped_msg = [m for m in msgs if m["type"] == "state" and m["state"] == "stopped"][0]
     assert stopped_msg["exit_code"] == 75
     assert "stopped by a signal" in stopped_msg["exit_line"]
@@ -461,8 +462,7 @@ def test_a_killed_server_leaves_runs_going_and_a_new_one_picks_them_up(server, d
         assert proc_state(pid) == "T", f"{r}'s rank 0 did not outlive the server"
     # While no server is up: one run ends, one is killed outright.
     thaw(pids["ends-alone"])
-    os.kill(pids["killed-alone"], signal.SIGKILL)
-    os.kill(pids["killed-alone"], signal.SIGCONT)
+    os.kill(pids["killed-alone"], signal.SIGKILL)  # ends a stopped process too
     state_dir = os.path.join(server.root, ".sae-serve", "runs")
     for r in ("ends-alone", "killed-alone"):
         wait_for(lambda: os.path.exists(os.path.join(state_dir, r, "exit")),
@@ -558,6 +558,19 @@ PAGE_STATE = """(() => {
 })()"""
 
 
+def save(browser, dom, suffix):
+    """With SAE_SERVE_PAGE_OUT=PATH: the page as rendered (PATH{suffix}.png) and what the test
+    read of its DOM (PATH{suffix}.json), for a person to look at."""
+    out = os.environ.get("SAE_SERVE_PAGE_OUT")
+    if not out:
+        return
+    shot = browser.call("Page.captureScreenshot", format="png")["result"]["data"]
+    with open(out + suffix + ".png", "wb") as f:
+        f.write(base64.b64decode(shot))
+    with open(out + suffix + ".json", "w") as f:
+        json.dump(dom, f, indent=1)
+
+
 def test_the_live_page_draws_the_curves_in_chromium(server, data, tmp):
     server.submit(config(data, k="[4, 8]"), "page", ranks=2)
     pid = wait_frozen(server.root, "page")
@@ -576,6 +589,7 @@ def test_the_live_page_draws_the_curves_in_chromium(server, data, tmp):
                 return p if ok else None
             return check
         mid = wait_for(drawn(logged), "the page to draw the steps logged before the freeze")
+        save(browser, mid, "-mid")
         assert mid["state"] == "running" and mid["run"] == "page"
         assert ["page", "running"] == mid["runs"][[r[0] for r in mid["runs"]].index("page")][:2]
         thaw(pid)
@@ -597,14 +611,7 @@ def test_the_live_page_draws_the_curves_in_chromium(server, data, tmp):
         assert [g[0] for g in page["gates"]] == ["topk-x4-k4", "topk-x4-k8"]
         assert all(g[-1].startswith(("PASS", "FAIL")) for g in page["gates"])
         assert page["report"] == "/runs/page/report/"
-        shot = browser.call("Page.captureScreenshot", format="png")["result"]["data"]
-        out = os.environ.get("SAE_SERVE_PAGE_OUT")
-        if out:  # the page as rendered, for a person to look at
-            import base64
-            with open(out + ".png", "wb") as f:
-                f.write(base64.b64decode(shot))
-            with open(out + ".json", "w") as f:
-                json.dump(page, f, indent=1)
+        save(browser, page, "")
     finally:
         browser.close()
     # The page's report link: sae-report's page, made on the first visit.
