@@ -588,10 +588,13 @@ def test_the_live_page_draws_the_curves_in_chromium(server, data, tmp):
                 ok = fvu == {"topk-x4-k4": len(steps), "topk-x4-k8": len(steps)}
                 return p if ok else None
             return check
-        mid = wait_for(drawn(logged), "the page to draw the steps logged before the freeze")
+        def listed_running():
+            p = drawn(logged)()
+            return p if p and ["page", "running"] in [r[:2] for r in p["runs"]] else None
+        mid = wait_for(listed_running, "the page to draw the steps logged before the freeze "
+                       "and list the run as running")
         save(browser, mid, "-mid")
         assert mid["state"] == "running" and mid["run"] == "page"
-        assert ["page", "running"] == mid["runs"][[r[0] for r in mid["runs"]].index("page")][:2]
         thaw(pid)
         wait_for(lambda: server.run("page")["state"] == "complete", "the run to complete")
         steps = sorted({x["step"] for x in file_lines(server.root, "page")})
