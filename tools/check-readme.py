@@ -9,7 +9,7 @@ are skipped), joins backslash-continued lines and splits commands at '&&'. In a 
 '$ ' prompts only the prompted lines are commands (the others are their output); otherwise a
 line is a command when its first word is a program of ours, a launcher (mpirun, srun) or a
 shell tool. For each command of one of our programs (saetrain, sae-synth, sae-inspect,
-sae-export, sae-iobench, sae-perfmodel, sae-report):
+sae-export, sae-iobench, sae-perfmodel, sae-report, sae-serve):
 
 - a synopsis (placeholders such as CONFIG.yaml, DIR or [--opt ...]): every --option it names
   must be in the program's --help;
@@ -35,10 +35,10 @@ import sys
 import tempfile
 
 OURS = {"saetrain", "sae-synth", "sae-inspect", "sae-export", "sae-iobench", "sae-perfmodel",
-        "sae-report"}
+        "sae-report", "sae-serve"}
 LAUNCHERS = {"mpirun", "mpiexec", "srun"}
 SHELL = {"bash", "cmake", "ctest", "xdg-open", "python3", "sbatch", "export", "cd", "ls", "rm",
-         "setsid", "kill", "timeout", "cp", "scancel", "git"} | LAUNCHERS
+         "setsid", "kill", "timeout", "cp", "scancel", "git", "curl", "ssh", "echo"} | LAUNCHERS
 OTHER_LANGUAGES = {"yaml", "yml", "json", "python", "py", "cpp", "c++", "c", "text", "toml",
                    "ini", "cmake", "diff"}
 REPO_DIRS = ("tools/", "configs/", "slurm/", "bench/", "apps/", "docs/", "test/")
