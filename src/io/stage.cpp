@@ -39,6 +39,22 @@ struct Fd {
     Fd& operator=(const Fd&) = delete;
 };
 
+// Writes n bytes of buf to the staged copy's temp file tmp (for dst); on a failed write the temp
+// file is removed and the error names dst and the likely cause.
+void write_all(int fd, const char* buf, int64_t n, const std::string& tmp, const std::string& dst) {
+    for (int64_t w = 0; w < n;) {
+        const ssize_t k = ::write(fd, buf + w, static_cast<size_t>(n - w));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            const int err = errno;
+            ::unlink(tmp.c_str());
+            throw Error(fmt::format("staging: writing {} failed ({}); is the local disk full?", dst,
+                                    std::strerror(err)));
+        }
+        w += k;
+    }
+}
+
 // Copies src to dst (through dst.tmp-<pid>, then rename) in 8 MiB requests.
 void copy_file(const std::string& src, const std::string& dst, int64_t size, int64_t* done_total,
                int64_t grand_total, bool progress, std::chrono::steady_clock::time_point t0) {
@@ -60,17 +76,7 @@ void copy_file(const std::string& src, const std::string& dst, int64_t size, int
             throw Error(fmt::format("staging: reading shard {} failed at byte {} ({})", src, done,
                                     r == 0 ? "file shrank while copying" : std::strerror(errno)));
         }
-        for (ssize_t w = 0; w < r;) {
-            ssize_t k = ::write(out.fd, buf.data() + w, static_cast<size_t>(r - w));
-            if (k < 0 && errno == EINTR) continue;
-            if (k <= 0) {
-                const int err = errno;
-                ::unlink(tmp.c_str());
-                throw Error(fmt::format("staging: writing {} failed ({}); is the local disk full?",
-                                        dst, std::strerror(err)));
-            }
-            w += k;
-        }
+        write_all(out.fd, buf.data(), r, tmp, dst);
         done += r;
         *done_total += r;
         const auto now = std::chrono::steady_clock::now();
@@ -111,17 +117,7 @@ void copy_object(const DatasetInfo& info, const ShardInfo& src, const std::strin
             ::unlink(tmp.c_str());
             throw;
         }
-        for (int64_t w = 0; w < n;) {
-            const ssize_t k = ::write(out.fd, buf.data() + w, static_cast<size_t>(n - w));
-            if (k < 0 && errno == EINTR) continue;
-            if (k <= 0) {
-                const int err = errno;
-                ::unlink(tmp.c_str());
-                throw Error(fmt::format("staging: writing {} failed ({}); is the local disk full?",
-                                        dst, std::strerror(err)));
-            }
-            w += k;
-        }
+        write_all(out.fd, buf.data(), n, tmp, dst);
         done += n;
         *done_total += n;
         if (progress) {

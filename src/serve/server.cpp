@@ -138,6 +138,21 @@ std::optional<int64_t> parse_count(const std::string& s) {
     return std::stoll(s);
 }
 
+// The query parameter `key` as a whole number >= minimum into *value (left as it is when the
+// parameter is absent); a malformed one gives the line to answer with, e.g. "since=x: not a step
+// (a whole number >= 0)".
+std::optional<std::string> query_count(const Target& t, const std::string& key, int64_t minimum,
+                                       const char* what, int64_t* value) {
+    const auto q = t.query.find(key);
+    if (q == t.query.end()) return std::nullopt;
+    const auto v = parse_count(q->second);
+    if (!v || *v < minimum) return fmt::format("{}={}: not {}", key, q->second, what);
+    *value = *v;
+    return std::nullopt;
+}
+constexpr const char* kStep = "a step (a whole number >= 0)";
+constexpr const char* kRanks = "a rank count (a whole number >= 1)";
+
 std::string content_type_of(const std::string& name) {
     const size_t dot = name.rfind('.');
     const std::string ext = dot == std::string::npos ? "" : name.substr(dot + 1);
@@ -750,15 +765,9 @@ void Server::handle(Request&& req, beast::tcp_stream* stream,
                 return;
             }
             int64_t since = -1;
-            if (auto q = t.query.find("since"); q != t.query.end()) {
-                const auto v = parse_count(q->second);
-                if (!v) {
-                    respond(error_response(
-                        req, http::status::bad_request,
-                        fmt::format("since={}: not a step (a whole number >= 0)", q->second)));
-                    return;
-                }
-                since = *v;
+            if (const auto bad = query_count(t, "since", 0, kStep, &since)) {
+                respond(error_response(req, http::status::bad_request, *bad));
+                return;
             }
             connection_opened();
             std::make_shared<WsSession>(stream->release_socket(), *this, s[2], since)
@@ -882,14 +891,8 @@ Response Server::get_metrics(const Request& req, const std::string& id, const Ta
         return error_response(req, http::status::not_found, why);
     }
     int64_t since = -1;
-    if (auto q = t.query.find("since"); q != t.query.end()) {
-        const auto v = parse_count(q->second);
-        if (!v)
-            return error_response(
-                req, http::status::bad_request,
-                fmt::format("since={}: not a step (a whole number >= 0)", printable(q->second)));
-        since = *v;
-    }
+    if (const auto bad = query_count(t, "since", 0, kStep, &since))
+        return error_response(req, http::status::bad_request, *bad);
     Response r{http::status::ok, req.version()};
     r.set(http::field::content_type, "application/x-ndjson");
     r.set(http::field::cache_control, "no-store");
@@ -932,14 +935,8 @@ std::optional<int> Server::ranks_for(const Config& cfg, int64_t asked, std::stri
 
 Response Server::submit(const Request& req, const Target& t) {
     int64_t asked = 0;
-    if (auto q = t.query.find("ranks"); q != t.query.end()) {
-        const auto v = parse_count(q->second);
-        if (!v || *v < 1)
-            return error_response(req, http::status::bad_request,
-                                  fmt::format("ranks={}: not a rank count (a whole number >= 1)",
-                                              printable(q->second)));
-        asked = *v;
-    }
+    if (const auto bad = query_count(t, "ranks", 1, kRanks, &asked))
+        return error_response(req, http::status::bad_request, *bad);
     for (const auto& [k, v] : t.query)
         if (k != "ranks" && k != "id" && k != "overwrite" && k != "token")
             return error_response(req, http::status::bad_request,
@@ -1103,14 +1100,8 @@ Response Server::resume(const Request& req, const std::string& id, const Target&
         return error_response(req, http::status::conflict,
                               fmt::format("run '{}' is {}: nothing to resume", id, state));
     int64_t asked = w->ranks();
-    if (auto q = t.query.find("ranks"); q != t.query.end()) {
-        const auto v = parse_count(q->second);
-        if (!v || *v < 1)
-            return error_response(req, http::status::bad_request,
-                                  fmt::format("ranks={}: not a rank count (a whole number >= 1)",
-                                              printable(q->second)));
-        asked = *v;
-    }
+    if (const auto bad = query_count(t, "ranks", 1, kRanks, &asked))
+        return error_response(req, http::status::bad_request, *bad);
     const std::string text = w->config_text();
     if (text.empty())
         return error_response(req, http::status::conflict,
