@@ -299,15 +299,19 @@ struct Figures {
     int64_t buffer_bytes = 0;
 };
 
+// The fastest (by MB/s read) of `passes` runs of `pass`.
+template <typename Pass>
+Figure best_of(int passes, Pass pass) {
+    Figure b = pass();
+    for (int i = 1; i < passes; ++i) {
+        Figure f = pass();
+        if (f.in_MBps() > b.in_MBps()) b = f;
+    }
+    return b;
+}
+
 Figures measure(const Args& a, const DatasetInfo& info, const LoaderOptions& lo) {
-    auto best = [&](auto pass) {
-        Figure b = pass();
-        for (int i = 1; i < a.passes; ++i) {
-            Figure f = pass();
-            if (f.in_MBps() > b.in_MBps()) b = f;
-        }
-        return b;
-    };
+    auto best = [&](auto pass) { return best_of(a.passes, pass); };
     Figures r;
     int64_t* buf = &r.buffer_bytes;
     if (!a.no_cold) {
@@ -336,14 +340,7 @@ Figures measure(const Args& a, const DatasetInfo& info, const LoaderOptions& lo)
 // s3:// DATA: the plain parallel range-GET pass over every object (the limit), then the reader's
 // first epoch and its epochs 2-4, against the same store. No page cache to be cold or warm.
 Figures measure_s3(const Args& a, const DatasetInfo& info, const LoaderOptions& lo) {
-    auto best = [&](auto pass) {
-        Figure b = pass();
-        for (int i = 1; i < a.passes; ++i) {
-            Figure f = pass();
-            if (f.in_MBps() > b.in_MBps()) b = f;
-        }
-        return b;
-    };
+    auto best = [&](auto pass) { return best_of(a.passes, pass); };
     std::vector<S3Object> objects;
     for (const ShardInfo& s : info.shards) {
         const S3Url u = s3_url_parse(s.path);

@@ -214,6 +214,8 @@ private:
     void read_header();
     void on_header(beast::error_code ec);
     void read_body();
+    // The 413 for a body over --max-body.
+    Response body_over_limit(const Request& req) const;
     void on_body(beast::error_code ec);
     void dispatch();
     void send(Response res, bool then_close = false);
@@ -419,12 +421,7 @@ void HttpSession::on_header(beast::error_code ec) {
             error_response(bad, http::status::request_header_fields_too_large,
                            fmt::format("the request's header is over {} bytes", kHeaderLimit)),
             true);
-    if (ec == http::error::body_limit)
-        return send(error_response(bad, http::status::payload_too_large,
-                                   fmt::format("the request body is over sae-serve's limit of {} "
-                                               "bytes (--max-body)",
-                                               server_.max_body())),
-                    true);
+    if (ec == http::error::body_limit) return send(body_over_limit(bad), true);
     if (ec) return send(error_response(bad, http::status::bad_request, ec.message()), true);
     if (auto refused = server_.check_header(parser_->get())) return send(std::move(*refused), true);
     if (const auto length = parser_->content_length(); length && *length > server_.max_body())
@@ -447,6 +444,13 @@ void HttpSession::on_header(beast::error_code ec) {
     read_body();
 }
 
+Response HttpSession::body_over_limit(const Request& req) const {
+    return error_response(req, http::status::payload_too_large,
+                          fmt::format("the request body is over sae-serve's limit of {} bytes "
+                                      "(--max-body)",
+                                      server_.max_body()));
+}
+
 void HttpSession::read_body() {
     http::async_read(
         stream_, buffer_, *parser_,
@@ -457,12 +461,7 @@ void HttpSession::on_body(beast::error_code ec) {
     Request bad;
     bad.version(11);
     bad.keep_alive(false);
-    if (ec == http::error::body_limit)
-        return send(error_response(bad, http::status::payload_too_large,
-                                   fmt::format("the request body is over sae-serve's limit of {} "
-                                               "bytes (--max-body)",
-                                               server_.max_body())),
-                    true);
+    if (ec == http::error::body_limit) return send(body_over_limit(bad), true);
     if (ec) return;
     dispatch();
 }
