@@ -645,10 +645,11 @@ void print_loop_end(const LoopResult& res, const RunReporter& reporter, Communic
     if (world.rank() == 0 && res.seconds > 0)
         fmt::print(
             "rank 0 time: {:.2f} s | batches {:.2f} s (waiting for the reader {:.2f} s) | "
-            "NaN/Inf check {:.2f} s | steps {:.2f} s | other {:.2f} s | writing metrics.jsonl "
-            "and tb/ {:.4f} s ({:.3f}% of the steps)\n",
-            res.seconds, res.data_s, res.wait_fraction * res.seconds, res.check_s, res.step_s,
-            res.seconds - res.data_s - res.check_s - res.step_s, reporter.log_write_seconds(),
+            "NaN/Inf check {:.2f} s | initialization {:.2f} s | steps {:.2f} s | other {:.2f} s "
+            "| writing metrics.jsonl and tb/ {:.4f} s ({:.3f}% of the steps)\n",
+            res.seconds, res.data_s, res.wait_fraction * res.seconds, res.check_s, res.init_s,
+            res.step_s, res.seconds - res.data_s - res.check_s - res.init_s - res.step_s,
+            reporter.log_write_seconds(),
             res.step_s > 0 ? 100.0 * reporter.log_write_seconds() / res.step_s : 0.0);
     if (res.nonfinite_batches > 0 || res.skipped_steps > 0)
         fmt::print(stderr,

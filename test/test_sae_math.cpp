@@ -1,5 +1,6 @@
 // sae_math.h on the host: the per-element functions the CUDA kernels share with the CPU backend
-// (16-bit widening and rounding, the order keys of the GPU top-k). No GPU needed.
+// (16-bit widening and rounding, the order keys of the GPU top-k), and the SAE's random start
+// (random_unit_rows). No GPU needed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "saetrain/sae_math.h"
+#include "saetrain/trainer.h"
 #include "test_util.h"
 
 using namespace saetrain;
@@ -78,4 +80,47 @@ TEST(SaeMath, Bf16RoundingIsNearestEven) {
         const float dlo = std::abs(x - lo), dhi = std::abs(hi - x);
         EXPECT_EQ(r, dlo < dhi ? lo : dhi < dlo ? hi : ((u >> 16) & 1u ? hi : lo)) << x;
     }
+}
+
+// The random start: each row a unit vector from its own stream, so the thread count and the
+// latent shard change no value; the components are Gaussian (a uniform or repeated draw fails).
+TEST(RandomUnitRows, SameRowsForAnyThreadsOrShard) {
+    const int64_t n = 96, d = 768;
+    std::vector<float> one(n * d), two(n * d), part(20 * d), other(n * d);
+    random_unit_rows(7, 0, n, d, one.data(), 1);
+    random_unit_rows(7, 0, n, d, two.data(), 2);
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+    random_unit_rows(7, 40, 20, d, part.data(), 2);  // a latent shard's rows 40..59
+    EXPECT_EQ(std::memcmp(part.data(), one.data() + 40 * d, part.size() * sizeof(float)), 0);
+    random_unit_rows(8, 0, n, d, other.data(), 2);
+    EXPECT_NE(one[0], other[0]);
+    EXPECT_NE(one[d], other[d]);
+}
+
+TEST(RandomUnitRows, UnitRowsOfIndependentGaussians) {
+    const int64_t n = 128, d = 768;
+    std::vector<float> w(n * d);
+    random_unit_rows(1234, 0, n, d, w.data());
+    double sum = 0, fourth = 0, tail = 0;
+    for (int64_t r = 0; r < n; ++r) {
+        double norm = 0;
+        for (int64_t c = 0; c < d; ++c) {
+            const double z = w[r * d + c] * std::sqrt(double(d));  // ~ N(0, 1)
+            norm += double(w[r * d + c]) * w[r * d + c];
+            sum += z, fourth += z * z * z * z, tail += std::abs(z) > 2.0;
+        }
+        EXPECT_NEAR(norm, 1.0, 1e-5) << "row " << r;
+    }
+    const double count = double(n * d);
+    EXPECT_NEAR(sum / count, 0.0, 0.02);
+    EXPECT_NEAR(fourth / count, 3.0, 0.15);   // a Gaussian's kurtosis (uniform: 1.8)
+    EXPECT_NEAR(tail / count, 0.0455, 0.006);  // P(|z| > 2)
+    double worst = 0;  // unrelated rows: dot products ~ N(0, 1/d), sd 0.036
+    for (int64_t a = 0; a < n; ++a)
+        for (int64_t b = a + 1; b < n; ++b) {
+            double dot = 0;
+            for (int64_t c = 0; c < d; ++c) dot += double(w[a * d + c]) * w[b * d + c];
+            worst = std::max(worst, std::abs(dot));
+        }
+    EXPECT_LT(worst, 0.25);
 }

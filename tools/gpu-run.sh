@@ -297,6 +297,9 @@ if want peers && [ -d "$pdata/train" ]; then
             > "$logs/peers_warmup.log" 2>&1
         run peers 600 env "${peer_env[@]}" STEPS="topk table" bash bench/peers/run.sh
         sed -n '/^| tool/,$p' /tmp/peers/table.md | tee -a "$summary"
+        for f in /tmp/peers/logs/saetrain-*.log; do  # where each saetrain run's seconds went
+            grep -h "^rank 0 time" "$f" | sed "s|^|peers $(basename "$f" .log): |" >> "$summary"
+        done
         cp -r /tmp/peers/results "$logs/peers_results" 2>/dev/null
         cp -r /tmp/peers/logs "$logs/peers_logs" 2>/dev/null
         unset PYTHONPATH

@@ -27,9 +27,10 @@ struct LoopResult {
     // seconds, tokens/s and model TFLOP/s of the SAE (all replicas), the loader's wait fraction.
     double seconds = 0, tokens_per_s = 0, wait_fraction = 0, tflops = 0;
     // Where this rank's seconds went: getting batches (the source's wait for the reader
-    // included), the NaN/Inf check, trainer steps (upload, compute, gradient exchange), and
-    // the rest (agreement, logging, checkpoints).
-    double data_s = 0, check_s = 0, step_s = 0;
+    // included), the NaN/Inf check, the SAE's initialization from the first batch, trainer
+    // steps (upload, compute, gradient exchange), and the rest (agreement, logging,
+    // checkpoints).
+    double data_s = 0, check_s = 0, init_s = 0, step_s = 0;
     // The held-out evaluation at the end (LoopOptions::evaluate); rows 0: none. Its seconds are
     // in none of the rates above.
     EvalResult eval;

@@ -55,6 +55,13 @@ struct StepResult {
     bool skipped = false;  // the loss or gradient was not finite: no update was applied
 };
 
+// Rows [first, first + count) of an SAE's random start, each a unit vector of d floats drawn
+// from its own stream (row i's depends on the seed and i alone): any latent shard, thread count
+// or machine draws the same row i. `threads` OpenMP threads take the rows (<= 0: OpenMP's
+// default).
+void random_unit_rows(uint64_t seed, int64_t first, int64_t count, int64_t d, float* out,
+                      int threads = 0);
+
 class SaeTrainer {
 public:
     // grad_comm: the replicas of this SAE (data-parallel, the same latent shard of each);
@@ -72,10 +79,11 @@ public:
     // input and its target side by side, [rows, 2 d_model], and "x_hat" below approximates the
     // target (the loss, FVU and b_dec's mean are the target's).
 
-    // Initializes the parameters: decoder rows random unit vectors (from the seed), W_enc as
+    // Initializes the parameters: decoder rows random unit vectors (random_unit_rows), W_enc as
     // W_dec transposed (times the fitted scale, train.encoder_init), b_enc = 0, b_dec = the
     // mean of x [rows, d] over all replicas.
-    void init(BatchView x_host, int64_t rows);
+    // `threads`: host threads for the random start (<= 0: OpenMP's default).
+    void init(BatchView x_host, int64_t rows, int threads = 0);
     // One optimizer step on x [rows, d_model] (host memory) of this replica. Replicas may hold
     // different row counts (even 0): the step minimizes the mean loss over all their rows.
     // Returns rows = 0 (and changes nothing) when no replica had any row.

@@ -191,7 +191,9 @@ bool TrainLoop::initialize(int64_t use) {
     int64_t usable = use > 0 ? 1 : 0;
     if (opt_.world) opt_.world->allreduce_max(&usable, 1);
     if (!usable) return false;
-    trainer_.init(batch(), use), initialized_ = true;
+    const auto t = Clock::now();
+    trainer_.init(batch(), use, threads_), initialized_ = true;
+    res_.init_s += seconds_since(t);
     return true;
 }
 
