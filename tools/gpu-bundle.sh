@@ -3,7 +3,7 @@
 # but none of our other libraries (no MPI, HDF5, yaml-cpp, OpenBLAS, fmt, GoogleTest).
 #
 # Builds the CUDA configuration here for Hopper (sm_90, no -march=native: the GPU machine's CPU
-# is not this one), then writes one archive, .gpu-bundle/saetrain-gpu.tar.gz, holding
+# is not this one), then writes one archive, .gpu-bundle/saetrain-gpu.tar.xz, holding
 #   bin/    the apps, the GPU tests and the benchmarks
 #   lib/    every shared library they (and Open MPI's plugins) need that a bare CUDA image lacks:
 #           all but glibc's own, the driver (libcuda) and cuBLAS/cuBLASLt/NCCL, which are found
@@ -93,9 +93,10 @@ git rev-parse HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMI
 git status --porcelain >> "$stage/COMMIT" 2>/dev/null || true
 
 mkdir -p "$out"
-tar -C "$stage" -czf "$out/saetrain-gpu.tar.gz" .
-size=$(stat -c %s "$out/saetrain-gpu.tar.gz")
-echo "gpu-bundle: $out/saetrain-gpu.tar.gz, $((size / 1048576)) MiB ($(ls "$stage/lib" | wc -l) libraries)"
+rm -f "$out/saetrain-gpu.tar.gz"  # the older, gzip bundle: 50 MiB against the carry limit of 64
+tar -C "$stage" -cf - . | xz -T0 -6 > "$out/saetrain-gpu.tar.xz"
+size=$(stat -c %s "$out/saetrain-gpu.tar.xz")
+echo "gpu-bundle: $out/saetrain-gpu.tar.xz, $((size / 1048576)) MiB ($(ls "$stage/lib" | wc -l) libraries)"
 if [ "$size" -gt $((56 * 1048576)) ]; then
     echo "gpu-bundle: error: the archive exceeds 56 MiB; the device tool carries 64 MiB in all" >&2
     exit 1

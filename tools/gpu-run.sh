@@ -12,7 +12,7 @@
 #                                     (default: all of them, in that order)
 # Environment: OUT (results folder; default ./gpu-out), CTEST_TIMEOUT (seconds per GPU test,
 # default 300), BUNDLE (default
-# .gpu-bundle/saetrain-gpu.tar.gz), E2E_ROWS (default 1000000), E2E_EPOCHS (default 3),
+# .gpu-bundle/saetrain-gpu.tar.xz), E2E_ROWS (default 1000000), E2E_EPOCHS (default 3),
 # BENCH_ARGS (extra bench_step arguments), BENCH_MODES (default "fp32 tf32 bf16": GEMM modes
 # timed at batch 4096), BENCH_MODES_16K (default "fp32 bf16": at batch 16384), RUN_BACKEND (default cuda; cpu for a dry run of the
 # script on a machine without a GPU), PEER_ROWS (default 1000000: train rows of the peers'
@@ -23,7 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu-out}
-BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.gz}
+BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.xz}
 steps=${1:-env,test,upload,optimizer,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile,modes}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
@@ -55,7 +55,7 @@ trap finish EXIT
 # --- unpack; find what the machine provides ---------------------------------------------------
 B=/tmp/saetrain-gpu
 rm -rf "$B" && mkdir -p "$B"
-if ! tar -xzf "$BUNDLE" -C "$B"; then
+if ! tar -xJf "$BUNDLE" -C "$B"; then
     note "cannot unpack $BUNDLE: run tools/gpu-bundle.sh here first and carry .gpu-bundle"
     exit 1
 fi
