@@ -113,9 +113,10 @@ TEST(RandomUnitRows, UnitRowsOfIndependentGaussians) {
     }
     const double count = double(n * d);
     EXPECT_NEAR(sum / count, 0.0, 0.02);
-    EXPECT_NEAR(fourth / count, 3.0, 0.15);   // a Gaussian's kurtosis (uniform: 1.8)
+    EXPECT_NEAR(fourth / count, 3.0, 0.15);    // a Gaussian's kurtosis (uniform: 1.8)
     EXPECT_NEAR(tail / count, 0.0455, 0.006);  // P(|z| > 2)
-    double worst = 0;  // unrelated rows: dot products ~ N(0, 1/d), sd 0.036
+    // Unrelated rows: their dot products ~ N(0, 1/d), sd 0.036.
+    double worst = 0;
     for (int64_t a = 0; a < n; ++a)
         for (int64_t b = a + 1; b < n; ++b) {
             double dot = 0;
