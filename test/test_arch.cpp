@@ -403,9 +403,10 @@ TEST(TargetL0, CoefficientFollowsTheL0OnTheRampAndFreezesAtTheEnd) {
         EXPECT_TRUE(arch_get(arch).make_pass(cfg, 8, 32, *be)->buffers().empty()) << arch;
         cfg.set("sae.target_l0", 10.0);
         auto pass = arch_get(arch).make_pass(cfg, 8, 32, *be);
+        const bool shifts = arch == "jumprelu";  // and a threshold shift (below)
         auto coeff = [&] {
             const auto b = pass->buffers();
-            EXPECT_EQ(b.size(), 2u) << arch;
+            EXPECT_EQ(b.size(), shifts ? 3u : 2u) << arch;
             EXPECT_EQ(b.at(0).first, name) << arch;
             EXPECT_EQ(b.at(1).first, name + "_start_l0") << arch;
             return std::pair<double, double>(b.at(0).second.at(0), b.at(1).second.at(0));
@@ -444,13 +445,59 @@ TEST(TargetL0, CoefficientFollowsTheL0OnTheRampAndFreezesAtTheEnd) {
         EXPECT_THROW(other->set_buffer(name, {1.0f, 2.0f}), Error) << arch;
         // summary.csv's column.
         const auto fig = pass->summarize({}, {});
-        ASSERT_EQ(fig.size(), 1u) << arch;
+        ASSERT_EQ(fig.size(), shifts ? 2u : 1u) << arch;
         EXPECT_EQ(fig[0].first, name + "_final") << arch;
         EXPECT_EQ(fig[0].second, frozen) << arch;
     }
     // Architectures without a penalty do not declare the key.
     for (const ArchKeyDecl* k : arch_get("topk").config_keys())
         EXPECT_NE(k->full(), "sae.target_l0");
+}
+
+// JumpReLU with sae.target_l0: every threshold is exp(log_threshold + shift), the shift moved by
+// 0.1 * log(L0 / target_t) after each step (the coefficient's error; its frozen tail), a buffer
+// that the forward pass, a resumed pass and the SAELens export all apply.
+TEST(TargetL0, JumpReluThresholdShiftFollowsTheL0) {
+    auto be = make_cpu_backend(1);
+    SaeConfig cfg;
+    cfg.arch = "jumprelu";
+    cfg.l1_warmup_fraction = 0.2;
+    cfg.set("sae.target_l0", 10.0);
+    auto pass = arch_get("jumprelu").make_pass(cfg, 8, 32, *be);
+    auto shift = [&] {
+        for (const auto& [name, v] : pass->buffers())
+            if (name == "log_threshold_shift") return double(v.at(0));
+        ADD_FAILURE() << "no log_threshold_shift buffer";
+        return 0.0;
+    };
+    EXPECT_EQ(shift(), 0.0);
+    pass->after_update({0, 100, 10, 1000.0});  // L0 100, target_0 = 100^(19/20) 10^(1/20)
+    double want = 0.1 * (std::log(100.0) - (std::log(100.0) + (std::log(0.1)) / 20.0));
+    EXPECT_NEAR(shift(), want, 1e-6);
+    pass->after_update({30, 100, 10, 400.0});  // past the ramp, L0 40: up by 0.1 log 4
+    want += 0.1 * std::log(4.0);
+    EXPECT_NEAR(shift(), want, 1e-6);
+    pass->after_update({31, 100, 10, 25.0});  // L0 2.5: down by 0.1 log 4
+    want -= 0.1 * std::log(4.0);
+    EXPECT_NEAR(shift(), want, 1e-6);
+    const double held = shift();
+    pass->after_update({95, 100, 10, 1000.0});  // frozen
+    EXPECT_EQ(shift(), held);
+    EXPECT_EQ(pass->summarize({}, {}).at(1).first, "log_threshold_shift_final");
+    auto other = arch_get("jumprelu").make_pass(cfg, 8, 32, *be);
+    for (const auto& [bname, v] : pass->buffers()) other->set_buffer(bname, v);
+    EXPECT_EQ(other->buffers(), pass->buffers());
+    EXPECT_THROW(other->set_buffer("log_threshold_shift", {1.0f, 2.0f}), Error);
+    // The export folds the shift into SAELens's thresholds.
+    SaeWeights w;
+    w.d_model = 2, w.n_latents = 2;
+    w.extra = {{"log_threshold", {0.0f, std::log(2.0f)}}, {"log_threshold_shift", {0.5f}}};
+    const ArchExport e = arch_get("jumprelu").export_fields(w, cfg);
+    const auto t = std::find_if(e.saelens_tensors.begin(), e.saelens_tensors.end(),
+                                [](const ExportTensor& x) { return x.name == "threshold"; });
+    ASSERT_NE(t, e.saelens_tensors.end());
+    EXPECT_NEAR(t->data.at(0), std::exp(0.5f), 1e-6);
+    EXPECT_NEAR(t->data.at(1), 2.0f * std::exp(0.5f), 1e-6);
 }
 
 // Every architecture resumes bitwise: 6 steps straight equal 3 steps, a checkpoint's weights

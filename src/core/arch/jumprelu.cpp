@@ -2,8 +2,9 @@
 // per-latent threshold theta = exp(log_threshold), trained through straight-through
 // pseudo-derivatives (rectangle kernel of bandwidth sae.jumprelu_bandwidth; sae_math.h) with
 // an L0 penalty train.l0_coeff * sum_i H(v_i - theta_i) that ramps in like the L1 term (or that
-// sae.target_l0 adapts: SparsityCoefficient, common.h). Its own
-// ops (arch/jumprelu.h): the activation and its backward, with their CPU reference here.
+// sae.target_l0 adapts: SparsityCoefficient, common.h, with one shift of every log(threshold)
+// that holds the L0 at the target). Its own ops (arch/jumprelu.h): the activation and its
+// backward, with their CPU reference here.
 #include "saetrain/arch/jumprelu.h"
 
 #include <algorithm>
@@ -102,14 +103,17 @@ private:
 // are set to when there is no sae.target_l0.
 constexpr double kPlaceholderThreshold = 0.001;
 constexpr double kDefaultInitL0 = 32;
-// Adam moves each log(threshold) by at most about the learning rate a step, whatever the L0
+// Adam moves each log(threshold) by about the learning rate a step, whatever the L0
 // coefficient: at train.lr 1e-3 a threshold can change by e^0.24 = 1.27x over a 240-step run,
-// too slow to follow the encoder's pre-activations as they grow (on MiniLM at sae.target_l0 32
-// the L0 stayed at 250 with the coefficient at 5e10). sae.jumprelu_threshold_lr_scale gives
-// the thresholds a larger step. Not yet by default: with 10 and the relative kernel width
-// (sae.jumprelu_bandwidth 0) planted features are recovered at the target L0 (test_e2e
-// TargetL0Recovery), but on MiniLM the coefficient, grown while the L0 fell, overshoots and the
-// SAE collapses (target 32: L0 3.8 with 69% dead after 200 steps; issue 30).
+// too slow to follow the encoder's pre-activations as they grow. With sae.target_l0 alone on the
+// coefficient, MiniLM's L0 stayed at 250 for a target of 32 while the coefficient grew to 5e10;
+// with the thresholds' lr 10x (sae.jumprelu_threshold_lr_scale) they caught up and the grown
+// coefficient collapsed the SAE (L0 3.8, 69% dead). So with sae.target_l0 every threshold is
+// exp(log_threshold + shift), one shift for the SAE that a controller moves after every step
+// to hold the L0 at its target (JumpReluPass::after_update): the L0 follows the shift at once and
+// the coefficient's error stays small. The shift is a buffer (checkpointed, in final.h5); the
+// exports fold it into the thresholds.
+constexpr const char* kShiftBuffer = "log_threshold_shift";
 constexpr double kDefaultThresholdLrScale = 1;
 
 struct JumpReluKeys {
@@ -157,7 +161,7 @@ public:
     }
     void forward(PassContext& c, bool) override {
         encode(c);
-        ops_.jumprelu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("log_threshold"), c.B, c.n,
+        ops_.jumprelu_forward(c.pre, c.seg(ParamLayout::kBEnc), log_thresholds(c), c.B, c.n,
                               z_.data());
         decode_dense(c, z_.data());
     }
@@ -168,7 +172,7 @@ public:
         decorr_.dense(c, z_.data(), dz_.data());
         const float l0_eff = static_cast<float>(l0_ / static_cast<double>(c.norm_rows));
         JumpReluBackward a;
-        a.v = c.pre, a.log_threshold = c.seg("log_threshold");
+        a.v = c.pre, a.log_threshold = shifts_ ? shifted_.data() : c.seg("log_threshold");
         a.bandwidth = static_cast<float>(keys().bandwidth(cfg_)), a.l0 = l0_eff, a.rows = B,
         a.n = n;
         a.dz_to_dpre = dz_.data(), a.db_enc = c.grad(ParamLayout::kBEnc);
@@ -182,14 +186,57 @@ public:
     }
     Activations activations() const override { return {z_.data(), nullptr, nullptr, 0}; }
 
+    // sae.target_l0: the L0 coefficient adapts as for ReLU and Gated, and the shift follows the
+    // L0 at once (after every step, by kShiftGain * log(L0 / target_t), frozen with the
+    // coefficient for the last steps).
+    void after_update(const StepTotals& t) override {
+        PenalizedPass::after_update(t);
+        if (!shifts_ || t.rows <= 0) return;
+        const auto frozen_from = static_cast<int64_t>(std::llround(
+            (1.0 - SparsityCoefficient::kFrozenFraction) * static_cast<double>(t.total_steps)));
+        if (t.total_steps > 0 && t.step >= frozen_from) return;
+        const double target = coeff_.target_at(t.step, t.total_steps);
+        const double l0 = t.l0 / static_cast<double>(t.rows);
+        const double err = std::log(std::max(l0, 0.01 * target)) - std::log(target);
+        shift_ = static_cast<float>(shift_ + kShiftGain * err);
+    }
+    std::vector<NamedTensor> buffers() const override {
+        std::vector<NamedTensor> b = PenalizedPass::buffers();
+        if (shifts_) b.emplace_back(kShiftBuffer, std::vector<float>{shift_});
+        return b;
+    }
+    void set_buffer(const std::string& name, const std::vector<float>& v) override {
+        if (!(shifts_ && name == kShiftBuffer)) return PenalizedPass::set_buffer(name, v);
+        SAE_ENFORCE(v.size() == 1, "the SAE's '{}' buffer holds one value, not {}", name, v.size());
+        shift_ = v[0];
+    }
+    std::vector<std::pair<std::string, double>> summarize(
+        const std::vector<double>& a, const std::vector<double>& b) const override {
+        auto s = PenalizedPass::summarize(a, b);
+        if (shifts_) s.emplace_back(std::string(kShiftBuffer) + "_final", shift_);
+        return s;
+    }
+
 private:
+    static constexpr double kShiftGain = 0.1;
+    // log(theta) = log_threshold + shift_ with sae.target_l0 (the parameters alone without).
+    const float* log_thresholds(PassContext& c) {
+        if (!shifts_) return c.seg("log_threshold");
+        ensure(shifted_, be_, c.n);
+        be_.fill(shifted_.data(), c.n, shift_);
+        be_.axpby(shifted_.data(), c.seg("log_threshold"), 1.0f, 1.0f, c.n);
+        return shifted_.data();
+    }
+
     SaeConfig cfg_;
     int64_t n_;
     Backend& be_;
     JumpReluOps& ops_;
     Decorrelation decorr_;
-    DeviceArray<float> z_, dz_;
+    DeviceArray<float> z_, dz_, shifted_;
     double l0_ = 0;
+    bool shifts_ = target_l0_key()(cfg_) > 0;
+    float shift_ = 0;  // a float: a checkpoint holds it exactly
 };
 
 class JumpRelu final : public Architecture {
@@ -292,7 +339,10 @@ public:
         e.saelens_architecture = "jumprelu";
         e.saelens_tensors = saelens_base(w);
         std::vector<float> t = extra_tensor(w, "log_threshold");
-        for (float& v : t) v = std::exp(v);
+        float shift = 0;
+        for (const auto& [name, value] : w.extra)
+            if (name == kShiftBuffer && value.size() == 1) shift = value[0];
+        for (float& v : t) v = std::exp(v + shift);
         e.saelens_tensors.push_back({"threshold", {w.n_latents}, std::move(t)});
         e.sparsify_refusal = "sparsify has no JumpReLU activation";
         return e;
