@@ -8,7 +8,7 @@
 # Usage (from the repository root on the GPU machine; the device tool: carry .gpu-bundle and
 # run `OUT=$OUT bash tools/gpu-run.sh`):
 #   bash tools/gpu-run.sh [STEPS]     STEPS: comma list of env,test,upload,optimizer,bench,torch,
-#                                     databench,e2e,sweep2,model,peers,auxk,profile,modes
+#                                     databench,e2e,sweep2,model,peers,auxk,target,profile,modes
 #                                     (default: all of them, in that order)
 # Environment: OUT (results folder; default ./gpu-out), CTEST_TIMEOUT (seconds per GPU test,
 # default 300), BUNDLE (default
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 OUT=${OUT:-$repo/gpu-out}
 BUNDLE=${BUNDLE:-.gpu-bundle/saetrain-gpu.tar.xz}
-steps=${1:-env,test,upload,optimizer,bench,torch,databench,e2e,sweep2,model,peers,auxk,profile,modes}
+steps=${1:-env,test,upload,optimizer,bench,torch,databench,e2e,sweep2,model,peers,auxk,target,profile,modes}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
 summary="$OUT/summary.txt"
@@ -321,6 +321,31 @@ if want auxk; then
             --latents 24576 --k 32 --batch 4096 --train-steps 300 --reps 20 --breakdown \
             --gemm bf16 --dead-tokens $dead
         grep -E "^topk " "$logs/auxk_dead$dead.log" | sed "s/^/auxk dead_tokens $dead: /" |
+            tee -a "$summary"
+    done
+fi
+
+# --- target: the penalized architectures at sae.target_l0 32 on the GPU ----------------------
+# Planted features (d 768, 4,096 features, 16 active a row), 400K rows, x8, every other key at
+# its default: each architecture's training L0 of the last interval against the target, and
+# its held-out FVU and dead %, the same checks as test_e2e's TargetL0Recovery on the CPU.
+if want target; then
+    tdata=/tmp/target-data
+    [ -d "$tdata/train" ] || {
+        sae-synth --out "$tdata/all" --d-model 768 --features 4096 --active 16 --rows 440000 \
+            --shards 11 --seed 4 && mkdir -p "$tdata/train" "$tdata/eval" &&
+            mv "$tdata"/all/shard_0000[0-9].h5 "$tdata/train/" &&
+            mv "$tdata/all/shard_00010.h5" "$tdata/eval/"
+    } > "$logs/target_synth.log" 2>&1
+    for arch in relu gated jumprelu; do
+        run "target_$arch" 300 saetrain configs/quickstart.yaml --overwrite \
+            --set "data.path=$tdata/train" --set "data.eval_path=$tdata/eval" \
+            --set backend=${RUN_BACKEND:-cuda} --set sae.expansion=8 --set "sae.arch=$arch" \
+            --set sae.target_l0=32 --set "run.out_dir=/tmp/target-$arch" \
+            --set log.eval_every_steps=0 --set checkpoint.every_steps=100000
+        grep -E "step [0-9]+/[0-9]+ \|" "$logs/target_$arch.log" | tail -1 | cut -d'|' -f1-6 |
+            sed "s/^/target $arch: /" | tee -a "$summary"
+        grep -E "held-out \(" "$logs/target_$arch.log" | tail -1 | sed "s/^/target $arch: /" |
             tee -a "$summary"
     done
 fi
