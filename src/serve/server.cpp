@@ -255,6 +255,8 @@ private:
     void tick();
     void discover();
     RunWatch* watch(const std::string& id);
+    // The 404 for a run that watch() does not find, with open_run's reason.
+    Response unknown_run(const Request& req, const std::string& id);
     enum class Kind { state, step, rewind };
     void broadcast(const std::string& run, const std::string& text, Kind kind, int64_t step = 0);
 
@@ -872,23 +874,21 @@ Response Server::list_runs(const Request& req) {
     return json_response(req, http::status::ok, j);
 }
 
+Response Server::unknown_run(const Request& req, const std::string& id) {
+    std::string why;
+    root_.open_run(id, &why);
+    return error_response(req, http::status::not_found, why);
+}
+
 Response Server::get_run(const Request& req, const std::string& id) {
     RunWatch* w = watch(id);
-    if (w == nullptr) {
-        std::string why;
-        root_.open_run(id, &why);
-        return error_response(req, http::status::not_found, why);
-    }
+    if (w == nullptr) return unknown_run(req, id);
     return json_response(req, http::status::ok, w->detail());
 }
 
 Response Server::get_metrics(const Request& req, const std::string& id, const Target& t) {
     RunWatch* w = watch(id);
-    if (w == nullptr) {
-        std::string why;
-        root_.open_run(id, &why);
-        return error_response(req, http::status::not_found, why);
-    }
+    if (w == nullptr) return unknown_run(req, id);
     int64_t since = -1;
     if (const auto bad = query_count(t, "since", 0, kStep, &since))
         return error_response(req, http::status::bad_request, *bad);
@@ -1039,11 +1039,7 @@ Response Server::launch(const Request& req, const std::string& id, Config cfg, i
 
 Response Server::stop(const Request& req, const std::string& id) {
     RunWatch* w = watch(id);
-    if (w == nullptr) {
-        std::string why;
-        root_.open_run(id, &why);
-        return error_response(req, http::status::not_found, why);
-    }
+    if (w == nullptr) return unknown_run(req, id);
     w->refresh_state();
     const std::string& state = w->state().state;
     if (state == "queued")

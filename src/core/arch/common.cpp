@@ -137,19 +137,20 @@ double SparsityCoefficient::target_at(int64_t step, int64_t total_steps) const {
                     f * (std::log(target_) - std::log(static_cast<double>(start_l0_))));
 }
 
-void SparsityCoefficient::after_update(const StepTotals& t) {
-    if (!adaptive() || t.rows <= 0) return;
+double SparsityCoefficient::after_update(const StepTotals& t) {
+    if (!adaptive() || t.rows <= 0) return 0.0;
     const double l0 = t.l0 / static_cast<double>(t.rows);
     if (start_l0_ == 0) start_l0_ = static_cast<float>(std::max(l0, target_));
     const auto frozen_from = static_cast<int64_t>(
         std::llround((1.0 - kFrozenFraction) * static_cast<double>(t.total_steps)));
-    if (t.total_steps > 0 && t.step >= frozen_from) return;
+    if (t.total_steps > 0 && t.step >= frozen_from) return 0.0;
     // Never below a hundredth of the target: an SAE with nothing firing lowers the coefficient
     // by at most kGain * log(100) a step.
     const double err =
         std::log(std::max(l0, 0.01 * target_)) - std::log(target_at(t.step, t.total_steps));
     const double next = std::exp(std::log(static_cast<double>(coeff_)) + kGain * err);
     coeff_ = static_cast<float>(std::clamp(next, 1e-30, 1e30));
+    return err;
 }
 
 std::vector<NamedTensor> SparsityCoefficient::buffers() const {

@@ -149,7 +149,9 @@ public:
     double at(int64_t step, int64_t total_steps) const;
     // The L0 the controller aims at after `step` (the target, or on the ramp above it).
     double target_at(int64_t step, int64_t total_steps) const;
-    void after_update(const StepTotals& t);
+    // Returns the error it acted on, log(L0 / target_t) (0 when it did not move: no target, no
+    // rows, the frozen tail).
+    double after_update(const StepTotals& t);
     std::vector<NamedTensor> buffers() const;
     // False for a name that is not one of its buffers; throws for a wrong size.
     bool set_buffer(const std::string& name, const std::vector<float>& v);

@@ -190,15 +190,8 @@ public:
     // L0 at once (after every step, by kShiftGain * log(L0 / target_t), frozen with the
     // coefficient for the last steps).
     void after_update(const StepTotals& t) override {
-        PenalizedPass::after_update(t);
-        if (!shifts_ || t.rows <= 0) return;
-        const auto frozen_from = static_cast<int64_t>(std::llround(
-            (1.0 - SparsityCoefficient::kFrozenFraction) * static_cast<double>(t.total_steps)));
-        if (t.total_steps > 0 && t.step >= frozen_from) return;
-        const double target = coeff_.target_at(t.step, t.total_steps);
-        const double l0 = t.l0 / static_cast<double>(t.rows);
-        const double err = std::log(std::max(l0, 0.01 * target)) - std::log(target);
-        shift_ = static_cast<float>(shift_ + kShiftGain * err);
+        const double err = coeff_.after_update(t);
+        if (shifts_) shift_ = static_cast<float>(shift_ + kShiftGain * err);
     }
     std::vector<NamedTensor> buffers() const override {
         std::vector<NamedTensor> b = PenalizedPass::buffers();
