@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "../src/io/s3_io.h"
 #include "saetrain/config.h"
 #include "saetrain/error.h"
 #include "saetrain/s3.h"
@@ -217,4 +218,48 @@ TEST(S3Settings, FromTheDataKeys) {
     EXPECT_EQ(s.retries, 3);
     EXPECT_EQ(s.timeout_s, 2.5);
     EXPECT_EQ(s.addressing, "auto");
+}
+
+// How a range is cut into requests: as few as hold request_bytes each, equal to a byte, from
+// the range's own start, so that a loader's chunk just under request_bytes at any offset is one
+// request (cutting at multiples of request_bytes in the object made it two), and a hint and the
+// read of the same range ask for the same requests.
+TEST(S3Requests, FewestEqualPiecesFromTheRangesStart) {
+    auto cut = [](int64_t rb, int64_t offset, int64_t bytes) {
+        std::vector<std::pair<int64_t, int64_t>> out;
+        io::s3_for_each_request(rb, offset, bytes,
+                                [&](int64_t o, int64_t n) { out.emplace_back(o, n); });
+        return out;
+    };
+    using P = std::vector<std::pair<int64_t, int64_t>>;
+    const int64_t mib = 1 << 20;
+    // 5461 rows of 1536 bytes (the shuffle plan's 8 MiB chunk) after a 2 KiB header: one request.
+    EXPECT_EQ(cut(8 * mib, 2048, 5461 * 1536), (P{{2048, 5461 * 1536}}));
+    EXPECT_EQ(cut(8 * mib, 8 * mib - 1, 8 * mib), (P{{8 * mib - 1, 8 * mib}}));
+    // Four chunks: four requests, not five.
+    EXPECT_EQ(cut(8 * mib, 2048, 4 * 5461 * 1536).size(), 4u);
+    // One byte over a request: two halves, not a request and a one-byte stub.
+    EXPECT_EQ(cut(100, 7, 101), (P{{7, 51}, {58, 50}}));
+    EXPECT_EQ(cut(100, 0, 300), (P{{0, 100}, {100, 100}, {200, 100}}));
+    EXPECT_EQ(cut(100, 5, 1), (P{{5, 1}}));
+    EXPECT_TRUE(cut(100, 5, 0).empty());
+    // Every cut covers the range exactly, in order, within request_bytes, the same wherever the
+    // range lies.
+    for (int64_t rb : {1, 3, 64, 1000})
+        for (int64_t bytes : {1, 2, 63, 64, 65, 999, 1000, 1001, 4097})
+            for (int64_t offset : {0, 1, 777}) {
+                const P p = cut(rb, offset, bytes);
+                EXPECT_EQ(static_cast<int64_t>(p.size()), (bytes + rb - 1) / rb);
+                int64_t at = offset;
+                for (const auto& [o, n] : p) {
+                    EXPECT_EQ(o, at);
+                    EXPECT_GE(n, 1);
+                    EXPECT_LE(n, rb);
+                    EXPECT_LE(n - p.back().second, 1);
+                    at += n;
+                }
+                EXPECT_EQ(at, offset + bytes);
+                const P q = cut(rb, offset + 12345, bytes);
+                for (size_t k = 0; k < p.size(); ++k) EXPECT_EQ(q[k].second, p[k].second);
+            }
 }

@@ -115,8 +115,9 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-// Every byte of `objects`, by range GETs of request_bytes on every connection at once, into
-// buffers that are then dropped: the store's plain parallel rate, beside which sae-iobench puts
+// Every byte of `objects`, by range GETs of request_bytes on every connection at once (the
+// objects interleaved: each one's first request, then each one's second, ...), into buffers
+// that are then dropped: the store's plain parallel rate, beside which sae-iobench puts
 // the reader's. Stops after max_s seconds when max_s > 0; returns the bytes read.
 int64_t s3_read_all(const S3Client& client, const std::vector<S3Object>& objects, double max_s);
 

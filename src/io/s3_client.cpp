@@ -426,18 +426,25 @@ int64_t s3_read_all(const S3Client& client, const std::vector<S3Object>& objects
         free_slots.push_back(slot);
         flying.pop_front();
     };
-    for (const S3Object& o : objects) {
-        for (int64_t off = 0; off < o.size && error.empty(); off += rb) {
-            if (max_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > max_s)
-                break;
-            if (free_slots.empty()) retire();
-            const size_t slot = free_slots.back();
-            free_slots.pop_back();
-            const int64_t n = std::min(rb, o.size - off);
-            flying.emplace_back(slot,
-                                io::s3_fetch(client, o, off, n, bufs[slot].data(), nullptr, false));
-            done += n;
-        }
+    // The objects' requests interleaved (the first of each object, then the second, ...): the
+    // store serves several objects at once, as the reader's strata do (a store that serializes
+    // the requests of one object, as moto does, is not made the slower side by the order).
+    std::vector<std::pair<const S3Object*, int64_t>> order;
+    for (int64_t off = 0, more = 1; more; off += rb) {
+        more = 0;
+        for (const S3Object& o : objects)
+            if (off < o.size) order.emplace_back(&o, off), more = 1;
+    }
+    for (const auto& [o, off] : order) {
+        if (!error.empty()) break;
+        if (max_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > max_s) break;
+        if (free_slots.empty()) retire();
+        const size_t slot = free_slots.back();
+        free_slots.pop_back();
+        const int64_t n = std::min(rb, o->size - off);
+        flying.emplace_back(slot,
+                            io::s3_fetch(client, *o, off, n, bufs[slot].data(), nullptr, false));
+        done += n;
     }
     while (!flying.empty()) retire();
     SAE_ENFORCE(error.empty(), "{}", error);

@@ -59,15 +59,23 @@ std::string s3_error_text(const std::string& body);
 // The body of a GET of `url` (a listing page), urgently; throws the request's error line.
 std::string s3_get_body(const S3Client& client, const std::string& url, const std::string& what);
 
-// Calls f(offset, bytes) for the request_bytes pieces of [offset, offset + bytes), aligned to
-// multiples of request_bytes in the object (so that reads and hints cut a range alike).
+// Calls f(offset, bytes) for the requests that fetch [offset, offset + bytes): as few as hold
+// request_bytes each, of equal size (to a byte), cut from the range's own start. The same range
+// is cut the same way wherever it lies, so a hint and the read that follows it ask for the same
+// requests; and a range a little over a multiple of request_bytes, or not aligned to one (a
+// loader's chunk of rows after an object's header), is not split into a stub beside it. Each
+// request costs a round trip and, on some stores, a pass over the object: the shuffle plan's
+// 8 MiB chunks cut at 8 MiB multiples of the object took two requests each, and the reader
+// made 1.8x the plain pass's requests (55% of its rate against moto).
 template <class F>
 void s3_for_each_request(int64_t request_bytes, int64_t offset, int64_t bytes, F f) {
-    const int64_t end = offset + bytes;
-    while (offset < end) {
-        const int64_t next = std::min(end, (offset / request_bytes + 1) * request_bytes);
-        f(offset, next - offset);
-        offset = next;
+    if (bytes <= 0) return;
+    const int64_t n = (bytes + request_bytes - 1) / request_bytes;
+    const int64_t base = bytes / n, longer = bytes % n;  // the first `longer` take one byte more
+    for (int64_t k = 0; k < n; ++k) {
+        const int64_t len = base + (k < longer ? 1 : 0);
+        f(offset, len);
+        offset += len;
     }
 }
 
