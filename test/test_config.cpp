@@ -841,12 +841,12 @@ TEST(ConfigDefaults, AutoOptimizerIsTheArchitecturesUnlessAnLrIsGiven) {
     c = resolved("sae: {arch: topk}\ntrain: {lr_decay: linear}\n");  // a given decay stays
     EXPECT_EQ(c.optimizer, "signum");
     EXPECT_EQ(c.lr_decay, "linear");
-    for (const std::string arch : {"relu", "gated", "jumprelu", "matryoshka_batchtopk"}) {
+    for (const std::string arch : {"jumprelu", "matryoshka_batchtopk"}) {
         c = resolved("sae: {arch: " + arch + ", matryoshka_prefixes: [128]}\n");
         EXPECT_EQ(c.optimizer, "adam") << arch;
         EXPECT_DOUBLE_EQ(c.lr, SaeConfig::kAdamLr) << arch;
     }
-    for (const std::string arch : {"batchtopk", "switch"})
+    for (const std::string arch : {"batchtopk", "switch", "relu", "gated"})
         EXPECT_EQ(resolved("sae: {arch: " + arch + "}\n").optimizer, "signum") << arch;
     c = resolved("sae: {arch: relu, n_latents: 65536}\ntrain: {optimizer: signum}\n");
     EXPECT_EQ(c.optimizer, "signum");

@@ -587,12 +587,17 @@ INSTANTIATE_TEST_SUITE_P(Archs, PlantedRecovery, ::testing::ValuesIn(arch_names(
 // 0.2-3 around a mean of norm 4, d 32). Measured (469 steps, 2026-11-27): relu L0 3.80 / 2.41,
 // recovery 0.965 / 0.967; gated 3.81 / 2.46, 0.976 / 0.913; jumprelu 3.81 / 2.49, 0.944 / 0.975
 // (its threshold shift holding the L0; before it, at these defaults, JumpReLU reached L0 6.2 /
-// 1.4 and recovered 0.63 / 0.85).
+// 1.4 and recovered 0.63 / 0.85). ReLU and Gated are also run at every default (signum, its
+// lr): relu L0 4.37 / 2.76, recovery 0.955 / 0.933; gated 3.97 / 2.60, 0.938 / 0.874; at
+// AdamW's default lr they reached 0.54 / 0.65 (relu, L0 6.3 / 10.2) and 0.49 / 0.77 (gated).
 struct TargetCase {
     std::string arch;
     int shape;
+    bool defaults = false;  // the architecture's default optimizer and lr (else AdamW at 1e-2)
 };
-void PrintTo(const TargetCase& c, std::ostream* os) { *os << c.arch << " shape " << c.shape; }
+void PrintTo(const TargetCase& c, std::ostream* os) {
+    *os << c.arch << " shape " << c.shape << (c.defaults ? " defaults" : "");
+}
 
 class TargetL0Recovery : public ::testing::TestWithParam<TargetCase> {};
 
@@ -615,14 +620,17 @@ TEST_P(TargetL0Recovery, ControllerReachesTheTargetAndRecoversTheFeatures) {
     cfg.arch = GetParam().arch;
     cfg.expansion = 4;
     cfg.set("sae.target_l0", target);
-    cfg.lr = 1e-2;
+    if (!GetParam().defaults) cfg.lr = 1e-2;
     cfg.warmup_steps = 20;
     const PlantedRun run = train_planted(cfg, so.out_dir);
     const LoopResult& res = run.res;
     const SaeWeights& w = run.weights;
-    // The L0 of the last steps, where the coefficient is frozen.
-    EXPECT_NEAR(res.last.l0, target, 0.1 * target);
-    EXPECT_GE(run.recovery, 0.9);
+    // The L0 of the last steps, where the coefficient is frozen. At the defaults (signum for
+    // ReLU and Gated) the bounds are looser, below what was measured: the 0.9 is not
+    // reached everywhere there (see above).
+    const bool defaults = GetParam().defaults;
+    EXPECT_NEAR(res.last.l0, target, (defaults ? 0.15 : 0.1) * target);
+    EXPECT_GE(run.recovery, defaults ? 0.85 : 0.9);
     EXPECT_LT(res.last.fvu, 0.3);
     EXPECT_LE(res.last.dead_fraction, 0.05);
     // The adapted coefficient is in the weights' buffers, moved off the configured one.
@@ -637,7 +645,11 @@ TEST_P(TargetL0Recovery, ControllerReachesTheTargetAndRecoversTheFeatures) {
 INSTANTIATE_TEST_SUITE_P(Archs, TargetL0Recovery,
                          ::testing::Values(TargetCase{"relu", 0}, TargetCase{"relu", 1},
                                            TargetCase{"gated", 0}, TargetCase{"gated", 1},
-                                           TargetCase{"jumprelu", 0}, TargetCase{"jumprelu", 1}),
+                                           TargetCase{"jumprelu", 0}, TargetCase{"jumprelu", 1},
+                                           TargetCase{"relu", 0, true}, TargetCase{"relu", 1, true},
+                                           TargetCase{"gated", 0, true},
+                                           TargetCase{"gated", 1, true}),
                          [](const ::testing::TestParamInfo<TargetCase>& p) {
-                             return p.param.arch + "_shape" + std::to_string(p.param.shape);
+                             return p.param.arch + "_shape" + std::to_string(p.param.shape) +
+                                    (p.param.defaults ? "_defaults" : "");
                          });

@@ -266,7 +266,7 @@ public:
     virtual bool layered() const { return false; }
     // The optimizer train.optimizer: auto picks when train.lr is unset (SaeConfig::
     // with_optimizer_defaults): "signum" where it was measured to train better (issue 30's MiniLM
-    // runs: TopK, BatchTopK, Switch), else "adam".
+    // runs: TopK, BatchTopK, Switch, ReLU, Gated), else "adam".
     virtual const char* default_optimizer() const { return "adam"; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {
