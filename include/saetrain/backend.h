@@ -78,8 +78,9 @@ enum StatSlot : int {
     kStatSumSqX,   // sum of ||x||^2 (with kStatSse and the batch mean, gives fvu)
     kStatL1,       // sum over tokens of sum_i z_i * ||W_dec_i||
     kStatL0,       // number of non-zero latent activations
-    kStatAux,      // an architecture's auxiliary squared error (Gated's gate path, AuxK)
+    kStatAux,      // an architecture's auxiliary squared error (Gated's gate path, Switch's AuxK)
     kStatDecorr,   // RMS of the correlations between distinct latents (decorr_grad)
+    kStatAuxK,     // AuxK's squared error (arch/common.h), beside an architecture's own
     kStatCount
 };
 

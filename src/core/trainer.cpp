@@ -492,7 +492,7 @@ StepResult SaeTrainer::collect_gradients() {
     r.sst = st[kStatSumSqX] - mean_sq / static_cast<double>(B);
     r.l1 = st[kStatL1];
     r.l0 = st[kStatL0];
-    r.aux = st[kStatAux];
+    r.aux = st[kStatAux] + st[kStatAuxK];
     r.sum_sq_x = st[kStatSumSqX];
     r.loss = (r.sse + pass_->penalty(st)) / static_cast<double>(B);
     return r;

@@ -39,10 +39,15 @@ void start_reconstruction(PassContext& c, float* out) {
 
 void select_topk(PassContext& c, const float* bias, int64_t k, int32_t* idx, float* val, bool relu,
                  ShardedTopkScratch& scratch) {
+    select_topk(c, c.pre, bias, k, idx, val, relu, scratch);
+}
+
+void select_topk(PassContext& c, const float* pre, const float* bias, int64_t k, int32_t* idx,
+                 float* val, bool relu, ShardedTopkScratch& scratch) {
     if (c.latent_shard)
-        sharded_topk_own(c.be, *c.latent_shard, c.pre, bias, c.B, k, idx, val, relu, scratch);
+        sharded_topk_own(c.be, *c.latent_shard, pre, bias, c.B, k, idx, val, relu, scratch);
     else
-        c.be.topk_forward(c.pre, bias, c.B, c.n, k, idx, val, relu);
+        c.be.topk_forward(pre, bias, c.B, c.n, k, idx, val, relu);
 }
 
 void sum_over_latent_shards(PassContext& c, float* data, int64_t count) {
@@ -243,7 +248,7 @@ AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
       stats_(be, kStatCount),
       fires_(be, n) {}
 
-void AuxK::backward(PassContext& c) {
+void AuxK::backward(PassContext& c, const float* pre) {
     weight_ = 0;
     if (coeff_ <= 0 || c.n_dead == 0 || c.dead == nullptr) return;
     Backend& be = c.be;
@@ -259,7 +264,7 @@ void AuxK::backward(PassContext& c) {
     // look at those columns alone).
     if (c.latent_shard) {
         dead_only_bias(c, bias_.data(), mask_host_);
-        select_topk(c, bias_.data(), k, idx_.data(), val_.data(), false, scratch_host_);
+        select_topk(c, pre, bias_.data(), k, idx_.data(), val_.data(), false, scratch_host_);
     } else {
         dead_ids_host_.clear();
         for (int64_t i = 0; i < c.n; ++i)
@@ -267,8 +272,8 @@ void AuxK::backward(PassContext& c) {
         const auto count = static_cast<int64_t>(dead_ids_host_.size());
         ensure(dead_ids_, be, count);
         be.upload(dead_ids_.data(), dead_ids_host_.data(), count * int64_t{sizeof(int32_t)});
-        be.topk_forward_columns(c.pre, c.seg(ParamLayout::kBEnc), B, c.n, dead_ids_.data(), count,
-                                k, idx_.data(), val_.data(), false, bias_.data());
+        be.topk_forward_columns(pre, c.seg(ParamLayout::kBEnc), B, c.n, dead_ids_.data(), count, k,
+                                idx_.data(), val_.data(), false, bias_.data());
     }
     be.fill(ehat_.data(), B * d, 0.0f);
     be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k, d, ehat_.data());
@@ -279,7 +284,7 @@ void AuxK::backward(PassContext& c) {
     const auto aux_scale = static_cast<float>(weight_ * c.grad_scale);
     be.residual(ehat_.data(), target_.data(), B, d, aux_scale, scratch_.data(), scratch_.data() + d,
                 stats_.data());
-    be.axpby(c.stats + kStatAux, stats_.data() + kStatSse, 1.0f, 1.0f, 1);
+    be.axpby(c.stats + kStatAuxK, stats_.data() + kStatSse, 1.0f, 1.0f, 1);
     SparseBackward a = sparse_backward(c, c.xc, ehat_.data(), idx_.data(), val_.data(), B, k);
     a.fires = fires_.data(), a.stats = stats_.data(), a.accumulate = true;
     be.topk_backward(a);
@@ -290,7 +295,7 @@ void SelectionPass::backward(PassContext& c, int64_t, int64_t) {
     SparseBackward a = sparse_backward(c, c.xc, c.xhat, idx_.data(), val_.data(), c.B, width_);
     a.dval_extra = extra;
     c.be.topk_backward(a);
-    auxk_.backward(c);
+    auxk_.backward(c, c.pre);
     extra_backward(c);
     encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
 }

@@ -27,6 +27,9 @@ void start_reconstruction(PassContext& ctx, float* out);
 // ids, the others absent; sharded_topk_own).
 void select_topk(PassContext& ctx, const float* bias, int64_t k, int32_t* idx, float* val,
                  bool relu, ShardedTopkScratch& scratch);
+// The same over the pre-activations `pre` (ctx.pre by default).
+void select_topk(PassContext& ctx, const float* pre, const float* bias, int64_t k, int32_t* idx,
+                 float* val, bool relu, ShardedTopkScratch& scratch);
 // On a latent shard: data [count] (backend memory) summed over the latent shards, in place.
 void sum_over_latent_shards(PassContext& ctx, float* data, int64_t count);
 // b_dec also enters through the encoder input x - b_dec: G.b_dec -= dpre_col_sum^T W_enc,
@@ -102,9 +105,17 @@ class AuxK {
 public:
     AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be);
     // Queues the auxiliary pass when any latent is dead and the coefficient is positive;
-    // adds its squared error to ctx.stats[kStatAux] and remembers its weight for penalty().
-    void backward(PassContext& ctx);
-    double penalty(const float* stats) const { return weight_ * stats[kStatAux]; }
+    // adds its squared error to ctx.stats[kStatAuxK] and remembers its weight for penalty().
+    // `pre`: the step's pre-activations (x - b_dec) W_enc^T, without b_enc (ctx.pre before an
+    // activation overwrote it). Adds to the gradients of W_enc, b_enc and W_dec.
+    void backward(PassContext& ctx, const float* pre);
+    // Whether this step's backward will run (a coefficient, a dead latent): the pre-activations
+    // must then be kept.
+    bool active(const PassContext& ctx) const {
+        return enabled() && ctx.n_dead > 0 && ctx.dead != nullptr;
+    }
+    bool enabled() const { return coeff_ > 0; }  // train.auxk_coeff > 0
+    double penalty(const float* stats) const { return weight_ * stats[kStatAuxK]; }
 
 private:
     int64_t k_aux_;

@@ -107,9 +107,11 @@ public:
           be_(be),
           ops_(arch_ops<GatedOps>(be, gated_op_set())),
           decorr_(cfg),
+          auxk_(cfg, d, n, be),
           dpre_sum_(be, n),
           aux_stats_(be, kStatCount),
-          scratch_(be, 2 * d) {}
+          scratch_(be, 2 * d),
+          aux_db_(be, n) {}
     void reserve(int64_t rows) override {
         for (auto* a : {&z_, &gate_, &dz_, &dgate_}) ensure(*a, be_, rows * n_);
         ensure(ahat_, be_, rows * d_);
@@ -151,10 +153,21 @@ public:
         ops_.gated_backward(a);
         encoder_weight_grad(c, dz_.data());
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
+        if (auxk_.active(c)) {
+            // AuxK on the dead latents' gate pre-activations g = pre + b_gate (c.pre is kept).
+            // What it adds to G.b_gate also enters b_dec's gradient through dpre_sum, and
+            // G.b_mag: a gate it opens then opens on a positive magnitude.
+            float* g_b_gate = c.grad(ParamLayout::kBEnc);
+            be.axpby(aux_db_.data(), g_b_gate, 1.0f, 0.0f, n);
+            auxk_.backward(c, c.pre);
+            be.axpby(aux_db_.data(), g_b_gate, 1.0f, -1.0f, n);
+            be.axpby(dpre_sum_.data(), aux_db_.data(), 1.0f, 1.0f, n);
+            be.axpby(c.grad("b_mag"), aux_db_.data(), 1.0f, 1.0f, n);
+        }
         encoder_input_grad(c, dpre_sum_.data());
     }
     double penalty(const float* st) const override {
-        return l1_ * st[kStatL1] + st[kStatAux] + decorr_.penalty(st);
+        return l1_ * st[kStatL1] + st[kStatAux] + decorr_.penalty(st) + auxk_.penalty(st);
     }
     Activations activations() const override { return {z_.data(), nullptr, nullptr, 0}; }
 
@@ -164,7 +177,8 @@ private:
     Backend& be_;
     GatedOps& ops_;
     Decorrelation decorr_;
-    DeviceArray<float> z_, gate_, dz_, dgate_, ahat_, dpre_sum_, aux_stats_, scratch_;
+    AuxK auxk_;
+    DeviceArray<float> z_, gate_, dz_, dgate_, ahat_, dpre_sum_, aux_stats_, scratch_, aux_db_;
     double l1_ = 0;
 };
 
@@ -175,11 +189,19 @@ public:
         return "gate and magnitude paths sharing W_enc (r_mag), L1 on the gate (sae.l1_coeff), "
                "auxiliary gate reconstruction";
     }
-    std::vector<const ArchKeyDecl*> config_keys() const override { return {&target_l0_key()}; }
+    std::vector<const ArchKeyDecl*> config_keys() const override {
+        std::vector<const ArchKeyDecl*> k = {&target_l0_key()};
+        for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
+        return k;
+    }
     std::vector<std::string> summary_keys() const override {
         return {"sae.l1_coeff", "sae.target_l0"};
     }
     std::vector<const ArchOpSet*> op_sets() const override { return {&gated_op_set()}; }
+    // AuxK's top-k among the dead latents (none of its own).
+    std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return topk_uses(cfg, 0, d, n);
+    }
     // On the frontier's MiniLM rows at sae.target_l0 32 (README): held-out FVU 0.134 with 25%
     // dead against AdamW's 0.139 with 49%.
     const char* default_optimizer() const override { return "signum"; }

@@ -85,16 +85,27 @@ private:
 // --- the architecture -------------------------------------------------------------------------
 class ReluPass final : public PenalizedPass {
 public:
-    ReluPass(const SaeConfig& cfg, int64_t n, Backend& be)
+    ReluPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
         : PenalizedPass(cfg, cfg.l1_coeff, "l1_coeff"),
           cfg_(cfg),
           n_(n),
           be_(be),
           ops_(arch_ops<ReluOps>(be, relu_op_set())),
-          decorr_(cfg) {}
-    void reserve(int64_t rows) override { ensure(dz_, be_, rows * n_); }
-    void forward(PassContext& c, bool) override {
+          decorr_(cfg),
+          auxk_(cfg, d, n, be) {}
+    void reserve(int64_t rows) override {
+        ensure(dz_, be_, rows * n_);
+        if (auxk_.enabled()) ensure(pre_copy_, be_, rows * n_);
+    }
+    void forward(PassContext& c, bool training) override {
         encode(c);
+        // AuxK selects among the dead latents' pre-activations, which the ReLU below
+        // overwrites: kept aside on the training steps that have dead latents.
+        aux_pre_ = nullptr;
+        if (training && auxk_.active(c)) {
+            be_.axpby(pre_copy_.data(), c.pre, 1.0f, 0.0f, c.B * n_);
+            aux_pre_ = pre_copy_.data();
+        }
         z_ = c.pre;
         ops_.relu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n);
         decode_dense(c, c.pre);
@@ -114,10 +125,11 @@ public:
                            c.col_scratch, c.fires, c.stats);
         encoder_weight_grad(c, dz_.data());
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
+        if (aux_pre_) auxk_.backward(c, aux_pre_);  // adds to the gradients above
         encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
     }
     double penalty(const float* st) const override {
-        return l1_ * st[kStatL1] + decorr_.penalty(st);
+        return l1_ * st[kStatL1] + decorr_.penalty(st) + auxk_.penalty(st);
     }
     Activations activations() const override { return {z_, nullptr, nullptr, 0}; }
 
@@ -127,8 +139,10 @@ private:
     Backend& be_;
     ReluOps& ops_;
     Decorrelation decorr_;
-    DeviceArray<float> dz_;
+    AuxK auxk_;
+    DeviceArray<float> dz_, pre_copy_;
     const float* z_ = nullptr;
+    const float* aux_pre_ = nullptr;  // this step's pre-activations kept for AuxK, or null
     double l1_ = 0;
 };
 
@@ -138,7 +152,11 @@ public:
     const char* describe() const override {
         return "ReLU with a decoder-norm weighted L1 penalty (sae.l1_coeff)";
     }
-    std::vector<const ArchKeyDecl*> config_keys() const override { return {&target_l0_key()}; }
+    std::vector<const ArchKeyDecl*> config_keys() const override {
+        std::vector<const ArchKeyDecl*> k = {&target_l0_key()};
+        for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
+        return k;
+    }
     std::vector<std::string> summary_keys() const override {
         return {"sae.l1_coeff", "sae.target_l0"};
     }
@@ -159,9 +177,13 @@ public:
         e.sparsify_refusal = "sparsify has no ReLU-L1 SAE (its activations are topk and groupmax)";
         return e;
     }
-    std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t, int64_t n,
+    std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
                                         Backend& be) const override {
-        return std::make_unique<ReluPass>(cfg, n, be);
+        return std::make_unique<ReluPass>(cfg, d, n, be);
+    }
+    // AuxK's top-k among the dead latents (none of its own).
+    std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return topk_uses(cfg, 0, d, n);
     }
 };
 
