@@ -121,11 +121,21 @@ def plot(points, png, title):
         if p["eval_l0"] and p["eval_fvu"] is not None:
             series.setdefault(series_name(p), []).append(p)
     styles = {"saetrain": ("o", "-"), "saelens": ("s", "--"), "sparsify": ("^", ":")}
+    # One colour per tool and architecture (tab10's ten suffice for saetrain's seven and the
+    # two peers); a series with an optimizer in its name (an earlier default) is drawn thin
+    # and dashed, with hollow markers, in its architecture's colour.
+    kinds = sorted({(pts[0]["tool"], pts[0]["arch"]) for pts in series.values()})
+    colours = plt.get_cmap("tab10" if len(kinds) <= 10 else "tab20")
+    colour = {k: colours(i % colours.N) for i, k in enumerate(kinds)}
     for name, pts in sorted(series.items()):
         pts.sort(key=lambda p: p["eval_l0"])
         marker, line = styles.get(pts[0]["tool"], ("x", "-."))
+        c = colour[(pts[0]["tool"], pts[0]["arch"])]
+        variant = name.endswith(")") and pts[0]["tool"] == "saetrain"
         ax.plot([p["eval_l0"] for p in pts], [p["eval_fvu"] for p in pts], marker=marker,
-                linestyle=line, label=name)
+                linestyle="--" if variant else line, linewidth=0.8 if variant else 1.5,
+                markerfacecolor="none" if variant else c, color=c, alpha=0.7 if variant else 1.0,
+                label=name)
     ax.set_xscale("log")
     from matplotlib.ticker import NullFormatter, ScalarFormatter
     l0s = [p["eval_l0"] for pts in series.values() for p in pts]
