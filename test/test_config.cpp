@@ -1004,7 +1004,8 @@ TEST(ConfigKeys, ArchitectureKeysJoinTheTableWhereTheFileListsThem) {
     for (const ConfigKeyInfo& k : config_keys()) info[k.name] = k;
     EXPECT_EQ(info["sae.n_experts"].declared_by, "switch");
     EXPECT_EQ(info["train.auxk_coeff"].declared_by,
-              "topk, batchtopk, switch, matryoshka_batchtopk, transcoder, skip_transcoder, clt");
+              "relu, topk, batchtopk, gated, switch, matryoshka_batchtopk, transcoder, "
+              "skip_transcoder, clt");
     EXPECT_EQ(info["sae.k"].declared_by, "");
     EXPECT_EQ(info["train.balance_coeff"].default_text, "0.1");
 }
