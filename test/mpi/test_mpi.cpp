@@ -552,19 +552,24 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
     Communicator& w = *g_world;
     const int64_t d = 16, rows = 48;
     for (const int S : shard_counts(w.size()))
-        for (const char* name_c : {"topk", "auxk", "batchtopk", "relu", "jumprelu", "gated",
-                                   "matryoshka_batchtopk", "transcoder", "skip_transcoder",
-                                   "transcoder/batchtopk", "skip_transcoder/jumprelu"}) {
-            // "<arch>/<activation>": a transcoder with that sae.transcoder_activation.
-            const std::string name = name_c, arch = name.substr(0, name.find('/'));
+        for (const char* name_c :
+             {"topk", "auxk", "batchtopk", "relu", "relu+auxk", "jumprelu", "gated", "gated+auxk",
+              "matryoshka_batchtopk", "transcoder", "skip_transcoder", "transcoder/batchtopk",
+              "skip_transcoder/jumprelu"}) {
+            // "<arch>/<activation>": a transcoder with that sae.transcoder_activation;
+            // "<arch>+auxk" (and "auxk", TopK's): every latent dead after a token, so AuxK runs
+            // at every step.
+            const std::string name = name_c, arch = name.substr(0, name.find_first_of("/+"));
+            const bool auxk = name == "auxk" || name.find("+auxk") != std::string::npos;
             // BatchTopK selects over each replica's batch: the one-process reference over all
             // rows is the same SAE only with one replica.
             if (name.find("batchtopk") != std::string::npos && S != w.size()) continue;
             SaeConfig cfg = small_sae(name == "auxk" ? "topk" : arch);
-            if (arch != name) cfg.set("sae.transcoder_activation", name.substr(name.find('/') + 1));
+            if (name.find('/') != std::string::npos)
+                cfg.set("sae.transcoder_activation", name.substr(name.find('/') + 1));
             // Matryoshka: a prefix inside the first latent shard and one across a boundary.
             if (name == "matryoshka_batchtopk") cfg.set("sae.matryoshka_prefixes", IntList{6, 20});
-            if (name == "auxk") {
+            if (auxk) {
                 cfg.dead_tokens = 1;
                 cfg.set("sae.k_aux", 3);
             }
@@ -583,9 +588,24 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
             std::vector<float> all = all_replicas_rows(g, x);
             tr.init(x.data(), rows);
             ref.init(all.data(), rows * g.R);
+            if (auxk && arch != "topk") {
+                // ReLU and Gated: the even latents silenced (b_enc, Gated's b_gate, at -20), so
+                // they are dead from the second step and AuxK selects among them.
+                auto silence = [](SaeTrainer& t, int64_t first) {
+                    std::vector<float> p = t.params_host();
+                    const int64_t o = t.layout().segments()[ParamLayout::kBEnc].offset;
+                    for (int64_t j = 0; j < t.local_latents(); ++j)
+                        if ((first + j) % 2 == 0) p[o + j] = -20.0f;
+                    t.set_params_host(p);
+                };
+                silence(tr, g.part.first());
+                silence(ref, 0);
+            }
+            bool ran_auxk = false;
             for (int step = 0; step < 6; ++step) {
                 for (float& v : x) v = normal(rng);
                 all = all_replicas_rows(g, x);
+                if (auxk) ran_auxk |= ref.dead_fraction() > 0;  // dead going into the step
                 const StepResult a = tr.step(x.data(), rows);
                 const StepResult b = ref.step(all.data(), rows * g.R);
                 EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss)
@@ -594,6 +614,7 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
                 EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-5 * b.grad_norm) << name << " S " << S;
                 EXPECT_EQ(a.clipped, b.clipped) << name << " S " << S << " step " << step;
             }
+            EXPECT_TRUE(ran_auxk || !auxk) << name << ": no latent was dead, AuxK never ran";
             EXPECT_EQ(tr.dead_fraction(), ref.dead_fraction()) << name << " S " << S;
             // Held-out figures and the gates over the whole SAE (the decorrelation of one
             // replica's rows equals the reference's on all rows only with one replica).
