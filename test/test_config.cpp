@@ -848,9 +848,18 @@ TEST(ConfigDefaults, AutoOptimizerIsTheArchitecturesUnlessAnLrIsGiven) {
     }
     for (const std::string arch : {"batchtopk", "switch", "relu", "gated"})
         EXPECT_EQ(resolved("sae: {arch: " + arch + "}\n").optimizer, "signum") << arch;
-    c = resolved("sae: {arch: relu, n_latents: 65536}\ntrain: {optimizer: signum}\n");
+    c = resolved("sae: {arch: topk, n_latents: 65536}\ntrain: {optimizer: signum}\n");
     EXPECT_EQ(c.optimizer, "signum");
     EXPECT_NEAR(c.lr, SaeConfig::kSignumLr / 2, 1e-12);  // 4x the latents: half the lr
+    // ReLU and Gated: twice the rule's lr, at most 0.025 (arch/common.h, penalized_signum_lr).
+    for (const std::string arch : {"relu", "gated"}) {
+        c = resolved("sae: {arch: " + arch + ", n_latents: 65536}\n");
+        EXPECT_NEAR(c.lr, SaeConfig::kSignumLr, 1e-12) << arch;
+        c = resolved("sae: {arch: " + arch + ", expansion: 16}\n");
+        EXPECT_NEAR(c.lr, 0.01208, 1e-5) << arch;
+        c = resolved("sae: {arch: " + arch + ", n_latents: 128}\n");
+        EXPECT_DOUBLE_EQ(c.lr, 0.025) << arch;
+    }
     c = resolved("sae: {arch: topk}\ntrain: {optimizer: adam}\n");
     EXPECT_DOUBLE_EQ(c.lr, SaeConfig::kAdamLr);
     // Resolving twice changes nothing (config.yaml records the resolved values).

@@ -268,6 +268,9 @@ public:
     // with_optimizer_defaults): "signum" where it was measured to train better (issue 30's MiniLM
     // runs: TopK, BatchTopK, Switch, ReLU, Gated), else "adam".
     virtual const char* default_optimizer() const { return "adam"; }
+    // signum's lr when train.lr is unset, from the rule's (SaeConfig::with_optimizer_defaults:
+    // kSignumLr * sqrt(16384 / n_latents)). Default: the rule's.
+    virtual double signum_lr(double rule_lr) const { return rule_lr; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {
         return {};

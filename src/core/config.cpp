@@ -1076,7 +1076,9 @@ SaeConfig SaeConfig::with_optimizer_defaults(int64_t d_model) const {
     if (c.optimizer == "auto") c.optimizer = lr > 0 ? "adam" : arch_get(arch).default_optimizer();
     if (c.lr <= 0) {
         const auto n = static_cast<double>(resolved_latents(d_model));
-        c.lr = c.optimizer == "signum" ? kSignumLr * std::sqrt(16384.0 / n) : kAdamLr;
+        c.lr = c.optimizer == "signum"
+                   ? arch_get(arch).signum_lr(kSignumLr * std::sqrt(16384.0 / n))
+                   : kAdamLr;
     }
     if (c.lr_decay == "auto") c.lr_decay = c.optimizer == "signum" ? "constant" : "cosine";
     return c;
