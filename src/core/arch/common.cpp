@@ -200,6 +200,12 @@ const AuxKKeys& auxk_keys() {
     return keys;
 }
 
+std::vector<const ArchKeyDecl*> L1Penalized::config_keys() const {
+    std::vector<const ArchKeyDecl*> k = {&target_l0_key()};
+    for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
+    return k;
+}
+
 std::vector<const ArchKeyDecl*> auxk_config_keys() {
     return {&auxk_keys().k_aux, &auxk_keys().coeff};
 }
@@ -252,7 +258,7 @@ AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
 
 void AuxK::backward(PassContext& c, const float* pre) {
     weight_ = 0;
-    if (coeff_ <= 0 || c.n_dead == 0 || c.dead == nullptr) return;
+    if (!active(c)) return;
     Backend& be = c.be;
     const int64_t B = c.B, d = c.d;
     const int64_t k = std::min(k_aux_, c.n_dead);

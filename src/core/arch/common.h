@@ -185,6 +185,22 @@ private:
 // features are recovered (128 latents: 0.084 uncapped; recovery fell below 0.85 from 0.06).
 double penalized_signum_lr(double rule_lr);
 
+// What ReLU and Gated share: sae.target_l0 and AuxK's keys, the L1 columns and id, signum at
+// penalized_signum_lr, and AuxK's top-k among the dead latents as their only selection.
+class L1Penalized : public Architecture {
+public:
+    std::vector<const ArchKeyDecl*> config_keys() const override;
+    std::vector<std::string> summary_keys() const override {
+        return {"sae.l1_coeff", "sae.target_l0"};
+    }
+    const char* default_optimizer() const override { return "signum"; }
+    double signum_lr(double rule_lr) const override { return penalized_signum_lr(rule_lr); }
+    std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
+    std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
+        return topk_uses(cfg, 0, d, n);
+    }
+};
+
 // What the ReLU, Gated and JumpReLU passes share: their sparsity coefficient's hooks.
 class PenalizedPass : public ArchPass {
 public:
