@@ -11,6 +11,7 @@
 
 #include "fd_check.h"
 #include "saetrain/arch.h"
+#include "saetrain/arch/switch.h"
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
 #include "saetrain/loader.h"
@@ -328,3 +329,150 @@ TEST(SwitchBehaviour, BalanceLossKeepsTheExpertsInUse) {
 }
 
 }  // namespace
+
+// --- the router's start (sae.router_init: kmeans) --------------------------------------------
+
+// Rows in narrow cones about random unit directions: cone j holds share[j] of the rows, each
+// row its direction times a norm in [1, 3] plus noise of 0.05 per coordinate.
+struct Cones {
+    std::vector<float> x;
+    std::vector<std::vector<double>> dirs;
+};
+Cones cone_rows(const std::vector<double>& share, int64_t rows, int64_t d, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    std::uniform_real_distribution<double> norm(1.0, 3.0);
+    Cones c;
+    for (size_t j = 0; j < share.size(); ++j) {
+        std::vector<double> v(static_cast<size_t>(d));
+        double s = 0;
+        for (double& a : v) a = normal(rng), s += a * a;
+        for (double& a : v) a /= std::sqrt(s);
+        c.dirs.push_back(v);
+    }
+    for (size_t j = 0, r = 0; j < share.size(); ++j)
+        for (auto i = static_cast<int64_t>(std::llround(share[j] * static_cast<double>(rows)));
+             i > 0 && static_cast<int64_t>(r) < rows; --i, ++r) {
+            const double a = norm(rng);
+            for (int64_t t = 0; t < d; ++t)
+                c.x.push_back(static_cast<float>(a * c.dirs[j][t] + 0.05 * normal(rng)));
+        }
+    return c;
+}
+
+std::vector<double> random_unit_rows(int64_t E, int64_t d, uint32_t seed) {
+    const std::vector<float> r = saetrain::testing::randn(E * d, seed);
+    std::vector<double> u(r.begin(), r.end());
+    for (int64_t e = 0; e < E; ++e) {
+        double s = 0;
+        for (int64_t t = 0; t < d; ++t) s += u[e * d + t] * u[e * d + t];
+        for (int64_t t = 0; t < d; ++t) u[e * d + t] /= std::sqrt(s);
+    }
+    return u;
+}
+
+// The cosine of each true direction with the centroid nearest it, and whether no two
+// directions share a centroid.
+std::pair<double, bool> worst_match(const Cones& c, const std::vector<double>& centroids,
+                                    int64_t d) {
+    const auto E = static_cast<int64_t>(centroids.size()) / d;
+    double worst = 1;
+    std::vector<int> used(static_cast<size_t>(E), 0);
+    for (const auto& dir : c.dirs) {
+        double best = -1;
+        int64_t at = 0;
+        for (int64_t e = 0; e < E; ++e) {
+            double s = 0;
+            for (int64_t t = 0; t < d; ++t) s += dir[t] * centroids[e * d + t];
+            if (s > best) best = s, at = e;
+        }
+        worst = std::min(worst, best), ++used[at];
+    }
+    return {worst, std::all_of(used.begin(), used.end(), [](int u) { return u <= 1; })};
+}
+
+// Four cones of equal size, four experts: from random directions (none within 0.9 of a cone),
+// the clusters are the cones, one expert each, and every expert gets a quarter of the rows.
+TEST(SwitchRouterStart, ClustersAreTheDatasCones) {
+    const int64_t d = 16, rows = 2000, E = 4;
+    const Cones c = cone_rows({0.25, 0.25, 0.25, 0.25}, rows, d, 3);
+    const std::vector<double> start = random_unit_rows(E, d, 11);
+    EXPECT_LT(worst_match(c, start, d).first, 0.9) << "the start already had the cones";
+    auto self = make_self_comm();
+    const RouterClusters rc = balanced_router_clusters(c.x.data(), rows, d, start, *self);
+    const auto [cos, one_each] = worst_match(c, rc.centroids, d);
+    EXPECT_GT(cos, 0.99) << "every cone has a centroid on it";
+    EXPECT_TRUE(one_each) << "and no two cones share one";
+    ASSERT_EQ(rc.counts.size(), static_cast<size_t>(E));
+    for (int64_t n : rc.counts) EXPECT_NEAR(static_cast<double>(n), 500.0, 10.0);
+    EXPECT_GT(rc.iterations, 1);
+}
+
+// One cone holds 70% of the rows: plain k-means would give its expert 70% of them; the biases
+// balance the experts (each 25% +- 2%), the big cone split between several.
+TEST(SwitchRouterStart, BiasesBalanceUnevenData) {
+    const int64_t d = 16, rows = 4000, E = 4;
+    const Cones c = cone_rows({0.7, 0.1, 0.1, 0.1}, rows, d, 5);
+    auto self = make_self_comm();
+    const RouterClusters rc =
+        balanced_router_clusters(c.x.data(), rows, d, random_unit_rows(E, d, 13), *self);
+    for (int64_t n : rc.counts) EXPECT_NEAR(static_cast<double>(n), 1000.0, 80.0);
+    // The counts are the router's own: argmax over xc . c_e + b_e.
+    std::vector<int64_t> again(static_cast<size_t>(E), 0);
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t best = 0;
+        double top = -1e300;
+        for (int64_t e = 0; e < E; ++e) {
+            double s = rc.bias[e];
+            for (int64_t t = 0; t < d; ++t) s += double(c.x[r * d + t]) * rc.centroids[e * d + t];
+            if (s > top) top = s, best = e;
+        }
+        ++again[best];
+    }
+    for (int64_t e = 0; e < E; ++e) EXPECT_LE(std::abs(again[e] - rc.counts[e]), 5) << "expert " << e;
+}
+
+// Through the trainer: the router's parameters after init route the first batch's rows (about
+// b_dec) to the experts in balanced shares, and sae.router_init random keeps the random start.
+TEST(SwitchRouterStart, TrainerStartsFromTheClusters) {
+    const int64_t d = 16, rows = 2000, E = 4;
+    const Cones c = cone_rows({0.4, 0.3, 0.2, 0.1}, rows, d, 9);
+    auto be = make_cpu_backend(2);
+    auto self = make_self_comm();
+    auto shares = [&](const std::string& init) {
+        SaeConfig cfg;
+        cfg.arch = "switch";
+        cfg.n_latents = 64;
+        cfg.k = 4;
+        cfg.set("sae.n_experts", E).set("sae.router_init", init);
+        SaeTrainer tr(cfg, d, 20, 3, *be, *self);
+        tr.init(c.x.data(), rows);
+        const SaeWeights w = trainer_weights(tr);
+        auto tensor = [&](const char* name) {
+            for (const auto& [n, t] : w.extra)
+                if (n == name) return t;
+            ADD_FAILURE() << "no " << name;
+            return std::vector<float>(static_cast<size_t>(E * d), 0.0f);
+        };
+        const std::vector<float> wr = tensor("W_router"), br = tensor("b_router");
+        std::vector<double> n(static_cast<size_t>(E), 0);
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t best = 0;
+            double top = -1e300;
+            for (int64_t e = 0; e < E; ++e) {
+                double s = br[e];
+                for (int64_t t = 0; t < d; ++t)
+                    s += (double(c.x[r * d + t]) - w.b_dec[t]) * wr[e * d + t];
+                if (s > top) top = s, best = e;
+            }
+            n[best] += 1.0 / static_cast<double>(rows);
+        }
+        return n;
+    };
+    for (double s : shares("kmeans")) EXPECT_NEAR(s, 0.25, 0.03);
+    const std::vector<double> random = shares("random");
+    EXPECT_GT(*std::max_element(random.begin(), random.end()) -
+                  *std::min_element(random.begin(), random.end()),
+              0.1)
+        << "random directions do not balance these cones";
+}

@@ -224,6 +224,13 @@ public:
     }
     virtual void init_extra(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
                             std::vector<float>& /*params*/, const InitInputs& /*in*/) const {}
+    // A start fitted to the data (the Switch router's clusters): right after init_extra, with
+    // b_dec set, the trainer hands this replica's first batch (x as the SAE reads it: [rows, d])
+    // and the replicas' communicator to init_from_rows, whose collectives must give every
+    // replica the same parameters.
+    virtual void init_from_rows(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
+                                std::vector<float>& /*params*/, const float* /*x*/,
+                                int64_t /*rows*/, Communicator& /*replicas*/) const {}
     // A start that depends on the scale of the data (JumpReLU's thresholds): when
     // inits_from_preactivations, the trainer runs a forward pass over (up to a bounded number
     // of) the first batch's rows after init_extra and the fitted encoder, and hands the

@@ -261,6 +261,7 @@ void SaeTrainer::init(BatchView x_host, int64_t rows, int threads) {
         if (s[1] > 0) in.centred_rms = std::sqrt(s[0] / s[1]);
     }
     arch_.init_extra(cfg_, store_->layout(), p, in);
+    arch_.init_from_rows(cfg_, store_->layout(), p, x, rows, comm_);
     set_params_host(p);
     // A transcoder's random encoder and decoder rows are unrelated at the start, so the fitted
     // scale has nothing to fit (on planted pairs it shrank the encoder and left half the

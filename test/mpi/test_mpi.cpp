@@ -15,6 +15,7 @@
 #include <numeric>
 #include <random>
 
+#include "saetrain/arch/switch.h"
 #include "saetrain/backend.h"
 #include "saetrain/checkpoint.h"
 #include "saetrain/comm_choice.h"
@@ -329,6 +330,47 @@ TEST(Mpi, DataParallelReplicasAgreeWithOneProcessReference) {
         for (int q = 0; q < w.size(); ++q)
             EXPECT_EQ(hs[q], hs[0]) << name << ": replica " << q << " drifted";
     }
+}
+
+// The Switch router's start (sae.router_init: kmeans): the clusters fitted over the replicas'
+// rows, each replica holding its share, are those one process fits on all of them, and the same
+// on every replica (the trainer's check of that is the replica hash above).
+TEST(Mpi, RouterClustersOverReplicasAreOneProcesssClusters) {
+    Communicator& w = *g_world;
+    const int64_t d = 12, per = 300, E = 4, rows = per * w.size();
+    // Rows about 6 directions of uneven weight, so the biases have work to do.
+    std::mt19937 rng(21);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> dirs(6 * d), all(rows * d);
+    for (float& v : dirs) v = normal(rng);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t j = (r * 7) % 10 < 5 ? 0 : (r % 5) + 1;
+        for (int64_t c = 0; c < d; ++c) all[r * d + c] = dirs[j * d + c] + 0.3f * normal(rng);
+    }
+    std::vector<double> start(E * d);
+    for (double& v : start) v = normal(rng);
+    for (int64_t e = 0; e < E; ++e) {
+        double s = 0;
+        for (int64_t c = 0; c < d; ++c) s += start[e * d + c] * start[e * d + c];
+        for (int64_t c = 0; c < d; ++c) start[e * d + c] /= std::sqrt(s);
+    }
+    auto self = make_self_comm();
+    const RouterClusters one = balanced_router_clusters(all.data(), rows, d, start, *self);
+    const RouterClusters mine =
+        balanced_router_clusters(all.data() + w.rank() * per * d, per, d, start, w);
+    EXPECT_EQ(mine.counts, one.counts);
+    EXPECT_EQ(mine.iterations, one.iterations);
+    double worst = 0;
+    for (size_t i = 0; i < one.centroids.size(); ++i)
+        worst = std::max(worst, std::abs(mine.centroids[i] - one.centroids[i]));
+    for (size_t e = 0; e < one.bias.size(); ++e)
+        worst = std::max(worst, std::abs(mine.bias[e] - one.bias[e]));
+    EXPECT_LT(worst, 1e-9) << "sums in another order only";
+    const uint64_t h = fnv1a(mine.centroids.data(), mine.centroids.size() * sizeof(double)) ^
+                       fnv1a(mine.bias.data(), mine.bias.size() * sizeof(double));
+    std::vector<uint64_t> hs(w.size());
+    w.allgather(&h, hs.data(), sizeof(h));
+    for (int q = 0; q < w.size(); ++q) EXPECT_EQ(hs[q], hs[0]) << "replica " << q;
 }
 
 // Hybrid: 2 configs x (world / 2) replicas. Replicas of a config stay equal; the two configs

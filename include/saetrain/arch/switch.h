@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "saetrain/arch_ops.h"
 
 namespace saetrain {
+
+class Communicator;
 
 class SwitchOps : public ArchOps {
 public:
@@ -24,5 +27,20 @@ public:
 };
 
 const ArchOpSet& switch_op_set();
+
+// The router's start under sae.router_init: kmeans. Spherical k-means of the directions of the
+// rows xc [rows, d] (x - b_dec) over all replicas' rows, from `centroids` (E unit rows of d),
+// with a bias per expert that balances the assignment: row r goes to argmax_e xc_r . c_e + b_e
+// (the router's own argmax, ties to the lower index), and the biases are moved until every
+// expert has about rows / E of them. The sums are all-reduced over `replicas`, so every replica
+// gets the same result.
+struct RouterClusters {
+    std::vector<double> centroids;  // [E, d], unit rows
+    std::vector<double> bias;       // [E], in units of xc . c
+    std::vector<int64_t> counts;    // [E], all replicas' rows routed to each by the result
+    int iterations = 0;             // Lloyd iterations run
+};
+RouterClusters balanced_router_clusters(const float* xc, int64_t rows, int64_t d,
+                                        std::vector<double> centroids, Communicator& replicas);
 
 }  // namespace saetrain

@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "common.h"
+#include "saetrain/comm.h"
 #include "saetrain/error.h"
 #include "saetrain/perfmodel.h"
 
@@ -109,6 +110,15 @@ struct SwitchKeys {
                                   "the router's load-balancing loss weight, in units of the "
                                   "batch's squared norm about b_dec",
                                   key_at_least(0, " (0: off)")};
+    ArchKey<std::string> router_init{
+        "sae", "router_init", "kmeans",
+        "the router's start: kmeans (balanced clusters of the first batch) | random (random "
+        "directions)",
+        KeyRule{[](const ConfigValue& v) {
+                    const std::string& s = std::get<std::string>(v);
+                    return s == "kmeans" || s == "random";
+                },
+                "must be kmeans or random"}};
 };
 const SwitchKeys& keys() {
     static const SwitchKeys k;
@@ -359,6 +369,9 @@ private:
     std::vector<int32_t> expert_, perm_host_, inv_host_;
 };
 
+// The rows of one replica's first batch that the router's clusters are fitted on, at most.
+constexpr int64_t kRouterInitRows = 8192;
+
 class Switch final : public Architecture {
 public:
     const char* name() const override { return "switch"; }
@@ -367,7 +380,8 @@ public:
                "learned router; load-balancing loss (train.balance_coeff); AuxK per expert";
     }
     std::vector<const ArchKeyDecl*> config_keys() const override {
-        std::vector<const ArchKeyDecl*> k = {&keys().n_experts, &keys().balance_coeff};
+        std::vector<const ArchKeyDecl*> k = {&keys().n_experts, &keys().balance_coeff,
+                                             &keys().router_init};
         for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
         return k;
     }
@@ -417,6 +431,34 @@ public:
                 p[o + e * d + c] = static_cast<float>(v[c] / std::sqrt(s) * scale);
         }
     }
+    // sae.router_init kmeans: the router's directions become the centroids of balanced clusters
+    // of the first batch's rows about b_dec (balanced_router_clusters, from the random
+    // directions above, at their scale), b_router the biases that balance them. Each expert
+    // then starts on a region of the data of its own, every expert with about 1 / E of the
+    // rows. (On the MiniLM quickstart rows, 8 experts at k 32: held-out FVU 0.1385 against
+    // 0.1577 from the random router, 3.4% dead; docs/architectures.md.)
+    void init_from_rows(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
+                        const float* x, int64_t rows, Communicator& replicas) const override {
+        const int64_t E = keys().n_experts(cfg);
+        if (keys().router_init(cfg) != "kmeans" || E < 2) return;
+        const int64_t d = layout.segments()[ParamLayout::kBDec].cols;
+        const float* b_dec = p.data() + layout.segments()[ParamLayout::kBDec].offset;
+        const int64_t o = layout.offset("W_router"), ob = layout.offset("b_router");
+        rows = std::min(rows, kRouterInitRows);
+        std::vector<float> xc(static_cast<size_t>(rows * d));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d; ++c) xc[r * d + c] = x[r * d + c] - b_dec[c];
+        std::vector<double> start(static_cast<size_t>(E * d));
+        double scale = 0;
+        for (int64_t c = 0; c < d; ++c) scale += double(p[o + c]) * p[o + c];
+        scale = std::sqrt(scale);  // init_extra's, the same for every expert
+        if (!(scale > 0)) return;
+        for (int64_t i = 0; i < E * d; ++i) start[i] = p[o + i] / scale;
+        const RouterClusters rc =
+            balanced_router_clusters(xc.data(), rows, d, std::move(start), replicas);
+        for (int64_t i = 0; i < E * d; ++i) p[o + i] = static_cast<float>(rc.centroids[i] * scale);
+        for (int64_t e = 0; e < E; ++e) p[ob + e] = static_cast<float>(rc.bias[e] * scale);
+    }
     // The chosen expert's encoder GEMM, the router (forward and its weight gradient), and
     // TopK's sparse decoder and backward terms.
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
@@ -456,6 +498,127 @@ const Architecture& switch_arch() {
 }
 
 }  // namespace saetrain::arch
+
+namespace {
+constexpr int kLloydIterations = 25;  // at most; they stop when no row changes expert
+constexpr int kBalanceSteps = 100;    // bias steps after each centroid update, at most
+}  // namespace
+
+saetrain::RouterClusters saetrain::balanced_router_clusters(const float* xc, int64_t rows,
+                                                            int64_t d,
+                                                            std::vector<double> centroids,
+                                                            Communicator& replicas) {
+    const int64_t E = static_cast<int64_t>(centroids.size()) / d;
+    RouterClusters out;
+    out.bias.assign(static_cast<size_t>(E), 0.0);
+    std::vector<float> cen(centroids.begin(), centroids.end());  // the dot products' operand
+    std::vector<double> inv_norm(static_cast<size_t>(rows), 0.0), L(static_cast<size_t>(rows * E));
+    double total = 0;  // rows with a direction, over all replicas
+    for (int64_t r = 0; r < rows; ++r) {
+        double s = 0;
+        for (int64_t c = 0; c < d; ++c) s += double(xc[r * d + c]) * xc[r * d + c];
+        if (s > 0) inv_norm[r] = 1.0 / std::sqrt(s), total += 1;
+    }
+    replicas.allreduce_sum(&total, 1);
+    if (!(total > 0) || E < 1) {
+        out.centroids = std::move(centroids);
+        out.counts.assign(static_cast<size_t>(E), 0);
+        return out;
+    }
+    const double fair = total / static_cast<double>(E);
+    std::vector<int32_t> assign(static_cast<size_t>(rows), -1);
+    std::vector<double> counts(static_cast<size_t>(E));
+    auto logits = [&] {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t e = 0; e < E; ++e) {
+                float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                for (int64_t c = 0; c < d; ++c) s += xc[r * d + c] * cen[e * d + c];
+                L[r * E + e] = s;
+            }
+    };
+    // Routes every row by argmax L + bias (rows without a direction stay at -1).
+    auto route = [&] {
+        std::fill(counts.begin(), counts.end(), 0.0);
+        for (int64_t r = 0; r < rows; ++r) {
+            if (inv_norm[r] == 0) continue;
+            const double* l = L.data() + r * E;
+            int32_t best = 0;
+            for (int64_t e = 1; e < E; ++e)
+                if (l[e] + out.bias[e] > l[best] + out.bias[best]) best = static_cast<int32_t>(e);
+            assign[r] = best, counts[best] += 1;
+        }
+        replicas.allreduce_sum(counts.data(), E);
+    };
+    // Moves the biases until every expert's count is within 1% of the fair one (or for
+    // kBalanceSteps): each bias against the sign of its expert's excess, by a step per expert
+    // that grows by a fifth while the sign holds and halves when it flips (Rprop). Whole
+    // clusters change expert at once, so a fixed step would oscillate between two
+    // assignments. The steps start at a fiftieth of the logits' RMS.
+    std::vector<double> step(static_cast<size_t>(E)), last(static_cast<size_t>(E));
+    auto balance = [&] {
+        double ss[2] = {0, 0};
+        for (int64_t r = 0; r < rows; ++r)
+            if (inv_norm[r] > 0)
+                for (int64_t e = 0; e < E; ++e) ss[0] += L[r * E + e] * L[r * E + e], ss[1] += 1;
+        replicas.allreduce_sum(ss, 2);
+        std::fill(step.begin(), step.end(), 0.02 * std::sqrt(ss[0] / std::max(ss[1], 1.0)));
+        std::fill(last.begin(), last.end(), 0.0);
+        for (int t = 0; t < kBalanceSteps; ++t) {
+            route();
+            bool fair_now = true;
+            for (int64_t e = 0; e < E; ++e) {
+                const double excess = counts[e] - fair;
+                if (std::abs(excess) <= std::max(1.0, 0.01 * fair)) {
+                    last[e] = 0;
+                    continue;
+                }
+                fair_now = false;
+                const double sign = excess > 0 ? 1.0 : -1.0;
+                if (last[e] != 0) step[e] *= last[e] == sign ? 1.2 : 0.5;
+                out.bias[e] -= sign * step[e], last[e] = sign;
+            }
+            if (fair_now) break;
+        }
+    };
+    std::vector<double> sums(static_cast<size_t>(E * d));
+    std::vector<int32_t> before;
+    for (out.iterations = 1; out.iterations <= kLloydIterations; ++out.iterations) {
+        logits();
+        balance();
+        route();
+        double moved = 0;  // rows whose expert changed since the last iteration, all replicas
+        for (int64_t r = 0; r < rows && !before.empty(); ++r) moved += assign[r] != before[r];
+        replicas.allreduce_sum(&moved, 1);
+        if (!before.empty() && moved == 0) break;
+        before = assign;
+        // Each centroid: the normalized sum of its rows' directions (kept where it has none).
+        std::fill(sums.begin(), sums.end(), 0.0);
+        for (int64_t r = 0; r < rows; ++r)
+            if (inv_norm[r] > 0)
+                for (int64_t c = 0; c < d; ++c)
+                    sums[assign[r] * d + c] += xc[r * d + c] * inv_norm[r];
+        replicas.allreduce_sum(sums.data(), E * d);
+        for (int64_t e = 0; e < E; ++e) {
+            double s = 0;
+            for (int64_t c = 0; c < d; ++c) s += sums[e * d + c] * sums[e * d + c];
+            if (!(s > 0)) continue;
+            for (int64_t c = 0; c < d; ++c) {
+                centroids[e * d + c] = sums[e * d + c] / std::sqrt(s);
+                cen[e * d + c] = static_cast<float>(centroids[e * d + c]);
+            }
+        }
+    }
+    // The biases that balance the final centroids.
+    logits();
+    balance();
+    route();
+    out.centroids = std::move(centroids);
+    out.counts.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) out.counts[e] = static_cast<int64_t>(counts[e]);
+    return out;
+}
 
 const saetrain::ArchOpSet& saetrain::switch_op_set() {
     static const ArchOpSet set{
