@@ -610,6 +610,7 @@ saetrain::RouterClusters saetrain::balanced_router_clusters(const float* xc, int
             }
         }
     }
+    out.iterations = std::min(out.iterations, kLloydIterations);
     // The biases that balance the final centroids.
     logits();
     balance();
