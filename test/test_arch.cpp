@@ -597,6 +597,9 @@ double dead_after(double auxk_coeff, uint64_t seed, const std::string& arch = "t
     else
         cfg.set("sae.target_l0", 4.0);
     cfg.lr = 2e-2;  // high: latents die quickly without AuxK
+    // JumpReLU under its default signum: under AdamW AuxK revives none of its latents (86.7%
+    // dead without, 86.3% with), as on MiniLM.
+    if (arch == "jumprelu") cfg.optimizer = "signum";
     cfg.set("train.auxk_coeff", auxk_coeff);
     cfg.dead_tokens = 20 * rows;
     auto be = make_cpu_backend(2);
@@ -635,12 +638,18 @@ TEST(ArchBehaviour, AuxKRevivesDeadLatents) {
 // b_gate is also taken on b_mag). Init seeds 0, 1, 2 (2026-11-27): ReLU 75.0, 72.3, 75.4% dead
 // without AuxK and 10.9, 16.4, 13.3% with it; Gated 86.3, 86.7, 83.2% and 12.5, 12.5, 12.9%
 // (AuxK on the gate alone: 78.5% at seed 0, its revived gates opening on negative magnitudes).
+// JumpReLU (under signum, its default) revives fewer: 82.4% dead without AuxK, 57.4% with it.
+// Its AuxK selects among the pre-activations v, which must then also pass the latent's
+// threshold to fire; on MiniLM it left 1.7% dead in training (20.8% without).
 TEST(ArchBehaviour, AuxKRevivesDeadPenalizedLatents) {
-    for (const char* arch : {"relu", "gated"}) {
+    for (const char* arch : {"relu", "gated", "jumprelu"}) {
         const double plain = dead_after(0.0, 0, arch), aux = dead_after(1.0 / 32, 0, arch);
         std::printf("dead latents: %s %.1f%%, with AuxK %.1f%%\n", arch, 100 * plain, 100 * aux);
         EXPECT_GT(plain, 0.5) << arch;
-        EXPECT_LT(aux, 0.25) << arch;
+        if (std::string(arch) == "jumprelu")
+            EXPECT_LT(aux, plain - 0.15) << arch;
+        else
+            EXPECT_LT(aux, 0.25) << arch;
     }
 }
 

@@ -841,12 +841,13 @@ TEST(ConfigDefaults, AutoOptimizerIsTheArchitecturesUnlessAnLrIsGiven) {
     c = resolved("sae: {arch: topk}\ntrain: {lr_decay: linear}\n");  // a given decay stays
     EXPECT_EQ(c.optimizer, "signum");
     EXPECT_EQ(c.lr_decay, "linear");
-    for (const std::string arch : {"jumprelu", "matryoshka_batchtopk"}) {
-        c = resolved("sae: {arch: " + arch + ", matryoshka_prefixes: [128]}\n");
-        EXPECT_EQ(c.optimizer, "adam") << arch;
-        EXPECT_DOUBLE_EQ(c.lr, SaeConfig::kAdamLr) << arch;
-    }
-    for (const std::string arch : {"batchtopk", "switch", "relu", "gated"})
+    c = resolved("sae: {arch: matryoshka_batchtopk, matryoshka_prefixes: [128]}\n");
+    EXPECT_EQ(c.optimizer, "adam");
+    EXPECT_DOUBLE_EQ(c.lr, SaeConfig::kAdamLr);
+    c = resolved("sae: {arch: jumprelu, expansion: 16}\n");  // signum at the rule's lr
+    EXPECT_EQ(c.optimizer, "signum");
+    EXPECT_NEAR(c.lr, 0.00604, 1e-5);
+    for (const std::string arch : {"batchtopk", "switch", "relu", "gated", "jumprelu"})
         EXPECT_EQ(resolved("sae: {arch: " + arch + "}\n").optimizer, "signum") << arch;
     c = resolved("sae: {arch: topk, n_latents: 65536}\ntrain: {optimizer: signum}\n");
     EXPECT_EQ(c.optimizer, "signum");
@@ -1013,7 +1014,7 @@ TEST(ConfigKeys, ArchitectureKeysJoinTheTableWhereTheFileListsThem) {
     for (const ConfigKeyInfo& k : config_keys()) info[k.name] = k;
     EXPECT_EQ(info["sae.n_experts"].declared_by, "switch");
     EXPECT_EQ(info["train.auxk_coeff"].declared_by,
-              "relu, topk, batchtopk, gated, switch, matryoshka_batchtopk, transcoder, "
+              "relu, topk, batchtopk, jumprelu, gated, switch, matryoshka_batchtopk, transcoder, "
               "skip_transcoder, clt");
     EXPECT_EQ(info["sae.k"].declared_by, "");
     EXPECT_EQ(info["train.balance_coeff"].default_text, "0.1");

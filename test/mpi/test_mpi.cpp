@@ -595,9 +595,9 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
     const int64_t d = 16, rows = 48;
     for (const int S : shard_counts(w.size()))
         for (const char* name_c :
-             {"topk", "auxk", "batchtopk", "relu", "relu+auxk", "jumprelu", "gated", "gated+auxk",
-              "matryoshka_batchtopk", "transcoder", "skip_transcoder", "transcoder/batchtopk",
-              "skip_transcoder/jumprelu"}) {
+             {"topk", "auxk", "batchtopk", "relu", "relu+auxk", "jumprelu", "jumprelu+auxk",
+              "gated", "gated+auxk", "matryoshka_batchtopk", "transcoder", "skip_transcoder",
+              "transcoder/batchtopk", "skip_transcoder/jumprelu"}) {
             // "<arch>/<activation>": a transcoder with that sae.transcoder_activation;
             // "<arch>+auxk" (and "auxk", TopK's): every latent dead after a token, so AuxK runs
             // at every step.
@@ -631,8 +631,9 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
             tr.init(x.data(), rows);
             ref.init(all.data(), rows * g.R);
             if (auxk && arch != "topk") {
-                // ReLU and Gated: the even latents silenced (b_enc, Gated's b_gate, at -20), so
-                // they are dead from the second step and AuxK selects among them.
+                // ReLU, JumpReLU and Gated: the even latents silenced (b_enc, Gated's b_gate, at
+                // -20), so they are dead from the second step and AuxK selects among them
+                // (JumpReLU's among pre-activations that hold b_enc already).
                 auto silence = [](SaeTrainer& t, int64_t first) {
                     std::vector<float> p = t.params_host();
                     const int64_t o = t.layout().segments()[ParamLayout::kBEnc].offset;

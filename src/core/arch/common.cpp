@@ -219,13 +219,13 @@ double auxk_weight(double coeff, int64_t n_dead, int64_t k_aux) {
     return coeff * std::min(1.0, static_cast<double>(n_dead) / static_cast<double>(k_aux));
 }
 
-void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host) {
+void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host, bool with_b_enc) {
     const int64_t n = c.n;
     const float inf = std::numeric_limits<float>::infinity();
     host.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) host[i] = (*c.dead)[i] ? 0.0f : -inf;
     c.be.upload(bias, host.data(), n * static_cast<int64_t>(sizeof(float)));
-    c.be.axpby(bias, c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
+    if (with_b_enc) c.be.axpby(bias, c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
 }
 
 SparseBackward sparse_backward(const PassContext& c, const float* x, const float* derr,
@@ -256,7 +256,7 @@ AuxK::AuxK(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
       stats_(be, kStatCount),
       fires_(be, n) {}
 
-void AuxK::backward(PassContext& c, const float* pre) {
+void AuxK::backward(PassContext& c, const float* pre, bool pre_has_b_enc) {
     weight_ = 0;
     if (!active(c)) return;
     Backend& be = c.be;
@@ -271,7 +271,7 @@ void AuxK::backward(PassContext& c, const float* pre) {
     // through the masked bias and the sharded top-k, else by their ids (the backend may then
     // look at those columns alone).
     if (c.latent_shard) {
-        dead_only_bias(c, bias_.data(), mask_host_);
+        dead_only_bias(c, bias_.data(), mask_host_, !pre_has_b_enc);
         select_topk(c, pre, bias_.data(), k, idx_.data(), val_.data(), false, scratch_host_);
     } else {
         dead_ids_host_.clear();
@@ -280,8 +280,16 @@ void AuxK::backward(PassContext& c, const float* pre) {
         const auto count = static_cast<int64_t>(dead_ids_host_.size());
         ensure(dead_ids_, be, count);
         be.upload(dead_ids_.data(), dead_ids_host_.data(), count * int64_t{sizeof(int32_t)});
-        be.topk_forward_columns(pre, c.seg(ParamLayout::kBEnc), B, c.n, dead_ids_.data(), count, k,
-                                idx_.data(), val_.data(), false, bias_.data());
+        const float* b_enc = c.seg(ParamLayout::kBEnc);
+        if (pre_has_b_enc) {
+            if (zeros_.size() < c.n) {
+                zeros_ = DeviceArray<float>(be, c.n);
+                be.fill(zeros_.data(), c.n, 0.0f);
+            }
+            b_enc = zeros_.data();
+        }
+        be.topk_forward_columns(pre, b_enc, B, c.n, dead_ids_.data(), count, k, idx_.data(),
+                                val_.data(), false, bias_.data());
     }
     be.fill(ehat_.data(), B * d, 0.0f);
     be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k, d, ehat_.data());

@@ -88,8 +88,9 @@ int64_t resolved_k_aux(const SaeConfig& cfg, int64_t d, int64_t latents);
 // The auxiliary loss's weight this step: auxk_coeff * min(n_dead / k_aux, 1).
 double auxk_weight(double coeff, int64_t n_dead, int64_t k_aux);
 // bias = b_enc + (0 for the latents dead before this step, -inf for live ones): a top-k over
-// pre + bias then selects among the dead latents only. `host`: scratch of n floats.
-void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host);
+// pre + bias then selects among the dead latents only (without `with_b_enc`: the mask alone,
+// for pre-activations that hold b_enc already). `host`: scratch of n floats.
+void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host, bool with_b_enc = true);
 
 // topk_backward's arguments for the selection (idx, val) [rows, k] of the rows x (the encoder's
 // input) with dL/dx_hat derr: into the SAE's gradients, c.fires and c.stats, overwriting.
@@ -107,8 +108,9 @@ public:
     // Queues the auxiliary pass when any latent is dead and the coefficient is positive;
     // adds its squared error to ctx.stats[kStatAuxK] and remembers its weight for penalty().
     // `pre`: the step's pre-activations (x - b_dec) W_enc^T, without b_enc (ctx.pre before an
-    // activation overwrote it). Adds to the gradients of W_enc, b_enc and W_dec.
-    void backward(PassContext& ctx, const float* pre);
+    // activation overwrote it), or with it where `pre_has_b_enc` (JumpReLU's ctx.pre). Adds to
+    // the gradients of W_enc, b_enc and W_dec.
+    void backward(PassContext& ctx, const float* pre, bool pre_has_b_enc = false);
     // Whether this step's backward will run (a coefficient, a dead latent): the pre-activations
     // must then be kept.
     bool active(const PassContext& ctx) const {
@@ -121,7 +123,7 @@ private:
     int64_t k_aux_;
     double coeff_;
     double weight_ = 0;  // the last step's auxk_coeff * scale
-    DeviceArray<float> bias_, ehat_, target_, val_, scratch_, stats_;
+    DeviceArray<float> bias_, ehat_, target_, val_, scratch_, stats_, zeros_;
     DeviceArray<int32_t> idx_, fires_, dead_ids_;
     std::vector<float> mask_host_;
     std::vector<int32_t> dead_ids_host_;
