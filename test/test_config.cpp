@@ -869,6 +869,33 @@ TEST(ConfigDefaults, AutoOptimizerIsTheArchitecturesUnlessAnLrIsGiven) {
     EXPECT_EQ(twice.lr, c.lr);
 }
 
+// An architecture's own default of a shared key (Architecture::key_defaults): Gated weighs AuxK
+// at 1/16 where the others keep the key's 1/32, unless the config sets it; --list-keys says so.
+TEST(ConfigDefaults, GatedHasItsOwnAuxKWeightUnlessTheConfigSetsOne) {
+    const auto auxk = [](const std::string& sae) {
+        const SaeConfig c =
+            config_parse(kMinimal + sae, {}, "cfg.yaml").sweep.front().with_optimizer_defaults(384);
+        return sae_key_text(Config{}, c, "train.auxk_coeff");
+    };
+    EXPECT_EQ(auxk("sae: {arch: gated}\n"), "0.0625");
+    EXPECT_EQ(auxk("sae: {arch: relu}\n"), "0.03125");
+    EXPECT_EQ(auxk("sae: {arch: topk}\n"), "0.03125");
+    EXPECT_EQ(auxk("sae: {arch: gated}\ntrain: {auxk_coeff: 0.03125}\n"), "0.03125");
+    EXPECT_EQ(auxk("sae: {arch: gated}\ntrain: {auxk_coeff: 0}\n"), "0");
+    // A sweep over architectures: each point its own.
+    const Config sweep = config_parse(kMinimal + "sae: {arch: [gated, topk]}\n", {}, "cfg.yaml");
+    ASSERT_EQ(sweep.sweep.size(), 2u);
+    EXPECT_EQ(sae_key_text(sweep, sweep.sweep[0].with_optimizer_defaults(384), "train.auxk_coeff"),
+              "0.0625");
+    EXPECT_EQ(sae_key_text(sweep, sweep.sweep[1].with_optimizer_defaults(384), "train.auxk_coeff"),
+              "0.03125");
+    for (const ConfigKeyInfo& k : config_keys())
+        if (k.name == "train.auxk_coeff") {
+            EXPECT_EQ(k.default_text, "0.03125");
+            EXPECT_NE(k.doc.find("(gated: 0.0625)"), std::string::npos) << k.doc;
+        }
+}
+
 TEST(ConfigFiles, QuickstartHasTheDocumentedValues) {
     const Config c =
         config_load(std::string(SAETRAIN_TEST_DATA) + "/../../configs/quickstart.yaml");

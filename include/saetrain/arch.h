@@ -278,6 +278,11 @@ public:
     // signum's lr when train.lr is unset, from the rule's (SaeConfig::with_optimizer_defaults:
     // kSignumLr * sqrt(16384 / n_latents)). Default: the rule's.
     virtual double signum_lr(double rule_lr) const { return rule_lr; }
+    // Its own defaults for keys it shares with other architectures ("train.auxk_coeff" for
+    // Gated), each as the key's value: SaeConfig::with_optimizer_defaults sets those the config
+    // leaves unset, so the trainer and config.yaml see them; --list-keys shows them beside the
+    // key's default. Default: none.
+    virtual std::vector<std::pair<std::string, ConfigValue>> key_defaults() const { return {}; }
     virtual std::vector<OpUse> limited_ops(const SaeConfig& /*cfg*/, int64_t /*d*/,
                                            int64_t /*n*/) const {
         return {};

@@ -165,7 +165,8 @@ struct SaeConfig {
     static constexpr double kAdamLr = 1.0e-3;
     static constexpr double kSignumLr = 3.7e-3;  // at 16384 latents (MiniLM x16: best 0.006)
     // This point with train.optimizer: auto, train.lr: 0 and train.lr_decay: auto resolved (see
-    // their fields) for an SAE of d_model inputs; what the trainer trains and the run's
+    // their fields) for an SAE of d_model inputs, and the architecture's own defaults of shared
+    // keys it leaves unset (Architecture::key_defaults); what the trainer trains and the run's
     // config.yaml records.
     SaeConfig with_optimizer_defaults(int64_t d_model) const;
     // Readable id, e.g. "topk-x8-k32" or "relu-x4-l1_5" (the architecture's suffix).

@@ -1050,10 +1050,13 @@ std::vector<ConfigKeyInfo> config_keys() {
         k.doc = f.doc;
         k.sweepable = f.sweepable();
         k.changes_results = f.changes_results;
-        for (const Architecture* a : architectures())
+        for (const Architecture* a : architectures()) {
             for (const ArchKeyDecl* d : a->config_keys())
                 if (d->full() == k.name)
                     k.declared_by += (k.declared_by.empty() ? "" : ", ") + std::string(a->name());
+            for (const auto& [key, value] : a->key_defaults())
+                if (key == k.name) k.doc += fmt::format(" ({}: {})", a->name(), value_text(value));
+        }
         out.push_back(std::move(k));
     }
     return out;
@@ -1081,6 +1084,8 @@ SaeConfig SaeConfig::with_optimizer_defaults(int64_t d_model) const {
                    : kAdamLr;
     }
     if (c.lr_decay == "auto") c.lr_decay = c.optimizer == "signum" ? "constant" : "cosine";
+    for (const auto& [key, value] : arch_get(arch).key_defaults())
+        if (!c.arch_values.count(key)) c.arch_values[key] = value;
     return c;
 }
 
