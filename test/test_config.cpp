@@ -841,13 +841,17 @@ TEST(ConfigDefaults, AutoOptimizerIsTheArchitecturesUnlessAnLrIsGiven) {
     c = resolved("sae: {arch: topk}\ntrain: {lr_decay: linear}\n");  // a given decay stays
     EXPECT_EQ(c.optimizer, "signum");
     EXPECT_EQ(c.lr_decay, "linear");
-    c = resolved("sae: {arch: matryoshka_batchtopk, matryoshka_prefixes: [128]}\n");
+    c = config_parse("data: {path: data/x, target_path: data/y}\nsae: {arch: transcoder}\n", {},
+                     "cfg.yaml")
+            .sweep.front()
+            .with_optimizer_defaults(384);  // not measured with signum: AdamW
     EXPECT_EQ(c.optimizer, "adam");
     EXPECT_DOUBLE_EQ(c.lr, SaeConfig::kAdamLr);
     c = resolved("sae: {arch: jumprelu, expansion: 16}\n");  // signum at the rule's lr
     EXPECT_EQ(c.optimizer, "signum");
     EXPECT_NEAR(c.lr, 0.00604, 1e-5);
-    for (const std::string arch : {"batchtopk", "switch", "relu", "gated", "jumprelu"})
+    for (const std::string arch : {"batchtopk", "switch", "relu", "gated", "jumprelu",
+                                   "matryoshka_batchtopk, matryoshka_prefixes: [128]"})
         EXPECT_EQ(resolved("sae: {arch: " + arch + "}\n").optimizer, "signum") << arch;
     c = resolved("sae: {arch: topk, n_latents: 65536}\ntrain: {optimizer: signum}\n");
     EXPECT_EQ(c.optimizer, "signum");

@@ -177,9 +177,8 @@ std::vector<float> train(const SaeConfig& cfg, int steps, std::vector<double>* l
 TEST(MatryoshkaTraining, TheWholeDictionaryAloneIsBatchTopkBitwise) {
     SaeConfig batchtopk = matryoshka_config();
     batchtopk.arch = "batchtopk";
-    // The same optimizer for both (train.optimizer: auto picks signum for BatchTopK, AdamW for
-    // Matryoshka: docs/architectures.md, "The optimizer").
-    batchtopk.optimizer = "adam";
+    // train.optimizer: auto picks signum at the same lr for both (docs/architectures.md, "The
+    // optimizer").
     batchtopk.dead_tokens = 1;
     batchtopk.set("sae.k_aux", 3);
     SaeConfig whole = matryoshka_config({kN});

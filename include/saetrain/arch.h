@@ -273,7 +273,7 @@ public:
     virtual bool layered() const { return false; }
     // The optimizer train.optimizer: auto picks when train.lr is unset (SaeConfig::
     // with_optimizer_defaults): "signum" where it was measured to train better (issue 30's MiniLM
-    // runs: TopK, BatchTopK, Switch, ReLU, Gated, JumpReLU), else "adam".
+    // runs: TopK, BatchTopK, Matryoshka, Switch, ReLU, Gated, JumpReLU), else "adam".
     virtual const char* default_optimizer() const { return "adam"; }
     // signum's lr when train.lr is unset, from the rule's (SaeConfig::with_optimizer_defaults:
     // kSignumLr * sqrt(16384 / n_latents)). Default: the rule's.
