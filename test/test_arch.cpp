@@ -386,12 +386,14 @@ TEST(ArchBehaviour, BatchTopkThresholdGivesTheTrainingL0) {
     EXPECT_GT(w.extra[0].second[0], 0.0f);
 }
 
-// sae.target_l0's controller, through the pass's hooks: log(coefficient) moves by
-// kGain * log(L0 / target_t) after each step, target_t falling geometrically from the first
-// step's L0 to the target over the L1 ramp; frozen for the last tenth of the run; the
-// coefficient and the first L0 are the pass's buffers (restored by set_buffer).
+// sae.target_l0's controller, through the pass's hooks: with err = log(L0 / target_t),
+// log(coefficient) moves by kGain * err + kDamping * (err - the last step's err) after each step,
+// target_t falling geometrically from the first step's L0 to the target over the L1 ramp; frozen
+// for the last tenth of the run; the coefficient, the first L0 and the last error are the pass's
+// buffers (restored by set_buffer; the last error may be missing from an older checkpoint).
 TEST(TargetL0, CoefficientFollowsTheL0OnTheRampAndFreezesAtTheEnd) {
     auto be = make_cpu_backend(1);
+    const double ki = 0.1, kp = 1.5;  // SparsityCoefficient::kGain, kDamping
     for (const std::string arch : {"relu", "gated", "jumprelu"}) {
         SaeConfig cfg;
         cfg.arch = arch;
@@ -401,48 +403,78 @@ TEST(TargetL0, CoefficientFollowsTheL0OnTheRampAndFreezesAtTheEnd) {
         const double c0 = arch == "jumprelu" ? 2.0 : 5.0;
         // Without a target: no buffers, and the configured coefficient is used.
         EXPECT_TRUE(arch_get(arch).make_pass(cfg, 8, 32, *be)->buffers().empty()) << arch;
+        EXPECT_FALSE(arch_get(arch).make_pass(cfg, 8, 32, *be)->buffer_optional(name + "_prev_err"))
+            << arch;
         cfg.set("sae.target_l0", 10.0);
         auto pass = arch_get(arch).make_pass(cfg, 8, 32, *be);
         const bool shifts = arch == "jumprelu";  // and a threshold shift (below)
-        auto coeff = [&] {
+        struct State {
+            double coeff, start_l0, prev_err;
+        };
+        auto state = [&] {
             const auto b = pass->buffers();
-            EXPECT_EQ(b.size(), shifts ? 3u : 2u) << arch;
+            EXPECT_EQ(b.size(), shifts ? 4u : 3u) << arch;
             EXPECT_EQ(b.at(0).first, name) << arch;
             EXPECT_EQ(b.at(1).first, name + "_start_l0") << arch;
-            return std::pair<double, double>(b.at(0).second.at(0), b.at(1).second.at(0));
+            EXPECT_EQ(b.at(2).first, name + "_prev_err") << arch;
+            return State{b.at(0).second.at(0), b.at(1).second.at(0), b.at(2).second.at(0)};
         };
-        EXPECT_EQ(coeff().first, static_cast<float>(c0)) << arch;
-        // Step 0 at L0 100 (1000 activations over 10 rows): target_0 = 100^(1 - 1/20) 10^(1/20).
+        auto coeff = [&] { return state().coeff; };
+        EXPECT_EQ(coeff(), static_cast<float>(c0)) << arch;
+        EXPECT_EQ(state().prev_err, 0.0) << arch;
+        // Step 0 at L0 100 (1000 activations over 10 rows): target_0 = 100^(1 - 1/20) 10^(1/20)
+        // (the descent at sae.target_l0_rate 0.1 would take 23 steps, longer than the ramp).
         pass->after_update({0, 100, 10, 1000.0});
-        double want = std::exp(
-            std::log(c0) + 0.05 * (std::log(100.0) -
-                                   (std::log(100.0) + (std::log(10.0) - std::log(100.0)) / 20.0)));
-        EXPECT_NEAR(coeff().first, want, 1e-6 * want) << arch;
-        EXPECT_EQ(coeff().second, 100.0f) << arch;
-        // Past the ramp at the target: no change; above it: up; below: down.
-        const float before = static_cast<float>(coeff().first);
+        const double e0 =
+            std::log(100.0) - (std::log(100.0) + (std::log(10.0) - std::log(100.0)) / 20.0);
+        double want = std::exp(std::log(c0) + ki * e0 + kp * e0);
+        EXPECT_NEAR(coeff(), want, 1e-6 * want) << arch;
+        EXPECT_EQ(state().start_l0, 100.0f) << arch;
+        EXPECT_NEAR(state().prev_err, e0, 1e-6) << arch;
+        // Past the ramp at the target: err 0, so only the damping moves it (the error fell by e0).
+        double before = coeff();
         pass->after_update({30, 100, 10, 100.0});
-        EXPECT_EQ(coeff().first, before) << arch;
-        pass->after_update({31, 100, 10, 200.0});
-        want = std::exp(std::log(double(before)) + 0.05 * std::log(2.0));
-        EXPECT_NEAR(coeff().first, want, 1e-6 * want) << arch;
-        pass->after_update({32, 100, 10, 50.0});
-        EXPECT_NEAR(coeff().first, before, 1e-6 * before) << arch;
-        // Nothing firing moves it down by at most 0.05 log(100).
-        const float low = static_cast<float>(coeff().first);
-        pass->after_update({33, 100, 10, 0.0});
-        EXPECT_NEAR(coeff().first, low * std::exp(-0.05 * std::log(100.0)), 1e-5 * low) << arch;
+        want = std::exp(std::log(before) - kp * e0);
+        EXPECT_NEAR(coeff(), want, 1e-5 * want) << arch;
+        // At the target twice: no change.
+        pass->after_update({31, 100, 10, 100.0});
+        before = coeff();
+        pass->after_update({32, 100, 10, 100.0});
+        EXPECT_EQ(coeff(), before) << arch;
+        // Above it: up by both terms; held there: up by the integral alone; back: down by the
+        // damping of the whole step and nothing from the integral.
+        pass->after_update({33, 100, 10, 200.0});
+        want = std::exp(std::log(before) + (ki + kp) * std::log(2.0));
+        EXPECT_NEAR(coeff(), want, 1e-5 * want) << arch;
+        const double up = coeff();
+        pass->after_update({34, 100, 10, 200.0});
+        want = std::exp(std::log(up) + ki * std::log(2.0));
+        EXPECT_NEAR(coeff(), want, 1e-5 * want) << arch;
+        const double held = coeff();
+        pass->after_update({35, 100, 10, 100.0});
+        want = std::exp(std::log(held) - kp * std::log(2.0));
+        EXPECT_NEAR(coeff(), want, 1e-5 * want) << arch;
+        // Nothing firing counts as a hundredth of the target: err -log(100).
+        const double low = coeff();
+        pass->after_update({36, 100, 10, 0.0});
+        want = low * std::exp(-(ki + kp) * std::log(100.0));
+        EXPECT_NEAR(coeff(), want, 1e-5 * want) << arch;
+        EXPECT_NEAR(state().prev_err, -std::log(100.0), 1e-5) << arch;
         // The last tenth of the run: frozen.
-        const float frozen = static_cast<float>(coeff().first);
+        const double frozen = coeff();
         pass->after_update({90, 100, 10, 1000.0});
         pass->after_update({99, 100, 10, 1.0});
-        EXPECT_EQ(coeff().first, frozen) << arch;
+        EXPECT_EQ(coeff(), frozen) << arch;
         // The buffers restore the state; other names are refused.
         auto other = arch_get(arch).make_pass(cfg, 8, 32, *be);
         for (const auto& [bname, v] : pass->buffers()) other->set_buffer(bname, v);
         EXPECT_EQ(other->buffers(), pass->buffers()) << arch;
         EXPECT_THROW(other->set_buffer("threshold", {1.0f}), Error) << arch;
         EXPECT_THROW(other->set_buffer(name, {1.0f, 2.0f}), Error) << arch;
+        // Only the last error may be missing from a checkpoint.
+        EXPECT_TRUE(other->buffer_optional(name + "_prev_err")) << arch;
+        EXPECT_FALSE(other->buffer_optional(name)) << arch;
+        EXPECT_FALSE(other->buffer_optional(name + "_start_l0")) << arch;
         // summary.csv's column.
         const auto fig = pass->summarize({}, {});
         ASSERT_EQ(fig.size(), shifts ? 2u : 1u) << arch;
@@ -542,6 +574,95 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
         EXPECT_EQ(trainer_state(a).adam_m, trainer_state(b).adam_m) << arch;
         const SaeWeights wa = trainer_weights(a), wb = trainer_weights(b);
         EXPECT_EQ(wa.extra, wb.extra) << arch;
+    }
+}
+
+// sae.target_l0_rate: target_t falls from the first step's L0 by `rate` in log L0 a step, so
+// the descent takes ceil(log(first L0 / target) / rate) steps, but at least half the L1 ramp and
+// at most all of it (all of it at rate 0). Fed target_t itself two steps running, the controller
+// sees no error and no change of error, so the coefficient holds: a wrong target_t moves it.
+TEST(TargetL0, TheTargetFallsAtTheRateWithinTheL1Ramp) {
+    auto be = make_cpu_backend(1);
+    const int64_t total = 500, rows = 10;  // the L1 ramp: 100 steps
+    const double start = 1000.0, target = 10.0, distance = std::log(start / target);
+    // log(100) = 4.61: 47 steps at 0.1 (half the ramp: 50), 66 at 0.07, 93 at 0.05, 461 at 0.01.
+    const std::vector<std::pair<double, int64_t>> cases = {
+        {0.1, 50}, {0.07, 66}, {0.05, 93}, {0.01, 100}, {0.0, 100}};
+    for (const std::string arch : {"relu", "gated", "jumprelu"})
+        for (const auto& [rate, descent] : cases) {
+            SaeConfig cfg;
+            cfg.arch = arch;
+            cfg.l1_warmup_fraction = 0.2;
+            cfg.set("sae.target_l0", target);
+            cfg.set("sae.target_l0_rate", rate);
+            auto pass = arch_get(arch).make_pass(cfg, 8, 32, *be);
+            auto target_at = [&](int64_t s) {
+                if (s + 1 >= descent) return target;
+                return start * std::exp(-distance * static_cast<double>(s + 1) /
+                                        static_cast<double>(descent));
+            };
+            auto coeff = [&] { return static_cast<double>(pass->buffers().at(0).second.at(0)); };
+            pass->after_update({0, total, rows, start * rows});  // the first L0
+            for (const int64_t s :
+                 {int64_t{5}, descent / 2, descent - 3, descent - 2, descent + 7}) {
+                pass->after_update({s, total, rows, target_at(s) * rows});
+                const double held = coeff();
+                pass->after_update({s + 1, total, rows, target_at(s + 1) * rows});
+                EXPECT_NEAR(coeff(), held, 1e-5 * held)
+                    << arch << " rate " << rate << " step " << s + 1;
+            }
+        }
+}
+
+// A checkpoint written before sae.target_l0's controller had its damping lacks the last error:
+// it resumes with that error at 0 and everything else restored. Any other missing buffer is
+// still refused, naming it.
+TEST(TargetL0, ACheckpointWithoutTheLastErrorResumesFromZero) {
+    const int64_t d = 12, n = 48, rows = 64;
+    SaeConfig cfg;
+    cfg.arch = "gated";
+    cfg.set("sae.target_l0", 6.0);
+    cfg.n_latents = n;
+    cfg.l1_coeff = 0.1;
+    cfg.lr = 1e-2;
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(rows * d);
+    for (float& v : x) v = normal(rng);
+    SaeTrainer a(cfg, d, 4, 1, *be, *self);
+    a.init(x.data(), rows);
+    for (int s = 1; s <= 3; ++s) a.step(x.data(), rows);
+    const TrainState st = trainer_state(a);
+    auto without = [&](const std::string& name) {
+        SaeWeights w = trainer_weights(a);
+        const auto before = w.extra.size();
+        w.extra.erase(std::remove_if(w.extra.begin(), w.extra.end(),
+                                     [&](const auto& e) { return e.first == name; }),
+                      w.extra.end());
+        EXPECT_EQ(w.extra.size(), before - 1) << name;
+        return w;
+    };
+    auto buffer = [](const SaeTrainer& t, const std::string& name) {
+        for (const auto& [b, v] : t.arch_buffers())
+            if (b == name) return v.at(0);
+        ADD_FAILURE() << "no buffer " << name;
+        return -1.0f;
+    };
+    ASSERT_NE(buffer(a, "l1_coeff_prev_err"), 0.0f);
+    SaeTrainer b(cfg, d, 4, 1, *be, *self);
+    trainer_restore(b, without("l1_coeff_prev_err"), st);
+    EXPECT_EQ(buffer(b, "l1_coeff_prev_err"), 0.0f);
+    EXPECT_EQ(buffer(b, "l1_coeff"), buffer(a, "l1_coeff"));
+    EXPECT_EQ(buffer(b, "l1_coeff_start_l0"), buffer(a, "l1_coeff_start_l0"));
+    EXPECT_EQ(b.params_host(), a.params_host());
+    SaeTrainer c(cfg, d, 4, 1, *be, *self);
+    try {
+        trainer_restore(c, without("l1_coeff_start_l0"), st);
+        ADD_FAILURE() << "a checkpoint without l1_coeff_start_l0 was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("'l1_coeff_start_l0'"), std::string::npos) << e.what();
     }
 }
 

@@ -584,21 +584,28 @@ INSTANTIATE_TEST_SUITE_P(Archs, PlantedRecovery, ::testing::ValuesIn(arch_names(
 // sae.target_l0 at the defaults (no coefficient chosen for the data): the controller brings the
 // training L0 to the target and the SAE recovers the planted features, on sae-synth data of two
 // shapes: 3 active of 128 features (magnitudes 0.5-2, d 48) and 2 active of 96 (magnitudes
-// 0.2-3 around a mean of norm 4, d 32). Measured (469 steps, 2026-11-27): relu L0 3.80 / 2.41,
-// recovery 0.965 / 0.967; gated 3.81 / 2.46, 0.976 / 0.913; jumprelu 3.81 / 2.49, 0.944 / 0.975
-// (its threshold shift holding the L0; before it, at these defaults, JumpReLU reached L0 6.2 /
-// 1.4 and recovered 0.63 / 0.85). ReLU, Gated and JumpReLU are also run at every default
-// (signum with AuxK; ReLU and Gated at twice the rule's lr, capped at 0.025 for these 192 and
-// 128 latents, JumpReLU at the rule's): relu L0 4.16 / 2.50, recovery 0.951 / 0.943; gated
-// 3.86 / 2.25, 0.913 / 0.917; jumprelu 3.98 / 2.58, 0.922 / 0.940. At the rule's lr (0.034 /
-// 0.042) ReLU and Gated had recovered 0.955 / 0.933 and 0.938 / 0.874, at 0.06 gated 0.853 / 0.829;
-// at AdamW's default lr 0.54 / 0.65 (relu, L0 6.3 / 10.2) and 0.49 / 0.77 (gated). The bounds at
-// the defaults are looser than measured: a recovery this close to the features moves by a few
-// hundredths with the last bits of the lr.
+// 0.2-3 around a mean of norm 4, d 32); 469 steps, an L1 ramp of 94.
+// At every default (signum with AuxK; ReLU and Gated at twice the rule's lr, capped at 0.025 for
+// these 192 and 128 latents, JumpReLU at the rule's; the controller damped, its target falling
+// at sae.target_l0_rate 0.1 but over at least half the ramp, here 47 steps from L0 about 96 / 64),
+// measured 2026-11-28: relu L0 4.14 / 2.62, recovery 0.950 / 0.965; gated 4.05 / 2.36, 0.946 /
+// 0.976; jumprelu 4.00 / 2.58, 0.922 / 0.940 (JumpReLU starts at its target: its thresholds come
+// from the first batch, and its threshold shift holds the L0). Over the whole ramp
+// (sae.target_l0_rate 0): relu 0.997 / 0.980, gated 0.991 / 0.951; falling in 32 steps (no
+// floor): relu 0.846 / 0.919, gated 0.850 / 0.903. The undamped controller of 2026-11-27 gave
+// relu 0.951 / 0.943 and gated 0.913 / 0.917 over the whole ramp.
+// The other cases set lr 1e-2 (so AdamW, train.optimizer auto) and use the whole ramp
+// (sae.target_l0_rate 0, the rate's other path): relu L0 3.96 / 2.67, recovery 0.986 / 0.992;
+// gated 3.85 / 2.70, 0.992 / 0.976; jumprelu 3.80 / 2.52, 0.944 / 0.964 (before the threshold
+// shift, JumpReLU reached L0 6.2 / 1.4 and recovered 0.63 / 0.85). With AdamW at 1e-2 and the
+// default rate ReLU recovered 0.897 / 0.966 (FVU 0.315 on shape 0), Gated 0.961 / 0.970. Earlier:
+// at the rule's lr (0.034 / 0.042) ReLU and Gated recovered 0.955 / 0.933 and 0.938 / 0.874, at
+// 0.06 gated 0.853 / 0.829; at AdamW's default lr 0.54 / 0.65 (relu, L0 6.3 / 10.2) and 0.49 / 0.77
+// (gated). The bounds are issue 30's: the L0 within 10% of the target, recovery at least 0.9.
 struct TargetCase {
     std::string arch;
     int shape;
-    bool defaults = false;  // the architecture's default optimizer and lr (else AdamW at 1e-2)
+    bool defaults = false;  // every key at its default (else AdamW at 1e-2, whole ramp)
 };
 void PrintTo(const TargetCase& c, std::ostream* os) {
     *os << c.arch << " shape " << c.shape << (c.defaults ? " defaults" : "");
@@ -631,16 +638,17 @@ TEST_P(TargetL0Recovery, ControllerReachesTheTargetAndRecoversTheFeatures) {
     cfg.arch = GetParam().arch;
     cfg.expansion = 4;
     cfg.set("sae.target_l0", target);
-    if (!GetParam().defaults) cfg.lr = 1e-2;
+    if (!GetParam().defaults) {
+        cfg.lr = 1e-2;
+        cfg.set("sae.target_l0_rate", 0.0);
+    }
     cfg.warmup_steps = 20;
     const PlantedRun run = train_planted(cfg, so.out_dir);
     const LoopResult& res = run.res;
     const SaeWeights& w = run.weights;
-    // The L0 of the last steps, where the coefficient is frozen. At the defaults (signum for
-    // ReLU and Gated) the bounds are looser, below what was measured (see above).
-    const bool defaults = GetParam().defaults;
-    EXPECT_NEAR(res.last.l0, target, (defaults ? 0.15 : 0.1) * target);
-    EXPECT_GE(run.recovery, defaults ? 0.85 : 0.9);
+    // The L0 of the last steps, where the coefficient is frozen.
+    EXPECT_NEAR(res.last.l0, target, 0.1 * target);
+    EXPECT_GE(run.recovery, 0.9);
     EXPECT_LT(res.last.fvu, 0.3);
     EXPECT_LE(res.last.dead_fraction, 0.05);
     // The adapted coefficient is in the weights' buffers, moved off the configured one.

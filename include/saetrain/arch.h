@@ -150,6 +150,9 @@ public:
     // State outside the parameters (saved with the weights; restored before training resumes).
     virtual std::vector<NamedTensor> buffers() const { return {}; }
     virtual void set_buffer(const std::string& name, const std::vector<float>& /*value*/);
+    // True for a buffer a checkpoint written before it existed may lack: the pass then keeps its
+    // initial value (sae.target_l0's last error, added 2026-11-28).
+    virtual bool buffer_optional(const std::string& /*name*/) const { return false; }
     // False when the pass computes its own pre-activations (Switch: only the chosen expert's),
     // so the trainer allocates no [rows, n] ctx.pre.
     virtual bool uses_dense_pre() const { return true; }

@@ -28,6 +28,8 @@ double sparsity_coeff_at(const SaeConfig& cfg, double coeff, int64_t step, int64
 struct SparsityRamp {
     explicit SparsityRamp(const SaeConfig& cfg)
         : warmup_steps(cfg.l1_warmup_steps), warmup_fraction(cfg.l1_warmup_fraction) {}
+    // The ramp's length in steps for a run of `total_steps` (0: no ramp).
+    int64_t steps(int64_t total_steps) const;
     // The ramp's fraction at `step` of `total_steps`: (step + 1) / ramp up to 1 (1 without a ramp).
     double fraction(int64_t step, int64_t total_steps) const;
     int64_t warmup_steps;

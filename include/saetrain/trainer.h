@@ -140,6 +140,9 @@ public:
     void restore(CheckpointPart part, int64_t step, int64_t tokens);
     // The architecture's state outside the parameters (BatchTopK's threshold), saved with them.
     std::vector<NamedTensor> arch_buffers() const { return pass_->buffers(); }
+    bool arch_buffer_optional(const std::string& name) const {
+        return pass_->buffer_optional(name);
+    }
     // Tokens since each of this latent shard's latents last fired.
     const std::vector<int64_t>& since_fired() const { return since_fired_; }
     int64_t d_model() const { return d_; }

@@ -54,11 +54,14 @@ double sparsity_coeff_at(const SaeConfig& cfg, double coeff, int64_t step, int64
     return coeff * SparsityRamp(cfg).fraction(step, total_steps);
 }
 
+int64_t SparsityRamp::steps(int64_t total_steps) const {
+    return warmup_steps > 0 ? warmup_steps
+                            : std::llround(warmup_fraction *
+                                           static_cast<double>(std::max<int64_t>(total_steps, 0)));
+}
+
 double SparsityRamp::fraction(int64_t step, int64_t total_steps) const {
-    const int64_t ramp = warmup_steps > 0
-                             ? warmup_steps
-                             : std::llround(warmup_fraction *
-                                            static_cast<double>(std::max<int64_t>(total_steps, 0)));
+    const int64_t ramp = steps(total_steps);
     if (ramp <= 0) return 1.0;
     return std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(ramp));
 }

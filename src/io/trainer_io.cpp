@@ -289,6 +289,7 @@ CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
         part.input_scale = c[0];
     }
     for (const auto& [name, value] : t.arch_buffers()) {
+        if (size_of(name) < 0 && t.arch_buffer_optional(name)) continue;
         SAE_ENFORCE(size_of(name) >= 0, "checkpoint of a {} SAE has no '{}' tensor",
                     t.config().arch, name);
         part.buffers.emplace_back(name, whole(name));

@@ -123,10 +123,21 @@ const ArchKey<double>& target_l0_key() {
     return key;
 }
 
+const ArchKey<double>& target_l0_rate_key() {
+    static const ArchKey<double> key{
+        "sae", "target_l0_rate", 0.1,
+        "with sae.target_l0: how fast the controller's target falls from the first step's L0, in "
+        "log L0 a step (it takes log(first L0 / target) / rate steps, at least half the L1 ramp "
+        "and at most all of it; 0: the whole L1 ramp)",
+        key_at_least(0, " (0: the whole L1 ramp)")};
+    return key;
+}
+
 SparsityCoefficient::SparsityCoefficient(const SaeConfig& cfg, double configured, std::string name)
     : ramp_(cfg),
       target_(target_l0_key()(cfg)),
       name_(std::move(name)),
+      rate_(target_l0_rate_key()(cfg)),
       configured_(configured),
       coeff_(static_cast<float>(configured)) {}
 
@@ -135,9 +146,17 @@ double SparsityCoefficient::at(int64_t step, int64_t total_steps) const {
     return coeff_;
 }
 
+int64_t SparsityCoefficient::descent_steps(int64_t total_steps) const {
+    const int64_t ramp = ramp_.steps(total_steps);
+    if (rate_ <= 0 || start_l0_ <= target_) return ramp;
+    const double distance = std::log(static_cast<double>(start_l0_)) - std::log(target_);
+    return std::clamp(static_cast<int64_t>(std::ceil(distance / rate_)), (ramp + 1) / 2, ramp);
+}
+
 double SparsityCoefficient::target_at(int64_t step, int64_t total_steps) const {
-    const double f = ramp_.fraction(step, total_steps);  // 1 from step ramp - 1 on
-    if (start_l0_ <= target_ || f >= 1.0) return target_;
+    const int64_t descent = descent_steps(total_steps);
+    if (start_l0_ <= target_ || descent <= 0 || step + 1 >= descent) return target_;
+    const double f = static_cast<double>(step + 1) / static_cast<double>(descent);
     return std::exp(std::log(static_cast<double>(start_l0_)) +
                     f * (std::log(target_) - std::log(static_cast<double>(start_l0_))));
 }
@@ -149,24 +168,32 @@ double SparsityCoefficient::after_update(const StepTotals& t) {
     const auto frozen_from = static_cast<int64_t>(
         std::llround((1.0 - kFrozenFraction) * static_cast<double>(t.total_steps)));
     if (t.total_steps > 0 && t.step >= frozen_from) return 0.0;
-    // Never below a hundredth of the target: an SAE with nothing firing lowers the coefficient
-    // by at most kGain * log(100) a step.
+    // Never below a hundredth of the target: an SAE with nothing firing counts as an error of
+    // -log(100), not an unbounded one.
     const double err =
         std::log(std::max(l0, 0.01 * target_)) - std::log(target_at(t.step, t.total_steps));
-    const double next = std::exp(std::log(static_cast<double>(coeff_)) + kGain * err);
-    coeff_ = static_cast<float>(std::clamp(next, 1e-30, 1e30));
+    const double next = std::log(static_cast<double>(coeff_)) + kGain * err +
+                        kDamping * (err - static_cast<double>(prev_err_));
+    prev_err_ = static_cast<float>(err);
+    coeff_ = static_cast<float>(std::clamp(std::exp(next), 1e-30, 1e30));
     return err;
 }
 
 std::vector<NamedTensor> SparsityCoefficient::buffers() const {
     if (!adaptive()) return {};
-    return {{name_, {coeff_}}, {name_ + "_start_l0", {start_l0_}}};
+    return {
+        {name_, {coeff_}}, {name_ + "_start_l0", {start_l0_}}, {name_ + "_prev_err", {prev_err_}}};
 }
 
 bool SparsityCoefficient::set_buffer(const std::string& name, const std::vector<float>& v) {
-    if (!adaptive() || (name != name_ && name != name_ + "_start_l0")) return false;
+    float* slot = !adaptive()                   ? nullptr
+                  : name == name_               ? &coeff_
+                  : name == name_ + "_start_l0" ? &start_l0_
+                  : name == name_ + "_prev_err" ? &prev_err_
+                                                : nullptr;
+    if (!slot) return false;
     SAE_ENFORCE(v.size() == 1, "the SAE's '{}' buffer holds one value, not {}", name, v.size());
-    (name == name_ ? coeff_ : start_l0_) = v[0];
+    *slot = v[0];
     return true;
 }
 
@@ -201,7 +228,7 @@ const AuxKKeys& auxk_keys() {
 }
 
 std::vector<const ArchKeyDecl*> L1Penalized::config_keys() const {
-    std::vector<const ArchKeyDecl*> k = {&target_l0_key()};
+    std::vector<const ArchKeyDecl*> k = {&target_l0_key(), &target_l0_rate_key()};
     for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
     return k;
 }
