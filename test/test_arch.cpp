@@ -532,6 +532,48 @@ TEST(TargetL0, JumpReluThresholdShiftFollowsTheL0) {
     EXPECT_NEAR(t->data.at(1), 2.0f * std::exp(0.5f), 1e-6);
 }
 
+// Gated with sae.target_l0 starts at it: its gate biases are lowered to each latent's threshold
+// at the target on the first batch, and the encoder's scale (b_gate with it) is fitted again, so
+// the start reconstructs at its best scale: <x_hat - b_dec, x - b_dec> = ||x_hat - b_dec||^2.
+// Without the target it starts dense (about half the latents open).
+TEST(TargetL0, GatedStartsAtItsTarget) {
+    const int64_t d = 16, n = 128, rows = 2000;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(rows * d));
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < d; ++c) x[r * d + c] = 3.0f * normal(rng) + (c == 0 ? 5.0f : 0.0f);
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    auto start = [&](double target, std::vector<float>* x_hat, SaeWeights* w) {
+        SaeConfig cfg;
+        cfg.arch = "gated";
+        cfg.n_latents = n;
+        if (target > 0) cfg.set("sae.target_l0", target);
+        SaeTrainer tr(cfg, d, 100, 3, *be, *self);
+        tr.init(x.data(), rows);
+        if (x_hat) tr.reconstruct(x.data(), rows, rows, x_hat->data());
+        if (w) *w = trainer_weights(tr);
+        return tr.evaluate(x.data(), rows, rows);
+    };
+    const EvalResult dense = start(0, nullptr, nullptr);
+    EXPECT_GT(dense.l0, 0.3 * n);
+    std::vector<float> x_hat(x.size());
+    SaeWeights w;
+    const EvalResult sparse = start(8, &x_hat, &w);
+    EXPECT_NEAR(sparse.l0, 8.0, 0.8);
+    EXPECT_LT(sparse.fvu, 1.0);
+    for (float b : w.b_enc) EXPECT_LT(b, 0.0f);
+    double ux = 0, uu = 0;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < d; ++c) {
+            const double u = double(x_hat[r * d + c]) - w.b_dec[c];
+            ux += u * (double(x[r * d + c]) - w.b_dec[c]), uu += u * u;
+        }
+    ASSERT_GT(uu, 0.0);
+    EXPECT_NEAR(ux / uu, 1.0, 1e-3);
+}
+
 // Every architecture resumes bitwise: 6 steps straight equal 3 steps, a checkpoint's weights
 // and state restored into a fresh trainer, and 3 more. The penalized ones also with
 // sae.target_l0, whose adapted coefficient must resume too.

@@ -242,6 +242,11 @@ public:
     // latent shards (in place; nothing without latent shards): collectives that give every
     // replica the same parameters, those one process over all rows and latents would get.
     virtual bool inits_from_preactivations(const SaeConfig& /*cfg*/) const { return false; }
+    // Whether, after init_from_preactivations, the trainer fits the encoder's scale again
+    // (train.encoder_init: fitted), scaling b_enc with W_enc: right for an activation that is
+    // positively homogeneous in the two together (Gated's gate and, with b_mag 0, its
+    // magnitude), whose firing the scale then leaves as it is.
+    virtual bool refits_encoder_scale() const { return false; }
     virtual void init_from_preactivations(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
                                           std::vector<float>& /*params*/, const float* /*v*/,
                                           int64_t /*rows*/, int64_t /*n*/,

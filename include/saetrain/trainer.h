@@ -206,8 +206,10 @@ private:
     // The mean of x [rows, d] over all replicas' rows; `what` names the model in the error
     // an empty batch gets.
     std::vector<double> mean_over_replicas(const float* x, int64_t rows, const char* what);
-    // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it).
-    void fit_encoder_scale(const float* x_host, int64_t rows, std::vector<float>& p);
+    // train.encoder_init: fitted; p: the parameters init() set (W_enc is rescaled in it, and
+    // b_enc with it when with_bias: Architecture::refits_encoder_scale).
+    void fit_encoder_scale(const float* x_host, int64_t rows, std::vector<float>& p,
+                           bool with_bias = false);
 
     // --- the step's pieces, in the order it runs them (trainer.cpp) ----------------------------
     // compute_gradients in two halves: queue forward, loss and backward (idle -> queued); then

@@ -267,7 +267,11 @@ void SaeTrainer::init(BatchView x_host, int64_t rows, int threads) {
     // scale has nothing to fit (on planted pairs it shrank the encoder and left half the
     // latents never firing): its encoder starts as W_dec^T.
     if (cfg_.encoder_init == "fitted" && !transcodes_) fit_encoder_scale(x, rows, p);
-    if (arch_.inits_from_preactivations(cfg_)) init_from_preactivations(x, rows, p);
+    if (arch_.inits_from_preactivations(cfg_)) {
+        init_from_preactivations(x, rows, p);
+        if (cfg_.encoder_init == "fitted" && !transcodes_ && arch_.refits_encoder_scale())
+            fit_encoder_scale(x, rows, p, true);
+    }
 }
 
 void SaeTrainer::init_from_preactivations(const float* x, int64_t rows, std::vector<float>& p) {
@@ -290,12 +294,15 @@ void SaeTrainer::init_from_preactivations(const float* x, int64_t rows, std::vec
     set_params_host(p);
 }
 
-void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<float>& p) {
+void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<float>& p,
+                                   bool with_bias) {
     // With b_enc = 0, scaling W_enc by c scales every activation by c (ReLU and TopK are
     // positively homogeneous), so x_hat - b_dec = c * u with u the reconstruction at c = 1.
     // The c minimizing sum ||c u - (x - b_dec)||^2 over the batch is <u, x - b_dec> / ||u||^2:
     // random unit decoder rows start the reconstruction at its best scale instead of
-    // (n_latents / d_model)-fold too large (ReLU) or off by the batch's norm (TopK).
+    // (n_latents / d_model)-fold too large (ReLU) or off by the batch's norm (TopK). with_bias:
+    // b_enc is scaled with W_enc, which scales every activation of an architecture homogeneous
+    // in the two (Architecture::refits_encoder_scale) by c as well.
     const float* b_dec = p.data() + off(ParamLayout::kBDec);
     double uv[2] = {0, 0};  // <u, x - b_dec>, ||u||^2 over all replicas' rows
     // In chunks of a step's chunk size (train.accum_steps): no buffer larger than a step's.
@@ -318,6 +325,8 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     if (!(uv[0] > 0 && uv[1] > 0)) return;  // nothing fired, or pointing away: keep c = 1
     const auto scale = static_cast<float>(uv[0] / uv[1]);
     for (int64_t i = 0; i < n_ * d_; ++i) p[i] *= scale;  // W_enc, latent-major
+    if (with_bias)
+        for (int64_t i = 0; i < n_; ++i) p[off(ParamLayout::kBEnc) + i] *= scale;
     set_params_host(p);
 }
 

@@ -133,6 +133,43 @@ const ArchKey<double>& target_l0_rate_key() {
     return key;
 }
 
+std::vector<double> thresholds_at_l0(const float* v, int64_t rows, int64_t n, double l0,
+                                     Communicator& replicas,
+                                     const SumOverLatentShards& over_shards) {
+    std::vector<double> rms(static_cast<size_t>(n) + 1, 0.0);  // sums of squares, rows
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < n; ++i) rms[i] += double(v[r * n + i]) * v[r * n + i];
+    rms[n] = static_cast<double>(rows);
+    replicas.allreduce_sum(rms.data(), n + 1);
+    const double all_rows = rms[n];
+    if (all_rows <= 0) return {};
+    for (int64_t i = 0; i < n; ++i) rms[i] = std::sqrt(rms[i] / all_rows);
+    std::vector<float> u(static_cast<size_t>(rows * n));
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < n; ++i)
+            u[r * n + i] = rms[i] > 0 ? static_cast<float>(v[r * n + i] / rms[i]) : 0.0f;
+    double n_all = static_cast<double>(n);  // over the latent shards
+    over_shards(&n_all, 1);
+    const double want = std::min(l0, 0.5 * n_all) * all_rows;
+    auto above = [&](double s) {  // values above s over all replicas and latent shards
+        double c = 0;
+        for (float x : u) c += x > s ? 1.0 : 0.0;
+        replicas.allreduce_sum(&c, 1);
+        over_shards(&c, 1);
+        return c;
+    };
+    double lo = 0, hi = 1;
+    while (above(hi) > want && hi < 1e6) lo = hi, hi *= 2;
+    for (int it = 0; it < 40; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        (above(mid) > want ? lo : hi) = mid;
+    }
+    const double s = std::max(hi, 1e-3);
+    std::vector<double> theta(static_cast<size_t>(n), 0.0);
+    for (int64_t i = 0; i < n; ++i) theta[i] = rms[i] > 0 ? s * rms[i] : 0.0;
+    return theta;
+}
+
 SparsityCoefficient::SparsityCoefficient(const SaeConfig& cfg, double configured, std::string name)
     : ramp_(cfg),
       target_(target_l0_key()(cfg)),

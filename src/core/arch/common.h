@@ -202,6 +202,16 @@ private:
     float prev_err_ = 0;  // the last step's err (0 before the first)
 };
 
+// Per-latent thresholds theta_i = s * rms_i, rms_i the RMS of latent i's values v [rows, n] and
+// s the one factor at which `l0` (at most n / 2) of them a row are above their threshold: every
+// latent starts as likely to fire relative to its own scale, on activations of any scale. Over
+// all replicas' rows and latent shards' latents (sums and counts all-reduced, s by bisection on
+// the count above it), so every replica gets the thresholds one process over all rows and latents
+// would. A latent whose values are all 0 gets 0.
+std::vector<double> thresholds_at_l0(const float* v, int64_t rows, int64_t n, double l0,
+                                     Communicator& replicas,
+                                     const SumOverLatentShards& over_shards);
+
 // ReLU's and Gated's signum lr (Architecture::signum_lr): twice the rule's, at most 0.025. On
 // MiniLM x16 at target L0 32 (6,144 latents: 0.0121) twice the rule's lowered the held-out FVU
 // by 7% (ReLU) and 4% (Gated), half of it raised it by 35% and 17%, four times was worse again

@@ -292,51 +292,21 @@ public:
     bool inits_from_preactivations(const SaeConfig& cfg) const override {
         return keys().init_threshold(cfg) == 0;
     }
-    // Each latent's threshold theta_i = s * rms_i, rms_i the RMS of its pre-activations over
-    // the rows and s the one factor at which L (sae.target_l0, else kDefaultInitL0; at most
-    // n / 2) latents per row fire on them: every latent starts as likely to fire relative to its
-    // own scale, and the SAE at the L0 it is to have, on activations of any scale. Over all
-    // replicas' rows and latent shards' latents: sums and counts all-reduced, s by bisection on
-    // the count above it.
+    // The thresholds at which sae.target_l0 (else kDefaultInitL0) latents a row fire on the
+    // first batch's pre-activations (thresholds_at_l0): the SAE starts at the L0 it is to have.
     void init_from_preactivations(const SaeConfig& cfg, const ParamLayout& layout,
                                   std::vector<float>& p, const float* v, int64_t rows, int64_t n,
                                   Communicator& replicas,
                                   const SumOverLatentShards& over_shards) const override {
-        std::vector<double> rms(static_cast<size_t>(n) + 1, 0.0);  // sums of squares, rows
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t i = 0; i < n; ++i) rms[i] += double(v[r * n + i]) * v[r * n + i];
-        rms[n] = static_cast<double>(rows);
-        replicas.allreduce_sum(rms.data(), n + 1);
-        const double all_rows = rms[n];
-        if (all_rows <= 0) return;
-        for (int64_t i = 0; i < n; ++i) rms[i] = std::sqrt(rms[i] / all_rows);
-        std::vector<float> u(static_cast<size_t>(rows * n));
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t i = 0; i < n; ++i)
-                u[r * n + i] = rms[i] > 0 ? static_cast<float>(v[r * n + i] / rms[i]) : 0.0f;
-        double n_all = static_cast<double>(n);  // over the latent shards
-        over_shards(&n_all, 1);
         const double target = target_l0_key()(cfg);
-        const double want = std::min(target > 0 ? target : kDefaultInitL0, 0.5 * n_all) * all_rows;
-        auto above = [&](double s) {  // values above s over all replicas and latent shards
-            double c = 0;
-            for (float x : u) c += x > s ? 1.0 : 0.0;
-            replicas.allreduce_sum(&c, 1);
-            over_shards(&c, 1);
-            return c;
-        };
-        double lo = 0, hi = 1;
-        while (above(hi) > want && hi < 1e6) lo = hi, hi *= 2;
-        for (int it = 0; it < 40; ++it) {
-            const double mid = 0.5 * (lo + hi);
-            (above(mid) > want ? lo : hi) = mid;
-        }
-        const double s = std::max(hi, 1e-3);
+        const std::vector<double> theta = thresholds_at_l0(
+            v, rows, n, target > 0 ? target : kDefaultInitL0, replicas, over_shards);
+        if (theta.empty()) return;
         // A latent that never moved off zero keeps the placeholder (it has no scale to go by).
         const int64_t off = layout.offset("log_threshold");
         for (int64_t i = 0; i < n; ++i)
             p[off + i] =
-                static_cast<float>(std::log(rms[i] > 0 ? s * rms[i] : kPlaceholderThreshold));
+                static_cast<float>(std::log(theta[i] > 0 ? theta[i] : kPlaceholderThreshold));
     }
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return sae_flops_per_token(SaeKind::dense, d, n, cfg.k);
