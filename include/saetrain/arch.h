@@ -237,21 +237,22 @@ public:
     // A start that depends on the scale of the data (JumpReLU's thresholds): when
     // inits_from_preactivations, the trainer runs a forward pass over (up to a bounded number
     // of) the first batch's rows after init_extra and the fitted encoder, and hands the
-    // pre-activations the pass left in ctx.pre (b_enc added: v [rows, n], this latent shard's
-    // latents) to init_from_preactivations, with the replicas' communicator and a sum over the
-    // latent shards (in place; nothing without latent shards): collectives that give every
-    // replica the same parameters, those one process over all rows and latents would get.
+    // pre-activations the pass left in ctx.pre (v [rows, n], this latent shard's latents;
+    // JumpReLU's with b_enc added, Gated's without b_gate) to init_from_preactivations, with the
+    // replicas' communicator and a sum over the latent shards (in place; nothing without latent
+    // shards): collectives that give every replica the same parameters, those one process over all
+    // rows and latents would get.
     virtual bool inits_from_preactivations(const SaeConfig& /*cfg*/) const { return false; }
-    // Whether, after init_from_preactivations, the trainer fits the encoder's scale again
-    // (train.encoder_init: fitted), scaling b_enc with W_enc: right for an activation that is
-    // positively homogeneous in the two together (Gated's gate and, with b_mag 0, its
-    // magnitude), whose firing the scale then leaves as it is.
-    virtual bool refits_encoder_scale() const { return false; }
     virtual void init_from_preactivations(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
                                           std::vector<float>& /*params*/, const float* /*v*/,
                                           int64_t /*rows*/, int64_t /*n*/,
                                           Communicator& /*replicas*/,
                                           const SumOverLatentShards& /*over_shards*/) const {}
+    // Whether, after init_from_preactivations, the trainer fits the encoder's scale again
+    // (train.encoder_init: fitted), scaling b_enc with W_enc: right for an activation that is
+    // positively homogeneous in the two together (Gated's gate and, with b_mag 0, its
+    // magnitude), whose firing the scale then leaves as it is.
+    virtual bool refits_encoder_scale() const { return false; }
     // Model FLOPs of one training token (forward and backward), the count behind TFLOP/s and
     // MFU; and whether its kernels are sparse (the perf model's SaeKind).
     virtual double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const = 0;
