@@ -266,11 +266,11 @@ void SaeTrainer::init(BatchView x_host, int64_t rows, int threads) {
     // A transcoder's random encoder and decoder rows are unrelated at the start, so the fitted
     // scale has nothing to fit (on planted pairs it shrank the encoder and left half the
     // latents never firing): its encoder starts as W_dec^T.
-    if (cfg_.encoder_init == "fitted" && !transcodes_) fit_encoder_scale(x, rows, p);
+    const bool fitted = cfg_.encoder_init == "fitted" && !transcodes_;
+    if (fitted) fit_encoder_scale(x, rows, p);
     if (arch_.inits_from_preactivations(cfg_)) {
         init_from_preactivations(x, rows, p);
-        if (cfg_.encoder_init == "fitted" && !transcodes_ && arch_.refits_encoder_scale())
-            fit_encoder_scale(x, rows, p, true);
+        if (fitted && arch_.refits_encoder_scale()) fit_encoder_scale(x, rows, p, true);
     }
 }
 

@@ -158,7 +158,8 @@ const ArchKey<double>& target_l0_rate_key();
 // gradually) by sae.target_l0_rate in log L0 a step, over at least half the L1 ramp and at most
 // all of it (descent_steps), then holds: on MiniLM at targets 64 and 128 a descent over the whole
 // ramp left Gated 7-14% worse than at 0.1 a step, and on planted features one over less than
-// half the ramp recovered 0.85 of them, against 0.95. The coefficient is frozen for the last
+// half the ramp recovered 0.85 of them, against 0.95 (Gated, which now starts at its target,
+// has no descent: Gated::init_from_preactivations). The coefficient is frozen for the last
 // kFrozenFraction of the run so its last steps are stationary. The coefficient, the first L0
 // and the last error are buffers (checkpointed: a resume continues them bitwise; written to
 // final.h5); a checkpoint from before the damping has no error buffer and resumes from 0.
