@@ -13,7 +13,9 @@
   the evaluator on sparsify-format directories against sparsify's own transcoder forward
   (with and without W_skip), and train_peer.py --tool sparsify --arch transcoder and
   skip_transcoder with eval_export.py and table.py --reference sparsify (skipped without
-  sparsify).
+  sparsify);
+- refit_decoder.py: its codes are the evaluator's forward (ReLU and TopK) and its two fits are
+  numpy's least squares on them.
 """
 import json
 import os
@@ -63,7 +65,7 @@ def data(tmp_path_factory):
     shuf = root / "shuf"
     subprocess.run([sys.executable, os.path.join(HERE, "shuffle_shards.py"), str(raw), str(shuf),
                     "--seed", "3", "--rows-per-shard", "600"], check=True)
-    return {"root": root, "orig": orig, "shuf": shuf, "eval": ev}
+    return {"root": root, "orig": orig, "shuf": shuf, "eval": ev, "raw": raw}
 
 
 def _run(*args):
@@ -264,6 +266,64 @@ def test_sparsify_has_no_relu(data, tmp_path):
                         str(data["eval"]), "--json", str(tmp_path / "x.json")],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "no ReLU-L1" in r.stderr
+
+
+def _write_sae_h5(path, arch, k, W_enc, b_enc, W_dec, b_dec):
+    with h5py.File(path, "w") as f:
+        for name, a in (("W_enc", W_enc), ("b_enc", b_enc), ("W_dec", W_dec), ("b_dec", b_dec)):
+            f.create_dataset(name, data=a.astype(np.float32))
+        f.attrs["arch"], f.attrs["k"] = arch, k
+
+
+@pytest.mark.parametrize("arch", ["relu", "topk"])
+def test_refit_decoder_is_least_squares(data, tmp_path, arch):
+    import refit_decoder
+
+    rng = np.random.default_rng(5)
+    n = 24
+    W_enc = rng.standard_normal((D, n)) / np.sqrt(D)
+    b_enc = -0.1 * np.ones(n)
+    W_dec = 0.4 * rng.standard_normal((n, D)) / np.sqrt(D)  # a shrunken, wrong decoder
+    b_dec = 0.2 * np.ones(D)
+    path = tmp_path / "final.h5"
+    _write_sae_h5(path, arch, 4, W_enc, b_enc, W_dec, b_dec)
+    got_arch, k, w = refit_decoder.load_sae(str(path))
+    assert (got_arch, k) == (arch, 4)
+    seen, Dfit, s, fired = refit_decoder.refit(arch, k, w, str(data["raw"]), chunk=256)
+    x = data["orig"]
+    assert seen == x.shape[0] and fired.all()
+    # The codes equal the evaluator's forward, and the fits equal numpy's least squares on them.
+    z = refit_decoder.codes(x, w, arch, k).toarray()
+    pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+    if arch == "topk":
+        keep = np.argsort(-pre, axis=1)[:, :4]
+        ref = np.zeros_like(pre)
+        np.put_along_axis(ref, keep, np.maximum(np.take_along_axis(pre, keep, 1), 0), 1)
+    else:
+        ref = np.maximum(pre, 0)
+    np.testing.assert_allclose(z, ref, rtol=1e-6, atol=1e-7)
+    r = (x - w["b_dec"]).astype(np.float64)
+    want = np.linalg.lstsq(z, r, rcond=None)[0]
+    np.testing.assert_allclose(Dfit, want, rtol=1e-3, atol=1e-4)
+    A = np.stack([z[:, i:i + 1] * W_dec[i] for i in range(n)], axis=2).reshape(-1, n)
+    want_s = np.linalg.lstsq(A, r.reshape(-1), rcond=None)[0]
+    np.testing.assert_allclose(s, want_s, rtol=1e-3, atol=1e-4)
+    # The CLI prints the three held-out FVUs, the refits no worse than the decoder trained.
+    out = _run(os.path.join(HERE, "refit_decoder.py"), "--sae", str(path), "--train",
+               str(data["raw"]), "--eval", str(data["eval"]))
+    fvu = {ln[:14].strip(): float(ln.split()[-2]) for ln in out.splitlines()
+           if ln[:14].strip() in ("as trained", "scale refit", "decoder refit")}
+    assert len(fvu) == 3
+    assert fvu["decoder refit"] <= fvu["scale refit"] <= fvu["as trained"]
+
+
+def test_refit_decoder_refuses_other_archs(tmp_path):
+    path = tmp_path / "g.h5"
+    z = np.zeros
+    _write_sae_h5(path, "gated", 0, z((D, 8)), z(8), z((8, D)), z(D))
+    r = subprocess.run([sys.executable, os.path.join(HERE, "refit_decoder.py"), "--sae", str(path),
+                        "--train", str(path), "--eval", str(path)], capture_output=True, text=True)
+    assert r.returncode != 0 and "arch 'gated': this refit knows relu and topk" in r.stderr
 
 
 # --- transcoders ------------------------------------------------------------------------------
