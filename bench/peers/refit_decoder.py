@@ -32,7 +32,11 @@ MAX_LATENTS = 16384
 def load_sae(path):
     import h5py
 
-    with h5py.File(path, "r") as h:
+    try:
+        h = h5py.File(path, "r")
+    except OSError as e:
+        raise SystemExit(f"{path}: cannot open as HDF5 ({e.strerror or e})")
+    with h:
         for key in ("W_enc", "b_enc", "W_dec", "b_dec"):
             if key not in h:
                 raise SystemExit(f"{path}: no dataset '{key}' (not a saetrain SAE file)")
