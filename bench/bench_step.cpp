@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -55,6 +56,23 @@ public:
     }
 };
 
+// The SaeConfig timed for `arch`. A key with no default gets the bench's choice: Matryoshka's
+// prefixes are a sixteenth and a quarter of the latents (the frontier's [384, 1536] of 6,144).
+SaeConfig bench_config(const std::string& arch, int64_t n, int64_t k, int64_t experts,
+                       double l1_coeff, const std::string& optimizer, int64_t dead_tokens) {
+    SaeConfig cfg;
+    cfg.arch = arch;
+    cfg.n_latents = n;
+    cfg.k = k;
+    cfg.l1_coeff = l1_coeff;
+    cfg.optimizer = optimizer;
+    cfg.set("sae.n_experts", experts);
+    if (arch == "matryoshka_batchtopk")
+        cfg.set("sae.matryoshka_prefixes", IntList{std::max<int64_t>(1, n / 16), n / 4});
+    if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
+    return cfg;
+}
+
 // Steps on real batches: the SAE first trains `train_steps` steps on the stream (so latent
 // statistics, e.g. how unevenly latents fire, are those of training), then `reps` steps are
 // timed one by one (the batch is fetched outside the timed region), then one step is broken
@@ -79,14 +97,12 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
         "training steps, then median of {} | optimizer {}\n",
         be.name(), path, d, n, k, batch, train_steps, reps, optimizer);
     for (const std::string& arch : archs) {
-        SaeConfig cfg;
-        cfg.arch = arch;
-        cfg.n_latents = n;
-        cfg.k = k;
-        cfg.l1_coeff = 5.0;
-        cfg.optimizer = optimizer;
-        cfg.set("sae.n_experts", experts);
-        if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
+        if (arch_get(arch).transcodes()) {  // its rows are [x | y] pairs; these shards are not
+            fmt::print("{:<10} skipped: --data holds single activations, not transcoder pairs\n",
+                       arch);
+            continue;
+        }
+        const SaeConfig cfg = bench_config(arch, n, k, experts, 5.0, optimizer, dead_tokens);
         TimedBackend timed(be);
         timed.active = false;
         SaeTrainer tr(cfg, d, train_steps + reps + 2, 0, timed, *self);
@@ -119,13 +135,12 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
         fmt::print("{:<10} step {:.2f} ms, {:.0f} tokens/s after {} steps (dead {:.1f}%)\n", arch,
                    step_s * 1e3, static_cast<double>(batch) / step_s, train_steps,
                    100.0 * tr.dead_fraction());
+        std::fflush(stdout);
     }
     return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
     int64_t d = 768, n = 6144, k = 32, batch = 4096, experts = 16, dead_tokens = 0;
     int reps = 5, threads = 0, device = 0;
     bool json = false, breakdown = false, pinned = true;
@@ -183,7 +198,9 @@ int main(int argc, char** argv) {
     auto self = make_self_comm();
     std::mt19937 rng(1);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x_heap(static_cast<size_t>(batch * d));
+    // Twice a batch's floats: a transcoder's rows are its input and its target side by side,
+    // [batch, 2 d]; an SAE reads the first batch x d.
+    std::vector<float> x_heap(static_cast<size_t>(2 * batch * d));
     for (float& v : x_heap) v = normal(rng);
     // The batch as saetrain holds it: pinned host memory on a CUDA rank (the upload is a DMA).
     float* x = x_heap.data();
@@ -222,15 +239,8 @@ int main(int argc, char** argv) {
                "tok/s", "%", "time", "topk");
     double topk_s = 0, topk_flops = 0;
     for (const std::string& arch : archs) {
-        SaeConfig cfg;
-        cfg.arch = arch;
-        cfg.n_latents = n;
-        cfg.k = k;
-        cfg.l1_coeff = 1.0;
-        cfg.set("sae.n_experts", experts);
+        SaeConfig cfg = bench_config(arch, n, k, experts, 1.0, optimizer, dead_tokens);
         cfg.warmup_steps = 0;
-        cfg.optimizer = optimizer;
-        if (dead_tokens > 0) cfg.dead_tokens = dead_tokens;
         SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
         tr.init(x, batch);
         const double step_s = bench::time_calls(
@@ -267,6 +277,7 @@ int main(int argc, char** argv) {
         fmt::print(
             "{:<10} streamed: {:.3f} ms a step over {} back-to-back steps, {:.0f} tokens/s\n", arch,
             streamed_s * 1e3, reps, static_cast<double>(batch) / streamed_s);
+        std::fflush(stdout);  // each architecture's lines survive a later one's failure
         out[arch] = {{"step_ms", step_s * 1e3},
                      {"streamed_step_ms", streamed_s * 1e3},
                      {"tokens_per_s", tps},
@@ -278,4 +289,16 @@ int main(int argc, char** argv) {
     }
     if (json) fmt::print("{}\n", out.dump());
     return 0;
+}
+
+}  // namespace
+
+// A config or backend error is one line and exit 1, not std::terminate's abort.
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "bench_step: {}\n", e.what());
+        return 1;
+    }
 }

@@ -145,13 +145,14 @@ if want bench; then
     for mode in ${BENCH_MODES:-fp32 tf32 bf16}; do
         run "bench_step_$mode" 300 bench_step --backend cuda $shape --reps 30 --breakdown --json \
             --gemm $mode ${BENCH_ARGS:-}
-        grep -E '^(topk|relu) ' "$logs/bench_step_$mode.log" | sed "s/^/bench $mode: /" |
+        grep -E '^[a-z_]+ +([0-9.]+ +[0-9]+ |streamed:)' "$logs/bench_step_$mode.log" |
+            sed "s/^/bench $mode: /" |
             tee -a "$summary"
     done
     for mode in ${BENCH_MODES_16K:-fp32 bf16}; do  # a larger batch spreads Adam over more tokens
         run "bench_step_${mode}_b16k" 300 bench_step --backend cuda --d-model 768 \
             --latents 24576 --k 32 --batch 16384 --reps 20 --json --gemm $mode ${BENCH_ARGS:-}
-        grep -E '^(topk|relu) ' "$logs/bench_step_${mode}_b16k.log" |
+        grep -E '^[a-z_]+ +([0-9.]+ +[0-9]+ |streamed:)' "$logs/bench_step_${mode}_b16k.log" |
             sed "s/^/bench $mode batch 16384: /" | tee -a "$summary"
     done
 fi
@@ -325,10 +326,12 @@ if want auxk; then
     done
 fi
 
-# --- target: the penalized architectures at sae.target_l0 32 on the GPU ----------------------
+# --- target: every architecture at L0 32 on the GPU -------------------------------------------
 # Planted features (d 768, 4,096 features, 16 active a row), 400K rows, x8, every other key at
-# its default: each architecture's training L0 of the last interval against the target, and
-# its held-out FVU and dead %, the same checks as test_e2e's TargetL0Recovery on the CPU.
+# its default: sae.target_l0 32 for the penalized architectures (relu, gated, jumprelu), sae.k 32
+# for the others (Matryoshka with prefixes [768,3072]); each one's training L0 of the last
+# interval against 32, and its held-out FVU and dead %. TARGET_ARCHS picks (default: all seven).
+# RUN_BACKEND=cpu runs the same commands on the CPU backend, for the comparison.
 if want target; then
     tdata=/tmp/target-data
     [ -d "$tdata/train" ] || {
@@ -337,11 +340,16 @@ if want target; then
             mv "$tdata"/all/shard_0000[0-9].h5 "$tdata/train/" &&
             mv "$tdata/all/shard_00010.h5" "$tdata/eval/"
     } > "$logs/target_synth.log" 2>&1
-    for arch in relu gated jumprelu; do
+    for arch in ${TARGET_ARCHS:-relu gated jumprelu topk batchtopk switch matryoshka_batchtopk}; do
+        case "$arch" in
+            relu | gated | jumprelu) sparsity=(--set sae.target_l0=32) ;;
+            matryoshka_batchtopk) sparsity=(--set sae.k=32 --set "sae.matryoshka_prefixes=[768,3072]") ;;
+            *) sparsity=(--set sae.k=32) ;;
+        esac
         run "target_$arch" 300 saetrain configs/quickstart.yaml --overwrite \
             --set "data.path=$tdata/train" --set "data.eval_path=$tdata/eval" \
             --set backend=${RUN_BACKEND:-cuda} --set sae.expansion=8 --set "sae.arch=$arch" \
-            --set sae.target_l0=32 --set "run.out_dir=/tmp/target-$arch" \
+            "${sparsity[@]}" --set "run.out_dir=/tmp/target-$arch" \
             --set log.eval_every_steps=0 --set checkpoint.every_steps=100000
         grep -E "step [0-9]+/[0-9]+ \|" "$logs/target_$arch.log" | tail -1 | cut -d'|' -f1-6 |
             sed "s/^/target $arch: /" | tee -a "$summary"
