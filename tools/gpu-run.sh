@@ -18,7 +18,8 @@
 # script on a machine without a GPU), PEER_ROWS (default 1000000: train rows of the peers'
 # synthetic set, plus a tenth held out), PEER_EPOCHS (default 3), PEERS_SITE (default
 # .peers/peers-site.tar.xz: SAELens, sparsify and what they need beyond the GPU machine's
-# Python, made by tools/gpu-peers-site.sh).
+# Python, made by tools/gpu-peers-site.sh), TARGET_ARCHS (the `target` step's architectures;
+# default: relu gated jumprelu topk batchtopk switch matryoshka_batchtopk).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
