@@ -856,12 +856,14 @@ TEST(ConfigDefaults, AutoOptimizerIsTheArchitecturesUnlessAnLrIsGiven) {
     c = resolved("sae: {arch: topk, n_latents: 65536}\ntrain: {optimizer: signum}\n");
     EXPECT_EQ(c.optimizer, "signum");
     EXPECT_NEAR(c.lr, SaeConfig::kSignumLr / 2, 1e-12);  // 4x the latents: half the lr
-    // ReLU and Gated: twice the rule's lr, at most 0.025 (arch/common.h, penalized_signum_lr).
-    for (const std::string arch : {"relu", "gated"}) {
+    // ReLU twice the rule's lr, Gated 1.5 times, both at most 0.025 (arch/common.h,
+    // penalized_signum_lr).
+    for (const auto& [arch, factor] :
+         {std::pair<std::string, double>{"relu", 2.0}, {"gated", 1.5}}) {
         c = resolved("sae: {arch: " + arch + ", n_latents: 65536}\n");
-        EXPECT_NEAR(c.lr, SaeConfig::kSignumLr, 1e-12) << arch;
+        EXPECT_NEAR(c.lr, factor / 2 * SaeConfig::kSignumLr, 1e-12) << arch;
         c = resolved("sae: {arch: " + arch + ", expansion: 16}\n");
-        EXPECT_NEAR(c.lr, 0.01208, 1e-5) << arch;
+        EXPECT_NEAR(c.lr, factor * 0.00604, 1e-5) << arch;
         c = resolved("sae: {arch: " + arch + ", n_latents: 128}\n");
         EXPECT_DOUBLE_EQ(c.lr, 0.025) << arch;
     }

@@ -585,8 +585,9 @@ INSTANTIATE_TEST_SUITE_P(Archs, PlantedRecovery, ::testing::ValuesIn(arch_names(
 // training L0 to the target and the SAE recovers the planted features, on sae-synth data of two
 // shapes: 3 active of 128 features (magnitudes 0.5-2, d 48) and 2 active of 96 (magnitudes
 // 0.2-3 around a mean of norm 4, d 32); 469 steps, an L1 ramp of 94.
-// At every default (signum with AuxK; ReLU and Gated at twice the rule's lr, capped at 0.025 for
-// these 192 and 128 latents, JumpReLU at the rule's; the controller damped, its target falling
+// At every default (signum with AuxK; ReLU at twice the rule's lr and Gated at 1.5 times (twice
+// when measured), both capped at 0.025 for these 192 and 128 latents, so unchanged, JumpReLU at
+// the rule's; the controller damped, its target falling
 // at sae.target_l0_rate 0.1 but over at least half the ramp, here 47 steps from L0 about 96 / 64),
 // measured 2026-11-28: relu L0 4.14 / 2.62, recovery 0.950 / 0.965; gated 4.05 / 2.36, 0.946 /
 // 0.976; jumprelu 4.00 / 2.58, 0.922 / 0.940 (JumpReLU starts at its target: its thresholds come

@@ -257,7 +257,9 @@ const float* Decorrelation::sparse(PassContext& c, const int32_t* idx, const flo
     return extra_.data();
 }
 
-double penalized_signum_lr(double rule_lr) { return std::min(2.0 * rule_lr, 0.025); }
+double penalized_signum_lr(double rule_lr, double factor) {
+    return std::min(factor * rule_lr, 0.025);
+}
 
 const AuxKKeys& auxk_keys() {
     static const AuxKKeys keys;

@@ -213,12 +213,14 @@ std::vector<double> thresholds_at_l0(const float* v, int64_t rows, int64_t n, do
                                      Communicator& replicas,
                                      const SumOverLatentShards& over_shards);
 
-// ReLU's and Gated's signum lr (Architecture::signum_lr): twice the rule's, at most 0.025. On
-// MiniLM x16 at target L0 32 (6,144 latents: 0.0121) twice the rule's lowered the held-out FVU
-// by 7% (ReLU) and 4% (Gated), half of it raised it by 35% and 17%, four times was worse again
-// for ReLU; the cap keeps small SAEs, whose rule's lr grows as 1 / sqrt(n), where planted
-// features are recovered (128 latents: 0.084 uncapped; recovery fell below 0.85 from 0.06).
-double penalized_signum_lr(double rule_lr);
+// ReLU's and Gated's signum lr (Architecture::signum_lr): `factor` times the rule's, at most
+// 0.025. ReLU's factor is 2: on MiniLM x16 at target L0 32 (6,144 latents: 0.0121) twice the
+// rule's lowered the held-out FVU by 7% (ReLU) and 4% (Gated), half of it raised it by 35% and
+// 17%, four times was worse again for ReLU, and 1.5 times (0.009) raised ReLU's by 8% under
+// the damped controller. Gated's is 1.5 (gated.cpp). The cap keeps small SAEs, whose rule's lr
+// grows as 1 / sqrt(n), where planted features are recovered (128 latents: 0.084 uncapped;
+// recovery fell below 0.85 from 0.06).
+double penalized_signum_lr(double rule_lr, double factor);
 
 // What ReLU and Gated share: sae.target_l0 and AuxK's keys, the L1 columns and id, signum at
 // penalized_signum_lr, and AuxK's top-k among the dead latents as their only selection.
@@ -229,7 +231,7 @@ public:
         return {"sae.l1_coeff", "sae.target_l0"};
     }
     const char* default_optimizer() const override { return "signum"; }
-    double signum_lr(double rule_lr) const override { return penalized_signum_lr(rule_lr); }
+    double signum_lr(double rule_lr) const override { return penalized_signum_lr(rule_lr, 2.0); }
     std::string id_suffix(const SaeConfig& cfg) const override { return l1_suffix(cfg); }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return topk_uses(cfg, 0, d, n);
