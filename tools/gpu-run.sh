@@ -142,18 +142,19 @@ fi
 # --- bench: saetrain's step on the GPU beside the cuBLASLt bound --------------------------------
 shape="--d-model 768 --latents 24576 --k 32 --batch 4096"  # bench_step's and the torch script's
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+# bench_step's result lines, one pair per architecture: its table row and its streamed step.
+arch_lines='^[a-z_]+ +([0-9.]+ +[0-9]+ |streamed:)'
 if want bench; then
     for mode in ${BENCH_MODES:-fp32 tf32 bf16}; do
         run "bench_step_$mode" 300 bench_step --backend cuda $shape --reps 30 --breakdown --json \
             --gemm $mode ${BENCH_ARGS:-}
-        grep -E '^[a-z_]+ +([0-9.]+ +[0-9]+ |streamed:)' "$logs/bench_step_$mode.log" |
-            sed "s/^/bench $mode: /" |
+        grep -E "$arch_lines" "$logs/bench_step_$mode.log" | sed "s/^/bench $mode: /" |
             tee -a "$summary"
     done
     for mode in ${BENCH_MODES_16K:-fp32 bf16}; do  # a larger batch spreads Adam over more tokens
         run "bench_step_${mode}_b16k" 300 bench_step --backend cuda --d-model 768 \
             --latents 24576 --k 32 --batch 16384 --reps 20 --json --gemm $mode ${BENCH_ARGS:-}
-        grep -E '^[a-z_]+ +([0-9.]+ +[0-9]+ |streamed:)' "$logs/bench_step_${mode}_b16k.log" |
+        grep -E "$arch_lines" "$logs/bench_step_${mode}_b16k.log" |
             sed "s/^/bench $mode batch 16384: /" | tee -a "$summary"
     done
 fi
