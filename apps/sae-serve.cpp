@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr,
                          "sae-serve: warning: listening on %s: whoever reaches it and holds the "
                          "token can launch runs, and HTTP is not encrypted; an SSH tunnel to "
-                         "127.0.0.1 is safer (README)\n",
+                         "127.0.0.1 is safer (docs/serve.md)\n",
                          printable(opt.host).c_str());
         return serve::serve_run(opt);
     } catch (const std::exception& e) {

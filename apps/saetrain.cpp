@@ -69,9 +69,9 @@ struct Args {
     int ranks = 0;  // --dry-run's job size (0: the one the config asks for)
 };
 
-// Exit codes (README "Signals and exit codes"): 0 done, 1 error, 2 usage error, 75 stopped by
-// SIGTERM, SIGUSR1 or Ctrl-C after committing a checkpoint (EX_TEMPFAIL: run the same command
-// again, or let Slurm's --requeue do it); a second Ctrl-C ends the process by SIGINT (130).
+// Exit codes (docs/commands.md, "Signals and exit codes"): 0 done, 1 error, 2 usage error, 75
+// stopped by SIGTERM, SIGUSR1 or Ctrl-C after committing a checkpoint (EX_TEMPFAIL: run the same
+// command again, or let Slurm's --requeue do it); a second Ctrl-C ends the process by SIGINT (130).
 constexpr int kExitStopped = 75;
 
 // Cores this process may run on, shared fairly among the ranks of its node.

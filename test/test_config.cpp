@@ -908,9 +908,9 @@ TEST(ConfigFiles, QuickstartHasTheDocumentedValues) {
     EXPECT_EQ(c.run.out_dir, "runs/quickstart");
     EXPECT_EQ(c.data.path, StringList{"data/quickstart"});
     EXPECT_EQ(c.data.batch_size, 1024);
-    EXPECT_EQ(c.data.epochs, 3);
+    EXPECT_EQ(c.data.epochs, 10);
     EXPECT_EQ(c.sae.arch, "topk");
-    EXPECT_EQ(c.sae.expansion, 4);
+    EXPECT_EQ(c.sae.expansion, 8);
     EXPECT_EQ(c.sae.k, 8);
     EXPECT_DOUBLE_EQ(c.sae.lr, 2e-3);
     EXPECT_EQ(c.sae.dead_tokens, 100000);

@@ -22,8 +22,20 @@ sae-export, sae-iobench, sae-perfmodel, sae-report, sae-serve):
   exactly the lines shown.
 
 Paths into the repository a command names (tools/..., configs/..., slurm/..., bench/...) must
-exist, and so must every `cmake --preset`/`ctest --preset` preset. Prints one line per problem
-(FILE:LINE: ...) and exits 1 when there is one.
+exist, and so must every `cmake --preset`/`ctest --preset` preset.
+
+In the prose (everything outside fenced blocks):
+- every repository path in a code span (`tools/...`, `configs/...`, `slurm/...`, `bench/...`,
+  `apps/...`, `docs/...`, `test/...`, `src/...`, `include/...`) must exist; globs and
+  placeholders (`*`, `?`, `<name>`, `{x}`, `...`, an all-capitals component such as NAME) are
+  skipped, and so are paths a run creates (runs/, data/, build/, exports/: not checked);
+- every `sae-...` word in a code span must be one of our programs, and a code span that starts
+  with one of them (`sae-inspect A --compare B`) may name only options of its --help;
+- every markdown link to a file ([text](docs/x.md), ![plot](../bench/...png)) must point at a
+  file or directory that exists, relative to the page, and an anchor (#section) into a markdown
+  page must be one of that page's headings (GitHub's anchors).
+
+Prints one line per problem (FILE:LINE: ...) and exits 1 when there is one.
 """
 import argparse
 import json
@@ -41,7 +53,8 @@ SHELL = {"bash", "cmake", "ctest", "xdg-open", "python3", "sbatch", "export", "c
          "setsid", "kill", "timeout", "cp", "scancel", "git", "curl", "ssh", "echo"} | LAUNCHERS
 OTHER_LANGUAGES = {"yaml", "yml", "json", "python", "py", "cpp", "c++", "c", "text", "toml",
                    "ini", "cmake", "diff"}
-REPO_DIRS = ("tools/", "configs/", "slurm/", "bench/", "apps/", "docs/", "test/")
+REPO_DIRS = ("tools/", "configs/", "slurm/", "bench/", "apps/", "docs/", "test/", "src/",
+             "include/")
 # Launcher options that take a value (everything else starting with '-' takes none).
 LAUNCHER_VALUED = {"-np", "-n", "--np", "-N", "--ntasks", "--bind-to", "--map-by", "--mca",
                    "-x", "--host", "-H", "--nodes", "--gpus-per-task", "--cpus-per-task",
@@ -77,6 +90,57 @@ def logical_lines(start, lines):
         buf, first = "", None
     if buf:
         out.append((first, buf))
+    return out
+
+
+def mask_fences(text):
+    """The text with every fenced block's lines (fences included) blanked: the prose, with its
+    line numbers kept."""
+    out, inside = [], False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            inside = not inside
+            out.append("")
+            continue
+        out.append("" if inside else line)
+    return "\n".join(out)
+
+
+CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
+LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+# Files whose names are in capitals: not placeholders.
+REAL_CAPITALS = {"README", "LICENSE", "DEVELOPERS", "CHANGELOG", "CONTRIBUTING", "NOTICE",
+                 "AUTHORS", "COMPLETE"}
+
+
+def is_placeholder(path):
+    """A glob or a placeholder, not a file's name: `slurm/*.sbatch`, `arch/<name>.h`, `x/NAME`."""
+    if any(c in path for c in "*?<>{}[]|$") or "..." in path:
+        return True
+    return any(re.fullmatch(r"[A-Z][A-Z0-9_]*", part.split(".")[0])
+               and part.split(".")[0] not in REAL_CAPITALS for part in path.split("/"))
+
+
+def github_anchor(heading):
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    h = re.sub(r"<[^>]*>", "", heading).strip().lower()
+    h = re.sub(r"[^\w\- ]", "", h)
+    return h.replace(" ", "-")
+
+
+def anchors_of(text):
+    """Every heading's anchor in a markdown text (repeated ones get -1, -2, ... as on GitHub)."""
+    seen, out = {}, set()
+    for line in mask_fences(text).split("\n"):
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        a = github_anchor(m.group(1))
+        n = seen.get(a, 0)
+        seen[a] = n + 1
+        out.add(a if n == 0 else f"{a}-{n}")
     return out
 
 
@@ -134,6 +198,7 @@ class Checker:
     def __init__(self, bindir, root):
         self.bindir, self.root = bindir, root
         self.problems = []
+        self.anchors = {}
         self.helps = {}
         self.checked = 0
         try:
@@ -151,6 +216,9 @@ class Checker:
         return os.path.join(self.bindir, prog)
 
     def help_of(self, prog):
+        if prog not in self.helps and not os.path.exists(self.exe(prog)):
+            self.problem(self.bindir, f"{prog} is not built: its --help cannot be read")
+            self.helps[prog] = ""
         if prog not in self.helps:
             r = subprocess.run([self.exe(prog), "--help"], capture_output=True, text=True,
                                cwd=self.root)
@@ -188,6 +256,9 @@ class Checker:
                         self.problem(where, f"{prog}: {opt} is not an option of {prog} "
                                      "(its --help)")
             return
+        if not os.path.exists(self.exe(prog)):
+            self.problem(where, f"{prog} is not built in {self.bindir}")
+            return
         env = dict(os.environ)
         argv = [self.exe(prog)] + args
         if prog == "saetrain" and "--dry-run" not in args:
@@ -206,9 +277,75 @@ class Checker:
         else:
             self.problem(where, f"{prog} does not accept this (exit {r.returncode}): {got[0]}")
 
-    def check_file(self, path):
+    def anchors_in(self, path):
+        if path not in self.anchors:
+            try:
+                with open(path) as f:
+                    self.anchors[path] = anchors_of(f.read())
+            except OSError:
+                self.anchors[path] = set()
+        return self.anchors[path]
+
+    def check_prose(self, path, text, page):
+        """The prose's code spans (repository paths, program names) and links. `page`: where the
+        file is, for its relative links."""
+        prose = mask_fences(text)
+        spans = []
+        for m in CODE_SPAN.finditer(prose):
+            spans.append((m.start(), m.end()))
+            first = (m.group(2).split() or [""])[0]
+            prog = os.path.basename(first)
+            if prog in OURS:
+                where = f"{path}:{prose.count(chr(10), 0, m.start()) + 1}"
+                text_help = self.help_of(prog)
+                for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", m.group(2)):
+                    if not re.search(r"(^|[\s,])" + re.escape(opt) + r"\b", text_help, re.M):
+                        self.problem(where, f"{prog}: {opt} is not an option of {prog} "
+                                     "(its --help)")
+            for wm in re.finditer(r"\S+", m.group(2)):
+                w = wm.group(0)
+                where = f"{path}:{prose.count(chr(10), 0, m.start(2) + wm.start()) + 1}"
+                for piece in w.split("="):
+                    piece = piece.lstrip("(\"'").rstrip(".,;:)\"'")
+                    if piece.startswith(REPO_DIRS) and not is_placeholder(piece):
+                        if not os.path.exists(os.path.join(self.root, piece)):
+                            self.problem(where, f"{piece}: no such file in the repository")
+                word = w.strip("(),.;:\"'")
+                if re.fullmatch(r"sae-[a-z0-9_-]+", word) and word not in OURS:
+                    self.problem(where, f"{word}: not one of our programs "
+                                 f"({', '.join(sorted(OURS))})")
+        # Links, outside code spans (a span's text is not a link).
+        plain = list(prose)
+        for a, b in spans:
+            for i in range(a, b):
+                if plain[i] != "\n":
+                    plain[i] = " "
+        plain = "".join(plain)
+        for m in LINK.finditer(plain):
+            target = m.group(1)
+            where = f"{path}:{plain.count(chr(10), 0, m.start()) + 1}"
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            file_part, _, anchor = target.partition("#")
+            if file_part:
+                dest = os.path.normpath(os.path.join(os.path.dirname(page), file_part))
+                if not os.path.exists(dest):
+                    self.problem(where, f"link to {file_part}: no such file")
+                    continue
+            else:
+                dest = page
+            if anchor and dest.endswith(".md"):
+                known = self.anchors_in(dest) if file_part else anchors_of(text)
+                if anchor not in known:
+                    self.problem(where, f"link to {target}: no heading with anchor #{anchor} "
+                                 f"in {os.path.relpath(dest, self.root)}")
+
+    def check_file(self, path, page=None):
+        """Checks one markdown file; `page`: where it stands in the repository (its path when
+        it is there), for its relative links."""
         with open(path) as f:
             text = f.read()
+        self.check_prose(path, text, os.path.abspath(page or path))
         for start, lang, lines in blocks(text):
             if lang in OTHER_LANGUAGES:
                 continue
@@ -253,6 +390,24 @@ saetrain: error: this is not what it prints
 ```yaml
 this: {is: not checked}
 ```
+
+## Planted prose
+
+`tools/no-such-tool.py` is missing; `tools/check-readme.py` and `docs/` exist.
+So must `src/core/no_such_file.cpp` be; `slurm/*.sbatch`, `include/saetrain/arch/<name>.h`,
+`runs/NAME/x`, `data/quickstart`, `build/cpu/apps/saetrain` and `test/NAME.cpp` are not checked.
+Run `sae-bogus --help`, not `sae-export` or `saetrain`; `tools/check-readme.py --self-test`
+takes a path `SAETRAIN_X=tools/also-missing.sh`. A span over
+two lines: `tools/check-readme.py
+tools/missing-on-the-next-line.py`.
+[a page](docs/no-such-page.md), [this page's heading](#planted-prose),
+[no heading](#no-such-heading), [a file](tools/check-readme.py), [a site](https://example.org/x),
+[`tools/check-readme.py`, a span in a link's text](tools/check-readme.py).
+`sae-synth --out x --bogus-prose-option 3`; `saetrain CONFIG.yaml --dry-run --ranks 2`.
+
+```text
+`tools/in-a-fenced-block.sh` and [a link](no-such-file-in-a-block.md) are not prose.
+```
 """
 SELF_TEST_EXPECTED = [
     ":2: saetrain does not accept this (exit 1): saetrain: error: configs/quickstart.yaml: "
@@ -263,6 +418,14 @@ SELF_TEST_EXPECTED = [
     ":6: tools/no-such-script.sh: no such file",
     ":6: --preset no-such-preset: no such preset",
     ":10: saetrain prints 'saetrain: error: CONFIG is required / usage: saetrain CONFIG.yaml",
+    ":20: tools/no-such-tool.py: no such file",
+    ":21: src/core/no_such_file.cpp: no such file",
+    ":23: sae-bogus: not one of our programs",
+    ":24: tools/also-missing.sh: no such file",
+    ":26: tools/missing-on-the-next-line.py: no such file",
+    ":27: link to docs/no-such-page.md: no such file",
+    ":28: link to #no-such-heading: no heading with anchor #no-such-heading",
+    ":30: sae-synth: --bogus-prose-option is not an option of sae-synth",
 ]
 
 
@@ -280,7 +443,7 @@ def main():
         with tempfile.NamedTemporaryFile("w", suffix=".md", delete=False) as f:
             f.write(SELF_TEST)
         try:
-            c.check_file(f.name)
+            c.check_file(f.name, page=os.path.join(root, "README.md"))
         finally:
             os.unlink(f.name)
         missing = [e for e in SELF_TEST_EXPECTED if not any(e in p for p in c.problems)]

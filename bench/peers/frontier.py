@@ -10,7 +10,7 @@ saetrain's points: every summary.csv under OUT/saetrain/frontier-*/ (one row per
 held-out evaluation, data.eval_path: the same rows and the same FVU definition as the shared
 evaluator, which checks it for TopK and ReLU in run.sh's table). The peers' points: every
 OUT/results/frontier-*.json that train_peer.py wrote (the shared evaluator). With --previous
-CSV, the points of an earlier frontier CSV (the same rows and evaluator, e.g. the README's)
+CSV, the points of an earlier frontier CSV (the same rows and evaluator, e.g. docs/results.md's)
 join them, except where a run here gives the same tool, arch and setting: a partial rerun
 (some architectures, a changed default) updates a frontier without rerunning the rest. Prints
 the CSV's rows as a Markdown table, sorted by tool, arch and L0.

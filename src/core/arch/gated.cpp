@@ -182,9 +182,9 @@ private:
     double l1_ = 0;
 };
 
-// Its defaults (L1Penalized), on the frontier's MiniLM rows at sae.target_l0 32 (README): held-out
-// FVU 0.1156 with 3.3% dead (signum at 1.5 times the rule's lr, AuxK at 1/16, started at its
-// target; train.dead_tokens 50,000; 0.1146-0.1153 over three seeds) against AdamW's 0.1394 with
+// Its defaults (L1Penalized), on the frontier's MiniLM rows at sae.target_l0 32 (docs/results.md):
+// held-out FVU 0.1156 with 3.3% dead (signum at 1.5 times the rule's lr, AuxK at 1/16, started at
+// its target; train.dead_tokens 50,000; 0.1146-0.1153 over three seeds) against AdamW's 0.1394 with
 // 48.8%.
 class Gated final : public L1Penalized {
 public:
