@@ -603,9 +603,11 @@ TEST_F(Resume, RankKilledInEveryModeAndPhaseEndsTheJobAndResumesBitwise) {
                     .count();
             EXPECT_NE(r.code, 0) << r.out;
             EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
-            // From the signal (the hook prints its wall-clock time) to the end of the job.
+            // From the signal (the hook prints its wall-clock time) to the end of the job: the
+            // watchdog's 3 s and the ranks' teardown, which takes about 2 s on an idle machine and
+            // several times that on one shared with another job; a hang is exit 124 (above).
             const double secs = end - fault_time(r.out);
-            EXPECT_LT(secs, 3 + 5) << r.out;
+            EXPECT_LT(secs, 3 + 20) << r.out;
             EXPECT_NE(r.out.find(fmt::format("rank {}", rank)), std::string::npos)
                 << "the dead rank is not named:\n"
                 << r.out;
