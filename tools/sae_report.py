@@ -40,6 +40,7 @@ import math
 import os
 import shutil
 import socket
+import subprocess
 import sys
 from collections import OrderedDict
 
@@ -1036,5 +1037,34 @@ def main(argv=None):
     return 0
 
 
+def python_with_matplotlib():
+    """None when this interpreter has matplotlib, else the first that does of those
+    tools/sae-report tries: Debian's /usr/bin/python3 (install-deps.sh installs
+    python3-matplotlib for it) and the project's .venv (None when none has). So
+    `python3 tools/sae_report.py` works where the first python3 on PATH is a pyenv or conda
+    build without matplotlib, as on many clusters."""
+    try:
+        import matplotlib  # noqa: F401
+        return None
+    except ImportError:
+        pass
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    venv = os.environ.get("SAETRAIN_VENV", os.path.join(root, ".venv"))
+    for candidate in ("/usr/bin/python3", os.path.join(venv, "bin", "python")):
+        if not os.access(candidate, os.X_OK):
+            continue
+        probe = subprocess.run([candidate, "-c", "import matplotlib"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
 if __name__ == "__main__":
+    # Once only (the variable), and never over an interpreter the user chose (SAETRAIN_PYTHON).
+    if "SAETRAIN_PYTHON" not in os.environ and "SAETRAIN_REPORT_REEXEC" not in os.environ:
+        py = python_with_matplotlib()
+        if py is not None:
+            os.environ["SAETRAIN_REPORT_REEXEC"] = "1"
+            os.execv(py, [py, os.path.realpath(__file__)] + sys.argv[1:])
     sys.exit(main())

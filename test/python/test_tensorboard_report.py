@@ -461,6 +461,22 @@ def test_report_directory_copied_alone_works(sweep, report, tmp_path):
     assert (alone / "config.yaml").read_text() == (sweep / "config.yaml").read_text()
 
 
+def test_report_script_finds_a_python_with_matplotlib(sweep, tmp_path):
+    """`python3 tools/sae_report.py` run by an interpreter without matplotlib (here Python
+    with its site-packages switched off, as a pyenv or conda python3 first on PATH would be)
+    hands itself to one that has it instead of stopping."""
+    script = os.path.join(os.path.dirname(sae_report.__file__), "sae_report.py")
+    bare = [sys.executable, "-S", "-c", "import matplotlib"]
+    assert subprocess.run(bare, capture_output=True).returncode != 0  # -S hides matplotlib
+    env = {k: v for k, v in ENV.items() if k != "SAETRAIN_PYTHON"}
+    r = _run(sys.executable, "-S", script, sweep, "--out", tmp_path / "r", env=env)
+    assert (tmp_path / "r" / "index.html").is_file(), r.stdout + r.stderr
+    # An interpreter the user chose is used as it is: the same run is a one-line error.
+    r = _run(sys.executable, "-S", script, sweep, "--out", tmp_path / "r2", ok=False,
+             env=dict(env, SAETRAIN_PYTHON=sys.executable))
+    assert r.returncode == 1 and "matplotlib is not installed" in r.stderr, r.stderr
+
+
 # --- the run's state ---------------------------------------------------------------------------
 
 def _state(out):
