@@ -14,8 +14,16 @@ from safetensors.numpy import load_file
 
 
 def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        print("usage: check_export.py DIR [--sae-file H5]", file=sys.stderr)
+        return 2
     d = Path(sys.argv[1])
-    cfg = json.loads((d / "cfg.json").read_text())
+    try:
+        cfg = json.loads((d / "cfg.json").read_text())
+    except (OSError, ValueError) as e:
+        print(f"check_export: error: {d / 'cfg.json'}: {getattr(e, 'strerror', None) or e} "
+              "(not an sae-export directory?)", file=sys.stderr)
+        return 1
     if (d / "sae_weights.safetensors").exists():
         t = load_file(str(d / "sae_weights.safetensors"))
         d_in, d_sae = cfg["d_in"], cfg["d_sae"]
