@@ -925,8 +925,25 @@ int main(int argc, char** argv) {
                  "start over: replace the run in run.out_dir instead of resuming it");
     app.add_flag("--allow-config-change", args.allow_config_change,
                  "resume even though the config changed in keys that change the result");
+    // Bounded: OpenMP and OpenBLAS make every thread asked for (100,000 ended in a segmentation
+    // fault); 1024 is beyond any node's cores per rank. A word that is no number is left to the
+    // conversion, whose message says so.
     app.add_option("--threads", args.threads,
-                   "CPU threads per rank (default: the rank's cores / ranks on its node)");
+                   "CPU threads per rank, at most 1024 (default: the rank's cores / ranks on its "
+                   "node)")
+        ->check(CLI::Validator(
+            [](std::string& value) -> std::string {
+                long long n = 0;
+                std::size_t used = 0;
+                try {
+                    n = std::stoll(value, &used);
+                } catch (const std::exception&) {
+                    return "";
+                }
+                if (used != value.size() || (n >= 0 && n <= 1024)) return "";
+                return "Value " + value + " not in range 0 to 1024";
+            },
+            "0-1024"));
     app.add_flag("--dry-run", args.dry_run,
                  "check the config, its --set overrides and the job size, say what would be "
                  "trained, and exit (no MPI, data or out_dir)");

@@ -1018,6 +1018,7 @@ TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
         {"saetrain", "", "CONFIG is required"},
         {"saetrain", cfg + " --bogus", "The following argument was not expected: --bogus"},
         {"saetrain", cfg + " --threads many", "Could not convert: --threads = many"},
+        {"saetrain", cfg + " --threads 100000", "--threads: Value 100000 not in range 0 to 1024"},
         {"saetrain", cfg + " " + cfg, "The following argument was not expected: " + cfg},
         {"sae-synth", "", "--out is required"},
         {"sae-synth", "--out x --bogus", "The following argument was not expected: --bogus"},
