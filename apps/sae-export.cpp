@@ -108,6 +108,24 @@ void export_one(const Input& in, ExportFormat format, const std::string& out,
                                                                    : "hook_name");
 }
 
+// An export never goes into a saetrain run's directory or below it: circuit-tracer's
+// config.yaml would replace the run's own, and any file there is the run's to write (its resume
+// reads them). A run's directory is one holding run.json or the lock file every run creates.
+void refuse_run_directory(const std::string& out) {
+    std::error_code ec;
+    fs::path p = fs::weakly_canonical(fs::absolute(out, ec), ec);
+    for (; !p.empty(); p = p.parent_path()) {
+        for (const char* mark : {"run.json", ".saetrain.lock"}) {
+            SAE_ENFORCE(!fs::exists(p / mark, ec),
+                        "--out {}: {} is a saetrain run's directory (it holds {}); an export "
+                        "there could overwrite the run's files: choose a directory outside it, "
+                        "e.g. exports/NAME",
+                        out, p.string(), mark);
+        }
+        if (p == p.parent_path()) break;
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,6 +186,7 @@ int main(int argc, char** argv) {
                 outs.push_back(dir);
             }
         }
+        refuse_run_directory(out);
         for (size_t i = 0; i < saes.size(); ++i)
             export_one(saes[i], f, outs[i], model_name, hook_name, ct);
         return 0;

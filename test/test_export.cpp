@@ -204,6 +204,25 @@ TEST(Export, CommandLine) {
                                        (tmp.path / "o3").string());
     EXPECT_NE(r.code, 0);
     EXPECT_NE(r.out.find("saelens, sparsify or circuit_tracer"), std::string::npos) << r.out;
+    // Never into a run's directory or below it (circuit-tracer's config.yaml would replace the
+    // run's): a run is marked by run.json or its lock file; nothing is written.
+    for (const char* mark : {"run.json", ".saetrain.lock"}) {
+        const fs::path run = tmp.path / (std::string("run-") + (mark[0] == '.' ? "lock" : "json"));
+        fs::create_directories(run / "sae");
+        std::ofstream(run / mark) << "{}";
+        std::ofstream(run / "config.yaml") << "run: {out_dir: x}\n";
+        for (const fs::path& dest : {run, run / "sae" / "exported"}) {
+            r = saetrain::testing::run_command(bin + sae.string() + " --format saelens --out " +
+                                               dest.string());
+            EXPECT_EQ(r.code, 1) << r.out;
+            EXPECT_EQ(r.out, "sae-export: error: --out " + dest.string() + ": " + run.string() +
+                                 " is a saetrain run's directory (it holds " + mark +
+                                 "); an export there could overwrite the run's files: choose a "
+                                 "directory outside it, e.g. exports/NAME\n");
+            EXPECT_FALSE(fs::exists(run / "cfg.json"));
+            EXPECT_FALSE(fs::exists(run / "sae" / "exported"));
+        }
+    }
 }
 
 // Several SAEs (a sweep's sae/*): each into its own directory under --out, named after its SAE
