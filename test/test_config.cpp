@@ -787,15 +787,6 @@ TEST(ConfigFiles, DeepNestingIsNamedNotABadFile) {
     EXPECT_EQ(m.find("bad file"), std::string::npos) << m;
 }
 
-// Only one YAML document: a second one (after '---') is refused, not silently ignored; a
-// leading '---' or a trailing '...' mark one document and are fine.
-TEST(ConfigFiles, SecondYamlDocumentIsRefused) {
-    const std::string m = parse_error(kMinimal + "sae: {k: 16}\n---\nsae: {k: 32}\n");
-    EXPECT_HAS(m, "cfg.yaml:");
-    EXPECT_HAS(m, "a second YAML document");
-    EXPECT_EQ(config_parse("---\n" + kMinimal + "sae: {k: 16}\n...\n").sae.k, 16);
-}
-
 TEST(ConfigFiles, LoadSetsSourceAndAppliesOverrides) {
     TempFile f(kMinimal + "sae: {k: 16}\n");
     const Config c = config_load(f.path(), {"sae.k=20"});

@@ -629,14 +629,7 @@ private:
     YAML::Node load(const std::string& text) const {
         YAML::Node root;
         try {
-            // Every document is read, so that a second one is refused rather than ignored (a
-            // config pasted twice, or two concatenated, would train on the first alone).
-            const std::vector<YAML::Node> docs = YAML::LoadAll(text);
-            SAE_ENFORCE(docs.size() <= 1,
-                        "{}a second YAML document ('---'): a saetrain config is one document, "
-                        "and the rest would be ignored; merge them or keep one",
-                        loc_mark(docs.size() > 1 ? docs[1].Mark() : YAML::Mark::null_mark()));
-            if (!docs.empty()) root = docs[0];
+            root = YAML::Load(text);
         } catch (const YAML::DeepRecursion& e) {
             throw Error(fmt::format(
                 "{}:{}:{}: YAML nested too deeply for the parser; a saetrain config is a "
