@@ -9,8 +9,8 @@ block; its command is the last command line of the fenced block before the marke
 block whose command follows a `$ ` prompt, that command (the other lines are its output). The
 command's set-up steps (`bash tools/install-deps.sh`, `bash tools/setup-venv.sh` and `cmake`:
 the build is already there) are dropped and the rest runs as written, with bash, in a scratch
-directory of its own where `build/cpu` (and `build/<BUILD_DIR's name>`) is BUILD_DIR and configs/, tools/, slurm/ and
-bench/ are the repository's (so the docs' relative paths resolve and nothing is written into
+directory of its own where `build/cpu` (and `build/<BUILD_DIR's name>`) is BUILD_DIR and
+configs/, tools/, slurm/ and bench/ are the repository's (so the docs' relative paths resolve and nothing is written into
 the source tree). Every marked command of one check runs in that one directory, in the order
 of the files given and of the markers in each, as a reader runs them: the README's quickstart
 writes data/quickstart, which the docs' examples then train on (so give README.md first). As
@@ -112,9 +112,9 @@ def runnable(command):
     return " && ".join(keep)
 
 
-def scratch_dir(build, root, parent=None):
+def scratch_dir(build, root):
     """A directory where build/<preset> is BUILD and the repository's folders are linked."""
-    work = tempfile.mkdtemp(prefix="check-results.", dir=parent)
+    work = tempfile.mkdtemp(prefix="check-results.")
     os.makedirs(os.path.join(work, "build"))
     # The docs name build/cpu; a build of another preset (build/asan) stands in for it.
     for preset in {"cpu", os.path.basename(os.path.normpath(build))}:
@@ -206,7 +206,7 @@ def compare(shown_lines, printed):
     return problems
 
 
-def run_file(path, build, root, only, work):
+def run_file(path, only, work):
     text = open(path, encoding="utf-8").read()
     problems = 0
     try:
@@ -316,7 +316,7 @@ def main():
         ap.error("--build is required")
     files = a.files or [os.path.join(a.root, "README.md")]
     work = scratch_dir(a.build, a.root)
-    rc = max(run_file(f, a.build, a.root, a.only, work) for f in files)
+    rc = max(run_file(f, a.only, work) for f in files)
     if rc == 0 and not a.keep:
         shutil.rmtree(work)
     return rc
