@@ -156,6 +156,85 @@ TEST(ServeRoot, ASubmittedOutDirMustBeARunDirectoryOfTheRoot) {
     }
 }
 
+TEST(ServeRoot, AStageDirIsResolvedIntoTheRootOrTheTemporaryDirectoryAndCreatedWithoutLinks) {
+    TempDir tmp("serve_stage");
+    const fs::path root = tmp.path / "runs", node_tmp = tmp.path / "nodetmp";
+    const fs::path outside = tmp.path / "outside";
+    fs::create_directories(root);
+    fs::create_directories(node_tmp);
+    fs::create_directories(outside);
+    fs::create_directory_symlink(outside, node_tmp / "link");  // planted in the temp dir
+    fs::create_directories(node_tmp / "shared");
+    fs::permissions(node_tmp / "shared", fs::perms::all);  // others may write: links could come
+    fs::create_directory_symlink(node_tmp, tmp.path / "tmplink");
+    RunsRoot r(root.string());
+    const std::string cwd = tmp.path.string(), t = node_tmp.string();
+    std::string why;
+    // Fine: created (0700, no link followed) and returned as a real path.
+    EXPECT_EQ(r.stage_dir_for_launch("$TMPDIR/stage/a", cwd, t, &why), t + "/stage/a") << why;
+    EXPECT_TRUE(fs::is_directory(node_tmp / "stage" / "a"));
+    EXPECT_EQ(fs::status(node_tmp / "stage").permissions() & fs::perms::all, fs::perms::owner_all);
+    EXPECT_EQ(r.stage_dir_for_launch(t + "/stage/b/", cwd, t, &why), t + "/stage/b") << why;
+    EXPECT_EQ(r.stage_dir_for_launch("runs/x/stage", cwd, t, &why), root.string() + "/x/stage")
+        << why;
+    // The temporary directory named through a link is its real path.
+    EXPECT_EQ(r.stage_dir_for_launch("$TMPDIR/c", cwd, (tmp.path / "tmplink").string(), &why),
+              t + "/c")
+        << why;
+    const std::pair<std::string, std::string> bad[] = {
+        {"$TMPDIR/../outside/x", "holds '..'"},  // a prefix test on the text took these
+        {"$TMPDIR/../../etc", "holds '..'"},
+        {"$TMPDIRx/y", "outside both"},
+        {"/etc/saetrain-stage", "outside both"},
+        {"stage", "outside both"},  // relative: from the server's working directory
+        {"$TMPDIR/link/x", "link is a symlink"},
+        {"$TMPDIR/shared/x", "others may write"},
+    };
+    for (const auto& [stage, expect] : bad) {
+        why.clear();
+        EXPECT_FALSE(r.stage_dir_for_launch(stage, cwd, t, &why).has_value()) << stage;
+        EXPECT_NE(why.find(expect), std::string::npos) << stage << ": " << why;
+        EXPECT_EQ(why.rfind("data.stage_dir '", 0), 0u) << why;
+        EXPECT_NE(why.find(root.string()), std::string::npos) << why;
+    }
+    EXPECT_TRUE(fs::is_empty(outside)) << "nothing created through the planted link";
+    EXPECT_FALSE(fs::exists(tmp.path / "stage"));
+}
+
+TEST(ServeRoot, LinksPlantedWhereSaeReportReadsOrWritesAreNamed) {
+    TempDir tmp("serve_planted");
+    const fs::path run = tmp.path / "run";
+    fs::create_directories(run / "sae" / "topk");
+    fs::create_directories(run / "report");
+    std::ofstream(run / "config.yaml") << "x";
+    std::ofstream(run / "metrics.jsonl") << "x";
+    std::ofstream(tmp.path / "secret") << "x";
+    const int fd = ::open(run.c_str(), O_RDONLY | O_DIRECTORY);
+    ASSERT_GE(fd, 0);
+    Fd dir(fd);
+    EXPECT_EQ(planted_link(dir.get()), "");
+    const std::pair<fs::path, std::string> cases[] = {
+        {"config.yaml", "config.yaml is a symlink"},
+        {"report/fvu.svg", "report/fvu.svg is a symlink"},
+        {"sae/topk/feature_density.csv", "sae/topk/feature_density.csv is a symlink"},
+        {"sae/other", "sae/other is a symlink"},
+        {"report", "report is a symlink"},
+    };
+    for (const auto& [name, expect] : cases) {
+        const fs::path p = run / name;
+        if (fs::is_directory(fs::symlink_status(p)))
+            fs::remove_all(p);
+        else
+            fs::remove(p);
+        fs::create_symlink(tmp.path / "secret", p);
+        EXPECT_EQ(planted_link(dir.get()), expect) << name;
+        fs::remove(p);
+        if (name == "report") fs::create_directories(p);
+        if (name == "config.yaml") std::ofstream(p) << "x";
+        EXPECT_EQ(planted_link(dir.get()), "") << name;
+    }
+}
+
 // ---- the token -----------------------------------------------------------------------------
 
 TEST(ServeToken, MadeOnceWithMode0600InA0700Directory) {

@@ -75,6 +75,55 @@ class ReportError(Exception):
     pass
 
 
+def _no_follow(path, flags):
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def open_run_file(path, mode="r", **kw):
+    """A run's file, opened for reading without following a link at its name."""
+    return open(path, mode, opener=_no_follow, **kw)
+
+
+# What sae-report reads in a run directory, and the report directory it writes; every one must be
+# the run's own file or directory, not a symlink (a run never writes one: a link was planted).
+RUN_FILES = ("metrics.jsonl", "summary.csv", "run.json", "config.yaml", "COMPLETE",
+             ".saetrain.lock", "checkpoints", "sae")
+
+
+def refuse_links(run_dir, out_dir):
+    """ReportError naming the first symlink among what sae-report would read or write."""
+    def check(path):
+        if os.path.islink(path):
+            raise ReportError(f"{path} is a symlink: sae-report reads and writes only a run's own "
+                              "files, and a run never writes a link; remove it")
+    for name in RUN_FILES:
+        check(os.path.join(run_dir, name))
+    sae = os.path.join(run_dir, "sae")
+    if os.path.isdir(sae):
+        for name in sorted(os.listdir(sae)):
+            check(os.path.join(sae, name))
+            check(os.path.join(sae, name, "feature_density.csv"))
+    check(out_dir)
+    if os.path.isdir(out_dir):
+        for name in sorted(os.listdir(out_dir)):
+            check(os.path.join(out_dir, name))
+
+
+class ReportDir(str):
+    """The report directory (its path, as a str), held open: every file is created in it by
+    name from its descriptor, never through a link planted at the name."""
+
+    def __new__(cls, path):
+        self = super().__new__(cls, path)
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return self
+
+    def open(self, name, mode="w", **kw):
+        def opener(path, flags):
+            return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.fd)
+        return open(name, mode, opener=opener, **kw)
+
+
 # --- reading the run ---------------------------------------------------------------------------
 
 def read_metrics(run_dir):
@@ -85,7 +134,7 @@ def read_metrics(run_dir):
         raise ReportError(f"{path}: no such file; give a saetrain run directory (its "
                           "run.out_dir) that has logged at least one interval")
     by_sae = OrderedDict()
-    with open(path, encoding="utf-8") as f:
+    with open_run_file(path, encoding="utf-8") as f:
         for line in f:
             try:
                 row = json.loads(line)
@@ -105,7 +154,7 @@ def read_summary(run_dir):
     path = os.path.join(run_dir, "summary.csv")
     if not os.path.isfile(path):
         return None
-    with open(path, newline="", encoding="utf-8") as f:
+    with open_run_file(path, newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
 
 
@@ -116,7 +165,7 @@ def read_run_json(run_dir):
     if not os.path.isfile(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_run_file(path, encoding="utf-8") as f:
             info = json.load(f)
     except (OSError, ValueError):
         return None
@@ -125,7 +174,7 @@ def read_run_json(run_dir):
 
 def read_text(path):
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_run_file(path, encoding="utf-8") as f:
             return f.read()
     except OSError:
         return None
@@ -158,7 +207,7 @@ def read_density(run_dir, sae):
         return None
     lo, counts, never = [], [], 0
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open_run_file(path, newline="", encoding="utf-8") as f:
             for r in csv.DictReader(f):
                 if r["log10_density_lo"] == "-inf":
                     never = int(r["latents"])
@@ -381,8 +430,8 @@ def _log_y(plt, ax, label):
 
 def _save(fig, out_dir, name, series, kind, manifest, colors, **extra):
     for ext in ("png", "svg"):  # "tight": legends placed beside the axes stay in
-        fig.savefig(os.path.join(out_dir, f"{name}.{ext}"), dpi=110 if ext == "png" else None,
-                    bbox_inches="tight")
+        with out_dir.open(f"{name}.{ext}", "wb") as f:
+            fig.savefig(f, format=ext, dpi=110 if ext == "png" else None, bbox_inches="tight")
     # What each panel shows, as drawn (tick labels exist once the figure is drawn): for the
     # tests, and for anyone scripting over reports.
     axes = [{"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
@@ -964,7 +1013,7 @@ objective:</p><ul class="meta">{objectives}</ul>
 </div>
 </body></html>
 """
-    with open(os.path.join(out_dir, "index.html"), "w", encoding="utf-8") as f:
+    with out_dir.open("index.html", "w", encoding="utf-8") as f:
         f.write(page)
 
 
@@ -972,6 +1021,7 @@ def build_report(run_dir, out_dir=None):
     """Writes the report; returns the manifest {plot: {kind, series, colors, files, ...}}."""
     if not os.path.isdir(run_dir):
         raise ReportError(f"{run_dir}: no such directory")
+    refuse_links(run_dir, out_dir or os.path.join(run_dir, "report"))
     metrics = read_metrics(run_dir)
     summary = read_summary(run_dir)
     info = read_run_json(run_dir)
@@ -979,6 +1029,7 @@ def build_report(run_dir, out_dir=None):
     out_dir = out_dir or os.path.join(run_dir, "report")
     try:
         os.makedirs(out_dir, exist_ok=True)
+        out_dir = ReportDir(out_dir)
     except OSError as e:
         raise ReportError(f"{out_dir}: cannot create the report directory: {e.strerror}")
     try:
@@ -1005,10 +1056,11 @@ def build_report(run_dir, out_dir=None):
     for name in ("summary.csv", "config.yaml"):
         src = os.path.join(run_dir, name)
         if os.path.isfile(src):
-            shutil.copyfile(src, os.path.join(out_dir, name))
+            with open_run_file(src, "rb") as f, out_dir.open(name, "wb") as g:
+                shutil.copyfileobj(f, g)
     write_index(run_dir, out_dir, metrics, summary, manifest, info, config_text, state,
                 colors, archs)
-    with open(os.path.join(out_dir, "manifest.json"), "w", encoding="utf-8") as f:
+    with out_dir.open("manifest.json", "w", encoding="utf-8") as f:
         json.dump({"run_dir": os.path.abspath(run_dir), "state": state[0],
                    "state_text": state[1], "complete": state[0] == "complete",
                    "colors": colors, "plots": manifest}, f, indent=1)

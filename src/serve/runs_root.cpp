@@ -233,4 +233,129 @@ std::optional<std::string> RunsRoot::run_id_of_out_dir(const std::string& out_di
     return name;
 }
 
+namespace {
+
+// Every name in `dir_fd` (hidden ones included), sorted.
+std::vector<std::string> list_names(int dir_fd) {
+    std::vector<std::string> names;
+    const int dup = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dup < 0) return names;
+    DIR* d = ::fdopendir(dup);
+    if (d == nullptr) {
+        ::close(dup);
+        return names;
+    }
+    while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+bool is_link(int dir_fd, const std::string& name) {
+    const auto st = stat_beneath(dir_fd, name);
+    return st && S_ISLNK(st->st_mode);
+}
+
+}  // namespace
+
+std::string planted_link(int run_fd) {
+    for (const char* name : {"config.yaml", "run.json", "metrics.jsonl", "summary.csv", "COMPLETE",
+                             ".saetrain.lock", "checkpoints", "sae", "report"})
+        if (is_link(run_fd, name)) return fmt::format("{} is a symlink", name);
+    std::string why;
+    if (Fd sae = open_beneath(run_fd, "sae", true, &why); sae.valid())
+        for (const std::string& id : list_names(sae.get())) {
+            if (is_link(sae.get(), id)) return fmt::format("sae/{} is a symlink", printable(id));
+            if (Fd dir = open_beneath(sae.get(), id, true, &why);
+                dir.valid() && is_link(dir.get(), "feature_density.csv"))
+                return fmt::format("sae/{}/feature_density.csv is a symlink", printable(id));
+        }
+    if (Fd report = open_beneath(run_fd, "report", true, &why); report.valid())
+        for (const std::string& name : list_names(report.get()))
+            if (is_link(report.get(), name))
+                return fmt::format("report/{} is a symlink", printable(name));
+    return "";
+}
+
+namespace {
+
+std::vector<std::string> path_parts(const std::string& path) {
+    std::vector<std::string> parts;
+    size_t a = 0;
+    while (a <= path.size()) {
+        size_t b = path.find('/', a);
+        if (b == std::string::npos) b = path.size();
+        const std::string part = path.substr(a, b - a);
+        if (!part.empty() && part != ".") parts.push_back(part);
+        a = b + 1;
+    }
+    return parts;
+}
+
+}  // namespace
+
+std::optional<std::string> RunsRoot::stage_dir_for_launch(const std::string& stage_dir,
+                                                          const std::string& cwd,
+                                                          const std::string& tmpdir,
+                                                          std::string* why) const {
+    const std::string tmp = tmpdir.empty() ? "/tmp" : tmpdir;
+    const auto refuse = [&](const std::string& what) {
+        *why = fmt::format(
+            "data.stage_dir '{}' {}; a run launched by sae-serve writes only in the runs root {} "
+            "and the node's temporary directory {} ($TMPDIR): leave it empty or write "
+            "$TMPDIR/NAME",
+            printable(stage_dir), what, path_, printable(tmp));
+        return std::nullopt;
+    };
+    std::string path = stage_dir;
+    if (path.rfind("$TMPDIR", 0) == 0) path = tmp + path.substr(7);
+    if (path.empty() || path[0] != '/') path = cwd + "/" + path;
+    const std::vector<std::string> parts = path_parts(path);
+    for (const std::string& p : parts)
+        if (p == "..") return refuse("holds '..'");
+    // The bases a launched run may write below: the temporary directory as named and as its
+    // real path, and the root.
+    std::vector<std::string> bases = {tmp};
+    char real[PATH_MAX];
+    if (::realpath(tmp.c_str(), real) != nullptr) bases.emplace_back(real);
+    bases.push_back(path_);
+    for (const std::string& base : bases) {
+        const std::vector<std::string> bp = path_parts(base);
+        if (bp.size() > parts.size() || !std::equal(bp.begin(), bp.end(), parts.begin())) continue;
+        if (::realpath(base.c_str(), real) == nullptr)
+            return refuse(fmt::format("is in {}, which cannot be resolved: {}", printable(base),
+                                      errno_text(errno)));
+        std::string out = real;
+        Fd dir(::open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!dir.valid())
+            return refuse(fmt::format("is in {}, which cannot be opened: {}", printable(base),
+                                      errno_text(errno)));
+        for (size_t i = bp.size(); i < parts.size(); ++i) {
+            const std::string& name = parts[i];
+            if (::mkdirat(dir.get(), name.c_str(), 0700) != 0 && errno != EEXIST)
+                return refuse(fmt::format("cannot be created at {}/{}: {}", printable(out),
+                                          printable(name), errno_text(errno)));
+            std::string inner;
+            Fd next = open_beneath(dir.get(), name, true, &inner);
+            if (!next.valid())
+                return refuse(fmt::format("leads through {}/{}", printable(out), inner));
+            struct stat st {};
+            if (::fstat(next.get(), &st) != 0) return refuse(errno_text(errno));
+            if ((st.st_uid != ::geteuid() && st.st_uid != 0) || (st.st_mode & 022) != 0)
+                return refuse(fmt::format(
+                    "leads through {}/{}, a directory {}; another user could plant a link in it",
+                    printable(out), printable(name),
+                    st.st_uid != ::geteuid() && st.st_uid != 0 ? "of another user"
+                                                               : "others may write"));
+            out += "/" + name;
+            dir = std::move(next);
+        }
+        return out;
+    }
+    return refuse(fmt::format("is {}, outside both", printable(path)));
+}
+
 }  // namespace saetrain::serve

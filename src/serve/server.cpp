@@ -16,6 +16,7 @@
 #include <boost/beast/websocket.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -961,12 +962,6 @@ Response Server::submit(const Request& req, const Target& t) {
         if (!named) return error_response(req, http::status::bad_request, why);
         id = *named;
     }
-    if (!cfg.data.stage_dir.empty() && cfg.data.stage_dir.rfind("$TMPDIR", 0) != 0)
-        return error_response(
-            req, http::status::bad_request,
-            fmt::format("data.stage_dir '{}': a run launched by sae-serve writes only under the "
-                        "runs root and $TMPDIR; leave it empty or start it with $TMPDIR",
-                        printable(cfg.data.stage_dir)));
     const std::optional<int> ranks = ranks_for(cfg, asked, &why);
     if (!ranks) return error_response(req, http::status::bad_request, why);
     const bool overwrite = t.query.count("overwrite") && t.query.at("overwrite") != "0";
@@ -988,6 +983,14 @@ Response Server::submit(const Request& req, const Target& t) {
                 fmt::format("run '{}' exists{}: POST /api/runs/{}/resume continues it, "
                             "?overwrite=1 replaces it",
                             id, w != nullptr ? " (" + w->state().state + ")" : "", id));
+    }
+    // Last of the checks: it creates the directory.
+    if (!cfg.data.stage_dir.empty()) {
+        const char* tmpdir = std::getenv("TMPDIR");  // the launched run's, as it inherits ours
+        const auto stage = root_.stage_dir_for_launch(cfg.data.stage_dir, opt_.cwd,
+                                                      tmpdir != nullptr ? tmpdir : "", &why);
+        if (!stage) return error_response(req, http::status::bad_request, why);
+        cfg.data.stage_dir = *stage;
     }
     return launch(req, id, std::move(cfg), *ranks, overwrite, http::status::created);
 }
@@ -1147,6 +1150,12 @@ void Server::report(const Request& req, const std::string& id, const std::string
     Fd dir = open_beneath(run.get(), "report", true, &why);
     const bool have = dir.valid() && stat_beneath(dir.get(), "index.html").has_value();
     if (file != "index.html" || (have && !refresh)) return respond(report_file(req, id, file));
+    if (const std::string link = planted_link(run.get()); !link.empty())
+        return respond(error_response(
+            req, http::status::forbidden,
+            fmt::format("run '{}': {} (not followed); a run never writes one, so sae-report is "
+                        "not run on this directory: remove the link",
+                        id, link)));
     // Made now by sae-report, in a thread of its own (it takes seconds); every request for it
     // meanwhile waits for the same one.
     Request head;

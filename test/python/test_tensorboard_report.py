@@ -590,6 +590,40 @@ def test_report_errors_are_one_line(tmp_path):
     assert r.returncode == 1 and "no metrics rows yet" in r.stderr
 
 
+def test_links_in_a_run_directory_are_refused_and_nothing_is_written_through_them(sweep,
+                                                                                  tmp_path):
+    """A run never writes a symlink: one planted where sae-report reads (config.yaml, an SAE's
+    density file) or writes (report/, a file in it) is refused by name, and nothing is read
+    through it into the page or written where it points."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the run's")
+    secret.chmod(0o600)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "index.html").write_text("kept")
+    sae = sorted(os.listdir(sweep / "sae"))[0]
+    cases = [("config.yaml", secret), ("report", outside), ("report/fvu.svg", secret),
+             (f"sae/{sae}/feature_density.csv", secret)]
+    for name, target in cases:
+        run = tmp_path / ("run-" + name.replace("/", "-"))
+        shutil.copytree(sweep, run, ignore=shutil.ignore_patterns("report"))
+        link = run / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.exists():
+            link.unlink()
+        link.symlink_to(target)
+        r = _run(REPORT, run, ok=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert lines[0] == (f"sae-report: error: {link} is a symlink: sae-report reads and "
+                            "writes only a run's own files, and a run never writes a link; "
+                            "remove it"), lines[0]
+        assert not (run / "report" / "index.html").exists() or name.startswith("report")
+    assert sorted(os.listdir(outside)) == ["index.html"]
+    assert (outside / "index.html").read_text() == "kept"
+    assert secret.read_text() == "not the run's"
+
+
 # --- no .venv needed ---------------------------------------------------------------------------
 
 DEBIAN_PYTHON = "/usr/bin/python3"

@@ -203,9 +203,29 @@ def test_paths_cannot_leave_the_runs_root(server, data, tmp):
         assert "run id" in r.json()["error"]
     r = server.post("/api/runs?id=escape", data=config(data).encode())
     assert r.status_code == 400 and "symlink" in r.json()["error"]
-    r = server.post("/api/runs?id=stage", data=(config(data) + "").replace(
-        "shuffle_buffer_rows: 4096", "shuffle_buffer_rows: 4096, stage_dir: /tmp/x").encode())
-    assert r.status_code == 400 and "data.stage_dir" in r.json()["error"]
+    # data.stage_dir: resolved, not compared as text ('$TMPDIR/..' started with '$TMPDIR').
+    for stage in ("/etc/saetrain-stage", "$TMPDIR/../etc/saetrain-stage", "$TMPDIRx/y"):
+        r = server.post("/api/runs?id=stage", data=(config(data) + "").replace(
+            "shuffle_buffer_rows: 4096", f"shuffle_buffer_rows: 4096, stage_dir: '{stage}'")
+            .encode())
+        assert r.status_code == 400 and "data.stage_dir" in r.json()["error"], (stage, r.text)
+    assert not os.path.exists("/etc/saetrain-stage")
+    # Links planted where sae-report reads or writes: refused by the server before it runs it.
+    secret = os.path.join(tmp, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("an unrelated file")
+    os.chmod(secret, 0o600)
+    for name, target in (("config.yaml", secret), ("report", os.path.join(outside, "report"))):
+        run = os.path.join(server.root, "linked-" + name.replace(".", "-"))
+        os.makedirs(run)
+        with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+            f.write('{"sae":"a","step":10,"tokens":640,"fvu":0.5,"l0":4}\n')
+        os.symlink(target, os.path.join(run, name))
+        r = server.get(f"/runs/{os.path.basename(run)}/report/")
+        assert r.status_code == 403, (name, r.status_code, r.text)
+        assert f"{name} is a symlink" in r.json()["error"], r.text
+        assert "an unrelated file" not in r.text
+        assert not os.path.exists(os.path.join(run, "report", "config.yaml"))
     for path in ("/api/runs/%2e%2e", "/api/runs/..%2F..%2Fetc", "/api/runs/.sae-serve",
                  "/api/runs/%2e%2e/metrics", "/runs/%2e%2e/report/"):
         r = server.get(path)
@@ -226,6 +246,7 @@ def test_paths_cannot_leave_the_runs_root(server, data, tmp):
     r = server.get("/runs/planted/report/..%2F..%2F.sae-serve%2Ftoken")
     assert r.status_code == 400 and server.token not in r.text
     assert sorted(os.listdir(outside)) == ["report", "run.json"], "nothing written outside"
+    assert os.listdir(os.path.join(outside, "report")) == ["index.html"]
 
 
 def test_damaged_run_files_do_not_end_the_server(server):

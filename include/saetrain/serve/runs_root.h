@@ -75,6 +75,20 @@ public:
     std::optional<std::string> run_id_of_out_dir(const std::string& out_dir, const std::string& cwd,
                                                  std::string* why) const;
 
+    // The directory a launched run stages its shards in, for a submitted config's
+    // data.stage_dir: `$TMPDIR` at its start becomes `tmpdir` (the node's temporary directory,
+    // as the run would expand it), a relative path is taken from `cwd`. After `$TMPDIR` is
+    // expanded the path must lie, component by component, in `tmpdir` (or its real path) or the
+    // root; a '..' component is refused. The components below that base are opened from its
+    // descriptor without following a symlink, each existing one owned by this user and not
+    // writable by others (so nobody else can plant a link in it later), the missing ones created
+    // (mode 0700). Returns the real path to launch with, or nothing with `why` naming
+    // data.stage_dir and the two places a launched run may write.
+    std::optional<std::string> stage_dir_for_launch(const std::string& stage_dir,
+                                                    const std::string& cwd,
+                                                    const std::string& tmpdir,
+                                                    std::string* why) const;
+
 private:
     std::string path_;
     Fd fd_;
@@ -84,6 +98,13 @@ private:
 // directory when `directory` (O_DIRECTORY), else as a regular file (anything else is refused).
 // Invalid Fd with `why` set ("report is a symlink", "does not exist", ...).
 Fd open_beneath(int dir_fd, const std::string& name, bool directory, std::string* why);
+
+// The first symlink among what sae-report reads or writes in the run directory `run_fd` (its
+// config.yaml, run.json, metrics.jsonl, summary.csv, COMPLETE, lock, checkpoints/, sae/ and each
+// sae/ID/ with its feature_density.csv, report/ and every file in it), as "NAME is a symlink";
+// "" when there is none. A run never writes a link: sae-serve runs sae-report only on a run
+// directory without them (sae-report refuses one on its own too).
+std::string planted_link(int run_fd);
 
 // The names of the real directories (no symlinks) in `dir_fd` that pass run_id_check, sorted.
 std::vector<std::string> list_plain_dirs(int dir_fd);
