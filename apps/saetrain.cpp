@@ -149,6 +149,34 @@ void load_eval_rows(Setup& s, const std::vector<DatasetInfo>& eval_parts) {
         s.eval_x = read_rows(eval_parts.empty() ? s.parts() : eval_parts, s.split.eval_mine);
 }
 
+// What `--overwrite` would delete in `out`, for the refusals that offer it: "--overwrite would
+// delete its N committed checkpoint(s) (the newest at step S), its final weights and its metrics
+// to start over".
+std::string overwrite_deletes(const fs::path& out) {
+    std::vector<std::string> what;
+    const std::vector<int64_t> steps = Checkpointer::committed_steps(out.string());  // newest first
+    if (!steps.empty())
+        what.push_back(fmt::format("its {} committed checkpoint(s) (the newest at step {})",
+                                   steps.size(), steps.front()));
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(out / "COMPLETE", ec)))
+        what.emplace_back("its final weights");
+    what.emplace_back("its metrics");
+    std::string list;
+    for (size_t i = 0; i < what.size(); ++i)
+        list += (i == 0 ? "" : i + 1 == what.size() ? " and " : ", ") + what[i];
+    return fmt::format("--overwrite would delete {} to start over", list);
+}
+
+// The run in `out` was trained with `old_yaml`: the keys that change the result and differ now,
+// each with both values ("sae.k: 8 -> 16; train.lr: 0.002 -> 0.001"), or "" when none does.
+std::string result_key_changes(const std::string& old_yaml, const Config& now) {
+    std::string keys;
+    for (const std::string& d : config_result_differences(old_yaml, config_to_yaml(now)))
+        keys += (keys.empty() ? "" : "; ") + d;
+    return keys;
+}
+
 // Whether out_dir holds this run, finished: its COMPLETE marks the run there (run_dir.h), which
 // was trained with this config. A finished run of another config is an error naming the keys;
 // a COMPLETE that is not the marker of the run there is ignored (rank 0 warns), and the run goes
@@ -169,9 +197,9 @@ bool holds_finished_run(const Setup& s, int rank) {
     const std::vector<std::string> diff =
         config_result_differences(*finished, config_to_yaml(s.cfg));
     SAE_ENFORCE(diff.empty(),
-                "run.out_dir {} holds a finished run trained with a different config ({}); pass "
-                "--overwrite to replace it or choose another run.out_dir",
-                out.string(), fmt::join(diff, "; "));
+                "run.out_dir {} holds a finished run trained with a different config ({}); "
+                "restore those values to keep it, or choose another run.out_dir ({})",
+                out.string(), fmt::join(diff, "; "), overwrite_deletes(out));
     return true;
 }
 
@@ -186,6 +214,18 @@ void inspect_out_dir(Setup& s, const Args& args, int rank) {
     }
     s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
     s.complete = !args.overwrite && holds_finished_run(s, rank);
+    // A resume under another config: refused up front naming each key with its two values (a
+    // key that names the SAE, such as sae.k, would otherwise find no checkpoint of its id).
+    if (s.resume && !s.complete && !args.allow_config_change) {
+        std::ifstream in(out / "config.yaml");
+        const std::string old((std::istreambuf_iterator<char>(in)), {});
+        const std::string keys = old.empty() ? "" : result_key_changes(old, s.cfg);
+        SAE_ENFORCE(keys.empty(),
+                    "{} holds a run trained with a different config ({}); restore those values "
+                    "and run again to resume it, pass --allow-config-change to resume it under "
+                    "the new values, or choose another run.out_dir ({})",
+                    out.string(), keys, overwrite_deletes(out));
+    }
     if (rank != 0 || s.resume || s.complete || args.overwrite || !fs::exists(out / "metrics.jsonl"))
         return;
     std::ifstream in(out / "config.yaml");
@@ -196,9 +236,9 @@ void inspect_out_dir(Setup& s, const Args& args, int rank) {
     std::string keys;
     for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
     SAE_ENFORCE(diff.empty(),
-                "{} already holds another run with no committed checkpoint ({}); choose "
-                "another run.out_dir or pass --overwrite to replace it",
-                out.string(), keys);
+                "{} already holds another run with no committed checkpoint ({}); restore those "
+                "values or choose another run.out_dir ({})",
+                out.string(), keys, overwrite_deletes(out));
 }
 
 // The backend the config asks for on this rank's device, checked against the SAE it trains.
@@ -564,9 +604,12 @@ int64_t resume_if_any(Setup& s, const Args& args, Communicator& world, Checkpoin
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     SAE_ENFORCE(at.has_value(),
-                "{}: no committed checkpoint could be loaded (see the warnings above); pass "
-                "--overwrite to start over",
-                s.out().string());
+                "{}: no committed checkpoint could be loaded ({}); restore what it names and run "
+                "again to resume ({})",
+                s.out().string(),
+                checkpoints.newest_failure().empty() ? "see the warnings above"
+                                                     : checkpoints.newest_failure(),
+                overwrite_deletes(s.out()));
     if (s.local) s.local->restore(ReaderCursor{at->epoch, at->offset});
     opt.start_iteration = at->iteration;
     opt.initialized = true;
@@ -759,7 +802,7 @@ int run(const Args& args, Communicator& world, std::unique_ptr<RunStateFile>& st
         if (root)
             fmt::print(
                 "{} holds a finished run (COMPLETE); nothing to do. Pass --overwrite to "
-                "train it again.\n",
+                "train it again (it deletes its final weights and metrics).\n",
                 s.cfg.run.out_dir);
         return 0;
     }
@@ -969,10 +1012,15 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "saetrain: error: %s\n", low.c_str());
         return 1;
     }
-    MpiScope mpi(&argc, &argv);
     // From here on a stop signal is a request: honoured at the first iteration if it arrives
-    // during start-up (the default action would kill the rank and leave its peers waiting).
+    // during start-up, MPI's included (the default action would end the rank with the signal's
+    // status, which Slurm does not requeue, and leave its peers waiting).
     stop_signals_install();
+    // Test hook: SAETRAIN_FAULT_SIGNAL_BEFORE_MPI=TERM|INT|USR1 raises it here, before MPI starts.
+    if (const char* f = std::getenv("SAETRAIN_FAULT_SIGNAL_BEFORE_MPI"))
+        std::raise(std::string(f) == "INT" ? SIGINT : std::string(f) == "USR1" ? SIGUSR1 : SIGTERM);
+    MpiScope mpi(&argc, &argv);
+    stop_signals_install();  // again: MPI's start-up may have set handlers of its own
     auto world = make_mpi_world();
     stop_signals_set_rank(world->rank());
     std::unique_ptr<RunStateFile> state;  // rank 0, once training starts: how the process ended

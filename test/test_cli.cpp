@@ -717,7 +717,9 @@ TEST_F(Cli, CompleteMarkersCarryTheRunsIdentity) {
     EXPECT_EQ(line_with(r.out, "saetrain: error:"),
               "saetrain: error: run.out_dir " + out.string() +
                   " holds a finished run trained with a different config (train.lr: 0.005 -> "
-                  "0.01); pass --overwrite to replace it or choose another run.out_dir")
+                  "0.01); restore those values to keep it, or choose another run.out_dir "
+                  "(--overwrite would delete its 1 committed checkpoint(s) (the newest at step "
+                  "12), its final weights and its metrics to start over)")
         << r.out;
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
     EXPECT_EQ(fs::last_write_time(final_h5), h5_time);
@@ -881,6 +883,57 @@ TEST_F(Cli, ChangedDataWidthIsRefusedOnResume) {
     EXPECT_NE(r.out.find("now has d_model 8"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("checkpoint-"), std::string::npos) << r.out;
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+}
+
+// A resume refused names what to restore: each result-changing key with both values (sae.k names
+// the SAE, so its checkpoints would simply not be found), or the rank count the checkpoints were
+// written with; --overwrite is offered only with what it deletes, and nothing is deleted.
+TEST_F(Cli, ARefusedResumeNamesWhatToRestoreAndWhatOverwriteDeletes) {
+    ASSERT_EQ(train().code, 0);
+    fs::remove(dir / "run" / "COMPLETE");  // as if stopped after its last checkpoint
+    const auto commits = [&] {
+        std::vector<std::string> names;
+        for (const auto& e : fs::directory_iterator(dir / "run" / "checkpoints"))
+            names.push_back(e.path().filename().string());
+        std::sort(names.begin(), names.end());
+        return names;
+    };
+    const std::vector<std::string> before = commits();
+    ASSERT_EQ(before, std::vector<std::string>{"step-12.commit"});
+    Result r = train("--set sae.k=2 --set train.lr=0.01");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    EXPECT_EQ(line_with(r.out, "saetrain: error:"),
+              "saetrain: error: " + (dir / "run").string() +
+                  " holds a run trained with a different config (sae.k: 4 -> 2; train.lr: 0.005 "
+                  "-> 0.01); restore those values and run again to resume it, pass "
+                  "--allow-config-change to resume it under the new values, or choose another "
+                  "run.out_dir (--overwrite would delete its 1 committed checkpoint(s) (the newest "
+                  "at step 12) and its metrics to start over)")
+        << r.out;
+    EXPECT_EQ(commits(), before);
+    EXPECT_EQ(train().code, 0) << "the same command as before resumes";
+    // Another rank count: the checkpoint's replicas are named, on the line itself.
+    const std::string dp =
+        " --set parallel.mode=data_parallel --set run.out_dir=" + (dir / "dp").string();
+    ASSERT_EQ(run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() + dp).code, 0);
+    fs::remove(dir / "dp" / "COMPLETE");
+    r = train(dp);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    const std::string line = line_with(r.out, "saetrain: error:");
+    EXPECT_NE(line.find("no committed checkpoint could be loaded (the newest, at step 6: "
+                        "checkpoint "),
+              std::string::npos)
+        << line;
+    EXPECT_NE(line.find("was written by 2 replica(s) of this SAE, the job has 1; resume with the "
+                        "same number of ranks); restore what it names and run again to resume"),
+              std::string::npos)
+        << line;
+    EXPECT_NE(line.find("(--overwrite would delete its 1 committed checkpoint(s)"),
+              std::string::npos)
+        << line;
+    EXPECT_TRUE(fs::exists(dir / "dp" / "checkpoints" / "step-6.commit"));
 }
 
 // An out_dir the job cannot write: under a regular file (ENOTDIR, always), on a read-only file

@@ -290,6 +290,31 @@ TEST_F(Resume, StopSignalBeforeTheFirstStepSavesNothing) {
                    "a Ctrl-C during start-up, then run again");
 }
 
+// A stop signal in the process's first moments, before MPI has started (it took ~0.3 s), is a
+// stop request like any other: exit 75 (which Slurm requeues) with its line, not the signal's
+// default death (143 for SIGTERM), on one rank and on every rank of a job.
+TEST_F(Resume, StopSignalBeforeMpiStartsExits75) {
+    const std::string tail = " --threads 1 --set data.epochs=1";
+    for (const char* sig : {"TERM", "USR1", "INT"}) {
+        const std::string out = std::string("before-mpi-") + sig;
+        const Result r = run(std::string("SAETRAIN_FAULT_SIGNAL_BEFORE_MPI=") + sig + " " +
+                             bin("saetrain") + " " + config(out) + tail);
+        EXPECT_EQ(r.code, 75) << sig << ": " << r.out;
+        EXPECT_EQ(line_with(r.out, "saetrain: stopped"),
+                  "saetrain: stopped by a signal before the first step; nothing to save. Run the "
+                  "same command to start (exit code 75).")
+            << sig << ": " << r.out;
+        EXPECT_TRUE(Checkpointer::committed_steps((dir / out).string()).empty());
+    }
+    const Result r =
+        run("SAETRAIN_FAULT_SIGNAL_BEFORE_MPI=TERM " + std::string(kMpi) + bin("saetrain") + " " +
+            config("before-mpi-2") + tail + " --set 'sae.k=[4,6]'");
+    EXPECT_EQ(r.code, 75) << r.out;
+    const std::string stopped = "saetrain: stopped by a signal before the first step";
+    EXPECT_NE(r.out.find(stopped), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(stopped), r.out.rfind(stopped)) << "printed once, by rank 0: " << r.out;
+}
+
 // A second Ctrl-C stops the process at once, with one line naming the checkpoint kept: the newest
 // committed one, which is what the same command then resumes from. The process ends by SIGINT
 // (a shell sees 130).

@@ -77,6 +77,9 @@ public:
     // keys listed, unless allow_config_change.
     std::optional<ResumePoint> resume(SaeTrainer& trainer, const std::string& config_yaml,
                                       bool allow_config_change);
+    // After a resume that found nothing: why this rank could not use the newest committed
+    // checkpoint ("" when it could, or when there was none).
+    const std::string& newest_failure() const { return newest_failure_; }
 
 private:
     void join_and_commit();
@@ -102,6 +105,7 @@ private:
     std::vector<int64_t> committed_;  // ascending
     std::vector<int64_t> doomed_;     // rotated out; files deleted at the next commit (rank != 0)
     std::function<void(int64_t)> on_commit_;
+    std::string newest_failure_;
 };
 
 // Keys whose values differ between two resolved configs (YAML from config_to_yaml), ignoring

@@ -378,6 +378,7 @@ bool Checkpointer::agree_failed(const std::string& error, int64_t step) {
 
 std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::string& config_yaml,
                                                 bool allow_config_change) {
+    newest_failure_.clear();
     // Rank 0's listing decides the candidates, so every rank tries the same ones.
     std::vector<int64_t> steps = committed_steps(out_dir_);
     int64_t count = static_cast<int64_t>(steps.size());
@@ -397,7 +398,11 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
         } catch (const std::exception& e) {
             error = e.what();
         }
-        if (agree_failed(error, step)) continue;
+        if (agree_failed(error, step)) {
+            if (step == steps.front() && !error.empty())
+                newest_failure_ = fmt::format("the newest, at step {}: {}", step, error);
+            continue;
+        }
         check_resumable(c.meta.config_yaml, config_yaml, allow_config_change, step);
         // The data's d_model is not in the config: a run whose shards were replaced by another
         // model's or hook's activations is refused here, naming what changed.
@@ -405,7 +410,7 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
                     "{}: the checkpoint at step {} ({}) holds an SAE of d_model {} x {} latents, "
                     "but the data at data.path now has d_model {} ({} latents): the shards "
                     "changed since the run started. Restore them, or use another run.out_dir "
-                    "(or --overwrite) for the new data",
+                    "for the new data (--overwrite deletes this run's checkpoints)",
                     out_dir_, step, checkpoint_weights_path(sae_dir_, step), c.d_model, c.n_latents,
                     trainer.d_model(), trainer.n_latents());
         // The SAE's writer verifies the checksum while replica 0 of every other latent shard
@@ -417,7 +422,11 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
         } catch (const std::exception& e) {
             error = e.what();
         }
-        if (agree_failed(error, step)) continue;
+        if (agree_failed(error, step)) {
+            if (step == steps.front() && !error.empty())
+                newest_failure_ = fmt::format("the newest, at step {}: {}", step, error);
+            continue;
+        }
         c.files.reset();
         if (replicas_.size() > 1) share_part(part, replicas_);
         trainer.restore(std::move(part), c.state.step, c.state.tokens);
@@ -453,8 +462,8 @@ void Checkpointer::check_resumable(const std::string& old_yaml, const std::strin
     for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
     throw Error(fmt::format(
         "{}: the checkpoint at step {} was trained with a different config ({}); resuming would "
-        "change the result. Restore those values, pass --allow-config-change to resume anyway, "
-        "or --overwrite to start over",
+        "change the result. Restore those values, or pass --allow-config-change to resume under "
+        "the new ones (--overwrite deletes the run's checkpoints and starts over)",
         out_dir_, step, keys.empty() ? "on another SAE" : keys));
 }
 
