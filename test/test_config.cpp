@@ -787,6 +787,27 @@ TEST(ConfigFiles, DeepNestingIsNamedNotABadFile) {
     EXPECT_EQ(m.find("bad file"), std::string::npos) << m;
 }
 
+// Only one YAML document: a second one (after '---', or content after '...') is refused naming
+// its line, not silently ignored; a leading '---' (after directives and comments), a final '...'
+// and '---' inside a scalar's text are one document.
+TEST(ConfigFiles, SecondYamlDocumentIsRefused) {
+    std::string m = parse_error(kMinimal + "sae: {k: 16}\n---\nsae: {k: 32}\n");
+    EXPECT_HAS(m, "cfg.yaml:3: a second YAML document");
+    m = parse_error(kMinimal + "sae: {k: 16}\n...\n# end\nsae: {k: 32}\n");
+    EXPECT_HAS(m, "cfg.yaml:5: a second YAML document");
+    m = parse_error(kMinimal + "sae: {k: 16}\n--- {sae: {k: 32}}\r\n");
+    EXPECT_HAS(m, "cfg.yaml:3: a second YAML document");
+    EXPECT_EQ(config_parse("%YAML 1.2\n# c\n---\n" + kMinimal + "sae: {k: 16}\n...\n").sae.k, 16);
+    EXPECT_EQ(config_parse(kMinimal + "sae: {k: 16, arch: 'topk'}  # --- x\n" +
+                           "run: {out_dir: 'a---b'}\n")
+                  .sae.k,
+              16);
+    // Linear in the text: 200,000 lines are checked at once (no document is parsed twice).
+    std::string many = kMinimal + "sae: {k: 16}\n";
+    for (int i = 0; i < 200000; ++i) many += "# a comment line\n";
+    EXPECT_EQ(config_parse(many).sae.k, 16);
+}
+
 TEST(ConfigFiles, LoadSetsSourceAndAppliesOverrides) {
     TempFile f(kMinimal + "sae: {k: 16}\n");
     const Config c = config_load(f.path(), {"sae.k=20"});

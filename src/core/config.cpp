@@ -23,6 +23,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <type_traits>
 #include <variant>
 
@@ -595,6 +596,42 @@ bool parse_integer(const std::string& text, Int& out) {
 
 // ---- the parser --------------------------------------------------------------------------------
 
+// The line (from 1) where a second YAML document starts in `text`, or 0 when it holds at most
+// one. Document markers are lexical in YAML: "---" or "..." at the start of a line, followed by
+// a blank or the line's end, is a marker wherever it stands (a block scalar ends there too), so
+// one pass over the lines finds them. A leading "---" (after directives and comments only) and a
+// final "..." mark the one document.
+int64_t second_document_line(const std::string& text) {
+    bool content = false, ended = false;
+    int64_t line_no = 0;
+    for (size_t a = 0; a < text.size();) {
+        size_t b = text.find('\n', a);
+        if (b == std::string::npos) b = text.size();
+        std::string_view line(text.data() + a, b - a);
+        a = b + 1;
+        ++line_no;
+        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+        const auto marker = [&](std::string_view m) {
+            return line.substr(0, 3) == m &&
+                   (line.size() == 3 || line[3] == ' ' || line[3] == '\t');
+        };
+        const auto has_content = [](std::string_view rest) {
+            const size_t p = rest.find_first_not_of(" \t");
+            return p != std::string_view::npos && rest[p] != '#';
+        };
+        if (marker("---")) {
+            if (content || ended) return line_no;
+            content = has_content(line.substr(3));
+        } else if (marker("...")) {
+            ended = true;
+        } else if (has_content(line) && !(line[0] == '%' && !content)) {
+            if (ended) return line_no;
+            content = true;
+        }
+    }
+    return 0;
+}
+
 class Parser {
 public:
     explicit Parser(std::string source) : source_(std::move(source)) {}
@@ -639,6 +676,13 @@ private:
             throw Error(fmt::format("{}:{}:{}: YAML syntax error: {}", source_, e.mark.line + 1,
                                     e.mark.column + 1, e.msg));
         }
+        // yaml-cpp's Load reads the first document and ignores the rest: a config pasted twice,
+        // or two concatenated, would train on the first alone.
+        if (const int64_t line = second_document_line(text); line > 0)
+            throw Error(fmt::format(
+                "{}:{}: a second YAML document ('---' after the first): a saetrain config is "
+                "one document, and the rest would be ignored; merge them or keep one",
+                source_, line));
         if (root.IsNull()) return YAML::Node(YAML::NodeType::Map);  // empty file: all defaults
         SAE_ENFORCE(root.IsMap(), "{}the config must be a mapping of sections ({}), not a {}",
                     loc_mark(root.Mark()), join(kSections), root.IsSequence() ? "list" : "scalar");
