@@ -906,9 +906,17 @@ int dry_run(const Args& args) {
                               : g * static_cast<int>(cfg.parallel.replicas) * per;
         const int ranks = args.ranks > 0 ? args.ranks : asked;
         const RankGrid grid = RankGrid::from_config(cfg, ranks);
-        const std::vector<std::string> ids = sweep_ids(cfg, 0);
-        fmt::print("saetrain: {}: config OK: {} SAE{}: {}\n", printable(cfg.source), ids.size(),
-                   ids.size() == 1 ? "" : "s", fmt::join(ids, ", "));
+        std::vector<std::string> ids = sweep_ids(cfg, 0);
+        const size_t n = ids.size();
+        // A long sweep's ids: the first 16 and the last, on one line that stays readable.
+        if (n > 20) {
+            const std::string last = ids.back();
+            ids.resize(16);
+            ids.push_back(fmt::format("... ({} more)", n - 17));
+            ids.push_back(last);
+        }
+        fmt::print("saetrain: {}: config OK: {} SAE{}: {}\n", printable(cfg.source), n,
+                   n == 1 ? "" : "s", fmt::join(ids, ", "));
         fmt::print("saetrain: {} mode on {} rank(s): {}; out_dir {}; data {}\n", cfg.parallel.mode,
                    ranks, grid.describe(), printable(cfg.run.out_dir),
                    printable(fmt::format("{}", fmt::join(cfg.data.path, ", "))));

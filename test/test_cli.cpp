@@ -1132,6 +1132,28 @@ TEST_F(Cli, DryRunChecksTheConfigAndTheJobSizeAndTouchesNothing) {
     EXPECT_NE(r.out.find("hybrid mode on 4 rank(s): 1 SAE x 2 replicas x 2 latent shards;"),
               std::string::npos)
         << r.out;
+    // A sweep of 65,536 points (256 k x 256 lr: groups of one base id told apart by lr) is
+    // expanded and named in linear time (it took minutes when quadratic), and said in one line:
+    // its first 16 ids and its last.
+    {
+        std::ofstream big(dir / "big.yaml");
+        big << "data: {path: x}\nsae: {arch: topk, expansion: 2, k: [1";
+        for (int k = 2; k <= 256; ++k) big << "," << k;
+        big << "]}\ntrain: {lr: [0.001";
+        for (int i = 1; i < 256; ++i) big << "," << 0.001 + i * 1e-5;
+        big << "]}\n";
+    }
+    r = run(bin("saetrain") + " " + (dir / "big.yaml").string() + " --dry-run");
+    EXPECT_EQ(r.code, 0) << r.out.substr(0, 2000);
+    const std::string first = line_with(r.out, "saetrain: " + (dir / "big.yaml").string());
+    EXPECT_EQ(first.rfind("saetrain: " + (dir / "big.yaml").string() +
+                              ": config OK: 65536 SAEs: topk-x2-k1-lr0.001, topk-x2-k1-lr0.00101, ",
+                          0),
+              0u)
+        << first.substr(0, 400);
+    EXPECT_NE(first.find(", ... (65519 more), topk-x2-k256-lr0.00355"), std::string::npos)
+        << first.substr(0, 2000);
+    EXPECT_LT(first.size(), 1000u);
     // A bad key is the run's own one-line error.
     r = run(bin("saetrain") + " " + cfg + " --dry-run --set sae.kk=3");
     EXPECT_EQ(r.code, 1);

@@ -25,6 +25,8 @@
 #include <sstream>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <variant>
 
 #include "saetrain/arch.h"
@@ -784,11 +786,15 @@ private:
                         loc(full), full);
             SAE_ENFORCE(node.size() > 0, "{}{}: empty list; a swept key needs at least one value",
                         loc(full), full);
+            // A repeat is found among the values of the same text (linear in the list).
+            std::unordered_map<std::string, std::vector<size_t>> by_text;
             for (const auto& item : node) {
                 Value v = convert(f, item);
-                for (const Value& prev : values)
-                    SAE_ENFORCE(!(prev == v), "{}{}: the list has {} twice", loc(full), full,
-                                value_text(v));
+                std::vector<size_t>& same_text = by_text[value_text(v)];
+                for (size_t prev : same_text)
+                    SAE_ENFORCE(!(values[prev] == v), "{}{}: the list has {} twice", loc(full),
+                                full, value_text(v));
+                same_text.push_back(values.size());
                 values.push_back(std::move(v));
             }
         } else {
@@ -1138,33 +1144,39 @@ std::vector<std::string> sweep_ids(const Config& cfg, int64_t d_model) {
     const std::vector<SaeConfig>& points = points_of(cfg, scratch);
     std::vector<std::string> ids;
     for (const SaeConfig& p : points) ids.push_back(p.id(d_model));
-    const std::vector<std::string> base = ids;
-    // Points sharing a base id get every key whose value differs inside their group appended.
-    for (size_t i = 0; i < points.size(); ++i) {
-        std::vector<size_t> group;
-        for (size_t j = 0; j < points.size(); ++j)
-            if (base[j] == base[i]) group.push_back(j);
+    // Points sharing a base id get every key whose value differs inside their group appended
+    // (to each of them: a key differs for one point exactly when the group is not all one value).
+    // Linear in the points: a group is found by its base id, and its keys compared once.
+    std::unordered_map<std::string, std::vector<size_t>> groups;
+    for (size_t i = 0; i < points.size(); ++i) groups[ids[i]].push_back(i);
+    std::vector<std::string> suffixes(points.size());
+    for (const auto& [base, group] : groups) {
         if (group.size() < 2) continue;
-        std::string suffix;
         for (const Field& f : fields()) {
             if (!f.sweepable()) continue;
-            const Value mine = f.get(cfg, points[i]);
+            const Value first = f.get(cfg, points[group[0]]);
             bool differs = false;
-            for (size_t j : group) differs = differs || !(f.get(cfg, points[j]) == mine);
+            for (size_t j : group) differs = differs || !(f.get(cfg, points[j]) == first);
             if (!differs) continue;
-            const bool numeric =
-                !std::holds_alternative<std::string>(mine) && !std::holds_alternative<bool>(mine);
-            if (is_list(f.kind))  // a path component: "-matryoshka_prefixes_128_512"
-                suffix += fmt::format("-{}_{}", f.key, id_list_text(mine));
-            else
-                suffix += fmt::format("-{}{}{}", f.key, numeric ? "" : "_", value_text(mine));
+            for (size_t i : group) {
+                const Value mine = f.get(cfg, points[i]);
+                const bool numeric = !std::holds_alternative<std::string>(mine) &&
+                                     !std::holds_alternative<bool>(mine);
+                if (is_list(f.kind))  // a path component: "-matryoshka_prefixes_128_512"
+                    suffixes[i] += fmt::format("-{}_{}", f.key, id_list_text(mine));
+                else
+                    suffixes[i] +=
+                        fmt::format("-{}{}{}", f.key, numeric ? "" : "_", value_text(mine));
+            }
         }
-        ids[i] = base[i] + suffix;
     }
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] += suffixes[i];
     // Identical points (possible only in a hand-built Config) get their index.
-    for (size_t i = 0; i < ids.size(); ++i)
-        for (size_t j = i + 1; j < ids.size(); ++j)
-            if (ids[j] == ids[i]) ids[j] += fmt::format("-p{}", j);
+    std::unordered_set<std::string> seen;
+    for (size_t j = 0; j < ids.size(); ++j) {
+        while (seen.count(ids[j])) ids[j] += fmt::format("-p{}", j);
+        seen.insert(ids[j]);
+    }
     return ids;
 }
 
