@@ -956,6 +956,15 @@ TEST_F(Cli, OutDirThatCannotBeWrittenIsOneClearLine) {
     EXPECT_NE(r.code, 124) << "a rank hung:\n" << r.out;
     EXPECT_NE(r.out.find(under_file), std::string::npos) << r.out;
     EXPECT_EQ(count(r.out, "saetrain: error:"), 1u) << r.out;
+    // A path the system cannot take (a component over 255 bytes) is said so, not called "the
+    // root directory".
+    const std::string too_long = (dir / std::string(300, 'a') / "run").string();
+    r = train("--set run.out_dir=" + too_long);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(line_with(r.out, "saetrain: error:"),
+              "saetrain: error: run.out_dir " + too_long + " cannot be resolved (" +
+                  std::strerror(ENAMETOOLONG) + "); choose another")
+        << r.out;
 
     const fs::path ro = dir / "rofs";
     fs::create_directories(ro);

@@ -32,6 +32,9 @@ void check_out_dir_is_ours(const std::string& out_dir) {
     const fs::path out = out_dir;
     std::error_code ec;
     const fs::path real = fs::weakly_canonical(fs::absolute(out, ec), ec);
+    // (An unresolvable path, one too long for the system, came back empty: "the root".)
+    SAE_ENFORCE(!ec && !real.empty(), "run.out_dir {} cannot be resolved ({}); choose another",
+                out_dir, ec ? ec.message() : "empty");
     SAE_ENFORCE(real != real.root_path(),
                 "run.out_dir {} is the root directory; give the run a directory of its own "
                 "(e.g. runs/<name>)",
