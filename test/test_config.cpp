@@ -262,6 +262,14 @@ TEST(ConfigErrors, CltListsOneInputAndTargetSetPerLayer) {
     EXPECT_HAS(parse_error("data: {path: [a, b], target_path: [c, d]}\n"
                            "sae: {arch: clt, n_latents: 9}\n"),
                "sae.n_latents = 9 is not a multiple of the CLT's 2 layers");
+    // A layer's set listed twice (as written, or the same directory spelled another way).
+    EXPECT_HAS(parse_error("data: {path: [a/x, b, ./a/x/], target_path: [c, d, e]}\n"
+                           "sae: {arch: clt}\n"),
+               "data.path lists './a/x/' for layers 0 and 2: sae.arch clt reads one set per "
+               "layer, in layer order; list each layer's once");
+    EXPECT_HAS(parse_error("data: {path: [a, b], target_path: ['s3://t/l1/', 's3://t/l1/']}\n"
+                           "sae: {arch: clt}\n"),
+               "data.target_path lists 's3://t/l1/' for layers 0 and 1");
 }
 
 // A transcoder needs its target set, an SAE must not have one, and held-out rows of a transcoder

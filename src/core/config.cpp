@@ -17,6 +17,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -974,6 +975,27 @@ private:
                     "{}data.target_path lists {} dataset(s), but data.path lists {}: sae.arch "
                     "{} reads one input and one target set per layer, in layer order",
                     loc("data.target_path"), c.data.target_path.size(), sets, s.arch);
+                // Each layer's sets once: a repeated one would train a layer on another's
+                // activations (or a layer's output as a later one's).
+                for (const auto* list : {&c.data.path, &c.data.target_path}) {
+                    const std::string key = list == &c.data.path ? "data.path" : "data.target_path";
+                    std::map<std::string, size_t> first;
+                    for (size_t i = 0; i < list->size(); ++i) {
+                        const std::string& p = (*list)[i];
+                        const std::string norm =
+                            p.rfind("s3://", 0) == 0
+                                ? p
+                                : std::filesystem::path(p).lexically_normal().string();
+                        const auto [it, fresh] = first.emplace(norm.size() > 1 && norm.back() == '/'
+                                                                   ? norm.substr(0, norm.size() - 1)
+                                                                   : norm,
+                                                               i);
+                        SAE_ENFORCE(fresh,
+                                    "{}{} lists '{}' for layers {} and {}: sae.arch {} reads one "
+                                    "set per layer, in layer order; list each layer's once",
+                                    loc(key), key, p, it->second, i, s.arch);
+                    }
+                }
                 SAE_ENFORCE(c.data.eval_path.empty(),
                             "{}data.eval_path is not supported for sae.arch {} yet; hold out the "
                             "last rows of data.path with data.eval_rows instead",
