@@ -366,6 +366,18 @@ struct DataFound {
 std::string layer_key(const char* key, size_t layer, size_t layers) {
     return layers == 1 ? std::string(key) : fmt::format("{}[{}]", key, layer);
 }
+// Says (once per pair) that a pair's rows could not be matched token for token.
+void check_paired(const DatasetInfo& input, const DatasetInfo& target, const std::string& input_key,
+                  const std::string& target_key) {
+    if (!dataset_check_paired(input, target, input_key, target_key))
+        fmt::print(stderr,
+                   "saetrain: warning: {} {} and {} {} carry no token_ids (nor the extraction's "
+                   "contexts_sha256) on both sides, so only their row counts, width and type "
+                   "were checked, not that row i of one is row i of the other; write both in one "
+                   "extraction (tools/extract_activations.py, both hooks)\n",
+                   input_key, printable(input.source), target_key, printable(target.source));
+}
+
 DataFound open_datasets(const Config& cfg) {
     DataFound found;
     const size_t layers = cfg.data.path.size();
@@ -379,13 +391,13 @@ DataFound open_datasets(const Config& cfg) {
                         "{} {}: d_model {} differs from data.path[0]'s {}; a CLT's layers must "
                         "have one width",
                         layer_key("data.path", l, layers), in.source, in.d_model, data.d_model);
-            dataset_check_paired(data, in, "data.path[0]", layer_key("data.path", l, layers));
+            check_paired(data, in, "data.path[0]", layer_key("data.path", l, layers));
         }
         found.packed_inputs.push_back(dataset_info_pack(in));
         if (l < cfg.data.target_path.size()) {
             const DatasetInfo target = dataset_open(cfg.data.target_path[l], cfg.data.dataset, s3);
-            dataset_check_paired(in, target, layer_key("data.path", l, layers),
-                                 layer_key("data.target_path", l, layers));
+            check_paired(in, target, layer_key("data.path", l, layers),
+                         layer_key("data.target_path", l, layers));
             found.packed_targets.push_back(dataset_info_pack(target));
         }
     }
@@ -398,7 +410,7 @@ DataFound open_datasets(const Config& cfg) {
         found.packed_eval = dataset_info_pack(ev);
         if (!cfg.data.eval_target_path.empty()) {
             const DatasetInfo et = dataset_open(cfg.data.eval_target_path, cfg.data.dataset, s3);
-            dataset_check_paired(ev, et, "data.eval_path", "data.eval_target_path");
+            check_paired(ev, et, "data.eval_path", "data.eval_target_path");
             found.packed_eval_target = dataset_info_pack(et);
         }
     }

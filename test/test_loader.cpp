@@ -647,7 +647,8 @@ TEST(Loader, PairedSetsAreReadRowForRowInOneShuffle) {
     so.dtype = DType::f16;
     synth_write(so);
     const DatasetInfo in = dataset_open(tmp / "in"), out = dataset_open(tmp / "out");
-    EXPECT_NO_THROW(dataset_check_paired(in, out, "data.path", "data.target_path"));
+    EXPECT_TRUE(dataset_check_paired(in, out, "data.path", "data.target_path"))
+        << "sae-synth's pairs carry token ids: compared";
     const std::vector<float> xs = read_rows(in, {0, in.total_rows});
     const std::vector<float> ys = read_rows(out, {0, out.total_rows});
     const int64_t d = in.d_model;
@@ -785,4 +786,15 @@ TEST(Loader, MisalignedPairsAreRefusedNamingTheShard) {
               std::string::npos)
         << m;
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    // Without token ids on one side nothing can be compared row for row: accepted (the counts
+    // agree), and the caller told so (saetrain warns).
+    for (const auto& e : fs::directory_iterator(tmp / "out")) {
+        if (e.path().filename().string().rfind("shard_", 0) != 0) continue;
+        hid_t f = H5Fopen(e.path().c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        ASSERT_GE(f, 0);
+        ASSERT_GE(H5Ldelete(f, "token_ids", H5P_DEFAULT), 0);
+        H5Fclose(f);
+    }
+    EXPECT_FALSE(
+        dataset_check_paired(in, dataset_open(tmp / "out"), "data.path", "data.target_path"));
 }

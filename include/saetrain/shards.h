@@ -49,8 +49,10 @@ DatasetInfo dataset_open(const std::string& path_or_glob,
 // transcoder's MLP input and output): the same rows per shard, d_model and type, and, where the
 // shards carry them, the same token ids (the first and last 4096 of each shard) and extraction
 // digest (contexts_sha256). The keys name the config's settings in messages (data.path,
-// data.target_path).
-void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
+// data.target_path). Returns whether the tokens behind the rows were compared: false when no
+// shard pair carries token ids or the extraction's digest on both sides (only the counts, the
+// width and the type agree; the caller says so).
+bool dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
                           const std::string& input_key, const std::string& target_key);
 
 // DatasetInfo as bytes and back: one rank validates a dataset and broadcasts the result, so a

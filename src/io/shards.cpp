@@ -384,7 +384,7 @@ std::vector<int32_t> token_ids_at(hid_t file, const std::string& path, int64_t r
 
 }  // namespace
 
-void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
+bool dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
                           const std::string& input_key, const std::string& target_key) {
     const std::string hint =
         "; both sets must come from one extraction (tools/extract_activations.py with both "
@@ -405,6 +405,7 @@ void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
                 dtype_name(input.dtype));
     auto guard = h5::lock();
     h5::init();
+    bool compared = false;
     for (size_t i = 0; i < input.shards.size(); ++i) {
         const ShardInfo& a = input.shards[i];
         const ShardInfo& b = target.shards[i];
@@ -419,6 +420,7 @@ void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
         for (const std::string name : {"contexts_sha256", "first_context"}) {
             const std::string va = attr_on(da.get(), fa.get(), name.c_str());
             const std::string vb = attr_on(db.get(), fb.get(), name.c_str());
+            compared = compared || (name == "contexts_sha256" && !va.empty() && !vb.empty());
             SAE_ENFORCE(va.empty() || vb.empty() || va == vb,
                         "{} shard {}: attribute {} ({}) differs from its partner {} ({}){}",
                         target_key, b.path, name, vb, a.path, va, hint);
@@ -428,6 +430,7 @@ void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
             const std::vector<int32_t> ta = token_ids_at(fa.get(), a.path, row, n);
             const std::vector<int32_t> tb = token_ids_at(fb.get(), b.path, row, n);
             if (ta.empty() || tb.empty()) break;
+            compared = true;
             const auto m = std::mismatch(ta.begin(), ta.end(), tb.begin());
             SAE_ENFORCE(m.first == ta.end(),
                         "{} shard {}: row {} is token id {}, but row {} of its partner {} is "
@@ -436,6 +439,7 @@ void dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
                         row + (m.first - ta.begin()), a.path, *m.first, hint);
         }
     }
+    return compared;
 }
 
 // --- packing ------------------------------------------------------------------------------
