@@ -4,7 +4,9 @@
 // of the server). test/serve/test_serve_e2e.py runs the server itself.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -233,6 +235,39 @@ TEST(ServeRoot, LinksPlantedWhereSaeReportReadsOrWritesAreNamed) {
         if (name == "config.yaml") std::ofstream(p) << "x";
         EXPECT_EQ(planted_link(dir.get()), "") << name;
     }
+}
+
+// A pid proves it is a run's only by holding the run's lock: /proc/locks, not a file's word.
+TEST(ServeLauncher, APidIsTheRunsOnlyWhenItHoldsTheRunsLock) {
+    TempDir tmp("serve_flock");
+    std::ofstream(tmp.path / ".saetrain.lock") << "";
+    std::ofstream(tmp.path / "other") << "";
+    fs::create_symlink(tmp.path / ".saetrain.lock", tmp.path / "link");
+    const int dir = ::open(tmp.path.c_str(), O_RDONLY | O_DIRECTORY);
+    ASSERT_GE(dir, 0);
+    Fd dir_fd(dir);
+    EXPECT_FALSE(process_holds_flock(::getpid(), dir, ".saetrain.lock")) << "not locked yet";
+    const int lock = ::open((tmp.path / ".saetrain.lock").c_str(), O_RDWR);
+    ASSERT_GE(lock, 0);
+    ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
+    EXPECT_TRUE(process_holds_flock(::getpid(), dir, ".saetrain.lock"));
+    EXPECT_FALSE(process_holds_flock(::getppid(), dir, ".saetrain.lock"));
+    EXPECT_FALSE(process_holds_flock(::getpid(), dir, "other"));
+    EXPECT_FALSE(process_holds_flock(::getpid(), dir, "link")) << "a link is not followed";
+    ::close(lock);
+    EXPECT_FALSE(process_holds_flock(::getpid(), dir, ".saetrain.lock"));
+    // The parser: the holder, device (hex major:minor) and inode must all agree; a waiter's
+    // line ("->") and POSIX locks do not count.
+    const std::string locks =
+        "1: POSIX  ADVISORY  WRITE 77 fd:01:42 0 EOF\n"
+        "2: FLOCK  ADVISORY  WRITE 88 fd:01:42 0 EOF\n"
+        "2: -> FLOCK  ADVISORY  WRITE 99 fd:01:42 0 EOF\n";
+    const dev_t dev = makedev(0xfd, 0x01);
+    EXPECT_TRUE(locks_text_has_flock(locks, 88, dev, 42));
+    EXPECT_FALSE(locks_text_has_flock(locks, 77, dev, 42));
+    EXPECT_FALSE(locks_text_has_flock(locks, 99, dev, 42));
+    EXPECT_FALSE(locks_text_has_flock(locks, 88, dev, 43));
+    EXPECT_FALSE(locks_text_has_flock(locks, 88, makedev(0xfd, 0x02), 42));
 }
 
 // ---- the token -----------------------------------------------------------------------------

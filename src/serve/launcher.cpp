@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spawn.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -254,6 +255,34 @@ std::string process_name(pid_t pid) {
     std::string name;
     std::getline(in, name);
     return name;
+}
+
+bool locks_text_has_flock(const std::string& locks, pid_t pid, dev_t dev, ino_t ino) {
+    // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a waiter's line has "->" after "1:").
+    std::istringstream lines(locks);
+    for (std::string line; std::getline(lines, line);) {
+        std::istringstream f(line);
+        std::string n, kind, mode, access, dev_ino;
+        long long holder = 0;
+        if (!(f >> n >> kind) || kind != "FLOCK") continue;
+        if (!(f >> mode >> access >> holder >> dev_ino) || holder != pid) continue;
+        unsigned maj = 0, min = 0;
+        unsigned long long inode = 0;
+        if (std::sscanf(dev_ino.c_str(), "%x:%x:%llu", &maj, &min, &inode) != 3) continue;
+        if (inode == static_cast<unsigned long long>(ino) && maj == major(dev) && min == minor(dev))
+            return true;
+    }
+    return false;
+}
+
+bool process_holds_flock(pid_t pid, int dir_fd, const std::string& name) {
+    if (pid <= 0) return false;
+    struct stat st {};
+    if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+        return false;
+    std::ifstream in("/proc/locks");
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    return locks_text_has_flock(text, pid, st.st_dev, st.st_ino);
 }
 
 int signal_from_name(const std::string& name) {

@@ -371,6 +371,9 @@ pid_t RunWatch::local_saetrain_pid() const {
     if (!run_json_.is_object() || str_of(run_json_, "host") != host_name()) return 0;
     const auto pid = static_cast<pid_t>(int_of(run_json_, "pid", 0));
     if (!process_alive(pid, 0) || process_name(pid).rfind("saetrain", 0) != 0) return 0;
+    // run.json is a file anyone who can write the run directory can forge: the pid is this run's
+    // only when it holds the run's lock (a stop never goes to another saetrain).
+    if (!dir_.valid() || !process_holds_flock(pid, dir_.get(), ".saetrain.lock")) return 0;
     return pid;
 }
 

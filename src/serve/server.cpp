@@ -1066,9 +1066,10 @@ Response Server::stop(const Request& req, const std::string& id) {
         const pid_t pid = w->local_saetrain_pid();
         if (pid == 0)
             return error_response(req, http::status::conflict,
-                                  fmt::format("run '{}' runs on another host, or its process is "
-                                              "gone: stop it where it runs",
-                                              id));
+                                  fmt::format("run '{}' runs on another host, or no process here "
+                                              "holds its lock ({}/.saetrain.lock): stop it where "
+                                              "it runs",
+                                              id, id));
         SAE_ENFORCE(::kill(pid, opt_.stop_signal) == 0, "cannot signal run '{}' (pid {}): {}", id,
                     pid, std::strerror(errno));
         w->note_stop_requested();

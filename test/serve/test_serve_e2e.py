@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -247,6 +248,30 @@ def test_paths_cannot_leave_the_runs_root(server, data, tmp):
     assert r.status_code == 400 and server.token not in r.text
     assert sorted(os.listdir(outside)) == ["report", "run.json"], "nothing written outside"
     assert os.listdir(os.path.join(outside, "report")) == ["index.html"]
+
+
+def test_a_forged_run_json_cannot_direct_a_stop_at_another_process(server, tmp):
+    """run.json's pid is a run's only when that process holds the run's lock: a run.json naming
+    some other process called saetrain is never sent the stop signal."""
+    decoy = os.path.join(tmp, "saetrain")
+    shutil.copy("/bin/sleep", decoy)
+    proc = subprocess.Popen([decoy, "120"])
+    try:
+        run = os.path.join(server.root, "forged")
+        os.makedirs(run)
+        with open(os.path.join(run, "run.json"), "w") as f:
+            json.dump({"state": "running", "pid": proc.pid, "host": socket.gethostname(),
+                       "saes": {}}, f)
+        with open(os.path.join(run, ".saetrain.lock"), "w") as f:
+            f.write(f"pid {proc.pid} on {socket.gethostname()}\n")
+        r = server.post("/api/runs/forged/stop")
+        assert r.status_code == 409, r.text
+        assert "holds its lock" in r.json()["error"], r.text
+        time.sleep(0.5)
+        assert proc.poll() is None, "the decoy was signalled"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_damaged_run_files_do_not_end_the_server(server):

@@ -58,6 +58,12 @@ uint64_t process_start_time(pid_t pid);
 bool process_alive(pid_t pid, uint64_t start_time);
 // /proc/PID/comm ("" when gone).
 std::string process_name(pid_t pid);
+// Whether `pid` holds an flock on the file `name` in the directory `dir_fd` (a symlink there is
+// not followed), by /proc/locks: what proves a process is the run of a directory (saetrain's rank
+// 0 holds its .saetrain.lock for the whole run), where a pid written in a file proves nothing.
+bool process_holds_flock(pid_t pid, int dir_fd, const std::string& name);
+// The same over /proc/locks's text (for the tests).
+bool locks_text_has_flock(const std::string& locks, pid_t pid, dev_t dev, ino_t ino);
 
 // "SIGTERM" for a name such as "TERM" or "SIGTERM" (or a number); throws Error otherwise.
 int signal_from_name(const std::string& name);
