@@ -53,9 +53,13 @@ namespace {
 
 // A client whose unsent messages pass this is dropped (it reconnects with since=STEP).
 constexpr size_t kMaxQueuedBytes = 64 << 20;
+// Every WebSocket client's queue together: clients that never read cannot hold 64 MiB each.
+constexpr size_t kMaxQueuedTotal = 256 << 20;
 constexpr size_t kMaxReportFile = 64 << 20;
 constexpr size_t kHeaderLimit = 16 << 10;
 constexpr auto kReadTimeout = std::chrono::seconds(60);
+// A connection's first request header, before the client has shown the token.
+constexpr auto kFirstHeaderTimeout = std::chrono::seconds(10);
 
 int64_t now_ns() {
     timespec ts{};
@@ -210,6 +214,10 @@ public:
         : stream_(std::move(socket)), server_(server) {}
     ~HttpSession();
     void start() { read_header(); }
+    // Whether a request on it carried the token.
+    bool trusted() const { return trusted_; }
+    // Closes it (a client that never showed the token, when the slots are full).
+    void evict();
 
 private:
     void read_header();
@@ -228,6 +236,7 @@ private:
     std::optional<http::request_parser<http::string_body>> parser_;
     std::array<char, 65536> drain_{};
     size_t drained_ = 0;
+    bool trusted_ = false;
 };
 
 // ---- the server --------------------------------------------------------------------------------
@@ -250,6 +259,8 @@ public:
     void connection_opened() { ++connections_; }
     void connection_closed() { --connections_; }
     bool too_many_connections() const { return connections_ >= opt_.max_clients; }
+    // The WebSocket clients' queued bytes, all together (kMaxQueuedTotal).
+    size_t& ws_queued() { return ws_queued_; }
 
 private:
     void accept();
@@ -295,11 +306,17 @@ private:
     std::set<pid_t> children_;  // wrappers to reap
     int connections_ = 0;
     int ticks_ = 0;
+    size_t ws_queued_ = 0;
+    // Connections in the order accepted, until their first request shows the token: when every
+    // slot is taken, the oldest of them is closed for a new one (idle connections that never
+    // authenticate cannot keep clients out).
+    std::deque<std::weak_ptr<HttpSession>> untrusted_;
 };
 
 // ---- WsSession ---------------------------------------------------------------------------------
 
 WsSession::~WsSession() {
+    server_.ws_queued() -= std::min(server_.ws_queued(), out_bytes_);
     server_.connection_closed();
     server_.unsubscribe(this);
 }
@@ -320,8 +337,13 @@ void WsSession::start(Request req) {
     ws_.control_callback([this](websocket::frame_type kind, beast::string_view) {
         if (kind == websocket::frame_type::close) {
             closed_ = true;
-            out_bytes_ = 0;
+            // What stays queued is the write in progress, if any.
+            size_t keep = writing_ && !out_.empty() ? out_.front()->size() : 0;
             if (out_.size() > 1) out_.erase(out_.begin() + 1, out_.end());
+            if (!writing_) out_.clear();
+            keep = std::min(keep, out_bytes_);
+            server_.ws_queued() -= std::min(server_.ws_queued(), out_bytes_ - keep);
+            out_bytes_ = keep;
         }
     });
     ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) {
@@ -333,12 +355,14 @@ void WsSession::start(Request req) {
 
 void WsSession::send(std::shared_ptr<const std::string> msg) {
     if (closed_) return;
-    if (out_bytes_ + msg->size() > kMaxQueuedBytes) {
+    if (out_bytes_ + msg->size() > kMaxQueuedBytes ||
+        server_.ws_queued() + msg->size() > kMaxQueuedTotal) {
         // Too slow to keep up: dropped; it reconnects with since=STEP and loses nothing.
         close();
         return;
     }
     out_bytes_ += msg->size();
+    server_.ws_queued() += msg->size();
     out_.push_back(std::move(msg));
     if (!writing_) write_next();
 }
@@ -359,8 +383,9 @@ void WsSession::write_next() {
     ws_.text(true);
     ws_.async_write(net::buffer(*out_.front()),
                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                        const size_t n = self->out_.front()->size();
-                        self->out_bytes_ -= std::min(self->out_bytes_, n);
+                        const size_t n = std::min(self->out_bytes_, self->out_.front()->size());
+                        self->out_bytes_ -= n;
+                        self->server_.ws_queued() -= std::min(self->server_.ws_queued(), n);
                         self->out_.pop_front();
                         if (ec) {
                             self->closed_ = true;
@@ -400,13 +425,20 @@ void WsSession::close() {
 
 HttpSession::~HttpSession() { server_.connection_closed(); }
 
+void HttpSession::evict() {
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+        beast::error_code ec;
+        self->stream_.socket().close(ec);
+    });
+}
+
 void HttpSession::read_header() {
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     // No limit while the header is read: the token is checked before the body's size, so that a
     // client without it learns nothing but 401.
     parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
-    stream_.expires_after(kReadTimeout);
+    stream_.expires_after(trusted_ ? kReadTimeout : kFirstHeaderTimeout);
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -427,6 +459,7 @@ void HttpSession::on_header(beast::error_code ec) {
     if (ec == http::error::body_limit) return send(body_over_limit(bad), true);
     if (ec) return send(error_response(bad, http::status::bad_request, ec.message()), true);
     if (auto refused = server_.check_header(parser_->get())) return send(std::move(*refused), true);
+    trusted_ = true;
     if (const auto length = parser_->content_length(); length && *length > server_.max_body())
         return send(error_response(parser_->get(), http::status::payload_too_large,
                                    fmt::format("the request body ({} bytes) is over sae-serve's "
@@ -557,12 +590,34 @@ void Server::accept() {
             accept_retry_.async_wait([this](beast::error_code) { accept(); });
             return;
         }
-        if (too_many_connections()) {
+        bool room = !too_many_connections();
+        while (!room && !untrusted_.empty()) {
+            const std::shared_ptr<HttpSession> old = untrusted_.front().lock();
+            untrusted_.pop_front();
+            if (old && !old->trusted()) {
+                old->evict();  // its slot is freed when it ends, a moment later
+                room = true;
+            }
+        }
+        if (!room) {
             beast::error_code ignored;
             s.close(ignored);
         } else {
             connection_opened();
-            std::make_shared<HttpSession>(std::move(s), *this)->start();
+            auto session = std::make_shared<HttpSession>(std::move(s), *this);
+            // Forget the ones that ended or showed the token (kept bounded by the slots).
+            while (!untrusted_.empty() &&
+                   (untrusted_.front().expired() || untrusted_.front().lock()->trusted()))
+                untrusted_.pop_front();
+            if (untrusted_.size() > 4 * static_cast<size_t>(opt_.max_clients))
+                untrusted_.erase(std::remove_if(untrusted_.begin(), untrusted_.end(),
+                                                [](const std::weak_ptr<HttpSession>& w) {
+                                                    auto p = w.lock();
+                                                    return !p || p->trusted();
+                                                }),
+                                 untrusted_.end());
+            untrusted_.push_back(session);
+            session->start();
         }
         accept();
     });

@@ -274,6 +274,32 @@ def test_a_forged_run_json_cannot_direct_a_stop_at_another_process(server, tmp):
         proc.wait()
 
 
+def test_idle_connections_without_the_token_cannot_keep_clients_out(tmp):
+    """Every slot (--max-clients 4) held by connections that never send a request: a client with
+    the token still gets in (the oldest idle one is closed for it), and an idle one is closed
+    within its first header's 10 s anyway."""
+    s = Server(os.path.join(tmp, "slots"), args=["--max-clients", "4"])
+    idle = []
+    try:
+        for _ in range(8):
+            idle.append(socket.create_connection(("127.0.0.1", s.port)))
+        r = s.get("/api/runs")
+        assert r.status_code == 200, r.text
+        # The connections pushed out were closed by the server (a read sees the end).
+        closed = 0
+        for c in idle:
+            c.settimeout(15)
+            try:
+                closed += c.recv(1) == b""
+            except (ConnectionResetError, socket.timeout):
+                closed += 1
+        assert closed == len(idle), closed
+    finally:
+        for c in idle:
+            c.close()
+        s.kill(signal.SIGTERM)
+
+
 def test_damaged_run_files_do_not_end_the_server(server):
     """Run directories the server only reads, with what a damaged or hand-made run could hold:
     each is shown as well as its files allow; the server stays up."""
