@@ -5,7 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "app_cli.h"  // defines: cli_parse (--version, usage errors)
+#include "app_cli.h"         // defines: cli_parse (--version, usage errors)
+#include "saetrain/dtype.h"  // defines: dtype_size
 #include "saetrain/error.h"
 #include "saetrain/shards.h"  // defines: dtype_parse, dtype_name
 #include "saetrain/synth.h"   // defines: SynthOptions, synth_write
@@ -17,17 +18,28 @@ int main(int argc, char** argv) {
     std::string dtype = "f32";
     CLI::App app{"Write synthetic activation shards with planted ground-truth features."};
     app.add_option("--out", o.out_dir, "output directory (created)")->required();
-    app.add_option("--d-model", o.d_model, "row width")->capture_default_str();
-    app.add_option("--features", o.n_features, "planted features m")->capture_default_str();
+    // Every count bounded (a width of 10^10 ended in std::bad_alloc): a usage line names it.
+    app.add_option("--d-model", o.d_model, "row width")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
+        ->capture_default_str();
+    app.add_option("--features", o.n_features, "planted features m")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+        ->capture_default_str();
     app.add_option("--active", o.active_per_row, "expected active features per row")
         ->capture_default_str();
-    app.add_option("--rows", o.rows, "total rows over all shards")->capture_default_str();
-    app.add_option("--shards", o.shards, "number of shard files")->capture_default_str();
+    app.add_option("--rows", o.rows, "total rows over all shards")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+        ->capture_default_str();
+    app.add_option("--shards", o.shards, "number of shard files")
+        ->check(CLI::Range(int64_t{1}, int64_t{100000}))
+        ->capture_default_str();
     app.add_option("--dtype", dtype, "stored element type")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}))
         ->capture_default_str();
     app.add_flag("--chunked", o.chunked, "chunk the datasets by rows (else contiguous)");
-    app.add_option("--chunk-rows", o.chunk_rows, "rows per chunk")->capture_default_str();
+    app.add_option("--chunk-rows", o.chunk_rows, "rows per chunk")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+        ->capture_default_str();
     app.add_option("--noise", o.noise_std, "per-dimension Gaussian noise std")
         ->capture_default_str();
     app.add_option("--seed", o.seed, "random seed")->capture_default_str();
@@ -47,6 +59,21 @@ int main(int argc, char** argv) {
 
     try {
         o.dtype = saetrain::dtype_parse(dtype);
+        // The shards' bytes against the room where they go: a size the disk cannot hold is one
+        // line before anything is written, not an HDF5 failure partway through.
+        const double need = static_cast<double>(o.rows) * static_cast<double>(o.d_model) *
+                            static_cast<double>(saetrain::dtype_size(o.dtype)) *
+                            (o.target_dir.empty() ? 1.0 : 2.0);
+        fs::path probe = fs::absolute(o.out_dir);
+        while (!probe.empty() && !fs::exists(probe) && probe != probe.root_path())
+            probe = probe.parent_path();
+        std::error_code ec;
+        const fs::space_info room = fs::space(probe, ec);
+        SAE_ENFORCE(ec || need <= static_cast<double>(room.available),
+                    "--rows {} x --d-model {} of {} need {:.1f} GB{}, but {} has {:.1f} GB free",
+                    o.rows, o.d_model, dtype, need / 1e9,
+                    o.target_dir.empty() ? "" : " (with --target's pair)", probe.string(),
+                    static_cast<double>(room.available) / 1e9);
         saetrain::synth_write(o);
         uintmax_t bytes = 0;
         for (int64_t s = 0; s < o.shards; ++s)

@@ -1054,6 +1054,22 @@ TEST_F(Cli, SymlinksPlantedInARunDirectoryAreRefused) {
 // Usage errors on every program: no arguments (where one is required), an unknown option and a
 // bad option value each print "PROGRAM: error: WHAT" and the usage line, and exit 2 (issue 34:
 // saetrain with no arguments exited 106, sae-export with two inputs 109, CLI11's own codes).
+// Shards the disk cannot hold are one line before anything is written (2^40 rows of 65,536
+// values: far past any disk), not an HDF5 failure partway through.
+TEST_F(Cli, SynthSizesTheDiskCannotHoldAreRefusedBeforeWriting) {
+    const fs::path out = dir / "huge";
+    const Result r =
+        run(bin("sae-synth") + " --out " + out.string() + " --rows 1099511627776 --d-model 65536");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_EQ(count(r.out, "sae-synth: error:"), 1u) << r.out;
+    EXPECT_NE(r.out.find("sae-synth: error: --rows 1099511627776 x --d-model 65536 of f32 need "
+                         "288230376.2 GB, but " +
+                         dir.string() + " has "),
+              std::string::npos)
+        << r.out;
+    EXPECT_FALSE(fs::exists(out));
+}
+
 TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
     const std::map<std::string, std::string> usage = {
         {"saetrain",
@@ -1085,6 +1101,9 @@ TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
         {"sae-synth", "", "--out is required"},
         {"sae-synth", "--out x --bogus", "The following argument was not expected: --bogus"},
         {"sae-synth", "--out x --dtype f64", "--dtype: f64 not in {f32,f16,bf16}"},
+        {"sae-synth", "--out x --d-model 10000000000",
+         "--d-model: Value 10000000000 not in range 1 to 65536"},
+        {"sae-synth", "--out x --shards 0", "--shards: Value 0 not in range 1 to 100000"},
         {"sae-inspect", "", "PATH is required"},
         {"sae-inspect", data + " --bogus", "The following argument was not expected: --bogus"},
         {"sae-export", "", "SAE is required"},
