@@ -124,4 +124,12 @@ int64_t s3_read_all(const S3Client& client, const std::vector<S3Object>& objects
 // The process's client for these settings (made on first use, then shared).
 std::shared_ptr<const S3Client> s3_client(const S3Settings& settings, const std::string& what);
 
+// A process-wide check that every S3 wait polls (every 100 ms, and before it starts): a listing
+// page, a range GET, a retry's backoff. When it returns true the wait is abandoned by throwing
+// StopRequested (error.h) naming the object and the endpoint; the transfers abandoned never
+// write into the caller's memory afterwards. nullptr (the default): waits are not interrupted.
+// saetrain passes its stop signals' flag for the time before training starts (after that the
+// training loop honours them at the next step).
+void s3_set_stop_check(bool (*check)());
+
 }  // namespace saetrain
