@@ -7,7 +7,8 @@
 // times out, loses its connection or gets a 5xx / 503 SlowDown is retried with exponential
 // backoff (S3Settings::retries attempts), then fails with one line naming the object, the
 // endpoint and what to do. Requests marked urgent (a reader waiting for them) go ahead of
-// queued prefetches.
+// queued prefetches. A response whose framing is not what was asked for (status, Content-Range,
+// length, ETag: s3_range_framing_error) is an error, never retried and never used.
 #pragma once
 
 #include <algorithm>
