@@ -432,6 +432,8 @@ std::optional<Setup> start_up(const Args& args, Communicator& world, const NodeP
     try {
         config = config_load(args.config, args.sets);
         if (world.rank() == 0) found = open_datasets(*config);
+    } catch (const StopRequested&) {
+        throw;  // main says it (exit 75)
     } catch (const std::exception& e) {
         error = e.what();
     }
@@ -466,6 +468,8 @@ std::optional<Setup> start_up(const Args& args, Communicator& world, const NodeP
             sets.eval.push_back(dataset_info_unpack(found.packed_eval_target));
         setup.emplace(
             set_up(args, std::move(*config), std::move(sets), world.rank(), world.size(), place));
+    } catch (const StopRequested&) {
+        throw;  // main says it (exit 75)
     } catch (const std::exception& e) {
         error = e.what();
     }
@@ -1041,6 +1045,7 @@ int main(int argc, char** argv) {
         std::raise(std::string(f) == "INT" ? SIGINT : std::string(f) == "USR1" ? SIGUSR1 : SIGTERM);
     MpiScope mpi(&argc, &argv);
     stop_signals_install();  // again: MPI's start-up may have set handlers of its own
+    s3_set_stop_check(&stop_signal_before_training);  // S3 waits of start-up end at a signal
     auto world = make_mpi_world();
     stop_signals_set_rank(world->rank());
     std::unique_ptr<RunStateFile> state;  // rank 0, once training starts: how the process ended
@@ -1048,6 +1053,15 @@ int main(int argc, char** argv) {
         const int code = run(args, *world, state);
         if (state) state->end(code);
         return code;
+    } catch (const StopRequested&) {
+        // A stop signal during start-up abandoned a wait for S3 data (s3_set_stop_check). Said
+        // by the rank that caught it; with several, the job is ended (no rank left waiting).
+        std::fprintf(stderr,
+                     "saetrain: stopped by a signal before the first step; nothing to save. Run "
+                     "the same command to start (exit code 75).\n");
+        std::fflush(stderr);
+        if (world->size() > 1) world_abort(kExitStopped);
+        return kExitStopped;
     } catch (const std::exception& e) {
         if (state) state->end(1, e.what());
         // A failure after start-up: the other ranks may be waiting in a collective, so this

@@ -138,6 +138,8 @@ void stop_signals_install() {
 
 bool stop_signal_received() { return g_stop_signal.load() != 0; }
 
+bool stop_signal_before_training() { return stop_signal_received() && g_committed.load() == -2; }
+
 void stop_signals_set_rank(int rank) { g_rank.store(rank); }
 
 void stop_signals_training(const std::string& checkpoints_dir, int64_t committed) {

@@ -20,6 +20,10 @@ namespace saetrain {
 void stop_signals_install();
 // Whether any stop signal has arrived (read once per iteration; the ranks agree on it).
 bool stop_signal_received();
+// Whether one arrived before training started (stop_signals_training): then no step would be
+// lost, and a wait for S3 data during start-up is abandoned (s3_set_stop_check) instead of
+// holding the process for the store's retries.
+bool stop_signal_before_training();
 // This process's rank: rank 0 alone acknowledges a first Ctrl-C (srun sends it to every task).
 void stop_signals_set_rank(int rank);
 // Training is about to start: a second Ctrl-C from now on names `checkpoints_dir` and the newest

@@ -263,3 +263,87 @@ TEST(S3Requests, FewestEqualPiecesFromTheRangesStart) {
                 for (size_t k = 0; k < p.size(); ++k) EXPECT_EQ(q[k].second, p[k].second);
             }
 }
+
+// --- what a response must be (issue 58) -----------------------------------------------------
+
+TEST(S3Framing, ContentRangeParsing) {
+    const auto r = io::s3_content_range_parse("bytes 100-199/1000");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->first, 100);
+    EXPECT_EQ(r->last, 199);
+    EXPECT_EQ(r->total, 1000);
+    const auto star = io::s3_content_range_parse("bytes 0-0/*");
+    ASSERT_TRUE(star);
+    EXPECT_EQ(star->total, -1);
+    for (const char* bad : {"", "bytes", "bytes 1-2", "bytes 5-4/10", "bytes 0-10/10",
+                            "bytes -1-2/10", "bytes 1-2/10 ", "items 1-2/10", "bytes 1 -2/10",
+                            "bytes 1-2/99999999999999999999999", "bytes */10"})
+        EXPECT_FALSE(io::s3_content_range_parse(bad)) << bad;
+}
+
+// Each way a 200 or 206 can fail to be the range asked for: bytes [100, 200) of a 1000-byte
+// object, or all of a 100-byte one.
+TEST(S3Framing, EachAnswerAgainstItsRequest) {
+    auto judge = [](int64_t offset, int64_t bytes, int64_t size, long status, const char* cr,
+                    int64_t received, bool overflow = false, bool cut = false) {
+        const std::string header = cr ? cr : "";
+        return io::s3_range_framing_error(offset, bytes, size, status, cr ? &header : nullptr,
+                                          received, overflow, cut);
+    };
+    auto has = [](const std::string& s, const char* part) {
+        return s.find(part) != std::string::npos;
+    };
+    EXPECT_EQ(judge(100, 100, 1000, 206, "bytes 100-199/1000", 100), "");
+    EXPECT_EQ(judge(0, 100, 100, 200, nullptr, 100), "");  // the whole object, as 200
+    EXPECT_EQ(judge(0, 100, 100, 206, "bytes 0-99/100", 100), "");
+    // A 206 cut short (a lost connection) is retried; any other fault is an error.
+    EXPECT_EQ(judge(100, 100, 1000, 206, "bytes 100-199/1000", 40), "retry");
+    EXPECT_EQ(judge(100, 100, 1000, 206, "bytes 100-199/1000", 40, false, true), "retry");
+    EXPECT_EQ(judge(0, 100, 100, 200, nullptr, 40, false, true), "retry");
+    EXPECT_TRUE(has(judge(100, 100, 1000, 206, "bytes 300-399/1000", 100),
+                    "with Content-Range 'bytes 300-399/1000': other bytes"));
+    EXPECT_TRUE(has(judge(100, 100, 1000, 206, "bytes 100-299/1000", 100), "other bytes"));
+    EXPECT_TRUE(has(judge(100, 100, 1000, 206, "bytes 100-199/1200", 100),
+                    "an object of 1200 bytes, but it was listed with 1000"));
+    EXPECT_TRUE(has(judge(100, 100, 1000, 206, "bytes 100-199/*", 100), "an object of unknown"));
+    EXPECT_TRUE(has(judge(100, 100, 1000, 206, nullptr, 100), "but no Content-Range"));
+    EXPECT_TRUE(has(judge(100, 100, 1000, 206, "bytes=100-199", 100), "unreadable"));
+    EXPECT_TRUE(has(judge(100, 100, 1000, 206, "bytes 100-199/1000", 100, true), "more than"));
+    // A 200 answers only a range that is the whole object, with all of it.
+    EXPECT_TRUE(has(judge(100, 100, 1000, 200, nullptr, 100), "with 200 OK"));
+    EXPECT_TRUE(has(judge(0, 100, 1000, 200, nullptr, 100), "with 200 OK"));
+    EXPECT_TRUE(has(judge(0, 100, 100, 200, nullptr, 90), "200 OK and 90 bytes, not the 100"));
+    EXPECT_TRUE(has(judge(0, 100, 100, 200, nullptr, 100, true), "more than 100 bytes"));
+    // A wrong Content-Range is an error even when the connection was also cut.
+    EXPECT_NE(judge(100, 100, 1000, 206, "bytes 0-99/1000", 40, false, true), "retry");
+}
+
+TEST(S3Framing, HeaderValuesAndEndpointsInMessages) {
+    EXPECT_TRUE(io::s3_header_value_ok("\"9b2cf535f27731c974343645a3985328\""));
+    EXPECT_TRUE(io::s3_header_value_ok(""));
+    EXPECT_FALSE(io::s3_header_value_ok("\"abc\"\r\nX-Injected: 1"));
+    EXPECT_FALSE(io::s3_header_value_ok(std::string("a\0b", 3)));
+    EXPECT_FALSE(io::s3_header_value_ok("a\tb"));
+    EXPECT_FALSE(io::s3_header_value_ok("a\x7f"));
+    EXPECT_EQ(io::s3_endpoint_redacted("http://127.0.0.1:9000"), "http://127.0.0.1:9000");
+    EXPECT_EQ(io::s3_endpoint_redacted("http://u:p@host:9000"), "http://***@host:9000");
+    EXPECT_EQ(io::s3_endpoint_redacted("https://u:p@ss@host/x@y"), "https://***@host/x@y");
+    EXPECT_EQ(io::s3_endpoint_redacted("http://host/path@x"), "http://host/path@x");
+}
+
+TEST_F(S3Config, CredentialsInTheEndpointAreRefusedUnprinted) {
+    S3Settings s;
+    s.anonymous = true;
+    s.endpoint = "http://AKIDUSER:Sup3rSecret@127.0.0.1:9000";
+    try {
+        S3Client c(s, "s3://b/");
+        FAIL() << "accepted";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_EQ(m.find("Sup3rSecret"), std::string::npos) << m;
+        EXPECT_EQ(m.find("AKIDUSER"), std::string::npos) << m;
+        EXPECT_NE(m.find("http://***@127.0.0.1:9000 (data.s3_endpoint) has credentials"),
+                  std::string::npos)
+            << m;
+    }
+}

@@ -19,6 +19,13 @@ public:
     explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A wait abandoned because a stop signal arrived (s3_set_stop_check, s3.h): not a failure of
+// the data. main exits 75 for it, as for a run stopped by a signal, with nothing to save.
+class StopRequested : public Error {
+public:
+    explicit StopRequested(const std::string& what) : Error(what) {}
+};
+
 // Formats "<what> (at file:line)" for checks whose failure is a bug or a library fault.
 [[noreturn]] void throw_check_failure(const char* lib, const char* stmt, const std::string& detail,
                                       const char* file, int line);

@@ -7,6 +7,11 @@
 // object replaced during a run is an error, not other bytes. Bytes come by HTTP range GETs
 // through libcurl, signed by libcurl's AWS SigV4, many at a time on a bounded pool of
 // keep-alive connections per process, retried with backoff on timeouts, 5xx and 503 SlowDown.
+// Every answer is checked against its request, not trusted: a range must come back as 206 with
+// a Content-Range of exactly those bytes and the listed size (or 200 with the whole object when
+// the range is the whole object), that many bytes, and the listed ETag; a listing must make
+// progress from page to page. Anything else is an error line naming the object and the
+// endpoint (only a 206 cut short is retried). Keys are sent byte for byte ("a/../b" included).
 // HDF5 reads a shard's metadata through a read-only virtual file driver over the same ranged
 // GETs (s3_vfd.h), so an object is validated exactly as a file is; rows are then fetched raw at
 // the byte offsets HDF5 reports, as pread does for files (raw_shards.h).
@@ -123,5 +128,13 @@ int64_t s3_read_all(const S3Client& client, const std::vector<S3Object>& objects
 
 // The process's client for these settings (made on first use, then shared).
 std::shared_ptr<const S3Client> s3_client(const S3Settings& settings, const std::string& what);
+
+// A process-wide check that every S3 wait polls (every 100 ms, and before it starts): a listing
+// page, a range GET, a retry's backoff. When it returns true the wait is abandoned by throwing
+// StopRequested (error.h) naming the object and the endpoint; the transfers abandoned never
+// write into the caller's memory afterwards. nullptr (the default): waits are not interrupted.
+// saetrain passes its stop signals' flag for the time before training starts (after that the
+// training loop honours them at the next step).
+void s3_set_stop_check(bool (*check)());
 
 }  // namespace saetrain

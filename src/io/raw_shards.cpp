@@ -374,8 +374,7 @@ struct RawRowReader::Impl {
         // would otherwise be whatever the buffer held (found by fuzzing).
         if (zero_fill) std::memset(out, 0, static_cast<size_t>(rows * row_bytes));
         if (H5Dread(dset.get(), mtype.get(), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
-            const std::string request = s3_vfd_take_error();
-            if (!request.empty()) throw Error(request);
+            s3_vfd_rethrow();
             std::string why = h5::last_error();
             throw Error(fmt::format(
                 "shard {}: reading rows [{}, {}) failed{}; the file may be truncated or damaged",

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "s3_io.h"
@@ -220,12 +221,27 @@ S3Client::S3Client(const S3Settings& settings, const std::string& what) : impl_(
     if (m.region.empty()) m.region = ini_value(profile, "region");
     if (m.region.empty()) m.region = "us-east-1";
     m.endpoint = settings.endpoint;
-    for (const char* env : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"})
-        if (m.endpoint.empty()) m.endpoint = getenv_str(env);
-    if (m.endpoint.empty()) m.endpoint = ini_value(profile, "endpoint_url");
+    std::string from = "data.s3_endpoint";  // where it came from, for messages
+    for (const char* env : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"}) {
+        if (!m.endpoint.empty()) break;
+        m.endpoint = getenv_str(env);
+        from = env;
+    }
+    if (m.endpoint.empty()) {
+        m.endpoint = ini_value(profile, "endpoint_url");
+        from = fmt::format("endpoint_url of profile '{}' in {}", profile_name(), config_file);
+    }
     const bool custom = !m.endpoint.empty();
     if (!custom) m.endpoint = "https://s3." + m.region + ".amazonaws.com";
     while (!m.endpoint.empty() && m.endpoint.back() == '/') m.endpoint.pop_back();
+    // Credentials in the URL (http://user:secret@host) are refused, and never printed: every
+    // message names the endpoint, and libcurl would send them as well as the signature.
+    const std::string shown = io::s3_endpoint_redacted(m.endpoint);
+    SAE_ENFORCE(shown == m.endpoint,
+                "{}: the endpoint {} ({}) has credentials in it (user:password@, not shown); "
+                "remove them from the URL and give them as AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY or a profile in ~/.aws/credentials",
+                what, shown, from);
     SAE_ENFORCE(m.endpoint.rfind("http://", 0) == 0 || m.endpoint.rfind("https://", 0) == 0,
                 "{}: endpoint '{}' is not an http:// or https:// URL; set data.s3_endpoint or "
                 "AWS_ENDPOINT_URL to e.g. http://127.0.0.1:9000",
@@ -324,6 +340,10 @@ std::vector<S3Object> list_prefix(const S3Client& client, const std::string& buc
         max_keys = std::clamp<int64_t>(std::atoll(v), 1, 1000);
     std::vector<S3Object> out;
     std::string token;
+    // A listing must make progress: a continuation token seen before, or a page whose keys do
+    // not all come after the previous page's, would list the same keys again, for ever.
+    std::set<std::string> tokens;
+    std::string before;  // the greatest key (or common prefix) of the pages so far
     for (int page = 0;; ++page) {
         // Query parameters in SigV4's canonical order (sorted by name).
         std::string q;
@@ -338,16 +358,39 @@ std::vector<S3Object> list_prefix(const S3Client& client, const std::string& buc
                     "{}: the store's listing (page {}) is not a ListObjectsV2 result; is the "
                     "endpoint {} an S3-compatible store?",
                     what, page + 1, client.endpoint());
+        std::string greatest = before;
         for (xmlNodePtr c = r->children; c; c = c->next) {
+            if (!named(c, "Contents") && !named(c, "CommonPrefixes")) continue;
+            const std::string key = child_text(c, named(c, "Contents") ? "Key" : "Prefix");
+            SAE_ENFORCE(page == 0 || key > before,
+                        "{}: the store's listing went backwards: page {} has the key '{}', not "
+                        "after '{}' of the page before; is the endpoint {} an S3-compatible "
+                        "store (ListObjectsV2)?",
+                        what, page + 1, key, before, client.endpoint());
+            greatest = std::max(greatest, key);
             if (!named(c, "Contents")) continue;
             S3Object o;
             o.bucket = bucket;
-            o.key = child_text(c, "Key");
+            o.key = key;
             o.size = std::atoll(child_text(c, "Size").c_str());
             o.etag = child_text(c, "ETag");
-            if (!o.etag.empty() && o.etag.front() != '"') o.etag = "\"" + o.etag + "\"";
+            // Every read asks for this ETag (If-Match): without one a replaced object could not
+            // be told apart; with a control character it would end the request's header.
+            SAE_ENFORCE(!o.etag.empty(),
+                        "{}: the store's listing gives no ETag for it, so it does not support "
+                        "If-Match/ETags and an object replaced during the run could not be "
+                        "told from the one listed; use an S3-compatible store that does "
+                        "(endpoint {})",
+                        o.url(), client.endpoint());
+            SAE_ENFORCE(s3_header_value_ok(o.etag),
+                        "{}: the store's listing gives it the ETag '{}', which has a control "
+                        "character (CR, LF, ...) and cannot be sent in If-Match; is the "
+                        "endpoint {} an S3-compatible store?",
+                        o.url(), o.etag, client.endpoint());
+            if (o.etag.front() != '"') o.etag = "\"" + o.etag + "\"";
             out.push_back(std::move(o));
         }
+        before = greatest;
         const bool more = child_text(r, "IsTruncated") == "true";
         token = child_text(r, "NextContinuationToken");
         if (!more) break;
@@ -355,6 +398,11 @@ std::vector<S3Object> list_prefix(const S3Client& client, const std::string& buc
                     "{}: the store's listing is truncated but gives no continuation token; is "
                     "the endpoint {} an S3-compatible store (ListObjectsV2)?",
                     what, client.endpoint());
+        SAE_ENFORCE(tokens.insert(token).second,
+                    "{}: the store's listing repeats the continuation token '{}' (page {}), so "
+                    "it would list the same keys for ever; is the endpoint {} an "
+                    "S3-compatible store (ListObjectsV2)?",
+                    what, token, page + 1, client.endpoint());
     }
     // Ordered by key (S3 lists in UTF-8 binary order already; other stores may not).
     std::sort(out.begin(), out.end(),

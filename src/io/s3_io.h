@@ -7,13 +7,15 @@
 // times out, loses its connection or gets a 5xx / 503 SlowDown is retried with exponential
 // backoff (S3Settings::retries attempts), then fails with one line naming the object, the
 // endpoint and what to do. Requests marked urgent (a reader waiting for them) go ahead of
-// queued prefetches.
+// queued prefetches. A response whose framing is not what was asked for (status, Content-Range,
+// length, ETag: s3_range_framing_error) is an error, never retried and never used.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,33 @@ namespace saetrain::io {
 // "Code: Message" of an S3 error body (XML), or "".
 std::string s3_error_text(const std::string& body);
 
+// --- what a response must be (issue 58: a store's framing is checked, not trusted) ---------
+
+// A Content-Range header's value, "bytes FIRST-LAST/TOTAL" (TOTAL "*": -1).
+struct S3ContentRange {
+    int64_t first = -1, last = -1, total = -1;
+};
+// Parses it; nullopt when the value is not of that form (or FIRST > LAST).
+std::optional<S3ContentRange> s3_content_range_parse(const std::string& value);
+
+// What is wrong with a 200 or 206 answer to the range GET of bytes [offset, offset + bytes) of
+// an object listed with `size` bytes: "" when it is those bytes; "retry" when it is a 206 cut
+// short (a lost connection, retried); else a phrase for the error line. `content_range`: the
+// header's value, nullptr when absent; `received`: body bytes kept; `overflow`: the body went
+// past `bytes`; `cut`: the transfer ended with a libcurl error. A range must get 206 with a
+// Content-Range of exactly that range and the listed size, except that a 200 of the whole
+// object answers a range that is the whole object.
+std::string s3_range_framing_error(int64_t offset, int64_t bytes, int64_t size, long status,
+                                   const std::string* content_range, int64_t received,
+                                   bool overflow, bool cut);
+
+// Whether `value` may go into a request header: no control characters (a CR/LF from a listing
+// would end the header and start another).
+bool s3_header_value_ok(const std::string& value);
+
+// `endpoint` with its userinfo (user:password@) replaced by "***@": the form in messages.
+std::string s3_endpoint_redacted(const std::string& endpoint);
+
 // The body of a GET of `url` (a listing page), urgently; throws the request's error line.
 std::string s3_get_body(const S3Client& client, const std::string& url, const std::string& what);
 
@@ -81,22 +110,28 @@ void s3_for_each_request(int64_t request_bytes, int64_t offset, int64_t bytes, F
 
 struct S3Transfer;
 
-// A request under way; wait() blocks until it has ended.
+// A request under way; wait() blocks until it has ended. Destroyed before it has ended, the
+// request is abandoned: from then on it never writes into its destination.
 class S3Pending {
 public:
     explicit S3Pending(std::shared_ptr<S3Transfer> t) : t_(std::move(t)) {}
+    ~S3Pending();
+    S3Pending(const S3Pending&) = delete;
+    S3Pending& operator=(const S3Pending&) = delete;
     // Blocks until the transfer has ended (its destination is no longer written); throws Error
-    // when it failed.
+    // when it failed. Both waits throw StopRequested, abandoning the request, when the stop
+    // check (s3_set_stop_check) says so.
     void wait();
-    // The same without throwing: "" or the error line.
+    // The same without throwing Error: "" or the error line.
     std::string wait_error();
 
 private:
     std::shared_ptr<S3Transfer> t_;
 };
 
-// Starts GET of bytes [offset, offset + bytes) of `obj` into out, If-Match obj.etag. `keep`
-// holds out's memory until the transfer has ended (even when the caller stops waiting).
+// Starts GET of bytes [offset, offset + bytes) of `obj` into out, If-Match obj.etag; the answer
+// is checked against the request and obj.size (s3_range_framing_error) and must carry obj.etag.
+// `keep` holds out's memory until the transfer has ended (even when the caller stops waiting).
 std::unique_ptr<S3Pending> s3_fetch(const S3Client& client, const S3Object& obj, int64_t offset,
                                     int64_t bytes, char* out, std::shared_ptr<void> keep,
                                     bool urgent);

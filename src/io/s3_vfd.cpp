@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <list>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "s3_io.h"
@@ -15,7 +17,8 @@ namespace saetrain::io {
 
 namespace {
 
-thread_local std::string vfd_error;
+// The exception of the last failed request of this thread's HDF5 calls (s3_vfd_rethrow).
+thread_local std::exception_ptr vfd_error;
 
 constexpr int64_t kBlock = 256 << 10;  // bytes of one cached block
 constexpr size_t kBlocks = 64;         // blocks cached per open object (16 MiB)
@@ -135,8 +138,8 @@ H5FD_t* vfd_open(const char*, unsigned flags, hid_t fapl, haddr_t) {
         // at the end: both in one round trip.
         f->object->start_block(0);
         f->object->start_block((f->object->obj.size - 1) / kBlock);
-    } catch (const std::exception& e) {
-        vfd_error = e.what();
+    } catch (const std::exception&) {
+        vfd_error = std::current_exception();
         delete f->object;
         delete f;
         return nullptr;
@@ -176,8 +179,8 @@ herr_t vfd_read(H5FD_t* h, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* b
     try {
         f->object->read(static_cast<int64_t>(addr), static_cast<int64_t>(size),
                         static_cast<char*>(buf));
-    } catch (const std::exception& e) {
-        vfd_error = e.what();
+    } catch (const std::exception&) {
+        vfd_error = std::current_exception();
         return -1;
     }
     return 0;
@@ -230,11 +233,13 @@ void s3_vfd_prefetch(const S3Client& client, const S3Object& obj) {
     }
 }
 
-std::string s3_vfd_take_error() { return std::exchange(vfd_error, std::string()); }
+void s3_vfd_rethrow() {
+    if (vfd_error) std::rethrow_exception(std::exchange(vfd_error, nullptr));
+}
 
 h5::File s3_open_file(std::shared_ptr<const S3Client> client, const S3Object& obj) {
     h5::init();
-    vfd_error.clear();
+    vfd_error = nullptr;
     const Source source{std::move(client), obj};
     const DriverInfo info{&source};
     h5::Plist fapl(SAE_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
@@ -243,8 +248,7 @@ h5::File s3_open_file(std::shared_ptr<const S3Client> client, const S3Object& ob
     const std::string url = obj.url();
     h5::File f(H5Fopen(url.c_str(), H5F_ACC_RDONLY, fapl.get()));
     if (!f) {
-        const std::string request = s3_vfd_take_error();
-        if (!request.empty()) throw Error(request);
+        s3_vfd_rethrow();
         const std::string why = h5::last_error();
         throw Error(fmt::format(
             "object {}: cannot open as HDF5{}; check that it is a complete .h5 file (re-upload it "

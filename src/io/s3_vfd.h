@@ -27,9 +27,10 @@ h5::File s3_open_file(std::shared_ptr<const S3Client> client, const S3Object& ob
 // for the next ones early. At most 64 MiB of such blocks are held.
 void s3_vfd_prefetch(const S3Client& client, const S3Object& obj);
 
-// The error line of the last request of this thread's HDF5 calls on an S3 object that failed,
-// or "" (and clears it): HDF5 reports a failed read only as "read failed", so callers that see
-// an HDF5 call fail on an object ask here for the reason.
-std::string s3_vfd_take_error();
+// Throws (and clears) the exception of the last request of this thread's HDF5 calls on an S3
+// object that failed (its Error line, or StopRequested); returns when none failed. HDF5 reports
+// a failed read only as "read failed", so callers that see an HDF5 call fail on an object ask
+// here for the reason.
+void s3_vfd_rethrow();
 
 }  // namespace saetrain::io

@@ -307,8 +307,7 @@ ShardMeta inspect(const DatasetInfo& info, const ShardInfo& shard, const std::st
     try {
         return inspect_shard(info, shard, name);
     } catch (const Error&) {
-        const std::string request = io::s3_vfd_take_error();
-        if (!request.empty()) throw Error(request);
+        io::s3_vfd_rethrow();
         throw;
     }
 }
