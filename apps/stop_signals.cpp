@@ -122,7 +122,12 @@ extern "C" void on_stop_signal(int sig) {
         static const char ack[] =
             "saetrain: interrupted: stopping after this step and committing a checkpoint; "
             "Ctrl-C again stops at once, keeping the last committed one\n";
-        write_all(ack, sizeof(ack) - 1);
+        static const char ack_start[] =
+            "saetrain: interrupted during start-up: stopping before the first step\n";
+        if (g_committed.load() == -2)
+            write_all(ack_start, sizeof(ack_start) - 1);
+        else
+            write_all(ack, sizeof(ack) - 1);
     }
 }
 

@@ -278,6 +278,10 @@ TEST_F(Resume, StopSignalBeforeTheFirstStepSavesNothing) {
     const std::string cmd = bin("saetrain") + " " + config("early") + tail;
     const Result r = run("SAETRAIN_FAULT=0:startup:INT " + cmd);
     EXPECT_EQ(r.code, 75) << r.out;
+    // Acknowledged as what it is: no step yet, so nothing to commit.
+    EXPECT_EQ(line_with(r.out, "saetrain: interrupted"),
+              "saetrain: interrupted during start-up: stopping before the first step")
+        << r.out;
     EXPECT_EQ(line_with(r.out, "saetrain: stopped"),
               "saetrain: stopped by a signal before the first step; nothing to save. Run the same "
               "command to start (exit code 75).")
