@@ -413,6 +413,36 @@ TEST_F(Cli, MpiSweepTrainsOneSaePerRank) {
     EXPECT_EQ(count(r.out, "sae (sorted by l0)"), 1u) << "only rank 0 prints";
 }
 
+// Waits that do not spin through the time slices of threads sharing the cores: OpenMP's idle
+// threads spin briefly, then sleep (saetrain executes itself once with GOMP_SPINCOUNT=1000 unless
+// the user chose a policy), and MPI's waits yield the core when the node's ranks outnumber its
+// cores; the start-up line says which.
+TEST_F(Cli, WaitsYieldTheCoresUnlessTheUserChoseOtherwise) {
+    const std::string cmd = bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --overwrite";
+    Result r = run("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY " + cmd);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(" CPU thread(s) each; idle threads spin 1000 times, then sleep "
+                         "(GOMP_SPINCOUNT, saetrain's default)\n"),
+              std::string::npos)
+        << r.out;
+    r = run("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5 " + cmd);
+    EXPECT_NE(r.out.find("; idle threads spin 5 times, then sleep (GOMP_SPINCOUNT)\n"),
+              std::string::npos)
+        << r.out;
+    r = run("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active " + cmd);
+    EXPECT_NE(r.out.find("; OMP_WAIT_POLICY=active\n"), std::string::npos) << r.out;
+    // 2 ranks of 1 + cores threads each outnumber the cores: MPI's waits yield.
+    const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+    r = run("env -u OMPI_MCA_mpi_yield_when_idle " + mpirun(2) + bin("saetrain") + " " +
+            (dir / "cfg.yaml").string() + " --overwrite --set 'sae.k=[2,4]' --threads " +
+            std::to_string(cores));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("; MPI waits yield the core (mpi_yield_when_idle, set as ranks outnumber "
+                         "cores)\n"),
+              std::string::npos)
+        << r.out;
+}
+
 // Held-out rows: the last data.eval_rows rows are never trained on, or data.eval_path gives
 // shards of their own; the held-out FVU, L0, dead and dense fractions reach the console,
 // metrics.jsonl and summary.csv, labelled as held-out. Two data-parallel replicas split the
