@@ -278,11 +278,14 @@ void inspect_out_dir(Setup& s, const Args& args, int rank) {
     }
     s.resume = !args.overwrite && !Checkpointer::committed_steps(out.string()).empty();
     s.complete = !args.overwrite && holds_finished_run(s, rank);
+    const auto run_config = [&] {
+        std::ifstream in(out / "config.yaml");
+        return std::string((std::istreambuf_iterator<char>(in)), {});
+    };
     // A resume under another config: refused up front naming each key with its two values (a
     // key that names the SAE, such as sae.k, would otherwise find no checkpoint of its id).
     if (s.resume && !s.complete && !args.allow_config_change) {
-        std::ifstream in(out / "config.yaml");
-        const std::string old((std::istreambuf_iterator<char>(in)), {});
+        const std::string old = run_config();
         const std::string keys = old.empty() ? "" : result_key_changes(old, s.cfg);
         SAE_ENFORCE(keys.empty(),
                     "{} holds a run trained with a different config ({}); restore those values "
@@ -292,14 +295,9 @@ void inspect_out_dir(Setup& s, const Args& args, int rank) {
     }
     if (rank != 0 || s.resume || s.complete || args.overwrite || !fs::exists(out / "metrics.jsonl"))
         return;
-    std::ifstream in(out / "config.yaml");
-    const std::string old((std::istreambuf_iterator<char>(in)), {});
-    const std::vector<std::string> diff =
-        old.empty() ? std::vector<std::string>{"no config.yaml"}
-                    : config_result_differences(old, config_to_yaml(s.cfg));
-    std::string keys;
-    for (const std::string& d : diff) keys += (keys.empty() ? "" : "; ") + d;
-    SAE_ENFORCE(diff.empty(),
+    const std::string old = run_config();
+    const std::string keys = old.empty() ? "no config.yaml" : result_key_changes(old, s.cfg);
+    SAE_ENFORCE(keys.empty(),
                 "{} already holds another run with no committed checkpoint ({}); restore those "
                 "values or choose another run.out_dir ({})",
                 out.string(), keys, overwrite_deletes(out));

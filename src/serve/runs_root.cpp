@@ -145,6 +145,30 @@ std::optional<struct stat> stat_beneath(int dir_fd, const std::string& name) {
     return st;
 }
 
+namespace {
+
+// Every name in `dir_fd` (hidden ones included), sorted.
+std::vector<std::string> list_names(int dir_fd) {
+    std::vector<std::string> names;
+    // A second descriptor: readdir moves its offset, and dir_fd is shared with every openat.
+    const int dup = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dup < 0) return names;
+    DIR* d = ::fdopendir(dup);
+    if (d == nullptr) {
+        ::close(dup);
+        return names;
+    }
+    while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+}  // namespace
+
 // ---- RunsRoot ----------------------------------------------------------------------------------
 
 RunsRoot::RunsRoot(const std::string& path) {
@@ -181,23 +205,12 @@ std::vector<std::string> RunsRoot::list_runs() const { return list_plain_dirs(fd
 
 std::vector<std::string> list_plain_dirs(int dir_fd) {
     std::vector<std::string> ids;
-    // A second descriptor: readdir moves its offset, and dir_fd is shared with every openat.
-    const int dup = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dup < 0) return ids;
-    DIR* d = ::fdopendir(dup);
-    if (d == nullptr) {
-        ::close(dup);
-        return ids;
-    }
-    while (const dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
+    for (const std::string& name : list_names(dir_fd)) {
         if (!run_id_check(name).empty()) continue;
         const auto st = stat_beneath(dir_fd, name);
         if (st && S_ISDIR(st->st_mode)) ids.push_back(name);
     }
-    ::closedir(d);
-    std::sort(ids.begin(), ids.end());
-    return ids;
+    return ids;  // sorted, as list_names is
 }
 
 std::optional<std::string> RunsRoot::run_id_of_out_dir(const std::string& out_dir,
@@ -234,25 +247,6 @@ std::optional<std::string> RunsRoot::run_id_of_out_dir(const std::string& out_di
 }
 
 namespace {
-
-// Every name in `dir_fd` (hidden ones included), sorted.
-std::vector<std::string> list_names(int dir_fd) {
-    std::vector<std::string> names;
-    const int dup = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dup < 0) return names;
-    DIR* d = ::fdopendir(dup);
-    if (d == nullptr) {
-        ::close(dup);
-        return names;
-    }
-    while (const dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
-        if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-    std::sort(names.begin(), names.end());
-    return names;
-}
 
 bool is_link(int dir_fd, const std::string& name) {
     const auto st = stat_beneath(dir_fd, name);
