@@ -1,4 +1,4 @@
-#include "stop_signals.h"
+#include "saetrain/stop_signals.h"
 
 #include <fcntl.h>
 #include <termios.h>
