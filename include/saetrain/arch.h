@@ -151,7 +151,7 @@ public:
     virtual std::vector<NamedTensor> buffers() const { return {}; }
     virtual void set_buffer(const std::string& name, const std::vector<float>& /*value*/);
     // True for a buffer a checkpoint written before it existed may lack: the pass then keeps its
-    // initial value (sae.target_l0's last error, added 2026-11-28).
+    // initial value (sae.target_l0's last error).
     virtual bool buffer_optional(const std::string& /*name*/) const { return false; }
     // False when the pass computes its own pre-activations (Switch: only the chosen expert's),
     // so the trainer allocates no [rows, n] ctx.pre.
@@ -281,8 +281,9 @@ public:
     // y_L], and its d_model is the layers' widths summed.
     virtual bool layered() const { return false; }
     // The optimizer train.optimizer: auto picks when train.lr is unset (SaeConfig::
-    // with_optimizer_defaults): "signum" where it was measured to train better (issue 30's MiniLM
-    // runs: TopK, BatchTopK, Matryoshka, Switch, ReLU, Gated, JumpReLU), else "adam".
+    // with_optimizer_defaults): "signum" where it trains better on the MiniLM rows (TopK,
+    // BatchTopK, Matryoshka, Switch, ReLU, Gated, JumpReLU: docs/architectures.md, "The
+    // optimizer"), else "adam".
     virtual const char* default_optimizer() const { return "adam"; }
     // signum's lr when train.lr is unset, from the rule's (SaeConfig::with_optimizer_defaults:
     // kSignumLr * sqrt(16384 / n_latents)). Default: the rule's.

@@ -105,7 +105,7 @@ struct SaeConfig {
     int64_t warmup_steps = 0;
     double warmup_fraction = 0.01;
     // cosine | linear | constant | cosine_restarts | auto: constant for signum (schedule-free:
-    // the average needs no decay; measured better on MiniLM, issue 30), cosine for adam
+    // the average needs no decay; better on MiniLM, docs/architectures.md), cosine for adam
     // (with_optimizer_defaults).
     std::string lr_decay = "auto";
     // cosine_restarts (PyTorch's CosineAnnealingWarmRestarts): the first cycle's steps T_0 (0: a
@@ -256,7 +256,7 @@ struct ParallelConfig {
     int64_t replicas = 1;
     // Latent shards per replica: each holds n / S latents of the SAE (its rows of W_enc, b_enc,
     // W_dec and their Adam moments) and the latent shards of one replica exchange top-k candidates
-    // and partial reconstructions every step (issue 15; rank_grid.h).
+    // and partial reconstructions every step (rank_grid.h).
     int64_t latent_shards = 1;
     double timeout_s = 600;  // a collective waiting longer than this ends the job (0: never)
 };

@@ -47,7 +47,7 @@ public:
     // and then no MFU is reported for the SAEs this rank trains. tb_dir: the TensorBoard
     // directory ("" for none), one run tb_dir/<id>/ per SAE; resumed_step: the step a resumed
     // run continues from (its older events are kept up to it), < 0 for a fresh run.
-    RunReporter(Communicator& world, const RankCoords& layout, std::vector<std::string> ids,
+    RunReporter(Communicator& world, const RankCoords& coords, std::vector<std::string> ids,
                 const std::string& metrics_path, double peak_flops = 0,
                 const std::string& tb_dir = "", int64_t resumed_step = -1);
     ~RunReporter();
@@ -73,7 +73,7 @@ public:
 
 private:
     Communicator& world_;
-    RankCoords layout_;
+    RankCoords coords_;
     std::vector<std::string> ids_;
     double peak_flops_ = 0;
     std::unique_ptr<MetricsLog> log_;

@@ -1,4 +1,4 @@
-// sharded_topk.h — the exact top-k of a latent-sharded SAE (issue 15's building block).
+// sharded_topk.h — the exact top-k of a latent-sharded SAE.
 //
 // With the latents split into S contiguous latent shards, each latent shard selects the top k of
 // its own latents per row (topk_forward with relu = false, ids offset to the SAE's), the candidates

@@ -172,7 +172,7 @@ public:
         int node_size = 0;
         MPI_Comm_size(node, &node_size);
         if (node_size == size_ && size_ > 1 && !std::getenv("SAETRAIN_NO_SHM") &&
-            !std::getenv("SAETRAIN_NO_SHM_ALLREDUCE"))  // its name before 2026-11
+            !std::getenv("SAETRAIN_NO_SHM_ALLREDUCE"))  // the variable's older name
             node_comm_ = node;
         else
             MPI_Comm_free(&node);

@@ -448,10 +448,10 @@ void print_figure_tables(const std::vector<SaeSummary>& out) {
 
 }  // namespace
 
-RunReporter::RunReporter(Communicator& world, const RankCoords& layout,
+RunReporter::RunReporter(Communicator& world, const RankCoords& coords,
                          std::vector<std::string> ids, const std::string& metrics_path,
                          double peak_flops, const std::string& tb_dir, int64_t resumed_step)
-    : world_(world), layout_(layout), ids_(std::move(ids)), peak_flops_(peak_flops) {
+    : world_(world), coords_(coords), ids_(std::move(ids)), peak_flops_(peak_flops) {
     if (world_.rank() != 0) return;
     if (!metrics_path.empty()) log_ = std::make_unique<MetricsLog>(metrics_path);
     if (tb_dir.empty()) return;
@@ -483,7 +483,7 @@ RunReporter::~RunReporter() = default;
 
 void RunReporter::gather(const MetricsRow& mine) {
     const std::vector<RankBlock> blocks = all_gather_blocks(
-        world_, pack(mine, layout_.config, row_replica(layout_), peak_flops_), ids_);
+        world_, pack(mine, coords_.config, row_replica(coords_), peak_flops_), ids_);
     if (world_.rank() != 0) return;
     const std::map<int, ConfigTotals> totals = config_totals(blocks);
     std::vector<MetricsRow> rows;
@@ -508,7 +508,7 @@ std::vector<SaeSummary> RunReporter::finish(
     const SaeSummary& mine, const std::string& summary_path,
     const std::vector<std::string>& config_column_names,
     const std::vector<std::map<std::string, std::string>>& config_columns) {
-    std::vector<double> v = pack(mine.last, layout_.config, row_replica(layout_), peak_flops_);
+    std::vector<double> v = pack(mine.last, coords_.config, row_replica(coords_), peak_flops_);
     const std::vector<double> whole_run = summary_pack(mine);
     v.insert(v.end(), whole_run.begin(), whole_run.end());
     const std::vector<RankBlock> blocks = all_gather_blocks(world_, v, ids_);

@@ -37,8 +37,8 @@ SaeWeights weights_of(const SaeTrainer& t, const std::vector<float>& p) {
 // latent shard in chunks to the first latent shard's sink for tensor `t` from element `base`, each
 // value folded by c as `fold` says (sae_tensors.h).
 template <class T>
-void stream_latents(const SaeTrainer& tr, const T* mine, int64_t cols, int t, int64_t base,
-                    ScaleFold fold, float c, const ChunkSink& sink) {
+void gather_latent_rows(const SaeTrainer& tr, const T* mine, int64_t cols, int t, int64_t base,
+                        ScaleFold fold, float c, const ChunkSink& sink) {
     tr.store().gather_latents(mine, cols, [&](int64_t at, int64_t count, T* values) {
         TensorChunk chunk{t, base + at, count, nullptr, nullptr};
         if constexpr (std::is_same_v<T, int64_t>) {
@@ -169,10 +169,10 @@ void trainer_gather_weights(const SaeTrainer& tr, bool folded, const ChunkSink& 
             });
         if (root) sink({0, c0 * n, cb * n, rows_out.data(), nullptr});
     }
-    stream_latents(tr, p.data() + tr.store().offset(ParamLayout::kWDec), d, 1, 0, rule("W_dec"), c,
-                   sink);
-    stream_latents(tr, p.data() + tr.store().offset(ParamLayout::kBEnc), 1, 2, 0, rule("b_enc"), c,
-                   sink);
+    gather_latent_rows(tr, p.data() + tr.store().offset(ParamLayout::kWDec), d, 1, 0, rule("W_dec"),
+                       c, sink);
+    gather_latent_rows(tr, p.data() + tr.store().offset(ParamLayout::kBEnc), 1, 2, 0, rule("b_enc"),
+                       c, sink);
     float* b_dec = p.data() + tr.store().offset(ParamLayout::kBDec);
     fold_values(rule("b_dec"), c, b_dec, d);
     if (root) sink({3, 0, d, b_dec, nullptr});
@@ -181,7 +181,7 @@ void trainer_gather_weights(const SaeTrainer& tr, bool folded, const ChunkSink& 
     for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i, ++t) {
         float* seg = p.data() + segs[i].offset;
         if (segs[i].per_latent) {
-            stream_latents(tr, seg, segs[i].cols, t, 0, rule(segs[i].name), c, sink);
+            gather_latent_rows(tr, seg, segs[i].cols, t, 0, rule(segs[i].name), c, sink);
         } else {
             fold_values(rule(segs[i].name), c, seg, segs[i].size());
             if (root) sink({t, 0, segs[i].size(), seg, nullptr});
@@ -206,13 +206,13 @@ void trainer_gather_state(const SaeTrainer& tr, const ChunkSink& sink) {
             tr.store().host(which == 0 ? ParamStore::Buffer::adam_m : ParamStore::Buffer::adam_v);
         for (size_t i = 0; i < segs.size(); ++i) {
             if (segs[i].per_latent)
-                stream_latents(tr, a.data() + segs[i].offset, segs[i].cols, which, wsegs[i].offset,
-                               ScaleFold::keep, 1.0f, sink);
+                gather_latent_rows(tr, a.data() + segs[i].offset, segs[i].cols, which,
+                                   wsegs[i].offset, ScaleFold::keep, 1.0f, sink);
             else if (root)
                 sink({which, wsegs[i].offset, segs[i].size(), a.data() + segs[i].offset, nullptr});
         }
     }
-    stream_latents(tr, tr.since_fired().data(), 1, 2, 0, ScaleFold::keep, 1.0f, sink);
+    gather_latent_rows(tr, tr.since_fired().data(), 1, 2, 0, ScaleFold::keep, 1.0f, sink);
 }
 
 // --- read back: this trainer's part of a checkpoint

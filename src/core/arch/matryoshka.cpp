@@ -292,9 +292,7 @@ public:
     std::vector<std::string> summary_keys() const override {
         return {"sae.k", "sae.matryoshka_prefixes"};
     }
-    // Signum since 2026-11-28: with the 100,000-token dead window of configs/minilm.yaml it
-    // lowered the held-out FVU on the MiniLM quickstart rows at k 32 from 0.1395 to 0.1266 (4.4%
-    // dead against 1.6%) and at k 16 from 0.1739 to 0.1623 (6.2% dead against 12.6%)
+    // Signum: lower held-out FVU than Adam on the MiniLM rows at k 16 and 32
     // (docs/architectures.md, "The optimizer").
     const char* default_optimizer() const override { return "signum"; }
     void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
