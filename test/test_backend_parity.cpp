@@ -38,6 +38,7 @@
 #include "saetrain/backend_registry.h"
 #include "saetrain/comm.h"
 #include "saetrain/config.h"
+#include "saetrain/optimizer.h"
 #include "saetrain/perfmodel.h"  // MathMode
 #include "saetrain/sae_math.h"
 #include "saetrain/trainer.h"
@@ -46,6 +47,9 @@
 using namespace saetrain;
 
 namespace {
+
+// The backend's optimizer ops (optimizer.h).
+OptimizerOps& optimizer_ops(Backend& be) { return arch_ops<OptimizerOps>(be, optimizer_op_set()); }
 
 constexpr double kExact = 0.0, kElem = 1e-6, kSum = 2e-5, kGemm = 1e-4;
 
@@ -1146,8 +1150,8 @@ TEST_P(BackendParity, RowOpsAndAdam) {
     Buf<float> gp(*be, p), ggr(*be, gr), gm(*be, m), gv(*be, v);
     const math::AdamScalars adam{1e-3f, 0.9f, 0.999f, 1e-8f, 1 / 0.1f, 1 / 0.001f, 0.01f, 0.5f};
     for (int step = 0; step < 3; ++step) {
-        oracle->adam(p.data(), gr.data(), m.data(), v.data(), n, adam);
-        be->adam(gp.p(), ggr.p(), gm.p(), gv.p(), n, adam);
+        optimizer_ops(*oracle).update(p.data(), gr.data(), m.data(), v.data(), n, adam);
+        optimizer_ops(*be).update(gp.p(), ggr.p(), gm.p(), gv.p(), n, adam);
     }
     EXPECT_LE(norm_err(gp.get(), p), kElem);
     EXPECT_LE(norm_err(gm.get(), m), kElem);
@@ -1197,13 +1201,13 @@ TEST_P(BackendParity, FusedOptimizerMatchesTheSeparateOps) {
                 g = randn(total, 31 + step);
                 be->upload(gg.p(), g.data(), total * static_cast<int64_t>(sizeof(float)));
                 const double want =
-                    oracle->optimizer_grad_sum_squares(p.data(), g.data(), total, unit);
-                const double got = be->optimizer_grad_sum_squares(gp.p(), gg.p(), total, unit);
+                    optimizer_ops(*oracle).grad_sum_squares(p.data(), g.data(), total, unit);
+                const double got = optimizer_ops(*be).grad_sum_squares(gp.p(), gg.p(), total, unit);
                 EXPECT_LE(std::abs(got - want) / want, kSum) << where << " step " << step;
                 s.grad_scale = static_cast<float>(0.5 / std::sqrt(want));  // a clipping scale
-                oracle->optimizer_apply(p.data(), g.data(), m.data(), v.data(), ranges, unit, s,
-                                        0.01f);
-                be->optimizer_apply(gp.p(), gg.p(), gm.p(), gv.p(), ranges, unit, s, 0.01f);
+                optimizer_ops(*oracle).apply(p.data(), g.data(), m.data(), v.data(), ranges, unit,
+                                             s, 0.01f);
+                optimizer_ops(*be).apply(gp.p(), gg.p(), gm.p(), gv.p(), ranges, unit, s, 0.01f);
                 EXPECT_LE(norm_err(gp.get(), p), kSum) << where << " step " << step;
                 EXPECT_LE(norm_err(gm.get(), m), kSum) << where << " step " << step;
                 EXPECT_LE(norm_err(gv.get(), v), kSum) << where << " step " << step;

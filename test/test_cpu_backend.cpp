@@ -11,12 +11,16 @@
 
 #include "saetrain/arch/relu.h"
 #include "saetrain/backend.h"
+#include "saetrain/optimizer.h"
 #include "saetrain/sae_math.h"
 #include "test_util.h"
 
 using namespace saetrain;
 
 namespace {
+
+// The backend's optimizer ops (optimizer.h).
+OptimizerOps& optimizer_ops(Backend& be) { return arch_ops<OptimizerOps>(be, optimizer_op_set()); }
 
 using saetrain::testing::randn;
 
@@ -203,7 +207,7 @@ TEST_F(CpuBackendTest, AdamMatchesTextbookUpdateInDouble) {
     const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
     const math::AdamScalars s{float(lr),      float(b1),      float(b2), float(eps),
                               float(1 / bc1), float(1 / bc2), float(wd), float(gs)};
-    be->adam(p.data(), g.data(), m.data(), v.data(), n, s);
+    optimizer_ops(*be).update(p.data(), g.data(), m.data(), v.data(), n, s);
     for (int64_t i = 0; i < n; ++i) {
         const double gg = gs * g[i];
         const double mm = b1 * m0[i] + (1 - b1) * gg, vv = b2 * v0[i] + (1 - b2) * gg * gg;
@@ -224,12 +228,12 @@ TEST_F(CpuBackendTest, OptimizerApplyScalesEachRangesLearningRate) {
     const std::vector<AdamRange> ranges = {
         {0, 100, true}, {100, 150, false, 10.0f}, {250, 50, false, 0.5f}};
     const math::AdamScalars s{1e-2f, 0.9f, 0.999f, 1e-8f, 1 / 0.1f, 1 / 0.001f, 0.0f, 1.0f};
-    be->optimizer_apply(p.data(), g.data(), m.data(), v.data(), ranges, UnitRows{}, s, 0.01f);
+    optimizer_ops(*be).apply(p.data(), g.data(), m.data(), v.data(), ranges, UnitRows{}, s, 0.01f);
     for (const AdamRange& r : ranges) {
         math::AdamScalars rs = s;
         rs.lr = s.lr * r.lr_scale, rs.weight_decay = r.decay ? 0.01f : 0.0f;
-        be->adam(pw.data() + r.offset, gw.data() + r.offset, mw.data() + r.offset,
-                 vw.data() + r.offset, r.count, rs);
+        optimizer_ops(*be).update(pw.data() + r.offset, gw.data() + r.offset, mw.data() + r.offset,
+                                  vw.data() + r.offset, r.count, rs);
     }
     EXPECT_EQ(p, pw);
     EXPECT_EQ(m, mw);
@@ -261,7 +265,7 @@ TEST_F(CpuBackendTest, SignumMatchesTheScheduleFreeWrapper) {
         const double c = lr_max * lr_max / weight_sum;
         math::AdamScalars s{float(lrs[step]), float(beta), 0.999f, 1e-8f, 1.0f, 1.0f, 0.0f, 0.5f};
         s.signum = true, s.average = static_cast<float>(c);
-        be->adam(p.data(), g.data(), m.data(), v.data(), n, s);
+        optimizer_ops(*be).update(p.data(), g.data(), m.data(), v.data(), n, s);
         for (int64_t i = 0; i < n; ++i) {
             const double x = (y[i] - (1 - beta) * z[i]) / beta;
             z[i] -= lrs[step] * (g[i] > 0 ? 1.0 : g[i] < 0 ? -1.0 : 0.0);
@@ -281,7 +285,7 @@ TEST_F(CpuBackendTest, SignumWeightDecayIsTakenAtY) {
     math::AdamScalars s{0.1f, 0.8f, 0.999f, 1e-8f, 1.0f, 1.0f, 0.5f, 1.0f};
     s.signum = true, s.average = 0.25f;
     const std::vector<float> y = p, z = m, x = v;
-    be->adam(p.data(), g.data(), m.data(), v.data(), 3, s);
+    optimizer_ops(*be).update(p.data(), g.data(), m.data(), v.data(), 3, s);
     for (size_t i = 0; i < 3; ++i) {
         const double sign = g[i] > 0 ? 1 : g[i] < 0 ? -1 : 0;
         const double z1 = z[i] - 0.1 * (sign + 0.5 * y[i]);
@@ -303,7 +307,7 @@ TEST_F(CpuBackendTest, SignumKeepsEveryPointsDecoderRowsUnit) {
     math::AdamScalars s{0.2f, 0.95f, 0.999f, 1e-8f, 1.0f, 1.0f, 0.0f, 1.0f};
     s.signum = true, s.average = 0.5f;
     const std::vector<float> before = p;
-    be->optimizer_apply(p.data(), g.data(), m.data(), v.data(), {{0, n, true}}, unit, s, 0.0f);
+    optimizer_ops(*be).apply(p.data(), g.data(), m.data(), v.data(), {{0, n, true}}, unit, s, 0.0f);
     EXPECT_NE(p, before);
     for (const std::vector<float>* w : {&p, &m, &v}) {
         std::vector<float> norms(rows);

@@ -11,8 +11,9 @@
 # decorrelation penalty; bf16 and chunked f16 shards; a 2-rank data-parallel run, a 2-rank
 # sweep of replicas sharing the stream, a 4-rank hybrid, and a run resumed from a checkpoint;
 # 16-bit rows through data parallelism and through a shared sweep of latent-sharded SAEs (the
-# all-gather and the shard broadcast, issue 27); Matryoshka, transcoders and skip-transcoders,
-# and a 2-layer CLT of each activation, resumed too.
+# all-gather and the shard broadcast, issue 27); schedule-free signum (resumed: its average's
+# weights replayed); Matryoshka, transcoders and skip-transcoders, and a 2-layer CLT of each
+# activation, resumed too.
 # Exit status 0 only when every file matches.
 set -euo pipefail
 
@@ -48,6 +49,7 @@ cases=(
   "hybrid4|4|data.path=$work/f32 sae.arch=[topk,switch] sae.n_experts=2 parallel.mode=hybrid parallel.replicas=2"
   "f16dp2|2|data.path=$work/f16 sae.arch=topk parallel.mode=data_parallel data.eval_rows=1000"
   "bf16shards4|4|data.path=$work/bf16 sae.arch=topk sae.k=[4,8] parallel.latent_shards=2 data.eval_rows=1000"
+  "signum|3|data.path=$work/f32 sae.arch=[topk,relu,jumprelu] train.optimizer=signum data.eval_rows=1000"
   "matryoshka|1|data.path=$work/f32 sae.arch=matryoshka_batchtopk sae.matryoshka_prefixes=[16,64] data.eval_rows=1000"
   "transcoders|4|data.path=$work/tc-in data.target_path=$work/tc-out sae.arch=[transcoder,skip_transcoder] sae.transcoder_activation=[topk,jumprelu] data.eval_rows=1000"
   "clt|3|data.path=[$work/clt-in0,$work/clt-in1] data.target_path=[$work/clt-out0,$work/clt-out1] sae.arch=clt sae.expansion=2 sae.k=4 sae.transcoder_activation=[topk,batchtopk,jumprelu] data.eval_rows=1000"
@@ -90,7 +92,7 @@ for c in "${cases[@]}"; do
     run_case "$cand" "$b" "$ranks" "${set_list[@]}" || { cat "$b.log"; echo "$name: candidate run failed"; fail=1; continue; }
     same "$a" "$b" "$name ($ranks rank(s))"
     diff <(losses "$a") <(losses "$b") >/dev/null || { echo "$name: metrics.jsonl differs"; fail=1; }
-    if [ "$name" = archs ] || [ "$name" = clt ]; then
+    if [ "$name" = archs ] || [ "$name" = signum ] || [ "$name" = clt ]; then
         # Stopped by SIGTERM after 30 iterations (exit 75), then run again to the end.
         r="$work/cand/$name-resumed"
         SAETRAIN_FAULT=0:30:TERM run_case "$cand" "$r" "$ranks" "${set_list[@]}" && { echo "$name: the stop did not stop"; fail=1; }

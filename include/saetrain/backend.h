@@ -50,7 +50,7 @@ struct SparseBackward {
     const float* dval_extra = nullptr;
 };
 
-// The optimizer step's view of the flat parameter buffer (ParamStore::update, param_store.h).
+// The optimizer's view of the flat parameter buffer (OptimizerOps::apply, optimizer.h).
 struct AdamRange {
     int64_t offset = 0, count = 0;
     bool decay = false;     // AdamW's weight decay applies (weights yes, biases and thresholds no)
@@ -221,28 +221,6 @@ public:
     // scale * sum_i coeff_i ||w_i|| (the decoder-norm weighted L1 term).
     virtual void add_norm_grad(const float* w, const float* coeff, float scale, float* g,
                                int64_t rows, int64_t cols) = 0;
-
-    // The optimizer's step (Adam(W) or signum, as s says) over n elements; see
-    // math::optimizer_update.
-    virtual void adam(float* p, const float* g, float* m, float* v, int64_t n,
-                      const math::AdamScalars& s) = 0;
-
-    // --- the optimizer step, in two calls around the host's clipping decision -------------
-    // 1. The sum of squares of the gradient g[0, count) with the unit rows' radial part
-    //    projected out. Default: project_out_parallel in place, then sum_squares. A backend may
-    //    instead leave g as it is and project in optimizer_apply (the CUDA backend does: one
-    //    pass fewer over the decoder's gradient): after this call g is only an input to (2).
-    virtual double optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,
-                                              const UnitRows& unit);
-    // 2. The optimizer (Adam(W) or signum) over every range (s.weight_decay = weight_decay where
-    // the range decays, else
-    //    0; s.grad_scale carries the clipping and averaging), the unit rows' gradient projected
-    //    as in (1) (again: a second projection changes nothing but rounding), and the unit rows
-    //    renormalized after the update (signum: also m's and v's rows, the iterate and the
-    //    average). Default: adam per range, then normalize_rows.
-    virtual void optimizer_apply(float* params, float* grads, float* m, float* v,
-                                 const std::vector<AdamRange>& ranges, const UnitRows& unit,
-                                 math::AdamScalars s, float weight_decay);
 
     // --- for reports (metrics.jsonl, the sweep table); the defaults describe the host CPU ---
     // The accelerator's name as its driver reports it ("NVIDIA H100 80GB HBM3"), which selects

@@ -79,13 +79,6 @@ public:
     void normalize_rows(float* w, int64_t rows, int64_t cols) override;
     void add_norm_grad(const float* w, const float* coeff, float scale, float* g, int64_t rows,
                        int64_t cols) override;
-    void adam(float* p, const float* g, float* m, float* v, int64_t n,
-              const math::AdamScalars& s) override;
-    double optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,
-                                      const UnitRows& unit) override;
-    void optimizer_apply(float* params, float* grads, float* m, float* v,
-                         const std::vector<AdamRange>& ranges, const UnitRows& unit,
-                         math::AdamScalars s, float weight_decay) override;
 
     std::string device_name() const override { return be_.device_name(); }
     std::string gemm_precision() const override { return be_.gemm_precision(); }

@@ -25,9 +25,10 @@
 //                  first latent shard chunk by chunk (gather_latents), never whole on one rank.
 //
 // The step asks, in order: new_gradient (a pass writes this replica's gradient), reduce (over
-// the replicas), grad_sum_squares (the whole SAE's, for clipping), update (Adam on the owned
-// ranges). Around the step: host copies and writes of the buffers, and the sums and gathers over
-// latent shards, which do nothing on a whole SAE.
+// the replicas), grad_sum_squares (the whole SAE's, for clipping), update (the optimizer's ops on
+// the owned ranges). The policy, the scalars and the ops are the Optimizer's (optimizer.h); this
+// places the buffers. Around the step: host copies and writes of the buffers, and the sums and
+// gathers over latent shards, which do nothing on a whole SAE.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,8 @@
 #include "saetrain/sharded_topk.h"  // defines: LatentShard
 
 namespace saetrain {
+
+class OptimizerOps;  // optimizer.h
 
 // Throws Error (prefixed by `where`) when an SAE of `cfg` (d_model d, n_total latents) cannot be
 // split into `latent shards` latent shards (parallel.latent_shards): its architecture, a latent
@@ -84,9 +87,9 @@ public:
     // same all-reduce at sums[own_at] and takes it out again, so `sums` keeps its length.
     virtual void reduce(std::vector<double>& sums, size_t own_at) = 0;
     // The squared norm of the SAE's gradient (after reduce, with more than one replica), the
-    // unit decoder rows' radial part projected out (Backend::optimizer_grad_sum_squares);
+    // unit decoder rows' radial part projected out (OptimizerOps::grad_sum_squares, optimizer.h);
     // collective over the latent shards.
-    virtual double grad_sum_squares() = 0;
+    virtual double grad_sum_squares(OptimizerOps& ops) = 0;
     // Flat-buffer ranges (backend.h's AdamRange: offset, count, weight decay) of latent rows
     // [lo, hi): their rows of every per-latent segment, and the segments of no latent (b_dec,
     // ...) when `with_non_latent`, in segment order; some counts may be 0.
@@ -97,9 +100,9 @@ public:
     }
     // The decoder rows this replica updates, when sae.normalize_decoder keeps them at unit norm.
     UnitRows unit_rows() const;
-    // Adam(W) on the owned ranges of the reduced gradient (Backend::optimizer_apply); every
-    // replica's update is visible to all when it returns.
-    virtual void update(const math::AdamScalars& s, float weight_decay);
+    // The optimizer's update (OptimizerOps::apply, with the step's scalars s) on the owned ranges
+    // of the reduced gradient; every replica's update is visible to all when it returns.
+    virtual void update(OptimizerOps& ops, const math::AdamScalars& s, float weight_decay);
 
     // --- host copies ----------------------------------------------------------------------
     // A host copy of one buffer (this latent shard's latents). The gradient after reduce is the sum

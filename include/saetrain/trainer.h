@@ -33,6 +33,7 @@
 #include "saetrain/config.h"        // defines: SaeConfig
 #include "saetrain/dtype.h"         // defines: BatchView
 #include "saetrain/evaluation.h"    // defines: EvalResult, QualityWindow
+#include "saetrain/optimizer.h"     // defines: Optimizer
 #include "saetrain/param_store.h"   // defines: ParamStore, check_latent_sharding
 #include "saetrain/quality.h"       // defines: QualityGates
 #include "saetrain/sae_tensors.h"   // defines: CheckpointPart, NamedTensor
@@ -225,14 +226,9 @@ private:
     std::vector<double> step_arch_sums(int64_t rows);
     // Sums the gradient, r's metrics, arch_sums and fires_host_ over the replicas.
     void reduce_over_replicas(StepResult& r, std::vector<double>& arch_sums);
-    // Sets r.grad_norm (and r.clipped); returns Adam's grad_scale, 1 / rows with clipping.
-    float clip_gradient(StepResult& r, double sum_sq);
     // A non-finite loss or gradient: marks r skipped and returns true (throws after
     // train.max_bad_steps in a row).
     bool skip_nonfinite(StepResult& r);
-    // Adam's scalars for update t (1-based): bias corrections, grad_scale (clipping and the
-    // average over all replicas' rows).
-    math::AdamScalars adam_scalars(float grad_scale, float lr, int64_t t) const;
     // After the update: the architecture's after_step, the quality window, dead latents and
     // the counters.
     void finish_step(const StepResult& r, const std::vector<double>& arch_sums);
@@ -267,16 +263,11 @@ private:
     Communicator& comm_;
     const Architecture& arch_;
     std::unique_ptr<ArchPass> pass_;
-    std::unique_ptr<ParamStore> store_;  // parameters, gradient, Adam moments
+    std::unique_ptr<ParamStore> store_;  // parameters, gradient, the optimizer's two buffers
+    std::unique_ptr<Optimizer> opt_;     // clip -> lr -> apply, and signum's state
     int64_t step_ = 0, tokens_ = 0;
     int64_t bad_in_a_row_ = 0;
     float input_scale_ = 1.0f;  // data.normalize: every batch is multiplied by it
-    // train.optimizer: signum. at_rest_: the parameter buffer holds the average (rest()). The
-    // average weighs step t's iterate by lr_max_t^2 (the largest lr so far), lr_max_ and
-    // weight_sum_ the running values (replayed from the schedule on restore).
-    bool signum_ = false, at_rest_ = false;
-    double lr_max_ = 0, weight_sum_ = 0;
-    float next_average(double lr);
 
     bool transcodes_;  // arch_.transcodes(): rows [x | y], y_ the target
     DeviceArray<float> x_, y_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;

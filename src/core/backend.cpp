@@ -69,32 +69,6 @@ void Backend::topk_forward_columns(const float* pre, const float* bias, int64_t 
     topk_forward(pre, scratch, rows, n, k, idx, val, relu);
 }
 
-double Backend::optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,
-                                           const UnitRows& unit) {
-    if (unit.any())
-        project_out_parallel(params + unit.offset, grads + unit.offset, unit.rows, unit.cols);
-    return sum_squares(grads, count);
-}
-
-// The gradient was projected in place by optimizer_grad_sum_squares (or by the trainer's split
-// update): projecting again here would change nothing but rounding, so this does not.
-void Backend::optimizer_apply(float* params, float* grads, float* m, float* v,
-                              const std::vector<AdamRange>& ranges, const UnitRows& unit,
-                              math::AdamScalars s, float weight_decay) {
-    const float lr = s.lr;
-    for (const AdamRange& r : ranges) {
-        if (r.count == 0) continue;
-        s.weight_decay = r.decay ? weight_decay : 0.0f;
-        s.lr = lr * r.lr_scale;
-        adam(params + r.offset, grads + r.offset, m + r.offset, v + r.offset, r.count, s);
-    }
-    if (!unit.any()) return;
-    normalize_rows(params + unit.offset, unit.rows, unit.cols);
-    if (!s.signum) return;  // signum: the iterate and the average are unit rows too
-    normalize_rows(m + unit.offset, unit.rows, unit.cols);
-    normalize_rows(v + unit.offset, unit.rows, unit.cols);
-}
-
 // --- an architecture's own ops ------------------------------------------------------------------
 
 ArchOps* Backend::keep_arch_ops(const ArchOpSet& set,

@@ -94,23 +94,6 @@ void ForwardingBackend::add_norm_grad(const float* w, const float* coeff, float 
                                       int64_t rows, int64_t cols) {
     around("add_norm_grad", [&] { be_.add_norm_grad(w, coeff, scale, g, rows, cols); });
 }
-void ForwardingBackend::adam(float* p, const float* g, float* m, float* v, int64_t n,
-                             const math::AdamScalars& s) {
-    around("adam", [&] { be_.adam(p, g, m, v, n, s); });
-}
-double ForwardingBackend::optimizer_grad_sum_squares(const float* params, float* grads,
-                                                     int64_t count, const UnitRows& unit) {
-    double r = 0;
-    around("optimizer_sum_squares",
-           [&] { r = be_.optimizer_grad_sum_squares(params, grads, count, unit); });
-    return r;
-}
-void ForwardingBackend::optimizer_apply(float* params, float* grads, float* m, float* v,
-                                        const std::vector<AdamRange>& ranges, const UnitRows& unit,
-                                        math::AdamScalars s, float weight_decay) {
-    around("optimizer_apply",
-           [&] { be_.optimizer_apply(params, grads, m, v, ranges, unit, s, weight_decay); });
-}
 
 ArchOps* ForwardingBackend::arch_ops(const ArchOpSet& set) {
     ArchOps* inner = be_.arch_ops(set);

@@ -5,6 +5,7 @@
 
 #include "saetrain/comm.h"
 #include "saetrain/error.h"
+#include "saetrain/optimizer.h"  // defines: OptimizerOps
 
 namespace saetrain {
 
@@ -62,9 +63,9 @@ UnitRows ParamStore::unit_rows() const {
     return u;
 }
 
-void ParamStore::update(const math::AdamScalars& s, float weight_decay) {
+void ParamStore::update(OptimizerOps& ops, const math::AdamScalars& s, float weight_decay) {
     // Weights (W_enc, W_dec) get weight decay, biases and thresholds do not.
-    be_.optimizer_apply(p_, g_, m_, v_, owned_ranges(), unit_rows(), s, weight_decay);
+    ops.apply(p_, g_, m_, v_, owned_ranges(), unit_rows(), s, weight_decay);
 }
 
 void ParamStore::swap(Buffer a, Buffer b) { be_.swap(pointer(a), pointer(b), size()); }
@@ -148,8 +149,8 @@ public:
         replicas_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
     }
 
-    double grad_sum_squares() override {
-        return be_.optimizer_grad_sum_squares(p_, g_, size(), unit_rows());
+    double grad_sum_squares(OptimizerOps& ops) override {
+        return ops.grad_sum_squares(p_, g_, size(), unit_rows());
     }
 
 private:
@@ -163,8 +164,8 @@ class LatentShards final : public OwnCopy {
 public:
     using OwnCopy::OwnCopy;
 
-    double grad_sum_squares() override {
-        double sum_sq = OwnCopy::grad_sum_squares();
+    double grad_sum_squares(OptimizerOps& ops) override {
+        double sum_sq = OwnCopy::grad_sum_squares(ops);
         if (shard_.index >
             0)  // b_dec and the other segments every latent shard holds: counted once
             for (const ParamSegment& g : layout_.segments())
@@ -227,10 +228,10 @@ public:
         sums.erase(sums.begin() + static_cast<std::ptrdiff_t>(own_at));
     }
 
-    double grad_sum_squares() override { return sum_sq_; }
+    double grad_sum_squares(OptimizerOps&) override { return sum_sq_; }
 
-    void update(const math::AdamScalars& s, float weight_decay) override {
-        ParamStore::update(s, weight_decay);
+    void update(OptimizerOps& ops, const math::AdamScalars& s, float weight_decay) override {
+        ParamStore::update(ops, s, weight_decay);
         mem_->fence();  // every range updated before anyone reads them
     }
 

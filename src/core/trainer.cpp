@@ -11,6 +11,7 @@
 
 #include "arch/common.h"
 #include "saetrain/error.h"
+#include "saetrain/optimizer.h"  // defines: Optimizer (clip, lr, apply)
 #include "saetrain/schedule.h"
 
 namespace saetrain {
@@ -90,7 +91,6 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       dead_(static_cast<size_t>(n_), 0),
       fires_host_(static_cast<size_t>(n_), 0),
       window_(total_steps, n_, d_) {
-    signum_ = cfg_.optimizer == "signum";
     const LatentShard placement = shard_or_whole(shard, n_total_);
     arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
     check_latent_sharding(cfg, d_, n_total_, placement.count, "");
@@ -102,6 +102,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
     store_ = make_param_store(cfg, ParamLayout(n_, d_, arch_.extra_params(cfg, n_, d_)),
                               ParamLayout(n_total_, d_, arch_.extra_params(cfg, n_total_, d_)),
                               placement, be_, comm_);
+    opt_ = Optimizer::make(cfg_, be_, *store_, total_steps_);
 }
 
 SaeTrainer::~SaeTrainer() = default;
@@ -347,8 +348,7 @@ StepResult SaeTrainer::step(BatchView x_host, int64_t rows) {
 void SaeTrainer::step_begin(BatchView x_host, int64_t rows) {
     SAE_ENFORCE(state_ == StepState::idle,
                 "SaeTrainer::step_begin: the previous step has not ended");
-    if (at_rest_) store_->swap(ParamStore::Buffer::params, ParamStore::Buffer::adam_v);
-    at_rest_ = false;
+    opt_->begin_step();
     last_rows_ = rows;
     if (rows > 1 && cfg_.accum_steps > 1) {
         accumulate_gradients(x_host, rows);  // -> accumulated
@@ -373,18 +373,14 @@ StepResult SaeTrainer::step_end() {
     if (store_->replicas() > 1) reduce_over_replicas(r, arch_sums);
     if (r.rows == 0) return r;  // no replica had data: nothing to learn from
     // clip: by the norm of the summed gradient, the unit decoder rows' radial part projected out
-    const float grad_scale = clip_gradient(r, store_->grad_sum_squares());
+    const GradClip clip = opt_->clip(static_cast<double>(r.rows));
+    r.grad_norm = clip.grad_norm;
+    r.clipped = clip.clipped;
     if (skip_nonfinite(r)) return r;
     // lr
-    r.lr = lr_at(cfg_, step_, total_steps_);
-    // the optimizer: on the owned ranges, the unit decoder rows renormalized after it
-    math::AdamScalars s = adam_scalars(grad_scale, static_cast<float>(r.lr), step_ + 1);
-    if (signum_) {
-        s.signum = true;
-        s.beta1 = static_cast<float>(cfg_.momentum);
-        s.average = next_average(r.lr);
-    }
-    store_->update(s, static_cast<float>(cfg_.weight_decay));
+    r.lr = opt_->lr(step_);
+    // apply: on the owned ranges, the unit decoder rows renormalized after it
+    opt_->apply(clip, r.lr, step_ + 1);
     // finish: the architecture's after_step, the quality window, dead latents, the counters
     finish_step(r, arch_sums);
     return r;
@@ -532,17 +528,6 @@ void SaeTrainer::reduce_over_replicas(StepResult& r, std::vector<double>& arch_s
     for (int64_t i = 0; i < n_; ++i) fires_host_[i] = static_cast<int32_t>(m[f0 + i]);
 }
 
-float SaeTrainer::clip_gradient(StepResult& r, double sum_sq) {
-    const double rows_all = static_cast<double>(r.rows);
-    float grad_scale = static_cast<float>(1.0 / rows_all);
-    r.grad_norm = std::sqrt(sum_sq) / rows_all;
-    if (cfg_.grad_clip > 0 && r.grad_norm > cfg_.grad_clip) {
-        grad_scale *= static_cast<float>(cfg_.grad_clip / r.grad_norm);
-        r.clipped = true;
-    }
-    return grad_scale;
-}
-
 bool SaeTrainer::skip_nonfinite(StepResult& r) {
     // A non-finite gradient (every replica sees the same all-reduced value, so all decide
     // alike): apply nothing, count it, and give up after max_bad_steps in a row.
@@ -560,33 +545,7 @@ bool SaeTrainer::skip_nonfinite(StepResult& r) {
     return true;
 }
 
-math::AdamScalars SaeTrainer::adam_scalars(float grad_scale, float lr, int64_t t) const {
-    const float bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
-    const float bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
-    return {lr,
-            static_cast<float>(cfg_.beta1),
-            static_cast<float>(cfg_.beta2),
-            static_cast<float>(cfg_.eps),
-            1.0f / bc1,
-            1.0f / bc2,
-            0.0f,
-            grad_scale};
-}
-
-// The weight of this step's iterate in signum's average (schedule-free: lr_max^2 over the sum of
-// the weights so far; 1 for a first step at lr 0).
-float SaeTrainer::next_average(double lr) {
-    lr_max_ = std::max(lr_max_, lr);
-    const double w = lr_max_ * lr_max_;
-    weight_sum_ += w;
-    return weight_sum_ > 0 ? static_cast<float>(w / weight_sum_) : 1.0f;
-}
-
-void SaeTrainer::rest() {
-    if (!signum_ || at_rest_) return;
-    store_->swap(ParamStore::Buffer::params, ParamStore::Buffer::adam_v);
-    at_rest_ = true;
-}
+void SaeTrainer::rest() { opt_->rest(); }
 
 void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
@@ -647,10 +606,7 @@ std::vector<float> SaeTrainer::grads_host() const {
 
 void SaeTrainer::set_params_host(const std::vector<float>& p) {
     store_->write(ParamStore::Buffer::params, p);
-    if (!signum_) return;
-    store_->write(ParamStore::Buffer::adam_m, p);
-    store_->write(ParamStore::Buffer::adam_v, p);
-    at_rest_ = false;
+    opt_->params_set(p);
 }
 
 void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
@@ -668,12 +624,7 @@ void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
     count_dead_over_latent_shards();
     step_ = step;
     tokens_ = tokens;
-    // signum: a checkpoint is at rest (rest()); the average's weights replayed from the schedule
-    // (every counted step applied one update at its lr).
-    at_rest_ = signum_;
-    lr_max_ = 0, weight_sum_ = 0;
-    if (signum_)
-        for (int64_t t = 0; t < step; ++t) next_average(lr_at(cfg_, t, total_steps_));
+    opt_->restored(step);
 }
 
 }  // namespace saetrain

@@ -461,17 +461,6 @@ public:
         }
     }
 
-    void adam(float* p, const float* g, float* m, float* v, int64_t n,
-              const math::AdamScalars& s) override {
-        if (s.signum) {
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < n; ++i) math::signum_update(p[i], m[i], v[i], g[i], s);
-            return;
-        }
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; ++i) math::adam_update(p[i], m[i], v[i], g[i], s);
-    }
-
 private:
     static float dot(const float* a, const float* b, int64_t n) {
         float s = 0.0f;

@@ -1,14 +1,16 @@
-// The CUDA implementations of the architectures' own ops (arch_ops.h): thin classes over the
-// launchers in kernels.h (kernels.cu, topk.cu, switch.cu, matryoshka.cu), each registered by one
-// line below.
+// The CUDA implementations of the architectures' own ops and the optimizer's (arch_ops.h): thin
+// classes over the launchers in kernels.h (kernels.cu, topk.cu, switch.cu, matryoshka.cu) and
+// optimizer.h (optimizer.cu), each registered by one line below.
 #include "arch_ops.h"
 
+#include "optimizer.h"  // defines: optimizer_grad_sum_squares, optimizer_apply (optimizer.cu)
 #include "saetrain/arch/batchtopk.h"
 #include "saetrain/arch/gated.h"
 #include "saetrain/arch/jumprelu.h"
 #include "saetrain/arch/matryoshka.h"
 #include "saetrain/arch/relu.h"
 #include "saetrain/arch/switch.h"
+#include "saetrain/optimizer.h"  // defines: OptimizerOps
 
 namespace saetrain::cuda {
 namespace {
@@ -109,6 +111,28 @@ private:
     OpContext c_;
 };
 
+// The fused optimizer (optimizer.cu): two passes over the parameters instead of five.
+class CudaOptimizerOps final : public OptimizerOps {
+public:
+    explicit CudaOptimizerOps(const OpContext& c) : c_(c) {}
+    double grad_sum_squares(const float* params, float* grads, int64_t count,
+                            const UnitRows& unit) override {
+        return cuda::optimizer_grad_sum_squares(c_.stream, *c_.ws, params, grads, count, unit);
+    }
+    void apply(float* params, float* grads, float* m, float* v,
+               const std::vector<AdamRange>& ranges, const UnitRows& unit, math::AdamScalars s,
+               float weight_decay) override {
+        cuda::optimizer_apply(c_.stream, params, grads, m, v, ranges, unit, s, weight_decay);
+    }
+    void update(float* p, const float* g, float* m, float* v, int64_t n,
+                const math::AdamScalars& s) override {
+        cuda::adam(c_.stream, p, g, m, v, n, s);
+    }
+
+private:
+    OpContext c_;
+};
+
 template <class Ops>
 std::unique_ptr<ArchOps> make(const OpContext& c) {
     return std::make_unique<Ops>(c);
@@ -124,6 +148,7 @@ const std::vector<ArchOpsImpl>& arch_ops_impls() {
         {&gated_op_set(), make<CudaGatedOps>},
         {&switch_op_set(), make<CudaSwitchOps>},
         {&matryoshka_op_set(), make<CudaMatryoshkaOps>},
+        {&optimizer_op_set(), make<CudaOptimizerOps>},
     };
     return impls;
 }

@@ -15,7 +15,6 @@
 #include "handles.h"
 #include "kernels.h"
 #include "lt_gemm.h"
-#include "optimizer.h"
 #include "saetrain/backend_registry.h"
 #include "saetrain/comm.h"
 #include "saetrain/cuda_device.h"
@@ -247,20 +246,6 @@ public:
     void add_norm_grad(const float* w, const float* coeff, float scale, float* g, int64_t rows,
                        int64_t cols) override {
         cuda::add_norm_grad(stream(), w, coeff, scale, g, rows, cols);
-    }
-    void adam(float* p, const float* g, float* m, float* v, int64_t n,
-              const math::AdamScalars& s) override {
-        cuda::adam(stream(), p, g, m, v, n, s);
-    }
-    // The fused optimizer (optimizer.h): two passes over the parameters instead of five.
-    double optimizer_grad_sum_squares(const float* params, float* grads, int64_t count,
-                                      const UnitRows& unit) override {
-        return cuda::optimizer_grad_sum_squares(stream(), ws_, params, grads, count, unit);
-    }
-    void optimizer_apply(float* params, float* grads, float* m, float* v,
-                         const std::vector<AdamRange>& ranges, const UnitRows& unit,
-                         math::AdamScalars s, float weight_decay) override {
-        cuda::optimizer_apply(stream(), params, grads, m, v, ranges, unit, s, weight_decay);
     }
 
     // --- an architecture's own ops: the implementations arch_ops.cpp registers --------------
