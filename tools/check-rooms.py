@@ -17,7 +17,9 @@ the files in CEILING, which may not grow past their figure (each is to be split)
 
 Words (docs/architecture.md, "Words"): a rank's place in the job is its coordinates, never a
 layout; the tensors a checkpoint sends to the first latent shard are gathered, not streamed
-(stream means the rows an SAE trains on, or a CUDA stream).
+(stream means the rows an SAE trains on, or a CUDA stream); in the model's layers (core, cpu,
+cuda, comm) a latent shard is never shortened to "shard" in code (comments and strings may say
+"latent shard"; elsewhere a shard is an HDF5 file of activations).
 """
 import os
 import re
@@ -68,6 +70,13 @@ WORDS = [
     (re.compile(r"\bstream_\w+\s*\("),
      "a function named stream_*: tensors sent to the first latent shard are gathered (Words)"),
 ]
+# In the model's layers a shard is a latent shard, and it is never shortened (in io, src/run
+# and the data headers a shard is an HDF5 file of activations).
+LATENT_WORDS = (
+    re.compile(r"\b(shard|shards|shard_|shards_|first_shard|over_shards)\b"),
+    "a latent shard is never shortened to shard in the model's layers (Words)",
+)
+LATENT_DIRS = ("src/core/", "src/cpu/", "src/cuda/", "src/comm/")
 WORD_DIRS = ("apps", "include", "src")
 WORD_SKIP = ("src/cuda/",)  # CUDA streams are streams
 SOURCE_EXT = (".h", ".hpp", ".cpp", ".cu", ".cuh", ".py", ".sh")
@@ -218,11 +227,37 @@ def check_words(root):
             continue
         with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as fh:
             for i, text in enumerate(fh, 1):
-                code = text.split("//", 1)[0]
+                code = code_of(text)
                 for rx, why in WORDS:
                     if rx.search(code):
                         found.append(f"{rel}:{i}: {why}")
+    for rel in tracked_sources(root):
+        if not rel.startswith(LATENT_DIRS) or not rel.endswith((".h", ".cpp", ".cu", ".cuh")):
+            continue
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as fh:
+            for i, text in enumerate(fh, 1):
+                if LATENT_WORDS[0].search(code_of(text)):
+                    found.append(f"{rel}:{i}: {LATENT_WORDS[1]}")
     return found
+
+
+def code_of(line):
+    """A C++ line without its // comment and with its string and character literals emptied."""
+    out, i, n = [], 0, len(line)
+    while i < n:
+        c = line[i]
+        if c in "\"'":
+            j = i + 1
+            while j < n and line[j] != c:
+                j += 2 if line[j] == "\\" else 1
+            out.append(c + c)
+            i = j + 1
+        elif line.startswith("//", i):
+            break
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def check(root):
@@ -247,7 +282,7 @@ def self_test():
         write("src/core/trainer.cpp", '#include "saetrain/trainer.h"\n#include "local.h"\n')
         write("src/core/local.h", "#include <vector>\n")
         write("src/io/checkpoint.cpp", '#include "saetrain/checkpoint.h"\n#include <hdf5.h>\n')
-        write("src/core/report.cpp", "RankCoords coords_;\n")
+        write("src/core/report.cpp", 'RankCoords coords_;  // shard\nauto s = "shards";\n')
         clean = check(tmp)
         if clean:
             print("check-rooms self-test: the clean tree has breaches:\n" + "\n".join(clean))
@@ -260,7 +295,8 @@ def self_test():
         write("src/io/checkpoint_view.cpp", "\n")
         write("src/core/local.h", "#include <mpi.h>\n")
         write("src/core/long.cpp", "x\n" * (MAX_LINES + 1))
-        write("src/core/report.cpp", "RankCoords layout_;\nvoid stream_latents(int);\n")
+        write("src/core/report.cpp", "RankCoords layout_;\nvoid stream_latents(int);\n"
+              'int shards_ = 1;  // "shard" in a comment or a "shard" string is fine\n')
         found = check(tmp)
         want = [
             "src/core/trainer.cpp:1: core includes saetrain/trainer.h -> saetrain/checkpoint_view.h",
@@ -270,6 +306,7 @@ def self_test():
             f"src/core/long.cpp: {MAX_LINES + 1} lines, over {MAX_LINES}",
             "src/core/report.cpp:1: a RankCoords is a rank's coordinates",
             "src/core/report.cpp:2: a function named stream_*",
+            "src/core/report.cpp:3: a latent shard is never shortened",
         ]
         missing = [w for w in want if not any(f.startswith(w) for f in found)]
         extra = [f for f in found if not any(f.startswith(w) for w in want)]

@@ -247,7 +247,8 @@ public:
                                           std::vector<float>& /*params*/, const float* /*v*/,
                                           int64_t /*rows*/, int64_t /*n*/,
                                           Communicator& /*replicas*/,
-                                          const SumOverLatentShards& /*over_shards*/) const {}
+                                          const SumOverLatentShards& /*over_latent_shards*/) const {
+    }
     // Whether, after init_from_preactivations, the trainer fits the encoder's scale again
     // (train.encoder_init: fitted), scaling b_enc with W_enc: right for an activation that is
     // positively homogeneous in the two together (Gated's gate and, with b_mag 0, its

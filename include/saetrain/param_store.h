@@ -50,7 +50,7 @@ class OptimizerOps;  // optimizer.h
 // Throws Error (prefixed by `where`) when an SAE of `cfg` (d_model d, n_total latents) cannot be
 // split into `latent shards` latent shards (parallel.latent_shards): its architecture, a latent
 // shard count that does not divide the latents, a k larger than a latent shard.
-void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
+void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t latent_shards,
                            const std::string& where);
 
 class ParamStore {
@@ -117,8 +117,8 @@ public:
 
     // --- latent shards (a whole SAE is one latent shard: these do nothing)
     // ------------------------
-    const LatentShard& latent_shard() const { return shard_; }
-    bool latent_sharded() const { return shard_.count > 1; }
+    const LatentShard& latent_shard() const { return latent_shard_; }
+    bool latent_sharded() const { return latent_shard_.count > 1; }
     // v[0, n) summed over the latent shards, in place: host memory (the latent shards' host group),
     // or backend memory (the backend group: NCCL on GPUs).
     virtual void sum_over_latent_shards(double* v, int64_t n) const;
@@ -141,14 +141,14 @@ public:
                       const std::function<void(int64_t q, const float* part)>& take) const;
 
 protected:
-    ParamStore(ParamLayout layout, ParamLayout whole, const LatentShard& shard, Backend& be,
+    ParamStore(ParamLayout layout, ParamLayout whole, const LatentShard& latent_shard, Backend& be,
                Communicator& replicas, bool normalize_decoder);
     float* pointer(Buffer which) const;
     template <class T>
     void gather(const T* mine, int64_t cols, const RowSink<T>& sink) const;
 
     ParamLayout layout_, whole_layout_;
-    LatentShard shard_;  // count 1: the whole SAE
+    LatentShard latent_shard_;  // count 1: the whole SAE
     Backend& be_;
     Communicator& replicas_;
     bool normalize_decoder_;
@@ -164,7 +164,8 @@ protected:
 // (Communicator::share_node_memory; collective over the replicas), else an own copy. The
 // buffers start zeroed.
 std::unique_ptr<ParamStore> make_param_store(const SaeConfig& cfg, const ParamLayout& layout,
-                                             const ParamLayout& whole, const LatentShard& shard,
-                                             Backend& be, Communicator& replicas);
+                                             const ParamLayout& whole,
+                                             const LatentShard& latent_shard, Backend& be,
+                                             Communicator& replicas);
 
 }  // namespace saetrain

@@ -92,9 +92,9 @@ public:
 
     int configs() const { return configs_; }
     int replicas() const { return replicas_; }
-    int latent_shards() const { return shards_; }
+    int latent_shards() const { return latent_shards_; }
     bool shared_data() const { return shared_; }
-    int size() const { return configs_ * replicas_ * shards_; }
+    int size() const { return configs_ * replicas_ * latent_shards_; }
 
     // The formula: the world rank at these coordinates.
     int rank_of(int config, int replica, int latent_shard) const;
@@ -120,7 +120,7 @@ public:
     GridComms connect(Communicator& world, const BackendGroups& groups = {}) const;
 
 private:
-    int configs_ = 1, replicas_ = 1, shards_ = 1;
+    int configs_ = 1, replicas_ = 1, latent_shards_ = 1;
     bool shared_ = false;
 };
 

@@ -33,7 +33,7 @@ struct LatentShard {
 // row sorted best first (topk_forward's order: value descending, then id ascending), ids global.
 // Writes [rows][k] into idx and val, best first, the values ReLU'd when `relu` (0 where it cut).
 // Every latent shard must hold at least k latents.
-void merge_topk_candidates(const float* cand_val, const int32_t* cand_idx, int64_t shards,
+void merge_topk_candidates(const float* cand_val, const int32_t* cand_idx, int64_t latent_shards,
                            int64_t rows, int64_t k, int32_t* idx, float* val, bool relu);
 
 // Host buffers sharded_topk_forward reuses from step to step.
@@ -59,8 +59,8 @@ void keep_own_entries(int32_t* idx, float* val, int64_t count, int64_t first, in
 // What a latent shard's pass uses: the global selection of sharded_topk_forward over `latent
 // shard`'s group, then keep_own_entries, so that the latent shard decodes and back-propagates its
 // own latents only (local ids into its parameter segments).
-void sharded_topk_own(Backend& be, const LatentShard& shard, const float* pre, const float* b_enc,
-                      int64_t rows, int64_t k, int32_t* idx, float* val, bool relu,
-                      ShardedTopkScratch& scratch);
+void sharded_topk_own(Backend& be, const LatentShard& latent_shard, const float* pre,
+                      const float* b_enc, int64_t rows, int64_t k, int32_t* idx, float* val,
+                      bool relu, ShardedTopkScratch& scratch);
 
 }  // namespace saetrain

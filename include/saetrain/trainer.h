@@ -70,7 +70,8 @@ public:
     // (parallel.latent_shards > 1; null: the whole SAE). Every latent shard of a replica trains on
     // the same rows and calls every method alike (each is collective over the latent shards).
     SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
-               Backend& backend, Communicator& grad_comm, const LatentShard* shard = nullptr);
+               Backend& backend, Communicator& grad_comm,
+               const LatentShard* latent_shard = nullptr);
     ~SaeTrainer();
 
     // Every x_host below is a BatchView (dtype.h): rows in host memory, float32 (a float

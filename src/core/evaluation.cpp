@@ -30,8 +30,8 @@ HostActivations activations_download(Backend& be, const Activations& a, int64_t 
 
 double decorrelation_over_latent_shards(const ParamStore& store, const HostActivations& a,
                                         int64_t rows) {
-    const LatentShard& shard = store.latent_shard();
-    const int64_t n = shard.n_local(), width = a.per_row;
+    const LatentShard& latent_shard = store.latent_shard();
+    const int64_t n = latent_shard.n_local(), width = a.per_row;
     const float* dense = a.dense ? a.val.data() : nullptr;
     const float* val = a.val.data();
     const int32_t* idx = a.idx.data();
@@ -50,21 +50,21 @@ double decorrelation_over_latent_shards(const ParamStore& store, const HostActiv
         for (int64_t j = 0; j < per_row; ++j) c += value(r, j) != 0.0f;
         W = std::max(W, c);
     }
-    shard.group->allreduce_max(&W, 1);
+    latent_shard.group->allreduce_max(&W, 1);
     if (W == 0) return 0.0;
     std::vector<int32_t> my_idx(static_cast<size_t>(rows * W), 0);
     std::vector<float> my_val(static_cast<size_t>(rows * W), 0.0f);
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0, c = 0; j < per_row; ++j)
             if (value(r, j) != 0.0f) {
-                my_idx[r * W + c] = static_cast<int32_t>(shard.first() + latent(r, j));
+                my_idx[r * W + c] = static_cast<int32_t>(latent_shard.first() + latent(r, j));
                 my_val[r * W + c++] = value(r, j);
             }
-    const int64_t S = shard.count, block = rows * W;
+    const int64_t S = latent_shard.count, block = rows * W;
     std::vector<int32_t> all_idx(static_cast<size_t>(S * block)), pairs_idx(all_idx.size());
     std::vector<float> all_val(all_idx.size()), pairs_val(all_idx.size());
-    shard.group->allgather(my_idx.data(), all_idx.data(), block * int64_t{sizeof(int32_t)});
-    shard.group->allgather(my_val.data(), all_val.data(), block * int64_t{sizeof(float)});
+    latent_shard.group->allgather(my_idx.data(), all_idx.data(), block * int64_t{sizeof(int32_t)});
+    latent_shard.group->allgather(my_val.data(), all_val.data(), block * int64_t{sizeof(float)});
     for (int64_t q = 0; q < S; ++q)  // row r: every latent shard's W pairs side by side
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t j = 0; j < W; ++j) {
@@ -72,7 +72,7 @@ double decorrelation_over_latent_shards(const ParamStore& store, const HostActiv
                 pairs_val[(r * S + q) * W + j] = all_val[q * block + r * W + j];
             }
     return decorrelation_rms(nullptr, pairs_idx.data(), pairs_val.data(), S * W, rows,
-                             shard.n_total);
+                             latent_shard.n_total);
 }
 
 EvalSums::EvalSums(int64_t d, int64_t n_local)
@@ -150,16 +150,16 @@ QualityGates QualityWindow::gates(const ParamStore& store) const {
 BatchView SaeTrainer::first_latent_shard_rows(BatchView x_host, int64_t r0, int64_t rows,
                                               std::vector<char>& buf) const {
     if (!latent_sharded()) return x_host.rows_from(r0, row_width());
-    const LatentShard& shard = store_->latent_shard();
+    const LatentShard& latent_shard = store_->latent_shard();
     // The element type is the first latent shard's: the others may pass no rows at all.
     int64_t type = static_cast<int64_t>(x_host.dtype);
-    shard.group->bcast(&type, sizeof(type), 0);
+    latent_shard.group->bcast(&type, sizeof(type), 0);
     const auto t = static_cast<DType>(type);
     const int64_t bytes = rows * row_width() * dtype_size(t);
     buf.resize(static_cast<size_t>(bytes));
-    if (shard.index == 0)
+    if (latent_shard.index == 0)
         std::memcpy(buf.data(), x_host.rows_from(r0, row_width()).data, static_cast<size_t>(bytes));
-    shard.group->bcast(buf.data(), bytes, 0);
+    latent_shard.group->bcast(buf.data(), bytes, 0);
     return {buf.data(), t};
 }
 

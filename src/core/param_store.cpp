@@ -17,15 +17,15 @@ constexpr int64_t kChunkElements = int64_t{1} << 24;  // a gather's chunk: 64 Mi
 
 // --- what every placement shares ---------------------------------------------------------------
 
-ParamStore::ParamStore(ParamLayout layout, ParamLayout whole, const LatentShard& shard, Backend& be,
-                       Communicator& replicas, bool normalize_decoder)
+ParamStore::ParamStore(ParamLayout layout, ParamLayout whole, const LatentShard& latent_shard,
+                       Backend& be, Communicator& replicas, bool normalize_decoder)
     : layout_(std::move(layout)),
       whole_layout_(std::move(whole)),
-      shard_(shard),
+      latent_shard_(latent_shard),
       be_(be),
       replicas_(replicas),
       normalize_decoder_(normalize_decoder),
-      owned_hi_(shard.n_local()) {}
+      owned_hi_(latent_shard.n_local()) {}
 
 ParamStore::~ParamStore() = default;
 
@@ -88,18 +88,18 @@ std::vector<double> ParamStore::all_latents(const std::vector<double>& mine) con
 
 template <class T>
 void ParamStore::gather(const T* mine, int64_t cols, const RowSink<T>& sink) const {
-    const int64_t n = shard_.n_local();
+    const int64_t n = latent_shard_.n_local();
     const int64_t rows = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(1, cols));
-    const bool first = !latent_sharded() || shard_.group->rank() == 0;
+    const bool first = !latent_sharded() || latent_shard_.group->rank() == 0;
     std::vector<T> buf;
-    for (int64_t q = 0; q < shard_.count; ++q)
+    for (int64_t q = 0; q < latent_shard_.count; ++q)
         for (int64_t r0 = 0; r0 < n; r0 += rows) {
             const int64_t count = std::min(rows, n - r0) * cols;
             buf.resize(static_cast<size_t>(count));
-            if (q == shard_.index) std::copy_n(mine + r0 * cols, count, buf.begin());
+            if (q == latent_shard_.index) std::copy_n(mine + r0 * cols, count, buf.begin());
             if (latent_sharded())
-                shard_.group->bcast(buf.data(), count * static_cast<int64_t>(sizeof(T)),
-                                    static_cast<int>(q));
+                latent_shard_.group->bcast(buf.data(), count * static_cast<int64_t>(sizeof(T)),
+                                           static_cast<int>(q));
             if (first) sink((q * n + r0) * cols, count, buf.data());
         }
 }
@@ -115,13 +115,14 @@ void ParamStore::gather_latents(const int64_t* mine, int64_t cols,
 
 void ParamStore::gather_parts(int64_t count, const std::function<void(float*)>& make,
                               const std::function<void(int64_t, const float*)>& take) const {
-    const bool first = !latent_sharded() || shard_.group->rank() == 0;
+    const bool first = !latent_sharded() || latent_shard_.group->rank() == 0;
     std::vector<float> part;
-    for (int64_t q = 0; q < shard_.count; ++q) {
+    for (int64_t q = 0; q < latent_shard_.count; ++q) {
         part.resize(static_cast<size_t>(count));
-        if (q == shard_.index) make(part.data());
+        if (q == latent_shard_.index) make(part.data());
         if (latent_sharded())
-            shard_.group->bcast(part.data(), count * int64_t{sizeof(float)}, static_cast<int>(q));
+            latent_shard_.group->bcast(part.data(), count * int64_t{sizeof(float)},
+                                       static_cast<int>(q));
         if (first) take(q, part.data());
     }
 }
@@ -132,9 +133,9 @@ namespace {
 
 class OwnCopy : public ParamStore {
 public:
-    OwnCopy(const ParamLayout& layout, const ParamLayout& whole, const LatentShard& shard,
+    OwnCopy(const ParamLayout& layout, const ParamLayout& whole, const LatentShard& latent_shard,
             Backend& be, Communicator& replicas, bool normalize_decoder)
-        : ParamStore(layout, whole, shard, be, replicas, normalize_decoder),
+        : ParamStore(layout, whole, latent_shard, be, replicas, normalize_decoder),
           params_(be, size()),
           grads_(be, size()),
           m_buf_(be, size()),
@@ -166,24 +167,25 @@ public:
 
     double grad_sum_squares(OptimizerOps& ops) override {
         double sum_sq = OwnCopy::grad_sum_squares(ops);
-        if (shard_.index >
+        if (latent_shard_.index >
             0)  // b_dec and the other segments every latent shard holds: counted once
             for (const ParamSegment& g : layout_.segments())
                 if (!g.per_latent) sum_sq -= be_.sum_squares(g_ + g.offset, g.size());
-        shard_.group->allreduce_sum(&sum_sq, 1);
+        latent_shard_.group->allreduce_sum(&sum_sq, 1);
         return sum_sq;
     }
 
     void sum_over_latent_shards(double* v, int64_t n) const override {
-        shard_.group->allreduce_sum(v, n);
+        latent_shard_.group->allreduce_sum(v, n);
     }
     void sum_over_latent_shards_on_backend(float* v, int64_t n) const override {
-        shard_.backend_group->allreduce_sum(v, n);
+        latent_shard_.backend_group->allreduce_sum(v, n);
     }
     std::vector<double> all_latents(const std::vector<double>& mine) const override {
-        std::vector<double> whole(static_cast<size_t>(shard_.n_total));
-        shard_.group->allgather(mine.data(), whole.data(),
-                                shard_.n_local() * static_cast<int64_t>(sizeof(double)));
+        std::vector<double> whole(static_cast<size_t>(latent_shard_.n_total));
+        latent_shard_.group->allgather(
+            mine.data(), whole.data(),
+            latent_shard_.n_local() * static_cast<int64_t>(sizeof(double)));
         return whole;
     }
 };
@@ -193,13 +195,15 @@ public:
 class NodeSplit final : public ParamStore {
 public:
     NodeSplit(std::unique_ptr<NodeMemory> mem, const ParamLayout& layout, const ParamLayout& whole,
-              const LatentShard& shard, Backend& be, Communicator& replicas, bool normalize_decoder)
-        : ParamStore(layout, whole, shard, be, replicas, normalize_decoder), mem_(std::move(mem)) {
+              const LatentShard& latent_shard, Backend& be, Communicator& replicas,
+              bool normalize_decoder)
+        : ParamStore(layout, whole, latent_shard, be, replicas, normalize_decoder),
+          mem_(std::move(mem)) {
         p_ = mem_->common();
         m_ = p_ + size();
         v_ = m_ + size();
         g_ = mem_->segment(replicas_.rank());
-        const int64_t r = replicas_.rank(), R = replicas_.size(), n = shard_.n_local();
+        const int64_t r = replicas_.rank(), R = replicas_.size(), n = latent_shard_.n_local();
         owned_lo_ = n * r / R, owned_hi_ = n * (r + 1) / R;
         owns_non_latent_ = r == R - 1;
         // Each replica zeroes (first-touches) the ranges it will update.
@@ -271,7 +275,7 @@ public:
 private:
     // The ranges replica q owns (the last one also b_dec).
     std::vector<AdamRange> ranges_of(int64_t q) const {
-        const int64_t R = replicas_.size(), n = shard_.n_local();
+        const int64_t R = replicas_.size(), n = latent_shard_.n_local();
         return ranges(n * q / R, n * (q + 1) / R, q == R - 1);
     }
 
@@ -282,25 +286,27 @@ private:
 }  // namespace
 
 std::unique_ptr<ParamStore> make_param_store(const SaeConfig& cfg, const ParamLayout& layout,
-                                             const ParamLayout& whole, const LatentShard& shard,
-                                             Backend& be, Communicator& replicas) {
-    if (shard.count > 1)
-        return std::make_unique<LatentShards>(layout, whole, shard, be, replicas,
+                                             const ParamLayout& whole,
+                                             const LatentShard& latent_shard, Backend& be,
+                                             Communicator& replicas) {
+    if (latent_shard.count > 1)
+        return std::make_unique<LatentShards>(layout, whole, latent_shard, be, replicas,
                                               cfg.normalize_decoder);
     if (replicas.size() > 1) {
         const int64_t n = layout.total();
         if (auto mem = replicas.share_node_memory(3 * n, n, be.host_memory()))
-            return std::make_unique<NodeSplit>(std::move(mem), layout, whole, shard, be, replicas,
-                                               cfg.normalize_decoder);
+            return std::make_unique<NodeSplit>(std::move(mem), layout, whole, latent_shard, be,
+                                               replicas, cfg.normalize_decoder);
     }
-    return std::make_unique<OwnCopy>(layout, whole, shard, be, replicas, cfg.normalize_decoder);
+    return std::make_unique<OwnCopy>(layout, whole, latent_shard, be, replicas,
+                                     cfg.normalize_decoder);
 }
 
 // --- latent sharding's preconditions -----------------------------------------------------------
 
-void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t shards,
+void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int64_t latent_shards,
                            const std::string& where) {
-    if (shards <= 1) return;
+    if (latent_shards <= 1) return;
     const Architecture& a = arch_get(cfg.arch);
     if (!a.latent_shardable()) {
         std::string can;  // from the registry, so the list stays true
@@ -308,21 +314,21 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
             if (arch_get(name).latent_shardable()) can += (can.empty() ? "" : ", ") + name;
         throw Error(fmt::format(
             "{}parallel.latent_shards = {}: a {} SAE cannot be latent-sharded yet (these can: {})",
-            where, shards, cfg.arch, can));
+            where, latent_shards, cfg.arch, can));
     }
-    SAE_ENFORCE(n_total % shards == 0,
-                "{}parallel.latent_shards = {} does not divide the SAE's {} latents", where, shards,
-                n_total);
+    SAE_ENFORCE(n_total % latent_shards == 0,
+                "{}parallel.latent_shards = {} does not divide the SAE's {} latents", where,
+                latent_shards, n_total);
     SAE_ENFORCE(cfg.decorr_coeff == 0,
                 "{}train.decorr_coeff needs every latent's activations in one place; it is not "
                 "available with parallel.latent_shards = {}",
-                where, shards);
+                where, latent_shards);
     // Each top-k selection (sae.k, sae.k_aux) runs within a latent shard before the merge.
-    const int64_t n_local = n_total / shards;
+    const int64_t n_local = n_total / latent_shards;
     for (const Architecture::OpUse& use : a.limited_ops(cfg, d, n_total))
         SAE_ENFORCE(use.op != BackendOp::topk_forward || use.shape.k <= n_local,
                     "{}{} = {} exceeds the {} latents of one of the {} latent shards", where,
-                    use.key, use.shape.k, n_local, shards);
+                    use.key, use.shape.k, n_local, latent_shards);
 }
 
 }  // namespace saetrain

@@ -146,10 +146,11 @@ void check_inputs(const PerfInputs& in) {
                 "perf model: every hardware figure must be positive");
     const int S = in.latent_shards;
     SAE_ENFORCE(S >= 1, "perf model: latent_shards = {} must be at least 1", S);
-    SAE_ENFORCE(in.n_latents % S == 0,
-                "perf model: n_latents = {} is not a multiple of latent_shards = {} (each shard "
-                "holds n_latents / latent_shards latents)",
-                in.n_latents, S);
+    SAE_ENFORCE(
+        in.n_latents % S == 0,
+        "perf model: n_latents = {} is not a multiple of latent_shards = {} (each latent shard "
+        "holds n_latents / latent_shards latents)",
+        in.n_latents, S);
     SAE_ENFORCE(in.ranks % S == 0,
                 "perf model: ranks = {} is not a multiple of latent_shards = {} (the ranks are "
                 "configs x replicas x latent_shards)",

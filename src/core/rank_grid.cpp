@@ -26,11 +26,14 @@ LatentShard GridComms::latent_shard(int64_t n_total) const {
 
 // --- the shape ----------------------------------------------------------------------------------
 
-RankGrid::RankGrid(int configs, int replicas, int shards, bool shared)
-    : configs_(configs), replicas_(replicas), shards_(shards), shared_(shared && configs > 1) {
-    SAE_ENFORCE(configs >= 1 && replicas >= 1 && shards >= 1,
-                "a rank grid of {} config(s) x {} replica(s) x {} shard(s)", configs, replicas,
-                shards);
+RankGrid::RankGrid(int configs, int replicas, int latent_shards, bool shared)
+    : configs_(configs),
+      replicas_(replicas),
+      latent_shards_(latent_shards),
+      shared_(shared && configs > 1) {
+    SAE_ENFORCE(configs >= 1 && replicas >= 1 && latent_shards >= 1,
+                "a rank grid of {} config(s) x {} replica(s) x {} latent shard(s)", configs,
+                replicas, latent_shards);
 }
 
 RankGrid RankGrid::from_config(const Config& cfg, int world_ranks) {
@@ -79,21 +82,21 @@ RankGrid RankGrid::from_config(const Config& cfg, int world_ranks) {
 
 // --- coordinates --------------------------------------------------------------------------------
 
-int RankGrid::rank_of(int config, int replica, int shard) const {
+int RankGrid::rank_of(int config, int replica, int latent_shard) const {
     SAE_ENFORCE(config >= 0 && config < configs_ && replica >= 0 && replica < replicas_ &&
-                    shard >= 0 && shard < shards_,
-                "no rank at config {}, replica {}, shard {} of {}", config, replica, shard,
-                describe());
-    return (config * replicas_ + replica) * shards_ + shard;
+                    latent_shard >= 0 && latent_shard < latent_shards_,
+                "no rank at config {}, replica {}, latent shard {} of {}", config, replica,
+                latent_shard, describe());
+    return (config * replicas_ + replica) * latent_shards_ + latent_shard;
 }
 
 RankCoords RankGrid::at(int rank) const {
     SAE_ENFORCE(rank >= 0 && rank < size(), "rank {} outside a world of {}", rank, size());
     RankCoords l;
-    l.configs = configs_, l.replicas = replicas_, l.latent_shards = shards_;
-    l.latent_shard = rank % shards_;
-    l.replica = rank / shards_ % replicas_;
-    l.config = rank / shards_ / replicas_;
+    l.configs = configs_, l.replicas = replicas_, l.latent_shards = latent_shards_;
+    l.latent_shard = rank % latent_shards_;
+    l.replica = rank / latent_shards_ % replicas_;
+    l.config = rank / latent_shards_ / replicas_;
     l.shared_data = shared_;
     return l;
 }
@@ -108,7 +111,7 @@ std::vector<int> RankGrid::replica_group(int rank) const {
 std::vector<int> RankGrid::latent_shard_group(int rank) const {
     const RankCoords l = at(rank);
     std::vector<int> out;
-    for (int s = 0; s < shards_; ++s) out.push_back(rank_of(l.config, l.replica, s));
+    for (int s = 0; s < latent_shards_; ++s) out.push_back(rank_of(l.config, l.replica, s));
     return out;
 }
 
@@ -153,19 +156,19 @@ GridComms RankGrid::connect(Communicator& world, const BackendGroups& groups) co
     // Each split's color is its group's first world rank (unique per group), its key the
     // position in the group, so the communicator's rank i is the group's i-th member.
     c.replicas = world.split(rank_of(l.config, 0, l.latent_shard), l.replica);
-    std::unique_ptr<Communicator> shards_for_backend;
-    if (shards_ > 1) {
-        shards_for_backend = world.split(rank_of(l.config, l.replica, 0), l.latent_shard);
+    std::unique_ptr<Communicator> latent_backend_group;
+    if (latent_shards_ > 1) {
+        latent_backend_group = world.split(rank_of(l.config, l.replica, 0), l.latent_shard);
         c.latent_shards = world.split(rank_of(l.config, l.replica, 0), l.latent_shard);
     }
     if (shared_) c.shared_data = world.split(rank_of(0, l.replica, l.latent_shard), l.config);
     if (groups.backend) {
         c.replicas = on_backend(std::move(c.replicas), world.rank(), groups, c);
-        if (shards_for_backend)
+        if (latent_backend_group)
             c.latent_shards_backend =
-                on_backend(std::move(shards_for_backend), world.rank(), groups, c);
+                on_backend(std::move(latent_backend_group), world.rank(), groups, c);
     } else {
-        c.latent_shards_backend = std::move(shards_for_backend);
+        c.latent_shards_backend = std::move(latent_backend_group);
     }
     return c;
 }

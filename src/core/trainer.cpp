@@ -20,8 +20,8 @@ namespace saetrain {
 
 namespace {
 
-LatentShard shard_or_whole(const LatentShard* shard, int64_t n_total) {
-    if (shard && shard->count > 1) return *shard;
+LatentShard latent_shard_or_whole(const LatentShard* latent_shard, int64_t n_total) {
+    if (latent_shard && latent_shard->count > 1) return *latent_shard;
     LatentShard whole;
     whole.n_total = n_total;
     return whole;
@@ -70,11 +70,11 @@ void random_unit_rows(uint64_t seed, int64_t first, int64_t count, int64_t d, fl
 }
 
 SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_steps, uint64_t seed,
-                       Backend& backend, Communicator& grad_comm, const LatentShard* shard)
+                       Backend& backend, Communicator& grad_comm, const LatentShard* latent_shard)
     : cfg_(cfg.with_optimizer_defaults(d_model)),
       d_(d_model),
       n_total_(cfg.resolved_latents(d_model)),
-      n_(shard_or_whole(shard, n_total_).n_local()),
+      n_(latent_shard_or_whole(latent_shard, n_total_).n_local()),
       total_steps_(total_steps),
       seed_(seed),
       be_(backend),
@@ -91,7 +91,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       dead_(static_cast<size_t>(n_), 0),
       fires_host_(static_cast<size_t>(n_), 0),
       window_(total_steps, n_, d_) {
-    const LatentShard placement = shard_or_whole(shard, n_total_);
+    const LatentShard placement = latent_shard_or_whole(latent_shard, n_total_);
     arch_.validate(cfg, n_total_, fmt::format("SAE of d_model {} x {} latents: ", d_, n_total_));
     check_latent_sharding(cfg, d_, n_total_, placement.count, "");
     arch_check_backend(cfg, d_, n_, be_);

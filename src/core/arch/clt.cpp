@@ -135,9 +135,9 @@ public:
     void init_from_preactivations(const SaeConfig& cfg, const ParamLayout& layout,
                                   std::vector<float>& p, const float* v, int64_t rows, int64_t n,
                                   Communicator& replicas,
-                                  const SumOverLatentShards& over_shards) const override {
-        transcoder_activation_arch(cfg).init_from_preactivations(activation_config(cfg), layout, p,
-                                                                 v, rows, n, replicas, over_shards);
+                                  const SumOverLatentShards& over_latent_shards) const override {
+        transcoder_activation_arch(cfg).init_from_preactivations(
+            activation_config(cfg), layout, p, v, rows, n, replicas, over_latent_shards);
     }
     // Model FLOPs: the encoder's diagonal blocks (n d_l each way), and decoders that reach
     // (L + 1) / 2 layers on average.

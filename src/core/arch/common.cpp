@@ -135,7 +135,7 @@ const ArchKey<double>& target_l0_rate_key() {
 
 std::vector<double> thresholds_at_l0(const float* v, int64_t rows, int64_t n, double l0,
                                      Communicator& replicas,
-                                     const SumOverLatentShards& over_shards) {
+                                     const SumOverLatentShards& over_latent_shards) {
     std::vector<double> rms(static_cast<size_t>(n) + 1, 0.0);  // sums of squares, rows
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < n; ++i) rms[i] += double(v[r * n + i]) * v[r * n + i];
@@ -149,13 +149,13 @@ std::vector<double> thresholds_at_l0(const float* v, int64_t rows, int64_t n, do
         for (int64_t i = 0; i < n; ++i)
             u[r * n + i] = rms[i] > 0 ? static_cast<float>(v[r * n + i] / rms[i]) : 0.0f;
     double n_all = static_cast<double>(n);  // over the latent shards
-    over_shards(&n_all, 1);
+    over_latent_shards(&n_all, 1);
     const double want = std::min(l0, 0.5 * n_all) * all_rows;
     auto above = [&](double s) {  // values above s over all replicas and latent shards
         double c = 0;
         for (float x : u) c += x > s ? 1.0 : 0.0;
         replicas.allreduce_sum(&c, 1);
-        over_shards(&c, 1);
+        over_latent_shards(&c, 1);
         return c;
     };
     double lo = 0, hi = 1;

@@ -211,7 +211,7 @@ private:
 // would. A latent whose values are all 0 gets 0.
 std::vector<double> thresholds_at_l0(const float* v, int64_t rows, int64_t n, double l0,
                                      Communicator& replicas,
-                                     const SumOverLatentShards& over_shards);
+                                     const SumOverLatentShards& over_latent_shards);
 
 // ReLU's and Gated's signum lr (Architecture::signum_lr): `factor` times the rule's, at most
 // 0.025. ReLU's factor is 2: on MiniLM x16 at target L0 32 (6,144 latents: 0.0121) twice the

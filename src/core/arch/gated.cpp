@@ -221,9 +221,9 @@ public:
     void init_from_preactivations(const SaeConfig& cfg, const ParamLayout& layout,
                                   std::vector<float>& p, const float* v, int64_t rows, int64_t n,
                                   Communicator& replicas,
-                                  const SumOverLatentShards& over_shards) const override {
+                                  const SumOverLatentShards& over_latent_shards) const override {
         const std::vector<double> theta =
-            thresholds_at_l0(v, rows, n, target_l0_key()(cfg), replicas, over_shards);
+            thresholds_at_l0(v, rows, n, target_l0_key()(cfg), replicas, over_latent_shards);
         if (theta.empty()) return;
         const int64_t off = layout.offset(layout.segments()[ParamLayout::kBEnc].name);
         for (int64_t i = 0; i < n; ++i) p[off + i] -= static_cast<float>(theta[i]);

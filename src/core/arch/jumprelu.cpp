@@ -297,10 +297,10 @@ public:
     void init_from_preactivations(const SaeConfig& cfg, const ParamLayout& layout,
                                   std::vector<float>& p, const float* v, int64_t rows, int64_t n,
                                   Communicator& replicas,
-                                  const SumOverLatentShards& over_shards) const override {
+                                  const SumOverLatentShards& over_latent_shards) const override {
         const double target = target_l0_key()(cfg);
         const std::vector<double> theta = thresholds_at_l0(
-            v, rows, n, target > 0 ? target : kDefaultInitL0, replicas, over_shards);
+            v, rows, n, target > 0 ? target : kDefaultInitL0, replicas, over_latent_shards);
         if (theta.empty()) return;
         // A latent that never moved off zero keeps the placeholder (it has no scale to go by).
         const int64_t off = layout.offset("log_threshold");

@@ -202,7 +202,7 @@ private:
     void extra_backward(PassContext& c) override {
         if (prefixes_.empty()) return;
         Backend& be = c.be;
-        const bool first_shard = !c.latent_shard || c.latent_shard->index == 0;
+        const bool first_latent_shard = !c.latent_shard || c.latent_shard->index == 0;
         be.fill(stats_.data(), stats_.size(), 0.0f);
         for (size_t i = 0; i < prefixes_.size(); ++i) {
             prefix_reconstruction(c, i);
@@ -210,7 +210,7 @@ private:
             // recon_ becomes dL_i/dD_i; col_ + d its column sums, b_dec's direct term.
             be.residual(recon_.data(), c.y, c.B, c.d, c.grad_scale, col_.data(), col_.data() + c.d,
                         st);
-            if (first_shard)
+            if (first_latent_shard)
                 be.axpby(c.grad(ParamLayout::kBDec), col_.data() + c.d, 1.0f, 1.0f, c.d);
             SparseBackward a =
                 sparse_backward(c, c.xc, recon_.data(), idx_.data(), masked_.data(), c.B, width_);

@@ -132,9 +132,9 @@ public:
     void init_from_preactivations(const SaeConfig& cfg, const ParamLayout& layout,
                                   std::vector<float>& p, const float* v, int64_t rows, int64_t n,
                                   Communicator& replicas,
-                                  const SumOverLatentShards& over_shards) const override {
+                                  const SumOverLatentShards& over_latent_shards) const override {
         transcoder_activation_arch(cfg).init_from_preactivations(cfg, layout, p, v, rows, n,
-                                                                 replicas, over_shards);
+                                                                 replicas, over_latent_shards);
     }
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         const double skip = skip_ ? 4.0 * static_cast<double>(d) * static_cast<double>(d) : 0.0;
