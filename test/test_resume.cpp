@@ -940,9 +940,9 @@ TEST_F(Resume, PairCheckpointsStillResumeOntoLatentShards) {
     }
 }
 
-// A damaged part (one byte flipped in the newest checkpoint's part 2 of 4) is named in the
-// warning by the latent shard that verifies it, on 4 latent shards (latent shard 2) and on 2
-// (latent shard 1, whose latents begin with part 2's), and the run resumes from the previous
+// A damaged part (4 bytes flipped in the newest checkpoint's part 2 of 4) is named by sae-inspect
+// and in the warning of the latent shard that verifies it, on 4 latent shards (latent shard 2) and
+// on 2 (latent shard 1, whose latents begin with part 2's), and the run resumes from the previous
 // committed checkpoint: on 4, bitwise equal to an uninterrupted run.
 TEST_F(Resume, DamagedCheckpointPartFallsBackNamingThePart) {
     Result r = run(launch(4) + bin("saetrain") + " " + config("ref") + on_latent_shards(4));
@@ -959,6 +959,18 @@ TEST_F(Resume, DamagedCheckpointPartFallsBackNamingThePart) {
         const fs::path part =
             checkpoint_part_path((dir / name / "sae/topk-x4-k6").string(), steps[0], 2, 4);
         flip_bytes(part, fs::file_size(part) / 2);
+        if (shards == 4) {  // sae-inspect checks a checkpoint's parts as resume does
+            const std::string manifest =
+                checkpoint_manifest_path((dir / name / "sae/topk-x4-k6").string(), steps[0]);
+            r = run(bin("sae-inspect") + " " + manifest);
+            EXPECT_EQ(r.code, 1) << r.out;
+            EXPECT_NE(r.out.find("part 1 of 4 (latents 64-127): checksum ok"), std::string::npos)
+                << r.out;
+            EXPECT_NE(r.out.find("sae-inspect: error: checkpoint part " + part.string() +
+                                 ": checksum mismatch"),
+                      std::string::npos)
+                << r.out;
+        }
         r = run(launch(shards) + bin("saetrain") + " " + config(name) + on_latent_shards(shards));
         ASSERT_EQ(r.code, 0) << r.out;
         EXPECT_NE(r.out.find(fmt::format("saetrain: warning: rank {}: checkpoint at step {} "
