@@ -940,6 +940,31 @@ TEST_F(Resume, PairCheckpointsStillResumeOntoLatentShards) {
     }
 }
 
+// A latent shard killed halfway through its part (SAETRAIN_FAULT's KILL in a checkpoint's write)
+// ends the job; the other parts of that step are on disk but no manifest and no commit, so the
+// same command resumes from the checkpoint before, bitwise equal to an uninterrupted run.
+TEST_F(Resume, LatentShardKilledWritingItsPartResumesFromThePreviousCheckpoint) {
+    Result r = run(launch(4) + bin("saetrain") + " " + config("ref") + on_latent_shards(4));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string cmd =
+        launch(4) + bin("saetrain") + " " + config("torn") + on_latent_shards(4);
+    r = run("SAETRAIN_FAULT=2:21:KILL:checkpoint " + cmd);
+    EXPECT_NE(r.code, 0) << r.out;
+    const std::string sae = (dir / "torn/sae/topk-x4-k6").string();
+    EXPECT_NE(r.out.find("SIGKILL halfway through " + checkpoint_part_path(sae, 21, 2, 4) + ".tmp"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(Checkpointer::committed_steps((dir / "torn").string()),
+              (std::vector<int64_t>{14, 7}));
+    EXPECT_FALSE(fs::exists(checkpoint_manifest_path(sae, 21)));
+    EXPECT_TRUE(fs::exists(checkpoint_part_path(sae, 21, 1, 4)));  // written, never committed
+    r = run(cmd);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from the checkpoint at step 14"), std::string::npos) << r.out;
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "torn", "topk-x4-k6"),
+                   "4 latent shards, one killed writing its part");
+}
+
 // A damaged part (4 bytes flipped in the newest checkpoint's part 2 of 4) is named by sae-inspect
 // and in the warning of the latent shard that verifies it, on 4 latent shards (latent shard 2) and
 // on 2 (latent shard 1, whose latents begin with part 2's), and the run resumes from the previous
