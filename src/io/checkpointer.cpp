@@ -423,7 +423,8 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
             SAE_ENFORCE(static_cast<int64_t>(c.state.cursors.size()) == 2 * replicas_.size(),
                         "checkpoint {} was written by {} replica(s) of this SAE, the job has {}; "
                         "resume with the same number of ranks",
-                        c.path, c.state.cursors.size() / 2, replicas_.size());
+                        c.files ? checkpoint_state_path(sae_dir_, step) : c.path,
+                        c.state.cursors.size() / 2, replicas_.size());
         } catch (const std::exception& e) {
             error = e.what();
         }
