@@ -3,6 +3,8 @@
 //   sae-inspect data/quickstart             # directory, glob or one shard
 //   sae-inspect runs/x/sae/topk_k32/final.h5
 //   sae-inspect runs/x/sae/topk_k32/checkpoint-500.h5     # also verifies its .state.h5 checksum
+//   sae-inspect runs/x/sae/topk_k32/checkpoint-500.manifest.json  # a latent-sharded checkpoint's
+//                                                                  # parts, each verified
 //   sae-inspect runs/a/sae/id/final.h5 --compare runs/b/sae/id/final.h5   # bitwise equal?
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -11,8 +13,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "app_cli.h"              // defines: cli_parse (--version, usage errors)
-#include "saetrain/checkpoint.h"  // defines: sae_is_checkpoint, sae_read_h5, SaeWeights
+#include "app_cli.h"                    // defines: cli_parse (--version, usage errors)
+#include "saetrain/checkpoint.h"        // defines: sae_is_checkpoint, sae_read_h5, SaeWeights
+#include "saetrain/checkpoint_parts.h"  // defines: CheckpointParts (a checkpoint in parts)
 #include "saetrain/error.h"
 #include "saetrain/shards.h"       // defines: dataset_open, DatasetInfo
 #include "saetrain/train_state.h"  // defines: CheckpointFiles (a checkpoint's checksum)
@@ -56,6 +59,31 @@ void print_sae(const std::string& path) {
             files.verify();
             fmt::print("  state {}: checksum ok (iteration {})\n", state, files.header().iteration);
         }
+    }
+}
+
+// A latent-sharded checkpoint: its manifest (or any of its part files, which lead to it), the
+// SAE it holds, and each part verified as resume would.
+void print_parts(const std::string& path) {
+    const fs::path p(path);
+    const int64_t step = saetrain::checkpoint_file_step(p.filename().string());
+    const std::string manifest =
+        step >= 0 ? saetrain::checkpoint_manifest_path(p.parent_path().string(), step) : path;
+    const saetrain::CheckpointParts parts(manifest);
+    const saetrain::SaeMeta meta = parts.meta();
+    const saetrain::TrainState header = parts.header();
+    const auto dims = parts.shape("W_dec");
+    fmt::print("SAE checkpoint {} in {} parts\n", saetrain::printable(manifest), parts.parts());
+    fmt::print("  arch {}  id {}\n", meta.arch.empty() ? "?" : saetrain::printable(meta.arch),
+               meta.id.empty() ? "?" : saetrain::printable(meta.id));
+    if (dims && dims->size() == 2)
+        fmt::print("  d_model {}  n_latents {}  k {}\n", (*dims)[1], (*dims)[0], meta.k);
+    fmt::print("  step {}  tokens {}  iteration {}\n", header.step, header.tokens,
+               header.iteration);
+    for (int64_t k = 0; k < parts.parts(); ++k) {
+        parts.verify(k);
+        fmt::print("  part {} of {} (latents {}-{}): checksum ok\n", k, parts.parts(),
+                   parts.first_latent(k), parts.first_latent(k) + parts.latents(k) - 1);
     }
 }
 
@@ -105,7 +133,9 @@ void print_dataset(const std::string& path, const std::string& name) {
 int main(int argc, char** argv) {
     std::string path, dataset = "activations";
     CLI::App app{"Validate and describe activation shards or an SAE checkpoint."};
-    app.add_option("PATH", path, "dataset directory, glob, shard, or SAE .h5 file")->required();
+    app.add_option("PATH", path,
+                   "dataset directory, glob, shard, SAE .h5 file, or checkpoint manifest")
+        ->required();
     app.add_option("--dataset", dataset, "dataset name inside each shard")->capture_default_str();
     std::string compare;
     app.add_option("--compare", compare,
@@ -125,7 +155,12 @@ int main(int argc, char** argv) {
             fmt::print("{} and {}: weights bitwise identical\n", path, compare);
             return 0;
         }
-        if (saetrain::sae_is_checkpoint(path))
+        const std::string name = fs::path(path).filename().string();
+        if (saetrain::checkpoint_file_step(name) >= 0 &&
+            (name.find(".part-") != std::string::npos ||
+             name.find(".manifest.json") != std::string::npos))
+            print_parts(path);
+        else if (saetrain::sae_is_checkpoint(path))
             print_sae(path);
         else
             print_dataset(path, dataset);

@@ -9,22 +9,31 @@
 // steps and each rank's peak resident memory (VmHWM) at the end of training, with the bytes of its
 // parameters, gradient and Adam moments: the training footprint.
 //
-// --checkpoint-dir DIR then times a checkpoint of the SAE written to DIR (sharded: streamed to
-// the first latent shard, write_gathered; unsharded: trainer_weights() and trainer_state() written
-// as a run's writer thread does) beside the same bytes written sequentially with one fsync (the
-// disk's limit, in the same run), and the resume from it (sharded: each latent shard reads its
-// blocks, the first verifies the checksum in a streaming pass; the files are likely in page cache).
+// --checkpoint-dir DIR then times a checkpoint of the SAE written to DIR beside the same bytes
+// written sequentially with one fsync (the disk's limit, in the same run), and the resume from it
+// (the files are likely in page cache). Sharded: every latent shard writes its part and the first
+// the manifest (write_checkpoint_parts; --checkpoint-write gather: the whole SAE gathered to the
+// first latent shard, which writes it, write_gathered, as checkpoints were written before the
+// parts), and each latent shard resumes its latents from the parts, verifying its own.
+// Unsharded: trainer_weights() and trainer_state() written as a run's writer thread does. Each
+// rank's peak resident memory during the write is measured from a reset of the peak
+// (/proc/self/clear_refs) as its rise over the memory resident before it, with the bytes it
+// wrote (/proc/self/io) and the write's seconds. Run the two ways as two processes: memory a
+// first write freed would stay resident and hide a second one's peak.
 #include <fmt/format.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "harness.h"
 #include "saetrain/backend.h"
+#include "saetrain/checkpoint_parts.h"
 #include "saetrain/error.h"
 #include "saetrain/metrics.h"
 #include "saetrain/mpi_world.h"
@@ -57,18 +66,50 @@ double raw_write_seconds(const std::string& path, int64_t bytes) {
     return secs;
 }
 
+// A /proc/self/status field in bytes ("VmRSS", "VmHWM"), 0 when absent.
+int64_t status_bytes(const char* field) {
+    std::ifstream in("/proc/self/status");
+    const std::string key = std::string(field) + ":";
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
+    return 0;
+}
+
+// Resets VmHWM to the current resident size (Linux 4.0+); false when the kernel refuses.
+bool reset_peak_rss() {
+    std::ofstream f("/proc/self/clear_refs");
+    f << "5";
+    f.flush();
+    return f.good();
+}
+
+int64_t bytes_written_by_this_process() {  // /proc/self/io "wchar"
+    std::ifstream f("/proc/self/io");
+    std::string key;
+    int64_t value = 0;
+    while (f >> key >> value)
+        if (key == "wchar:") return value;
+    return 0;
+}
+
 void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir,
-                     const SaeConfig& cfg) {
+                     const SaeConfig& cfg, bool gather) {
     const bool first = world.rank() == 0;
     const std::string wpath = (fs::path(dir) / "bench.h5").string();
     const std::string spath = (fs::path(dir) / "bench.state.h5").string();
+    const bool parts = tr.latent_sharded() && !gather;
     if (first) fs::create_directories(dir);
     TrainState header;
     header.step = tr.step_count(), header.tokens = tr.tokens(), header.cursors = {0, 0};
     const SaeMeta meta{cfg.arch, "bench", "", cfg.k, header.step, header.tokens};
     world.barrier();
+    malloc_trim(0);  // what earlier phases freed leaves the resident set
+    const int64_t rss0 = status_bytes("VmRSS"), wrote0 = bytes_written_by_this_process();
+    const bool reset = reset_peak_rss();
     auto t0 = Clock::now();
-    if (tr.latent_sharded()) {
+    if (parts) {
+        write_checkpoint_parts(tr, dir, meta, header);
+    } else if (tr.latent_sharded()) {
         write_gathered(tr, first, wpath, spath, meta, header, false);
     } else {
         const SaeWeights w = trainer_weights(tr);
@@ -77,17 +118,39 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
         sae_write_h5(wpath, w, meta);
         train_state_write(spath, w, s);
     }
+    const int64_t rise = reset ? status_bytes("VmHWM") - rss0 : -1;
+    const int64_t wrote = bytes_written_by_this_process() - wrote0;
     world.barrier();
     const double write_s = seconds_since(t0);
+    // Every rank's figures, for the first's table.
+    const int S = world.size();
+    const int64_t mine[2] = {rise, wrote};
+    std::vector<int64_t> all(static_cast<size_t>(2 * S));
+    world.allgather(mine, all.data(), sizeof(mine));
     int64_t bytes = 0;
     double raw_s = 0;
+    const std::string manifest = checkpoint_manifest_path(dir, header.step);
     if (first) {
-        bytes = static_cast<int64_t>(fs::file_size(wpath) + fs::file_size(spath));
+        if (parts) {
+            for (const auto& e : fs::directory_iterator(dir))
+                if (e.path().filename().string().rfind(fmt::format("checkpoint-{}.", header.step),
+                                                       0) == 0)
+                    bytes += static_cast<int64_t>(fs::file_size(e.path()));
+        } else {
+            bytes = static_cast<int64_t>(fs::file_size(wpath) + fs::file_size(spath));
+        }
         raw_s = raw_write_seconds((fs::path(dir) / "raw.bin").string(), bytes);
     }
     world.barrier();
     t0 = Clock::now();
-    if (tr.latent_sharded()) {
+    if (parts) {
+        const CheckpointParts files(manifest);
+        const int64_t own = tr.store().latent_shard().first();
+        for (int64_t k = 0; k < files.parts(); ++k)
+            if (files.first_latent(k) >= own && files.first_latent(k) < own + tr.local_latents())
+                files.verify(k);
+        tr.restore(trainer_read_part(tr, files), header.step, header.tokens);
+    } else if (tr.latent_sharded()) {
         CheckpointFiles files(wpath, spath);
         if (first) files.verify();
         tr.restore(trainer_read_part(tr, files), header.step, header.tokens);
@@ -98,12 +161,35 @@ void time_checkpoint(SaeTrainer& tr, Communicator& world, const std::string& dir
     world.barrier();
     const double resume_s = seconds_since(t0);
     if (!first) return;
-    fs::remove(wpath), fs::remove(spath);
+    if (parts) {
+        for (const auto& e : fs::directory_iterator(dir))
+            if (e.path().filename().string().rfind(fmt::format("checkpoint-{}.", header.step), 0) ==
+                0)
+                fs::remove(e.path());
+    } else {
+        fs::remove(wpath), fs::remove(spath);
+    }
+    const std::string how = parts ? "parts" : tr.latent_sharded() ? "gathered" : "pair";
+    fmt::print("checkpoint ({}) of {:.1f} MB over {} latent shard(s), each rank's write:\n", how,
+               static_cast<double>(bytes) / 1e6, S);
+    fmt::print("{:>5} {:>16} {:>14}\n", "rank", "peak rise (MB)", "written (MB)");
+    for (int r = 0; r < S; ++r)
+        fmt::print("{:>5} {:>16.1f} {:>14.1f}\n", r, static_cast<double>(all[2 * r]) / 1e6,
+                   static_cast<double>(all[2 * r + 1]) / 1e6);
+    int64_t others_rise = 0, others_wrote = 0;
+    for (int r = 1; r < S; ++r) {
+        others_rise = std::max(others_rise, all[2 * r]);
+        others_wrote = std::max(others_wrote, all[2 * r + 1]);
+    }
     const double gb = static_cast<double>(bytes) / 1e9;
-    bench::Report r(fmt::format("checkpoint of {:.2f} GB ({} latent shard(s))", gb, world.size()));
+    bench::Report r(fmt::format("checkpoint ({}) of {:.2f} GB ({} latent shard(s))", how, gb, S));
     r.add("checkpoint_write_GBps", gb / write_s, "GB/s", gb / raw_s,
           "the same bytes written sequentially with fsync");
     r.add("resume_GBps", gb / resume_s, "GB/s");
+    r.add("first_peak_rise_bytes", static_cast<double>(all[0]), "B");
+    r.add("others_peak_rise_bytes", static_cast<double>(others_rise), "B");
+    r.add("first_written_bytes", static_cast<double>(all[1]), "B");
+    r.add("others_written_bytes", static_cast<double>(others_wrote), "B");
     r.print();
 }
 
@@ -126,6 +212,11 @@ int main(int argc, char** argv) {
                  "skip timing the GEMM-rate bound (one encoder GEMM of the shard, twice)");
     app.add_option("--checkpoint-dir", checkpoint_dir,
                    "also time a checkpoint written there, and the resume from it");
+    std::string checkpoint_write = "parts";
+    app.add_option("--checkpoint-write", checkpoint_write,
+                   "latent-sharded: parts (every latent shard its own) | gather (to the first)")
+        ->check(CLI::IsMember({"parts", "gather"}))
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     const int S = world->size(), me = world->rank();
 
@@ -189,6 +280,7 @@ int main(int argc, char** argv) {
         r.add("state_bytes", state_bytes, "B");
         r.print();
     }
-    if (!checkpoint_dir.empty()) time_checkpoint(tr, *world, checkpoint_dir, cfg);
+    if (!checkpoint_dir.empty())
+        time_checkpoint(tr, *world, checkpoint_dir, cfg, checkpoint_write == "gather");
     return 0;
 }

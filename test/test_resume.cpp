@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "saetrain/checkpoint.h"
+#include "saetrain/checkpoint_parts.h"
 #include "saetrain/checkpointer.h"
 #include "saetrain/train_state.h"
 #include "test_util.h"
@@ -108,6 +109,13 @@ void expect_bitwise(const SaeWeights& a, const SaeWeights& b, const std::string&
     EXPECT_TRUE(a.w_enc == b.w_enc && a.w_dec == b.w_dec && a.b_enc == b.b_enc &&
                 a.b_dec == b.b_dec)
         << what << ": weights differ from the uninterrupted run";
+}
+
+// Overwrites 4 bytes of `path` at `at`, as a failing disk or a stray write would.
+void flip_bytes(const fs::path& path, uintmax_t at) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write("\x13\x37\x13\x37", 4);
 }
 
 // Starts `cmd` and kills every process whose command line contains `marker` after a random
@@ -783,10 +791,10 @@ TEST_F(Resume, LatentShardedRunResumesBitwiseReshardsAndExports) {
     EXPECT_EQ(final_of(dir / "reshard", "topk-x4-k6").n_latents, 256);
 }
 
-// A latent-sharded resume reads each shard's blocks of the files and verifies the checksum on one
-// rank: damage anywhere in the newest pair (here in the second shard's half of the moments,
-// which the first shard never reads for itself) still falls back to the previous checkpoint on
-// every rank, and the run completes bitwise equal to an uninterrupted one.
+// A latent-sharded checkpoint is one part per latent shard (checkpoint_parts.h), each verified
+// by the latent shard that reads its first latent: damage in the second shard's state file (7/8
+// into its adam_v, which the first shard never reads) still falls back to the previous checkpoint
+// on every rank, and the run completes bitwise equal to an uninterrupted one.
 TEST_F(Resume, LatentShardedDamagedNewestCheckpointFallsBack) {
     const std::string grid = " --threads 1 --set data.epochs=1 --set parallel.latent_shards=2";
     Result r = run(std::string(kMpi) + bin("saetrain") + " " + config("ref") + grid);
@@ -795,22 +803,212 @@ TEST_F(Resume, LatentShardedDamagedNewestCheckpointFallsBack) {
     ASSERT_EQ(run("SAETRAIN_FAULT=1:60:USR1 " + cmd).code, 75);
     const auto steps = Checkpointer::committed_steps((dir / "dmg").string());
     ASSERT_EQ(steps.size(), 2u);
-    // adam_v is the state file's second half: 15/16 of the file is 7/8 into it, in W_dec's
-    // moments of latents [3n/4, n), which the second shard reads.
-    const fs::path newest = checkpoint_state_path((dir / "dmg/sae/topk-x4-k6").string(), steps[0]);
-    {
-        std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
-        f.seekp(static_cast<std::streamoff>(fs::file_size(newest) * 15 / 16));
-        f.write("\x13\x37\x13\x37", 4);
-    }
+    const fs::path newest =
+        checkpoint_part_state_path((dir / "dmg/sae/topk-x4-k6").string(), steps[0], 1, 2);
+    flip_bytes(newest, fs::file_size(newest) * 15 / 16);
     r = run(cmd);
     ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("checksum mismatch"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("checkpoint part " + newest.string() + ": checksum mismatch"),
+              std::string::npos)
+        << r.out;
     EXPECT_NE(r.out.find(fmt::format("resumed from the checkpoint at step {}", steps[1])),
               std::string::npos)
         << r.out;
     expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "dmg", "topk-x4-k6"),
                    "2 latent shards, resumed past a damaged checkpoint");
+}
+
+// --- checkpoints in parts (checkpoint_parts.h) --------------------------------------------------
+
+// The bound for a run resumed on another latent shard count: the weights it reads are the
+// written ones bit for bit (test_mpi LatentShardedPartsReadBackOnAnyLatentShardCount), but each
+// later step sums in another order (the latent shards' partial reconstructions, the gradient
+// norm over latent shards), ~1e-7 relative per operation, and a TopK selection that flips on such
+// a difference moves a latent's weights further. Measured here over the ~150 steps after the
+// resume, as the largest difference relative to the tensor's largest value: 5.4e-7 for 4 -> 2,
+// 4 -> 1 and 1 -> 4 latent shards; the bound leaves room for other CPUs' BLAS kernels. A resume
+// that read the wrong latents, shifted a part's rows or took stale moments moves weights by 1e-2
+// or more relative.
+constexpr double kReshardBound = 1e-4;
+
+// max |a - b| / max |b| over the four tensors every SAE has.
+double relative_difference(const SaeWeights& a, const SaeWeights& b) {
+    double worst = 0;
+    for (const auto& [x, y] : {std::pair{&a.w_enc, &b.w_enc},
+                               {&a.w_dec, &b.w_dec},
+                               {&a.b_enc, &b.b_enc},
+                               {&a.b_dec, &b.b_dec}}) {
+        EXPECT_EQ(x->size(), y->size());
+        double diff = 0, scale = 0;
+        for (size_t i = 0; i < std::min(x->size(), y->size()); ++i) {
+            diff = std::max(diff, std::abs(double((*x)[i]) - double((*y)[i])));
+            scale = std::max(scale, std::abs(double((*y)[i])));
+        }
+        worst = std::max(worst, diff / std::max(scale, 1e-30));
+    }
+    return worst;
+}
+
+std::string launch(int ranks) {
+    return ranks == 1 ? ""
+                      : fmt::format(
+                            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                            "timeout 120 {} --oversubscribe -np {} ",
+                            SAETRAIN_MPIEXEC, ranks);
+}
+
+// One replica of latent_shards ranks.
+std::string on_latent_shards(int shards) {
+    return fmt::format(" --threads 1 --set data.epochs=1 --set parallel.latent_shards={}", shards);
+}
+
+// A run stopped on 4 latent shards leaves, per committed checkpoint, a manifest and 4 parts (no
+// pair). The same command resumes it bitwise equal to an uninterrupted run on 4; copies of it
+// resume on 2 latent shards and on 1 rank, each reading its latents from the 4 parts, and end
+// within kReshardBound of that run.
+TEST_F(Resume, LatentShardedPartsResumeBitwiseOnFourAndReshardOntoTwoAndOne) {
+    Result r = run(launch(4) + bin("saetrain") + " " + config("ref") + on_latent_shards(4));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string stopped =
+        launch(4) + bin("saetrain") + " " + config("on4") + on_latent_shards(4);
+    ASSERT_EQ(run("SAETRAIN_FAULT=1:40:USR1 " + stopped).code, 75);
+    const auto steps = Checkpointer::committed_steps((dir / "on4").string());
+    ASSERT_EQ(steps.size(), 2u);
+    const std::string sae = (dir / "on4/sae/topk-x4-k6").string();
+    for (const int64_t step : steps) {
+        EXPECT_TRUE(fs::exists(checkpoint_manifest_path(sae, step))) << step;
+        for (int k = 0; k < 4; ++k)
+            EXPECT_TRUE(fs::exists(checkpoint_part_path(sae, step, k, 4)) &&
+                        fs::exists(checkpoint_part_state_path(sae, step, k, 4)))
+                << step << " part " << k;
+        EXPECT_FALSE(fs::exists(checkpoint_weights_path(sae, step))) << step;
+    }
+    for (const char* copy : {"on2", "on1"})
+        fs::copy(dir / "on4", dir / copy, fs::copy_options::recursive);
+    r = run(stopped);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(fmt::format("resumed from the checkpoint at step {}", steps[0])),
+              std::string::npos)
+        << r.out;
+    const SaeWeights ref = final_of(dir / "ref", "topk-x4-k6");
+    expect_bitwise(ref, final_of(dir / "on4", "topk-x4-k6"), "4 latent shards resumed on 4");
+    for (const int shards : {2, 1}) {
+        const std::string name = fmt::format("on{}", shards);
+        r = run(launch(shards) + bin("saetrain") + " " + config(name) + on_latent_shards(shards));
+        ASSERT_EQ(r.code, 0) << r.out;
+        EXPECT_NE(r.out.find(fmt::format("resumed from the checkpoint at step {}", steps[0])),
+                  std::string::npos)
+            << r.out;
+        const double diff = relative_difference(final_of(dir / name, "topk-x4-k6"), ref);
+        std::printf(
+            "4 latent shards resumed on %d: final weights within %.2g of the uninterrupted run\n",
+            shards, diff);
+        EXPECT_LT(diff, kReshardBound) << "4 -> " << shards;
+    }
+}
+
+// A checkpoint written before parts (a pair: here an unsharded run's, the same files a
+// latent-sharded run wrote before) resumes onto 4 latent shards, which then write parts; the
+// pairs rotated out are deleted with the parts' checkpoints.
+TEST_F(Resume, PairCheckpointsStillResumeOntoLatentShards) {
+    Result r = run(bin("saetrain") + " " + config("ref") + on_latent_shards(1));
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(run("SAETRAIN_FAULT=0:40:USR1 " + bin("saetrain") + " " + config("pair") +
+                  on_latent_shards(1))
+                  .code,
+              75);
+    const auto steps = Checkpointer::committed_steps((dir / "pair").string());
+    ASSERT_FALSE(steps.empty());
+    const std::string sae = (dir / "pair/sae/topk-x4-k6").string();
+    ASSERT_TRUE(fs::exists(checkpoint_weights_path(sae, steps[0])));
+    r = run(launch(4) + bin("saetrain") + " " + config("pair") + on_latent_shards(4));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(fmt::format("resumed from the checkpoint at step {}", steps[0])),
+              std::string::npos)
+        << r.out;
+    const double diff = relative_difference(final_of(dir / "pair", "topk-x4-k6"),
+                                            final_of(dir / "ref", "topk-x4-k6"));
+    std::printf("1 latent shard resumed on 4: final weights within %.2g of the uninterrupted run\n",
+                diff);
+    EXPECT_LT(diff, kReshardBound);
+    for (const auto& e : fs::directory_iterator(sae)) {
+        const std::string f = e.path().filename().string();
+        if (checkpoint_file_step(f) >= 0)
+            EXPECT_TRUE(f.find(".part-") != std::string::npos ||
+                        f.find(".manifest.json") != std::string::npos)
+                << "a rotated-out pair left behind: " << f;
+    }
+}
+
+// A latent shard killed halfway through its part (SAETRAIN_FAULT's KILL in a checkpoint's write)
+// ends the job; the other parts of that step are on disk but no manifest and no commit, so the
+// same command resumes from the checkpoint before, bitwise equal to an uninterrupted run.
+TEST_F(Resume, LatentShardKilledWritingItsPartResumesFromThePreviousCheckpoint) {
+    Result r = run(launch(4) + bin("saetrain") + " " + config("ref") + on_latent_shards(4));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string cmd =
+        launch(4) + bin("saetrain") + " " + config("torn") + on_latent_shards(4);
+    r = run("SAETRAIN_FAULT=2:21:KILL:checkpoint " + cmd);
+    EXPECT_NE(r.code, 0) << r.out;
+    const std::string sae = (dir / "torn/sae/topk-x4-k6").string();
+    EXPECT_NE(r.out.find("SIGKILL halfway through " + checkpoint_part_path(sae, 21, 2, 4) + ".tmp"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(Checkpointer::committed_steps((dir / "torn").string()),
+              (std::vector<int64_t>{14, 7}));
+    EXPECT_FALSE(fs::exists(checkpoint_manifest_path(sae, 21)));
+    EXPECT_TRUE(fs::exists(checkpoint_part_path(sae, 21, 1, 4)));  // written, never committed
+    r = run(cmd);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from the checkpoint at step 14"), std::string::npos) << r.out;
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "torn", "topk-x4-k6"),
+                   "4 latent shards, one killed writing its part");
+}
+
+// A damaged part (4 bytes flipped in the newest checkpoint's part 2 of 4) is named by sae-inspect
+// and in the warning of the latent shard that verifies it, on 4 latent shards (latent shard 2) and
+// on 2 (latent shard 1, whose latents begin with part 2's), and the run resumes from the previous
+// committed checkpoint: on 4, bitwise equal to an uninterrupted run.
+TEST_F(Resume, DamagedCheckpointPartFallsBackNamingThePart) {
+    Result r = run(launch(4) + bin("saetrain") + " " + config("ref") + on_latent_shards(4));
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(run("SAETRAIN_FAULT=3:40:USR1 " + launch(4) + bin("saetrain") + " " + config("dmg4") +
+                  on_latent_shards(4))
+                  .code,
+              75);
+    const auto steps = Checkpointer::committed_steps((dir / "dmg4").string());
+    ASSERT_EQ(steps.size(), 2u);
+    fs::copy(dir / "dmg4", dir / "dmg2", fs::copy_options::recursive);
+    for (const int shards : {4, 2}) {
+        const std::string name = fmt::format("dmg{}", shards);
+        const fs::path part =
+            checkpoint_part_path((dir / name / "sae/topk-x4-k6").string(), steps[0], 2, 4);
+        flip_bytes(part, fs::file_size(part) / 2);
+        if (shards == 4) {  // sae-inspect checks a checkpoint's parts as resume does
+            const std::string manifest =
+                checkpoint_manifest_path((dir / name / "sae/topk-x4-k6").string(), steps[0]);
+            r = run(bin("sae-inspect") + " " + manifest);
+            EXPECT_EQ(r.code, 1) << r.out;
+            EXPECT_NE(r.out.find("part 1 of 4 (latents 64-127): checksum ok"), std::string::npos)
+                << r.out;
+            EXPECT_NE(r.out.find("sae-inspect: error: checkpoint part " + part.string() +
+                                 ": checksum mismatch"),
+                      std::string::npos)
+                << r.out;
+        }
+        r = run(launch(shards) + bin("saetrain") + " " + config(name) + on_latent_shards(shards));
+        ASSERT_EQ(r.code, 0) << r.out;
+        EXPECT_NE(r.out.find(fmt::format("saetrain: warning: rank {}: checkpoint at step {} "
+                                         "unusable (checkpoint part {}: checksum mismatch",
+                                         shards / 2, steps[0], part.string())),
+                  std::string::npos)
+            << r.out;
+        EXPECT_NE(r.out.find(fmt::format("resumed from the checkpoint at step {}", steps[1])),
+                  std::string::npos)
+            << r.out;
+    }
+    expect_bitwise(final_of(dir / "ref", "topk-x4-k6"), final_of(dir / "dmg4", "topk-x4-k6"),
+                   "4 latent shards, resumed past a damaged part");
 }
 
 }  // namespace

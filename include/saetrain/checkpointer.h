@@ -1,20 +1,23 @@
 // checkpointer.h — committed checkpoints for a run of many ranks, and resume from them.
 //
 // Every checkpoint.every_steps iterations (and at a stop or the end) each SAE's replica 0 writes
-// its pair of files (train_state.h) on a background thread while training continues; at most
-// one write is in flight. The training loop asks every iteration, in its per-iteration
-// agreement, whether any rank's write is still under way; at the first iteration at which none
-// is, every rank calls commit_when_written: all ranks agree the writes succeeded, and only then
-// rank 0 writes checkpoints/step-S.commit. So a checkpoint is committed within a step of its
-// write finishing, and a hard kill loses at most one checkpoint.every_steps interval (plus the
-// write's time). A checkpoint still uncommitted at the next save, or at finish, is waited for
-// and committed there (every rank, the same point). Resume
+// its pair of files (train_state.h) on a background thread while training continues (at most one
+// write is in flight); a latent-sharded SAE's latent shards of replica 0 each write their own part
+// at once, on the training thread, and the first then the manifest (checkpoint_parts.h). The
+// training loop asks every iteration, in its per-iteration agreement, whether any rank's write is
+// still under way; at the first iteration at which none is, every rank calls commit_when_written:
+// all ranks agree the writes succeeded, and only then rank 0 writes checkpoints/step-S.commit. So a
+// checkpoint is committed within a step of its write finishing, and a hard kill loses at most one
+// checkpoint.every_steps interval (plus the write's time). A checkpoint still uncommitted at the
+// next save, or at finish, is waited for and committed there (every rank, the same point). Resume
 // considers committed steps only, newest first, and uses the first one that verifies and that
-// every rank could read: a torn or damaged checkpoint falls back to the one before. The SAE's
-// writer verifies the checksum in one sequential pass over the pair; replica 0 of each latent
-// shard reads only its part of the files and broadcasts it to the other replicas, so the
-// files are read once however many replicas resume, and no rank holds more than its own part. The
-// newest checkpoint.keep committed checkpoints are kept.
+// every rank could read: a torn or damaged checkpoint falls back to the one before. Replica 0 of
+// each latent shard reads only its latents (from the parts, whatever latent shard count wrote
+// them, or from the pair) and broadcasts them to the other replicas, so the files are read once
+// however many replicas resume, and no rank holds more than its own latents. Each part is
+// verified by the replica-0 rank whose latents include its first one (a pair by the SAE's first
+// writer, in one sequential pass). The newest checkpoint.keep committed checkpoints are kept;
+// the SAE's first writer deletes every file of a step rotated out.
 #pragma once
 
 #include <atomic>
@@ -40,8 +43,8 @@ struct ResumePoint {
 class Checkpointer {
 public:
     // world: every rank; replicas: this SAE's replicas (replica 0 writes); sae_dir: out/sae/<id>;
-    // latent shard: this rank's latent shard (every latent shard sends its part to latent shard
-    // 0, which writes).
+    // shard: this rank's latent shard (each latent shard of replica 0 writes its part; latent
+    // shard 0 the manifest, and it rotates the SAE's files).
     Checkpointer(Communicator& world, Communicator& replicas, std::string out_dir,
                  std::string sae_dir, SaeMeta meta, int64_t keep, int shard = 0);
     ~Checkpointer();
@@ -84,7 +87,7 @@ public:
 private:
     void join_and_commit();
     void commit(int64_t step, int64_t iteration);
-    void remove_files(const std::vector<int64_t>& steps) const;  // this SAE's pairs at `steps`
+    void remove_files(const std::vector<int64_t>& steps) const;  // this SAE's files at `steps`
     // resume's pieces, collective: whether any rank failed to load the checkpoint at `step`
     // (`error` non-empty here; the lowest such rank prints a warning), and the refusal of a
     // checkpoint written under a config that changes the result.

@@ -42,10 +42,10 @@ void write_run_config(const std::string& out_dir, const std::string& yaml);
 // What a killed run can leave behind in out_dir, never read and never removed otherwise:
 // temp files of atomic writes (sae/<id>/*.h5.tmp.<pid>, checkpoints/*.commit.tmp, and in out_dir
 // itself config.yaml, run.json, COMPLETE and summary.csv's .tmp.<pid>), named by pid
-// so that every SIGKILL during a write would leave one more; and checkpoint pairs with no commit
-// marker (written but not committed, or rotated out while their deletion was deferred, see
-// Checkpointer::commit). Only rank 0 calls this, holding out_dir's lock, before the barrier that
-// lets anyone write.
+// so that every SIGKILL during a write would leave one more; and checkpoint files (pairs, parts
+// and manifests, checkpoint_file_step) with no commit marker (written but not committed, or rotated
+// out while their deletion was deferred, see Checkpointer::commit). Only rank 0 calls this, holding
+// out_dir's lock, before the barrier that lets anyone write.
 void remove_stale_files(const std::string& out_dir);
 
 // On resume, metrics logged after the checkpoint will be logged again: drops the lines of the

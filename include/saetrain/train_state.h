@@ -1,12 +1,14 @@
 // train_state.h — everything exact resume needs beyond an SAE's weights.
 //
-// A checkpoint at step S of SAE <id> is two files in sae/<id>/, written by replica 0 of the SAE:
+// A checkpoint at step S of an unsharded SAE <id> is two files in sae/<id>/, written by replica 0:
 //   checkpoint-S.h5        the weights, in the layout of every SAE file (checkpoint.h)
 //   checkpoint-S.state.h5  Adam moments, dead-latent counters, every replica's reader cursor,
 //                          the loop iteration, and a checksum over both files' tensors
-// and the checkpoint only counts once rank 0 has written checkpoints/step-S.commit, after every
-// SAE's files were complete (see checkpointer.h). Loading verifies the checksum, so a torn or
-// damaged pair is rejected and the previous committed checkpoint is used instead.
+// (a latent-sharded SAE writes one part per latent shard and a manifest instead,
+// checkpoint_parts.h; its pairs written before the parts still load), and the checkpoint only
+// counts once rank 0 has written checkpoints/step-S.commit, after every SAE's files were complete
+// (see checkpointer.h). Loading verifies the checksum, so a torn or damaged pair is rejected and
+// the previous committed checkpoint is used instead.
 #pragma once
 
 #include <cstdint>
@@ -41,11 +43,11 @@ TrainState train_state_read(const std::string& path, const SaeWeights& w);
 
 class SaeTrainer;
 
-// A latent-sharded trainer's checkpoint pair (state_path empty: only the weights, as final.h5
-// with `folded`: fold_activation_scale's), the same files as sae_write_h5 + train_state_write
-// of trainer_weights() and trainer_state(), but gathered from trainer_gather_weights/state
-// (trainer_io.h): no rank
-// holds the whole SAE. Collective over the trainer's latent shards; the first latent shard
+// A latent-sharded trainer's whole SAE in one file or pair: final.h5 (state_path empty, `folded`:
+// fold_activation_scale's), or the pair its checkpoints were before the parts; the same files as
+// sae_write_h5 + train_state_write of trainer_weights() and trainer_state(), but gathered from
+// trainer_gather_weights/state (trainer_io.h): no rank holds the whole SAE. Collective over the
+// trainer's latent shards; the first latent shard
 // (`writes`) writes both files atomically, the others send their parts. `header`: step, tokens,
 // iteration and cursors. A failure is thrown on the writer once every latent shard has finished the
 // gather.
@@ -54,10 +56,10 @@ void write_gathered(const SaeTrainer& t, bool writes, const std::string& weights
                     bool folded);
 
 // Pieces of a checkpoint's tensors, by the names trainer_weight_tensors() and
-// trainer_state_tensors() give them, in their file shapes: what trainer_read_part (trainer_io.h)
-// reads its latents from. In memory
-// (the whole SAE: TensorsInMemory) or from the files, block by block (CheckpointFiles,
-// below), so a latent shard reads only its part.
+// trainer_state_tensors() give them, in the whole SAE's file shapes: what trainer_read_part
+// (trainer_io.h) reads its latents from. In memory (the whole SAE: TensorsInMemory), from a pair,
+// block by block (CheckpointFiles, below), or from a latent-sharded checkpoint's parts
+// (CheckpointParts, checkpoint_parts.h), so a latent shard reads only its latents.
 class TensorSource {
 public:
     virtual ~TensorSource() = default;

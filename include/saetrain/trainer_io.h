@@ -7,10 +7,12 @@
 // its ParamStore (host copies and the latent shards' gathers) and takes back a CheckpointPart
 // (SaeTrainer::restore); everything between the two layouts is here.
 //
-// Latent sharding: no rank holds the whole SAE. The whole SAE's tensors are gathered in file
-// order, chunk by chunk, to the first latent shard (trainer_gather_weights/state; write_gathered in
-// train_state.h writes the gather), and each latent shard reads back only its latents
-// (trainer_read_part from the files, CheckpointFiles), whatever latent shard count wrote them.
+// Latent sharding: no rank holds the whole SAE. Checkpoints are written by every latent shard
+// from its own buffers (checkpoint_parts.h); final.h5 is the whole SAE's tensors gathered in
+// file order, chunk by chunk, to the first latent shard (trainer_gather_weights/state;
+// write_gathered in train_state.h writes the gather). Each latent shard reads back only its
+// latents (trainer_read_part from a TensorSource: the parts, or a pair), whatever latent shard
+// count wrote them.
 #pragma once
 
 #include <cstdint>

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "sae_file.h"  // defines: Checksum
+#include "saetrain/checkpoint_parts.h"
 #include "saetrain/config.h"
 #include "saetrain/error.h"
 #include "saetrain/trainer_io.h"
@@ -203,11 +204,16 @@ void Checkpointer::commit(int64_t step, int64_t iteration) {
 }
 
 void Checkpointer::remove_files(const std::vector<int64_t>& steps) const {
-    if (!writes_) return;  // replica 0 of each SAE writes (and removes) its files
+    // The SAE's first writer (replica 0, latent shard 0) removes every file of a step: the pair,
+    // or the manifest and every part, whatever latent shard count wrote them.
+    if (!writes_ || steps.empty()) return;
     std::error_code ec;
-    for (const int64_t step : steps) {
-        fs::remove(checkpoint_weights_path(sae_dir_, step), ec);
-        fs::remove(checkpoint_state_path(sae_dir_, step), ec);
+    for (const auto& e : fs::directory_iterator(sae_dir_, ec)) {
+        const int64_t step = checkpoint_file_step(e.path().filename().string());
+        if (step >= 0 && std::find(steps.begin(), steps.end(), step) != steps.end()) {
+            std::error_code ignored;
+            fs::remove(e.path(), ignored);
+        }
     }
 }
 
@@ -248,17 +254,17 @@ void Checkpointer::save(SaeTrainer& trainer, int64_t iteration, int64_t epoch, i
     pending_step_ = trainer.step_count();
     pending_iteration_ = iteration;
     if (replicas_.rank() == 0 && trainer.latent_sharded()) {
-        // Every latent shard of replica 0 sends its part to the first latent shard, which writes
-        // it as it arrives: no rank ever holds the whole SAE. Synchronous (the latent shards'
-        // collectives run on this thread); a failure is reported at the commit, as below.
+        // Every latent shard of replica 0 writes its own part, all at once, and the first then
+        // the manifest (checkpoint_parts.h): no rank sends, receives or holds more than its own
+        // latents. Synchronous (the manifest waits on the latent shards' agreement, on this
+        // thread); a failure is reported at the commit, as below.
         TrainState header;
         header.step = trainer.step_count(), header.tokens = trainer.tokens();
         header.iteration = iteration, header.cursors = cursors;
         SaeMeta meta = meta_;
         meta.step = header.step, meta.tokens = header.tokens;
         try {
-            write_gathered(trainer, writes_, checkpoint_weights_path(sae_dir_, header.step),
-                           checkpoint_state_path(sae_dir_, header.step), meta, header, false);
+            write_checkpoint_parts(trainer, sae_dir_, meta, header);
         } catch (...) {
             write_error_ = std::current_exception();
         }
@@ -297,28 +303,52 @@ void Checkpointer::finish() { join_and_commit(); }
 
 namespace {
 
-// One committed checkpoint of an SAE, as resume reads it before deciding to use it: the pair
-// opened, its meta and header read (small). Its checksum is checked afterwards by the SAE's
-// writer, in one sequential pass over both files, and its tensors read by replica 0 of each
-// latent shard, only its part (trainer_read_part).
+// One committed checkpoint of an SAE, as resume reads it before deciding to use it: its
+// manifest and parts (a latent-sharded SAE's), or else its pair, opened, their meta and header
+// read (small). Checksums are checked afterwards (the pair by the SAE's writer in one
+// sequential pass; each part by the latent shard that holds its first latent now), and the
+// tensors read by replica 0 of each latent shard, only its latents (trainer_read_part).
 struct Candidate {
     SaeMeta meta;
     TrainState state;  // the header: step, tokens, iteration, cursors
-    std::unique_ptr<CheckpointFiles> files;
+    std::unique_ptr<CheckpointParts> parts;
+    std::unique_ptr<CheckpointFiles> files;  // when there are no parts
+    const TensorSource* source = nullptr;
+    std::string path;  // the manifest, or the pair's weights file
     int64_t d_model = 0, n_latents = 0;
 };
 
 Candidate open_candidate(const std::string& sae_dir, int64_t step) {
     Candidate c;
-    const std::string wpath = checkpoint_weights_path(sae_dir, step);
-    c.files = std::make_unique<CheckpointFiles>(wpath, checkpoint_state_path(sae_dir, step));
-    c.meta = c.files->meta();
-    c.state = c.files->header();
-    const auto dims = c.files->shape("W_dec");
+    const std::string manifest = checkpoint_manifest_path(sae_dir, step);
+    std::error_code ec;
+    if (fs::exists(manifest, ec)) {
+        c.path = manifest;
+        c.parts = std::make_unique<CheckpointParts>(manifest);
+        c.meta = c.parts->meta();
+        c.state = c.parts->header();
+        c.source = c.parts.get();
+    } else {
+        c.path = checkpoint_weights_path(sae_dir, step);
+        c.files = std::make_unique<CheckpointFiles>(c.path, checkpoint_state_path(sae_dir, step));
+        c.meta = c.files->meta();
+        c.state = c.files->header();
+        c.source = c.files.get();
+    }
+    const auto dims = c.source->shape("W_dec");
     SAE_ENFORCE(dims && dims->size() == 2,
-                "file {}: not an SAE checkpoint (no dataset W_dec [n_latents, d_model])", wpath);
+                "file {}: not an SAE checkpoint (no dataset W_dec [n_latents, d_model])", c.path);
     c.n_latents = (*dims)[0], c.d_model = (*dims)[1];
     return c;
+}
+
+// The parts this rank verifies: those whose first latent is among its own, so that each part is
+// verified once, by a rank that also reads from it, whatever latent shard count wrote them.
+void verify_own_parts(const CheckpointParts& parts, const SaeTrainer& t) {
+    const int64_t first = t.store().latent_shard().first(), n_local = t.local_latents();
+    for (int64_t k = 0; k < parts.parts(); ++k)
+        if (parts.first_latent(k) >= first && parts.first_latent(k) < first + n_local)
+            parts.verify(k);
 }
 
 // Broadcasts `bytes` from `root` in pieces of at most 64 MiB (a GPU communicator stages host
@@ -393,8 +423,8 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
             SAE_ENFORCE(static_cast<int64_t>(c.state.cursors.size()) == 2 * replicas_.size(),
                         "checkpoint {} was written by {} replica(s) of this SAE, the job has {}; "
                         "resume with the same number of ranks",
-                        checkpoint_state_path(sae_dir_, step), c.state.cursors.size() / 2,
-                        replicas_.size());
+                        c.files ? checkpoint_state_path(sae_dir_, step) : c.path,
+                        c.state.cursors.size() / 2, replicas_.size());
         } catch (const std::exception& e) {
             error = e.what();
         }
@@ -411,14 +441,19 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
                     "but the data at data.path now has d_model {} ({} latents): the shards "
                     "changed since the run started. Restore them, or use another run.out_dir "
                     "for the new data (--overwrite deletes this run's checkpoints)",
-                    out_dir_, step, checkpoint_weights_path(sae_dir_, step), c.d_model, c.n_latents,
-                    trainer.d_model(), trainer.n_latents());
-        // The SAE's writer verifies the checksum while replica 0 of every other latent shard
-        // reads its part (then the writer reads its own); the other replicas receive theirs.
+                    out_dir_, step, c.path, c.d_model, c.n_latents, trainer.d_model(),
+                    trainer.n_latents());
+        // Replica 0 of each latent shard verifies its parts (a pair: the SAE's writer verifies it
+        // whole), then reads its latents; the other replicas receive theirs.
         CheckpointPart part;
         try {
-            if (writes_) c.files->verify();
-            if (replicas_.rank() == 0) part = trainer_read_part(trainer, *c.files);
+            if (replicas_.rank() == 0) {
+                if (c.parts)
+                    verify_own_parts(*c.parts, trainer);
+                else if (writes_)
+                    c.files->verify();
+                part = trainer_read_part(trainer, *c.source);
+            }
         } catch (const std::exception& e) {
             error = e.what();
         }
@@ -428,6 +463,7 @@ std::optional<ResumePoint> Checkpointer::resume(SaeTrainer& trainer, const std::
             continue;
         }
         c.files.reset();
+        c.parts.reset();
         if (replicas_.size() > 1) share_part(part, replicas_);
         trainer.restore(std::move(part), c.state.step, c.state.tokens);
         // Newer markers whose files failed to load are useless: drop them so they are not

@@ -15,57 +15,12 @@
 #include "saetrain/error.h"
 #include "saetrain/train_state.h"
 #include "saetrain/trainer_io.h"
+#include "tensor_blocks.h"
 
 namespace saetrain {
 namespace {
 
-// The checksum (sae_file.h) built up chunk by chunk: before a tensor's first chunk, its name
-// (the weights' extra tensors) and its element count, as train_state_checksum adds them.
-struct ChunkHash {
-    Checksum sum;
-    explicit ChunkHash(Checksum::Kind kind = Checksum::Kind::xxh3) : sum(kind) {}
-    void begin(const std::string& name, bool named, const std::vector<int64_t>& shape) {
-        uint64_t count = 1;
-        for (int64_t s : shape) count *= static_cast<uint64_t>(s);
-        sum.begin_tensor(count, named ? name : "");
-    }
-    void add(const TensorChunk& c) {
-        if (c.f32)
-            sum.add(c.f32, static_cast<size_t>(c.count) * sizeof(float));
-        else
-            sum.add(c.i64, static_cast<size_t>(c.count) * sizeof(int64_t));
-    }
-};
-
-h5::Dataset create_dataset(hid_t file, const TensorInfo& t) {
-    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-    h5::Space s(
-        SAE_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
-    return h5::Dataset(
-        SAE_H5_CHECK(H5Dcreate2(file, t.name.c_str(), t.i64 ? H5T_STD_I64LE : H5T_IEEE_F32LE,
-                                s.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
-}
-
-// Elements [offset, offset + count) of the tensor, whole rows of a 2-D one.
-void write_chunk(hid_t dset, const TensorInfo& t, const TensorChunk& c, const std::string& path) {
-    const hsize_t cols = t.shape.size() == 2 ? static_cast<hsize_t>(t.shape[1]) : 1;
-    std::vector<hsize_t> start = {static_cast<hsize_t>(c.offset) / cols},
-                         count = {static_cast<hsize_t>(c.count) / cols};
-    if (t.shape.size() == 2) start.push_back(0), count.push_back(cols);
-    h5::Space file_space(SAE_H5_CHECK(H5Dget_space(dset)));
-    SAE_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                     count.data(), nullptr));
-    h5::Space mem(
-        SAE_H5_CHECK(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr)));
-    const herr_t rc =
-        c.f32 ? H5Dwrite(dset, H5T_NATIVE_FLOAT, mem.get(), file_space.get(), H5P_DEFAULT, c.f32)
-              : H5Dwrite(dset, H5T_NATIVE_INT64, mem.get(), file_space.get(), H5P_DEFAULT, c.i64);
-    if (rc < 0) {
-        const std::string os = h5::os_error();
-        throw Error(fmt::format("file {}: writing dataset '{}' failed ({}); is the disk full?",
-                                path, t.name, os.empty() ? h5::last_error() : os));
-    }
-}
+using blocks::ChunkHash;
 
 // One file of `tensors`, filled by `gather` (collective: the other latent shards call it too), then
 // `finish` (attributes). On a failure the gather still runs to its end on this rank, so no
@@ -81,7 +36,7 @@ void write_one(const std::string& path, const std::vector<TensorInfo>& tensors, 
         atomic_write(path, [&](const std::string& tmp) {
             h5::File f = h5::create_file(tmp);
             std::vector<h5::Dataset> sets;
-            for (const TensorInfo& t : tensors) sets.push_back(create_dataset(f.get(), t));
+            for (const TensorInfo& t : tensors) sets.push_back(blocks::create_dataset(f.get(), t));
             std::exception_ptr chunk_failed;
             gathered = true;
             gather([&](const TensorChunk& c) {
@@ -90,7 +45,7 @@ void write_one(const std::string& path, const std::vector<TensorInfo>& tensors, 
                 hash.add(c);
                 if (chunk_failed) return;
                 try {
-                    write_chunk(sets[static_cast<size_t>(c.tensor)].get(), t, c, tmp);
+                    blocks::write_chunk(sets[static_cast<size_t>(c.tensor)].get(), t, c, tmp);
                 } catch (...) {
                     chunk_failed = std::current_exception();
                 }
@@ -147,74 +102,8 @@ void write_gathered(const SaeTrainer& t, bool writes, const std::string& weights
 
 namespace {
 
-constexpr hsize_t kReadChunkElements = hsize_t{1} << 24;  // 64 MiB of floats
-
 bool in_state_file(const std::string& name) {
     return name == "adam_m" || name == "adam_v" || name == "since_fired";
-}
-
-// Reads the block [start, start + count) of dataset `name` as `type`, throwing naming the file.
-void read_block(hid_t file, const std::string& path, const std::string& name,
-                const std::vector<int64_t>& start, const std::vector<int64_t>& count, hid_t type,
-                void* out) {
-    h5::Dataset d = h5::open_dataset(file, name, path);
-    const std::vector<hsize_t> dims = h5::dataset_dims(d.get());
-    SAE_ENFORCE(dims.size() == start.size() && start.size() == count.size(),
-                "file {}: dataset '{}' has {} dimensions, expected {}", path, name, dims.size(),
-                start.size());
-    std::vector<hsize_t> s(start.size()), c(count.size());
-    for (size_t i = 0; i < dims.size(); ++i) {
-        SAE_ENFORCE(
-            start[i] >= 0 && count[i] >= 0 && static_cast<hsize_t>(start[i] + count[i]) <= dims[i],
-            "file {}: dataset '{}' is smaller than an SAE of this shape needs", path, name);
-        s[i] = static_cast<hsize_t>(start[i]), c[i] = static_cast<hsize_t>(count[i]);
-        if (c[i] == 0) return;
-    }
-    h5::Space file_space(SAE_H5_CHECK(H5Dget_space(d.get())));
-    SAE_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, s.data(), nullptr, c.data(),
-                                     nullptr));
-    h5::Space mem(SAE_H5_CHECK(H5Screate_simple(static_cast<int>(c.size()), c.data(), nullptr)));
-    if (H5Dread(d.get(), type, mem.get(), file_space.get(), H5P_DEFAULT, out) < 0) {
-        const std::string os = h5::os_error();
-        throw Error(fmt::format("file {}: reading dataset '{}' failed ({}); the file is damaged",
-                                path, name, os.empty() ? h5::last_error() : os));
-    }
-}
-
-// Hashes dataset `name` whole, as mix() does (its name first when `named`), a block of rows at
-// a time.
-void hash_dataset(hid_t file, const std::string& path, const std::string& name, bool named,
-                  bool i64, ChunkHash& hash) {
-    std::vector<hsize_t> dims;
-    {
-        h5::Dataset d = h5::open_dataset(file, name, path);
-        dims = h5::dataset_dims(d.get());
-    }
-    SAE_ENFORCE(!dims.empty() && dims.size() <= 2, "file {}: dataset '{}' has {} dimensions", path,
-                name, dims.size());
-    std::vector<int64_t> shape(dims.begin(), dims.end());
-    hash.begin(name, named, shape);
-    const int64_t cols = dims.size() == 2 ? shape[1] : 1;
-    const int64_t rows =
-        std::max<int64_t>(1, static_cast<int64_t>(kReadChunkElements) / std::max<int64_t>(cols, 1));
-    std::vector<float> f32;
-    std::vector<int64_t> i64s;
-    for (int64_t r0 = 0; r0 < shape[0]; r0 += rows) {
-        const int64_t rb = std::min(rows, shape[0] - r0);
-        std::vector<int64_t> start = {r0}, count = {rb};
-        if (dims.size() == 2) start.push_back(0), count.push_back(cols);
-        TensorChunk c{0, 0, rb * cols, nullptr, nullptr};
-        if (i64) {
-            i64s.resize(static_cast<size_t>(c.count));
-            read_block(file, path, name, start, count, H5T_NATIVE_INT64, i64s.data());
-            c.i64 = i64s.data();
-        } else {
-            f32.resize(static_cast<size_t>(c.count));
-            read_block(file, path, name, start, count, H5T_NATIVE_FLOAT, f32.data());
-            c.f32 = f32.data();
-        }
-        hash.add(c);
-    }
 }
 
 }  // namespace
@@ -255,12 +144,12 @@ void CheckpointFiles::verify() const {
     const std::string stored = stored_checksum(st, state_path_);
     ChunkHash hash(Checksum::kind_of(stored));
     for (const char* name : {"W_enc", "W_dec", "b_enc", "b_dec"})
-        hash_dataset(w, weights_path_, name, false, false, hash);
+        blocks::hash_dataset(w, weights_path_, name, false, false, hash);
     for (const std::string& name : read_extra_names(w, weights_path_))
-        hash_dataset(w, weights_path_, name, true, false, hash);
+        blocks::hash_dataset(w, weights_path_, name, true, false, hash);
     for (const char* name : {"adam_m", "adam_v"})
-        hash_dataset(st, state_path_, name, false, false, hash);
-    hash_dataset(st, state_path_, "since_fired", false, true, hash);
+        blocks::hash_dataset(st, state_path_, name, false, false, hash);
+    blocks::hash_dataset(st, state_path_, "since_fired", false, true, hash);
     hash.sum.add_header(header());
     SAE_ENFORCE(stored == hash.sum.text(),
                 "checkpoint {}: checksum mismatch: the checkpoint is damaged or its weights "
@@ -282,14 +171,16 @@ void CheckpointFiles::read(const std::string& name, const std::vector<int64_t>& 
                            const std::vector<int64_t>& count, float* out) const {
     auto guard = h5::lock();
     const bool state = in_state_file(name);
-    read_block(state ? files_->state.get() : files_->weights.get(),
-               state ? state_path_ : weights_path_, name, start, count, H5T_NATIVE_FLOAT, out);
+    blocks::read_block(state ? files_->state.get() : files_->weights.get(),
+                       state ? state_path_ : weights_path_, name, start, count, H5T_NATIVE_FLOAT,
+                       out);
 }
 
 void CheckpointFiles::read(const std::string& name, int64_t start, int64_t count,
                            int64_t* out) const {
     auto guard = h5::lock();
-    read_block(files_->state.get(), state_path_, name, {start}, {count}, H5T_NATIVE_INT64, out);
+    blocks::read_block(files_->state.get(), state_path_, name, {start}, {count}, H5T_NATIVE_INT64,
+                       out);
 }
 
 // --- TensorsInMemory ---------------------------------------------------------------------------

@@ -19,8 +19,9 @@
 #include <optional>
 #include <vector>
 
-#include "atomic_file.h"            // defines: atomic_write_text
-#include "saetrain/checkpointer.h"  // defines: Checkpointer::committed_steps
+#include "atomic_file.h"                // defines: atomic_write_text
+#include "saetrain/checkpoint_parts.h"  // defines: checkpoint_file_step
+#include "saetrain/checkpointer.h"      // defines: Checkpointer::committed_steps
 #include "saetrain/error.h"
 #include "saetrain/schedule.h"  // defines: warmup_steps_for, restart_steps_for
 
@@ -146,13 +147,10 @@ void remove_stale_files(const std::string& out_dir) {
                               name.find_first_not_of("0123456789", std::min(name.size(), at + 5)) ==
                                   std::string::npos &&
                               (at + 4 == name.size() || name[at + 4] == '.');
-            long long step = -1;
-            char rest[16] = "";
-            const bool pair = checkpoints && !temp &&
-                              std::sscanf(name.c_str(), "checkpoint-%lld%15s", &step, rest) == 2 &&
-                              (std::string(rest) == ".h5" || std::string(rest) == ".state.h5");
-            if (temp ||
-                (pair && std::find(committed.begin(), committed.end(), step) == committed.end()))
+            // A checkpoint's files (its pair, or its parts and manifest) of no committed step.
+            const int64_t step = checkpoints && !temp ? checkpoint_file_step(name) : -1;
+            if (temp || (step >= 0 &&
+                         std::find(committed.begin(), committed.end(), step) == committed.end()))
                 fs::remove(e.path(), ec);
         }
     };

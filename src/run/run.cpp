@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "run_parts.h"
+#include "saetrain/checkpoint_parts.h"
 #include "saetrain/checkpointer.h"  // defines: Checkpointer (committed checkpoints, resume)
 #include "saetrain/error.h"         // defines: saetrain::Error, SAE_ENFORCE, printable
 #include "saetrain/perfmodel.h"     // defines: mfu_peak (the peak MFU is measured against)
@@ -83,10 +84,15 @@ void set_loop_hooks(LoopOptions& opt, Setup& s, Communicator& world, RunReporter
     opt.report = [&reporter](const MetricsRow& m) { reporter.gather(m); };
     if (fault.at_checkpoint && fault.rank == world.rank() && writer) {
         SAE_ENFORCE(fault.signal == SIGKILL, "SAETRAIN_FAULT: only KILL lands mid-write");
-        // Before any writer thread exists: the atomic writer reads it on the write it names.
+        // Before any writer thread exists: the atomic writer reads it on the write it names (a
+        // latent shard's: its part).
+        const std::string dir = (s.out() / "sae" / s.id()).string();
+        const int64_t parts = s.cfg.parallel.latent_shards;
         ::setenv(
             "SAETRAIN_FAULT_KILL_IN_WRITE",
-            (s.out() / "sae" / s.id() / fmt::format("checkpoint-{}.h5", fault.iteration)).c_str(),
+            (parts > 1 ? checkpoint_part_path(dir, fault.iteration, s.coords.latent_shard, parts)
+                       : checkpoint_weights_path(dir, fault.iteration))
+                .c_str(),
             1);
     }
     opt.checkpoint = [&s, &world, &checkpoints, &fault, writer](SaeTrainer& t, int64_t iteration) {

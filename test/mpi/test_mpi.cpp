@@ -12,12 +12,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 
 #include "saetrain/arch/switch.h"
 #include "saetrain/backend.h"
 #include "saetrain/checkpoint.h"
+#include "saetrain/checkpoint_parts.h"
+#include "saetrain/checkpointer.h"
 #include "saetrain/comm_choice.h"
 #include "saetrain/error.h"
 #include "saetrain/loader.h"
@@ -900,6 +903,354 @@ TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
             }
             fs::remove_all(dir);
         }
+}
+
+// --- checkpoints in parts (checkpoint_parts.h) --------------------------------------------------
+
+// Counts the bytes this rank receives through a communicator (what other ranks' data a
+// collective brings it), around another.
+class CountingComm final : public Communicator {
+public:
+    explicit CountingComm(Communicator& inner) : c_(inner) {}
+    int64_t received = 0;
+    int rank() const override { return c_.rank(); }
+    int size() const override { return c_.size(); }
+    std::string name() const override { return c_.name(); }
+    void allreduce_sum(float* data, int64_t n) override {
+        received += size() > 1 ? n * int64_t{sizeof(float)} : 0;
+        c_.allreduce_sum(data, n);
+    }
+    void allreduce_sum(double* data, int64_t n) override {
+        received += size() > 1 ? n * int64_t{sizeof(double)} : 0;
+        c_.allreduce_sum(data, n);
+    }
+    void allreduce_max(int64_t* data, int64_t n) override {
+        received += size() > 1 ? n * int64_t{sizeof(int64_t)} : 0;
+        c_.allreduce_max(data, n);
+    }
+    void allgather(const void* send, void* recv, int64_t bytes) override {
+        received += (size() - 1) * bytes;
+        c_.allgather(send, recv, bytes);
+    }
+    void bcast(void* data, int64_t bytes, int root) override {
+        received += rank() == root ? 0 : bytes;
+        c_.bcast(data, bytes, root);
+    }
+    void barrier() override { c_.barrier(); }
+    std::unique_ptr<Communicator> split(int color, int key) override {
+        return c_.split(color, key);
+    }
+
+private:
+    Communicator& c_;
+};
+
+// Bytes this process has passed to write(2) and its kin (the kernel's count, /proc/self/io
+// "wchar"), or -1 where the kernel does not say.
+int64_t bytes_written_by_this_process() {
+    std::ifstream f("/proc/self/io");
+    std::string key;
+    int64_t value = 0;
+    while (f >> key >> value)
+        if (key == "wchar:") return value;
+    return -1;
+}
+
+// Issue 59's target: a latent-sharded SAE's checkpoint is written by every latent shard, its own
+// part, so no rank writes or receives more than its share of the weights and optimizer state
+// (1/S of everything per latent, plus on the first latent shard what belongs to no latent: b_dec
+// and its moments) plus the manifest. Bytes written are the kernel's count for this process
+// across Checkpointer::save (every file it writes: the part, the manifest, the commit marker),
+// which may exceed the tensors by the files' HDF5 metadata and attributes (kMetadata; measured:
+// 13 KiB for a part's two files); bytes received are counted in every communicator the save uses.
+// The gather this replaced wrote the whole SAE on the first latent shard and broadcast each latent
+// shard's rows to all: every rank received (S-1)/S of the whole.
+TEST(Mpi, LatentShardedCheckpointEachRankWritesAndReceivesOnlyItsPart) {
+    Communicator& w = *g_world;
+    const int S = w.size();
+    const int64_t d = 64, rows = 32;
+    SaeConfig cfg = small_sae("topk");
+    cfg.n_latents = 1024;  // 0.8 MB of weights and moments a latent shard at S 4
+    LatentShardGrid g = latent_shard_grid(w, S, cfg.n_latents);
+    CountingComm world(w), replicas(*g.replicas), shards(*g.shards);
+    LatentShard part = g.part;
+    part.group = &shards;
+    auto be = make_cpu_backend(1);
+    SaeTrainer tr(cfg, d, 10, 5, *be, replicas, &part);
+    ReplicaRows data(300, g.replica, rows, d);
+    init_and_train(tr, data, rows, 2);
+    const fs::path dir = common_temp_dir("parts_bytes");
+    const std::string sae_dir = (dir / "sae" / "t").string();
+    if (w.rank() == 0) fs::remove_all(dir);
+    w.barrier();
+    int64_t written = 0, received = 0;
+    {
+        Checkpointer ck(world, replicas, dir.string(), sae_dir,
+                        SaeMeta{"topk", "t", "", cfg.k, 0, 0}, 3, g.shard);
+        world.received = replicas.received = shards.received = 0;
+        const int64_t before = bytes_written_by_this_process();
+        ck.save(tr, 2, 0, 0, /*wait=*/true);
+        written = bytes_written_by_this_process() - before;
+        received = world.received + replicas.received + shards.received;
+        if (before < 0) written = -1;
+    }
+    const int64_t total = tr.store().whole_layout().total();
+    const int64_t whole = 3 * total * int64_t{sizeof(float)} + cfg.n_latents * int64_t{8};
+    const int64_t no_latent = 3 * d * int64_t{sizeof(float)};  // b_dec, adam_m and adam_v's
+    const int64_t share = (whole - no_latent) / S + no_latent;
+    std::error_code no_manifest;
+    const int64_t manifest = static_cast<int64_t>(
+        fs::file_size(checkpoint_manifest_path(sae_dir, tr.step_count()), no_manifest));
+    EXPECT_FALSE(no_manifest) << "no manifest";
+    constexpr int64_t kMetadata = 32 << 10;
+    if (w.rank() == 0)
+        std::printf(
+            "checkpoint of %lld latents x d %lld over %d latent shards: whole %lld B, a share "
+            "%lld B, manifest %lld B\n",
+            static_cast<long long>(cfg.n_latents), static_cast<long long>(d), S,
+            static_cast<long long>(whole), static_cast<long long>(share),
+            static_cast<long long>(manifest));
+    std::printf("  rank %d: wrote %lld B, received %lld B\n", w.rank(),
+                static_cast<long long>(written), static_cast<long long>(received));
+    if (written < 0) {
+        GTEST_SKIP() << "no /proc/self/io: bytes written not counted";
+    }
+    EXPECT_GT(written, (whole - no_latent) / S) << "rank " << w.rank() << " wrote no part";
+    EXPECT_LE(written, share + manifest + kMetadata) << "rank " << w.rank();
+    // Received: the latent shards' few bytes on their parts (file sizes and checksums) and the
+    // agreements, never tensor data.
+    EXPECT_LE(received, share + manifest) << "rank " << w.rank();
+    EXPECT_LE(received, int64_t{256} * S) << "rank " << w.rank();
+    w.barrier();
+    if (w.rank() == 0) fs::remove_all(dir);
+}
+
+// The parts hold the whole SAE: read back through CheckpointParts on every rank, each tensor
+// equals trainer_weights() and trainer_state() collected in memory, bit for bit, every part
+// verifies, and a flipped byte fails that part's verification alone, naming its file. Restored
+// on the latent shard count that wrote them, on half of it and on one process, the trainer holds
+// the written SAE bit for bit: Gated (per-latent parameters), BatchTopK (buffers), a skip
+// transcoder (W_skip [d, d], of no latent); the others with data.normalize's scale.
+TEST(Mpi, LatentShardedPartsReadBackOnAnyLatentShardCount) {
+    Communicator& w = *g_world;
+    const int S = w.size();
+    // Wide enough that the tensors fill most of a part's file: the flipped bytes below land in
+    // them, not in HDF5's metadata or free space.
+    const int64_t d = 32, rows = 40;
+    const fs::path dir = common_temp_dir("parts");
+    for (const std::string arch : {"gated", "batchtopk", "skip_transcoder", "topk"}) {
+        SaeConfig cfg = small_sae(arch);
+        cfg.n_latents = 256;
+        if (arch != "skip_transcoder") cfg.normalize = "expected_average_only_in";
+        cfg.dead_tokens = 100;  // since_fired matters
+        auto be = make_cpu_backend(1);
+        LatentShardGrid g = latent_shard_grid(w, S, cfg.n_latents);
+        SaeTrainer tr(cfg, d, 30, 5, *be, *g.replicas, &g.part);
+        std::mt19937 rng(7);  // every rank the same rows: one replica
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        std::vector<float> x(static_cast<size_t>(rows * tr.row_width()));
+        for (float& v : x) v = normal(rng);
+        tr.init(x.data(), rows);
+        for (int step = 0; step < 3; ++step) {
+            for (float& v : x) v = normal(rng);
+            tr.step(x.data(), rows);
+        }
+        const SaeWeights sw = trainer_weights(tr);  // the whole SAE on world rank 0
+        const TrainState st = trainer_state(tr);
+        if (w.rank() == 0) {
+            fs::remove_all(dir);
+            fs::create_directories(dir);
+        }
+        w.barrier();
+        TrainState header;
+        header.step = tr.step_count(), header.tokens = tr.tokens(), header.iteration = 9;
+        header.cursors = {3, 4};
+        const SaeMeta meta{arch, "t", "config: 1\n", cfg.k, header.step, header.tokens};
+        EXPECT_NO_THROW(write_checkpoint_parts(tr, dir.string(), meta, header)) << arch;
+        w.barrier();
+        const std::string manifest = checkpoint_manifest_path(dir.string(), header.step);
+        try {  // a throw here must not leave the other ranks in the next collective
+            const CheckpointParts parts(manifest);
+            EXPECT_EQ(parts.parts(), S);
+            for (int k = 0; k < S; ++k) {
+                EXPECT_EQ(parts.first_latent(k), k * cfg.n_latents / S);
+                EXPECT_NO_THROW(parts.verify(k)) << arch << " part " << k;
+            }
+            const TrainState h = parts.header();
+            EXPECT_TRUE(h.step == header.step && h.tokens == header.tokens && h.iteration == 9 &&
+                        h.cursors == header.cursors);
+            EXPECT_EQ(parts.meta().config_yaml, meta.config_yaml);
+            if (w.rank() == 0) {
+                const TensorsInMemory whole(sw, st);
+                std::vector<TensorInfo> tensors = trainer_weight_tensors(tr, false);
+                tensors.push_back({"adam_m", {}, false});
+                tensors.push_back({"adam_v", {}, false});
+                for (const TensorInfo& t : tensors) {
+                    const auto shape = whole.shape(t.name);
+                    if (!shape) {
+                        ADD_FAILURE() << t.name;
+                        continue;
+                    }
+                    EXPECT_EQ(parts.shape(t.name), shape) << arch << " " << t.name;
+                    int64_t count = 1;
+                    for (int64_t s : *shape) count *= s;
+                    std::vector<float> a(static_cast<size_t>(count)), b(a.size());
+                    const std::vector<int64_t> zero(shape->size(), 0);
+                    parts.read(t.name, zero, *shape, a.data());
+                    whole.read(t.name, zero, *shape, b.data());
+                    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+                        << arch << " " << t.name;
+                }
+                // A block across parts: W_enc's columns and adam_m's elements in the middle.
+                const int64_t n = cfg.n_latents, c0 = n / S - 3, cols = n / 2;
+                std::vector<float> a(static_cast<size_t>(5 * cols)), b(a.size());
+                parts.read("W_enc", {2, c0}, {5, cols}, a.data());
+                whole.read("W_enc", {2, c0}, {5, cols}, b.data());
+                EXPECT_EQ(a, b) << arch;
+                const int64_t m0 = 3 * d * n / (2 * S) + 5, mc = d * n;
+                a.resize(static_cast<size_t>(mc)), b.resize(a.size());
+                parts.read("adam_v", {m0}, {mc}, a.data());
+                whole.read("adam_v", {m0}, {mc}, b.data());
+                EXPECT_EQ(a, b) << arch;
+                std::vector<int64_t> fa(static_cast<size_t>(n)), fb(fa.size());
+                parts.read("since_fired", 0, n, fa.data());
+                whole.read("since_fired", 0, n, fb.data());
+                EXPECT_EQ(fa, fb) << arch;
+            }
+        } catch (const std::exception& e) {
+            ADD_FAILURE() << arch << ": " << e.what();
+        }
+        // Restored on S (every rank its own latents), S / 2 (2 replicas of S / 2 latent shards
+        // each) and 1 latent shard: the SAE gathered back equals the written one bit for bit.
+        std::vector<int> counts = {S};
+        if (S / 2 > 1) counts.push_back(S / 2);
+        for (const int to : counts) {
+            LatentShardGrid g2 = latent_shard_grid(w, to, cfg.n_latents);
+            SaeTrainer t2(cfg, d, 30, 5, *be, *g2.replicas, &g2.part);
+            CheckpointPart mine;
+            try {
+                mine = trainer_read_part(t2, CheckpointParts(manifest));
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << arch << " on " << to << ": " << e.what();
+            }
+            t2.restore(std::move(mine), header.step, header.tokens);
+            const SaeWeights w2 = trainer_weights(t2);
+            const TrainState s2 = trainer_state(t2);
+            if (w.rank() == 0) {
+                EXPECT_TRUE(w2.w_enc == sw.w_enc && w2.w_dec == sw.w_dec && w2.b_enc == sw.b_enc &&
+                            w2.b_dec == sw.b_dec && w2.extra == sw.extra)
+                    << arch << ": " << S << " parts restored on " << to;
+                EXPECT_TRUE(s2.adam_m == st.adam_m && s2.adam_v == st.adam_v &&
+                            s2.since_fired == st.since_fired)
+                    << arch << ": " << S << " parts restored on " << to;
+            }
+        }
+        {
+            auto self = make_self_comm();
+            SaeTrainer one(cfg, d, 30, 5, *be, *self);
+            try {
+                one.restore(trainer_read_part(one, CheckpointParts(manifest)), header.step,
+                            header.tokens);
+                const SaeWeights w1 = trainer_weights(one);
+                const TrainState s1 = trainer_state(one);
+                if (w.rank() == 0)
+                    EXPECT_TRUE(w1.w_enc == sw.w_enc && w1.w_dec == sw.w_dec &&
+                                w1.b_enc == sw.b_enc && w1.b_dec == sw.b_dec &&
+                                w1.extra == sw.extra && s1.adam_m == st.adam_m &&
+                                s1.adam_v == st.adam_v && s1.since_fired == st.since_fired)
+                        << arch << ": " << S << " parts restored on one process";
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << arch << " on one process: " << e.what();
+            }
+        }
+        // Damage: 4 bytes in the middle of the last part's weights file.
+        w.barrier();
+        const std::string last = checkpoint_part_path(dir.string(), header.step, S - 1, S);
+        if (w.rank() == 0) {
+            std::fstream f(last, std::ios::in | std::ios::out | std::ios::binary);
+            f.seekp(static_cast<std::streamoff>(fs::file_size(last) / 2));
+            f.write("\x13\x37\x13\x37", 4);
+        }
+        w.barrier();
+        try {
+            const CheckpointParts parts(manifest);
+            for (int k = 0; k + 1 < S; ++k) EXPECT_NO_THROW(parts.verify(k)) << arch << " " << k;
+            try {
+                parts.verify(S - 1);
+                ADD_FAILURE() << arch << ": a damaged part verified";
+            } catch (const Error& e) {
+                EXPECT_NE(std::string(e.what()).find("checkpoint part " + last), std::string::npos)
+                    << e.what();
+            }
+        } catch (const std::exception& e) {
+            ADD_FAILURE() << arch << ": " << e.what();
+        }
+        w.barrier();
+    }
+    if (w.rank() == 0) fs::remove_all(dir);
+}
+
+// Checkpoints written before the parts (one pair whatever the latent shard count, as
+// write_gathered still writes it: the same files as sae_write_h5 and train_state_write,
+// LatentShardedFilesStreamedEqualGathered) resume through Checkpointer::resume onto latent
+// shards, bitwise; the Checkpointer then writes parts, which resume bitwise too, and the pair
+// rotated out is deleted.
+TEST(Mpi, CheckpointerResumesPairsWrittenBeforePartsAndItsOwnParts) {
+    Communicator& w = *g_world;
+    const int S = w.size();
+    const int64_t d = 16, rows = 40;
+    const fs::path dir = common_temp_dir("ckpt_pair");
+    const std::string sae_dir = (dir / "sae" / "t").string();
+    SaeConfig cfg = small_sae("jumprelu");
+    cfg.dead_tokens = 100;
+    LatentShardGrid g = latent_shard_grid(w, S, cfg.n_latents);
+    auto be = make_cpu_backend(1);
+    SaeTrainer tr(cfg, d, 30, 5, *be, *g.replicas, &g.part);
+    ReplicaRows data(500, g.replica, rows, d);
+    init_and_train(tr, data, rows, 4);
+    if (w.rank() == 0) fs::remove_all(dir);
+    w.barrier();
+    const SaeMeta meta{"jumprelu", "t", "", cfg.k, tr.step_count(), tr.tokens()};
+    TrainState header;
+    header.step = tr.step_count(), header.tokens = tr.tokens(), header.iteration = 4;
+    header.cursors = {5, 6};
+    write_gathered(tr, g.shard == 0, checkpoint_weights_path(sae_dir, header.step),
+                   checkpoint_state_path(sae_dir, header.step), meta, header, false);
+    if (w.rank() == 0) {
+        fs::create_directories(dir / "checkpoints");
+        std::ofstream(dir / "checkpoints" / fmt::format("step-{}.commit", header.step)) << "{}\n";
+    }
+    w.barrier();
+    SaeTrainer from_pair(cfg, d, 30, 5, *be, *g.replicas, &g.part);
+    {
+        Checkpointer ck(w, *g.replicas, dir.string(), sae_dir, meta, 1, g.shard);
+        const auto at = ck.resume(from_pair, "", false);
+        ASSERT_TRUE(at.has_value()) << ck.newest_failure();
+        EXPECT_TRUE(at->step == header.step && at->iteration == 4 && at->epoch == 5 &&
+                    at->offset == 6);
+        EXPECT_EQ(from_pair.params_host(), tr.params_host()) << "rank " << w.rank();
+        const std::vector<float>& x = data.next();
+        EXPECT_EQ(from_pair.step(x.data(), rows).loss, tr.step(x.data(), rows).loss);
+        // Parts now, at the next step; keep 1 rotates the pair out.
+        ck.save(from_pair, 5, 7, 8, /*wait=*/true);
+    }
+    EXPECT_TRUE(fs::exists(checkpoint_manifest_path(sae_dir, tr.step_count())));
+    EXPECT_FALSE(fs::exists(checkpoint_weights_path(sae_dir, header.step)));
+    EXPECT_FALSE(fs::exists(checkpoint_state_path(sae_dir, header.step)));
+    SaeTrainer from_parts(cfg, d, 30, 5, *be, *g.replicas, &g.part);
+    {
+        Checkpointer ck(w, *g.replicas, dir.string(), sae_dir, meta, 1, g.shard);
+        const auto at = ck.resume(from_parts, "", false);
+        ASSERT_TRUE(at.has_value()) << ck.newest_failure();
+        EXPECT_TRUE(at->step == tr.step_count() && at->iteration == 5 && at->epoch == 7 &&
+                    at->offset == 8);
+    }
+    EXPECT_EQ(from_parts.params_host(), tr.params_host()) << "rank " << w.rank();
+    const std::vector<float>& x = data.next();
+    EXPECT_EQ(from_parts.step(x.data(), rows).loss, tr.step(x.data(), rows).loss);
+    EXPECT_EQ(from_parts.params_host(), tr.params_host()) << "rank " << w.rank();
+    w.barrier();
+    if (w.rank() == 0) fs::remove_all(dir);
 }
 
 // The first shard's reader feeds every shard of its group the same rows, and the end of the
