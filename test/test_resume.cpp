@@ -933,10 +933,11 @@ TEST_F(Resume, PairCheckpointsStillResumeOntoLatentShards) {
     EXPECT_LT(diff, kReshardBound);
     for (const auto& e : fs::directory_iterator(sae)) {
         const std::string f = e.path().filename().string();
-        if (checkpoint_file_step(f) >= 0)
+        if (checkpoint_file_step(f) >= 0) {
             EXPECT_TRUE(f.find(".part-") != std::string::npos ||
                         f.find(".manifest.json") != std::string::npos)
                 << "a rotated-out pair left behind: " << f;
+        }
     }
 }
 

@@ -1064,7 +1064,7 @@ TEST(Mpi, LatentShardedPartsReadBackOnAnyLatentShardCount) {
         w.barrier();
         TrainState header;
         header.step = tr.step_count(), header.tokens = tr.tokens(), header.iteration = 9;
-        header.cursors = {3, 4};
+        header.cursors = std::vector<int64_t>{3, 4};
         const SaeMeta meta{arch, "t", "config: 1\n", cfg.k, header.step, header.tokens};
         EXPECT_NO_THROW(write_checkpoint_parts(tr, dir.string(), meta, header)) << arch;
         w.barrier();
@@ -1153,12 +1153,13 @@ TEST(Mpi, LatentShardedPartsReadBackOnAnyLatentShardCount) {
                             header.tokens);
                 const SaeWeights w1 = trainer_weights(one);
                 const TrainState s1 = trainer_state(one);
-                if (w.rank() == 0)
+                if (w.rank() == 0) {
                     EXPECT_TRUE(w1.w_enc == sw.w_enc && w1.w_dec == sw.w_dec &&
                                 w1.b_enc == sw.b_enc && w1.b_dec == sw.b_dec &&
                                 w1.extra == sw.extra && s1.adam_m == st.adam_m &&
                                 s1.adam_v == st.adam_v && s1.since_fired == st.since_fired)
                         << arch << ": " << S << " parts restored on one process";
+                }
             } catch (const std::exception& e) {
                 ADD_FAILURE() << arch << " on one process: " << e.what();
             }
@@ -1213,7 +1214,7 @@ TEST(Mpi, CheckpointerResumesPairsWrittenBeforePartsAndItsOwnParts) {
     const SaeMeta meta{"jumprelu", "t", "", cfg.k, tr.step_count(), tr.tokens()};
     TrainState header;
     header.step = tr.step_count(), header.tokens = tr.tokens(), header.iteration = 4;
-    header.cursors = {5, 6};
+    header.cursors = std::vector<int64_t>{5, 6};
     write_gathered(tr, g.shard == 0, checkpoint_weights_path(sae_dir, header.step),
                    checkpoint_state_path(sae_dir, header.step), meta, header, false);
     if (w.rank() == 0) {
