@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
         SaeTrainer trainer(sae, w.d_model, 1, 0, *be, *self);
         TrainState st;
         const size_t n_params = trainer.params_host().size();
-        st.adam_m.assign(n_params, 0.0f), st.adam_v.assign(n_params, 0.0f);
+        st.opt_m.assign(n_params, 0.0f), st.opt_v.assign(n_params, 0.0f);
         st.since_fired.assign(static_cast<size_t>(w.n_latents), 0);
         trainer_restore(trainer, w, st);
         if (trainer.row_width() != w.d_model) {  // a transcoder reads [x | y]: y is not read

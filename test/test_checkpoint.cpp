@@ -244,9 +244,9 @@ TEST(Checkpoint, FilesReadInPiecesAndVerifiedInOnePass) {
     TrainState s;
     s.step = 40, s.tokens = 4000, s.iteration = 41;
     const int64_t params = 2 * d * n + n + d + n + 1;
-    for (auto* v : {&s.adam_m, &s.adam_v}) {
+    for (auto* v : {&s.opt_m, &s.opt_v}) {
         v->resize(static_cast<size_t>(params));
-        for (size_t i = 0; i < v->size(); ++i) (*v)[i] = 0.001f * float(i) + (v == &s.adam_v);
+        for (size_t i = 0; i < v->size(); ++i) (*v)[i] = 0.001f * float(i) + (v == &s.opt_v);
     }
     for (int64_t i = 0; i < n; ++i) s.since_fired.push_back(i * 10);
     s.cursors = {1, 77, 2, 5};

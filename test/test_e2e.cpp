@@ -466,13 +466,13 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
         }
         if (cfg.optimizer == "signum" && !eval_during) {
             // Training left the point of the next gradient in the parameters and the SAE (the
-            // average) in adam_v: rest() exchanges them.
+            // average) in opt_v: rest() exchanges them.
             const std::vector<float> y = tr.params_host(),
-                                     avg = tr.store().host(ParamStore::Buffer::adam_v);
+                                     avg = tr.store().host(ParamStore::Buffer::opt_v);
             EXPECT_NE(y, avg);
             tr.rest();
             EXPECT_EQ(tr.params_host(), avg);
-            EXPECT_EQ(tr.store().host(ParamStore::Buffer::adam_v), y);
+            EXPECT_EQ(tr.store().host(ParamStore::Buffer::opt_v), y);
         }
         tr.rest();  // signum: the SAE (an evaluation left it there; the other run did not)
         return std::make_pair(tr.params_host(), trainer_weights(tr));

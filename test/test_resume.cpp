@@ -154,7 +154,7 @@ TEST_F(Resume, KilledSingleRankRunResumesBitwise) {
 }
 
 // train.optimizer: signum keeps three points per parameter; a checkpoint holds the SAE (the
-// average) as its weights and the point of the next gradient in adam_v, and the average's
+// average) as its weights and the point of the next gradient in opt_v, and the average's
 // weights are replayed from the schedule on resume: resumed runs end bitwise equal, under
 // mpirun the data-parallel run's node-split update too (each replica exchanges its own range).
 TEST_F(Resume, SignumKilledRunsResumeBitwise) {

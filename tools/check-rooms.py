@@ -19,7 +19,8 @@ Words (docs/architecture.md, "Words"): a rank's place in the job is its coordina
 layout; the tensors a checkpoint sends to the first latent shard are gathered, not streamed
 (stream means the rows an SAE trains on, or a CUDA stream); in the model's layers (core, cpu,
 cuda, comm) a latent shard is never shortened to "shard" in code (comments and strings may say
-"latent shard"; elsewhere a shard is an HDF5 file of activations).
+"latent shard"; elsewhere a shard is an HDF5 file of activations); the optimizer's two buffers
+are opt_m and opt_v whichever optimizer runs (files keep the names adam_m and adam_v).
 """
 import os
 import re
@@ -69,6 +70,9 @@ WORDS = [
      "a RankCoords is a rank's coordinates, not a layout (Words)"),
     (re.compile(r"\bstream_\w+\s*\("),
      "a function named stream_*: tensors sent to the first latent shard are gathered (Words)"),
+    (re.compile(r"\badam_(m|v)\b"),
+     "the optimizer's buffers are opt_m and opt_v, whichever optimizer (Words; files keep "
+     "\"adam_m\" and \"adam_v\")"),
 ]
 # In the model's layers a shard is a latent shard, and it is never shortened (in io, src/run
 # and the data headers a shard is an HDF5 file of activations).
@@ -296,7 +300,8 @@ def self_test():
         write("src/core/local.h", "#include <mpi.h>\n")
         write("src/core/long.cpp", "x\n" * (MAX_LINES + 1))
         write("src/core/report.cpp", "RankCoords layout_;\nvoid stream_latents(int);\n"
-              'int shards_ = 1;  // "shard" in a comment or a "shard" string is fine\n')
+              'int shards_ = 1;  // "shard" in a comment or a "shard" string is fine\n'
+              'float* adam_m = nullptr;  // "adam_m", the file\'s name, is fine\n')
         found = check(tmp)
         want = [
             "src/core/trainer.cpp:1: core includes saetrain/trainer.h -> saetrain/checkpoint_view.h",
@@ -307,6 +312,7 @@ def self_test():
             "src/core/report.cpp:1: a RankCoords is a rank's coordinates",
             "src/core/report.cpp:2: a function named stream_*",
             "src/core/report.cpp:3: a latent shard is never shortened",
+            "src/core/report.cpp:4: the optimizer's buffers are opt_m and opt_v",
         ]
         missing = [w for w in want if not any(f.startswith(w) for f in found)]
         extra = [f for f in found if not any(f.startswith(w) for w in want)]

@@ -4,7 +4,7 @@
 // number it keeps: the policy (the step's scalars: Adam's bias corrections, signum's average
 // weight), signum's state beyond the buffers (which buffer holds the SAE, the largest lr so far,
 // the average's weight sum) and the ops it runs. ParamStore (param_store.h) only places the two
-// state buffers beside the parameters (Buffer::adam_m and adam_v: Adam's moments, or signum's
+// state buffers beside the parameters (Buffer::opt_m and opt_v: Adam's moments, or signum's
 // iterate and average) and says which ranges this rank updates.
 //
 // Its backend ops are an op set (arch_ops.h) like an architecture's: OptimizerOps, with a CPU

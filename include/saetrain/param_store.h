@@ -55,7 +55,9 @@ void check_latent_sharding(const SaeConfig& cfg, int64_t d, int64_t n_total, int
 
 class ParamStore {
 public:
-    enum class Buffer { params, grads, adam_m, adam_v };
+    // opt_m, opt_v: the optimizer's two buffers (AdamW: its moments; signum: its iterate and
+    // its average, optimizer.h).
+    enum class Buffer { params, grads, opt_m, opt_v };
 
     virtual ~ParamStore();
     ParamStore(const ParamStore&) = delete;
@@ -70,8 +72,8 @@ public:
     }
     float* params() const { return p_; }
     float* grads() const { return g_; }
-    float* adam_m() const { return m_; }
-    float* adam_v() const { return v_; }
+    float* opt_m() const { return m_; }
+    float* opt_v() const { return v_; }
     int replicas() const { return replicas_.size(); }
     // Parameters and moments are in node memory, the update split over the replicas.
     virtual bool splits_update() const { return false; }

@@ -33,9 +33,9 @@ struct SaeWeights {
 // One trainer's part of a checkpoint, ready for SaeTrainer::restore: its latents (all of them
 // without latent sharding) in its flat parameter layout (arch.h's ParamLayout).
 struct CheckpointPart {
-    std::vector<float> params, adam_m, adam_v;  // this latent shard's flat layout
-    std::vector<int64_t> since_fired;           // this latent shard's latents
-    std::vector<NamedTensor> buffers;           // the architecture's (BatchTopK's threshold)
+    std::vector<float> params, opt_m, opt_v;  // this latent shard's flat layout
+    std::vector<int64_t> since_fired;         // this latent shard's latents
+    std::vector<NamedTensor> buffers;         // the architecture's (BatchTopK's threshold)
     float input_scale = 1.0f;
 };
 

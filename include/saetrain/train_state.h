@@ -23,10 +23,12 @@ namespace saetrain {
 
 struct TrainState {
     int64_t step = 0, tokens = 0;
-    int64_t iteration = 0;              // training-loop iterations done (log/checkpoint cadence)
-    std::vector<float> adam_m, adam_v;  // flat, in the trainer's parameter layout
-    std::vector<int64_t> since_fired;   // [n_latents] tokens since each latent last fired
-    std::vector<int64_t> cursors;       // [replicas x 2]: (epoch, offset) of each replica's reader
+    int64_t iteration = 0;  // training-loop iterations done (log/checkpoint cadence)
+    // The optimizer's two buffers, flat, in the trainer's parameter layout (in the file:
+    // adam_m and adam_v, whichever optimizer wrote them).
+    std::vector<float> opt_m, opt_v;
+    std::vector<int64_t> since_fired;  // [n_latents] tokens since each latent last fired
+    std::vector<int64_t> cursors;      // [replicas x 2]: (epoch, offset) of each replica's reader
 };
 
 // The checksum a state file stores: XXH3-64 over the weights' and the state's tensors, in a

@@ -126,9 +126,9 @@ public:
     // from p).
     void set_params_host(const std::vector<float>& p);
     // train.optimizer: signum keeps the point its next gradient is taken at in the parameter
-    // buffer while it trains, and the SAE (the average) in adam_v. This exchanges the two,
+    // buffer while it trains, and the SAE (the average) in opt_v. This exchanges the two,
     // exactly, so that the parameter buffer holds the SAE until the next step exchanges them
-    // back: evaluation and checkpoints call it (a checkpoint's weights are the SAE, its adam_v
+    // back: evaluation and checkpoints call it (a checkpoint's weights are the SAE, its opt_v
     // the training point). Adam: nothing to do. Collective over the replicas.
     void rest();
 

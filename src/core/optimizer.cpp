@@ -127,17 +127,17 @@ public:
     const char* name() const override { return "signum"; }
 
     void begin_step() override {
-        if (at_rest_) store_.swap(ParamStore::Buffer::params, ParamStore::Buffer::adam_v);
+        if (at_rest_) store_.swap(ParamStore::Buffer::params, ParamStore::Buffer::opt_v);
         at_rest_ = false;
     }
     void rest() override {
         if (at_rest_) return;
-        store_.swap(ParamStore::Buffer::params, ParamStore::Buffer::adam_v);
+        store_.swap(ParamStore::Buffer::params, ParamStore::Buffer::opt_v);
         at_rest_ = true;
     }
     void params_set(const std::vector<float>& p) override {
-        store_.write(ParamStore::Buffer::adam_m, p);
-        store_.write(ParamStore::Buffer::adam_v, p);
+        store_.write(ParamStore::Buffer::opt_m, p);
+        store_.write(ParamStore::Buffer::opt_v, p);
         at_rest_ = false;
     }
     // A checkpoint is at rest; every counted step applied one update at its lr.

@@ -35,9 +35,9 @@ float* ParamStore::pointer(Buffer which) const {
             return p_;
         case Buffer::grads:
             return g_;
-        case Buffer::adam_m:
+        case Buffer::opt_m:
             return m_;
-        case Buffer::adam_v:
+        case Buffer::opt_v:
             return v_;
     }
     return nullptr;

@@ -613,8 +613,8 @@ void SaeTrainer::restore(CheckpointPart part, int64_t step, int64_t tokens) {
     input_scale_ = part.input_scale;
     for (const auto& [name, value] : part.buffers) pass_->set_buffer(name, value);
     store_->write(ParamStore::Buffer::params, part.params);
-    store_->write(ParamStore::Buffer::adam_m, part.adam_m);
-    store_->write(ParamStore::Buffer::adam_v, part.adam_v);
+    store_->write(ParamStore::Buffer::opt_m, part.opt_m);
+    store_->write(ParamStore::Buffer::opt_v, part.opt_v);
     since_fired_ = std::move(part.since_fired);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {

@@ -232,10 +232,10 @@ void write_part_state(const SaeTrainer& t, const std::vector<MomentSegment>& mom
     h5::init();
     atomic_write(path, [&](const std::string& tmp) {
         h5::File f = h5::create_file(tmp);
-        for (const auto which : {ParamStore::Buffer::adam_m, ParamStore::Buffer::adam_v}) {
+        for (const auto which : {ParamStore::Buffer::opt_m, ParamStore::Buffer::opt_v}) {
             const std::vector<float> a = t.store().host(which);
             const TensorInfo info{
-                which == ParamStore::Buffer::adam_m ? "adam_m" : "adam_v", {total}, false};
+                which == ParamStore::Buffer::opt_m ? "adam_m" : "adam_v", {total}, false};
             h5::Dataset ds = blocks::create_dataset(f.get(), info);
             hash.begin(info.name, false, info.shape);
             int64_t at = 0;

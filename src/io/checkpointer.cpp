@@ -375,7 +375,7 @@ void share_part(CheckpointPart& part, Communicator& replicas) {
     sizes.resize(static_cast<size_t>(count));
     replicas.bcast(sizes.data(), count * int64_t{sizeof(int64_t)}, 0);
     const auto n_params = static_cast<size_t>(sizes[0]);
-    for (auto* v : {&part.params, &part.adam_m, &part.adam_v}) {
+    for (auto* v : {&part.params, &part.opt_m, &part.opt_v}) {
         v->resize(n_params);
         bcast_pieces(replicas, v->data(), sizes[0] * int64_t{sizeof(float)}, 0);
     }

@@ -192,8 +192,8 @@ const std::vector<float>* TensorsInMemory::find(const std::string& name) const {
              {"W_dec", &w_.w_dec},
              {"b_enc", &w_.b_enc},
              {"b_dec", &w_.b_dec},
-             {"adam_m", &s_.adam_m},
-             {"adam_v", &s_.adam_v}})
+             {"adam_m", &s_.opt_m},
+             {"adam_v", &s_.opt_v}})
         if (name == key) return t;
     for (const auto& [key, t] : w_.extra)
         if (key == name) return &t;

@@ -58,7 +58,7 @@ namespace {
 void checksum_before_cursors(const SaeWeights& w, const TrainState& s, Checksum& sum) {
     for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec}) mix(*v, sum);
     for (const auto& [name, value] : w.extra) mix(value, sum, name);
-    for (const auto* v : {&s.adam_m, &s.adam_v}) mix(*v, sum);
+    for (const auto* v : {&s.opt_m, &s.opt_v}) mix(*v, sum);
     mix(s.since_fired, sum);
 }
 
@@ -110,8 +110,8 @@ void train_state_write(const std::string& path, const SaeWeights& w, const Train
     h5::init();
     atomic_write(path, [&](const std::string& tmp) {
         h5::File f = h5::create_file(tmp);
-        h5::write_f32(f.get(), "adam_m", s.adam_m.data(), {s.adam_m.size()});
-        h5::write_f32(f.get(), "adam_v", s.adam_v.data(), {s.adam_v.size()});
+        h5::write_f32(f.get(), "adam_m", s.opt_m.data(), {s.opt_m.size()});
+        h5::write_f32(f.get(), "adam_v", s.opt_v.data(), {s.opt_v.size()});
         write_i64(f.get(), "since_fired", s.since_fired);
         Checksum sum;
         checksum_before_cursors(w, s, sum);
@@ -127,13 +127,13 @@ TrainState train_state_read(const std::string& path, const SaeWeights& w) {
     TrainState s;
     const size_t params = w.w_enc.size() + w.w_dec.size() + w.b_enc.size() + w.b_dec.size();
     std::vector<hsize_t> dims;
-    s.adam_m = h5::read_f32(f.get(), "adam_m", path, &dims);
-    s.adam_v = h5::read_f32(f.get(), "adam_v", path, &dims);
+    s.opt_m = h5::read_f32(f.get(), "adam_m", path, &dims);
+    s.opt_v = h5::read_f32(f.get(), "adam_v", path, &dims);
     // The moments also cover the architecture's parameters among w.extra (the trainer checks
     // the exact count); they are never fewer than the four tensors every SAE has.
-    SAE_ENFORCE(s.adam_m.size() == s.adam_v.size() && s.adam_m.size() >= params,
+    SAE_ENFORCE(s.opt_m.size() == s.opt_v.size() && s.opt_m.size() >= params,
                 "checkpoint state {}: Adam moments hold {} and {} values, the weights at least {}",
-                path, s.adam_m.size(), s.adam_v.size(), params);
+                path, s.opt_m.size(), s.opt_v.size(), params);
     s.since_fired = read_i64(f.get(), "since_fired", path, w.b_enc.size());
     read_train_state_header(f.get(), path, s);
     const std::string stored = stored_checksum(f.get(), path);

@@ -92,22 +92,22 @@ TrainState trainer_state(const SaeTrainer& t) {
     s.step = t.step_count();
     s.tokens = t.tokens();
     if (!t.latent_sharded()) {
-        s.adam_m = t.store().host(ParamStore::Buffer::adam_m);
-        s.adam_v = t.store().host(ParamStore::Buffer::adam_v);
+        s.opt_m = t.store().host(ParamStore::Buffer::opt_m);
+        s.opt_v = t.store().host(ParamStore::Buffer::opt_v);
         s.since_fired = t.since_fired();
         return s;
     }
     if (t.store().latent_shard().group->rank() ==
         0) {  // the first latent shard collects the gather
-        s.adam_m.resize(static_cast<size_t>(t.store().whole_layout().total()));
-        s.adam_v.resize(s.adam_m.size());
+        s.opt_m.resize(static_cast<size_t>(t.store().whole_layout().total()));
+        s.opt_v.resize(s.opt_m.size());
         s.since_fired.resize(static_cast<size_t>(t.n_latents()));
     }
     trainer_gather_state(t, [&](const TensorChunk& c) {
         if (c.i64)
             std::copy_n(c.i64, c.count, s.since_fired.begin() + c.offset);
         else
-            std::copy_n(c.f32, c.count, (c.tensor == 0 ? s.adam_m : s.adam_v).begin() + c.offset);
+            std::copy_n(c.f32, c.count, (c.tensor == 0 ? s.opt_m : s.opt_v).begin() + c.offset);
     });
     return s;
 }
@@ -203,7 +203,7 @@ void trainer_gather_state(const SaeTrainer& tr, const ChunkSink& sink) {
     const auto& wsegs = tr.store().whole_layout().segments();
     for (int which = 0; which < 2; ++which) {
         const std::vector<float> a =
-            tr.store().host(which == 0 ? ParamStore::Buffer::adam_m : ParamStore::Buffer::adam_v);
+            tr.store().host(which == 0 ? ParamStore::Buffer::opt_m : ParamStore::Buffer::opt_v);
         for (size_t i = 0; i < segs.size(); ++i) {
             if (segs[i].per_latent)
                 gather_latent_rows(tr, a.data() + segs[i].offset, segs[i].cols, which,
@@ -256,8 +256,8 @@ CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
     }
     // The other segments, and every segment's moments: this latent shard's rows of a per-latent
     // segment, the others whole.
-    part.adam_m.resize(part.params.size());
-    part.adam_v.resize(part.params.size());
+    part.opt_m.resize(part.params.size());
+    part.opt_v.resize(part.params.size());
     for (size_t i = 0; i < segs.size(); ++i) {
         const int64_t from = segs[i].per_latent ? first * segs[i].cols : 0, count = segs[i].size();
         float* p = part.params.data() + segs[i].offset;
@@ -270,8 +270,8 @@ CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
                         segs[i].name, wsegs[i].size());
             src.read(segs[i].name, {from}, {count}, p);
         }
-        src.read("adam_m", {wsegs[i].offset + from}, {count}, part.adam_m.data() + segs[i].offset);
-        src.read("adam_v", {wsegs[i].offset + from}, {count}, part.adam_v.data() + segs[i].offset);
+        src.read("adam_m", {wsegs[i].offset + from}, {count}, part.opt_m.data() + segs[i].offset);
+        src.read("adam_v", {wsegs[i].offset + from}, {count}, part.opt_v.data() + segs[i].offset);
     }
     part.since_fired.resize(static_cast<size_t>(n_local));
     src.read("since_fired", first, n_local, part.since_fired.data());

@@ -821,7 +821,7 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     EXPECT_EQ(from_files.params_host(), tr.params_host()) << "rank " << w.rank();
     const TrainState fs_state = trainer_state(from_files);
     if (g.shard == 0) {
-        EXPECT_TRUE(fs_state.adam_m == st.adam_m && fs_state.adam_v == st.adam_v &&
+        EXPECT_TRUE(fs_state.opt_m == st.opt_m && fs_state.opt_v == st.opt_v &&
                     fs_state.since_fired == st.since_fired && fs_state.step == st.step &&
                     fs_state.tokens == st.tokens);
     }
@@ -894,7 +894,7 @@ TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
             try {  // a throw here must not leave the other ranks in the next collective
                 const SaeWeights a = sae_read_h5(at("s.h5"));
                 const TrainState sa = train_state_read(at("s.state.h5"), a);  // the checksum
-                EXPECT_TRUE(sa.adam_m == st.adam_m && sa.adam_v == st.adam_v &&
+                EXPECT_TRUE(sa.opt_m == st.opt_m && sa.opt_v == st.opt_v &&
                             sa.since_fired == st.since_fired && sa.cursors == st.cursors &&
                             sa.iteration == 7 && sa.step == st.step)
                     << arch << " S " << S;
@@ -1140,7 +1140,7 @@ TEST(Mpi, LatentShardedPartsReadBackOnAnyLatentShardCount) {
                 EXPECT_TRUE(w2.w_enc == sw.w_enc && w2.w_dec == sw.w_dec && w2.b_enc == sw.b_enc &&
                             w2.b_dec == sw.b_dec && w2.extra == sw.extra)
                     << arch << ": " << S << " parts restored on " << to;
-                EXPECT_TRUE(s2.adam_m == st.adam_m && s2.adam_v == st.adam_v &&
+                EXPECT_TRUE(s2.opt_m == st.opt_m && s2.opt_v == st.opt_v &&
                             s2.since_fired == st.since_fired)
                     << arch << ": " << S << " parts restored on " << to;
             }
@@ -1156,8 +1156,8 @@ TEST(Mpi, LatentShardedPartsReadBackOnAnyLatentShardCount) {
                 if (w.rank() == 0) {
                     EXPECT_TRUE(w1.w_enc == sw.w_enc && w1.w_dec == sw.w_dec &&
                                 w1.b_enc == sw.b_enc && w1.b_dec == sw.b_dec &&
-                                w1.extra == sw.extra && s1.adam_m == st.adam_m &&
-                                s1.adam_v == st.adam_v && s1.since_fired == st.since_fired)
+                                w1.extra == sw.extra && s1.opt_m == st.opt_m &&
+                                s1.opt_v == st.opt_v && s1.since_fired == st.since_fired)
                         << arch << ": " << S << " parts restored on one process";
                 }
             } catch (const std::exception& e) {
