@@ -1,6 +1,6 @@
 // The CUDA implementations of the architectures' own ops and the optimizer's (arch_ops.h): thin
-// classes over the launchers in kernels.h (kernels.cu, topk.cu, switch.cu, matryoshka.cu) and
-// optimizer.h (optimizer.cu), each registered by one line below.
+// classes over the launchers in kernels.h (kernels.cu, topk_select.cu, topk.cu, switch.cu,
+// matryoshka.cu) and optimizer.h (optimizer.cu), each registered by one line below.
 #include "arch_ops.h"
 
 #include "optimizer.h"  // defines: optimizer_grad_sum_squares, optimizer_apply (optimizer.cu)

@@ -1,7 +1,7 @@
 // CudaBackend: the Backend seam on one GPU. One stream orders the computation (a second one
 // carries the batch uploads, event-ordered against it: upload_rows); GEMMs go through
-// cuBLASLt (lt_gemm.h), the SAE ops through the kernels in kernels.cu and topk.cu; the
-// architectures' own ops through the implementations arch_ops.cpp registers.
+// cuBLASLt (lt_gemm.h), the SAE ops through the kernels in kernels.cu, topk_select.cu and
+// topk.cu; the architectures' own ops through the implementations arch_ops.cpp registers.
 #include "saetrain/cuda_backend.h"
 
 #include <fmt/format.h>
