@@ -1,6 +1,6 @@
 // arch/batchtopk.h — the BatchTopK SAE's own backend ops (arch_ops.h): one selection over the
 // whole batch. The CPU reference is in src/core/arch/batchtopk.cpp, the CUDA implementation in
-// src/cuda/arch_ops.cpp (kernels in topk.cu).
+// src/cuda/arch_ops.cpp (kernels in topk_select.cu).
 #pragma once
 
 #include <cstdint>
