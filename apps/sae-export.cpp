@@ -56,11 +56,10 @@ Input resolve_input(const std::string& given) {
 // Throws naming the file and tensor when the weights hold NaN or Inf: an SAE that diverged or
 // was damaged would load into SAELens or sparsify and give NaN features without a word.
 void require_finite(const SaeWeights& w, const std::string& path) {
-    const std::pair<const char*, const std::vector<float>*> tensors[] = {
-        {"W_enc", &w.w_enc}, {"W_dec", &w.w_dec}, {"b_enc", &w.b_enc}, {"b_dec", &w.b_dec}};
-    for (const auto& [name, v] : tensors) {
+    for (const WeightTensor& t : w.tensors) {
+        const std::string& name = t.name;
         const auto bad =
-            std::count_if(v->begin(), v->end(), [](float x) { return !std::isfinite(x); });
+            std::count_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
         SAE_ENFORCE(bad == 0,
                     "{}: {} holds {} non-finite value(s) (NaN/Inf); the SAE diverged or the file "
                     "is damaged: export an earlier checkpoint (sae-inspect shows each one)",

@@ -28,10 +28,11 @@ void print_sae(const std::string& path) {
     saetrain::SaeMeta meta;
     saetrain::SaeWeights w = saetrain::sae_read_h5(path, &meta);
     double lo = INFINITY, hi = 0, sum = 0;
+    const std::vector<float>& w_dec = w.at("W_dec");
     for (int64_t i = 0; i < w.n_latents; ++i) {
         double s = 0;
         for (int64_t j = 0; j < w.d_model; ++j) {
-            double v = w.w_dec[static_cast<size_t>(i * w.d_model + j)];
+            double v = w_dec[static_cast<size_t>(i * w.d_model + j)];
             s += v * v;
         }
         double n = std::sqrt(s);
@@ -93,18 +94,15 @@ std::string weights_difference(const std::string& a_path, const std::string& b_p
     if (a.d_model != b.d_model || a.n_latents != b.n_latents)
         return fmt::format("shapes differ (d_model {} x {} latents vs {} x {})", a.d_model,
                            a.n_latents, b.d_model, b.n_latents);
-    std::vector<
-        std::pair<std::string, std::pair<const std::vector<float>*, const std::vector<float>*>>>
-        tensors = {{"W_enc", {&a.w_enc, &b.w_enc}},
-                   {"W_dec", {&a.w_dec, &b.w_dec}},
-                   {"b_enc", {&a.b_enc, &b.b_enc}},
-                   {"b_dec", {&a.b_dec, &b.b_dec}}};
-    if (a.extra.size() != b.extra.size()) return "the architecture's extra tensors differ";
-    for (size_t i = 0; i < a.extra.size(); ++i)
-        tensors.push_back({a.extra[i].first, {&a.extra[i].second, &b.extra[i].second}});
-    for (const auto& [name, t] : tensors) {
-        const std::vector<float>&x = *t.first, &y = *t.second;
-        if (x.size() != y.size()) return fmt::format("{}: sizes differ", name);
+    if (a.tensors.size() != b.tensors.size()) return "the SAEs hold different tensors";
+    for (size_t t = 0; t < a.tensors.size(); ++t) {
+        const std::string& name = a.tensors[t].name;
+        if (name != b.tensors[t].name)
+            return fmt::format("tensor {} is {} in one and {} in the other", t, name,
+                               b.tensors[t].name);
+        const std::vector<float>&x = a.tensors[t].data, &y = b.tensors[t].data;
+        if (a.tensors[t].shape != b.tensors[t].shape || x.size() != y.size())
+            return fmt::format("{}: sizes differ", name);
         // Bits, not values: -0 vs 0 or two NaNs count as different.
         for (size_t i = 0; i < x.size(); ++i)
             if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0)

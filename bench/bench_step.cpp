@@ -97,7 +97,7 @@ int bench_on_data(Backend& be, const std::string& path, const std::vector<std::s
         "training steps, then median of {} | optimizer {}\n",
         be.name(), path, d, n, k, batch, train_steps, reps, optimizer);
     for (const std::string& arch : archs) {
-        if (arch_get(arch).transcodes()) {  // its rows are [x | y] pairs; these shards are not
+        if (arch_get(arch).rows().target) {  // its rows are [x | y] pairs; these shards are not
             fmt::print("{:<10} skipped: --data holds single activations, not transcoder pairs\n",
                        arch);
             continue;

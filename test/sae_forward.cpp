@@ -36,9 +36,7 @@ int main(int argc, char** argv) {
         SAE_ENFORCE(found, "{}: SAE id {} is not in its own config's sweep", argv[1], meta.id);
         // final.h5 holds the SAE of the raw activations (data.normalize folded in); a
         // checkpoint keeps the scale as a tensor, which restore() reads.
-        bool scaled = false;
-        for (const auto& [name, v] : w.extra) scaled = scaled || name == "activation_scale";
-        if (!scaled) sae.normalize = "none";
+        if (!w.has("activation_scale")) sae.normalize = "none";
         std::ifstream in(argv[2], std::ios::binary);
         SAE_ENFORCE(in.good(), "cannot read {}", argv[2]);
         const std::string bytes((std::istreambuf_iterator<char>(in)), {});

@@ -381,9 +381,9 @@ TEST(ArchBehaviour, BatchTopkThresholdGivesTheTrainingL0) {
     EXPECT_NEAR(e.l0, l0, 0.1 * l0) << "inference L0 " << e.l0 << " vs training " << l0;
     // The threshold travels with the weights.
     const SaeWeights w = trainer_weights(tr);
-    ASSERT_EQ(w.extra.size(), 1u);
-    EXPECT_EQ(w.extra[0].first, "threshold");
-    EXPECT_GT(w.extra[0].second[0], 0.0f);
+    ASSERT_EQ(w.tensors.size(), 5u);  // the four, then the threshold
+    EXPECT_EQ(w.tensors[4].name, "threshold");
+    EXPECT_GT(w.tensors[4].data[0], 0.0f);
 }
 
 // sae.target_l0's controller, through the pass's hooks: with err = log(L0 / target_t),
@@ -521,9 +521,9 @@ TEST(TargetL0, JumpReluThresholdShiftFollowsTheL0) {
     EXPECT_EQ(other->buffers(), pass->buffers());
     EXPECT_THROW(other->set_buffer("log_threshold_shift", {1.0f, 2.0f}), Error);
     // The export folds the shift into SAELens's thresholds.
-    SaeWeights w;
-    w.d_model = 2, w.n_latents = 2;
-    w.extra = {{"log_threshold", {0.0f, std::log(2.0f)}}, {"log_threshold_shift", {0.5f}}};
+    SaeWeights w = SaeWeights::zeros(2, 2);
+    w.set("log_threshold", {2}, {0.0f, std::log(2.0f)});
+    w.set("log_threshold_shift", {1}, {0.5f});
     const ArchExport e = arch_get("jumprelu").export_fields(w, cfg);
     const auto t = std::find_if(e.saelens_tensors.begin(), e.saelens_tensors.end(),
                                 [](const ExportTensor& x) { return x.name == "threshold"; });
@@ -563,12 +563,12 @@ TEST(TargetL0, GatedStartsAtItsTarget) {
     const EvalResult sparse = start(8, &x_hat, &w);
     EXPECT_NEAR(sparse.l0, 8.0, 0.8);
     EXPECT_LT(sparse.fvu, 1.0);
-    for (float b : w.b_enc) EXPECT_LT(b, 0.0f);
+    for (float b : w.at("b_enc")) EXPECT_LT(b, 0.0f);
     double ux = 0, uu = 0;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < d; ++c) {
-            const double u = double(x_hat[r * d + c]) - w.b_dec[c];
-            ux += u * (double(x[r * d + c]) - w.b_dec[c]), uu += u * u;
+            const double u = double(x_hat[r * d + c]) - w.at("b_dec")[c];
+            ux += u * (double(x[r * d + c]) - w.at("b_dec")[c]), uu += u * u;
         }
     ASSERT_GT(uu, 0.0);
     EXPECT_NEAR(ux / uu, 1.0, 1e-3);
@@ -598,7 +598,7 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
         std::mt19937 rng(11);
         std::normal_distribution<float> normal(0.0f, 1.0f);
         // A transcoder's rows are [x | y]: twice as wide.
-        const int64_t width = arch_get(arch).transcodes() ? 2 * d : d;
+        const int64_t width = arch_get(arch).rows().target ? 2 * d : d;
         std::vector<std::vector<float>> batches(7, std::vector<float>(rows * width));
         for (auto& b : batches)
             for (float& v : b) v = normal(rng);
@@ -615,7 +615,7 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
         EXPECT_EQ(a.params_host(), b.params_host()) << arch;
         EXPECT_EQ(trainer_state(a).opt_m, trainer_state(b).opt_m) << arch;
         const SaeWeights wa = trainer_weights(a), wb = trainer_weights(b);
-        EXPECT_EQ(wa.extra, wb.extra) << arch;
+        EXPECT_TRUE(wa == wb) << arch;
     }
 }
 
@@ -623,6 +623,92 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
 // the descent takes ceil(log(first L0 / target) / rate) steps, but at least half the L1 ramp and
 // at most all of it (all of it at rate 0). Fed target_t itself two steps running, the controller
 // sees no error and no change of error, so the coefficient holds: a wrong target_t moves it.
+// The SAE's files hold exactly the tensors its architecture declares, in its order and file
+// shapes (then its pass's state), and its buffer is exactly their values: nothing outside
+// Architecture::tensors places a parameter.
+TEST(Tensors, EveryArchitecturesFilesHoldWhatItDeclares) {
+    const int64_t d = 12, n = 48, rows = 64;
+    for (const std::string& arch : arch_names()) {
+        SaeConfig cfg;
+        cfg.arch = arch;
+        cfg.n_latents = n;
+        cfg.k = 4;
+        cfg.set("sae.matryoshka_prefixes", IntList{12, 24});
+        auto be = make_cpu_backend(1);
+        auto self = make_self_comm();
+        const ParamLayout declared(arch_get(arch).tensors(cfg, n, d));
+        SaeTrainer tr(cfg, d, 4, 1, *be, *self);
+        std::mt19937 rng(5);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        std::vector<float> x(static_cast<size_t>(rows * tr.row_width()));
+        for (float& v : x) v = normal(rng);
+        tr.init(x.data(), rows);
+        tr.step(x.data(), rows);
+        EXPECT_EQ(tr.store().size(), declared.total()) << arch;
+        const SaeWeights w = trainer_weights(tr);
+        const std::vector<float> p = tr.params_host();
+        const auto buffers = tr.arch_buffers();
+        ASSERT_EQ(w.tensors.size(), declared.segments().size() + buffers.size()) << arch;
+        for (size_t i = 0; i < declared.segments().size(); ++i) {
+            const ParamSegment& s = declared.segments()[i];
+            const WeightTensor& t = w.tensors[i];
+            EXPECT_EQ(t.name, s.name) << arch;
+            EXPECT_EQ(t.shape, s.file_shape()) << arch << " " << s.name;
+            ASSERT_EQ(static_cast<int64_t>(t.data.size()), s.size()) << arch << " " << s.name;
+            // The file's values are the buffer's, W_enc's transposed ([d, n] of latent rows).
+            for (int64_t r = 0; r < s.rows; ++r)
+                for (int64_t c = 0; c < s.cols; ++c) {
+                    const float file =
+                        s.transposed ? t.data[c * s.rows + r] : t.data[r * s.cols + c];
+                    ASSERT_EQ(file, p[s.offset + r * s.cols + c]) << arch << " " << s.name;
+                }
+        }
+        for (size_t i = 0; i < buffers.size(); ++i)
+            EXPECT_EQ(w.tensors[declared.segments().size() + i].name, buffers[i].first) << arch;
+    }
+}
+
+// A layered model declares compact per-layer tensors: a 6-layer cross-layer transcoder of F
+// features a layer holds L F d encoder values and L (L + 1) / 2 F d decoder values, with no
+// zero blocks, in circuit-tracer's shapes (W_dec[l] [F, L - l, d], b_enc [L, F]).
+TEST(Tensors, ALayeredModelDeclaresNoZeroBlocks) {
+    const int64_t L = 6, F = 16, d = 8;
+    std::vector<ParamSegment> t;
+    for (int64_t l = 0; l < L; ++l) {
+        ParamSegment enc{"W_enc_" + std::to_string(l), F, d, true, true};
+        enc.layer = static_cast<int>(l);
+        ParamSegment dec{"W_dec_" + std::to_string(l), F, (L - l) * d, true, true};
+        dec.layer = static_cast<int>(l), dec.dims = {F, L - l, d};
+        t.push_back(enc), t.push_back(dec);
+    }
+    ParamSegment b_enc = latent_vector("b_enc", L * F);
+    b_enc.dims = {L, F};
+    ParamSegment b_dec{"b_dec", 1, L * d, false, false};
+    b_dec.dims = {L, d};
+    t.push_back(b_enc), t.push_back(b_dec);
+    const ParamLayout layout(t);
+    EXPECT_EQ(layout.total(), L * F * d + L * (L + 1) / 2 * F * d + L * F + L * d);
+    EXPECT_EQ(layout.segment("W_dec_2").file_shape(), (std::vector<int64_t>{F, L - 2, d}));
+    EXPECT_EQ(layout.segment("b_enc").file_shape(), (std::vector<int64_t>{L, F}));
+    EXPECT_EQ(layout.segment("W_enc_5").layer, 5);
+    // Today's dense form (one transcoder of width L d) holds 2 (L F)(L d) weights: 2.6 times.
+    const ParamLayout dense(sae_tensors(L * F, L * d));
+    EXPECT_EQ(dense.total(), 2 * (L * F) * (L * d) + L * F + L * d);
+    EXPECT_GT(double(dense.total()) / double(layout.total()), 2.5);
+    // A declaration the layout cannot hold is one line naming the tensor.
+    ParamSegment bad = b_dec;
+    bad.name = "b_bad", bad.dims = {L, d + 1};
+    t.push_back(bad);
+    try {
+        ParamLayout{t};
+        ADD_FAILURE() << "a file shape of another size was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("'b_bad'"), std::string::npos) << e.what();
+    }
+    t.back() = b_dec;
+    EXPECT_THROW(ParamLayout{t}, Error) << "a name declared twice";
+}
+
 TEST(TargetL0, TheTargetFallsAtTheRateWithinTheL1Ramp) {
     auto be = make_cpu_backend(1);
     const int64_t total = 500, rows = 10;  // the L1 ramp: 100 steps
@@ -679,11 +765,7 @@ TEST(TargetL0, ACheckpointWithoutTheLastErrorResumesFromZero) {
     const TrainState st = trainer_state(a);
     auto without = [&](const std::string& name) {
         SaeWeights w = trainer_weights(a);
-        const auto before = w.extra.size();
-        w.extra.erase(std::remove_if(w.extra.begin(), w.extra.end(),
-                                     [&](const auto& e) { return e.first == name; }),
-                      w.extra.end());
-        EXPECT_EQ(w.extra.size(), before - 1) << name;
+        EXPECT_TRUE(w.erase(name)) << name;
         return w;
     };
     auto buffer = [](const SaeTrainer& t, const std::string& name) {
@@ -937,31 +1019,34 @@ TEST(Recipes, NormalizeMakesTrainingScaleFree) {
     EXPECT_NEAR(c1, std::sqrt(double(d) * rows / sq), 1e-5 * c1);
     EXPECT_NEAR(c100 * 100.0f, c1, 1e-5 * c1);
     // The SAE inside is the same (float round-off of c x apart).
-    for (size_t i = 0; i < w1.w_dec.size(); ++i) ASSERT_NEAR(w1.w_dec[i], w100.w_dec[i], 1e-3);
+    for (size_t i = 0; i < w1.at("W_dec").size(); ++i)
+        ASSERT_NEAR(w1.at("W_dec")[i], w100.at("W_dec")[i], 1e-3);
     // Folded, each works on its own raw activations: decoder and b_dec scale with the data.
-    const SaeWeights f1 = fold_activation_scale(w1), f100 = fold_activation_scale(w100);
-    EXPECT_TRUE(f1.extra.empty());
-    for (size_t i = 0; i < f1.b_dec.size(); ++i)
-        EXPECT_NEAR(f100.b_dec[i], 100.0f * f1.b_dec[i],
-                    1e-2 * std::abs(100.0f * f1.b_dec[i]) + 1e-2);
+    const std::vector<ParamSegment> declared = sae_tensors(n, d);  // TopK's: an SAE's four
+    const SaeWeights f1 = fold_activation_scale(w1, declared);
+    const SaeWeights f100 = fold_activation_scale(w100, declared);
+    EXPECT_EQ(f1.tensors.size(), 4u) << "activation_scale folded in";
+    for (size_t i = 0; i < f1.at("b_dec").size(); ++i)
+        EXPECT_NEAR(f100.at("b_dec")[i], 100.0f * f1.at("b_dec")[i],
+                    1e-2 * std::abs(100.0f * f1.at("b_dec")[i]) + 1e-2);
     // A folded SAE reconstructs raw x as the unfolded one reconstructs c x, divided by c.
     const std::vector<float>& x = batches[5];
     auto reconstruct = [&](const SaeWeights& w, float in_scale, int64_t r) {
         std::vector<double> pre(n), xh(d);
         for (int64_t l = 0; l < n; ++l) {
-            double a = w.b_enc[l];
+            double a = w.at("b_enc")[l];
             for (int64_t c = 0; c < d; ++c)
-                a += (in_scale * x[r * d + c] - w.b_dec[c]) * w.w_enc[c * n + l];
+                a += (in_scale * x[r * d + c] - w.at("b_dec")[c]) * w.at("W_enc")[c * n + l];
             pre[l] = a;
         }
         std::vector<int64_t> order(n);
         std::iota(order.begin(), order.end(), 0);
         std::stable_sort(order.begin(), order.end(),
                          [&](int64_t a, int64_t b) { return pre[a] > pre[b]; });
-        for (int64_t c = 0; c < d; ++c) xh[c] = w.b_dec[c];
+        for (int64_t c = 0; c < d; ++c) xh[c] = w.at("b_dec")[c];
         for (int64_t j = 0; j < 4; ++j)
             for (int64_t c = 0; c < d; ++c)
-                xh[c] += std::max(pre[order[j]], 0.0) * w.w_dec[order[j] * d + c];
+                xh[c] += std::max(pre[order[j]], 0.0) * w.at("W_dec")[order[j] * d + c];
         return xh;
     };
     for (int64_t r = 0; r < 4; ++r) {
@@ -988,7 +1073,7 @@ TEST(Recipes, DecoderBiasInitializations) {
         auto self = make_self_comm();
         SaeTrainer tr(cfg, d, 1, 0, *be, *self);
         tr.init(x.data(), rows);
-        return trainer_weights(tr).b_dec;
+        return trainer_weights(tr).at("b_dec");
     };
     for (float v : b_dec_of("zeros")) EXPECT_EQ(v, 0.0f);
     for (float v : b_dec_of("mean")) EXPECT_NEAR(v, (100 * 1.0 + 1000.0) / 101, 1e-2);
@@ -1271,7 +1356,7 @@ TEST(ArchOps, AForwardingBackendSeesEveryArchitectureOp) {
         std::set<std::string> seen;
         for (const char* act : {"topk", "batchtopk", "jumprelu"}) {
             SaeConfig cfg = small_config(a->name());
-            if (a->transcodes())
+            if (a->rows().target)
                 cfg.set("sae.transcoder_activation", act);
             else if (std::string(act) != "topk")
                 continue;

@@ -34,17 +34,15 @@ struct TempDir : saetrain::testing::TempDir {
 SaeWeights random_weights(int64_t d, int64_t n, unsigned seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> g;
-    SaeWeights w;
-    w.d_model = d;
-    w.n_latents = n;
-    for (auto* v : {&w.w_enc, &w.w_dec}) {
+    SaeWeights w = SaeWeights::zeros(d, n);
+    for (auto* v : {&w.at("W_enc"), &w.at("W_dec")}) {
         v->resize(static_cast<size_t>(d * n));
         for (auto& x : *v) x = g(rng);
     }
-    w.b_enc.resize(static_cast<size_t>(n));
-    w.b_dec.resize(static_cast<size_t>(d));
-    for (auto& x : w.b_enc) x = g(rng);
-    for (auto& x : w.b_dec) x = g(rng);
+    w.at("b_enc").resize(static_cast<size_t>(n));
+    w.at("b_dec").resize(static_cast<size_t>(d));
+    for (auto& x : w.at("b_enc")) x = g(rng);
+    for (auto& x : w.at("b_dec")) x = g(rng);
     return w;
 }
 
@@ -83,10 +81,10 @@ TEST(Checkpoint, RoundTripIsExact) {
     SaeWeights got = sae_read_h5(path, &got_meta);
     EXPECT_EQ(got.d_model, 8);
     EXPECT_EQ(got.n_latents, 24);
-    EXPECT_EQ(got.w_enc, w.w_enc);
-    EXPECT_EQ(got.w_dec, w.w_dec);
-    EXPECT_EQ(got.b_enc, w.b_enc);
-    EXPECT_EQ(got.b_dec, w.b_dec);
+    EXPECT_EQ(got.at("W_enc"), w.at("W_enc"));
+    EXPECT_EQ(got.at("W_dec"), w.at("W_dec"));
+    EXPECT_EQ(got.at("b_enc"), w.at("b_enc"));
+    EXPECT_EQ(got.at("b_dec"), w.at("b_dec"));
     EXPECT_EQ(got_meta.arch, "topk");
     EXPECT_EQ(got_meta.id, "topk_k4_x3");
     EXPECT_EQ(got_meta.config_yaml, meta.config_yaml);
@@ -95,7 +93,35 @@ TEST(Checkpoint, RoundTripIsExact) {
     EXPECT_EQ(got_meta.tokens, int64_t{1} << 40);
     EXPECT_TRUE(sae_is_checkpoint(path));
     // W_enc [d, n] and W_dec [n, d] are distinct datasets: swapping them would be caught.
-    EXPECT_NE(got.w_enc, got.w_dec);
+    EXPECT_NE(got.at("W_enc"), got.at("W_dec"));
+}
+
+// An architecture's own tensors keep their names, order and shapes (a layered model's are not
+// 1-D); one whose values do not fill its shape is refused naming it, and nothing is written.
+TEST(Checkpoint, ExtraTensorsKeepTheirShapesAndOrder) {
+    TempDir tmp;
+    SaeWeights w = random_weights(4, 6, 2);
+    w.set("W_dec_1", {6, 2, 4}, std::vector<float>(48, 0.25f));
+    w.set("b_layers", {2, 3}, {1, 2, 3, 4, 5, 6});
+    w.set("threshold", {1}, {0.5f});
+    SaeMeta meta;
+    meta.arch = "topk";
+    const std::string path = tmp / "w.h5";
+    sae_write_h5(path, w, meta);
+    const SaeWeights got = sae_read_h5(path);
+    EXPECT_TRUE(got == w);
+    ASSERT_EQ(got.tensors.size(), 7u);
+    EXPECT_EQ(got.tensors[4].shape, (std::vector<int64_t>{6, 2, 4}));
+    EXPECT_EQ(got.tensors[6].name, "threshold");
+    SaeWeights bad = w;
+    bad.at("b_layers").pop_back();
+    try {
+        sae_write_h5(tmp / "bad.h5", bad, meta);
+        ADD_FAILURE() << "a tensor that does not fill its shape was written";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("'b_layers'"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(tmp / "bad.h5"));
 }
 
 TEST(Checkpoint, NoTempFileLeftAndOverwriteReplaces) {
@@ -116,16 +142,16 @@ TEST(Checkpoint, NoTempFileLeftAndOverwriteReplaces) {
     SaeWeights got = sae_read_h5(path, &got_meta);
     EXPECT_EQ(got.d_model, 5);
     EXPECT_EQ(got.n_latents, 10);
-    EXPECT_EQ(got.w_dec, w2.w_dec);
+    EXPECT_EQ(got.at("W_dec"), w2.at("W_dec"));
     EXPECT_EQ(got_meta.step, 2);
     EXPECT_EQ(got_meta.arch, "jumprelu");
 
     // A failed write (inconsistent sizes) leaves the old file and no temp behind.
     SaeWeights bad = random_weights(5, 10, 3);
-    bad.b_enc.pop_back();
+    bad.at("b_enc").pop_back();
     EXPECT_THROW(sae_write_h5(path, bad, meta), Error);
     EXPECT_EQ(dir_names(tmp.path), std::vector<std::string>{"final.h5"});
-    EXPECT_EQ(sae_read_h5(path).w_dec, w2.w_dec);
+    EXPECT_EQ(sae_read_h5(path).at("W_dec"), w2.at("W_dec"));
 }
 
 TEST(Checkpoint, NonSaeFilesAreNamedInErrors) {
@@ -183,7 +209,7 @@ TEST(Checkpoint, WriteWhileAnotherThreadReadsShards) {
         meta.step = i;
         sae_write_h5(tmp / "sae/final.h5", w, meta);
         SaeMeta got;
-        EXPECT_EQ(sae_read_h5(tmp / "sae/final.h5", &got).w_dec, w.w_dec);
+        EXPECT_EQ(sae_read_h5(tmp / "sae/final.h5", &got).at("W_dec"), w.at("W_dec"));
         EXPECT_EQ(got.step, i);
     }
     reader.join();
@@ -240,7 +266,8 @@ TEST(Checkpoint, FilesReadInPiecesAndVerifiedInOnePass) {
     TempDir tmp;
     const int64_t d = 6, n = 20;
     SaeWeights w = random_weights(d, n, 3);
-    w.extra = {{"r_mag", std::vector<float>(n, 0.5f)}, {"threshold", {0.25f}}};
+    w.set("r_mag", {n}, std::vector<float>(n, 0.5f));
+    w.set("threshold", {1}, {0.25f});
     TrainState s;
     s.step = 40, s.tokens = 4000, s.iteration = 41;
     const int64_t params = 2 * d * n + n + d + n + 1;
@@ -278,7 +305,7 @@ TEST(Checkpoint, FilesReadInPiecesAndVerifiedInOnePass) {
         return a;
     };
     const std::vector<float> cols = both("W_enc", {0, 5}, {d, 10});
-    EXPECT_EQ(cols[static_cast<size_t>(1 * 10 + 2)], w.w_enc[static_cast<size_t>(1 * n + 7)]);
+    EXPECT_EQ(cols[static_cast<size_t>(1 * 10 + 2)], w.at("W_enc")[static_cast<size_t>(1 * n + 7)]);
     both("W_dec", {5, 0}, {10, d});
     both("r_mag", {5}, {10});
     both("adam_v", {d * n + 5 * d}, {10 * d});
@@ -318,13 +345,13 @@ TEST(Checkpoint, FilesReadInPiecesAndVerifiedInOnePass) {
         }
     };
     SaeWeights w2 = w;
-    w2.w_enc[static_cast<size_t>(d * n - 1)] += 1e-3f;
+    w2.at("W_enc")[static_cast<size_t>(d * n - 1)] += 1e-3f;
     mismatch(w2, s, "the last W_enc value");
     w2 = w;
-    w2.extra[1].second[0] = 0.5f;
+    w2.at("threshold")[0] = 0.5f;
     mismatch(w2, s, "an extra tensor");
     w2 = w;
-    std::swap(w2.extra[0], w2.extra[1]);
+    std::swap(w2.tensors[4], w2.tensors[5]);
     mismatch(w2, s, "the extra tensors' order");
     TrainState s2 = s;
     s2.since_fired.back() += 1;
@@ -355,9 +382,9 @@ TEST(Checkpoint, NewChecksumsAreXxh3AndOlderFnvCheckpointsStillVerify) {
     EXPECT_EQ(s.step, 10);
     CheckpointFiles files(wp, sp);
     EXPECT_NO_THROW(files.verify());
-    w.w_dec[3] += 1e-3f;
+    w.at("W_dec")[3] += 1e-3f;
     EXPECT_THROW(train_state_read(sp, w), Error);
-    w.w_dec[3] -= 1e-3f;
+    w.at("W_dec")[3] -= 1e-3f;
 
     // Written again, the same pair holds an XXH3 checksum, and verifies both ways.
     TempDir tmp;

@@ -562,8 +562,8 @@ TEST_F(Cli, CltTrainsOnEveryLayersPairsAndRefusesMisalignedLayers) {
     for (int64_t i = 0; i < 32; ++i)
         for (int64_t c = 0; c < 16; ++c) {
             const int64_t layer = i / 16, block = c / 8;
-            const float e = w.w_enc[static_cast<size_t>(c * 32 + i)];  // [d, n] in the file
-            const float dec = w.w_dec[static_cast<size_t>(i * 16 + c)];
+            const float e = w.at("W_enc")[static_cast<size_t>(c * 32 + i)];  // [d, n] in the file
+            const float dec = w.at("W_dec")[static_cast<size_t>(i * 16 + c)];
             (block != layer ? off : live) += std::abs(e);
             (block < layer ? off : live) += std::abs(dec);
         }

@@ -239,7 +239,7 @@ TEST(ConfigErrors, CltListsOneInputAndTargetSetPerLayer) {
     EXPECT_EQ(c.data.target_path, (StringList{"l0/out", "l1/out", "l2/out"}));
     ASSERT_EQ(c.sweep.size(), 2u);
     for (const SaeConfig& s : c.sweep) EXPECT_EQ(s.layers, 3);
-    EXPECT_TRUE(arch_get("clt").layered());
+    EXPECT_TRUE(arch_get("clt").rows().per_layer);
     EXPECT_EQ(sweep_ids(c, 48), (std::vector<std::string>{"clt-x4-k8", "clt-x4-jumprelu-l0_1"}));
     const std::string yaml = config_to_yaml(c);
     EXPECT_HAS(yaml, "path: [l0/in, l1/in, l2/in]");
@@ -290,7 +290,7 @@ TEST(ConfigErrors, TranscodersAndTargetSetsGoTogether) {
         "eval_target_path: d}\nsae: {arch: transcoder}\n");
     EXPECT_EQ(c.data.target_path, StringList{"b"});
     EXPECT_EQ(c.data.eval_target_path, "d");
-    EXPECT_TRUE(arch_get(c.sae.arch).transcodes());
+    EXPECT_TRUE(arch_get(c.sae.arch).rows().target);
     // The activation: one of three, a sweepable key, and in the SAE's id.
     EXPECT_HAS(parse_error("data: {path: a, target_path: b}\n"
                            "sae: {arch: transcoder, transcoder_activation: relu}\n"),

@@ -58,7 +58,7 @@ struct PlantedRun {
 };
 PlantedRun train_planted(const SaeConfig& cfg, const fs::path& dir, int64_t epochs = 2,
                          int64_t batch = 256) {
-    const bool transcodes = arch_get(cfg.arch).transcodes();
+    const bool transcodes = arch_get(cfg.arch).rows().target;
     const DatasetInfo data = dataset_open(dir.string());
     std::vector<DatasetInfo> parts = {data};
     if (transcodes) parts.push_back(dataset_open((dir / "target").string()));
@@ -81,7 +81,7 @@ PlantedRun train_planted(const SaeConfig& cfg, const fs::path& dir, int64_t epoc
         ((transcodes ? dir / "target" : dir) / "ground_truth.h5").string(), &m, &d);
     run.weights = trainer_weights(tr);
     run.recovery =
-        feature_recovery(truth.data(), m, run.weights.w_dec.data(), run.weights.n_latents, d);
+        feature_recovery(truth.data(), m, run.weights.at("W_dec").data(), run.weights.n_latents, d);
     std::printf("%s: steps %lld fvu %.4f l0 %.3f recovery %.4f dead %.4f\n", cfg.arch.c_str(),
                 static_cast<long long>(run.res.steps), run.res.last.fvu, run.res.last.l0,
                 run.recovery, run.res.last.dead_fraction);
@@ -492,8 +492,9 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
     for (int64_t r = 0; r < held; ++r) {
         std::vector<double> z(static_cast<size_t>(n));
         for (int64_t l = 0; l < n; ++l) {
-            double a = w.b_enc[l];
-            for (int64_t c = 0; c < d; ++c) a += (x[r * d + c] - w.b_dec[c]) * w.w_enc[c * n + l];
+            double a = w.at("b_enc")[l];
+            for (int64_t c = 0; c < d; ++c)
+                a += (x[r * d + c] - w.at("b_dec")[c]) * w.at("W_enc")[c * n + l];
             z[l] = std::max(a, 0.0);
         }
         if (cfg.arch == "topk") {
@@ -505,8 +506,8 @@ TEST_P(Evaluation, MatchesTheWeightsAndChangesNoTraining) {
         }
         for (int64_t l = 0; l < n; ++l) l0 += z[l] > 0, fired[l] += z[l] > 0;
         for (int64_t c = 0; c < d; ++c) {
-            double xh = w.b_dec[c];
-            for (int64_t l = 0; l < n; ++l) xh += z[l] * w.w_dec[l * d + c];
+            double xh = w.at("b_dec")[c];
+            for (int64_t l = 0; l < n; ++l) xh += z[l] * w.at("W_dec")[l * d + c];
             sse += (xh - x[r * d + c]) * (xh - x[r * d + c]);
             sst += (x[r * d + c] - mean[c]) * (x[r * d + c] - mean[c]);
         }
@@ -545,7 +546,7 @@ TEST_P(PlantedRecovery, EveryArchitectureFindsThePlantedFeatures) {
     ASSERT_TRUE(written);
     // A transcoder reads the input and the target set row for row and recovers the target's
     // planted features (the same codes through another dictionary) in its decoder.
-    const bool transcodes = arch_get(GetParam()).transcodes();
+    const bool transcodes = arch_get(GetParam()).rows().target;
     SaeConfig cfg;
     cfg.arch = GetParam();
     cfg.expansion = 4;
@@ -657,10 +658,9 @@ TEST_P(TargetL0Recovery, ControllerReachesTheTargetAndRecoversTheFeatures) {
     // The adapted coefficient is in the weights' buffers, moved off the configured one.
     const bool l0_penalty = cfg.arch == "jumprelu";
     const std::string name = l0_penalty ? "l0_coeff" : "l1_coeff";
-    const auto coeff = std::find_if(w.extra.begin(), w.extra.end(),
-                                    [&](const auto& e) { return e.first == name; });
-    ASSERT_NE(coeff, w.extra.end());
-    EXPECT_NE(coeff->second.at(0), static_cast<float>(l0_penalty ? cfg.l0_coeff : cfg.l1_coeff));
+    const WeightTensor* coeff = w.find(name);
+    ASSERT_NE(coeff, nullptr);
+    EXPECT_NE(coeff->data.at(0), static_cast<float>(l0_penalty ? cfg.l0_coeff : cfg.l1_coeff));
 }
 
 INSTANTIATE_TEST_SUITE_P(

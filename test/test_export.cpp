@@ -103,12 +103,11 @@ TEST(Safetensors, DamagedFilesAreNamedErrors) {
 }
 
 SaeWeights small_weights(int64_t d, int64_t n) {
-    SaeWeights w;
-    w.d_model = d, w.n_latents = n;
-    for (int64_t i = 0; i < d * n; ++i) w.w_enc.push_back(0.5f + static_cast<float>(i));
-    for (int64_t i = 0; i < n * d; ++i) w.w_dec.push_back(-static_cast<float>(i));
-    for (int64_t i = 0; i < n; ++i) w.b_enc.push_back(100.0f + static_cast<float>(i));
-    for (int64_t i = 0; i < d; ++i) w.b_dec.push_back(200.0f + static_cast<float>(i));
+    SaeWeights w = SaeWeights::zeros(d, n);
+    for (int64_t i = 0; i < d * n; ++i) w.at("W_enc")[i] = 0.5f + static_cast<float>(i);
+    for (int64_t i = 0; i < n * d; ++i) w.at("W_dec")[i] = -static_cast<float>(i);
+    for (int64_t i = 0; i < n; ++i) w.at("b_enc")[i] = 100.0f + static_cast<float>(i);
+    for (int64_t i = 0; i < d; ++i) w.at("b_dec")[i] = 200.0f + static_cast<float>(i);
     return w;
 }
 
@@ -143,11 +142,11 @@ TEST(Export, SaelensLayoutAndConfig) {
     EXPECT_EQ(cfg["metadata"]["model_name"], "gpt2");
     const auto t = safetensors_read((tmp.path / "sl/sae_weights.safetensors").string());
     EXPECT_EQ(t.at("W_enc").shape, (std::vector<int64_t>{3, 4}));  // [d_in, d_sae]
-    EXPECT_EQ(t.at("W_enc").data, w.w_enc);
+    EXPECT_EQ(t.at("W_enc").data, w.at("W_enc"));
     EXPECT_EQ(t.at("W_dec").shape, (std::vector<int64_t>{4, 3}));  // [d_sae, d_in]
-    EXPECT_EQ(t.at("W_dec").data, w.w_dec);
-    EXPECT_EQ(t.at("b_enc").data, w.b_enc);
-    EXPECT_EQ(t.at("b_dec").data, w.b_dec);
+    EXPECT_EQ(t.at("W_dec").data, w.at("W_dec"));
+    EXPECT_EQ(t.at("b_enc").data, w.at("b_enc"));
+    EXPECT_EQ(t.at("b_dec").data, w.at("b_dec"));
 
     sae_export(w, meta_for("relu", 0), ExportFormat::saelens, (tmp.path / "relu").string(), {});
     const auto relu = read_json(tmp.path / "relu/cfg.json");
@@ -169,10 +168,10 @@ TEST(Export, SparsifyLayoutAndConfig) {
     const Tensor& enc = t.at("encoder.weight");
     ASSERT_EQ(enc.shape, (std::vector<int64_t>{4, 3}));  // [latents, d_in]
     for (int64_t l = 0; l < 4; ++l)
-        for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(enc.data[l * 3 + c], w.w_enc[c * 4 + l]);
-    EXPECT_EQ(t.at("encoder.bias").data, w.b_enc);
-    EXPECT_EQ(t.at("W_dec").data, w.w_dec);
-    EXPECT_EQ(t.at("b_dec").data, w.b_dec);
+        for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(enc.data[l * 3 + c], w.at("W_enc")[c * 4 + l]);
+    EXPECT_EQ(t.at("encoder.bias").data, w.at("b_enc"));
+    EXPECT_EQ(t.at("W_dec").data, w.at("W_dec"));
+    EXPECT_EQ(t.at("b_dec").data, w.at("b_dec"));
     // sparsify has no ReLU-L1 SAE: a clear error pointing at the format that has one.
     const std::string e = error_of([&] {
         sae_export(w, meta_for("relu", 0), ExportFormat::sparsify, (tmp.path / "x").string(), {});
@@ -279,8 +278,8 @@ TEST(Export, TruncatedAndNonFiniteSaesAreRefusedSayingWhy) {
     sae_write_h5(cut.string(), small_weights(3, 4), meta_for("topk", 2));
     fs::resize_file(cut, fs::file_size(cut) / 2);
     SaeWeights w = small_weights(3, 4);
-    w.w_dec[5] = std::numeric_limits<float>::quiet_NaN();
-    w.b_enc[0] = std::numeric_limits<float>::infinity();
+    w.at("W_dec")[5] = std::numeric_limits<float>::quiet_NaN();
+    w.at("b_enc")[0] = std::numeric_limits<float>::infinity();
     sae_write_h5(nan.string(), w, meta_for("topk", 2));
     const std::string bin = std::string(SAETRAIN_BIN_DIR) + "/sae-export ";
     auto r = saetrain::testing::run_command(bin + cut.string() + " --format saelens --out " +

@@ -94,7 +94,7 @@ double ref_loss(const std::vector<double>& p, const std::vector<float>& x, const
 // checked; every other parameter's gradient is exact.
 void check_gradients(const std::string& arch, const std::string& act = "topk") {
     const Dims s{8, 12, 24, 5};
-    const bool transcodes = arch_get(arch).transcodes(), skip = arch == "skip_transcoder";
+    const bool transcodes = arch_get(arch).rows().target, skip = arch == "skip_transcoder";
     const bool jumprelu = act == "jumprelu";
     SaeConfig cfg;
     cfg.arch = arch;

@@ -96,8 +96,7 @@ double ref_sst(const std::vector<float>& x, int64_t rows) {
 
 // The one value of the SAE's `name` buffer (BatchTopK's threshold).
 double buffer_value(const SaeWeights& w, const std::string& name) {
-    for (const auto& [n, v] : w.extra)
-        if (n == name && v.size() == 1) return v[0];
+    if (const WeightTensor* t = w.find(name); t && t->data.size() == 1) return t->data[0];
     ADD_FAILURE() << "no one-value buffer " << name;
     return 0;
 }
@@ -170,7 +169,8 @@ std::vector<float> train(const SaeConfig& cfg, int steps, std::vector<double>* l
     }
     std::vector<float> p = tr.params_host();
     const SaeWeights w = trainer_weights(tr);
-    for (const auto& [name, v] : w.extra) p.insert(p.end(), v.begin(), v.end());  // threshold
+    const std::vector<float>& threshold = w.at("threshold");
+    p.insert(p.end(), threshold.begin(), threshold.end());
     return p;
 }
 

@@ -106,9 +106,7 @@ double fault_time(const std::string& out) {
 }
 
 void expect_bitwise(const SaeWeights& a, const SaeWeights& b, const std::string& what) {
-    EXPECT_TRUE(a.w_enc == b.w_enc && a.w_dec == b.w_dec && a.b_enc == b.b_enc &&
-                a.b_dec == b.b_dec)
-        << what << ": weights differ from the uninterrupted run";
+    EXPECT_TRUE(a == b) << what << ": weights differ from the uninterrupted run";
 }
 
 // Overwrites 4 bytes of `path` at `at`, as a failing disk or a stray write would.
@@ -834,10 +832,8 @@ constexpr double kReshardBound = 1e-4;
 // max |a - b| / max |b| over the four tensors every SAE has.
 double relative_difference(const SaeWeights& a, const SaeWeights& b) {
     double worst = 0;
-    for (const auto& [x, y] : {std::pair{&a.w_enc, &b.w_enc},
-                               {&a.w_dec, &b.w_dec},
-                               {&a.b_enc, &b.b_enc},
-                               {&a.b_dec, &b.b_dec}}) {
+    for (const char* name : {"W_enc", "W_dec", "b_enc", "b_dec"}) {
+        const std::vector<float>*x = &a.at(name), *y = &b.at(name);
         EXPECT_EQ(x->size(), y->size());
         double diff = 0, scale = 0;
         for (size_t i = 0; i < std::min(x->size(), y->size()); ++i) {

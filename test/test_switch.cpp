@@ -241,8 +241,9 @@ TEST(SwitchBehaviour, OneExpertTrainsAsTopK) {
     EXPECT_NEAR(a.sse, b.sse, 1e-4 * a.sse);
     const SaeWeights wa = trainer_weights(topk), wb = trainer_weights(sw);
     double diff = 0, norm = 0;
-    for (size_t i = 0; i < wa.w_dec.size(); ++i)
-        diff += std::abs(wa.w_dec[i] - wb.w_dec[i]), norm += std::abs(wa.w_dec[i]);
+    for (size_t i = 0; i < wa.at("W_dec").size(); ++i)
+        diff += std::abs(wa.at("W_dec")[i] - wb.at("W_dec")[i]),
+            norm += std::abs(wa.at("W_dec")[i]);
     EXPECT_LT(diff / norm, 1e-4) << "W_dec after 10 steps";
 }
 
@@ -300,7 +301,7 @@ Trained train_switch(double balance, int64_t experts) {
     const SaeWeights w = trainer_weights(tr);
     Trained t;
     t.fvu = res.last.fvu;
-    t.recovery = feature_recovery(truth.data(), m, w.w_dec.data(), w.n_latents, d);
+    t.recovery = feature_recovery(truth.data(), m, w.at("W_dec").data(), w.n_latents, d);
     for (const auto& [name, v] : tr.arch_summary()) {
         if (name == "expert_load_max") t.load_max = v;
         if (name == "expert_load_min") t.load_min = v;
@@ -452,8 +453,7 @@ TEST(SwitchRouterStart, TrainerStartsFromTheClusters) {
         tr.init(c.x.data(), rows);
         const SaeWeights w = trainer_weights(tr);
         auto tensor = [&](const char* name) {
-            for (const auto& [n, t] : w.extra)
-                if (n == name) return t;
+            if (const WeightTensor* t = w.find(name)) return t->data;
             ADD_FAILURE() << "no " << name;
             return std::vector<float>(static_cast<size_t>(E * d), 0.0f);
         };
@@ -465,7 +465,7 @@ TEST(SwitchRouterStart, TrainerStartsFromTheClusters) {
             for (int64_t e = 0; e < E; ++e) {
                 double s = br[e];
                 for (int64_t t = 0; t < d; ++t)
-                    s += (double(c.x[r * d + t]) - w.b_dec[t]) * wr[e * d + t];
+                    s += (double(c.x[r * d + t]) - w.at("b_dec")[t]) * wr[e * d + t];
                 if (s > top) top = s, best = e;
             }
             n[best] += 1.0 / static_cast<double>(rows);
@@ -530,7 +530,7 @@ double grouped_recovery(const std::string& arch, const std::string& init) {
         tr.step(x.data(), rows);
     }
     const SaeWeights w = trainer_weights(tr);
-    const double rec = feature_recovery(feat.data(), m, w.w_dec.data(), w.n_latents, d);
+    const double rec = feature_recovery(feat.data(), m, w.at("W_dec").data(), w.n_latents, d);
     std::printf("grouped features, %s %s: recovery %.4f\n", arch.c_str(), init.c_str(), rec);
     return rec;
 }

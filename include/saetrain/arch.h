@@ -1,15 +1,17 @@
 // arch.h — the architecture seam: what makes a ReLU, TopK, BatchTopK, JumpReLU, Gated or Switch
 // SAE different, in one place, and the one registry that names them.
 //
-// An Architecture is a stateless description (validation, id, parameters beyond the four every
-// SAE has, FLOPs, export fields, summary columns) plus a factory for an ArchPass: the per-SAE
-// object that owns the scratch and runs the activation, the decoder and their backward pass on
-// the Backend. The trainer (trainer.h) owns everything the architectures share: the parameter
-// buffer and its segments, the encoder GEMM, the residual, the optimizer, the replicas.
+// An Architecture is a stateless description (validation, id, the tensors it declares and what
+// its rows are made of, FLOPs, export fields, summary columns) plus a factory for an ArchPass:
+// the per-SAE object that owns the scratch and runs the activation, the decoder and their
+// backward pass on the Backend. The trainer (trainer.h) owns everything the architectures share:
+// the parameter buffer laid out from the declaration, the encoder GEMM, the residual, the
+// optimizer, the replicas.
 //
 // An architecture owns what is its own: its config keys (ArchKey, config.h; config_keys), the
-// backend ops only it runs (arch_ops.h; op_sets, with their CPU reference), its extra
-// parameters, their activation-scale fold and its export fields. Adding one: its file in
+// backend ops only it runs (arch_ops.h; op_sets, with their CPU reference), its tensors (their
+// shapes, latent axis, optimizer treatment and activation-scale fold), its rows and its export
+// fields. Adding one: its file in
 // src/core/arch/ (and include/saetrain/arch/<name>.h when it has ops of its own), its CUDA
 // kernels with their line in src/cuda/arch_ops.cpp, its tests, its declaration in
 // src/core/arch/common.h and one line in src/core/arch/registry.cpp (docs/architecture.md,
@@ -37,34 +39,78 @@ using SumOverLatentShards = std::function<void(double*, int64_t)>;
 // The architecture of an SaeConfig that does not name one.
 inline constexpr const char* kDefaultArch = "topk";
 
-// A named slice of the trainer's flat parameter buffer (and of its gradient and Adam moments).
+// One parameter tensor an architecture declares (Architecture::tensors), and its slice of the
+// trainer's flat buffer (and of the gradient and the optimizer's two buffers). In the buffer it
+// is rows x cols, row-major; a per-latent tensor's rows are its latents, the latent axis that a
+// latent shard and the node split divide. ParamStore, initialization, the activation-scale fold,
+// the file format, checkpoints, resume and exports read these fields and nothing else.
 struct ParamSegment {
     std::string name;  // as in SAE files: W_enc, W_dec, b_enc, b_dec, log_threshold, r_mag, ...
     int64_t rows = 0, cols = 0;
-    bool per_latent = true;  // row l belongs to latent l (replicas split the optimizer by latent)
+    bool per_latent = true;  // its rows are latents (replicas split the optimizer by latent)
     bool decay = false;      // weight decay applies (weights, not biases)
     int64_t offset = 0;      // in floats, filled in by ParamLayout
-    float lr_scale = 1.0f;   // multiplies the learning rate of this segment's Adam step
+    float lr_scale = 1.0f;   // multiplies the learning rate of this tensor's optimizer step
+    // Its shape in files: `dims` when given (the same values in the same order, shaped: Switch's
+    // W_router flat, [E * d], as the format has always held it; a layered model's b_enc [L, F]),
+    // else [cols, rows] when `transposed` (W_enc: [d_model, n_latents], the transpose of its
+    // latent rows), else [rows, cols] ([rows] or [cols] for a vector).
+    std::vector<int64_t> dims = {};
+    bool transposed = false;
+    // A layered model's tensor of one layer (a cross-layer transcoder's W_enc[l]); -1: none.
+    int layer = -1;
+    bool unit_rows = false;  // sae.normalize_decoder keeps its rows at unit norm (W_dec)
+    // How data.normalize's scale folds into it (sae_tensors.h): what reads the centred input
+    // is times c, what is in the input's units over c, the rest (biases of the pre-activations,
+    // thresholds, gates) as it is.
+    ScaleFold fold = ScaleFold::keep;
     int64_t size() const { return rows * cols; }
+    std::vector<int64_t> file_shape() const;
 };
 
-// The segments of one SAE, in buffer order: W_enc [n, d] (latent-major, the transpose of the
-// file layout), W_dec [n, d], b_enc [n], b_dec [d], then the architecture's own ([n] per-latent
-// ones, or others such as Switch's router [E, d] that belong to no latent).
+// The declarations every architecture builds on. sae_tensors: an SAE's four, in buffer order
+// W_enc [n, d] (latent-major; files [d, n]), W_dec [n, d] (unit rows), b_enc [n], b_dec [d].
+// latent_vector: one value a latent ([n]: thresholds, gates). whole_tensor: rows x cols that
+// belong to no latent (Switch's router), flat in files ([rows * cols]).
+std::vector<ParamSegment> sae_tensors(int64_t n, int64_t d);
+ParamSegment latent_vector(const std::string& name, int64_t n);
+ParamSegment whole_tensor(const std::string& name, int64_t rows, int64_t cols, bool decay);
+
+// `w` as the same function of the raw activations, its activation_scale removed (sae_tensors.h):
+// each tensor `declared` folded as its declaration says, the others (a pass's state) kept; `w`
+// as it is when it has no activation_scale.
+SaeWeights fold_activation_scale(const SaeWeights& w, const std::vector<ParamSegment>& declared);
+
+// An architecture's declared tensors, in buffer order, with their offsets.
 class ParamLayout {
 public:
-    ParamLayout(int64_t n_latents, int64_t d_model, const std::vector<ParamSegment>& extra);
+    // Throws Error for an empty or repeated name or an empty tensor.
+    explicit ParamLayout(std::vector<ParamSegment> tensors);
     const std::vector<ParamSegment>& segments() const { return segs_; }
     int64_t total() const { return total_; }
-    // The segment's offset; throws Error for a name the layout does not have.
-    int64_t offset(const std::string& name) const;
-    bool has(const std::string& name) const;
-    // The four every SAE has.
-    static constexpr int kWEnc = 0, kWDec = 1, kBEnc = 2, kBDec = 3;
+    // The tensor called `name`; throws Error for a name the layout does not have.
+    const ParamSegment& segment(const std::string& name) const;
+    int64_t offset(const std::string& name) const { return segment(name).offset; }
+    const ParamSegment* find(const std::string& name) const;
+    bool has(const std::string& name) const { return find(name) != nullptr; }
 
 private:
     std::vector<ParamSegment> segs_;
     int64_t total_ = 0;
+};
+
+// What an architecture's rows are made of: the datasets that feed its encoder input and its
+// target (Architecture::rows). An SAE reads data.path and reconstructs it. A transcoder's rows
+// are pairs, the input x (data.path) and the target y (data.target_path) side by side ([B, 2 d]):
+// the encoder reads x as it is (no b_dec: that bias is the target's), and x_hat, the loss, FVU
+// and b_dec's initial mean are the target's. A layered model (a cross-layer transcoder) reads one
+// input and one target set per layer (SaeConfig::layers), side by side, [x_1 .. x_L | y_1 ..
+// y_L]; its d_model is the layers' widths summed.
+struct RowSpec {
+    bool target = false;     // data.target_path beside data.path: rows [x | y]
+    bool per_layer = false;  // data.path and data.target_path list one set per layer
+    // Values a row holds for d_model d.
+    int64_t width(int64_t d) const { return target ? 2 * d : d; }
 };
 
 // Everything an ArchPass reads and writes during one pass over B rows. Pointers are in backend
@@ -86,11 +132,11 @@ struct PassContext {
     float* col_scratch = nullptr;  // [n] scratch for column sums
     float grad_scale = 0;          // d/dx_hat of the summed squared error per row: 2 / norm_rows
     float norm_rows = 1;           // the loss is summed over rows and divided by this
-    // A transcoder's pass (Architecture::transcodes): the encoder reads x as it is, so encode()
+    // A transcoder's pass (RowSpec::target): the encoder reads x as it is, so encode()
     // copies x into xc and b_dec, the target's bias, has no path through the encoder input
     // (encoder_input_grad adds nothing).
     bool encode_x = false;
-    // A cross-layer transcoder's pass (Architecture::layered): x and y hold `layers` blocks of
+    // A cross-layer transcoder's pass (RowSpec::per_layer): x and y hold `layers` blocks of
     // d / layers values, latent l belongs to layer l / (n / layers), and encode() and
     // encoder_weight_grad() run one GEMM per layer on the encoder's diagonal blocks (the others
     // are zero).
@@ -102,8 +148,6 @@ struct PassContext {
     // latent shard's latents; x_hat is the sum of the latent shards' partial reconstructions (see
     // Architecture::latent_shardable). Null: the whole SAE.
     const LatentShard* latent_shard = nullptr;
-    const float* seg(int i) const { return p + layout.segments()[static_cast<size_t>(i)].offset; }
-    float* grad(int i) const { return g + layout.segments()[static_cast<size_t>(i)].offset; }
     const float* seg(const std::string& name) const { return p + layout.offset(name); }
     float* grad(const std::string& name) const { return g + layout.offset(name); }
 };
@@ -220,10 +264,12 @@ public:
     virtual void validate(const SaeConfig& cfg, int64_t n_latents, const std::string& where) const;
     // The id after "<arch>-x<expansion>": "k32", "l1_5", ...
     virtual std::string id_suffix(const SaeConfig& cfg) const = 0;
-    // Parameters beyond W_enc, W_dec, b_enc and b_dec, and their initial values.
-    virtual std::vector<ParamSegment> extra_params(const SaeConfig& /*cfg*/, int64_t /*n*/,
-                                                   int64_t /*d*/) const {
-        return {};
+    // Its parameter tensors for n latents of d_model d (this latent shard's n, or the whole
+    // SAE's), in buffer order. Default: an SAE's four (sae_tensors). init_extra sets those
+    // beyond the four, whose values start at zero.
+    virtual std::vector<ParamSegment> tensors(const SaeConfig& /*cfg*/, int64_t n,
+                                              int64_t d) const {
+        return sae_tensors(n, d);
     }
     virtual void init_extra(const SaeConfig& /*cfg*/, const ParamLayout& /*layout*/,
                             std::vector<float>& /*params*/, const InitInputs& /*in*/) const {}
@@ -273,14 +319,8 @@ public:
     // only), top-k selections through select_topk (common.h), stats that are sums over latents (L0,
     // L1), and no state over all latents in its step_sums. All but Switch do.
     virtual bool latent_shardable() const { return false; }
-    // Whether it is a transcoder: its rows are pairs, the input x (data.path) and the target y
-    // (data.target_path) side by side ([B, 2 d]); the encoder reads x as it is (no b_dec: that
-    // bias is the target's), and x_hat, the loss, FVU and b_dec's initial mean are the target's.
-    virtual bool transcodes() const { return false; }
-    // Whether it spans layers (a cross-layer transcoder): data.path and data.target_path list one
-    // set per layer (SaeConfig::layers), whose rows are read side by side, [x_1 .. x_L | y_1 ..
-    // y_L], and its d_model is the layers' widths summed.
-    virtual bool layered() const { return false; }
+    // What its rows are made of (RowSpec). Default: an SAE's, one set it reconstructs.
+    virtual RowSpec rows() const { return {}; }
     // The optimizer train.optimizer: auto picks when train.lr is unset (SaeConfig::
     // with_optimizer_defaults): "signum" where it trains better on the MiniLM rows (TopK,
     // BatchTopK, Matryoshka, Switch, ReLU, Gated, JumpReLU: docs/architectures.md, "The

@@ -67,9 +67,6 @@ public:
     const ParamLayout& layout() const { return layout_; }              // this rank's latents
     const ParamLayout& whole_layout() const { return whole_layout_; }  // the SAE's
     int64_t size() const { return layout_.total(); }
-    int64_t offset(int segment) const {
-        return layout_.segments()[static_cast<size_t>(segment)].offset;
-    }
     float* params() const { return p_; }
     float* grads() const { return g_; }
     float* opt_m() const { return m_; }

@@ -149,8 +149,8 @@ public:
     const std::vector<int64_t>& since_fired() const { return since_fired_; }
     int64_t d_model() const { return d_; }
     // Values per row of the batches it takes: d_model, or 2 d_model for a transcoder (the input
-    // and the target side by side, Architecture::transcodes).
-    int64_t row_width() const { return transcodes_ ? 2 * d_ : d_; }
+    // and the target side by side, RowSpec::target).
+    int64_t row_width() const { return arch_.rows().width(d_); }
     int64_t n_latents() const { return n_total_; }  // the whole SAE's
     int64_t local_latents() const { return n_; }    // this latent shard's (all without sharding)
     bool latent_sharded() const { return store_->latent_sharded(); }
@@ -200,7 +200,7 @@ private:
     void forward(const float* x_dev, int64_t rows, bool training);
     // After the forward pass: x_hat summed over the latent shards.
     void reduce_x_hat(int64_t rows);
-    int64_t off(int segment) const { return store_->offset(segment); }
+    int64_t off(const std::string& tensor) const { return store_->layout().offset(tensor); }
 
     // --- init (trainer.cpp) --------------------------------------------------------------------
     // sae.b_dec_init on x [rows, d] (already scaled), over all replicas' rows.
@@ -270,7 +270,7 @@ private:
     int64_t bad_in_a_row_ = 0;
     float input_scale_ = 1.0f;  // data.normalize: every batch is multiplied by it
 
-    bool transcodes_;  // arch_.transcodes(): rows [x | y], y_ the target
+    bool transcodes_;  // arch_.rows().target: rows [x | y], y_ the target
     DeviceArray<float> x_, y_, xc_, pre_, xhat_, dec_norms_, zsum_, xcol_, stats_;
     DeviceArray<int32_t> fires_;
     int64_t batch_cap_ = 0;

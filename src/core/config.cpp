@@ -429,7 +429,8 @@ private:
                 if (f.sweepable()) enforce(f, c, s);
             arch_get(s.arch).validate(s, 0, loc("sae.arch"));
             // A transcoder reads paired rows, an SAE single ones: one stream cannot feed both.
-            const bool transcodes = arch_get(s.arch).transcodes();
+            const RowSpec rows = arch_get(s.arch).rows();
+            const bool transcodes = rows.target;
             SAE_ENFORCE(!transcodes || !c.data.target_path.empty(),
                         "{}sae.arch: {} reads an MLP's input (data.path) and its output; set "
                         "data.target_path to the output's shards, row for row with data.path",
@@ -440,7 +441,7 @@ private:
                         loc("data.target_path"), s.arch);
             // A CLT reads one input and one target set per layer; everything else one of each.
             const auto sets = static_cast<int64_t>(c.data.path.size());
-            if (arch_get(s.arch).layered()) {
+            if (rows.per_layer) {
                 SAE_ENFORCE(
                     c.data.target_path.size() == c.data.path.size(),
                     "{}data.target_path lists {} dataset(s), but data.path lists {}: sae.arch "

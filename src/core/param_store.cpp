@@ -56,10 +56,19 @@ std::vector<AdamRange> ParamStore::ranges(int64_t lo, int64_t hi, bool with_non_
 
 UnitRows ParamStore::unit_rows() const {
     UnitRows u;
-    const ParamSegment& w_dec = layout_.segments()[ParamLayout::kWDec];
-    if (normalize_decoder_)
-        u.offset = w_dec.offset + owned_lo_ * w_dec.cols, u.rows = owned_hi_ - owned_lo_,
-        u.cols = w_dec.cols;
+    if (!normalize_decoder_) return u;
+    const ParamSegment* unit = nullptr;  // the decoder, whose rows are unit (W_dec)
+    for (const ParamSegment& s : layout_.segments()) {
+        if (!s.unit_rows || !s.per_latent) continue;
+        SAE_ENFORCE(!unit,
+                    "sae.normalize_decoder keeps one tensor's rows at unit norm; the SAE "
+                    "declares two ({} and {})",
+                    unit ? unit->name : "", s.name);
+        unit = &s;
+    }
+    if (unit)
+        u.offset = unit->offset + owned_lo_ * unit->cols, u.rows = owned_hi_ - owned_lo_,
+        u.cols = unit->cols;
     return u;
 }
 

@@ -1,4 +1,4 @@
-// sae_tensors.cpp — the activation-scale fold (see sae_tensors.h).
+// sae_tensors.cpp — an SAE's tensors by name, and the activation-scale fold (see sae_tensors.h).
 #include "saetrain/sae_tensors.h"
 
 #include <algorithm>
@@ -7,11 +7,55 @@
 
 namespace saetrain {
 
-ScaleFold activation_scale_fold(const std::string& tensor) {
-    // Switch's router reads the centred input as W_enc does.
-    if (tensor == "W_enc" || tensor == "W_router") return ScaleFold::times_c;
-    if (tensor == "W_dec" || tensor == "b_dec") return ScaleFold::over_c;
-    return ScaleFold::keep;
+const WeightTensor* SaeWeights::find(const std::string& name) const {
+    for (const WeightTensor& t : tensors)
+        if (t.name == name) return &t;
+    return nullptr;
+}
+
+WeightTensor* SaeWeights::find(const std::string& name) {
+    for (WeightTensor& t : tensors)
+        if (t.name == name) return &t;
+    return nullptr;
+}
+
+const std::vector<float>& SaeWeights::at(const std::string& name) const {
+    const WeightTensor* t = find(name);
+    if (!t) throw Error(fmt::format("the SAE has no tensor '{}'", name));
+    return t->data;
+}
+
+std::vector<float>& SaeWeights::at(const std::string& name) {
+    WeightTensor* t = find(name);
+    if (!t) throw Error(fmt::format("the SAE has no tensor '{}'", name));
+    return t->data;
+}
+
+std::vector<float>& SaeWeights::set(const std::string& name, std::vector<int64_t> shape,
+                                    std::vector<float> data) {
+    WeightTensor* t = find(name);
+    if (!t) t = &tensors.emplace_back(WeightTensor{name, {}, {}});
+    t->shape = std::move(shape), t->data = std::move(data);
+    return t->data;
+}
+
+bool SaeWeights::erase(const std::string& name) {
+    const auto it = std::find_if(tensors.begin(), tensors.end(),
+                                 [&](const WeightTensor& t) { return t.name == name; });
+    if (it == tensors.end()) return false;
+    tensors.erase(it);
+    return true;
+}
+
+SaeWeights SaeWeights::zeros(int64_t d, int64_t n) {
+    SaeWeights w;
+    w.d_model = d, w.n_latents = n;
+    const auto N = static_cast<size_t>(n), D = static_cast<size_t>(d);
+    w.set("W_enc", {d, n}, std::vector<float>(D * N));
+    w.set("W_dec", {n, d}, std::vector<float>(N * D));
+    w.set("b_enc", {n}, std::vector<float>(N));
+    w.set("b_dec", {d}, std::vector<float>(D));
+    return w;
 }
 
 void fold_values(ScaleFold fold, float c, float* v, int64_t count) {
@@ -19,26 +63,6 @@ void fold_values(ScaleFold fold, float c, float* v, int64_t count) {
         for (int64_t i = 0; i < count; ++i) v[i] *= c;
     else if (fold == ScaleFold::over_c)
         for (int64_t i = 0; i < count; ++i) v[i] /= c;
-}
-
-SaeWeights fold_activation_scale(const SaeWeights& w) {
-    SaeWeights out = w;
-    auto it = std::find_if(out.extra.begin(), out.extra.end(),
-                           [](const auto& e) { return e.first == "activation_scale"; });
-    if (it == out.extra.end()) return out;
-    SAE_ENFORCE(it->second.size() == 1 && it->second[0] > 0,
-                "the SAE's activation_scale must be one positive value");
-    const float c = it->second[0];
-    out.extra.erase(it);
-    auto fold = [c](const std::string& name, std::vector<float>& v) {
-        fold_values(activation_scale_fold(name), c, v.data(), static_cast<int64_t>(v.size()));
-    };
-    fold("W_enc", out.w_enc);
-    fold("W_dec", out.w_dec);
-    fold("b_enc", out.b_enc);
-    fold("b_dec", out.b_dec);
-    for (auto& [name, v] : out.extra) fold(name, v);
-    return out;
 }
 
 }  // namespace saetrain

@@ -81,7 +81,7 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
       comm_(grad_comm),
       arch_(arch_get(cfg.arch)),
       pass_(arch_.make_pass(cfg, d_, n_, backend)),
-      transcodes_(arch_.transcodes()),
+      transcodes_(arch_.rows().target),
       dec_norms_(backend, n_),
       zsum_(backend, n_),
       xcol_(backend, d_),
@@ -99,9 +99,8 @@ SaeTrainer::SaeTrainer(const SaeConfig& cfg, int64_t d_model, int64_t total_step
                 "data.normalize: {} is not supported for {} (it would need one scale for the "
                 "input and one for the target); use none",
                 cfg.normalize, cfg.arch);
-    store_ = make_param_store(cfg, ParamLayout(n_, d_, arch_.extra_params(cfg, n_, d_)),
-                              ParamLayout(n_total_, d_, arch_.extra_params(cfg, n_total_, d_)),
-                              placement, be_, comm_);
+    store_ = make_param_store(cfg, ParamLayout(arch_.tensors(cfg, n_, d_)),
+                              ParamLayout(arch_.tensors(cfg, n_total_, d_)), placement, be_, comm_);
     opt_ = Optimizer::make(cfg_, be_, *store_, total_steps_);
 }
 
@@ -229,10 +228,10 @@ void SaeTrainer::init(BatchView x_host, int64_t rows, int threads) {
     // Decoder rows: random directions, unit norm. The same seed on every replica gives the
     // same start, so replicas begin (and, with averaged gradients, stay) identical; a latent
     // shard draws its own rows of the whole SAE's start.
-    float* w_dec = p.data() + off(ParamLayout::kWDec);
+    float* w_dec = p.data() + off("W_dec");
     random_unit_rows(seed_, store_->latent_shard().first(), n_, d_, w_dec, threads);
-    std::copy(w_dec, w_dec + n_ * d_, p.data());       // W_enc (latent-major) = W_dec^T
-    const float* y = transcodes_ ? target.data() : x;  // what x_hat approximates
+    std::copy(w_dec, w_dec + n_ * d_, p.data() + off("W_enc"));  // latent-major: W_dec^T
+    const float* y = transcodes_ ? target.data() : x;            // what x_hat approximates
     const std::vector<float> b_dec = initial_b_dec(y, rows);
     InitInputs in;
     in.seed = seed_;
@@ -243,14 +242,14 @@ void SaeTrainer::init(BatchView x_host, int64_t rows, int threads) {
         // an SAE's.
         const std::vector<double> mean = mean_over_replicas(x, rows, "transcoder");
         in.input_mean = mean;
-        float* b_enc = p.data() + off(ParamLayout::kBEnc);
+        float* b_enc = p.data() + off("b_enc");
         for (int64_t l = 0; l < n_; ++l) {
             double a = 0;
             for (int64_t c = 0; c < d_; ++c) a += double(p[l * d_ + c]) * mean[c];
             b_enc[l] = static_cast<float>(-a);
         }
     }
-    std::copy(b_dec.begin(), b_dec.end(), p.begin() + off(ParamLayout::kBDec));
+    std::copy(b_dec.begin(), b_dec.end(), p.begin() + off("b_dec"));
     {
         double s[2] = {0, static_cast<double>(rows)};  // sum ||y - b_dec||^2, rows
         for (int64_t r = 0; r < rows; ++r)
@@ -304,7 +303,7 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     // (n_latents / d_model)-fold too large (ReLU) or off by the batch's norm (TopK). with_bias:
     // b_enc is scaled with W_enc, which scales every activation of an architecture homogeneous
     // in the two (Architecture::refits_encoder_scale) by c as well.
-    const float* b_dec = p.data() + off(ParamLayout::kBDec);
+    const float* b_dec = p.data() + off("b_dec");
     double uv[2] = {0, 0};  // <u, x - b_dec>, ||u||^2 over all replicas' rows
     // In chunks of a step's chunk size (train.accum_steps): no buffer larger than a step's.
     const int64_t chunk = chunk_rows(rows);
@@ -325,9 +324,10 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     comm_.allreduce_sum(uv, 2);
     if (!(uv[0] > 0 && uv[1] > 0)) return;  // nothing fired, or pointing away: keep c = 1
     const auto scale = static_cast<float>(uv[0] / uv[1]);
-    for (int64_t i = 0; i < n_ * d_; ++i) p[i] *= scale;  // W_enc, latent-major
+    float* w_enc = p.data() + off("W_enc");
+    for (int64_t i = 0; i < n_ * d_; ++i) w_enc[i] *= scale;
     if (with_bias)
-        for (int64_t i = 0; i < n_; ++i) p[off(ParamLayout::kBEnc) + i] *= scale;
+        for (int64_t i = 0; i < n_; ++i) p[off("b_enc") + i] *= scale;
     set_params_host(p);
 }
 
@@ -413,14 +413,13 @@ void SaeTrainer::launch_gradients(const float* x, int64_t rows, int64_t norm_row
     reduce_x_hat(B);
     // loss: err = x_hat - y (y: x, or a transcoder's target) and its sums; dL/dx_hat in place
     // of x_hat, b_dec's residual term
-    be_.residual(c.xhat, c.y, B, d, c.grad_scale, xcol_.data(), c.grad(ParamLayout::kBDec),
-                 stats_.data());
+    be_.residual(c.xhat, c.y, B, d, c.grad_scale, xcol_.data(), c.grad("b_dec"), stats_.data());
     // On a latent shard b_dec's gradient is the residual's term (once, on the first latent shard)
     // plus every latent shard's term through its encoder input, summed below.
-    if (store_->latent_shard().index > 0) be_.fill(c.grad(ParamLayout::kBDec), d, 0.0f);
+    if (store_->latent_shard().index > 0) be_.fill(c.grad("b_dec"), d, 0.0f);
     // backward: every gradient into store_->grads()
     pass_->backward(c, step_, total_steps_);
-    store_->sum_over_latent_shards_on_backend(c.grad(ParamLayout::kBDec), d);
+    store_->sum_over_latent_shards_on_backend(c.grad("b_dec"), d);
 }
 
 void SaeTrainer::forward(const float* x, int64_t B, bool training) {

@@ -21,16 +21,12 @@ namespace saetrain {
 namespace {
 
 void write_file(const std::string& path, const SaeWeights& w, const SaeMeta& meta) {
-    const hsize_t d = static_cast<hsize_t>(w.d_model), n = static_cast<hsize_t>(w.n_latents);
     h5::File f = h5::create_file(path);
-    h5::write_f32(f.get(), "W_enc", w.w_enc.data(), {d, n});
-    h5::write_f32(f.get(), "W_dec", w.w_dec.data(), {n, d});
-    h5::write_f32(f.get(), "b_enc", w.b_enc.data(), {n});
-    h5::write_f32(f.get(), "b_dec", w.b_dec.data(), {d});
     std::string names;
-    for (const auto& [name, value] : w.extra) {
-        h5::write_f32(f.get(), name, value.data(), {static_cast<hsize_t>(value.size())});
-        names += (names.empty() ? "" : ",") + name;
+    for (const WeightTensor& t : w.tensors) {
+        h5::write_f32(f.get(), t.name, t.data.data(),
+                      std::vector<hsize_t>(t.shape.begin(), t.shape.end()));
+        if (!sae_file_base_tensor(t.name)) names += (names.empty() ? "" : ",") + t.name;
     }
     write_sae_attributes(f.get(), meta, w.d_model, w.n_latents, names);
     SAE_ENFORCE(f.close() >= 0, "file {}: closing failed ({}); is the disk full?", path,
@@ -38,6 +34,10 @@ void write_file(const std::string& path, const SaeWeights& w, const SaeMeta& met
 }
 
 }  // namespace
+
+bool sae_file_base_tensor(const std::string& name) {
+    return name == "W_enc" || name == "W_dec" || name == "b_enc" || name == "b_dec";
+}
 
 void write_sae_attributes(hid_t file, const SaeMeta& meta, int64_t d, int64_t n,
                           const std::string& extra_names) {
@@ -53,15 +53,24 @@ void write_sae_attributes(hid_t file, const SaeMeta& meta, int64_t d, int64_t n,
 }
 
 void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& meta) {
-    const size_t d = static_cast<size_t>(w.d_model), n = static_cast<size_t>(w.n_latents);
     SAE_ENFORCE(w.d_model > 0 && w.n_latents > 0,
                 "checkpoint {}: d_model={} and n_latents={} must be > 0", path, w.d_model,
                 w.n_latents);
-    SAE_ENFORCE(w.w_enc.size() == d * n && w.w_dec.size() == n * d && w.b_enc.size() == n &&
-                    w.b_dec.size() == d,
-                "checkpoint {}: weight sizes (W_enc {}, W_dec {}, b_enc {}, b_dec {}) do not "
-                "match d_model={} n_latents={}",
-                path, w.w_enc.size(), w.w_dec.size(), w.b_enc.size(), w.b_dec.size(), d, n);
+    const int64_t d = w.d_model, n = w.n_latents;
+    const std::pair<const char*, std::vector<int64_t>> base[] = {
+        {"W_enc", {d, n}}, {"W_dec", {n, d}}, {"b_enc", {n}}, {"b_dec", {d}}};
+    for (const auto& [name, shape] : base) {
+        const WeightTensor* t = w.find(name);
+        SAE_ENFORCE(t && t->shape == shape, "checkpoint {}: {} is {} of d_model={} n_latents={}",
+                    path, name, t ? "not the shape" : "missing", d, n);
+    }
+    for (const WeightTensor& t : w.tensors) {
+        int64_t size = 1;
+        for (int64_t x : t.shape) size *= x;
+        SAE_ENFORCE(size == static_cast<int64_t>(t.data.size()),
+                    "checkpoint {}: tensor '{}' holds {} values for its shape's {}", path, t.name,
+                    t.data.size(), size);
+    }
     auto guard = h5::lock();
     h5::init();
     atomic_write(path, [&](const std::string& tmp) { write_file(tmp, w, meta); });
@@ -87,7 +96,12 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
     }
     SaeWeights w;
     std::vector<hsize_t> de, dd, dbe, dbd;
-    w.w_dec = h5::read_f32(f.get(), "W_dec", path, &dd);
+    auto read = [&](const std::string& name, std::vector<hsize_t>& dims) {
+        std::vector<float> v = h5::read_f32(f.get(), name, path, &dims);
+        w.set(name, std::vector<int64_t>(dims.begin(), dims.end()), std::move(v));
+    };
+    read("W_enc", de);
+    read("W_dec", dd);
     SAE_ENFORCE(dd.size() == 2, "file {}: W_dec has {} dimensions; expected [n_latents, d_model]",
                 path, dd.size());
     w.n_latents = static_cast<int64_t>(dd[0]);
@@ -95,9 +109,8 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
     SAE_ENFORCE(w.d_model > 0 && w.n_latents > 0,
                 "file {}: W_dec is [{}, {}]; an SAE needs n_latents > 0 and d_model > 0", path,
                 w.n_latents, w.d_model);
-    w.w_enc = h5::read_f32(f.get(), "W_enc", path, &de);
-    w.b_enc = h5::read_f32(f.get(), "b_enc", path, &dbe);
-    w.b_dec = h5::read_f32(f.get(), "b_dec", path, &dbd);
+    read("b_enc", dbe);
+    read("b_dec", dbd);
     const hsize_t d = dd[1], n = dd[0];
     SAE_ENFORCE(de == std::vector<hsize_t>({d, n}),
                 "file {}: W_enc shape does not match W_dec [{}, {}]; expected [{}, {}]", path, n, d,
@@ -108,9 +121,10 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
                 d);
     for (const std::string& name : read_extra_names(f.get(), path)) {
         std::vector<hsize_t> dims;
-        w.extra.emplace_back(name, h5::read_f32(f.get(), name, path, &dims));
-        SAE_ENFORCE(dims.size() == 1, "file {}: dataset '{}' should be 1-D, is {}-D", path, name,
-                    dims.size());
+        SAE_ENFORCE(!w.has(name), "file {}: attribute extra names '{}' twice", path, name);
+        read(name, dims);
+        SAE_ENFORCE(!dims.empty(), "file {}: dataset '{}' is a scalar; expected an array", path,
+                    name);
     }
     if (auto a = h5::read_attr_int64(f.get(), "d_model"))
         SAE_ENFORCE(*a == w.d_model, "file {}: attribute d_model={} disagrees with W_dec's {}",

@@ -67,6 +67,7 @@ struct SplitTensor {
     std::vector<int64_t> shape;  // the whole SAE's
     int axis = -1;               // the latent axis; -1: not split, part 0 holds it whole
     int64_t per_latent = 0;      // elements per latent along `axis`
+    int64_t cols = 0;            // a transposed tensor's (W_enc [d, n]): its buffer rows' width
 };
 
 // A segment of the flat Adam moments: the whole parameter layout's, in order.
@@ -76,8 +77,8 @@ struct MomentSegment {
     int64_t per_latent = 0;  // elements per latent (a per-latent segment's row); 0: not split
 };
 
-// The extra tensors (after b_dec) are hashed with their names, as in the pair (train_state.h).
-bool named(size_t i) { return i > static_cast<size_t>(ParamLayout::kBDec); }
+// The extra tensors are hashed with their names, as in the pair (train_state.h, sae_file.h).
+bool named(const std::string& name) { return !sae_file_base_tensor(name); }
 bool in_part(const SplitTensor& t, int64_t part) { return t.axis >= 0 || part == 0; }
 
 int64_t elements(const std::vector<int64_t>& shape) {
@@ -107,13 +108,14 @@ std::vector<SplitTensor> split_weights(const SaeTrainer& t) {
     const auto& segs = t.store().whole_layout().segments();
     std::vector<SplitTensor> out;
     for (size_t i = 0; i < infos.size(); ++i) {
-        SplitTensor s{infos[i].name, infos[i].shape, -1, 0};
-        if (i == ParamLayout::kWEnc) {
-            s.axis = 1, s.per_latent = 1;  // [d, n]: a latent is a column
-        } else if (i == ParamLayout::kWDec || i == ParamLayout::kBEnc) {
-            s.axis = 0, s.per_latent = 1;
-        } else if (named(i) && i < segs.size() && segs[i].per_latent) {
+        SplitTensor s{infos[i].name, infos[i].shape, -1, 0, 0};
+        if (i >= segs.size() || !segs[i].per_latent) {  // whole, in part 0
+        } else if (segs[i].transposed) {
+            s.axis = 1, s.per_latent = 1, s.cols = segs[i].cols;  // [d, n]: a latent is a column
+        } else if (s.shape.size() == 1) {
             s.axis = 0, s.per_latent = segs[i].cols;  // [n * cols], a latent's row at a time
+        } else {
+            s.axis = 0, s.per_latent = 1;  // [n, ...]: a latent is a row
         }
         out.push_back(std::move(s));
     }
@@ -183,7 +185,7 @@ void write_part_weights(const SaeTrainer& t, const std::vector<SplitTensor>& ten
     };
     std::string extra;
     for (size_t i = 0; i < tensors.size(); ++i)
-        if (named(i) && in_part(tensors[i], part))
+        if (named(tensors[i].name) && in_part(tensors[i], part))
             extra += (extra.empty() ? "" : ",") + tensors[i].name;
     blocks::ChunkHash hash;
     auto guard = h5::lock();
@@ -194,20 +196,21 @@ void write_part_weights(const SaeTrainer& t, const std::vector<SplitTensor>& ten
             if (!in_part(tensors[i], part)) continue;
             const TensorInfo info{tensors[i].name, part_shape(tensors[i], nk), false};
             h5::Dataset ds = blocks::create_dataset(f.get(), info);
-            hash.begin(info.name, named(i), info.shape);
-            if (i != ParamLayout::kWEnc) {
+            hash.begin(info.name, named(info.name), info.shape);
+            if (tensors[i].cols == 0) {
                 put(ds.get(), info, values(i), 0, elements(info.shape), hash, tmp);
                 continue;
             }
-            // W_enc [d, nk]: blocks of file rows, transposed from the latent-major buffer.
+            // [cols, nk] (W_enc [d, nk]): blocks of file rows, transposed from the latent-major
+            // buffer.
             const float* w = values(i);
-            const int64_t block = std::max<int64_t>(1, kChunkElements / nk);
+            const int64_t cols = tensors[i].cols, block = std::max<int64_t>(1, kChunkElements / nk);
             std::vector<float> rows;
-            for (int64_t c0 = 0; c0 < d; c0 += block) {
-                const int64_t cb = std::min(block, d - c0);
+            for (int64_t c0 = 0; c0 < cols; c0 += block) {
+                const int64_t cb = std::min(block, cols - c0);
                 rows.resize(static_cast<size_t>(cb * nk));
                 for (int64_t r = 0; r < cb; ++r)
-                    for (int64_t l = 0; l < nk; ++l) rows[r * nk + l] = w[l * d + c0 + r];
+                    for (int64_t l = 0; l < nk; ++l) rows[r * nk + l] = w[l * cols + c0 + r];
                 put(ds.get(), info, rows.data(), c0 * nk, cb * nk, hash, tmp);
             }
         }
@@ -596,7 +599,8 @@ void CheckpointParts::verify(int64_t part) const {
         const hid_t f = m.weights_file(k);
         for (size_t i = 0; i < m.weights.size(); ++i)
             if (in_part(m.weights[i], part))
-                blocks::hash_dataset(f, p.weights, m.weights[i].name, named(i), false, hash);
+                blocks::hash_dataset(f, p.weights, m.weights[i].name, named(m.weights[i].name),
+                                     false, hash);
         check(p.weights, f, p.weights_sum, hash.sum);
     }
     blocks::ChunkHash hash(Checksum::kind_of(p.state_sum));

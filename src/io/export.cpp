@@ -65,14 +65,14 @@ std::vector<std::string> circuit_tracer_export(const SaeWeights& w, const SaeMet
                 "--format circuit_tracer needs the transcoder's layer: pass --layer N for '{}'",
                 meta.id);
     const int64_t d = w.d_model, n = w.n_latents;
-    const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
+    const std::vector<float> enc = transpose(w.at("W_enc"), d, n);  // [d, n] -> [n, d]
     const std::string weights =
         (fs::path(dir) / fmt::format("layer_{}.safetensors", source.layer)).string();
     std::vector<TensorView> tensors = {
         {"W_enc", {n, d}, enc.data()},
-        {"b_enc", {n}, w.b_enc.data()},
-        {"W_dec", {n, d}, w.w_dec.data()},
-        {"b_dec", {d}, w.b_dec.data()},
+        {"b_enc", {n}, w.at("b_enc").data()},
+        {"W_dec", {n, d}, w.at("W_dec").data()},
+        {"b_dec", {d}, w.at("b_dec").data()},
         {"activation_function.threshold", {n}, ex.circuit_tracer_threshold.data()}};
     if (!ex.w_skip.empty()) tensors.push_back({"W_skip", {d, d}, ex.w_skip.data()});
     safetensors_write(weights, tensors,
@@ -124,12 +124,13 @@ ExportFormat export_format_parse(const std::string& s) {
 std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
                                     ExportFormat format, const std::string& dir,
                                     const ExportSource& source) {
-    const SaeWeights w = fold_activation_scale(w_in);  // exports take raw activations
-    const int64_t d = w.d_model, n = w.n_latents;
+    const int64_t d = w_in.d_model, n = w_in.n_latents;
     const Architecture* arch = arch_find(meta.arch);
     SAE_ENFORCE(arch != nullptr, "cannot export '{}': unknown architecture '{}' (known: {})",
                 meta.id, meta.arch, fmt::join(arch_names(), ", "));
     const SaeConfig sc = sae_config_of(meta, d);
+    // Exports take raw activations.
+    const SaeWeights w = fold_activation_scale(w_in, arch->tensors(sc, n, d));
     const ArchExport ex = arch->export_fields(w, sc);
     fs::create_directories(dir);
     const std::map<std::string, std::string> st_meta = {
@@ -174,12 +175,12 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
                     "{}: export '{}' with --format saelens", ex.sparsify_refusal, meta.id);
         SAE_ENFORCE(!ex.sparsify_activation.empty(),
                     "cannot export '{}' with --format sparsify: {}", meta.id, ex.sparsify_refusal);
-        const std::vector<float> enc = transpose(w.w_enc, d, n);  // [d, n] -> [n, d]
+        const std::vector<float> enc = transpose(w.at("W_enc"), d, n);  // [d, n] -> [n, d]
         const std::string weights = (fs::path(dir) / "sae.safetensors").string();
         std::vector<TensorView> tensors = {{"encoder.weight", {n, d}, enc.data()},
-                                           {"encoder.bias", {n}, w.b_enc.data()},
-                                           {"W_dec", {n, d}, w.w_dec.data()},
-                                           {"b_dec", {d}, w.b_dec.data()}};
+                                           {"encoder.bias", {n}, w.at("b_enc").data()},
+                                           {"W_dec", {n, d}, w.at("W_dec").data()},
+                                           {"b_dec", {d}, w.at("b_dec").data()}};
         const bool skip = !ex.w_skip.empty();
         if (skip) tensors.push_back({"W_skip", {d, d}, ex.w_skip.data()});
         safetensors_write(weights, tensors, st_meta);

@@ -186,23 +186,14 @@ void CheckpointFiles::read(const std::string& name, int64_t start, int64_t count
 // --- TensorsInMemory ---------------------------------------------------------------------------
 
 const std::vector<float>* TensorsInMemory::find(const std::string& name) const {
-    for (const auto& [key, t] :
-         std::initializer_list<std::pair<const char*, const std::vector<float>*>>{
-             {"W_enc", &w_.w_enc},
-             {"W_dec", &w_.w_dec},
-             {"b_enc", &w_.b_enc},
-             {"b_dec", &w_.b_dec},
-             {"adam_m", &s_.opt_m},
-             {"adam_v", &s_.opt_v}})
-        if (name == key) return t;
-    for (const auto& [key, t] : w_.extra)
-        if (key == name) return &t;
-    return nullptr;
+    if (name == "adam_m") return &s_.opt_m;
+    if (name == "adam_v") return &s_.opt_v;
+    const WeightTensor* t = w_.find(name);
+    return t ? &t->data : nullptr;
 }
 
 std::optional<std::vector<int64_t>> TensorsInMemory::shape(const std::string& name) const {
-    if (name == "W_enc") return std::vector<int64_t>{w_.d_model, w_.n_latents};
-    if (name == "W_dec") return std::vector<int64_t>{w_.n_latents, w_.d_model};
+    if (const WeightTensor* t = w_.find(name)) return t->shape;
     if (name == "since_fired")
         return std::vector<int64_t>{static_cast<int64_t>(s_.since_fired.size())};
     const std::vector<float>* t = find(name);
@@ -219,8 +210,17 @@ void TensorsInMemory::read(const std::string& name, const std::vector<int64_t>& 
     for (size_t i = 0; i < start.size(); ++i)
         SAE_ENFORCE(start[i] >= 0 && count[i] >= 0 && start[i] + count[i] <= dims[i],
                     "tensor '{}': block out of its bounds", name);
-    const int64_t cols = dims.size() == 2 ? dims[1] : 1, width = dims.size() == 2 ? count[1] : 1;
     if (dims.size() == 1) return (void)std::copy_n(t->begin() + start[0], count[0], out);
+    if (dims.size() > 2) {  // whole rows: [rows, ...] from row start[0]
+        int64_t row = 1;
+        for (size_t i = 1; i < dims.size(); ++i) {
+            SAE_ENFORCE(start[i] == 0 && count[i] == dims[i],
+                        "tensor '{}': only whole rows of it can be read", name);
+            row *= dims[i];
+        }
+        return (void)std::copy_n(t->begin() + start[0] * row, count[0] * row, out);
+    }
+    const int64_t cols = dims[1], width = count[1];
     for (int64_t r = 0; r < count[0]; ++r)
         std::copy_n(t->begin() + (start[0] + r) * cols + start[1], width, out + r * width);
 }

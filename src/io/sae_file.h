@@ -14,6 +14,11 @@
 
 namespace saetrain {
 
+// The four tensors an SAE file has always held as datasets of their own (W_enc, W_dec, b_enc,
+// b_dec): the others are "extra", listed by name in the file's `extra` attribute and hashed
+// with their names (the format's rule, whatever an architecture declares).
+bool sae_file_base_tensor(const std::string& name);
+
 // The attributes of an SAE file of d_model d x n latents; `extra_names`: the extra datasets'
 // names, comma separated ("" writes no `extra` attribute).
 void write_sae_attributes(hid_t file, const SaeMeta& meta, int64_t d, int64_t n,

@@ -56,8 +56,11 @@ namespace {
 
 // The checksum up to the reader cursors: the weights, the moments, the counters.
 void checksum_before_cursors(const SaeWeights& w, const TrainState& s, Checksum& sum) {
-    for (const auto* v : {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec}) mix(*v, sum);
-    for (const auto& [name, value] : w.extra) mix(value, sum, name);
+    // The four base tensors first, unnamed, then the others with their names (sae_file.h).
+    for (const char* name : {"W_enc", "W_dec", "b_enc", "b_dec"})
+        if (const WeightTensor* t = w.find(name)) mix(t->data, sum);
+    for (const WeightTensor& t : w.tensors)
+        if (!sae_file_base_tensor(t.name)) mix(t.data, sum, t.name);
     for (const auto* v : {&s.opt_m, &s.opt_v}) mix(*v, sum);
     mix(s.since_fired, sum);
 }
@@ -125,16 +128,18 @@ TrainState train_state_read(const std::string& path, const SaeWeights& w) {
     auto guard = h5::lock();
     h5::File f = h5::open_file(path);
     TrainState s;
-    const size_t params = w.w_enc.size() + w.w_dec.size() + w.b_enc.size() + w.b_dec.size();
+    size_t params = 0;  // the four base tensors' values
+    for (const WeightTensor& t : w.tensors)
+        if (sae_file_base_tensor(t.name)) params += t.data.size();
     std::vector<hsize_t> dims;
     s.opt_m = h5::read_f32(f.get(), "adam_m", path, &dims);
     s.opt_v = h5::read_f32(f.get(), "adam_v", path, &dims);
-    // The moments also cover the architecture's parameters among w.extra (the trainer checks
-    // the exact count); they are never fewer than the four tensors every SAE has.
+    // The moments also cover the architecture's parameters among the extra tensors (the trainer
+    // checks the exact count); they are never fewer than the four tensors every SAE has.
     SAE_ENFORCE(s.opt_m.size() == s.opt_v.size() && s.opt_m.size() >= params,
                 "checkpoint state {}: Adam moments hold {} and {} values, the weights at least {}",
                 path, s.opt_m.size(), s.opt_v.size(), params);
-    s.since_fired = read_i64(f.get(), "since_fired", path, w.b_enc.size());
+    s.since_fired = read_i64(f.get(), "since_fired", path, static_cast<size_t>(w.n_latents));
     read_train_state_header(f.get(), path, s);
     const std::string stored = stored_checksum(f.get(), path);
     SAE_ENFORCE(stored == checksum_of(w, s, Checksum::kind_of(stored)),

@@ -12,24 +12,30 @@ namespace {
 
 constexpr int64_t kChunkElements = int64_t{1} << 24;  // 64 MiB of floats
 
-// SaeWeights of a whole flat parameter buffer (the whole layout): W_enc transposed to [d, n].
+std::string shape_text(const std::vector<int64_t>& shape) {
+    std::string out;
+    for (int64_t x : shape) out += (out.empty() ? "" : ", ") + std::to_string(x);
+    return out;
+}
+
+// Rows x cols of a buffer (latent-major) as [cols, rows].
+std::vector<float> transposed(const float* v, int64_t rows, int64_t cols) {
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = v[r * cols + c];
+    return out;
+}
+
+// SaeWeights of a whole flat parameter buffer (the whole layout): each declared tensor in its
+// file shape (W_enc transposed to [d, n]).
 SaeWeights weights_of(const SaeTrainer& t, const std::vector<float>& p) {
     SaeWeights w;
-    const int64_t n = t.n_latents(), d = t.d_model();
-    w.d_model = d, w.n_latents = n;
-    w.w_enc.resize(static_cast<size_t>(d * n));
-    for (int64_t l = 0; l < n; ++l)
-        for (int64_t c = 0; c < d; ++c) w.w_enc[c * n + l] = p[l * d + c];  // to [d, n]
-    const auto& segs = t.store().whole_layout().segments();
-    auto slice = [&](size_t i) {
-        return std::vector<float>(p.begin() + segs[i].offset,
-                                  p.begin() + segs[i].offset + segs[i].size());
-    };
-    w.w_dec = slice(ParamLayout::kWDec);
-    w.b_enc = slice(ParamLayout::kBEnc);
-    w.b_dec = slice(ParamLayout::kBDec);
-    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
-        w.extra.emplace_back(segs[i].name, slice(i));
+    w.d_model = t.d_model(), w.n_latents = t.n_latents();
+    for (const ParamSegment& s : t.store().whole_layout().segments()) {
+        const float* v = p.data() + s.offset;
+        w.set(s.name, s.file_shape(),
+              s.transposed ? transposed(v, s.rows, s.cols) : std::vector<float>(v, v + s.size()));
+    }
     return w;
 }
 
@@ -56,20 +62,17 @@ void gather_latent_rows(const SaeTrainer& tr, const T* mine, int64_t cols, int t
 SaeWeights streamed_weights(const SaeTrainer& t) {
     const std::vector<TensorInfo> tensors = trainer_weight_tensors(t, false);
     SaeWeights w;
-    std::vector<std::vector<float>*> into;  // by tensor index, on the first latent shard
     if (t.store().latent_shard().group->rank() == 0) {
         w.d_model = t.d_model(), w.n_latents = t.n_latents();
-        for (size_t i = 4; i < tensors.size(); ++i) w.extra.emplace_back(tensors[i].name, 0);
-        into = {&w.w_enc, &w.w_dec, &w.b_enc, &w.b_dec};
-        for (auto& [name, v] : w.extra) into.push_back(&v);
-        for (size_t i = 0; i < tensors.size(); ++i) {
+        for (const TensorInfo& info : tensors) {
             int64_t size = 1;
-            for (int64_t s : tensors[i].shape) size *= s;
-            into[i]->resize(static_cast<size_t>(size));
+            for (int64_t s : info.shape) size *= s;
+            w.set(info.name, info.shape, std::vector<float>(static_cast<size_t>(size)));
         }
     }
     trainer_gather_weights(t, false, [&](const TensorChunk& c) {
-        std::copy_n(c.f32, c.count, into[static_cast<size_t>(c.tensor)]->begin() + c.offset);
+        std::copy_n(c.f32, c.count,
+                    w.tensors[static_cast<size_t>(c.tensor)].data.begin() + c.offset);
     });
     return w;
 }
@@ -81,9 +84,11 @@ SaeWeights streamed_weights(const SaeTrainer& t) {
 SaeWeights trainer_weights(const SaeTrainer& t) {
     if (t.latent_sharded()) return streamed_weights(t);
     SaeWeights w = weights_of(t, t.params_host());
-    for (auto& b : t.arch_buffers()) w.extra.push_back(std::move(b));  // BatchTopK's threshold
-    if (t.config().normalize != "none")
-        w.extra.emplace_back("activation_scale", std::vector<float>{t.input_scale()});
+    for (auto& [name, v] : t.arch_buffers()) {  // BatchTopK's threshold
+        const auto size = static_cast<int64_t>(v.size());
+        w.set(name, {size}, std::move(v));
+    }
+    if (t.config().normalize != "none") w.set("activation_scale", {1}, {t.input_scale()});
     return w;
 }
 
@@ -116,14 +121,9 @@ TrainState trainer_state(const SaeTrainer& t) {
 // --------------------------------
 
 std::vector<TensorInfo> trainer_weight_tensors(const SaeTrainer& t, bool folded) {
-    const int64_t n = t.n_latents(), d = t.d_model();
-    std::vector<TensorInfo> out = {{"W_enc", {d, n}, false},
-                                   {"W_dec", {n, d}, false},
-                                   {"b_enc", {n}, false},
-                                   {"b_dec", {d}, false}};
-    const auto& segs = t.store().whole_layout().segments();
-    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i)
-        out.push_back({segs[i].name, {segs[i].size()}, false});
+    std::vector<TensorInfo> out;
+    for (const ParamSegment& s : t.store().whole_layout().segments())
+        out.push_back({s.name, s.file_shape(), false});
     for (const auto& [name, v] : t.arch_buffers())
         out.push_back({name, {static_cast<int64_t>(v.size())}, false});
     if (!folded && t.config().normalize != "none") out.push_back({"activation_scale", {1}, false});
@@ -139,56 +139,48 @@ std::vector<TensorInfo> trainer_state_tensors(const SaeTrainer& t) {
 
 void trainer_gather_weights(const SaeTrainer& tr, bool folded, const ChunkSink& sink) {
     SAE_ENFORCE(tr.latent_sharded(), "trainer_gather_weights is for latent-sharded SAEs");
-    const int64_t d = tr.d_model(), n_local = tr.local_latents();
+    const int64_t n_local = tr.local_latents(), n = tr.n_latents();
     std::vector<float> p = tr.store().host(ParamStore::Buffer::params);
     // final.h5 takes raw activations: data.normalize's scale folded in (sae_tensors.h).
     const bool fold = folded && tr.config().normalize != "none";
     const float c = fold ? tr.input_scale() : 1.0f;
-    auto rule = [&](const std::string& name) {
-        return fold ? activation_scale_fold(name) : ScaleFold::keep;
-    };
     const bool root = tr.store().latent_shard().group->rank() == 0;
-    // W_enc [d, n]: blocks of file rows, each latent shard's columns transposed from its latent
-    // rows.
-    const int64_t n = tr.n_latents(), block = std::max<int64_t>(1, kChunkElements / n);
+    int t = 0;
     std::vector<float> rows_out;
-    for (int64_t c0 = 0; c0 < d; c0 += block) {
-        const int64_t cb = std::min(block, d - c0);
-        rows_out.resize(root ? static_cast<size_t>(cb * n) : 0);
-        tr.store().gather_parts(
-            cb * n_local,
-            [&](float* part) {
-                for (int64_t r = 0; r < cb; ++r)
-                    for (int64_t l = 0; l < n_local; ++l) part[r * n_local + l] = p[l * d + c0 + r];
-                fold_values(rule("W_enc"), c, part, cb * n_local);
-            },
-            [&](int64_t q, const float* part) {
-                for (int64_t r = 0; r < cb; ++r)
-                    std::copy_n(part + r * n_local, n_local,
-                                rows_out.begin() + r * n + q * n_local);
-            });
-        if (root) sink({0, c0 * n, cb * n, rows_out.data(), nullptr});
-    }
-    gather_latent_rows(tr, p.data() + tr.store().offset(ParamLayout::kWDec), d, 1, 0, rule("W_dec"),
-                       c, sink);
-    gather_latent_rows(tr, p.data() + tr.store().offset(ParamLayout::kBEnc), 1, 2, 0, rule("b_enc"),
-                       c, sink);
-    float* b_dec = p.data() + tr.store().offset(ParamLayout::kBDec);
-    fold_values(rule("b_dec"), c, b_dec, d);
-    if (root) sink({3, 0, d, b_dec, nullptr});
-    int t = 4;
-    const auto& segs = tr.store().layout().segments();
-    for (size_t i = ParamLayout::kBDec + 1; i < segs.size(); ++i, ++t) {
-        float* seg = p.data() + segs[i].offset;
-        if (segs[i].per_latent) {
-            gather_latent_rows(tr, seg, segs[i].cols, t, 0, rule(segs[i].name), c, sink);
+    for (const ParamSegment& s : tr.store().layout().segments()) {
+        const ScaleFold rule = fold ? s.fold : ScaleFold::keep;
+        float* seg = p.data() + s.offset;
+        if (s.transposed) {
+            // [cols, n] in files (W_enc [d, n]): blocks of file rows, each latent shard's columns
+            // transposed from its latent rows.
+            const int64_t cols = s.cols, block = std::max<int64_t>(1, kChunkElements / n);
+            for (int64_t c0 = 0; c0 < cols; c0 += block) {
+                const int64_t cb = std::min(block, cols - c0);
+                rows_out.resize(root ? static_cast<size_t>(cb * n) : 0);
+                tr.store().gather_parts(
+                    cb * n_local,
+                    [&](float* part) {
+                        for (int64_t r = 0; r < cb; ++r)
+                            for (int64_t l = 0; l < n_local; ++l)
+                                part[r * n_local + l] = seg[l * cols + c0 + r];
+                        fold_values(rule, c, part, cb * n_local);
+                    },
+                    [&](int64_t q, const float* part) {
+                        for (int64_t r = 0; r < cb; ++r)
+                            std::copy_n(part + r * n_local, n_local,
+                                        rows_out.begin() + r * n + q * n_local);
+                    });
+                if (root) sink({t, c0 * n, cb * n, rows_out.data(), nullptr});
+            }
+        } else if (s.per_latent) {
+            gather_latent_rows(tr, seg, s.cols, t, 0, rule, c, sink);
         } else {
-            fold_values(rule(segs[i].name), c, seg, segs[i].size());
-            if (root) sink({t, 0, segs[i].size(), seg, nullptr});
+            fold_values(rule, c, seg, s.size());
+            if (root) sink({t, 0, s.size(), seg, nullptr});
         }
+        ++t;
     }
-    for (auto& [name, v] : tr.arch_buffers()) {
-        fold_values(rule(name), c, v.data(), static_cast<int64_t>(v.size()));
+    for (auto& [name, v] : tr.arch_buffers()) {  // a pass's state: no fold
         if (root) sink({t, 0, static_cast<int64_t>(v.size()), v.data(), nullptr});
         ++t;
     }
@@ -221,12 +213,10 @@ void trainer_gather_state(const SaeTrainer& tr, const ChunkSink& sink) {
 CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
     const int64_t n = t.n_latents(), first = t.store().latent_shard().first();
     const int64_t d = t.d_model(), n_local = t.local_latents();
-    const auto w_enc = src.shape("W_enc"), w_dec = src.shape("W_dec");
-    SAE_ENFORCE(w_enc && w_dec && w_dec->size() == 2,
-                "checkpoint has no W_enc and W_dec [n_latents, d_model]");
-    SAE_ENFORCE(*w_dec == (std::vector<int64_t>{n, d}) && *w_enc == (std::vector<int64_t>{d, n}),
-                "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}",
-                (*w_dec)[1], (*w_dec)[0], d, n);
+    if (const auto w_dec = src.shape("W_dec"); w_dec && t.store().layout().has("W_dec"))
+        SAE_ENFORCE(*w_dec == (std::vector<int64_t>{n, d}),
+                    "checkpoint holds an SAE of d_model {} x {} latents, the config {} x {}",
+                    w_dec->size() == 2 ? (*w_dec)[1] : 0, w_dec->empty() ? 0 : (*w_dec)[0], d, n);
     auto size_of = [&](const std::string& name) -> int64_t {
         const auto shape = src.shape(name);
         if (!shape) return -1;
@@ -243,35 +233,42 @@ CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
     const auto& wsegs = whole_layout.segments();
     CheckpointPart part;
     part.params.resize(static_cast<size_t>(t.store().size()));
-    // W_enc [d, n]: this latent shard's columns, in blocks of file rows, transposed to latent rows.
-    const int64_t block = std::max<int64_t>(1, (int64_t{1} << 24) / n_local);
-    std::vector<float> rows;
-    for (int64_t c0 = 0; c0 < d; c0 += block) {
-        const int64_t cb = std::min(block, d - c0);
-        rows.resize(static_cast<size_t>(cb * n_local));
-        src.read("W_enc", {c0, first}, {cb, n_local}, rows.data());
-        for (int64_t r = 0; r < cb; ++r)
-            for (int64_t l = 0; l < n_local; ++l)
-                part.params[l * d + c0 + r] = rows[r * n_local + l];
-    }
-    // The other segments, and every segment's moments: this latent shard's rows of a per-latent
-    // segment, the others whole.
     part.opt_m.resize(part.params.size());
     part.opt_v.resize(part.params.size());
+    // Each declared tensor, and its moments: this latent shard's rows of a per-latent tensor,
+    // the others whole.
     for (size_t i = 0; i < segs.size(); ++i) {
-        const int64_t from = segs[i].per_latent ? first * segs[i].cols : 0, count = segs[i].size();
-        float* p = part.params.data() + segs[i].offset;
-        if (i == ParamLayout::kWDec) {
-            src.read("W_dec", {first, 0}, {n_local, d}, p);
-        } else if (i != ParamLayout::kWEnc) {
-            // The architecture's own parameters are among the file's `extra` tensors.
-            SAE_ENFORCE(size_of(segs[i].name) == wsegs[i].size(),
-                        "checkpoint of a {} SAE has no '{}' tensor of {} values", t.config().arch,
-                        segs[i].name, wsegs[i].size());
-            src.read(segs[i].name, {from}, {count}, p);
+        const ParamSegment& s = segs[i];
+        const std::vector<int64_t> shape = wsegs[i].file_shape();
+        const auto file = src.shape(s.name);
+        SAE_ENFORCE(file && (*file == shape || (shape.size() == 1 && size_of(s.name) == shape[0])),
+                    "checkpoint of a {} SAE has no '{}' tensor of shape [{}]", t.config().arch,
+                    s.name, shape_text(shape));
+        const int64_t from = s.per_latent ? first * s.cols : 0, count = s.size();
+        float* p = part.params.data() + s.offset;
+        if (s.transposed) {
+            // [cols, n] in files (W_enc [d, n]): this latent shard's columns, in blocks of file
+            // rows, transposed to latent rows.
+            const int64_t block = std::max<int64_t>(1, kChunkElements / n_local);
+            std::vector<float> rows;
+            for (int64_t c0 = 0; c0 < s.cols; c0 += block) {
+                const int64_t cb = std::min(block, s.cols - c0);
+                rows.resize(static_cast<size_t>(cb * n_local));
+                src.read(s.name, {c0, first}, {cb, n_local}, rows.data());
+                for (int64_t r = 0; r < cb; ++r)
+                    for (int64_t l = 0; l < n_local; ++l)
+                        p[l * s.cols + c0 + r] = rows[r * n_local + l];
+            }
+        } else if (shape.size() > 1) {
+            // Latents (or the rows of a tensor of none) first: [rows, ...] from row `first`.
+            std::vector<int64_t> at(shape.size(), 0), len = shape;
+            if (s.per_latent) at[0] = first, len[0] = s.rows;
+            src.read(s.name, at, len, p);
+        } else {
+            src.read(s.name, {from}, {count}, p);
         }
-        src.read("adam_m", {wsegs[i].offset + from}, {count}, part.opt_m.data() + segs[i].offset);
-        src.read("adam_v", {wsegs[i].offset + from}, {count}, part.opt_v.data() + segs[i].offset);
+        src.read("adam_m", {wsegs[i].offset + from}, {count}, part.opt_m.data() + s.offset);
+        src.read("adam_v", {wsegs[i].offset + from}, {count}, part.opt_v.data() + s.offset);
     }
     part.since_fired.resize(static_cast<size_t>(n_local));
     src.read("since_fired", first, n_local, part.since_fired.data());

@@ -132,7 +132,8 @@ void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
         if (s.coords.latent_shard != 0) return;
         if (fs::is_regular_file(truth)) w = sae_read_h5(final_h5);  // for the recovery below
     } else {
-        w = fold_activation_scale(trainer_weights(trainer));
+        w = fold_activation_scale(trainer_weights(trainer),
+                                  trainer.store().whole_layout().segments());
         sae_write_h5(final_h5, w, sae_meta(s, trainer));
     }
     if (mine.gates.measured)
@@ -141,7 +142,8 @@ void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
         int64_t m = 0, dt = 0;
         const std::vector<float> f = synth_read_features(truth.string(), &m, &dt);
         if (dt == w.d_model)
-            mine.feature_recovery = feature_recovery(f.data(), m, w.w_dec.data(), w.n_latents, dt);
+            mine.feature_recovery =
+                feature_recovery(f.data(), m, w.at("W_dec").data(), w.n_latents, dt);
     }
 }
 

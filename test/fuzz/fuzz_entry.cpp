@@ -205,8 +205,9 @@ Outcome checkpoint_read(const std::string& path) {
         SaeMeta meta;
         SaeWeights w = sae_read_h5(path, &meta);
         const size_t dm = static_cast<size_t>(w.d_model), n = static_cast<size_t>(w.n_latents);
-        if (w.d_model < 0 || w.n_latents < 0 || w.w_enc.size() != dm * n ||
-            w.w_dec.size() != n * dm || w.b_enc.size() != n || w.b_dec.size() != dm)
+        if (w.d_model < 0 || w.n_latents < 0 || w.at("W_enc").size() != dm * n ||
+            w.at("W_dec").size() != n * dm || w.at("b_enc").size() != n ||
+            w.at("b_dec").size() != dm)
             throw HarnessBug("sae_read_h5 accepted weights whose sizes disagree with their shape");
     } catch (const Error&) {
         return Outcome::rejected;

@@ -639,7 +639,7 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
                 // (JumpReLU's among pre-activations that hold b_enc already).
                 auto silence = [](SaeTrainer& t, int64_t first) {
                     std::vector<float> p = t.params_host();
-                    const int64_t o = t.layout().segments()[ParamLayout::kBEnc].offset;
+                    const int64_t o = t.layout().offset("b_enc");
                     for (int64_t j = 0; j < t.local_latents(); ++j)
                         if ((first + j) % 2 == 0) p[o + j] = -20.0f;
                     t.set_params_host(p);
@@ -698,20 +698,16 @@ TEST(Mpi, LatentShardsTrainLikeOneProcess) {
                 continue;
             }
             ASSERT_EQ(got.n_latents, cfg.n_latents);
-            const double scale = std::max(max_abs(want.w_enc), max_abs(want.w_dec));
-            double worst = 0;
-            for (const auto& [what, a, b] : {std::tuple{"W_enc", &got.w_enc, &want.w_enc},
-                                             std::tuple{"W_dec", &got.w_dec, &want.w_dec},
-                                             std::tuple{"b_enc", &got.b_enc, &want.b_enc},
-                                             std::tuple{"b_dec", &got.b_dec, &want.b_dec}}) {
-                EXPECT_LT(max_diff(*a, *b), 1e-5 * scale) << name << " S " << S << " " << what;
-                worst = std::max(worst, max_diff(*a, *b) / scale);
+            const double scale = std::max(max_abs(want.at("W_enc")), max_abs(want.at("W_dec")));
+            double worst = 0;  // every tensor: the SAE's four, W_skip held whole by every shard
+            ASSERT_EQ(got.tensors.size(), want.tensors.size()) << name;
+            for (size_t i = 0; i < got.tensors.size(); ++i) {
+                const WeightTensor &a = got.tensors[i], &b = want.tensors[i];
+                ASSERT_EQ(a.name, b.name) << name;
+                EXPECT_LT(max_diff(a.data, b.data), 1e-5 * scale)
+                    << name << " S " << S << " " << a.name;
+                worst = std::max(worst, max_diff(a.data, b.data) / scale);
             }
-            // Segments of no latent (the skip-transcoder's W_skip), held whole by every shard.
-            ASSERT_EQ(got.extra.size(), want.extra.size()) << name;
-            for (size_t i = 0; i < got.extra.size(); ++i)
-                EXPECT_LT(max_diff(got.extra[i].second, want.extra[i].second), 1e-5 * scale)
-                    << name << " S " << S << " " << got.extra[i].first;
             if (w.rank() == 0)
                 std::printf("%s, %d shards x %d replicas: weights within %.2g of the largest\n",
                             name.c_str(), S, g.R, worst);
@@ -844,7 +840,7 @@ TEST(Mpi, LatentShardedCheckpointResumesBitwiseAndReshards) {
     EXPECT_EQ(resumed.params_host(), tr.params_host()) << "rank " << w.rank();
     const SaeWeights got = trainer_weights(tr), want = trainer_weights(one);
     if (g.shard == 0) {
-        EXPECT_LT(max_diff(got.w_dec, want.w_dec), 1e-5 * max_abs(want.w_dec));
+        EXPECT_LT(max_diff(got.at("W_dec"), want.at("W_dec")), 1e-5 * max_abs(want.at("W_dec")));
     }
 }
 
@@ -883,12 +879,12 @@ TEST(Mpi, LatentShardedFilesStreamedEqualGathered) {
             st.iteration = 7, st.cursors = {1, 2};
             sae_write_h5(at("g.h5"), sw, meta);
             train_state_write(at("g.state.h5"), sw, st);
-            sae_write_h5(at("gf.h5"), fold_activation_scale(sw), meta);
+            sae_write_h5(at("gf.h5"),
+                         fold_activation_scale(sw, tr.store().whole_layout().segments()), meta);
             for (const auto& [streamed, gathered] :
                  {std::pair{"s.h5", "g.h5"}, {"f.h5", "gf.h5"}}) {
                 const SaeWeights a = sae_read_h5(at(streamed)), b = sae_read_h5(at(gathered));
-                EXPECT_TRUE(a.w_enc == b.w_enc && a.w_dec == b.w_dec && a.b_enc == b.b_enc &&
-                            a.b_dec == b.b_dec && a.extra == b.extra)
+                EXPECT_TRUE(a == b)
                     << arch << " S " << S << ": " << streamed << " differs from " << gathered;
             }
             try {  // a throw here must not leave the other ranks in the next collective
@@ -1137,9 +1133,7 @@ TEST(Mpi, LatentShardedPartsReadBackOnAnyLatentShardCount) {
             const SaeWeights w2 = trainer_weights(t2);
             const TrainState s2 = trainer_state(t2);
             if (w.rank() == 0) {
-                EXPECT_TRUE(w2.w_enc == sw.w_enc && w2.w_dec == sw.w_dec && w2.b_enc == sw.b_enc &&
-                            w2.b_dec == sw.b_dec && w2.extra == sw.extra)
-                    << arch << ": " << S << " parts restored on " << to;
+                EXPECT_TRUE(w2 == sw) << arch << ": " << S << " parts restored on " << to;
                 EXPECT_TRUE(s2.opt_m == st.opt_m && s2.opt_v == st.opt_v &&
                             s2.since_fired == st.since_fired)
                     << arch << ": " << S << " parts restored on " << to;
@@ -1154,10 +1148,8 @@ TEST(Mpi, LatentShardedPartsReadBackOnAnyLatentShardCount) {
                 const SaeWeights w1 = trainer_weights(one);
                 const TrainState s1 = trainer_state(one);
                 if (w.rank() == 0) {
-                    EXPECT_TRUE(w1.w_enc == sw.w_enc && w1.w_dec == sw.w_dec &&
-                                w1.b_enc == sw.b_enc && w1.b_dec == sw.b_dec &&
-                                w1.extra == sw.extra && s1.opt_m == st.opt_m &&
-                                s1.opt_v == st.opt_v && s1.since_fired == st.since_fired)
+                    EXPECT_TRUE(w1 == sw && s1.opt_m == st.opt_m && s1.opt_v == st.opt_v &&
+                                s1.since_fired == st.since_fired)
                         << arch << ": " << S << " parts restored on one process";
                 }
             } catch (const std::exception& e) {

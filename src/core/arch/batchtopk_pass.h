@@ -32,7 +32,7 @@ public:
     }
     void forward(PassContext& c, bool training) override {
         encode(c);
-        const float* b_enc = c.seg(ParamLayout::kBEnc);
+        const float* b_enc = c.seg("b_enc");
         float t = threshold_;
         if (training) {
             t = ops_.batch_threshold(c.pre, b_enc, c.B, c.n, k_ * c.B);
@@ -63,7 +63,7 @@ private:
     // the widest row seen so far (its padding has value 0 and costs the sparse kernels a
     // skipped entry).
     void select_above(PassContext& c, float t) {
-        const float* b_enc = c.seg(ParamLayout::kBEnc);
+        const float* b_enc = c.seg("b_enc");
         for (;;) {
             const int64_t widest =
                 ops_.select_above(c.pre, b_enc, t, c.B, c.n, width_, idx_.data(), val_.data());

@@ -48,8 +48,8 @@ public:
         // The blocks outside the structure get no gradient: the encoder's off-diagonal ones
         // and the decoder's to earlier layers.
         const int64_t dl = c.d / layers_, nl = c.n / layers_;
-        float* g_enc = c.grad(ParamLayout::kWEnc);
-        float* g_dec = c.grad(ParamLayout::kWDec);
+        float* g_enc = c.grad("W_enc");
+        float* g_dec = c.grad("W_dec");
         for (int64_t l = 0; l < layers_; ++l) {
             float* enc = g_enc + l * nl * c.d;
             float* dec = g_dec + l * nl * c.d;
@@ -93,9 +93,8 @@ public:
     std::string id_suffix(const SaeConfig& cfg) const override {
         return transcoder_arch().id_suffix(cfg);
     }
-    std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t n,
-                                           int64_t d) const override {
-        return transcoder_activation_arch(cfg).extra_params(activation_config(cfg), n, d);
+    std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
+        return transcoder_activation_arch(cfg).tensors(activation_config(cfg), n, d);
     }
     // The trainer drew unit decoder rows over all d values and W_enc = W_dec with b_enc =
     // -W_enc mean(x). Here: each decoder row keeps its blocks from its layer on (unit norm
@@ -103,7 +102,7 @@ public:
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs& in) const override {
         const int64_t L = cfg.layers;
-        const ParamSegment& enc = layout.segments()[ParamLayout::kWEnc];
+        const ParamSegment& enc = layout.segment("W_enc");
         const int64_t n = enc.rows, d = enc.cols, dl = d / L, nl = n / L;
         float* w_enc = p.data() + enc.offset;
         float* w_dec = p.data() + layout.offset("W_dec");
@@ -166,8 +165,7 @@ public:
             transcoder_activation_arch(cfg).make_pass(activation_config(cfg), d, n, be),
             cfg.layers);
     }
-    bool transcodes() const override { return true; }
-    bool layered() const override { return true; }
+    RowSpec rows() const override { return {true, true}; }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return transcoder_activation_arch(cfg).limited_ops(activation_config(cfg), d, n);
     }

@@ -15,17 +15,16 @@ void encode(PassContext& c) {
     if (c.encode_x)
         c.be.axpby(c.xc, c.x, 1.0f, 0.0f, c.B * c.d);
     else
-        c.be.sub_rows(c.xc, c.x, c.seg(ParamLayout::kBDec), c.B, c.d);
+        c.be.sub_rows(c.xc, c.x, c.seg("b_dec"), c.B, c.d);
     if (c.layers > 1) {
         // pre[:, layer l's latents] = x_l W_enc[l's latents, l's block]^T, layer by layer.
         const int64_t dl = c.d / c.layers, nl = c.n / c.layers;
         for (int64_t l = 0; l < c.layers; ++l)
             c.be.gemm(false, true, c.B, nl, dl, 1.0f, c.xc + l * dl, c.d,
-                      c.seg(ParamLayout::kWEnc) + l * nl * c.d + l * dl, c.d, 0.0f, c.pre + l * nl,
-                      c.n);
+                      c.seg("W_enc") + l * nl * c.d + l * dl, c.d, 0.0f, c.pre + l * nl, c.n);
     } else {
-        c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg(ParamLayout::kWEnc), c.d, 0.0f,
-                  c.pre, c.n);
+        c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg("W_enc"), c.d, 0.0f, c.pre,
+                  c.n);
     }
     start_reconstruction(c, c.xhat);
 }
@@ -34,7 +33,7 @@ void start_reconstruction(PassContext& c, float* out) {
     if (c.latent_shard && c.latent_shard->index > 0)
         c.be.fill(out, c.B * c.d, 0.0f);
     else
-        c.be.broadcast_rows(out, c.seg(ParamLayout::kBDec), c.B, c.d);
+        c.be.broadcast_rows(out, c.seg("b_dec"), c.B, c.d);
 }
 
 void select_topk(PassContext& c, const float* bias, int64_t k, int32_t* idx, float* val, bool relu,
@@ -56,20 +55,17 @@ void sum_over_latent_shards(PassContext& c, float* data, int64_t count) {
 
 void encoder_input_grad(PassContext& c, const float* dpre_col_sum) {
     if (c.encode_x) return;
-    c.be.gemm(false, false, 1, c.d, c.n, -1.0f, dpre_col_sum, c.n, c.seg(ParamLayout::kWEnc), c.d,
-              1.0f, c.grad(ParamLayout::kBDec), c.d);
+    c.be.gemm(false, false, 1, c.d, c.n, -1.0f, dpre_col_sum, c.n, c.seg("W_enc"), c.d, 1.0f,
+              c.grad("b_dec"), c.d);
 }
 
 void decode_dense(PassContext& c, const float* z) {
-    c.be.gemm(false, false, c.B, c.d, c.n, 1.0f, z, c.n, c.seg(ParamLayout::kWDec), c.d, 1.0f,
-              c.xhat, c.d);
+    c.be.gemm(false, false, c.B, c.d, c.n, 1.0f, z, c.n, c.seg("W_dec"), c.d, 1.0f, c.xhat, c.d);
 }
 
 void decoder_backward_dense(PassContext& c, const float* z, float* dz) {
-    c.be.gemm(true, false, c.n, c.d, c.B, 1.0f, z, c.n, c.xhat, c.d, 0.0f,
-              c.grad(ParamLayout::kWDec), c.d);
-    c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xhat, c.d, c.seg(ParamLayout::kWDec), c.d, 0.0f,
-              dz, c.n);
+    c.be.gemm(true, false, c.n, c.d, c.B, 1.0f, z, c.n, c.xhat, c.d, 0.0f, c.grad("W_dec"), c.d);
+    c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xhat, c.d, c.seg("W_dec"), c.d, 0.0f, dz, c.n);
 }
 
 void encoder_weight_grad(PassContext& c, const float* dpre) {
@@ -78,11 +74,10 @@ void encoder_weight_grad(PassContext& c, const float* dpre) {
         const int64_t dl = c.d / c.layers, nl = c.n / c.layers;
         for (int64_t l = 0; l < c.layers; ++l)
             c.be.gemm(true, false, nl, dl, c.B, 1.0f, dpre + l * nl, c.n, c.xc + l * dl, c.d, 0.0f,
-                      c.grad(ParamLayout::kWEnc) + l * nl * c.d + l * dl, c.d);
+                      c.grad("W_enc") + l * nl * c.d + l * dl, c.d);
         return;
     }
-    c.be.gemm(true, false, c.n, c.d, c.B, 1.0f, dpre, c.n, c.xc, c.d, 0.0f,
-              c.grad(ParamLayout::kWEnc), c.d);
+    c.be.gemm(true, false, c.n, c.d, c.B, 1.0f, dpre, c.n, c.xc, c.d, 0.0f, c.grad("W_enc"), c.d);
 }
 
 void KSelection::validate(const SaeConfig& cfg, int64_t n, const std::string& where) const {
@@ -97,16 +92,16 @@ double KSelection::flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) c
 
 std::vector<ExportTensor> saelens_base(const SaeWeights& w, const char* b_enc_name) {
     const int64_t d = w.d_model, n = w.n_latents;
-    return {{"W_enc", {d, n}, w.w_enc},
-            {b_enc_name, {n}, w.b_enc},
-            {"W_dec", {n, d}, w.w_dec},
-            {"b_dec", {d}, w.b_dec}};
+    return {{"W_enc", {d, n}, w.at("W_enc")},
+            {b_enc_name, {n}, w.at("b_enc")},
+            {"W_dec", {n, d}, w.at("W_dec")},
+            {"b_dec", {d}, w.at("b_dec")}};
 }
 
 const std::vector<float>& extra_tensor(const SaeWeights& w, const std::string& name) {
-    for (const auto& [key, value] : w.extra)
-        if (key == name) return value;
-    throw Error(fmt::format("the SAE's weights have no '{}' tensor", name));
+    const WeightTensor* t = w.find(name);
+    if (!t) throw Error(fmt::format("the SAE's weights have no '{}' tensor", name));
+    return t->data;
 }
 
 std::string l1_suffix(const SaeConfig& cfg) {
@@ -291,16 +286,16 @@ void dead_only_bias(PassContext& c, float* bias, std::vector<float>& host, bool 
     host.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) host[i] = (*c.dead)[i] ? 0.0f : -inf;
     c.be.upload(bias, host.data(), n * static_cast<int64_t>(sizeof(float)));
-    if (with_b_enc) c.be.axpby(bias, c.seg(ParamLayout::kBEnc), 1.0f, 1.0f, n);
+    if (with_b_enc) c.be.axpby(bias, c.seg("b_enc"), 1.0f, 1.0f, n);
 }
 
 SparseBackward sparse_backward(const PassContext& c, const float* x, const float* derr,
                                const int32_t* idx, const float* val, int64_t rows, int64_t k) {
     SparseBackward a;
-    a.x = x, a.derr = derr, a.idx = idx, a.val = val, a.w_dec = c.seg(ParamLayout::kWDec);
+    a.x = x, a.derr = derr, a.idx = idx, a.val = val, a.w_dec = c.seg("W_dec");
     a.rows = rows, a.n = c.n, a.k = k, a.d = c.d;
-    a.dw_enc = c.grad(ParamLayout::kWEnc), a.dw_dec = c.grad(ParamLayout::kWDec);
-    a.db_enc = c.grad(ParamLayout::kBEnc);
+    a.dw_enc = c.grad("W_enc"), a.dw_dec = c.grad("W_dec");
+    a.db_enc = c.grad("b_enc");
     a.fires = c.fires, a.stats = c.stats;
     return a;
 }
@@ -346,7 +341,7 @@ void AuxK::backward(PassContext& c, const float* pre, bool pre_has_b_enc) {
         const auto count = static_cast<int64_t>(dead_ids_host_.size());
         ensure(dead_ids_, be, count);
         be.upload(dead_ids_.data(), dead_ids_host_.data(), count * int64_t{sizeof(int32_t)});
-        const float* b_enc = c.seg(ParamLayout::kBEnc);
+        const float* b_enc = c.seg("b_enc");
         if (pre_has_b_enc) {
             if (zeros_.size() < c.n) {
                 zeros_ = DeviceArray<float>(be, c.n);
@@ -358,7 +353,7 @@ void AuxK::backward(PassContext& c, const float* pre, bool pre_has_b_enc) {
                                 val_.data(), false, bias_.data());
     }
     be.fill(ehat_.data(), B * d, 0.0f);
-    be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k, d, ehat_.data());
+    be.sparse_decode(idx_.data(), val_.data(), c.seg("W_dec"), B, k, d, ehat_.data());
     sum_over_latent_shards(c, ehat_.data(), B * d);  // the latent shards' partial e_hat
     // e = x - x_hat = -(dL/dx_hat) / grad_scale; then e_hat - e in place, scaled to its gradient.
     be.axpby(target_.data(), c.xhat, -1.0f / c.grad_scale, 0.0f, B * d);
@@ -379,7 +374,7 @@ void SelectionPass::backward(PassContext& c, int64_t, int64_t) {
     c.be.topk_backward(a);
     auxk_.backward(c, c.pre);
     extra_backward(c);
-    encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+    encoder_input_grad(c, c.grad("b_enc"));
 }
 
 }  // namespace saetrain::arch

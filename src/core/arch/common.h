@@ -306,8 +306,7 @@ protected:
     }
     // ctx.xhat += the selection's rows of W_dec, weighted by their values.
     void decode_selection(PassContext& c) {
-        c.be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), c.B, width_, c.d,
-                           c.xhat);
+        c.be.sparse_decode(idx_.data(), val_.data(), c.seg("W_dec"), c.B, width_, c.d, c.xhat);
     }
 
     Backend& be_;

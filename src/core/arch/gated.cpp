@@ -118,15 +118,15 @@ public:
     }
     void forward(PassContext& c, bool) override {
         encode(c);
-        ops_.gated_forward(c.pre, c.seg(ParamLayout::kBEnc), c.seg("r_mag"), c.seg("b_mag"), c.B,
-                           c.n, z_.data(), gate_.data());
+        ops_.gated_forward(c.pre, c.seg("b_enc"), c.seg("r_mag"), c.seg("b_mag"), c.B, c.n,
+                           z_.data(), gate_.data());
         decode_dense(c, z_.data());
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
         Backend& be = c.be;
         const int64_t B = c.B, d = c.d, n = c.n;
-        const float* w_dec = c.seg(ParamLayout::kWDec);
-        float* g_w_dec = c.grad(ParamLayout::kWDec);
+        const float* w_dec = c.seg("W_dec");
+        float* g_w_dec = c.grad("W_dec");
         l1_ = coeff_.at(step, total_steps);
         // The gate path's reconstruction and its gradient (b_dec and W_dec held fixed).
         start_reconstruction(c, ahat_.data());
@@ -144,10 +144,10 @@ public:
         be.row_norms(w_dec, n, d, c.dec_norms);
         const float l1_eff = static_cast<float>(l1_ / static_cast<double>(c.norm_rows));
         GatedBackward a;
-        a.pre = c.pre, a.b_gate = c.seg(ParamLayout::kBEnc), a.r_mag = c.seg("r_mag");
+        a.pre = c.pre, a.b_gate = c.seg("b_enc"), a.r_mag = c.seg("r_mag");
         a.b_mag = c.seg("b_mag"), a.dec_norms = c.dec_norms, a.l1 = l1_eff, a.rows = B, a.n = n;
         a.dz_to_dpre = dz_.data(), a.dgate = dgate_.data();
-        a.db_gate = c.grad(ParamLayout::kBEnc), a.dr_mag = c.grad("r_mag");
+        a.db_gate = c.grad("b_enc"), a.dr_mag = c.grad("r_mag");
         a.db_mag = c.grad("b_mag"), a.dpre_col_sum = dpre_sum_.data();
         a.gate_col_sum = c.col_scratch, a.fires = c.fires, a.stats = c.stats;
         ops_.gated_backward(a);
@@ -157,7 +157,7 @@ public:
             // AuxK on the dead latents' gate pre-activations g = pre + b_gate (c.pre is kept).
             // What it adds to G.b_gate also enters b_dec's gradient through dpre_sum, and
             // G.b_mag: a gate it opens then opens on a positive magnitude.
-            float* g_b_gate = c.grad(ParamLayout::kBEnc);
+            float* g_b_gate = c.grad("b_enc");
             be.axpby(aux_db_.data(), g_b_gate, 1.0f, 0.0f, n);
             auxk_.backward(c, c.pre);
             be.axpby(aux_db_.data(), g_b_gate, 1.0f, -1.0f, n);
@@ -194,8 +194,11 @@ public:
                "auxiliary gate reconstruction";
     }
     std::vector<const ArchOpSet*> op_sets() const override { return {&gated_op_set()}; }
-    std::vector<ParamSegment> extra_params(const SaeConfig&, int64_t n, int64_t) const override {
-        return {{"r_mag", n, 1, true, false}, {"b_mag", n, 1, true, false}};
+    std::vector<ParamSegment> tensors(const SaeConfig&, int64_t n, int64_t d) const override {
+        std::vector<ParamSegment> s = sae_tensors(n, d);
+        s.push_back(latent_vector("r_mag", n));
+        s.push_back(latent_vector("b_mag", n));
+        return s;
     }
     // AuxK at twice the others' weight (1/16): on the frontier's MiniLM rows at target L0 32 it
     // leaves 3.3% of the latents dead on the held-out rows (1/32: 5.4%) for 1.5% of FVU, and at
@@ -225,7 +228,7 @@ public:
         const std::vector<double> theta =
             thresholds_at_l0(v, rows, n, target_l0_key()(cfg), replicas, over_latent_shards);
         if (theta.empty()) return;
-        const int64_t off = layout.offset(layout.segments()[ParamLayout::kBEnc].name);
+        const int64_t off = layout.offset(layout.segment("b_enc").name);
         for (int64_t i = 0; i < n; ++i) p[off + i] -= static_cast<float>(theta[i]);
     }
     bool refits_encoder_scale() const override { return true; }
@@ -238,12 +241,10 @@ public:
         ArchExport e;
         e.saelens_architecture = "gated";
         const int64_t d = w.d_model, n = w.n_latents;
-        e.saelens_tensors = {{"W_enc", {d, n}, w.w_enc},
-                             {"b_gate", {n}, w.b_enc},
-                             {"r_mag", {n}, extra_tensor(w, "r_mag")},
-                             {"b_mag", {n}, extra_tensor(w, "b_mag")},
-                             {"W_dec", {n, d}, w.w_dec},
-                             {"b_dec", {d}, w.b_dec}};
+        e.saelens_tensors = {
+            {"W_enc", {d, n}, w.at("W_enc")},         {"b_gate", {n}, w.at("b_enc")},
+            {"r_mag", {n}, extra_tensor(w, "r_mag")}, {"b_mag", {n}, extra_tensor(w, "b_mag")},
+            {"W_dec", {n, d}, w.at("W_dec")},         {"b_dec", {d}, w.at("b_dec")}};
         e.sparsify_refusal = "sparsify has no gated activation";
         return e;
     }

@@ -162,8 +162,7 @@ public:
     }
     void forward(PassContext& c, bool) override {
         encode(c);
-        ops_.jumprelu_forward(c.pre, c.seg(ParamLayout::kBEnc), log_thresholds(c), c.B, c.n,
-                              z_.data());
+        ops_.jumprelu_forward(c.pre, c.seg("b_enc"), log_thresholds(c), c.B, c.n, z_.data());
         decode_dense(c, z_.data());
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
@@ -176,13 +175,13 @@ public:
         a.v = c.pre, a.log_threshold = shifts_ ? shifted_.data() : c.seg("log_threshold");
         a.bandwidth = static_cast<float>(keys().bandwidth(cfg_)), a.l0 = l0_eff, a.rows = B,
         a.n = n;
-        a.dz_to_dpre = dz_.data(), a.db_enc = c.grad(ParamLayout::kBEnc);
+        a.dz_to_dpre = dz_.data(), a.db_enc = c.grad("b_enc");
         a.dlog_threshold = c.grad("log_threshold"), a.fires = c.fires, a.stats = c.stats;
         ops_.jumprelu_backward(a);
         encoder_weight_grad(c, dz_.data());
         // AuxK among the dead latents' pre-activations (ctx.pre holds them, b_enc added).
         auxk_.backward(c, c.pre, true);
-        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+        encoder_input_grad(c, c.grad("b_enc"));
     }
     double penalty(const float* st) const override {
         return l0_ * st[kStatL0] + decorr_.penalty(st) + auxk_.penalty(st);
@@ -274,11 +273,11 @@ public:
         const double t = target_l0_key()(cfg);
         return t > 0 ? fmt::format("target_l0_{}", t) : fmt::format("l0_{}", cfg.l0_coeff);
     }
-    std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t n,
-                                           int64_t) const override {
-        ParamSegment t{"log_threshold", n, 1, true, false};
-        t.lr_scale = static_cast<float>(keys().threshold_lr_scale(cfg));
-        return {t};
+    std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
+        std::vector<ParamSegment> s = sae_tensors(n, d);
+        s.push_back(latent_vector("log_threshold", n));
+        s.back().lr_scale = static_cast<float>(keys().threshold_lr_scale(cfg));
+        return s;
     }
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs&) const override {
@@ -286,7 +285,7 @@ public:
         const double t = keys().init_threshold(cfg);
         const int64_t off = layout.offset("log_threshold");
         const auto v = static_cast<float>(std::log(t > 0 ? t : kPlaceholderThreshold));
-        const int64_t n = layout.segments()[ParamLayout::kBEnc].rows;
+        const int64_t n = layout.segment("b_enc").rows;
         std::fill(p.begin() + off, p.begin() + off + n, v);
     }
     bool inits_from_preactivations(const SaeConfig& cfg) const override {
@@ -319,8 +318,8 @@ public:
         e.saelens_tensors = saelens_base(w);
         std::vector<float> t = extra_tensor(w, "log_threshold");
         float shift = 0;
-        for (const auto& [name, value] : w.extra)
-            if (name == kShiftBuffer && value.size() == 1) shift = value[0];
+        if (const WeightTensor* s = w.find(kShiftBuffer); s && s->data.size() == 1)
+            shift = s->data[0];
         for (float& v : t) v = std::exp(v + shift);
         e.saelens_tensors.push_back({"threshold", {w.n_latents}, std::move(t)});
         e.sparsify_refusal = "sparsify has no JumpReLU activation";

@@ -194,7 +194,7 @@ private:
         mops_.prefix_mask(idx_.data(), val_.data(), count, local_prefix(c, prefixes_[i]),
                           masked_.data());
         start_reconstruction(c, recon_.data());
-        c.be.sparse_decode(idx_.data(), masked_.data(), c.seg(ParamLayout::kWDec), c.B, width_, c.d,
+        c.be.sparse_decode(idx_.data(), masked_.data(), c.seg("W_dec"), c.B, width_, c.d,
                            recon_.data());
         sum_over_latent_shards(c, recon_.data(), c.B * c.d);
     }
@@ -210,8 +210,7 @@ private:
             // recon_ becomes dL_i/dD_i; col_ + d its column sums, b_dec's direct term.
             be.residual(recon_.data(), c.y, c.B, c.d, c.grad_scale, col_.data(), col_.data() + c.d,
                         st);
-            if (first_latent_shard)
-                be.axpby(c.grad(ParamLayout::kBDec), col_.data() + c.d, 1.0f, 1.0f, c.d);
+            if (first_latent_shard) be.axpby(c.grad("b_dec"), col_.data() + c.d, 1.0f, 1.0f, c.d);
             SparseBackward a =
                 sparse_backward(c, c.xc, recon_.data(), idx_.data(), masked_.data(), c.B, width_);
             // The main pass counted the firings and the L0 already.

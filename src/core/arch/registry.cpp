@@ -1,4 +1,4 @@
-// registry.cpp — the one list of architectures, and the parameter layout they share.
+// registry.cpp — the one list of architectures.
 #include <algorithm>
 
 #include "common.h"
@@ -93,31 +93,6 @@ void arch_check_backend(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
 
 void ArchPass::set_buffer(const std::string& name, const std::vector<float>&) {
     throw Error(fmt::format("this architecture keeps no tensor called '{}'", name));
-}
-
-ParamLayout::ParamLayout(int64_t n, int64_t d, const std::vector<ParamSegment>& extra) {
-    segs_ = {
-        {"W_enc", n, d, true, true},
-        {"W_dec", n, d, true, true},
-        {"b_enc", n, 1, true, false},
-        {"b_dec", 1, d, false, false},
-    };
-    segs_.insert(segs_.end(), extra.begin(), extra.end());
-    for (ParamSegment& s : segs_) {
-        s.offset = total_;
-        total_ += s.size();
-    }
-}
-
-bool ParamLayout::has(const std::string& name) const {
-    return std::any_of(segs_.begin(), segs_.end(),
-                       [&](const ParamSegment& s) { return s.name == name; });
-}
-
-int64_t ParamLayout::offset(const std::string& name) const {
-    for (const ParamSegment& s : segs_)
-        if (s.name == name) return s.offset;
-    throw Error(fmt::format("the SAE has no parameter '{}'", name));
 }
 
 }  // namespace saetrain

@@ -107,26 +107,26 @@ public:
             aux_pre_ = pre_copy_.data();
         }
         z_ = c.pre;
-        ops_.relu_forward(c.pre, c.seg(ParamLayout::kBEnc), c.B, c.n);
+        ops_.relu_forward(c.pre, c.seg("b_enc"), c.B, c.n);
         decode_dense(c, c.pre);
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
         Backend& be = c.be;
         const int64_t B = c.B, d = c.d, n = c.n;
-        const float* w_dec = c.seg(ParamLayout::kWDec);
-        float* g_w_dec = c.grad(ParamLayout::kWDec);
+        const float* w_dec = c.seg("W_dec");
+        float* g_w_dec = c.grad("W_dec");
         l1_ = coeff_.at(step, total_steps);
         // Five dense GEMMs in all: encoder, decoder, and these three.
         decoder_backward_dense(c, c.pre, dz_.data());
         decorr_.dense(c, c.pre, dz_.data());
         be.row_norms(w_dec, n, d, c.dec_norms);
         const float l1_eff = static_cast<float>(l1_ / static_cast<double>(c.norm_rows));
-        ops_.relu_backward(c.pre, dz_.data(), c.dec_norms, l1_eff, B, n, c.grad(ParamLayout::kBEnc),
+        ops_.relu_backward(c.pre, dz_.data(), c.dec_norms, l1_eff, B, n, c.grad("b_enc"),
                            c.col_scratch, c.fires, c.stats);
         encoder_weight_grad(c, dz_.data());
         if (l1_ > 0) be.add_norm_grad(w_dec, c.col_scratch, l1_eff, g_w_dec, n, d);
         if (aux_pre_) auxk_.backward(c, aux_pre_);  // adds to the gradients above
-        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+        encoder_input_grad(c, c.grad("b_enc"));
     }
     double penalty(const float* st) const override {
         return l1_ * st[kStatL1] + decorr_.penalty(st) + auxk_.penalty(st);

@@ -159,7 +159,7 @@ public:
     void forward(PassContext& c, bool) override {
         Backend& be = c.be;
         const int64_t B = c.B, d = c.d, E = E_, ne = ne_;
-        const float* b_dec = c.seg(ParamLayout::kBDec);
+        const float* b_dec = c.seg("b_dec");
         be.sub_rows(c.xc, c.x, b_dec, B, d);
         be.broadcast_rows(c.xhat, b_dec, B, d);
         be.gemm(false, true, B, E, d, 1.0f, c.xc, d, c.seg("W_router"), d, 0.0f, logits_.data(), E);
@@ -171,14 +171,14 @@ public:
             if (rows == 0) continue;
             float* pre = pre_.data() + o * ne;
             be.gemm(false, true, rows, ne, d, 1.0f, xs_.data() + o * d, d,
-                    c.seg(ParamLayout::kWEnc) + e * ne * d, d, 0.0f, pre, ne);
-            be.topk_forward(pre, c.seg(ParamLayout::kBEnc) + e * ne, rows, ne, k_,
-                            idx_.data() + o * k_, val_.data() + o * k_, true);
+                    c.seg("W_enc") + e * ne * d, d, 0.0f, pre, ne);
+            be.topk_forward(pre, c.seg("b_enc") + e * ne, rows, ne, k_, idx_.data() + o * k_,
+                            val_.data() + o * k_, true);
             be.offset_indices(idx_.data() + o * k_, rows * k_, static_cast<int32_t>(e * ne));
         }
         // y = z W_dec in expert order; x_hat += p_e * y in token order.
         be.fill(ys_.data(), B * d, 0.0f);
-        be.sparse_decode(idx_.data(), val_.data(), c.seg(ParamLayout::kWDec), B, k_, d, ys_.data());
+        be.sparse_decode(idx_.data(), val_.data(), c.seg("W_dec"), B, k_, d, ys_.data());
         ops_.gather_rows(c.xhat, ys_.data(), inv_.data(), p_token_.data(), 1.0f, B, d);
         ops_.gather_index_rows(act_idx_.data(), idx_.data(), inv_.data(), B, k_);
         ops_.gather_rows(act_val_.data(), val_.data(), inv_.data(), p_token_.data(), 0.0f, B, k_);
@@ -194,7 +194,7 @@ public:
             arch::sparse_backward(c, xs_.data(), derr_s_.data(), idx_.data(), val_.data(), B, k_));
         auxk(c);
         router_backward(c);
-        encoder_input_grad(c, c.grad(ParamLayout::kBEnc));
+        encoder_input_grad(c, c.grad("b_enc"));
     }
 
     double penalty(const float* st) const override {
@@ -294,7 +294,7 @@ private:
                             false);
             be.offset_indices(idx, rows * k, static_cast<int32_t>(e * ne));
             be.fill(ehat, rows * d, 0.0f);
-            be.sparse_decode(idx, val, c.seg(ParamLayout::kWDec), rows, k, d, ehat);
+            be.sparse_decode(idx, val, c.seg("W_dec"), rows, k, d, ehat);
             be.residual(ehat, target_.data() + o * d, rows, d, aux_scale, scratch_.data(),
                         scratch_.data() + d, astats_.data());
             SparseBackward a =
@@ -350,7 +350,7 @@ private:
         be.upload(c.grad("b_router"), col_host_.data(), E * int64_t{sizeof(float)});
         be.gemm(true, false, E, d, B, 1.0f, ds_.data(), E, c.xc, d, 0.0f, c.grad("W_router"), d);
         be.gemm(false, false, 1, d, E, -1.0f, c.grad("b_router"), E, c.seg("W_router"), d, 1.0f,
-                c.grad(ParamLayout::kBDec), d);
+                c.grad("b_dec"), d);
     }
 
     int64_t E_, ne_, k_, d_, n_, k_aux_;
@@ -409,17 +409,21 @@ public:
         // each expert selects alone
         return arch::topk_uses(cfg, cfg.k, d, n / keys().n_experts(cfg));
     }
-    std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t,
-                                           int64_t d) const override {
+    // The router reads the centred input as W_enc does (its activation-scale fold is W_enc's).
+    std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
         const int64_t E = keys().n_experts(cfg);
-        return {{"W_router", E, d, false, true}, {"b_router", 1, E, false, false}};
+        std::vector<ParamSegment> s = sae_tensors(n, d);
+        s.push_back(whole_tensor("W_router", E, d, true));
+        s.back().fold = ScaleFold::times_c;
+        s.push_back(whole_tensor("b_router", 1, E, false));
+        return s;
     }
     // Random unit directions scaled so that a router logit has about unit spread on the first
     // batch (a random direction sees ||x - b_dec|| / sqrt(d) of it); b_router = 0.
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs& in) const override {
         const int64_t o = layout.offset("W_router");
-        const int64_t E = keys().n_experts(cfg), d = layout.segments()[ParamLayout::kBDec].cols;
+        const int64_t E = keys().n_experts(cfg), d = layout.segment("b_dec").cols;
         std::mt19937_64 rng(in.seed ^ 0x5717c4e5ULL);
         std::normal_distribution<double> normal(0.0, 1.0);
         const double scale = std::sqrt(static_cast<double>(d)) / std::max(in.centred_rms, 1e-12);
@@ -441,8 +445,8 @@ public:
                         const float* x, int64_t rows, Communicator& replicas) const override {
         const int64_t E = keys().n_experts(cfg);
         if (keys().router_init(cfg) != "kmeans" || E < 2) return;
-        const int64_t d = layout.segments()[ParamLayout::kBDec].cols;
-        const float* b_dec = p.data() + layout.segments()[ParamLayout::kBDec].offset;
+        const int64_t d = layout.segment("b_dec").cols;
+        const float* b_dec = p.data() + layout.segment("b_dec").offset;
         const int64_t o = layout.offset("W_router"), ob = layout.offset("b_router");
         rows = std::min(rows, kRouterInitRows);
         std::vector<float> xc(static_cast<size_t>(rows * d));

@@ -13,7 +13,7 @@ public:
     void reserve(int64_t rows) override { reserve_selection(rows); }
     void forward(PassContext& c, bool) override {
         encode(c);
-        select_topk(c, c.seg(ParamLayout::kBEnc), width_, idx_.data(), val_.data(), true, scratch_);
+        select_topk(c, c.seg("b_enc"), width_, idx_.data(), val_.data(), true, scratch_);
         decode_selection(c);
     }
 };

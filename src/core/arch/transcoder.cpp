@@ -112,14 +112,10 @@ public:
         const std::string inner = a.id_suffix(cfg);
         return &a == &topk_arch() ? inner : std::string(a.name()) + "-" + inner;
     }
-    std::vector<ParamSegment> extra_params(const SaeConfig& cfg, int64_t n,
-                                           int64_t d) const override {
-        std::vector<ParamSegment> s = transcoder_activation_arch(cfg).extra_params(cfg, n, d);
-        if (skip_) {
-            ParamSegment w;
-            w.name = kWSkip, w.rows = d, w.cols = d, w.per_latent = false, w.decay = false;
-            s.push_back(w);  // from zero (the parameters are zero before init_extra)
-        }
+    std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
+        std::vector<ParamSegment> s = transcoder_activation_arch(cfg).tensors(cfg, n, d);
+        // From zero (the parameters are zero before init_extra).
+        if (skip_) s.push_back(whole_tensor(kWSkip, d, d, false));
         return s;
     }
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
@@ -177,7 +173,7 @@ public:
             transcoder_activation_arch(cfg).make_pass(cfg, d, n, be), skip_);
     }
     bool latent_shardable() const override { return true; }  // as TopK, BatchTopK and JumpReLU
-    bool transcodes() const override { return true; }
+    RowSpec rows() const override { return {true, false}; }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         return transcoder_activation_arch(cfg).limited_ops(cfg, d, n);
     }
