@@ -150,19 +150,16 @@ const ArchKey<double>& target_l0_rate_key();
 // target: after every step, with err = log(L0 / target_t) (L0 per token over all replicas), it
 // moves log(coefficient) by kGain * err + kDamping * (err - the previous step's err), starting
 // from the configured coefficient. The first term (integral) removes a lasting error; the
-// second (proportional, in velocity form) damps the swing the first alone leaves: the L0
-// answers the coefficient only as the weights move, so on MiniLM at target 32 the integral
-// alone drove Gated's L0 from 45 at step 100 to 26 at step 150 and back (held-out FVU 0.1279 at
-// L0 29.9); damped, it settles from step 80 on (0.1220 at 30.5; docs/architectures.md).
-// target_t falls geometrically from the first step's L0 to the target (the SAE sparsifies
-// gradually) by sae.target_l0_rate in log L0 a step, over at least half the L1 ramp and at most
-// all of it (descent_steps), then holds: on MiniLM at targets 64 and 128 a descent over the whole
-// ramp left Gated 7-14% worse than at 0.1 a step, and on planted features one over less than
-// half the ramp recovered 0.85 of them, against 0.95 (Gated, which now starts at its target,
-// has no descent: Gated::init_from_preactivations). The coefficient is frozen for the last
-// kFrozenFraction of the run so its last steps are stationary. The coefficient, the first L0
-// and the last error are buffers (checkpointed: a resume continues them bitwise; written to
-// final.h5); a checkpoint from before the damping has no error buffer and resumes from 0.
+// second (proportional, in velocity form) damps the swing the first alone leaves, because the
+// L0 answers the coefficient only as the weights move. target_t falls geometrically from the
+// first step's L0 to the target (the SAE sparsifies gradually) by sae.target_l0_rate in log L0 a
+// step, over at least half the L1 ramp and at most all of it (descent_steps), then holds: a
+// slower or a shorter descent trained worse (docs/architectures.md, "A target L0", has the
+// runs). Gated, which starts at its target, has no descent (Gated::init_from_preactivations). The
+// coefficient is frozen for the last kFrozenFraction of the run so its last steps are stationary.
+// The coefficient, the first L0 and the last error are buffers (checkpointed: a resume continues
+// them bitwise; written to final.h5); a checkpoint from before the damping has no error buffer and
+// resumes from 0.
 class SparsityCoefficient {
 public:
     static constexpr double kGain = 0.1;

@@ -182,10 +182,9 @@ private:
     double l1_ = 0;
 };
 
-// Its defaults (L1Penalized), on the frontier's MiniLM rows at sae.target_l0 32 (docs/results.md):
-// held-out FVU 0.1156 with 3.3% dead (signum at 1.5 times the rule's lr, AuxK at 1/16, started at
-// its target; train.dead_tokens 50,000; 0.1146-0.1153 over three seeds) against AdamW's 0.1394 with
-// 48.8%.
+// Its defaults (L1Penalized: signum at 1.5 times the rule's lr, AuxK at 1/16, started at its
+// target) were chosen on the frontier's MiniLM rows at sae.target_l0 32, against AdamW
+// (docs/architectures.md, "The optimizer" and AuxK).
 class Gated final : public L1Penalized {
 public:
     const char* name() const override { return "gated"; }
@@ -200,17 +199,13 @@ public:
         s.push_back(latent_vector("b_mag", n));
         return s;
     }
-    // AuxK at twice the others' weight (1/16): on the frontier's MiniLM rows at target L0 32 it
-    // leaves 3.3% of the latents dead on the held-out rows (1/32: 5.4%) for 1.5% of FVU, and at
-    // 64 and 128 both fall (docs/architectures.md, AuxK).
+    // AuxK at twice the others' weight (1/16): fewer dead latents for a little FVU at target L0
+    // 32, both lower at 64 and 128 (docs/architectures.md, AuxK).
     std::vector<std::pair<std::string, ConfigValue>> key_defaults() const override {
         return {{"train.auxk_coeff", 0.0625}};
     }
-    // Signum at 1.5 times the rule's lr (ReLU: twice). On the frontier's MiniLM rows at target
-    // L0 32 (6,144 latents: 0.0091) lr 0.009 gave held-out FVU 0.1146 / 0.1151 / 0.1153 with
-    // 3.1 / 3.5 / 3.0% dead over seeds 0 / 1 / 2, against twice the rule's (0.0121) 0.1173 /
-    // 0.1181 / 0.1166 with 4.1 / 3.6 / 3.5%; on seed 0 three times (0.018) gave 0.1235 and the
-    // rule's own (0.006) 0.1182.
+    // Signum at 1.5 times the rule's lr (ReLU: twice): better over three seeds than twice the
+    // rule's, and than three times or the rule's own (docs/architectures.md, "The optimizer").
     double signum_lr(double rule_lr) const override { return penalized_signum_lr(rule_lr, 1.5); }
     // With sae.target_l0 the SAE starts at it: each gate bias is lowered by the latent's
     // threshold at the target on the first batch (thresholds_at_l0; the gate is pre + b_gate,

@@ -104,15 +104,13 @@ private:
 constexpr double kPlaceholderThreshold = 0.001;
 constexpr double kDefaultInitL0 = 32;
 // Adam moves each log(threshold) by about the learning rate a step, whatever the L0
-// coefficient: at train.lr 1e-3 a threshold can change by e^0.24 = 1.27x over a 240-step run,
-// too slow to follow the encoder's pre-activations as they grow. With sae.target_l0 alone on the
-// coefficient, MiniLM's L0 stayed at 250 for a target of 32 while the coefficient grew to 5e10;
-// with the thresholds' lr 10x (sae.jumprelu_threshold_lr_scale) they caught up and the grown
-// coefficient collapsed the SAE (L0 3.8, 69% dead). So with sae.target_l0 every threshold is
-// exp(log_threshold + shift), one shift for the SAE that a controller moves after every step
-// to hold the L0 at its target (JumpReluPass::after_update): the L0 follows the shift at once and
-// the coefficient's error stays small. The shift is a buffer (checkpointed, in final.h5); the
-// exports fold it into the thresholds.
+// coefficient: too slow to follow the encoder's pre-activations as they grow, and once a faster
+// threshold lr lets them catch up, a coefficient grown meanwhile collapses the SAE
+// (docs/architectures.md, "JumpReLU's threshold shift", has the runs). So with sae.target_l0 every
+// threshold is exp(log_threshold + shift), one shift for the SAE that a controller moves after
+// every step to hold the L0 at its target (JumpReluPass::after_update): the L0 follows the shift at
+// once and the coefficient's error stays small. The shift is a buffer (checkpointed, in final.h5);
+// the exports fold it into the thresholds.
 constexpr const char* kShiftBuffer = "log_threshold_shift";
 constexpr double kDefaultThresholdLrScale = 1;
 
@@ -257,10 +255,8 @@ public:
         return {"train.l0_coeff", "sae.target_l0"};
     }
     std::vector<const ArchOpSet*> op_sets() const override { return {&jumprelu_op_set()}; }
-    // Signum at the rule's lr, with AuxK: on MiniLM's quickstart rows at sae.target_l0 32 (dead
-    // after 200,000 tokens), held-out FVU 0.1162 at L0 31.3 with 6.6% dead, against AdamW's
-    // 0.1325 at 31.8 with 4.8% (AuxK revives none under AdamW); at twice the lr 0.1168 with 8.3%.
-    // With configs/minilm.yaml's 100,000: 0.1160 with 3.5% (docs/architectures.md).
+    // Signum at the rule's lr, with AuxK: a lower held-out FVU than AdamW's at the same L0, and
+    // than twice the lr (docs/architectures.md, "The optimizer").
     const char* default_optimizer() const override { return "signum"; }
     void validate(const SaeConfig& cfg, int64_t, const std::string& where) const override {
         SAE_ENFORCE(keys().bandwidth(cfg) >= 0, "{}sae.jumprelu_bandwidth must be >= 0 (got {})",

@@ -146,9 +146,8 @@ private:
     double l1_ = 0;
 };
 
-// Its defaults (L1Penalized), on the frontier's MiniLM rows at sae.target_l0 32 (docs/results.md):
-// held-out FVU 0.145 with 11% dead (signum at twice the rule's lr, AuxK) against AdamW's 0.214 with
-// 68%.
+// Its defaults (L1Penalized: signum at twice the rule's lr, AuxK) were chosen on the frontier's
+// MiniLM rows at sae.target_l0 32, against AdamW (docs/architectures.md, "The optimizer").
 class Relu final : public L1Penalized {
 public:
     const char* name() const override { return "relu"; }

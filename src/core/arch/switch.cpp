@@ -439,8 +439,8 @@ public:
     // of the first batch's rows about b_dec (balanced_router_clusters, from the random
     // directions above, at their scale), b_router the biases that balance them. Each expert
     // then starts on a region of the data of its own, every expert with about 1 / E of the
-    // rows. (On the MiniLM quickstart rows, 8 experts at k 32: held-out FVU 0.1381 with 1.9%
-    // dead against 0.1577 with 0.9% from the random router; docs/architectures.md.)
+    // rows. It trained to a lower held-out FVU than the random router (docs/architectures.md,
+    // Switch).
     void init_from_rows(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                         const float* x, int64_t rows, Communicator& replicas) const override {
         const int64_t E = keys().n_experts(cfg);
