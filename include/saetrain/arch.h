@@ -241,6 +241,16 @@ struct ArchExport {
     // cannot, and circuit_tracer_refusal says why).
     std::vector<float> circuit_tracer_threshold;
     std::string circuit_tracer_refusal;
+    // A cross-layer transcoder in circuit-tracer's CLT layout (cross_layer_transcoder.py,
+    // load_clt), one entry per layer l of L, each of F features and d_l values a layer:
+    // W_enc [F, d_l] (pre = x_l W_enc^T + b_enc), b_enc [F], b_dec [d_l], threshold [F] (a
+    // JumpReLU's), W_dec [F, L - l, d_l] (a feature's decoders to layers l..L-1, one row).
+    // Empty unless it is one and circuit-tracer can load it (circuit_tracer_refusal says why).
+    struct CltLayer {
+        std::vector<float> w_enc, b_enc, b_dec, threshold, w_dec;
+    };
+    std::vector<CltLayer> clt_layers;
+    int64_t clt_features = 0, clt_width = 0;  // F and d_l
 };
 
 class Architecture {

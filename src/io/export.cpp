@@ -111,6 +111,57 @@ std::vector<std::string> circuit_tracer_export(const SaeWeights& w, const SaeMet
     return {weights, cfg_path};
 }
 
+// circuit-tracer's cross-layer transcoder (circuit_tracer.transcoder.cross_layer_transcoder,
+// load_clt): per layer l, W_enc_l.safetensors with W_enc_l [F, d_l], b_enc_l [F], b_dec_l [d_l]
+// and threshold_l [F], and W_dec_l.safetensors with W_dec_l [F, L - l, d_l]; config.yaml names
+// the kind and the hooks (model_kind: cross_layer_transcoder).
+std::vector<std::string> circuit_tracer_clt_export(const SaeMeta& meta, const ArchExport& ex,
+                                                   const std::string& dir,
+                                                   const ExportSource& source) {
+    SAE_ENFORCE(source.layer < 0,
+                "cannot export '{}' with --layer {}: a cross-layer transcoder spans every layer "
+                "(0..{}); leave --layer out",
+                meta.id, source.layer, ex.clt_layers.size() - 1);
+    const auto L = static_cast<int64_t>(ex.clt_layers.size());
+    const int64_t F = ex.clt_features, dl = ex.clt_width;
+    const std::map<std::string, std::string> st_meta = {
+        {"format", "pt"}, {"saetrain_version", SAETRAIN_VERSION}, {"saetrain_id", meta.id}};
+    std::vector<std::string> written;
+    for (int64_t l = 0; l < L; ++l) {
+        const ArchExport::CltLayer& c = ex.clt_layers[static_cast<size_t>(l)];
+        const std::string enc = (fs::path(dir) / fmt::format("W_enc_{}.safetensors", l)).string();
+        safetensors_write(enc,
+                          {{fmt::format("W_enc_{}", l), {F, dl}, c.w_enc.data()},
+                           {fmt::format("b_enc_{}", l), {F}, c.b_enc.data()},
+                           {fmt::format("b_dec_{}", l), {dl}, c.b_dec.data()},
+                           {fmt::format("threshold_{}", l), {F}, c.threshold.data()}},
+                          st_meta);
+        const std::string dec = (fs::path(dir) / fmt::format("W_dec_{}.safetensors", l)).string();
+        safetensors_write(dec, {{fmt::format("W_dec_{}", l), {F, L - l, dl}, c.w_dec.data()}},
+                          st_meta);
+        written.push_back(enc), written.push_back(dec);
+    }
+    YAML::Emitter y;
+    y << YAML::BeginMap;
+    y << YAML::Key << "model_kind" << YAML::Value << "cross_layer_transcoder";
+    y << YAML::Key << "model_name" << YAML::Value << source.model_name;
+    y << YAML::Key << "scan" << YAML::Value
+      << (source.model_name.empty() ? std::string("saetrain")
+                                    : source.model_name + "-saetrain-clt");
+    y << YAML::Key << "feature_input_hook" << YAML::Value << source.input_hook;
+    y << YAML::Key << "feature_output_hook" << YAML::Value << source.output_hook;
+    y << YAML::EndMap;
+    const std::string cfg_path = (fs::path(dir) / "config.yaml").string();
+    atomic_write_text(cfg_path,
+                      std::string("# circuit-tracer's cross-layer transcoder, written by "
+                                  "saetrain's sae-export: load this directory with\n# "
+                                  "circuit_tracer.transcoder.cross_layer_transcoder.load_clt("
+                                  "DIR, feature_input_hook, feature_output_hook).\n") +
+                          y.c_str() + "\n");
+    written.push_back(cfg_path);
+    return written;
+}
+
 }  // namespace
 
 ExportFormat export_format_parse(const std::string& s) {
@@ -198,7 +249,8 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
         write_json(cfg_path, cfg);
         written = {cfg_path, weights};
     } else {
-        written = circuit_tracer_export(w, meta, ex, dir, source);
+        written = ex.clt_layers.empty() ? circuit_tracer_export(w, meta, ex, dir, source)
+                                        : circuit_tracer_clt_export(meta, ex, dir, source);
     }
     return written;
 }

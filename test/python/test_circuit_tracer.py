@@ -163,3 +163,97 @@ def test_topk_transcoders_and_saes_are_refused(data):
     r = _run(os.path.join(BIN, "sae-export"), sae_dir, "--format", "circuit_tracer", "--out",
              data / "refused", ok=False)
     assert r.returncode == 1 and "--layer" in r.stderr, r.stderr
+
+
+# Cross-layer transcoders: (sae.transcoder_activation, further --set overrides)
+CLT_LAYERS = 3
+CLT_CASES = {
+    "clt-batchtopk": ("batchtopk", []),
+    "clt-jumprelu": ("jumprelu", ["train.l0_coeff=0.1", "sae.jumprelu_bandwidth=0.05",
+                                  "sae.jumprelu_init_threshold=0.05"]),
+}
+
+
+@pytest.fixture(scope="module")
+def clt_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("circuit_tracer_clt")
+    for layer in range(CLT_LAYERS):
+        _run(os.path.join(BIN, "sae-synth"), "--out", root / f"x{layer}", "--target",
+             root / f"y{layer}", "--d-model", "16", "--features", "32", "--rows", "8000",
+             "--shards", "2", "--seed", str(layer + 1))
+    return root
+
+
+def _train_clt(root, activation, extra):
+    out = root / f"run-clt-{activation}"
+    if not (out / "summary.csv").exists():
+        layers = range(CLT_LAYERS)
+        cfg = root / "cfg.yaml"
+        cfg.write_text(
+            f"run: {{out_dir: {out}}}\n"
+            f"data: {{path: [{', '.join(str(root / f'x{l}') for l in layers)}], "
+            f"target_path: [{', '.join(str(root / f'y{l}') for l in layers)}], "
+            "batch_size: 256, epochs: 2, eval_rows: 2000}\n"
+            "sae: {arch: clt, expansion: 2, k: 4}\n"
+            "train: {lr: 0.01}\n"
+            "log: {every_steps: 10}\ncheckpoint: {every_steps: 1000}\n")
+        sets = [f"sae.transcoder_activation={activation}", *extra]
+        _run(os.path.join(BIN, "saetrain"), cfg, *sum([["--set", s] for s in sets], []))
+    with open(out / "summary.csv", newline="") as f:
+        row = next(csv.DictReader(f))
+    return row, out / "sae" / row["sae"]
+
+
+@pytest.mark.parametrize("name", list(CLT_CASES))
+def test_circuit_tracer_loads_a_cross_layer_transcoder(clt_data, name):
+    """load_clt reads the export's per-layer files, and its forward over the held-out rows of
+    every layer equals saetrain's own reconstruction, with saetrain's held-out FVU and L0."""
+    from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+
+    activation, extra = CLT_CASES[name]
+    row, sae_dir = _train_clt(clt_data, activation, extra)
+    export = clt_data / f"export-{name}"
+    _run(os.path.join(BIN, "sae-export"), sae_dir, "--format", "circuit_tracer", "--out",
+         export)
+    config = yaml.safe_load((export / "config.yaml").read_text())
+    assert config["model_kind"] == "cross_layer_transcoder"
+    clt = load_clt(str(export), config["feature_input_hook"], config["feature_output_hook"],
+                   device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False)
+    F = int(row["n_latents"]) // CLT_LAYERS
+    assert (clt.n_layers, clt.d_transcoder, clt.d_model) == (CLT_LAYERS, F, 16)
+    threshold = clt.activation_function.threshold
+    assert bool((threshold > 0).all())
+    if activation == "batchtopk":  # its one inference threshold, for every feature
+        assert bool((threshold == threshold.flatten()[0]).all())
+    x = torch.stack([_held_out(clt_data, f"x{layer}") for layer in range(CLT_LAYERS)])
+    y = torch.stack([_held_out(clt_data, f"y{layer}") for layer in range(CLT_LAYERS)])
+    with torch.no_grad():
+        z = clt.encode(x)  # [L, rows, F]
+        y_hat = clt.decode(z.to_sparse())  # [L, rows, d]
+    rows = x.shape[1]
+    mine = _saetrain_y_hat(clt_data, sae_dir, x.permute(1, 0, 2).reshape(rows, -1))
+    mine = mine.reshape(rows, CLT_LAYERS, 16).permute(1, 0, 2)
+    err = ((y_hat - mine).norm() / mine.norm()).item()
+    print(f"circuit-tracer {name}: relative reconstruction difference to saetrain {err:.2e}")
+    assert err <= RECON_BOUND, f"{name}: circuit-tracer's y_hat differs from saetrain's by {err}"
+    # saetrain's held-out figures: FVU over every layer's values as one vector of L d, L0 per
+    # token over every layer's features.
+    flat = lambda t: t.permute(1, 0, 2).reshape(rows, -1)  # noqa: E731
+    fvu = (((flat(y_hat) - flat(y)) ** 2).sum() / ((flat(y) - flat(y).mean(0)) ** 2).sum()).item()
+    l0 = (z != 0).sum((0, 2)).float().mean().item()
+    assert fvu == pytest.approx(float(row["eval_fvu"]), rel=2e-3, abs=1e-5), row
+    assert l0 == pytest.approx(float(row["eval_l0"]), rel=2e-3), row
+    assert fvu < 0.8, f"{name}: the CLT learned little (fvu {fvu})"
+
+
+def test_a_topk_clt_and_a_layer_for_a_clt_are_refused(clt_data):
+    _, topk_dir = _train_clt(clt_data, "topk", [])
+    r = _run(os.path.join(BIN, "sae-export"), topk_dir, "--format", "circuit_tracer", "--out",
+             clt_data / "refused-topk", ok=False)
+    assert r.returncode != 0 and "per-token top-k" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    _, sae_dir = _train_clt(clt_data, "batchtopk", [])
+    r = _run(os.path.join(BIN, "sae-export"), sae_dir, "--format", "circuit_tracer", "--layer",
+             "1", "--out", clt_data / "refused-layer", ok=False)
+    assert r.returncode != 0 and "spans every layer" in r.stderr, r.stderr
+    assert not (clt_data / "refused-layer" / "W_enc_0.safetensors").exists()

@@ -149,14 +149,48 @@ public:
         return 2.0 * dl * nn + 8.0 * static_cast<double>(cfg.k) * L * reach;
     }
     bool sparse() const override { return true; }
-    ArchExport export_fields(const SaeWeights&, const SaeConfig&) const override {
+    // circuit-tracer's CLT layout (ArchExport::clt_layers): each layer's diagonal encoder
+    // block, its decoder blocks to itself and every later layer, and the activation's threshold
+    // per feature (BatchTopK's one inference threshold for every feature, JumpReLU's own); a
+    // per-token TopK has no threshold and is refused.
+    ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
         ArchExport e;
         e.transcode = true;
         e.saelens_refusal = "SAELens has no cross-layer transcoder";
         e.sparsify_refusal =
-            "saetrain does not write sparsify's cross-layer transcoder layout; export per-layer "
-            "transcoders instead";
-        e.circuit_tracer_refusal = "saetrain does not write circuit-tracer's CLT files yet";
+            "saetrain does not write sparsify's cross-layer transcoder layout; export it with "
+            "--format circuit_tracer";
+        const Architecture& a = transcoder_activation_arch(cfg);
+        if (&a == &topk_arch()) {
+            e.circuit_tracer_refusal =
+                "circuit-tracer's CLTs are ReLU or JumpReLU, which a per-token top-k is not; "
+                "train with sae.transcoder_activation: batchtopk or jumprelu";
+            return e;
+        }
+        std::vector<float> threshold;  // [n], as SAELens's JumpReLU export holds it
+        for (const ExportTensor& t : a.export_fields(w, activation_config(cfg)).saelens_tensors)
+            if (t.name == "threshold") threshold = t.data;
+        SAE_ENFORCE(threshold.size() == static_cast<size_t>(w.n_latents),
+                    "the {} export has no threshold per latent", a.name());
+        const int64_t L = cfg.layers, d = w.d_model, n = w.n_latents, F = n / L, dl = d / L;
+        const std::vector<float>&w_enc = w.at("W_enc"), &w_dec = w.at("W_dec");  // [d, n], [n, d]
+        const std::vector<float>&b_enc = w.at("b_enc"), &b_dec = w.at("b_dec");
+        e.clt_features = F, e.clt_width = dl;
+        for (int64_t l = 0; l < L; ++l) {
+            ArchExport::CltLayer c;
+            c.w_enc.resize(static_cast<size_t>(F * dl));
+            c.w_dec.resize(static_cast<size_t>(F * (L - l) * dl));
+            for (int64_t f = 0; f < F; ++f) {
+                const int64_t i = l * F + f;  // the latent
+                for (int64_t v = 0; v < dl; ++v) c.w_enc[f * dl + v] = w_enc[(l * dl + v) * n + i];
+                std::copy_n(w_dec.begin() + i * d + l * dl, (L - l) * dl,
+                            c.w_dec.begin() + f * (L - l) * dl);
+            }
+            c.b_enc.assign(b_enc.begin() + l * F, b_enc.begin() + (l + 1) * F);
+            c.b_dec.assign(b_dec.begin() + l * dl, b_dec.begin() + (l + 1) * dl);
+            c.threshold.assign(threshold.begin() + l * F, threshold.begin() + (l + 1) * F);
+            e.clt_layers.push_back(std::move(c));
+        }
         return e;
     }
     std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
