@@ -32,6 +32,10 @@ struct EvalResult {
     double dead_fraction = 0;   // latents that fire on no row of the set
     double dense_fraction = 0;  // latents that fire on more than 10% of its rows
     QualityGates quality;       // the quality gates on these rows (quality.h)
+    // A layered model's (a cross-layer transcoder's) figures per layer, in layer order: the FVU
+    // of that layer's target block, the non-zero activations per row of its latents, the share
+    // of its latents that fire on no row. Empty for a model of one layer.
+    std::vector<double> layer_fvu, layer_l0, layer_dead;
 };
 
 // An ArchPass's activations of `rows` rows on the host: dense [rows, n] values (idx empty), or
@@ -51,21 +55,28 @@ double decorrelation_over_latent_shards(const ParamStore& store, const HostActiv
                                         int64_t rows);
 
 // Held-out evaluation's sums over batches: rows, squared error, sum ||x||^2, L0, the column sums
-// of x and the rows each of this latent shard's latents fired on.
+// of x and the rows each of this latent shard's latents fired on; with `layers` > 1 (a layered
+// model: x's d values and the n_total latents in `layers` equal blocks) each layer's squared
+// error, sum ||x_l||^2 and L0 as well. first_latent: this latent shard's first latent.
 class EvalSums {
 public:
-    EvalSums(int64_t d, int64_t n_local);
-    // One batch: its stats (kStatCount, the residual's), the column sums of x, its activations.
+    EvalSums(int64_t d, int64_t n_local, int64_t layers = 1, int64_t first_latent = 0,
+             int64_t n_total = 0);
+    // One batch: its stats (kStatCount, the residual's), the column sums of x, its activations;
+    // with layers, x_hat and x on the host ([rows, d] each; ignored otherwise).
     void add(int64_t rows, const float* stats, const std::vector<float>& x_col_sum,
-             const HostActivations& a);
+             const HostActivations& a, const float* x_hat = nullptr, const float* x = nullptr);
     // Summed over the replicas (collective), L0 and the latents over the latent shards; `decorr`:
     // this replica's [decorr_rms, 1 when measured], averaged over the replicas that measured.
     EvalResult result(Communicator& replicas, const ParamStore& store,
                       std::vector<double> decorr) const;
 
+    int64_t layers() const { return layers_; }
+
 private:
-    int64_t d_, n_;
-    // [rows, sse, sum ||x||^2, l0, column sums of x (d), firing rows per latent (n)]
+    int64_t d_, n_, layers_, first_, n_total_;
+    // [rows, sse, sum ||x||^2, l0, column sums of x (d), firing rows per latent (n), then per
+    // layer: sse, sum ||x_l||^2 and l0 (3 x layers, with layers > 1)]
     std::vector<double> sums_;
 };
 

@@ -75,22 +75,40 @@ double decorrelation_over_latent_shards(const ParamStore& store, const HostActiv
                              latent_shard.n_total);
 }
 
-EvalSums::EvalSums(int64_t d, int64_t n_local)
-    : d_(d), n_(n_local), sums_(static_cast<size_t>(4 + d + n_local), 0.0) {}
+EvalSums::EvalSums(int64_t d, int64_t n_local, int64_t layers, int64_t first_latent,
+                   int64_t n_total)
+    : d_(d),
+      n_(n_local),
+      layers_(std::max<int64_t>(layers, 1)),
+      first_(first_latent),
+      n_total_(n_total > 0 ? n_total : n_local),
+      sums_(static_cast<size_t>(4 + d + n_local + (layers_ > 1 ? 3 * layers_ : 0)), 0.0) {}
 
 void EvalSums::add(int64_t rows, const float* stats, const std::vector<float>& x_col_sum,
-                   const HostActivations& a) {
+                   const HostActivations& a, const float* x_hat, const float* x) {
     double* x_sum = sums_.data() + 4;
     double* fired = x_sum + d_;
+    double* per_layer = fired + n_;  // [sse, sum ||x_l||^2, l0] a layer
     sums_[0] += static_cast<double>(rows), sums_[1] += stats[kStatSse];
     sums_[2] += stats[kStatSumSqX];
     for (int64_t c = 0; c < d_; ++c) x_sum[c] += x_col_sum[c];
+    const int64_t per_layer_latents = n_total_ / layers_;
     // Which latents fired: the dense activations or the (latent, value) pairs.
     for (int64_t i = 0; i < rows * a.per_row; ++i) {
         if (!(a.val[i] > 0)) continue;
         sums_[3] += 1;
-        fired[a.dense ? i % n_ : a.idx[i]] += 1;
+        const int64_t latent = a.dense ? i % n_ : a.idx[i];
+        fired[latent] += 1;
+        if (layers_ > 1) per_layer[3 * ((first_ + latent) / per_layer_latents) + 2] += 1;
     }
+    if (layers_ == 1) return;
+    SAE_ENFORCE(x_hat && x, "EvalSums::add: a layered model's x_hat and x are needed");
+    const int64_t dl = d_ / layers_;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < d_; ++c) {
+            const double v = x[r * d_ + c], e = double(x_hat[r * d_ + c]) - v;
+            per_layer[3 * (c / dl)] += e * e, per_layer[3 * (c / dl) + 1] += v * v;
+        }
 }
 
 EvalResult EvalSums::result(Communicator& replicas, const ParamStore& store,
@@ -99,6 +117,10 @@ EvalResult EvalSums::result(Communicator& replicas, const ParamStore& store,
     replicas.allreduce_sum(decorr.data(), 2);
     replicas.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
     store.sum_over_latent_shards(&sums[3], 1);  // L0: each latent shard its latents'
+    double* per_layer = sums.data() + 4 + d_ + n_;
+    // Each layer's L0 likewise (the squared errors are every latent shard's whole x_hat's).
+    for (int64_t l = 0; layers_ > 1 && l < layers_; ++l)
+        store.sum_over_latent_shards(&per_layer[3 * l + 2], 1);
     const double* x_sum = sums.data() + 4;
     const double* fired = x_sum + d_;
     const std::vector<double> fired_all = store.all_latents(std::vector<double>(fired, fired + n_));
@@ -119,6 +141,19 @@ EvalResult EvalSums::result(Communicator& replicas, const ParamStore& store,
     quality_from_sums(e.quality, e.rows, elements, sums[1], sst, sums[2], sums[3], fired_all);
     e.quality.held_out = true;
     e.quality.decorr_rms = decorr[1] > 0 ? decorr[0] / decorr[1] : 0.0;
+    if (layers_ == 1) return e;
+    const int64_t dl = d_ / layers_, nl = n / layers_;
+    for (int64_t l = 0; l < layers_; ++l) {
+        double block_mean_sq = 0;
+        for (int64_t c = l * dl; c < (l + 1) * dl; ++c) block_mean_sq += x_sum[c] * x_sum[c];
+        const double sse = per_layer[3 * l], sum_sq = per_layer[3 * l + 1];
+        e.layer_fvu.push_back(fvu_from_sums(sse, sum_sq - block_mean_sq / sums[0], sum_sq,
+                                            sums[0] * static_cast<double>(dl)));
+        e.layer_l0.push_back(per_layer[3 * l + 2] / sums[0]);
+        int64_t dead_l = 0;
+        for (int64_t i = l * nl; i < (l + 1) * nl; ++i) dead_l += fired_all[i] == 0;
+        e.layer_dead.push_back(static_cast<double>(dead_l) / static_cast<double>(nl));
+    }
     return e;
 }
 
@@ -170,7 +205,10 @@ EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_ro
     batch_rows = chunk_rows(batch_rows);  // train.accum_steps: a step's chunk at most
     const int64_t d = d_;
     // Sums over this replica's rows, then over the replicas, in one all-reduce.
-    EvalSums sums(d, n_);
+    // A layered model's figures per layer need x_hat and the target on the host.
+    const int64_t layers = arch_.rows().per_layer ? cfg_.layers : 1;
+    EvalSums sums(d, n_, layers, store_->latent_shard().first(), n_total_);
+    std::vector<float> x_hat_host, y_host;
     std::vector<float> xcol(static_cast<size_t>(d));
     std::vector<double> local_decorr = {0.0, 0.0};  // [decorr_rms, 1 when measured]
     DeviceArray<float> db_dec_scratch(be_, d);
@@ -179,6 +217,11 @@ EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_ro
         const int64_t B = std::min(batch_rows, rows - r0);
         upload_batch(first_latent_shard_rows(x_host, r0, B, shared), B);
         forward(x_.data(), B, false);
+        if (layers > 1) {
+            x_hat_host.resize(static_cast<size_t>(B * d)), y_host.resize(x_hat_host.size());
+            be_.download(x_hat_host.data(), xhat_.data(), B * d * int64_t{sizeof(float)});
+            be_.download(y_host.data(), target(), B * d * int64_t{sizeof(float)});
+        }
         be_.fill(stats_.data(), kStatCount, 0.0f);
         be_.residual(xhat_.data(), target(), B, d, 0.0f, xcol_.data(), db_dec_scratch.data(),
                      stats_.data());
@@ -186,7 +229,7 @@ EvalResult SaeTrainer::evaluate(BatchView x_host, int64_t rows, int64_t batch_ro
         be_.download(st, stats_.data(), sizeof(st));
         be_.download(xcol.data(), xcol_.data(), d * static_cast<int64_t>(sizeof(float)));
         const HostActivations a = activations_download(be_, pass_->activations(), B, n_);
-        sums.add(B, st, xcol, a);
+        sums.add(B, st, xcol, a, x_hat_host.data(), y_host.data());
         if (r0 == 0)  // the first batch's latent correlations (quality.h)
             local_decorr = {decorrelation_over_latent_shards(*store_, a, B), 1.0};
     }

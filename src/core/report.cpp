@@ -395,14 +395,14 @@ void print_gates_table(const std::vector<SaeSummary>& out) {
 // How the console labels an architecture's figures. A figure not listed prints under its own
 // name, so a new architecture's figures need no entry here to be shown.
 struct FigureLabel {
-    const char* name;
-    const char* title;   // the table's, when this figure is a table's first
-    const char* header;  // the column's
+    std::string name;
+    std::string title;   // the table's, when this figure is a table's first
+    std::string header;  // the column's
     int width;
     double scale;  // 100: printed as a percentage
     int decimals;
 };
-constexpr FigureLabel kFigureLabels[] = {
+const FigureLabel kFigureLabels[] = {
     // Switch: how evenly the router spread the tokens (a uniform load is 1 / n_experts).
     {"expert_load_min", "experts (last 10% of steps)", "min token share", 16, 1, 4},
     {"expert_load_max", "experts (last 10% of steps)", "max token share", 16, 1, 4},
@@ -412,8 +412,17 @@ constexpr FigureLabel kFigureLabels[] = {
 FigureLabel figure_label(const std::string& name) {
     for (const FigureLabel& l : kFigureLabels)
         if (name == l.name) return l;
+    // A layered model's held-out figures per layer (outputs.cpp): eval_<what>_layer<l>.
+    const std::string title = "held-out, per layer";
+    for (const auto& [what, header, scale, decimals] :
+         {std::tuple{"fvu", "fvu", 1.0, 4}, {"l0", "l0", 1.0, 1}, {"dead", "dead %", 100.0, 1}}) {
+        const std::string prefix = fmt::format("eval_{}_layer", what);
+        if (name.rfind(prefix, 0) == 0)
+            return {name, title, fmt::format("{} {}", header, name.substr(prefix.size())),
+                    9,    scale, decimals};
+    }
     const int width = std::max<int>(16, static_cast<int>(name.size()));
-    return {name.c_str(), "architecture figures (last 10% of steps)", name.c_str(), width, 1, 4};
+    return {name, "architecture figures (last 10% of steps)", name, width, 1, 4};
 }
 
 // One table per set of figure names (one per architecture that has figures).

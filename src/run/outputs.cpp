@@ -104,6 +104,12 @@ SaeSummary summarize(const Setup& s, const LoopResult& res, SaeTrainer& trainer)
     mine.tflops = res.tflops;
     mine.gates = res.eval.rows > 0 ? res.eval.quality : trainer.training_quality();
     mine.arch_figures = trainer.arch_summary();
+    // A layered model's held-out figures per layer: summary.csv columns and a console table.
+    for (const auto& [name, values] : {std::pair{"eval_fvu_layer", &res.eval.layer_fvu},
+                                       {"eval_l0_layer", &res.eval.layer_l0},
+                                       {"eval_dead_layer", &res.eval.layer_dead}})
+        for (size_t l = 0; l < values->size(); ++l)
+            mine.arch_figures.emplace_back(name + std::to_string(l), (*values)[l]);
     if (res.last.sae.empty()) {
         // Resumed with nothing left to train (stopped between the final checkpoint and
         // COMPLETE): report the SAE as the log last saw it, with that interval's rates, rather

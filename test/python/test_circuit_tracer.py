@@ -244,6 +244,16 @@ def test_circuit_tracer_loads_a_cross_layer_transcoder(clt_data, name):
     assert fvu == pytest.approx(float(row["eval_fvu"]), rel=2e-3, abs=1e-5), row
     assert l0 == pytest.approx(float(row["eval_l0"]), rel=2e-3), row
     assert fvu < 0.8, f"{name}: the CLT learned little (fvu {fvu})"
+    # And per layer (summary.csv's eval_*_layer<l>): each layer's target block, its features.
+    for layer in range(CLT_LAYERS):
+        yl, el = y[layer], y_hat[layer] - y[layer]
+        fvu_l = ((el ** 2).sum() / ((yl - yl.mean(0)) ** 2).sum()).item()
+        fired = (z[layer] != 0)
+        assert fvu_l == pytest.approx(float(row[f"eval_fvu_layer{layer}"]), rel=2e-3), row
+        assert fired.sum(1).float().mean().item() == pytest.approx(
+            float(row[f"eval_l0_layer{layer}"]), rel=2e-3), row
+        assert (fired.sum(0) == 0).float().mean().item() == pytest.approx(
+            float(row[f"eval_dead_layer{layer}"]), abs=1e-9), row
 
 
 def test_a_topk_clt_and_a_layer_for_a_clt_are_refused(clt_data):
