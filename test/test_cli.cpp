@@ -443,6 +443,36 @@ TEST_F(Cli, WaitsYieldTheCoresUnlessTheUserChoseOtherwise) {
         << r.out;
 }
 
+// data.shuffle_buffer_bytes sizes the shuffle window in bytes: as many stored rows as fit, the
+// same shuffle as that many rows given as data.shuffle_buffer_rows; with both set it is refused.
+TEST_F(Cli, ShuffleBufferInBytesIsTheRowsThatFit) {
+    Result rows = train("--set data.shuffle_buffer_rows=312");
+    ASSERT_EQ(rows.code, 0) << rows.out;
+    EXPECT_NE(rows.out.find("shuffle: windows of 312 rows (0.0 MB as stored, "
+                            "data.shuffle_buffer_rows; the reader holds two)"),
+              std::string::npos)
+        << rows.out;
+    // 16 float32 values a row: 20,000 bytes hold 312 rows.
+    Result bytes = train(
+        "--set data.shuffle_buffer_rows=262144 --set data.shuffle_buffer_bytes=20000 "
+        "--set run.out_dir=" +
+        (dir / "run2").string());
+    ASSERT_EQ(bytes.code, 0) << bytes.out;
+    EXPECT_NE(bytes.out.find("shuffle: windows of 312 rows (0.0 MB as stored, "
+                             "data.shuffle_buffer_bytes; the reader holds two)"),
+              std::string::npos)
+        << bytes.out;
+    const fs::path sae = fs::path("sae") / "topk-x2-k4" / "final.h5";
+    EXPECT_TRUE(saetrain::sae_read_h5((dir / "run" / sae).string()) ==
+                saetrain::sae_read_h5((dir / "run2" / sae).string()))
+        << "the same 312-row windows trained the same SAE";
+    Result both =
+        train("--set data.shuffle_buffer_bytes=20000 --set run.out_dir=" + (dir / "run3").string());
+    EXPECT_NE(both.code, 0);
+    EXPECT_NE(both.out.find("data.shuffle_buffer_bytes"), std::string::npos) << both.out;
+    EXPECT_FALSE(fs::exists(dir / "run3" / "config.yaml"));
+}
+
 // Held-out rows: the last data.eval_rows rows are never trained on, or data.eval_path gives
 // shards of their own; the held-out FVU, L0, dead and dense fractions reach the console,
 // metrics.jsonl and summary.csv, labelled as held-out. Two data-parallel replicas split the

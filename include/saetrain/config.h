@@ -45,12 +45,16 @@ struct DataConfig {
     int64_t epochs = 1;
     int64_t max_tokens = 0;                // when > 0, replaces epochs
     int64_t shuffle_buffer_rows = 262144;  // rows held for shuffling (0: no shuffling)
-    std::string dataset = "activations";   // dataset name inside each shard
-    std::string stage_dir;                 // non-empty: copy the rank's shards here first
-                                           // (node-local disk; "$TMPDIR" allowed)
-    int64_t read_bytes = 8 << 20;          // size of one sequential read request
-    int64_t prefetch_bytes = 32 << 20;     // converted rows buffered ahead of the trainer
-    std::string nonfinite = "skip";        // a batch holding NaN/Inf: skip (and count) | stop
+    // > 0: the shuffle buffer in bytes instead, as many rows as fit (a CLT's rows are 2 L d
+    // values: 262,144 of Llama-3.2-1B's are 32 GiB in 16-bit); shuffle_buffer_rows then keeps
+    // its default.
+    int64_t shuffle_buffer_bytes = 0;
+    std::string dataset = "activations";  // dataset name inside each shard
+    std::string stage_dir;                // non-empty: copy the rank's shards here first
+                                          // (node-local disk; "$TMPDIR" allowed)
+    int64_t read_bytes = 8 << 20;         // size of one sequential read request
+    int64_t prefetch_bytes = 32 << 20;    // converted rows buffered ahead of the trainer
+    std::string nonfinite = "skip";       // a batch holding NaN/Inf: skip (and count) | stop
     // Held-out rows, never trained on, for the SAE's quality (log.eval_every_steps and the
     // end of the run). eval_path: shards of their own (same d_model), of which the first
     // eval_rows rows (0: all) are used. No eval_path: the last eval_rows rows of `path` are

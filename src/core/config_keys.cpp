@@ -235,6 +235,14 @@ std::vector<Field> make_fields() {
                 within(int64_t{0}, kMaxTokens)),
         CFG_KEY(data, shuffle_buffer_rows, "rows mixed in memory for shuffling (0: in order)", kAny,
                 at_least(0, " (0: no shuffling)")),
+        CFG_KEY(data, shuffle_buffer_bytes,
+                "the shuffle buffer in bytes instead of rows, as many rows as fit (0: rows)", kAny,
+                must_be(">= 0, and 0 unless data.shuffle_buffer_rows keeps its default (size the "
+                        "buffer one way)",
+                        [](int64_t v, const Config& c) {
+                            return v == 0 || (v > 0 && c.data.shuffle_buffer_rows ==
+                                                           DataConfig{}.shuffle_buffer_rows);
+                        })),
         CFG_KEY(data, dataset, "the dataset's name inside each shard", kAny, not_empty()),
         same_results(CFG_KEY(data, stage_dir,
                              "copy the rank's shards here first (node-local disk; $TMPDIR)", kAny)),

@@ -113,7 +113,7 @@ public:
         p_ = static_cast<char*>(a_.alloc(bytes));
         SAE_ENFORCE(p_ != nullptr,
                     "reader: the {} allocator cannot provide {} MB of buffers; lower "
-                    "data.shuffle_buffer_rows",
+                    "data.shuffle_buffer_rows (or data.shuffle_buffer_bytes)",
                     a_.name, bytes >> 20);
         bytes_ = bytes;
     }

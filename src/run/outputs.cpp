@@ -80,6 +80,12 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
         "a batch), widened to float32 on upload\n",
         steps, s.cfg.data.batch_size, dtype_name(s.data.dtype), s.row_width() * value_bytes,
         static_cast<double>(s.cfg.data.batch_size * s.row_width() * value_bytes) / 1e6);
+    if (s.shuffle_rows() > 0)
+        fmt::print(
+            "shuffle: windows of {} rows ({:.1f} MB as stored, data.{}; the reader holds "
+            "two)\n",
+            s.shuffle_rows(), static_cast<double>(s.shuffle_rows() * s.row_bytes()) / 1e6,
+            s.cfg.data.shuffle_buffer_bytes > 0 ? "shuffle_buffer_bytes" : "shuffle_buffer_rows");
     warn_about_run_length(s, steps);
     if (s.eval_rows() > 0)
         fmt::print(

@@ -3,6 +3,7 @@
 // calls in order. Private to src/run.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -15,6 +16,7 @@
 #include "saetrain/checkpoint.h"     // defines: SaeMeta
 #include "saetrain/config.h"         // defines: Config
 #include "saetrain/data_split.h"     // defines: DataSplit
+#include "saetrain/dtype.h"          // defines: dtype_size
 #include "saetrain/fault.h"          // defines: Fault
 #include "saetrain/loader.h"         // defines: ShardBatchSource
 #include "saetrain/mpi_world.h"      // defines: NodePlacement
@@ -68,6 +70,19 @@ struct Setup {
         int64_t w = 0;
         for (const DatasetInfo& p : parts()) w += p.d_model;
         return w;
+    }
+    // Bytes of one row as stored (every part's values at its type).
+    int64_t row_bytes() const {
+        int64_t b = 0;
+        for (const DatasetInfo& p : parts()) b += p.d_model * dtype_size(p.dtype);
+        return b;
+    }
+    // The reader's shuffle buffer in rows: data.shuffle_buffer_rows, or as many rows as
+    // data.shuffle_buffer_bytes holds (at least one).
+    int64_t shuffle_rows() const {
+        const int64_t bytes = cfg.data.shuffle_buffer_bytes;
+        return bytes > 0 ? std::max<int64_t>(1, bytes / std::max<int64_t>(row_bytes(), 1))
+                         : cfg.data.shuffle_buffer_rows;
     }
     int64_t eval_rows() const { return split.eval_all.size(); }  // 0: no evaluation
     int threads = 1;

@@ -149,7 +149,7 @@ void open_slice(Setup& s) {
     const DataConfig& dc = s.cfg.data;
     LoaderOptions lo;
     lo.epochs = dc.epochs;
-    lo.shuffle_rows = dc.shuffle_buffer_rows;
+    lo.shuffle_rows = s.shuffle_rows();
     lo.seed = s.split.seed;
     lo.read_bytes = dc.read_bytes;
     lo.ring_bytes = dc.prefetch_bytes;
