@@ -20,6 +20,7 @@
 #include "saetrain/comm.h"
 #include "saetrain/error.h"
 #include "saetrain/forwarding_backend.h"
+#include "saetrain/param_store.h"
 #include "saetrain/quality.h"
 #include "saetrain/trainer.h"
 #include "saetrain/trainer_io.h"
@@ -707,6 +708,19 @@ TEST(Tensors, ALayeredModelDeclaresNoZeroBlocks) {
     }
     t.back() = b_dec;
     EXPECT_THROW(ParamLayout{t}, Error) << "a name declared twice";
+    // The parameter stores place one row a latent: per-layer tensors (F rows of L F latents)
+    // are refused by name until a placement splits them (the CLT's issue).
+    t.pop_back();
+    auto be = make_cpu_backend(1);
+    auto self = make_self_comm();
+    LatentShard whole;
+    whole.n_total = L * F;
+    try {
+        make_param_store(SaeConfig{}, ParamLayout(t), ParamLayout(t), whole, *be, *self);
+        ADD_FAILURE() << "a per-layer tensor was placed as one row a latent";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("'W_enc_0'"), std::string::npos) << e.what();
+    }
 }
 
 TEST(TargetL0, TheTargetFallsAtTheRateWithinTheL1Ramp) {

@@ -298,6 +298,16 @@ std::unique_ptr<ParamStore> make_param_store(const SaeConfig& cfg, const ParamLa
                                              const ParamLayout& whole,
                                              const LatentShard& latent_shard, Backend& be,
                                              Communicator& replicas) {
+    // The placements split a per-latent tensor by its rows: one a latent (a layered model's
+    // per-layer tensors, whose rows are one layer's latents, need a placement of their own).
+    for (const auto* l : {&layout, &whole})
+        for (const ParamSegment& s : l->segments())
+            SAE_ENFORCE(
+                !s.per_latent ||
+                    s.rows == (l == &layout ? latent_shard.n_local() : latent_shard.n_total),
+                "parameter '{}' is declared per latent with {} rows, but the SAE has {} "
+                "latents here: the parameter stores place one row a latent",
+                s.name, s.rows, l == &layout ? latent_shard.n_local() : latent_shard.n_total);
     if (latent_shard.count > 1)
         return std::make_unique<LatentShards>(layout, whole, latent_shard, be, replicas,
                                               cfg.normalize_decoder);
