@@ -443,6 +443,23 @@ TEST_F(Cli, WaitsYieldTheCoresUnlessTheUserChoseOtherwise) {
         << r.out;
 }
 
+// saetrain executes itself again to set its OpenMP spin count (cores.h): the process keeps its
+// name, so ps, pgrep, pkill and the fault matrix still find "saetrain" (it was "exe").
+TEST_F(Cli, SettingItsSpinsKeepsTheProcessName) {
+    const Result r =
+        run("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY SAETRAIN_FAULT=0:2:STOP " + bin("saetrain") +
+            " " + (dir / "cfg.yaml").string() + " --threads 1 > " + (dir / "log").string() +
+            " 2>&1 & p=$!; for i in $(seq 200); do grep -q '^State:.*T' "
+            "/proc/$p/status && break; sleep 0.05; done; echo \"name $(cat "
+            "/proc/$p/comm)\"; kill -CONT $p; wait $p; echo \"exit $?\"");
+    EXPECT_NE(r.out.find("name saetrain\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("exit 0"), std::string::npos) << r.out;
+    std::string log;
+    for (const std::string& line : lines_of(dir / "log")) log += line + "\n";
+    EXPECT_NE(log.find("(GOMP_SPINCOUNT, saetrain's default)"), std::string::npos)
+        << "the run set its spins itself: " << log;
+}
+
 // data.shuffle_buffer_bytes sizes the shuffle window in bytes: as many stored rows as fit, the
 // same shuffle as that many rows given as data.shuffle_buffer_rows; with both set it is refused.
 TEST_F(Cli, ShuffleBufferInBytesIsTheRowsThatFit) {

@@ -24,6 +24,14 @@ void exec_with_short_spins(char** argv) {
         return;
     ::setenv("GOMP_SPINCOUNT", kSpinCount, 1);
     ::setenv("SAETRAIN_SPIN_SET", "1", 1);  // the start-up line says it was saetrain's choice
+    // The binary's own path, so that the process keeps its name (the kernel names it after the
+    // file executed: /proc/self/exe would make it "exe" to ps, pgrep and pkill).
+    char self[4096];
+    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (len > 0) {
+        self[len] = '\0';
+        ::execv(self, argv);  // fails when the file was removed since: then the link itself
+    }
     ::execv("/proc/self/exe", argv);
     // Not possible here (no /proc): go on with the library's default.
     ::unsetenv("GOMP_SPINCOUNT");
