@@ -65,6 +65,10 @@ struct CheckpointPart {
     float input_scale = 1.0f;
 };
 
+// rows x cols values, row-major, as [cols, rows] (W_enc's latent rows as its file's [d, n], and
+// back).
+std::vector<float> transposed(const float* v, int64_t rows, int64_t cols);
+
 // --- data.normalize's scale, folded into the weights -------------------------------------------
 // An SAE trained with data.normalize saw c * x (c: its `activation_scale`). The same function of
 // the raw activations has every tensor that reads the centred input (W_enc, Switch's W_router)

@@ -58,6 +58,13 @@ SaeWeights SaeWeights::zeros(int64_t d, int64_t n) {
     return w;
 }
 
+std::vector<float> transposed(const float* v, int64_t rows, int64_t cols) {
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = v[r * cols + c];
+    return out;
+}
+
 void fold_values(ScaleFold fold, float c, float* v, int64_t count) {
     if (fold == ScaleFold::times_c)
         for (int64_t i = 0; i < count; ++i) v[i] *= c;

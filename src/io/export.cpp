@@ -39,11 +39,18 @@ SaeConfig sae_config_of(const SaeMeta& meta, int64_t d_model) {
     }
 }
 
-std::vector<float> transpose(const std::vector<float>& a, int64_t rows, int64_t cols) {
-    std::vector<float> t(a.size());
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = a[r * cols + c];
-    return t;
+// The keys every circuit-tracer config.yaml starts with, in an open map: its kind, the model,
+// the scan name (the model's with "-saetrain-<what>", or "saetrain") and the hooks.
+void circuit_tracer_config(YAML::Emitter& y, const char* kind, const char* what,
+                           const ExportSource& source) {
+    y << YAML::BeginMap;
+    y << YAML::Key << "model_kind" << YAML::Value << kind;
+    y << YAML::Key << "model_name" << YAML::Value << source.model_name;
+    y << YAML::Key << "scan" << YAML::Value
+      << (source.model_name.empty() ? std::string("saetrain")
+                                    : source.model_name + "-saetrain-" + what);
+    y << YAML::Key << "feature_input_hook" << YAML::Value << source.input_hook;
+    y << YAML::Key << "feature_output_hook" << YAML::Value << source.output_hook;
 }
 
 // circuit-tracer's single-layer transcoder (circuit_tracer.transcoder.single_layer_transcoder,
@@ -65,7 +72,7 @@ std::vector<std::string> circuit_tracer_export(const SaeWeights& w, const SaeMet
                 "--format circuit_tracer needs the transcoder's layer: pass --layer N for '{}'",
                 meta.id);
     const int64_t d = w.d_model, n = w.n_latents;
-    const std::vector<float> enc = transpose(w.at("W_enc"), d, n);  // [d, n] -> [n, d]
+    const std::vector<float> enc = transposed(w.at("W_enc").data(), d, n);  // [d, n] -> [n, d]
     const std::string weights =
         (fs::path(dir) / fmt::format("layer_{}.safetensors", source.layer)).string();
     std::vector<TensorView> tensors = {
@@ -91,14 +98,7 @@ std::vector<std::string> circuit_tracer_export(const SaeWeights& w, const SaeMet
             layers[layer] = fs::absolute(e.path()).lexically_normal().string();
     }
     YAML::Emitter y;
-    y << YAML::BeginMap;
-    y << YAML::Key << "model_kind" << YAML::Value << "transcoder_set";
-    y << YAML::Key << "model_name" << YAML::Value << source.model_name;
-    y << YAML::Key << "scan" << YAML::Value
-      << (source.model_name.empty() ? std::string("saetrain")
-                                    : source.model_name + "-saetrain-transcoders");
-    y << YAML::Key << "feature_input_hook" << YAML::Value << source.input_hook;
-    y << YAML::Key << "feature_output_hook" << YAML::Value << source.output_hook;
+    circuit_tracer_config(y, "transcoder_set", "transcoders", source);
     y << YAML::Key << "transcoders" << YAML::Value << YAML::BeginSeq;
     for (const auto& [layer, path] : layers) y << path;
     y << YAML::EndSeq << YAML::EndMap;
@@ -115,17 +115,15 @@ std::vector<std::string> circuit_tracer_export(const SaeWeights& w, const SaeMet
 // load_clt): per layer l, W_enc_l.safetensors with W_enc_l [F, d_l], b_enc_l [F], b_dec_l [d_l]
 // and threshold_l [F], and W_dec_l.safetensors with W_dec_l [F, L - l, d_l]; config.yaml names
 // the kind and the hooks (model_kind: cross_layer_transcoder).
-std::vector<std::string> circuit_tracer_clt_export(const SaeMeta& meta, const ArchExport& ex,
-                                                   const std::string& dir,
-                                                   const ExportSource& source) {
+std::vector<std::string> circuit_tracer_clt_export(
+    const SaeMeta& meta, const ArchExport& ex, const std::string& dir, const ExportSource& source,
+    const std::map<std::string, std::string>& st_meta) {
     SAE_ENFORCE(source.layer < 0,
                 "cannot export '{}' with --layer {}: a cross-layer transcoder spans every layer "
                 "(0..{}); leave --layer out",
                 meta.id, source.layer, ex.clt_layers.size() - 1);
     const auto L = static_cast<int64_t>(ex.clt_layers.size());
     const int64_t F = ex.clt_features, dl = ex.clt_width;
-    const std::map<std::string, std::string> st_meta = {
-        {"format", "pt"}, {"saetrain_version", SAETRAIN_VERSION}, {"saetrain_id", meta.id}};
     std::vector<std::string> written;
     for (int64_t l = 0; l < L; ++l) {
         const ArchExport::CltLayer& c = ex.clt_layers[static_cast<size_t>(l)];
@@ -142,14 +140,7 @@ std::vector<std::string> circuit_tracer_clt_export(const SaeMeta& meta, const Ar
         written.push_back(enc), written.push_back(dec);
     }
     YAML::Emitter y;
-    y << YAML::BeginMap;
-    y << YAML::Key << "model_kind" << YAML::Value << "cross_layer_transcoder";
-    y << YAML::Key << "model_name" << YAML::Value << source.model_name;
-    y << YAML::Key << "scan" << YAML::Value
-      << (source.model_name.empty() ? std::string("saetrain")
-                                    : source.model_name + "-saetrain-clt");
-    y << YAML::Key << "feature_input_hook" << YAML::Value << source.input_hook;
-    y << YAML::Key << "feature_output_hook" << YAML::Value << source.output_hook;
+    circuit_tracer_config(y, "cross_layer_transcoder", "clt", source);
     y << YAML::EndMap;
     const std::string cfg_path = (fs::path(dir) / "config.yaml").string();
     atomic_write_text(cfg_path,
@@ -226,7 +217,7 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
                     "{}: export '{}' with --format saelens", ex.sparsify_refusal, meta.id);
         SAE_ENFORCE(!ex.sparsify_activation.empty(),
                     "cannot export '{}' with --format sparsify: {}", meta.id, ex.sparsify_refusal);
-        const std::vector<float> enc = transpose(w.at("W_enc"), d, n);  // [d, n] -> [n, d]
+        const std::vector<float> enc = transposed(w.at("W_enc").data(), d, n);  // [d, n] -> [n, d]
         const std::string weights = (fs::path(dir) / "sae.safetensors").string();
         std::vector<TensorView> tensors = {{"encoder.weight", {n, d}, enc.data()},
                                            {"encoder.bias", {n}, w.at("b_enc").data()},
@@ -250,7 +241,7 @@ std::vector<std::string> sae_export(const SaeWeights& w_in, const SaeMeta& meta,
         written = {cfg_path, weights};
     } else {
         written = ex.clt_layers.empty() ? circuit_tracer_export(w, meta, ex, dir, source)
-                                        : circuit_tracer_clt_export(meta, ex, dir, source);
+                                        : circuit_tracer_clt_export(meta, ex, dir, source, st_meta);
     }
     return written;
 }

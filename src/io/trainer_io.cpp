@@ -18,14 +18,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
     return out;
 }
 
-// Rows x cols of a buffer (latent-major) as [cols, rows].
-std::vector<float> transposed(const float* v, int64_t rows, int64_t cols) {
-    std::vector<float> out(static_cast<size_t>(rows * cols));
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = v[r * cols + c];
-    return out;
-}
-
 // SaeWeights of a whole flat parameter buffer (the whole layout): each declared tensor in its
 // file shape (W_enc transposed to [d, n]).
 SaeWeights weights_of(const SaeTrainer& t, const std::vector<float>& p) {
