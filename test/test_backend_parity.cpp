@@ -1096,6 +1096,23 @@ TEST_P(BackendParity, OffsetIndices) {
     EXPECT_EQ(gidx.get(), idx);
 }
 
+// A block of rows between two row pitches (a CLT layer's pre-activations out of [B, L F], its
+// selection back in): exactly the bytes of each row, nothing outside the block touched.
+TEST_P(BackendParity, CopyBlockMovesRowsBetweenPitches) {
+    const int64_t rows = 300, src_cols = 37, dst_cols = 23, cols = 11, from = 5, to = 7;
+    std::vector<float> src(static_cast<size_t>(rows * src_cols)), dst(rows * dst_cols, -1.0f);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) * 0.5f;
+    Buf<float> gsrc(*be, src), gdst(*be, dst);
+    const int64_t f = sizeof(float);
+    be->copy_block(gdst.p() + to, dst_cols * f, gsrc.p() + from, src_cols * f, cols * f, rows);
+    std::vector<float> want = dst;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+            want[static_cast<size_t>(r * dst_cols + to + c)] =
+                src[static_cast<size_t>(r * src_cols + from + c)];
+    EXPECT_EQ(gdst.get(), want);
+}
+
 // A Switch SAE trains alike on both backends: the same routing (the logits are read back and
 // routed on the host), one encoder GEMM per expert, and the sparse kernels of TopK.
 TEST_P(BackendParity, SwitchTrainingStepsMatchTheCpuLoss) {

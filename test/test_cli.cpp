@@ -626,6 +626,34 @@ TEST_F(Cli, CltTrainsOnEveryLayersPairsAndRefusesMisalignedLayers) {
     EXPECT_LE(last["eval_l0"].get<double>(), 4.0);
     EXPECT_GT(last["eval_l0"].get<double>(), 2.0);
 
+    // sae.k_scope: layer: each layer's own k. TopK keeps at most 2 a token in each layer;
+    // BatchTopK keeps a threshold a layer, and both show in their ids.
+    r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() + sets +
+            " --overwrite --set sae.k_scope=layer --set 'sae.transcoder_activation=[topk,"
+            "batchtopk]' --set parallel.mode=sweep");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto rows = csv_rows(dir / "run/summary.csv");
+    ASSERT_EQ(rows.size(), 2u);
+    for (const auto& row : rows) {
+        SCOPED_TRACE(row.at("sae"));
+        EXPECT_EQ(row.at("k_scope"), "layer");
+        for (const char* col : {"eval_l0_layer0", "eval_l0_layer1"}) {
+            const double l0 = std::stod(row.at(col));
+            if (row.at("sae") == "clt-x2-k2-layer") {
+                EXPECT_LE(l0, 2.0) << col;
+            }
+            EXPECT_GT(l0, 1.0) << col;
+        }
+    }
+    const saetrain::SaeWeights bt =
+        saetrain::sae_read_h5((dir / "run/sae/clt-x2-batchtopk-k2-layer/final.h5").string());
+    ASSERT_TRUE(bt.has("threshold"));
+    const std::vector<float>& th = bt.at("threshold");
+    ASSERT_EQ(th.size(), 2u);
+    EXPECT_GT(th[0], 0.0f);
+    EXPECT_GT(th[1], 0.0f);
+    EXPECT_NE(th[0], th[1]);
+
     // A second layer of other rows; two inputs for a transcoder; one target too few.
     const Result small = run(bin("sae-synth") + " --out " + (dir / "small").string() +
                              " --d-model 8 --features 16 --rows 2000 --shards 2");

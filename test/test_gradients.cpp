@@ -210,10 +210,11 @@ TEST(Gradients, JumpReluTranscodersMatchFiniteDifferences) {
 // --- cross-layer transcoders ---------------------------------------------------------------
 // An independent reference with the layers written out: layer l's latents (n / L of them, in
 // layer order) read x_l only, and write to y_m for every m >= l. `act` as above; TopK and
-// BatchTopK keep k L per token (k per token and layer on average) over all layers' latents.
+// BatchTopK keep k L per token (k per token and layer on average) over all layers' latents, or
+// with `per_layer` (sae.k_scope: layer) each layer's k largest of a token / k B of the batch.
 double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
                     const std::vector<float>& y, const Dims& s, int64_t L, const std::string& act,
-                    double l0) {
+                    double l0, bool per_layer) {
     const int64_t d = s.d, n = s.n, dl = d / L, nl = n / L, k = s.k * L;
     const double* w_enc = p.data();
     const double* w_dec = p.data() + n * d;
@@ -229,12 +230,18 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
                 a += double(x[t * d + l * dl + c]) * w_enc[i * d + l * dl + c];
             pre[t * n + i] = a;
         }
-    double batch_t = 0;
-    if (act == "batchtopk") {
-        std::vector<double> v = pre;
-        std::sort(v.begin(), v.end(), std::greater<double>());
-        batch_t = std::max(v[static_cast<size_t>(k * s.rows - 1)], 1e-300);
-    }
+    // The batch threshold of each group of latents (all of them, or each layer's).
+    const int64_t groups = per_layer ? L : 1, width = n / groups, kg = per_layer ? s.k : k;
+    std::vector<double> batch_t(static_cast<size_t>(groups), 0.0);
+    if (act == "batchtopk")
+        for (int64_t g = 0; g < groups; ++g) {
+            std::vector<double> v;
+            for (int64_t t = 0; t < s.rows; ++t)
+                v.insert(v.end(), pre.begin() + t * n + g * width,
+                         pre.begin() + t * n + (g + 1) * width);
+            std::sort(v.begin(), v.end(), std::greater<double>());
+            batch_t[g] = std::max(v[static_cast<size_t>(kg * s.rows - 1)], 1e-300);
+        }
     double loss = 0;
     for (int64_t t = 0; t < s.rows; ++t) {
         const double* row = pre.data() + t * n;
@@ -243,13 +250,15 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
             for (int64_t i = 0; i < n; ++i)
                 if (row[i] > std::exp(log_threshold[i])) z[i] = row[i], loss += l0;
         } else if (act == "batchtopk") {
-            for (int64_t i = 0; i < n; ++i) z[i] = row[i] >= batch_t ? row[i] : 0.0;
+            for (int64_t i = 0; i < n; ++i) z[i] = row[i] >= batch_t[i / width] ? row[i] : 0.0;
         } else {
-            std::vector<int64_t> order(static_cast<size_t>(n));
-            std::iota(order.begin(), order.end(), 0);
-            std::stable_sort(order.begin(), order.end(),
-                             [&](int64_t a, int64_t b) { return row[a] > row[b]; });
-            for (int64_t j = 0; j < k; ++j) z[order[j]] = std::max(row[order[j]], 0.0);
+            for (int64_t g = 0; g < groups; ++g) {
+                std::vector<int64_t> order(static_cast<size_t>(width));
+                std::iota(order.begin(), order.end(), g * width);
+                std::stable_sort(order.begin(), order.end(),
+                                 [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+                for (int64_t j = 0; j < kg; ++j) z[order[j]] = std::max(row[order[j]], 0.0);
+            }
         }
         for (int64_t m = 0; m < L; ++m)
             for (int64_t c = 0; c < dl; ++c) {
@@ -266,7 +275,7 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
 // A CLT of 3 layers of 4 values, 8 latents each: every live parameter's gradient against finite
 // differences of the reference, and exactly zero gradient for the blocks outside the structure
 // (the encoder's off-diagonal blocks, the decoders to earlier layers).
-void check_clt_gradients(const std::string& act) {
+void check_clt_gradients(const std::string& act, bool per_layer = false) {
     const int64_t L = 3;
     const Dims s{8, 12, 24, 2};
     const int64_t dl = s.d / L, nl = s.n / L;
@@ -275,6 +284,7 @@ void check_clt_gradients(const std::string& act) {
     cfg.arch = "clt";
     cfg.layers = L;
     cfg.set("sae.transcoder_activation", act);
+    if (per_layer) cfg.set("sae.k_scope", "layer");
     cfg.l0_coeff = jumprelu ? 0.1 : 0.0;
     cfg.n_latents = s.n;
     cfg.k = s.k;
@@ -308,9 +318,9 @@ void check_clt_gradients(const std::string& act) {
     saetrain::testing::check_fd(
         tr, x, s.rows,
         [&](const std::vector<double>& q, const std::vector<double>&) {
-            return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff);
+            return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff, per_layer);
         },
-        "clt/" + act,
+        "clt/" + act + (per_layer ? "/layer" : ""),
         // Outside the structure (checked for exact zeros below), or straight-through.
         [&](size_t i) { return masked(i) || (jumprelu && i >= thresholds_begin); }, {}, &y);
     const std::vector<float> g = tr.grads_host();
@@ -324,6 +334,10 @@ void check_clt_gradients(const std::string& act) {
 
 TEST(Gradients, CltMatchesFiniteDifferences) {
     for (const char* act : {"topk", "batchtopk", "jumprelu"}) check_clt_gradients(act);
+}
+// sae.k_scope: layer, each layer's own k (TopK) or k B (BatchTopK).
+TEST(Gradients, PerLayerCltMatchesFiniteDifferences) {
+    for (const char* act : {"topk", "batchtopk"}) check_clt_gradients(act, true);
 }
 
 }  // namespace

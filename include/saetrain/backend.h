@@ -110,6 +110,11 @@ public:
     // Zeroes a block of `rows` rows of `cols` values, `ld` values apart (a CLT's weight blocks
     // that must stay zero). The default fills row by row; the CPU and CUDA backends do it in one.
     virtual void zero_block(float* x, int64_t rows, int64_t cols, int64_t ld);
+    // Copies `rows` rows of `row_bytes` bytes within backend memory, from rows `src_pitch`
+    // bytes apart to rows `dst_pitch` bytes apart (one layer's block of a CLT's [rows, L F]
+    // pre-activations out, its selection back in). The regions must not overlap.
+    virtual void copy_block(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                            int64_t row_bytes, int64_t rows) = 0;
     virtual void synchronize() = 0;
     // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer
     // may place parameters in node memory that the other ranks of the node map too.

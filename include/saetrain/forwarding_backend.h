@@ -39,6 +39,8 @@ public:
                         int64_t stride) override;
     void fill(float* x, int64_t n, float value) override;
     void zero_block(float* x, int64_t rows, int64_t cols, int64_t ld) override;
+    void copy_block(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                    int64_t row_bytes, int64_t rows) override;
     void synchronize() override { be_.synchronize(); }
     bool host_memory() const override { return be_.host_memory(); }
     bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {

@@ -26,6 +26,10 @@ void ForwardingBackend::fill(float* x, int64_t n, float value) {
 void ForwardingBackend::zero_block(float* x, int64_t rows, int64_t cols, int64_t ld) {
     around("zero_block", [&] { be_.zero_block(x, rows, cols, ld); });
 }
+void ForwardingBackend::copy_block(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                                   int64_t row_bytes, int64_t rows) {
+    around("copy_block", [&] { be_.copy_block(dst, dst_pitch, src, src_pitch, row_bytes, rows); });
+}
 void ForwardingBackend::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                              const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                              float* c, int64_t ldc) {

@@ -187,6 +187,14 @@ public:
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; ++r) std::fill_n(x + r * ld, cols, 0.0f);
     }
+    void copy_block(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                    int64_t row_bytes, int64_t rows) override {
+        auto* d = static_cast<char*>(dst);
+        const auto* s = static_cast<const char*>(src);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(d + r * dst_pitch, s + r * src_pitch, static_cast<size_t>(row_bytes));
+    }
     void synchronize() override {}
 
     void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

@@ -139,6 +139,14 @@ public:
                                          static_cast<size_t>(cols) * sizeof(float),
                                          static_cast<size_t>(rows), stream()));
     }
+    void copy_block(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                    int64_t row_bytes, int64_t rows) override {
+        if (rows <= 0 || row_bytes <= 0) return;
+        SAE_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src,
+                                         static_cast<size_t>(src_pitch),
+                                         static_cast<size_t>(row_bytes), static_cast<size_t>(rows),
+                                         cudaMemcpyDeviceToDevice, stream()));
+    }
     void synchronize() override { SAE_CUDA_CHECK(cudaStreamSynchronize(stream())); }
     bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {
         if (op != BackendOp::topk_forward || shape.k <= cuda::kMaxTopk) return true;

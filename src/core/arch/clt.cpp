@@ -11,17 +11,197 @@
 // SAE files, checkpoints, replicas and the evaluation therefore treat a CLT as the transcoder it
 // is. The encoder runs one GEMM per layer on its diagonal blocks (PassContext::layers); the
 // activation is sae.transcoder_activation's: JumpReLU per latent, or TopK / BatchTopK with
-// sae.k per token and layer on average (k L per token, or k L B per batch, over every layer's
-// latents together). Not yet: per-layer TopK, latent shards and a skip path.
+// sae.k per token and layer: with sae.k_scope token, on average (k L per token, or k L B per
+// batch, over every layer's latents together); with layer, exactly per layer (each layer's k
+// largest a token, or its k B largest a batch). Not yet: latent shards and a skip path.
 #include <fmt/format.h>
 
 #include <cmath>
 
+#include "batchtopk_pass.h"
 #include "common.h"
 #include "saetrain/error.h"
 
 namespace saetrain::arch {
 namespace {
+
+const ArchKey<std::string>& k_scope_key() {
+    static const ArchKey<std::string> key{
+        "sae", "k_scope", "token",
+        "a CLT's TopK / BatchTopK selection: token (the k L largest of a token over every "
+        "layer's latents; BatchTopK k L B a batch) | layer (each layer's k largest a token; "
+        "BatchTopK k B a batch per layer)",
+        KeyRule{[](const ConfigValue& v) {
+                    const std::string& s = std::get<std::string>(v);
+                    return s == "token" || s == "layer";
+                },
+                "must be token or layer"}};
+    return key;
+}
+
+// Whether `cfg` selects per layer: sae.k_scope layer with a TopK or BatchTopK activation
+// (JumpReLU has no k, and ignores the key as it ignores sae.k).
+bool per_layer_selection(const SaeConfig& cfg) {
+    return k_scope_key()(cfg) == "layer" && &transcoder_activation_arch(cfg) != &jumprelu_arch();
+}
+
+// A per-layer selection's pieces: one layer's block of the pre-activations [B, n] copied out
+// to a [B, F] block (the shared selection ops read rows of consecutive latents), and one
+// layer's selection [B, w] (its own latent ids) placed into the CLT's [B, L w] with the layer's
+// first latent added, so the sparse decoder, backward and AuxK see one selection of global ids.
+class LayerBlocks {
+public:
+    LayerBlocks(Backend& be, int64_t layers) : be_(be), layers_(layers) {}
+    void reserve(int64_t rows, int64_t latents_per_layer, int64_t width) {
+        ensure(block_, be_, rows * latents_per_layer);
+        ensure(idx_, be_, rows * width);
+        ensure(val_, be_, rows * width);
+    }
+    // Layer l's pre-activations [B, F] from pre [B, L F].
+    const float* block(const float* pre, int64_t rows, int64_t latents_per_layer, int64_t l) {
+        const int64_t F = latents_per_layer, f = sizeof(float);
+        be_.copy_block(block_.data(), F * f, pre + l * F, layers_ * F * f, F * f, rows);
+        return block_.data();
+    }
+    int32_t* idx() { return idx_.data(); }
+    float* val() { return val_.data(); }
+    // The layer's selection (idx(), val(): [rows, width], its own ids) into columns
+    // [l width, (l + 1) width) of the CLT's (idx, val) [rows, L width], ids + l F.
+    void place(int64_t rows, int64_t width, int64_t latents_per_layer, int64_t l, int32_t* idx,
+               float* val) {
+        const int64_t w = width * int64_t{sizeof(float)}, all = layers_ * w;
+        be_.offset_indices(idx_.data(), rows * width, static_cast<int32_t>(l * latents_per_layer));
+        be_.copy_block(idx + l * width, all, idx_.data(), w, w, rows);
+        be_.copy_block(val + l * width, all, val_.data(), w, w, rows);
+    }
+
+private:
+    Backend& be_;
+    int64_t layers_;
+    DeviceArray<float> block_;
+    DeviceArray<int32_t> idx_;
+    DeviceArray<float> val_;
+};
+
+// TopK per layer: each layer's k largest of a token (ReLU'd), k L a token in all.
+class LayerTopkPass final : public SelectionPass {
+public:
+    // `act`: the activation's config (k L a token, the selection's width).
+    LayerTopkPass(const SaeConfig& act, int64_t d, int64_t n, Backend& be, int64_t layers)
+        : SelectionPass(act, d, n, be),
+          layers_(layers),
+          k_(act.k / layers),
+          latents_per_layer_(n / layers),
+          blocks_(be, layers) {}
+    void reserve(int64_t rows) override {
+        reserve_selection(rows);
+        blocks_.reserve(rows, latents_per_layer_, k_);
+    }
+    void forward(PassContext& c, bool) override {
+        encode(c);
+        const int64_t F = c.n / layers_;
+        blocks_.reserve(c.B, F, k_);
+        for (int64_t l = 0; l < layers_; ++l) {
+            const float* pre = blocks_.block(c.pre, c.B, F, l);
+            c.be.topk_forward(pre, c.seg("b_enc") + l * F, c.B, F, k_, blocks_.idx(), blocks_.val(),
+                              true);
+            blocks_.place(c.B, k_, F, l, idx_.data(), val_.data());
+        }
+        decode_selection(c);
+    }
+
+private:
+    int64_t layers_, k_, latents_per_layer_;
+    LayerBlocks blocks_;
+};
+
+// BatchTopK per layer: each layer's k B largest of the batch in training, and at inference
+// each layer's own running threshold ("threshold" holds L values).
+class LayerBatchTopkPass final : public SelectionPass {
+public:
+    LayerBatchTopkPass(const SaeConfig& act, int64_t d, int64_t n, Backend& be, int64_t layers)
+        : SelectionPass(act, d, n, be),
+          ops_(arch_ops<BatchTopkOps>(be, batchtopk_op_set())),
+          layers_(layers),
+          k_(act.k / layers),
+          lw_(act.k / layers),
+          blocks_(be, layers),
+          threshold_(static_cast<size_t>(layers), 0.0f),
+          batch_t_(static_cast<size_t>(layers), 0.0),
+          t_(static_cast<size_t>(layers), 0.0f) {}
+    void reserve(int64_t rows) override {
+        rows_cap_ = std::max(rows_cap_, rows);
+        width_ = layers_ * lw_;
+        reserve_selection(rows_cap_);
+    }
+    void forward(PassContext& c, bool training) override {
+        encode(c);
+        const int64_t F = c.n / layers_;
+        const float* b_enc = c.seg("b_enc");
+        for (int64_t l = 0; l < layers_; ++l) {
+            t_[l] = threshold_[l];
+            if (training) {
+                t_[l] =
+                    ops_.batch_threshold(blocks_block(c, F, l), b_enc + l * F, c.B, F, k_ * c.B);
+                batch_t_[l] = t_[l];
+            }
+        }
+        // Every layer's selection at one width per layer (the widest row of any layer; padding
+        // (0, 0)); a wider row than the buffers hold widens them and selects again.
+        for (bool again = true; again;) {
+            again = false;
+            reserve(c.B);
+            blocks_.reserve(c.B, F, lw_);
+            for (int64_t l = 0; l < layers_ && !again; ++l) {
+                const int64_t widest =
+                    ops_.select_above(blocks_block(c, F, l), b_enc + l * F, t_[l], c.B, F, lw_,
+                                      blocks_.idx(), blocks_.val());
+                if (widest > lw_) {
+                    lw_ = widest;
+                    again = true;
+                } else {
+                    blocks_.place(c.B, lw_, F, l, idx_.data(), val_.data());
+                }
+            }
+        }
+        decode_selection(c);
+    }
+    std::vector<double> step_sums() const override {
+        std::vector<double> s(batch_t_);
+        s.push_back(1.0);
+        return s;
+    }
+    void after_step(const std::vector<double>& sums) override {
+        if (static_cast<int64_t>(sums.size()) != layers_ + 1 || !(sums.back() > 0)) return;
+        for (int64_t l = 0; l < layers_; ++l) {
+            const double t = sums[l] / sums.back();
+            float& th = threshold_[static_cast<size_t>(l)];
+            th = static_cast<float>(th > 0 ? (1 - kThresholdRate) * th + kThresholdRate * t : t);
+        }
+    }
+    std::vector<NamedTensor> buffers() const override { return {{"threshold", threshold_}}; }
+    void set_buffer(const std::string& name, const std::vector<float>& v) override {
+        SAE_ENFORCE(name == "threshold" && static_cast<int64_t>(v.size()) == layers_,
+                    "a CLT with per-layer BatchTopK keeps a 'threshold' of {} values (one a "
+                    "layer), not '{}' of {} values",
+                    layers_, name, v.size());
+        threshold_ = v;
+    }
+
+private:
+    const float* blocks_block(PassContext& c, int64_t F, int64_t l) {
+        blocks_.reserve(c.B, F, lw_);
+        return blocks_.block(c.pre, c.B, F, l);
+    }
+
+    BatchTopkOps& ops_;
+    int64_t layers_, k_, lw_;
+    int64_t rows_cap_ = 0;
+    LayerBlocks blocks_;
+    std::vector<float> threshold_;  // each layer's inference threshold (0: not estimated yet)
+    std::vector<double> batch_t_;   // this step's batch thresholds
+    std::vector<float> t_;          // the thresholds of the forward pass
+};
 
 // The activation's config: a CLT's k is per token and layer, its activation's per token.
 SaeConfig activation_config(const SaeConfig& cfg) {
@@ -71,14 +251,19 @@ public:
     const char* describe() const override {
         return "a cross-layer transcoder: data.path and data.target_path list each layer's MLP "
                "input and output; layer l's latents write to layers l..L; "
-               "sae.transcoder_activation topk | batchtopk (sae.k per token and layer on "
-               "average) | jumprelu";
+               "sae.transcoder_activation topk | batchtopk (sae.k per token and layer: on "
+               "average over every layer's latents, or each layer's with sae.k_scope layer) | "
+               "jumprelu";
     }
     std::vector<const ArchKeyDecl*> config_keys() const override {
-        return transcoder_arch().config_keys();
+        std::vector<const ArchKeyDecl*> k = transcoder_arch().config_keys();
+        k.push_back(&k_scope_key());
+        return k;
     }
     std::vector<std::string> summary_keys() const override {
-        return transcoder_arch().summary_keys();
+        std::vector<std::string> k = transcoder_arch().summary_keys();
+        k.push_back("sae.k_scope");
+        return k;
     }
     std::vector<const ArchOpSet*> op_sets() const override { return transcoder_arch().op_sets(); }
     void validate(const SaeConfig& cfg, int64_t n, const std::string& where) const override {
@@ -90,8 +275,10 @@ public:
                     where, latents, cfg.layers);
         transcoder_activation_arch(cfg).validate(activation_config(cfg), n, where);
     }
+    // The transcoder's ("k4", "batchtopk-k4", "jumprelu-l0_0.01"), "-layer" added for a
+    // per-layer selection.
     std::string id_suffix(const SaeConfig& cfg) const override {
-        return transcoder_arch().id_suffix(cfg);
+        return transcoder_arch().id_suffix(cfg) + (per_layer_selection(cfg) ? "-layer" : "");
     }
     std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
         return transcoder_activation_arch(cfg).tensors(activation_config(cfg), n, d);
@@ -168,11 +355,19 @@ public:
             return e;
         }
         std::vector<float> threshold;  // [n], as SAELens's JumpReLU export holds it
-        for (const ExportTensor& t : a.export_fields(w, activation_config(cfg)).saelens_tensors)
-            if (t.name == "threshold") threshold = t.data;
+        const int64_t L = cfg.layers, d = w.d_model, n = w.n_latents, F = n / L, dl = d / L;
+        if (per_layer_selection(cfg)) {  // each layer's BatchTopK threshold for its features
+            const std::vector<float>& t = extra_tensor(w, "threshold");
+            SAE_ENFORCE(static_cast<int64_t>(t.size()) == L,
+                        "a CLT with per-layer BatchTopK has a threshold of {} values, expected {}",
+                        t.size(), L);
+            for (int64_t l = 0; l < L; ++l) threshold.insert(threshold.end(), F, t[l]);
+        } else {
+            for (const ExportTensor& t : a.export_fields(w, activation_config(cfg)).saelens_tensors)
+                if (t.name == "threshold") threshold = t.data;
+        }
         SAE_ENFORCE(threshold.size() == static_cast<size_t>(w.n_latents),
                     "the {} export has no threshold per latent", a.name());
-        const int64_t L = cfg.layers, d = w.d_model, n = w.n_latents, F = n / L, dl = d / L;
         const std::vector<float>&w_enc = w.at("W_enc"), &w_dec = w.at("W_dec");  // [d, n], [n, d]
         const std::vector<float>&b_enc = w.at("b_enc"), &b_dec = w.at("b_dec");
         e.clt_features = F, e.clt_width = dl;
@@ -195,9 +390,16 @@ public:
     }
     std::unique_ptr<ArchPass> make_pass(const SaeConfig& cfg, int64_t d, int64_t n,
                                         Backend& be) const override {
-        return std::make_unique<CltPass>(
-            transcoder_activation_arch(cfg).make_pass(activation_config(cfg), d, n, be),
-            cfg.layers);
+        const SaeConfig act = activation_config(cfg);
+        const Architecture& a = transcoder_activation_arch(cfg);
+        std::unique_ptr<ArchPass> inner;
+        if (!per_layer_selection(cfg))
+            inner = a.make_pass(act, d, n, be);
+        else if (&a == &batchtopk_arch())
+            inner = std::make_unique<LayerBatchTopkPass>(act, d, n, be, cfg.layers);
+        else
+            inner = std::make_unique<LayerTopkPass>(act, d, n, be, cfg.layers);
+        return std::make_unique<CltPass>(std::move(inner), cfg.layers);
     }
     RowSpec rows() const override { return {true, true}; }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
