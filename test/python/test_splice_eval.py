@@ -354,18 +354,26 @@ def test_texts_and_max_tokens():
     assert all(len(ids) <= 8 for ids, _ in short)
 
 
+def tiny_gpt2():
+    """A tiny random GPT-2 (2 layers, 32 wide) with MiniLM's tokenizer, saved locally: its path."""
+    def make():
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        _, tok = minilm()
+        path = os.path.join(_tmp, "tiny-gpt2")
+        torch.manual_seed(0)
+        cfg = GPT2Config(vocab_size=tok.vocab_size, n_positions=128, n_embd=32, n_layer=2,
+                         n_head=2, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+        GPT2LMHeadModel(cfg).save_pretrained(path)
+        tok.save_pretrained(path)
+        return path
+    return cached("tiny_gpt2", make)
+
+
 def test_causal_lm_path():
     """A tiny random GPT-2 saved locally: the exact SAE recovers all CE (KL 0), the mean SAE
     none of it; the hook name resolves with or without the `transformer.` prefix."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    _, tok = minilm()
-    path = os.path.join(_tmp, "tiny-gpt2")
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=tok.vocab_size, n_positions=128, n_embd=32, n_layer=2,
-                     n_head=2, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
-    GPT2LMHeadModel(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
+    path = tiny_gpt2()
     model, tok2, kind = se.load_model(path)
     assert kind == "causal"
     tokenized = se.tokenize(tok2, se.read_texts([text_file()]), 128)
@@ -534,14 +542,14 @@ def clt_reference(w, write, running=True, dec_index=None, enc_index=None):
 
 
 def test_clt_forward_is_circuit_tracers():
-    """circuit-tracer's load_clt of the same export computes the tool's features and outputs,
-    JumpReLU (pre * (pre > threshold), no b_dec taken off the input) included."""
+    """circuit-tracer's load_clt of the same export computes the tool's features and outputs:
+    JumpReLU is pre * (pre > threshold), negative below a negative threshold (SAELens's
+    relu(pre) * (pre > threshold) is not), and no b_dec is taken off the input."""
     from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
 
     L, d = 3, 12
     w = random_clt_weights(L, seed=2, d=d)
-    w["threshold"] = [np.abs(np.random.default_rng(l).standard_normal(CLT_F)) * 0.05 - 0.01
-                      for l in range(L)]
+    w["threshold"] = [np.random.default_rng(l).uniform(-0.5, 0.5, CLT_F) for l in range(L)]
     path = write_clt("clt_small", w)
     clt = se.Clt(se.CltSpec(path), "cpu")
     assert clt.spec.jumprelu and clt.spec.n_layers == L and clt.spec.d_transcoder == CLT_F
@@ -554,7 +562,7 @@ def test_clt_forward_is_circuit_tracers():
     for l in range(L):
         assert torch.allclose(clt.encode(l, x[l]), z[l], atol=1e-6)
         p.read(l, x[l])
-    assert sum(p.l0) == int((z != 0).sum()) > 0
+    assert sum(p.l0) == int((z != 0).sum()) > 0 and bool((z < 0).any())
     for m in range(L):
         assert torch.allclose(p.write_output(m), y[m], atol=1e-5), m
 
@@ -621,6 +629,31 @@ def test_clt_rows_in_table_and_json():
         assert abs(float(cells[-1]) - r["fidelity"]) < 1e-4
     assert "splice" not in rows[("exact_beside_clts", None)]  # an SAE's row as before
     assert abs(rows[("exact_beside_clts", None)]["fidelity"] - 1) < 1e-5
+
+
+def test_clt_on_a_causal_lm():
+    """The tiny GPT-2 with --clt-input-hook h.{l}.ln_2 --clt-output-hook h.{l}.mlp: a CLT that
+    never fires recovers no CE, all layers at once or one at a time."""
+    path = tiny_gpt2()
+    model, tok, _ = se.load_model(path)
+    bs = se.make_batches(se.tokenize(tok, se.read_texts([text_file()]), 128), 32,
+                         tok.pad_token_id, "cpu")
+    w = random_clt_weights(2, seed=4, d=32)
+    w["threshold"] = [np.full(CLT_F, 1e9)] * 2
+    w["b_dec"] = [se.hook_mean(model, bs, f"h.{l}.mlp").numpy() for l in range(2)]
+    out_json = os.path.join(_tmp, "causal_clt.json")
+    rc, out, err = run_tool([write_clt("g_clt_useless", w), "--model", path, "--text",
+                             text_file(), "--threads", "1", "--json", out_json,
+                             "--clt-input-hook", "h.{l}.ln_2", "--clt-output-hook", "h.{l}.mlp"])
+    assert rc == 0, err
+    assert out.splitlines()[0].split()[:2] == ["sae", "splice"]
+    with open(out_json) as f:
+        rows = json.load(f)
+    assert [r["splice"] for r in rows] == ["replacement", "layer0", "layer1"]
+    for r in rows:
+        assert r["kind"] == "causal" and r["L0"] == 0, r
+        assert abs(r["ce_ablate"] - r["ce_orig"]) > 1e-4, r  # a random model: either way
+        assert abs(r["ce_sae"] - r["ce_ablate"]) < 1e-5 and abs(r["ce_recovered"]) < 1e-3, r
 
 
 def test_bad_clt_directories_fail_with_one_line():
