@@ -844,6 +844,34 @@ void jumprelu_case_at(Backend& host, Backend& dev, float bandwidth) {
                                    gdlt.p(), gf.p(), gst.p()));
     EXPECT_EQ(gdb.get(), db_got);
     EXPECT_EQ(gdlt.get(), dlt_got);
+
+    // The tanh penalty in place of the L0 term (sae.jumprelu_penalty: tanh): dz carries tanhf's
+    // last ulp (kElem); the column sums, the norms' gradient among them, kSum.
+    auto norms = randn(n, 51, 0.3f);
+    for (float& v : norms) v = std::abs(v) + 0.5f;
+    auto dz3 = randn(rows * n, 52);
+    std::vector<float> db3(n, 9.0f), dlt3(n, 9.0f), ng(n, 9.0f), st3(kStatCount, 1.0f);
+    std::vector<int32_t> f3(n, 9);
+    Buf<float> gnorms(dev, norms), gdz3(dev, dz3), gdb3(dev, db3), gdlt3(dev, dlt3), gng(dev, ng),
+        gst3(dev, st3);
+    Buf<int32_t> gf3(dev, f3);
+    JumpReluBackward a = jumprelu(pre.data(), log_theta.data(), bandwidth, l0, rows, n, dz3.data(),
+                                  db3.data(), dlt3.data(), f3.data(), st3.data());
+    a.norms = norms.data(), a.tanh_scale = 4.0f, a.norm_grad = ng.data();
+    oracle->jumprelu_backward(a);
+    JumpReluBackward b = jumprelu(gpre.p(), glt.p(), bandwidth, l0, rows, n, gdz3.p(), gdb3.p(),
+                                  gdlt3.p(), gf3.p(), gst3.p());
+    b.norms = gnorms.p(), b.tanh_scale = 4.0f, b.norm_grad = gng.p();
+    be->jumprelu_backward(b);
+    EXPECT_LE(norm_err(gdz3.get(), dz3), kElem);
+    EXPECT_LE(norm_err(gdb3.get(), db3), kSum);
+    EXPECT_LE(norm_err(gdlt3.get(), dlt3), kSum);
+    EXPECT_LE(norm_err(gng.get(), ng), kSum);
+    EXPECT_EQ(gf3.get(), f3);
+    const auto gs3 = gst3.get();
+    EXPECT_EQ(gs3[kStatL0], st3[kStatL0]);
+    EXPECT_GT(st3[kStatL1], 1.0f);  // the tanh values' sum was added
+    EXPECT_NEAR(gs3[kStatL1], st3[kStatL1], 1e-5 * st3[kStatL1]);
 }
 
 void jumprelu_case(Backend& host, Backend& dev) {

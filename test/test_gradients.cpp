@@ -214,7 +214,7 @@ TEST(Gradients, JumpReluTranscodersMatchFiniteDifferences) {
 // with `per_layer` (sae.k_scope: layer) each layer's k largest of a token / k B of the batch.
 double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
                     const std::vector<float>& y, const Dims& s, int64_t L, const std::string& act,
-                    double l0, bool per_layer) {
+                    double l0, bool per_layer, double tanh_c = 0) {
     const int64_t d = s.d, n = s.n, dl = d / L, nl = n / L, k = s.k * L;
     const double* w_enc = p.data();
     const double* w_dec = p.data() + n * d;
@@ -247,8 +247,16 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
         const double* row = pre.data() + t * n;
         std::vector<double> z(static_cast<size_t>(n), 0.0);
         if (act == "jumprelu") {
-            for (int64_t i = 0; i < n; ++i)
-                if (row[i] > std::exp(log_threshold[i])) z[i] = row[i], loss += l0;
+            for (int64_t i = 0; i < n; ++i) {
+                if (row[i] > std::exp(log_threshold[i])) z[i] = row[i];
+                if (tanh_c == 0) {
+                    loss += z[i] != 0 ? l0 : 0.0;
+                } else {  // l0 tanh(c z ||W_dec_i||), the row's norm over every layer
+                    double norm = 0;
+                    for (int64_t c = 0; c < d; ++c) norm += w_dec[i * d + c] * w_dec[i * d + c];
+                    loss += l0 * std::tanh(tanh_c * z[i] * std::sqrt(norm));
+                }
+            }
         } else if (act == "batchtopk") {
             for (int64_t i = 0; i < n; ++i) z[i] = row[i] >= batch_t[i / width] ? row[i] : 0.0;
         } else {
@@ -275,7 +283,7 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
 // A CLT of 3 layers of 4 values, 8 latents each: every live parameter's gradient against finite
 // differences of the reference, and exactly zero gradient for the blocks outside the structure
 // (the encoder's off-diagonal blocks, the decoders to earlier layers).
-void check_clt_gradients(const std::string& act, bool per_layer = false) {
+void check_clt_gradients(const std::string& act, bool per_layer = false, bool tanh = false) {
     const int64_t L = 3;
     const Dims s{8, 12, 24, 2};
     const int64_t dl = s.d / L, nl = s.n / L;
@@ -285,6 +293,7 @@ void check_clt_gradients(const std::string& act, bool per_layer = false) {
     cfg.layers = L;
     cfg.set("sae.transcoder_activation", act);
     if (per_layer) cfg.set("sae.k_scope", "layer");
+    if (tanh) cfg.set("sae.jumprelu_penalty", "tanh");
     cfg.l0_coeff = jumprelu ? 0.1 : 0.0;
     cfg.n_latents = s.n;
     cfg.k = s.k;
@@ -318,9 +327,9 @@ void check_clt_gradients(const std::string& act, bool per_layer = false) {
     saetrain::testing::check_fd(
         tr, x, s.rows,
         [&](const std::vector<double>& q, const std::vector<double>&) {
-            return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff, per_layer);
+            return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff, per_layer, tanh ? 4.0 : 0.0);
         },
-        "clt/" + act + (per_layer ? "/layer" : ""),
+        "clt/" + act + (per_layer ? "/layer" : "") + (tanh ? "/tanh" : ""),
         // Outside the structure (checked for exact zeros below), or straight-through.
         [&](size_t i) { return masked(i) || (jumprelu && i >= thresholds_begin); }, {}, &y);
     const std::vector<float> g = tr.grads_host();
@@ -334,6 +343,11 @@ void check_clt_gradients(const std::string& act, bool per_layer = false) {
 
 TEST(Gradients, CltMatchesFiniteDifferences) {
     for (const char* act : {"topk", "batchtopk", "jumprelu"}) check_clt_gradients(act);
+}
+// sae.jumprelu_penalty: tanh, the penalty l0 * tanh(4 z ||W_dec_i||) in place of the L0 term
+// (its gradient reaches W_dec through the decoder norms).
+TEST(Gradients, CltWithTheTanhPenaltyMatchesFiniteDifferences) {
+    check_clt_gradients("jumprelu", false, true);
 }
 // sae.k_scope: layer, each layer's own k (TopK) or k B (BatchTopK).
 TEST(Gradients, PerLayerCltMatchesFiniteDifferences) {

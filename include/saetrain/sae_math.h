@@ -47,6 +47,18 @@ SAE_HD void jumprelu_grad(float v, float theta, float bandwidth, float dz, float
     const float k = rectangle((v - theta) / bandwidth) / bandwidth;
     dtheta = -k * (theta * dz + l0);
 }
+// The tanh sparsity penalty (Ameisen et al. 2025, the cross-layer transcoders of circuit
+// tracing): lambda * tanh(c z ||W_dec_i||) per activation z of latent i, with ||W_dec_i|| its
+// decoder row's norm (a CLT's: over every layer it writes to). Returns the tanh; adds to dz
+// the penalty's dL/dz and sets dnorm to its dL/d||W_dec_i||.
+SAE_HD float tanh_penalty_grad(float z, float norm, float c, float lambda, float& dz,
+                               float& dnorm) {
+    const float t = tanhf(c * z * norm);
+    const float s = lambda * c * (1.0f - t * t);
+    dz += s * norm;
+    dnorm = s * z;
+    return t;
+}
 
 // Gated SAE (Rajamanoharan et al. 2024): one encoder direction, two paths. Gate g = pre +
 // b_gate, magnitude m = pre * exp(r_mag) + b_mag, z = H(g) * relu(m).

@@ -285,21 +285,31 @@ __device__ void sum_col_partials(const float* part_f, const int32_t* part_i, int
     }
 }
 
-// dz -> dv in place (math::jumprelu_grad); per column: sum dv, sum dtheta, firing count.
+// dz -> dv in place (math::jumprelu_grad); per column: sum dv, sum dtheta, firing count, and
+// with the tanh penalty (kTanh: norms set) the sums of its dL/d||W_dec|| and of its tanh values.
+template <bool kTanh>
 __global__ void jumprelu_backward_kernel(const float* v, float* dz, const float* log_threshold,
-                                         float bandwidth, float l0, int64_t rows, int64_t n,
+                                         float bandwidth, float l0, const float* norms,
+                                         float tanh_scale, int64_t rows, int64_t n,
                                          int64_t rows_per, float* part_f, int32_t* part_i) {
     const int64_t c = blockIdx.x * int64_t(kColTile) + threadIdx.x;
     const int64_t r0 = blockIdx.y * rows_per, r1 = min(rows, r0 + rows_per);
-    float sums[2] = {0.0f, 0.0f};  // dv, dtheta
+    float sums[kTanh ? 4 : 2] = {};  // dv, dtheta (, dnorm, tanh)
     int32_t fs = 0;
     if (c < n) {
         const float theta = expf(log_threshold[c]);
         const float width = math::jumprelu_width(bandwidth, theta);
+        const float norm = kTanh ? norms[c] : 0.0f;
         for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
             const float vv = v[r * n + c];
-            float dv, dt;
-            math::jumprelu_grad(vv, theta, width, dz[r * n + c], l0, dv, dt);
+            float dv, dt, g = dz[r * n + c];
+            if constexpr (kTanh) {
+                float dn;
+                sums[3] += math::tanh_penalty_grad(math::jumprelu(vv, theta), norm, tanh_scale,
+                                                   l0, g, dn);
+                sums[2] += dn;
+            }
+            math::jumprelu_grad(vv, theta, width, g, kTanh ? 0.0f : l0, dv, dt);
             dz[r * n + c] = dv;
             sums[0] += dv;
             sums[1] += dt;
@@ -309,19 +319,25 @@ __global__ void jumprelu_backward_kernel(const float* v, float* dz, const float*
     store_col_partials(sums, fs, c, n, part_f, part_i);
 }
 
+template <bool kTanh>
 __global__ void jumprelu_backward_finish_kernel(const float* part_f, const int32_t* part_i,
                                                 int slices, int64_t n, const float* log_threshold,
                                                 float* db_enc, float* dlog_threshold,
-                                                int32_t* fires, double* col_l0) {
+                                                int32_t* fires, double* col_l0, float* norm_grad,
+                                                double* col_tanh) {
     for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < n;
          c += int64_t(gridDim.x) * blockDim.x) {
-        float sums[2];
+        float sums[kTanh ? 4 : 2];
         int32_t f;
         sum_col_partials(part_f, part_i, slices, n, c, sums, f);
         db_enc[c] = sums[0];
         dlog_threshold[c] = sums[1] * expf(log_threshold[c]);  // d/dlog(theta) = theta d/dtheta
         fires[c] = f;
         col_l0[c] = f;
+        if constexpr (kTanh) {
+            norm_grad[c] = sums[2];
+            col_tanh[c] = sums[3];
+        }
     }
 }
 
@@ -545,17 +561,30 @@ void jumprelu_backward(cudaStream_t s, Workspace& ws, const JumpReluBackward& a)
     const int64_t rows = a.rows, n = a.n;
     if (n <= 0) return;
     const RowSlices sl = row_slices(rows, n);
-    auto* part_f = ws.get<float>(0, 2 * sl.slices * n);
+    const bool tanh = a.norms != nullptr;
+    auto* part_f = ws.get<float>(0, (tanh ? 4 : 2) * sl.slices * n);
     auto* part_i = ws.get<int32_t>(1, sl.slices * n);
-    auto* col_l0 = ws.get<double>(2, n);
-    jumprelu_backward_kernel<<<sl.grid, sl.block, 0, s>>>(a.v, a.dz_to_dpre, a.log_threshold,
-                                                          a.bandwidth, a.l0, rows, n, sl.rows_per,
-                                                          part_f, part_i);
+    auto* col = ws.get<double>(2, (tanh ? 2 : 1) * n);
+    if (tanh) {
+        jumprelu_backward_kernel<true><<<sl.grid, sl.block, 0, s>>>(
+            a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0, a.norms, a.tanh_scale, rows, n,
+            sl.rows_per, part_f, part_i);
+        SAE_CUDA_LAUNCH_CHECK();
+        jumprelu_backward_finish_kernel<true><<<grid_for(n), kThreads, 0, s>>>(
+            part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires,
+            col, a.norm_grad, col + n);
+    } else {
+        jumprelu_backward_kernel<false><<<sl.grid, sl.block, 0, s>>>(
+            a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0, nullptr, 0.0f, rows, n,
+            sl.rows_per, part_f, part_i);
+        SAE_CUDA_LAUNCH_CHECK();
+        jumprelu_backward_finish_kernel<false><<<grid_for(n), kThreads, 0, s>>>(
+            part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires,
+            col, nullptr, nullptr);
+    }
     SAE_CUDA_LAUNCH_CHECK();
-    jumprelu_backward_finish_kernel<<<grid_for(n), kThreads, 0, s>>>(
-        part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires, col_l0);
-    SAE_CUDA_LAUNCH_CHECK();
-    add_sum_to_stat(s, col_l0, n, a.stats + kStatL0);
+    add_sum_to_stat(s, col, n, a.stats + kStatL0);
+    if (tanh) add_sum_to_stat(s, col + n, n, a.stats + kStatL1);
 }
 
 void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const float* r_mag,

@@ -22,6 +22,14 @@ struct JumpReluBackward {
     float* dlog_threshold = nullptr;  // [n]
     int32_t* fires = nullptr;         // [n]
     float* stats = nullptr;           // adds L0
+    // The tanh penalty (sae.jumprelu_penalty: tanh) in place of the L0 term, when `norms` (the
+    // decoder rows' norms, [n]) is set: l0 * tanh(tanh_scale z norms_i) per activation
+    // (math::tanh_penalty_grad), its dL/dz added to dz before the straight-through backward,
+    // the column sums of its dL/d||W_dec_i|| into norm_grad [n], and the sum of the tanh values
+    // added to stats[kStatL1].
+    const float* norms = nullptr;
+    float tanh_scale = 0;
+    float* norm_grad = nullptr;
 };
 
 class JumpReluOps : public ArchOps {
@@ -29,9 +37,9 @@ public:
     // pre becomes v in place (the backward needs it); z [rows, n].
     virtual void jumprelu_forward(float* pre_to_v, const float* b_enc, const float* log_threshold,
                                   int64_t rows, int64_t n, float* z) = 0;
-    // dz -> dpre in place (math::jumprelu_grad, with the L0 penalty l0 * sum H(v - theta));
-    // column sums of dpre into db_enc, d/dlog_threshold into dlog_threshold, firing counts into
-    // fires; adds L0 to stats.
+    // dz -> dpre in place (math::jumprelu_grad, with the L0 penalty l0 * sum H(v - theta), or
+    // the tanh penalty when a.norms is set); column sums of dpre into db_enc, d/dlog_threshold
+    // into dlog_threshold, firing counts into fires; adds L0 to stats.
     virtual void jumprelu_backward(const JumpReluBackward& a) = 0;
 };
 

@@ -42,14 +42,15 @@ public:
 
     void jumprelu_backward(const JumpReluBackward& args) override {
         const auto& [v, log_threshold, bandwidth, l0, rows, n, dz, db_enc, dlog_threshold, fires,
-                     stats] = args;
+                     stats, norms, tanh_scale, norm_grad] = args;
         const int64_t nb = ceil_div(n, kColBlock);
-        std::vector<double> l0s(nb);
+        std::vector<double> l0s(nb), tanhs(nb);
+        const float l0_term = norms ? 0.0f : l0;  // the tanh penalty replaces the L0 term
 #pragma omp parallel for schedule(static)
         for (int64_t b = 0; b < nb; ++b) {
             const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
             float gsum[kColBlock] = {}, tsum[kColBlock] = {}, fsum[kColBlock] = {},
-                  theta[kColBlock], width[kColBlock];
+                  nsum[kColBlock] = {}, hsum[kColBlock] = {}, theta[kColBlock], width[kColBlock];
             for (int64_t c = 0; c < w; ++c) {
                 theta[c] = std::exp(log_threshold[c0 + c]);
                 width[c] = math::jumprelu_width(bandwidth, theta[c]);
@@ -58,24 +59,36 @@ public:
                 const float* vr = v + r * n + c0;
                 float* g = dz + r * n + c0;
                 for (int64_t c = 0; c < w; ++c) {
-                    float dv, dt;
-                    math::jumprelu_grad(vr[c], theta[c], width[c], g[c], l0, dv, dt);
+                    float dv, dt, gz = g[c];
+                    if (norms) {
+                        float dn;
+                        hsum[c] += math::tanh_penalty_grad(math::jumprelu(vr[c], theta[c]),
+                                                           norms[c0 + c], tanh_scale, l0, gz, dn);
+                        nsum[c] += dn;
+                    }
+                    math::jumprelu_grad(vr[c], theta[c], width[c], gz, l0_term, dv, dt);
                     g[c] = dv;
                     gsum[c] += dv;
                     tsum[c] += dt;
                     fsum[c] += vr[c] > theta[c] ? 1.0f : 0.0f;
                 }
             }
-            double f = 0;
+            double f = 0, h = 0;
             for (int64_t c = 0; c < w; ++c) {
                 db_enc[c0 + c] = gsum[c];
                 dlog_threshold[c0 + c] = tsum[c] * theta[c];  // d/dlog(theta) = theta d/dtheta
                 fires[c0 + c] = static_cast<int32_t>(fsum[c]);
+                if (norms) norm_grad[c0 + c] = nsum[c];
                 f += fsum[c];
+                h += hsum[c];
             }
             l0s[b] = f;
+            tanhs[b] = h;
         }
-        for (int64_t b = 0; b < nb; ++b) stats[kStatL0] += static_cast<float>(l0s[b]);
+        for (int64_t b = 0; b < nb; ++b) {
+            stats[kStatL0] += static_cast<float>(l0s[b]);
+            if (norms) stats[kStatL1] += static_cast<float>(tanhs[b]);
+        }
     }
 };
 
@@ -131,6 +144,19 @@ struct JumpReluKeys {
         "32) latents per token fire)",
         {[](const ConfigValue& v) { return std::get<double>(v) >= 0; },
          "must be >= 0 (0: from the first batch)"}};
+    ArchKey<std::string> penalty{
+        "sae", "jumprelu_penalty", "l0",
+        "the sparsity penalty train.l0_coeff weighs: l0 (the number of active latents, "
+        "straight-through) | tanh (sum_i tanh(c z_i ||W_dec_i||), c = sae.jumprelu_tanh_scale: "
+        "the penalty of Anthropic's cross-layer transcoders)",
+        KeyRule{[](const ConfigValue& v) {
+                    const std::string& s = std::get<std::string>(v);
+                    return s == "l0" || s == "tanh";
+                },
+                "must be l0 or tanh"}};
+    ArchKey<double> tanh_scale{"sae", "jumprelu_tanh_scale", 4.0,
+                               "c of the tanh penalty (sae.jumprelu_penalty: tanh)",
+                               key_at_least(0.0, "")};
     ArchKey<double> threshold_lr_scale{
         "sae",
         "jumprelu_threshold_lr_scale",
@@ -175,14 +201,22 @@ public:
         a.n = n;
         a.dz_to_dpre = dz_.data(), a.db_enc = c.grad("b_enc");
         a.dlog_threshold = c.grad("log_threshold"), a.fires = c.fires, a.stats = c.stats;
+        if (tanh_) {  // the decoder rows' norms, and the penalty's gradient through them
+            ensure(norms_, be_, n), ensure(norm_grad_, be_, n);
+            be_.row_norms(c.seg("W_dec"), n, c.d, norms_.data());
+            a.norms = norms_.data(), a.norm_grad = norm_grad_.data();
+            a.tanh_scale = static_cast<float>(keys().tanh_scale(cfg_));
+        }
         ops_.jumprelu_backward(a);
+        if (tanh_)
+            be_.add_norm_grad(c.seg("W_dec"), norm_grad_.data(), 1.0f, c.grad("W_dec"), n, c.d);
         encoder_weight_grad(c, dz_.data());
         // AuxK among the dead latents' pre-activations (ctx.pre holds them, b_enc added).
         auxk_.backward(c, c.pre, true);
         encoder_input_grad(c, c.grad("b_enc"));
     }
     double penalty(const float* st) const override {
-        return l0_ * st[kStatL0] + decorr_.penalty(st) + auxk_.penalty(st);
+        return l0_ * st[tanh_ ? kStatL1 : kStatL0] + decorr_.penalty(st) + auxk_.penalty(st);
     }
     Activations activations() const override { return {z_.data(), nullptr, nullptr, 0}; }
 
@@ -227,7 +261,8 @@ private:
     JumpReluOps& ops_;
     Decorrelation decorr_;
     AuxK auxk_;
-    DeviceArray<float> z_, dz_, shifted_;
+    DeviceArray<float> z_, dz_, shifted_, norms_, norm_grad_;
+    bool tanh_ = keys().penalty(cfg_) == "tanh";
     double l0_ = 0;
     bool shifts_ = target_l0_key()(cfg_) > 0;
     float shift_ = 0;  // a float: a checkpoint holds it exactly
@@ -241,9 +276,10 @@ public:
                "with sae.jumprelu_bandwidth";
     }
     std::vector<const ArchKeyDecl*> config_keys() const override {
-        std::vector<const ArchKeyDecl*> k = {&keys().bandwidth, &keys().init_threshold,
-                                             &keys().threshold_lr_scale, &target_l0_key(),
-                                             &target_l0_rate_key()};
+        std::vector<const ArchKeyDecl*> k = {
+            &keys().bandwidth,  &keys().init_threshold, &keys().threshold_lr_scale,
+            &keys().penalty,    &keys().tanh_scale,     &target_l0_key(),
+            &target_l0_rate_key()};
         for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
         return k;
     }
@@ -252,7 +288,7 @@ public:
         return topk_uses(cfg, 0, d, n);
     }
     std::vector<std::string> summary_keys() const override {
-        return {"train.l0_coeff", "sae.target_l0"};
+        return {"train.l0_coeff", "sae.target_l0", "sae.jumprelu_penalty"};
     }
     std::vector<const ArchOpSet*> op_sets() const override { return {&jumprelu_op_set()}; }
     // Signum at the rule's lr, with AuxK: a lower held-out FVU than AdamW's at the same L0, and
@@ -265,9 +301,12 @@ public:
                     "{}sae.jumprelu_init_threshold must be >= 0 (got {})", where,
                     keys().init_threshold(cfg));
     }
+    // "l0_0.01", "target_l0_32"; with the tanh penalty "tanh_0.01", "target_l0_32-tanh".
     std::string id_suffix(const SaeConfig& cfg) const override {
         const double t = target_l0_key()(cfg);
-        return t > 0 ? fmt::format("target_l0_{}", t) : fmt::format("l0_{}", cfg.l0_coeff);
+        const bool tanh = keys().penalty(cfg) == "tanh";
+        if (t > 0) return fmt::format("target_l0_{}{}", t, tanh ? "-tanh" : "");
+        return fmt::format("{}_{}", tanh ? "tanh" : "l0", cfg.l0_coeff);
     }
     std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
         std::vector<ParamSegment> s = sae_tensors(n, d);
