@@ -62,8 +62,8 @@ and W_dec [L F, L d] block upper-triangular, the blocks outside the structure he
 gradient zeroed every step). Its encoder runs one GEMM per layer on the diagonal blocks (the same
 FLOPs as here), but its W_enc and Adam moments are L times this script's, its W_dec holds
 (L - 1) / 2L zeros and its sparse decoder kernels read whole L d rows, zeros included, where
-this script's sparse variant reads only the (L - l) d values a layer-l feature writes. saetrain
-has no per-layer TopK for a CLT (topk-layer here has no saetrain counterpart).
+this script's sparse variant reads only the (L - l) d values a layer-l feature writes.
+topk-layer is saetrain's `sae.k_scope: layer`.
 
 --check (3 layers, d 8, F 16, k 2, 6 tokens, float64; the variants on --device, the reference
 on the CPU; a few seconds) verifies that dense and sparse give the same loss and gradients for

@@ -305,8 +305,8 @@ __global__ void jumprelu_backward_kernel(const float* v, float* dz, const float*
             float dv, dt, g = dz[r * n + c];
             if constexpr (kTanh) {
                 float dn;
-                sums[3] += math::tanh_penalty_grad(math::jumprelu(vv, theta), norm, tanh_scale,
-                                                   l0, g, dn);
+                sums[3] +=
+                    math::tanh_penalty_grad(math::jumprelu(vv, theta), norm, tanh_scale, l0, g, dn);
                 sums[2] += dn;
             }
             math::jumprelu_grad(vv, theta, width, g, kTanh ? 0.0f : l0, dv, dt);
@@ -571,16 +571,16 @@ void jumprelu_backward(cudaStream_t s, Workspace& ws, const JumpReluBackward& a)
             sl.rows_per, part_f, part_i);
         SAE_CUDA_LAUNCH_CHECK();
         jumprelu_backward_finish_kernel<true><<<grid_for(n), kThreads, 0, s>>>(
-            part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires,
-            col, a.norm_grad, col + n);
+            part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires, col,
+            a.norm_grad, col + n);
     } else {
-        jumprelu_backward_kernel<false><<<sl.grid, sl.block, 0, s>>>(
-            a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0, nullptr, 0.0f, rows, n,
-            sl.rows_per, part_f, part_i);
+        jumprelu_backward_kernel<false>
+            <<<sl.grid, sl.block, 0, s>>>(a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0,
+                                          nullptr, 0.0f, rows, n, sl.rows_per, part_f, part_i);
         SAE_CUDA_LAUNCH_CHECK();
         jumprelu_backward_finish_kernel<false><<<grid_for(n), kThreads, 0, s>>>(
-            part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires,
-            col, nullptr, nullptr);
+            part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires, col,
+            nullptr, nullptr);
     }
     SAE_CUDA_LAUNCH_CHECK();
     add_sum_to_stat(s, col, n, a.stats + kStatL0);

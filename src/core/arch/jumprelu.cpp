@@ -277,9 +277,8 @@ public:
     }
     std::vector<const ArchKeyDecl*> config_keys() const override {
         std::vector<const ArchKeyDecl*> k = {
-            &keys().bandwidth,  &keys().init_threshold, &keys().threshold_lr_scale,
-            &keys().penalty,    &keys().tanh_scale,     &target_l0_key(),
-            &target_l0_rate_key()};
+            &keys().bandwidth,  &keys().init_threshold, &keys().threshold_lr_scale, &keys().penalty,
+            &keys().tanh_scale, &target_l0_key(),       &target_l0_rate_key()};
         for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
         return k;
     }
