@@ -16,6 +16,7 @@
 #include "fd_check.h"
 #include "saetrain/arch.h"
 #include "saetrain/arch/batchtopk.h"
+#include "saetrain/arch/jumprelu.h"
 #include "saetrain/backend.h"
 #include "saetrain/comm.h"
 #include "saetrain/error.h"
@@ -533,6 +534,53 @@ TEST(TargetL0, JumpReluThresholdShiftFollowsTheL0) {
     EXPECT_NEAR(t->data.at(1), 2.0f * std::exp(0.5f), 1e-6);
 }
 
+// The pre-activation loss (train.pre_act_loss_coeff) on the CPU reference, element by element:
+// a dead latent below its threshold gets dL/dv = -coeff ||W_dec_i|| and dL/dtheta = +coeff
+// ||W_dec_i||, its decoder norm coeff (theta - v); a live latent or one above its threshold
+// nothing; the loss's sum (without coeff) goes to stats[kStatAux]. With dz 0 and no L0 term
+// these are the only gradients.
+TEST(JumpRelu, PreActivationLossPullsDeadLatentsToTheirThresholds) {
+    auto be = make_cpu_backend(1);
+    JumpReluOps& ops = arch_ops<JumpReluOps>(*be, jumprelu_op_set());
+    const int64_t rows = 3, n = 4;
+    const float coeff = 0.5f;
+    // v per row; thresholds 1 (log 0); latents 0 and 1 dead, 2 and 3 live.
+    std::vector<float> v = {0.25f, 2.0f, 0.5f, 0.0f, -1.0f, 0.75f,
+                            3.0f,  0.5f, 1.5f, 0.5f, 0.0f,  2.0f};
+    const std::vector<float> log_threshold(n, 0.0f), norms = {2.0f, 3.0f, 5.0f, 7.0f},
+                                                     dead = {1.0f, 1.0f, 0.0f, 0.0f};
+    std::vector<float> dz(rows * n, 0.0f), db(n, 9.0f), dlt(n, 9.0f), ng(n, 9.0f),
+        st(kStatCount, 0.0f);
+    std::vector<int32_t> fires(n, 9);
+    JumpReluBackward a;
+    a.v = v.data(), a.log_threshold = log_threshold.data(), a.bandwidth = 0.001f, a.l0 = 0.0f;
+    a.rows = rows, a.n = n, a.dz_to_dpre = dz.data(), a.db_enc = db.data();
+    a.dlog_threshold = dlt.data(), a.fires = fires.data(), a.stats = st.data();
+    a.norms = norms.data(), a.norm_grad = ng.data(), a.dead_mask = dead.data(), a.pre_act = coeff;
+    ops.jumprelu_backward(a);
+    double loss = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        double g_norm = 0, g_theta = 0, g_b = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+            const float vr = v[r * n + i];
+            const bool below = dead[i] != 0 && vr < 1.0f;
+            const double want = below ? -coeff * norms[i] : 0.0;
+            EXPECT_FLOAT_EQ(dz[r * n + i], static_cast<float>(want)) << r << " " << i;
+            g_b += want;
+            if (below) {
+                g_theta += coeff * norms[i], g_norm += coeff * (1.0 - vr);
+                loss += (1.0 - vr) * norms[i];
+            }
+        }
+        EXPECT_FLOAT_EQ(db[i], static_cast<float>(g_b)) << i;
+        EXPECT_FLOAT_EQ(dlt[i], static_cast<float>(g_theta)) << i;  // theta 1: d/dlog = d/dtheta
+        EXPECT_FLOAT_EQ(ng[i], static_cast<float>(g_norm)) << i;
+    }
+    EXPECT_GT(loss, 0.0);
+    EXPECT_FLOAT_EQ(st[kStatAux], static_cast<float>(loss));
+    EXPECT_EQ(st[kStatL1], 0.0f);  // no tanh penalty
+}
+
 // Gated with sae.target_l0 starts at it: its gate biases are lowered to each latent's threshold
 // at the target on the first batch, and the encoder's scale (b_gate with it) is fitted again, so
 // the start reconstructs at its best scale: <x_hat - b_dec, x - b_dec> = ||x_hat - b_dec||^2.
@@ -577,16 +625,41 @@ TEST(TargetL0, GatedStartsAtItsTarget) {
 
 // Every architecture resumes bitwise: 6 steps straight equal 3 steps, a checkpoint's weights
 // and state restored into a fresh trainer, and 3 more. The penalized ones also with
-// sae.target_l0, whose adapted coefficient must resume too.
+// sae.target_l0, whose adapted coefficient must resume too; a 3-layer CLT with per-layer
+// BatchTopK (a threshold a layer) and with JumpReLU's tanh penalty.
 TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
     const int64_t d = 12, n = 48, rows = 64;
-    std::vector<std::pair<std::string, double>> runs;
-    for (const std::string& arch : arch_names()) runs.emplace_back(arch, 0.0);
-    for (const char* arch : {"relu", "jumprelu", "gated"}) runs.emplace_back(arch, 6.0);
-    for (const auto& [arch, target] : runs) {
+    struct Run {
+        std::string arch;
+        double target;
+        std::function<void(SaeConfig&)> more;
+        std::string label;
+    };
+    std::vector<Run> runs;
+    for (const std::string& arch : arch_names()) runs.push_back({arch, 0.0, nullptr, arch});
+    for (const char* arch : {"relu", "jumprelu", "gated"})
+        runs.push_back({arch, 6.0, nullptr, std::string(arch) + " at a target L0"});
+    runs.push_back({"clt", 0.0,
+                    [](SaeConfig& c) {
+                        c.layers = 3;
+                        c.set("sae.transcoder_activation", "batchtopk");
+                        c.set("sae.k_scope", "layer");
+                    },
+                    "clt, per-layer batchtopk"});
+    runs.push_back({"clt", 0.0,
+                    [](SaeConfig& c) {
+                        c.layers = 3;
+                        c.set("sae.transcoder_activation", "jumprelu");
+                        c.set("sae.jumprelu_sparsity_loss_mode", "tanh");
+                        c.set("train.pre_act_loss_coeff", 0.01);
+                    },
+                    "clt, jumprelu with the tanh penalty and the pre-activation loss"});
+    for (const auto& [arch, target, more, label] : runs) {
+        SCOPED_TRACE(label);
         SaeConfig cfg;
         cfg.arch = arch;
         if (target > 0) cfg.set("sae.target_l0", target);
+        if (more) more(cfg);
         cfg.n_latents = n;
         cfg.k = 4;
         cfg.l1_coeff = 0.1;

@@ -845,7 +845,8 @@ void jumprelu_case_at(Backend& host, Backend& dev, float bandwidth) {
     EXPECT_EQ(gdb.get(), db_got);
     EXPECT_EQ(gdlt.get(), dlt_got);
 
-    // The tanh penalty in place of the L0 term (sae.jumprelu_penalty: tanh): dz carries tanhf's
+    // The tanh penalty in place of the L0 term (sae.jumprelu_sparsity_loss_mode: tanh) and the
+    // pre-activation loss (train.pre_act_loss_coeff): dz carries tanhf's
     // last ulp (kElem); the column sums, the norms' gradient among them, kSum.
     auto norms = randn(n, 51, 0.3f);
     for (float& v : norms) v = std::abs(v) + 0.5f;
@@ -855,13 +856,18 @@ void jumprelu_case_at(Backend& host, Backend& dev, float bandwidth) {
     Buf<float> gnorms(dev, norms), gdz3(dev, dz3), gdb3(dev, db3), gdlt3(dev, dlt3), gng(dev, ng),
         gst3(dev, st3);
     Buf<int32_t> gf3(dev, f3);
+    std::vector<float> dead(n, 0.0f);  // and the pre-activation loss on every third latent
+    for (int64_t c = 0; c < n; c += 3) dead[c] = 1.0f;
+    Buf<float> gdead(dev, dead);
     JumpReluBackward a = jumprelu(pre.data(), log_theta.data(), bandwidth, l0, rows, n, dz3.data(),
                                   db3.data(), dlt3.data(), f3.data(), st3.data());
     a.norms = norms.data(), a.tanh_scale = 4.0f, a.norm_grad = ng.data();
+    a.dead_mask = dead.data(), a.pre_act = 0.03f;
     oracle->jumprelu_backward(a);
     JumpReluBackward b = jumprelu(gpre.p(), glt.p(), bandwidth, l0, rows, n, gdz3.p(), gdb3.p(),
                                   gdlt3.p(), gf3.p(), gst3.p());
     b.norms = gnorms.p(), b.tanh_scale = 4.0f, b.norm_grad = gng.p();
+    b.dead_mask = gdead.p(), b.pre_act = 0.03f;
     be->jumprelu_backward(b);
     EXPECT_LE(norm_err(gdz3.get(), dz3), kElem);
     EXPECT_LE(norm_err(gdb3.get(), db3), kSum);
@@ -872,6 +878,8 @@ void jumprelu_case_at(Backend& host, Backend& dev, float bandwidth) {
     EXPECT_EQ(gs3[kStatL0], st3[kStatL0]);
     EXPECT_GT(st3[kStatL1], 1.0f);  // the tanh values' sum was added
     EXPECT_NEAR(gs3[kStatL1], st3[kStatL1], 1e-5 * st3[kStatL1]);
+    EXPECT_GT(st3[kStatAux], 1.0f);  // and the pre-activation loss's
+    EXPECT_NEAR(gs3[kStatAux], st3[kStatAux], 1e-5 * st3[kStatAux]);
 }
 
 void jumprelu_case(Backend& host, Backend& dev) {

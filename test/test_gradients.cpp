@@ -293,7 +293,7 @@ void check_clt_gradients(const std::string& act, bool per_layer = false, bool ta
     cfg.layers = L;
     cfg.set("sae.transcoder_activation", act);
     if (per_layer) cfg.set("sae.k_scope", "layer");
-    if (tanh) cfg.set("sae.jumprelu_penalty", "tanh");
+    if (tanh) cfg.set("sae.jumprelu_sparsity_loss_mode", "tanh");
     cfg.l0_coeff = jumprelu ? 0.1 : 0.0;
     cfg.n_latents = s.n;
     cfg.k = s.k;
@@ -344,8 +344,8 @@ void check_clt_gradients(const std::string& act, bool per_layer = false, bool ta
 TEST(Gradients, CltMatchesFiniteDifferences) {
     for (const char* act : {"topk", "batchtopk", "jumprelu"}) check_clt_gradients(act);
 }
-// sae.jumprelu_penalty: tanh, the penalty l0 * tanh(4 z ||W_dec_i||) in place of the L0 term
-// (its gradient reaches W_dec through the decoder norms).
+// sae.jumprelu_sparsity_loss_mode: tanh, the penalty l0 * tanh(4 z ||W_dec_i||) in place of the L0
+// term (its gradient reaches W_dec through the decoder norms).
 TEST(Gradients, CltWithTheTanhPenaltyMatchesFiniteDifferences) {
     check_clt_gradients("jumprelu", false, true);
 }

@@ -59,6 +59,22 @@ SAE_HD float tanh_penalty_grad(float z, float norm, float c, float lambda, float
     dnorm = s * z;
     return t;
 }
+// Anthropic's pre-activation loss on a dead latent (SAELens's calculate_pre_act_loss): coeff *
+// relu(theta - v) ||W_dec_i||, pulling a latent that never fires back towards its threshold.
+// Adds its dL/dv and dL/dtheta, sets dnorm to its dL/d||W_dec_i||; returns relu(theta - v)
+// ||W_dec_i|| (the loss without coeff).
+SAE_HD float pre_act_grad(float v, float theta, float norm, float coeff, float& dv, float& dtheta,
+                          float& dnorm) {
+    const float u = theta - v;
+    if (!(u > 0.0f)) {
+        dnorm = 0.0f;
+        return 0.0f;
+    }
+    dv -= coeff * norm;
+    dtheta += coeff * norm;
+    dnorm = coeff * u;
+    return u * norm;
+}
 
 // Gated SAE (Rajamanoharan et al. 2024): one encoder direction, two paths. Gate g = pre +
 // b_gate, magnitude m = pre * exp(r_mag) + b_mag, z = H(g) * relu(m).

@@ -286,30 +286,43 @@ __device__ void sum_col_partials(const float* part_f, const int32_t* part_i, int
 }
 
 // dz -> dv in place (math::jumprelu_grad); per column: sum dv, sum dtheta, firing count, and
-// with the tanh penalty (kTanh: norms set) the sums of its dL/d||W_dec|| and of its tanh values.
-template <bool kTanh>
+// with the penalties on the decoder norms (kNorms: norms set) the sums of their dL/d||W_dec||,
+// of the tanh values (tanh_scale > 0) and of the pre-activation loss (dead_mask set).
+template <bool kNorms>
 __global__ void jumprelu_backward_kernel(const float* v, float* dz, const float* log_threshold,
                                          float bandwidth, float l0, const float* norms,
-                                         float tanh_scale, int64_t rows, int64_t n,
-                                         int64_t rows_per, float* part_f, int32_t* part_i) {
+                                         float tanh_scale, const float* dead_mask, float pre_act,
+                                         int64_t rows, int64_t n, int64_t rows_per, float* part_f,
+                                         int32_t* part_i) {
     const int64_t c = blockIdx.x * int64_t(kColTile) + threadIdx.x;
     const int64_t r0 = blockIdx.y * rows_per, r1 = min(rows, r0 + rows_per);
-    float sums[kTanh ? 4 : 2] = {};  // dv, dtheta (, dnorm, tanh)
+    float sums[kNorms ? 5 : 2] = {};  // dv, dtheta (, dnorm, tanh, pre-activation loss)
     int32_t fs = 0;
     if (c < n) {
         const float theta = expf(log_threshold[c]);
         const float width = math::jumprelu_width(bandwidth, theta);
-        const float norm = kTanh ? norms[c] : 0.0f;
+        const float norm = kNorms ? norms[c] : 0.0f;
+        const bool tanh = kNorms && tanh_scale > 0.0f;
+        const bool dead = kNorms && dead_mask && dead_mask[c] != 0.0f;
         for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
             const float vv = v[r * n + c];
             float dv, dt, g = dz[r * n + c];
-            if constexpr (kTanh) {
-                float dn;
-                sums[3] +=
-                    math::tanh_penalty_grad(math::jumprelu(vv, theta), norm, tanh_scale, l0, g, dn);
-                sums[2] += dn;
+            if constexpr (kNorms) {
+                if (tanh) {
+                    float dn;
+                    sums[3] += math::tanh_penalty_grad(math::jumprelu(vv, theta), norm, tanh_scale,
+                                                       l0, g, dn);
+                    sums[2] += dn;
+                }
             }
-            math::jumprelu_grad(vv, theta, width, g, kTanh ? 0.0f : l0, dv, dt);
+            math::jumprelu_grad(vv, theta, width, g, tanh ? 0.0f : l0, dv, dt);
+            if constexpr (kNorms) {
+                if (dead) {
+                    float dn;
+                    sums[4] += math::pre_act_grad(vv, theta, norm, pre_act, dv, dt, dn);
+                    sums[2] += dn;
+                }
+            }
             dz[r * n + c] = dv;
             sums[0] += dv;
             sums[1] += dt;
@@ -319,24 +332,25 @@ __global__ void jumprelu_backward_kernel(const float* v, float* dz, const float*
     store_col_partials(sums, fs, c, n, part_f, part_i);
 }
 
-template <bool kTanh>
+template <bool kNorms>
 __global__ void jumprelu_backward_finish_kernel(const float* part_f, const int32_t* part_i,
                                                 int slices, int64_t n, const float* log_threshold,
                                                 float* db_enc, float* dlog_threshold,
                                                 int32_t* fires, double* col_l0, float* norm_grad,
-                                                double* col_tanh) {
+                                                double* col_tanh, double* col_pre) {
     for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < n;
          c += int64_t(gridDim.x) * blockDim.x) {
-        float sums[kTanh ? 4 : 2];
+        float sums[kNorms ? 5 : 2];
         int32_t f;
         sum_col_partials(part_f, part_i, slices, n, c, sums, f);
         db_enc[c] = sums[0];
         dlog_threshold[c] = sums[1] * expf(log_threshold[c]);  // d/dlog(theta) = theta d/dtheta
         fires[c] = f;
         col_l0[c] = f;
-        if constexpr (kTanh) {
+        if constexpr (kNorms) {
             norm_grad[c] = sums[2];
             col_tanh[c] = sums[3];
+            col_pre[c] = sums[4];
         }
     }
 }
@@ -561,30 +575,31 @@ void jumprelu_backward(cudaStream_t s, Workspace& ws, const JumpReluBackward& a)
     const int64_t rows = a.rows, n = a.n;
     if (n <= 0) return;
     const RowSlices sl = row_slices(rows, n);
-    const bool tanh = a.norms != nullptr;
-    auto* part_f = ws.get<float>(0, (tanh ? 4 : 2) * sl.slices * n);
+    const bool norms = a.norms != nullptr;
+    auto* part_f = ws.get<float>(0, (norms ? 5 : 2) * sl.slices * n);
     auto* part_i = ws.get<int32_t>(1, sl.slices * n);
-    auto* col = ws.get<double>(2, (tanh ? 2 : 1) * n);
-    if (tanh) {
+    auto* col = ws.get<double>(2, (norms ? 3 : 1) * n);
+    if (norms) {
         jumprelu_backward_kernel<true><<<sl.grid, sl.block, 0, s>>>(
-            a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0, a.norms, a.tanh_scale, rows, n,
-            sl.rows_per, part_f, part_i);
+            a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0, a.norms, a.tanh_scale,
+            a.dead_mask, a.pre_act, rows, n, sl.rows_per, part_f, part_i);
         SAE_CUDA_LAUNCH_CHECK();
         jumprelu_backward_finish_kernel<true><<<grid_for(n), kThreads, 0, s>>>(
             part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires, col,
-            a.norm_grad, col + n);
+            a.norm_grad, col + n, col + 2 * n);
     } else {
-        jumprelu_backward_kernel<false>
-            <<<sl.grid, sl.block, 0, s>>>(a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0,
-                                          nullptr, 0.0f, rows, n, sl.rows_per, part_f, part_i);
+        jumprelu_backward_kernel<false><<<sl.grid, sl.block, 0, s>>>(
+            a.v, a.dz_to_dpre, a.log_threshold, a.bandwidth, a.l0, nullptr, 0.0f, nullptr, 0.0f,
+            rows, n, sl.rows_per, part_f, part_i);
         SAE_CUDA_LAUNCH_CHECK();
         jumprelu_backward_finish_kernel<false><<<grid_for(n), kThreads, 0, s>>>(
             part_f, part_i, sl.slices, n, a.log_threshold, a.db_enc, a.dlog_threshold, a.fires, col,
-            nullptr, nullptr);
+            nullptr, nullptr, nullptr);
     }
     SAE_CUDA_LAUNCH_CHECK();
     add_sum_to_stat(s, col, n, a.stats + kStatL0);
-    if (tanh) add_sum_to_stat(s, col + n, n, a.stats + kStatL1);
+    if (norms && a.tanh_scale > 0.0f) add_sum_to_stat(s, col + n, n, a.stats + kStatL1);
+    if (norms && a.dead_mask) add_sum_to_stat(s, col + 2 * n, n, a.stats + kStatAux);
 }
 
 void gated_forward(cudaStream_t s, const float* pre, const float* b_gate, const float* r_mag,

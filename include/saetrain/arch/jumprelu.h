@@ -22,14 +22,20 @@ struct JumpReluBackward {
     float* dlog_threshold = nullptr;  // [n]
     int32_t* fires = nullptr;         // [n]
     float* stats = nullptr;           // adds L0
-    // The tanh penalty (sae.jumprelu_penalty: tanh) in place of the L0 term, when `norms` (the
-    // decoder rows' norms, [n]) is set: l0 * tanh(tanh_scale z norms_i) per activation
-    // (math::tanh_penalty_grad), its dL/dz added to dz before the straight-through backward,
-    // the column sums of its dL/d||W_dec_i|| into norm_grad [n], and the sum of the tanh values
-    // added to stats[kStatL1].
+    // The penalties on the decoder rows' norms (`norms` [n], null: neither): the column sums of
+    // their dL/d||W_dec_i|| go into norm_grad [n].
+    //  - tanh_scale > 0: the tanh penalty (sae.jumprelu_sparsity_loss_mode: tanh) in place of the
+    //    L0 term, l0 * tanh(tanh_scale z norms_i) per activation (math::tanh_penalty_grad), its
+    //    dL/dz added to dz before the straight-through backward; the tanh values' sum is added
+    //    to stats[kStatL1].
+    //  - dead_mask ([n], 1 for a dead latent; null: off): the pre-activation loss pre_act *
+    //    relu(theta - v) norms_i on the dead latents (math::pre_act_grad); the sum of
+    //    relu(theta - v) norms_i is added to stats[kStatAux].
     const float* norms = nullptr;
     float tanh_scale = 0;
     float* norm_grad = nullptr;
+    const float* dead_mask = nullptr;
+    float pre_act = 0;
 };
 
 class JumpReluOps : public ArchOps {

@@ -42,15 +42,17 @@ public:
 
     void jumprelu_backward(const JumpReluBackward& args) override {
         const auto& [v, log_threshold, bandwidth, l0, rows, n, dz, db_enc, dlog_threshold, fires,
-                     stats, norms, tanh_scale, norm_grad] = args;
+                     stats, norms, tanh_scale, norm_grad, dead_mask, pre_act] = args;
         const int64_t nb = ceil_div(n, kColBlock);
-        std::vector<double> l0s(nb), tanhs(nb);
-        const float l0_term = norms ? 0.0f : l0;  // the tanh penalty replaces the L0 term
+        std::vector<double> l0s(nb), tanhs(nb), pres(nb);
+        const bool tanh = norms && tanh_scale > 0;
+        const float l0_term = tanh ? 0.0f : l0;  // the tanh penalty replaces the L0 term
 #pragma omp parallel for schedule(static)
         for (int64_t b = 0; b < nb; ++b) {
             const int64_t c0 = b * kColBlock, w = std::min(n, c0 + kColBlock) - c0;
             float gsum[kColBlock] = {}, tsum[kColBlock] = {}, fsum[kColBlock] = {},
-                  nsum[kColBlock] = {}, hsum[kColBlock] = {}, theta[kColBlock], width[kColBlock];
+                  nsum[kColBlock] = {}, hsum[kColBlock] = {}, psum[kColBlock] = {},
+                  theta[kColBlock], width[kColBlock];
             for (int64_t c = 0; c < w; ++c) {
                 theta[c] = std::exp(log_threshold[c0 + c]);
                 width[c] = math::jumprelu_width(bandwidth, theta[c]);
@@ -60,20 +62,26 @@ public:
                 float* g = dz + r * n + c0;
                 for (int64_t c = 0; c < w; ++c) {
                     float dv, dt, gz = g[c];
-                    if (norms) {
+                    if (tanh) {
                         float dn;
                         hsum[c] += math::tanh_penalty_grad(math::jumprelu(vr[c], theta[c]),
                                                            norms[c0 + c], tanh_scale, l0, gz, dn);
                         nsum[c] += dn;
                     }
                     math::jumprelu_grad(vr[c], theta[c], width[c], gz, l0_term, dv, dt);
+                    if (dead_mask && dead_mask[c0 + c] != 0.0f) {
+                        float dn;
+                        psum[c] +=
+                            math::pre_act_grad(vr[c], theta[c], norms[c0 + c], pre_act, dv, dt, dn);
+                        nsum[c] += dn;
+                    }
                     g[c] = dv;
                     gsum[c] += dv;
                     tsum[c] += dt;
                     fsum[c] += vr[c] > theta[c] ? 1.0f : 0.0f;
                 }
             }
-            double f = 0, h = 0;
+            double f = 0, h = 0, pa = 0;
             for (int64_t c = 0; c < w; ++c) {
                 db_enc[c0 + c] = gsum[c];
                 dlog_threshold[c0 + c] = tsum[c] * theta[c];  // d/dlog(theta) = theta d/dtheta
@@ -81,13 +89,16 @@ public:
                 if (norms) norm_grad[c0 + c] = nsum[c];
                 f += fsum[c];
                 h += hsum[c];
+                pa += psum[c];
             }
             l0s[b] = f;
             tanhs[b] = h;
+            pres[b] = pa;
         }
         for (int64_t b = 0; b < nb; ++b) {
             stats[kStatL0] += static_cast<float>(l0s[b]);
-            if (norms) stats[kStatL1] += static_cast<float>(tanhs[b]);
+            if (tanh) stats[kStatL1] += static_cast<float>(tanhs[b]);
+            if (dead_mask) stats[kStatAux] += static_cast<float>(pres[b]);
         }
     }
 };
@@ -144,19 +155,30 @@ struct JumpReluKeys {
         "32) latents per token fire)",
         {[](const ConfigValue& v) { return std::get<double>(v) >= 0; },
          "must be >= 0 (0: from the first batch)"}};
+    // SAELens's names (JumpReLUTrainingSAEConfig: jumprelu_sparsity_loss_mode, step | tanh;
+    // jumprelu_tanh_scale; pre_act_loss_coefficient).
     ArchKey<std::string> penalty{
-        "sae", "jumprelu_penalty", "l0",
-        "the sparsity penalty train.l0_coeff weighs: l0 (the number of active latents, "
+        "sae", "jumprelu_sparsity_loss_mode", "step",
+        "the sparsity penalty train.l0_coeff weighs: step (the number of active latents, "
         "straight-through) | tanh (sum_i tanh(c z_i ||W_dec_i||), c = sae.jumprelu_tanh_scale: "
         "the penalty of Anthropic's cross-layer transcoders)",
         KeyRule{[](const ConfigValue& v) {
                     const std::string& s = std::get<std::string>(v);
-                    return s == "l0" || s == "tanh";
+                    return s == "step" || s == "tanh";
                 },
-                "must be l0 or tanh"}};
-    ArchKey<double> tanh_scale{"sae", "jumprelu_tanh_scale", 4.0,
-                               "c of the tanh penalty (sae.jumprelu_penalty: tanh)",
-                               key_at_least(0.0, "")};
+                "must be step or tanh"}};
+    ArchKey<double> pre_act_coeff{
+        "train", "pre_act_loss_coeff", 0.0,
+        "Anthropic's pre-activation loss on dead latents, coeff * sum_i relu(theta_i - v_i) "
+        "||W_dec_i|| over the latents dead by train.dead_tokens (SAELens's "
+        "pre_act_loss_coefficient; Anthropic used 3e-6)",
+        key_at_least(0, " (0: off)")};
+    ArchKey<double> tanh_scale{
+        "sae",
+        "jumprelu_tanh_scale",
+        4.0,
+        "c of the tanh penalty (sae.jumprelu_sparsity_loss_mode: tanh)",
+        {[](const ConfigValue& v) { return std::get<double>(v) > 0; }, "must be > 0"}};
     ArchKey<double> threshold_lr_scale{
         "sae",
         "jumprelu_threshold_lr_scale",
@@ -201,14 +223,26 @@ public:
         a.n = n;
         a.dz_to_dpre = dz_.data(), a.db_enc = c.grad("b_enc");
         a.dlog_threshold = c.grad("log_threshold"), a.fires = c.fires, a.stats = c.stats;
-        if (tanh_) {  // the decoder rows' norms, and the penalty's gradient through them
+        // The penalties on the decoder norms: the tanh penalty, the pre-activation loss on the
+        // latents dead before this step.
+        const bool pre_act = pre_act_ > 0 && c.dead && c.n_dead > 0;
+        if (tanh_ || pre_act) {
             ensure(norms_, be_, n), ensure(norm_grad_, be_, n);
             be_.row_norms(c.seg("W_dec"), n, c.d, norms_.data());
             a.norms = norms_.data(), a.norm_grad = norm_grad_.data();
-            a.tanh_scale = static_cast<float>(keys().tanh_scale(cfg_));
+            if (tanh_) a.tanh_scale = static_cast<float>(keys().tanh_scale(cfg_));
         }
+        if (pre_act) {
+            ensure(dead_mask_, be_, n);
+            mask_host_.resize(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) mask_host_[i] = (*c.dead)[i] ? 1.0f : 0.0f;
+            be_.upload(dead_mask_.data(), mask_host_.data(), n * int64_t{sizeof(float)});
+            a.dead_mask = dead_mask_.data();
+            a.pre_act = static_cast<float>(pre_act_ / static_cast<double>(c.norm_rows));
+        }
+        pre_act_on_ = pre_act;
         ops_.jumprelu_backward(a);
-        if (tanh_)
+        if (tanh_ || pre_act)
             be_.add_norm_grad(c.seg("W_dec"), norm_grad_.data(), 1.0f, c.grad("W_dec"), n, c.d);
         encoder_weight_grad(c, dz_.data());
         // AuxK among the dead latents' pre-activations (ctx.pre holds them, b_enc added).
@@ -216,7 +250,8 @@ public:
         encoder_input_grad(c, c.grad("b_enc"));
     }
     double penalty(const float* st) const override {
-        return l0_ * st[tanh_ ? kStatL1 : kStatL0] + decorr_.penalty(st) + auxk_.penalty(st);
+        return l0_ * st[tanh_ ? kStatL1 : kStatL0] + (pre_act_on_ ? pre_act_ * st[kStatAux] : 0) +
+               decorr_.penalty(st) + auxk_.penalty(st);
     }
     Activations activations() const override { return {z_.data(), nullptr, nullptr, 0}; }
 
@@ -261,8 +296,11 @@ private:
     JumpReluOps& ops_;
     Decorrelation decorr_;
     AuxK auxk_;
-    DeviceArray<float> z_, dz_, shifted_, norms_, norm_grad_;
+    DeviceArray<float> z_, dz_, shifted_, norms_, norm_grad_, dead_mask_;
+    std::vector<float> mask_host_;
     bool tanh_ = keys().penalty(cfg_) == "tanh";
+    double pre_act_ = keys().pre_act_coeff(cfg_);
+    bool pre_act_on_ = false;  // this step's backward applied the pre-activation loss
     double l0_ = 0;
     bool shifts_ = target_l0_key()(cfg_) > 0;
     float shift_ = 0;  // a float: a checkpoint holds it exactly
@@ -276,9 +314,10 @@ public:
                "with sae.jumprelu_bandwidth";
     }
     std::vector<const ArchKeyDecl*> config_keys() const override {
-        std::vector<const ArchKeyDecl*> k = {
-            &keys().bandwidth,  &keys().init_threshold, &keys().threshold_lr_scale, &keys().penalty,
-            &keys().tanh_scale, &target_l0_key(),       &target_l0_rate_key()};
+        std::vector<const ArchKeyDecl*> k = {&keys().bandwidth,          &keys().init_threshold,
+                                             &keys().threshold_lr_scale, &keys().penalty,
+                                             &keys().tanh_scale,         &keys().pre_act_coeff,
+                                             &target_l0_key(),           &target_l0_rate_key()};
         for (const ArchKeyDecl* a : auxk_config_keys()) k.push_back(a);
         return k;
     }
@@ -287,7 +326,7 @@ public:
         return topk_uses(cfg, 0, d, n);
     }
     std::vector<std::string> summary_keys() const override {
-        return {"train.l0_coeff", "sae.target_l0", "sae.jumprelu_penalty"};
+        return {"train.l0_coeff", "sae.target_l0", "sae.jumprelu_sparsity_loss_mode"};
     }
     std::vector<const ArchOpSet*> op_sets() const override { return {&jumprelu_op_set()}; }
     // Signum at the rule's lr, with AuxK: a lower held-out FVU than AdamW's at the same L0, and
