@@ -60,6 +60,17 @@ public:
             for (int64_t r = 0; r < rows; ++r) {
                 const float* vr = v + r * n + c0;
                 float* g = dz + r * n + c0;
+                if (!norms) {  // the L0 term alone: this loop as it was before the penalties
+                    for (int64_t c = 0; c < w; ++c) {
+                        float dv, dt;
+                        math::jumprelu_grad(vr[c], theta[c], width[c], g[c], l0, dv, dt);
+                        g[c] = dv;
+                        gsum[c] += dv;
+                        tsum[c] += dt;
+                        fsum[c] += vr[c] > theta[c] ? 1.0f : 0.0f;
+                    }
+                    continue;
+                }
                 for (int64_t c = 0; c < w; ++c) {
                     float dv, dt, gz = g[c];
                     if (tanh) {
