@@ -62,6 +62,10 @@ def target_variance(run_dir, eval_rows):
             need -= take
         if need == 0:
             break
+    if need > 0:
+        sys.exit(f"clt_table: error: {target}: {eval_rows - need} of the {eval_rows} held-out rows "
+                 "found (the extraction is gone or changed: rerun bench/clt_minilm.sh with "
+                 "STEPS=\"extract train\")")
     y = np.concatenate(blocks)
     return float(((y - y.mean(axis=0)) ** 2).sum())
 
@@ -76,6 +80,30 @@ def splice_figures(out, name):
     layers = [r for r in rows if str(r.get("splice", "")).startswith("layer")]
     one = sum(r["fidelity"] for r in layers) / len(layers) if layers else None
     return (rep["fidelity"] if rep else None), one
+
+
+def machine():
+    """The CPU model and core count, as the table's header names the machine."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def run_date(out):
+    """The date of the newest summary.csv the table reads (when the runs were made)."""
+    paths = glob.glob(os.path.join(out, "runs", "*", "summary.csv"))
+    if not paths:
+        return "no runs"
+    import datetime
+    t = max(os.path.getmtime(p) for p in paths)
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def cell(v, fmt="{:.4f}"):
@@ -127,6 +155,8 @@ def main(argv):
             "dead": [100 * f(p, "eval_dead_fraction") for p in per],
             "tok_s": tokens / seconds, "mem": max(f(p, "host_mem_peak_GB") for p in per),
             "rep": rep, "one": one})
+    print(f"clt_table: {out} | {machine()} | {run_date(out)}")
+    print()
     head = (["model", "params (M)", "total FVU"] + [f"FVU {l}" for l in range(LAYERS)]
             + ["L0 a layer", "dead % by layer", "fidelity: replacement", "fidelity: one layer",
                "tok/s", "host mem GB"])
