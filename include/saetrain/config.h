@@ -209,6 +209,8 @@ struct KeyRule {
 // The rules of config.cpp's table, for architecture keys: v >= lo (`note` follows the bound,
 // e.g. " (0: off)").
 KeyRule key_at_least(int lo, const std::string& note = "");
+// A string key's choices: "must be a, b or c".
+KeyRule key_one_of(std::vector<std::string> choices);
 
 class ArchKeyDecl {
 public:

@@ -529,6 +529,18 @@ KeyRule key_at_least(int lo, const std::string& note) {
     return r;
 }
 
+KeyRule key_one_of(std::vector<std::string> choices) {
+    KeyRule r;
+    r.says = "must be ";
+    for (size_t i = 0; i < choices.size(); ++i)
+        r.says += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+    r.ok = [choices = std::move(choices)](const ConfigValue& v) {
+        const auto* s = std::get_if<std::string>(&v);
+        return s && std::find(choices.begin(), choices.end(), *s) != choices.end();
+    };
+    return r;
+}
+
 SaeConfig& SaeConfig::set_value(const std::string& key, const ConfigValue& value) {
     const size_t dot = key.find('.');
     const int i =

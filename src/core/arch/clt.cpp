@@ -31,11 +31,7 @@ const ArchKey<std::string>& k_scope_key() {
         "a CLT's TopK / BatchTopK selection: token (the k L largest of a token over every "
         "layer's latents; BatchTopK k L B a batch) | layer (each layer's k largest a token; "
         "BatchTopK k B a batch per layer)",
-        KeyRule{[](const ConfigValue& v) {
-                    const std::string& s = std::get<std::string>(v);
-                    return s == "token" || s == "layer";
-                },
-                "must be token or layer"}};
+        key_one_of({"token", "layer"})};
     return key;
 }
 
@@ -138,24 +134,25 @@ public:
         encode(c);
         const int64_t F = c.n / layers_;
         const float* b_enc = c.seg("b_enc");
-        for (int64_t l = 0; l < layers_; ++l) {
-            t_[l] = threshold_[l];
-            if (training) {
-                t_[l] =
-                    ops_.batch_threshold(blocks_block(c, F, l), b_enc + l * F, c.B, F, k_ * c.B);
-                batch_t_[l] = t_[l];
-            }
-        }
-        // Every layer's selection at one width per layer (the widest row of any layer; padding
-        // (0, 0)); a wider row than the buffers hold widens them and selects again.
+        // Each layer's block copied out once: its batch threshold (training; else its running
+        // one), then its selection at one width per layer (the widest row of any layer; padding
+        // (0, 0)). A wider row than the buffers hold widens them and selects every layer again,
+        // the thresholds kept.
+        int64_t thresholds = 0;  // layers whose threshold this pass has
         for (bool again = true; again;) {
             again = false;
             reserve(c.B);
             blocks_.reserve(c.B, F, lw_);
             for (int64_t l = 0; l < layers_ && !again; ++l) {
-                const int64_t widest =
-                    ops_.select_above(blocks_block(c, F, l), b_enc + l * F, t_[l], c.B, F, lw_,
-                                      blocks_.idx(), blocks_.val());
+                const float* pre = blocks_.block(c.pre, c.B, F, l);
+                if (l == thresholds) {
+                    t_[l] = training ? ops_.batch_threshold(pre, b_enc + l * F, c.B, F, k_ * c.B)
+                                     : threshold_[l];
+                    if (training) batch_t_[l] = t_[l];
+                    ++thresholds;
+                }
+                const int64_t widest = ops_.select_above(pre, b_enc + l * F, t_[l], c.B, F, lw_,
+                                                         blocks_.idx(), blocks_.val());
                 if (widest > lw_) {
                     lw_ = widest;
                     again = true;
@@ -189,11 +186,6 @@ public:
     }
 
 private:
-    const float* blocks_block(PassContext& c, int64_t F, int64_t l) {
-        blocks_.reserve(c.B, F, lw_);
-        return blocks_.block(c.pre, c.B, F, l);
-    }
-
     BatchTopkOps& ops_;
     int64_t layers_, k_, lw_;
     int64_t rows_cap_ = 0;

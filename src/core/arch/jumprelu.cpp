@@ -173,11 +173,7 @@ struct JumpReluKeys {
         "the sparsity penalty train.l0_coeff weighs: step (the number of active latents, "
         "straight-through) | tanh (sum_i tanh(c z_i ||W_dec_i||), c = sae.jumprelu_tanh_scale: "
         "the penalty of Anthropic's cross-layer transcoders)",
-        KeyRule{[](const ConfigValue& v) {
-                    const std::string& s = std::get<std::string>(v);
-                    return s == "step" || s == "tanh";
-                },
-                "must be step or tanh"}};
+        key_one_of({"step", "tanh"})};
     ArchKey<double> pre_act_coeff{
         "train", "pre_act_loss_coeff", 0.0,
         "Anthropic's pre-activation loss on dead latents, coeff * sum_i relu(theta_i - v_i) "

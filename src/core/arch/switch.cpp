@@ -114,11 +114,7 @@ struct SwitchKeys {
         "sae", "router_init", "kmeans",
         "the router's start: kmeans (balanced clusters of the first batch) | random (random "
         "directions)",
-        KeyRule{[](const ConfigValue& v) {
-                    const std::string& s = std::get<std::string>(v);
-                    return s == "kmeans" || s == "random";
-                },
-                "must be kmeans or random"}};
+        key_one_of({"kmeans", "random"})};
 };
 const SwitchKeys& keys() {
     static const SwitchKeys k;

@@ -26,13 +26,7 @@ const ArchKey<std::string>& transcoder_activation_key() {
     static const ArchKey<std::string> key{
         "sae", "transcoder_activation", "topk",
         "a transcoder's activation: topk | batchtopk | jumprelu (as sae.arch of that name)",
-        KeyRule{[](const ConfigValue& v) {
-                    const std::string& s = std::get<std::string>(v);
-                    for (const char* a : kTranscoderActivations)
-                        if (s == a) return true;
-                    return false;
-                },
-                "must be topk, batchtopk or jumprelu"}};
+        key_one_of({kTranscoderActivations.begin(), kTranscoderActivations.end()})};
     return key;
 }
 
