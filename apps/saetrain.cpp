@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     // conversion, whose message says so.
     app.add_option("--threads", args.threads,
                    "CPU threads per rank, at most 1024 (default: the rank's cores / ranks on its "
-                   "node)")
+                   "node); fewer while other processes take its cores, unless --fixed-threads")
         ->check(CLI::Validator(
             [](std::string& value) -> std::string {
                 long long n = 0;
@@ -100,6 +100,9 @@ int main(int argc, char** argv) {
                 return "Value " + value + " not in range 0 to 1024";
             },
             "0-1024"));
+    app.add_flag("--fixed-threads", args.fixed_threads,
+                 "run every step on --threads' count, even while other processes take the "
+                 "rank's cores (by default a rank runs on the cores they leave it)");
     app.add_flag("--dry-run", dry_run,
                  "check the config, its --set overrides and the job size, say what would be "
                  "trained, and exit (no MPI, data or out_dir)");
@@ -115,7 +118,8 @@ int main(int argc, char** argv) {
     // Before MPI starts: --version, --help, --list-keys and a usage error need no MPI.
     if (const int code = cli_parse(app, "saetrain",
                                    "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] "
-                                   "[--allow-config-change] [--threads N] [--dry-run [--ranks N]] "
+                                   "[--allow-config-change] [--threads N] [--fixed-threads] "
+                                   "[--dry-run [--ranks N]] "
                                    "| --list-keys",
                                    argc, argv);
         code >= 0)

@@ -3,9 +3,11 @@
 # keeps every core busy (one busy loop per core), and the tokens/s of 2 and of 4 ranks on the
 # machine's cores (sweep, data-parallel and hybrid: latent shards x replicas), each with saetrain's waits (its defaults) and with
 # waits that spin (libgomp's default spin count, GOMP_SPINCOUNT=300000, and MPI's busy polling,
-# OMPI_MCA_mpi_yield_when_idle=0), and prints each ratio beside its target.
+# OMPI_MCA_mpi_yield_when_idle=0), and prints each ratio beside its target. The run beside the
+# busy loops also runs on 2 fixed threads (--fixed-threads) beside its default, threads that
+# follow the cores other processes leave (cores.h, CoreShare).
 #   bench/sharing.sh [BUILD_DIR=build/cpu] [WORK_DIR=$TMPDIR/saetrain-sharing]
-# Takes 2-4 minutes on 2 cores. Run it on an otherwise idle machine: it makes its own load.
+# Takes 3-5 minutes on 2 cores. Run it on an otherwise idle machine: it makes its own load.
 set -euo pipefail
 build=${1:-build/cpu}
 work=${2:-${TMPDIR:-/tmp}/saetrain-sharing}
@@ -40,6 +42,11 @@ seconds() {
     python3 -c "print(f'{${t1} - ${t0}:.2f}')"
 }
 
+# The training loop's seconds on rank 0 in WORK/last.log ("rank 0 time: X s"): start-up and
+# teardown left out (starting 4 MPI processes on 2 cores takes longer than starting 2, and is
+# not tokens/s).
+loop_seconds() { sed -n 's/^rank 0 time: \([0-9.]*\) s.*/\1/p' "${work}/last.log"; }
+
 busy=()
 start_busy() { for _ in $(seq "${cores}"); do (while :; do :; done) & busy+=($!); done; }
 stop_busy() { [ ${#busy[@]} -gt 0 ] && kill "${busy[@]}" 2>/dev/null; wait "${busy[@]}" 2>/dev/null || true; busy=(); }
@@ -52,18 +59,29 @@ echo "sharing cores: ${cores} core(s), $(date -u +%Y-%m-%dT%H:%MZ), build ${buil
 echo
 echo "1. a 2-thread TopK run (60,000 rows x 64, x8, k 8, 8 epochs), alone and beside ${cores} busy loop(s)"
 cfg=$(config one 8)
-for waits in spin mine; do
-    declare -n w=${waits}
-    alone=$(seconds "${w[@]}" "${bin}/saetrain" "${cfg}" --overwrite --threads 2)
-    start_busy
-    shared=$(seconds "${w[@]}" "${bin}/saetrain" "${cfg}" --overwrite --threads 2)
-    stop_busy
-    python3 -c "print(f'   {\"spinning waits \" if \"${waits}\" == \"spin\" else \"saetrain waits  \"}'
-                      f'alone {${alone}:6.2f} s   beside the busy loops {${shared}:6.2f} s   '
-                      f'ratio {${shared}/${alone}:5.2f}x   (target <= 2.5x)')"
+# The spinning waits on 2 fixed threads; saetrain's waits on 2 fixed threads (--fixed-threads);
+# saetrain's defaults: its waits, and threads that follow the cores the busy loops leave. The
+# machine's own noise moves a run alone by a fifth here: saetrain's two are timed 3 times each,
+# alone and beside the loops in turn, and the medians compared (the spinning one, 10-50x, once).
+median() { python3 -c "import statistics, sys; print(statistics.median(float(v) for v in sys.argv[1:]))" "$@"; }
+for variant in spin fixed mine; do
+    if [ "${variant}" = spin ]; then wv=("${spin[@]}") extra=(--fixed-threads) label="spinning waits, 2 threads   " reps=1
+    elif [ "${variant}" = fixed ]; then wv=(env) extra=(--fixed-threads) label="saetrain waits, 2 threads   " reps=3
+    else wv=(env) extra=() label="saetrain waits and threads  " reps=3; fi
+    alones=() shareds=()
+    for _ in $(seq "${reps}"); do
+        alones+=("$(seconds "${wv[@]}" "${bin}/saetrain" "${cfg}" --overwrite --threads 2 "${extra[@]}")")
+        start_busy
+        shareds+=("$(seconds "${wv[@]}" "${bin}/saetrain" "${cfg}" --overwrite --threads 2 "${extra[@]}")")
+        stop_busy
+    done
+    alone=$(median "${alones[@]}") shared=$(median "${shareds[@]}")
+    python3 -c "print(f'   ${label}alone {${alone}:6.2f} s   beside the busy loops {${shared}:6.2f} s   '
+                      f'ratio {${shared}/${alone}:5.2f}x   (target <= 2.5x)'
+                      + ('   runs: ${alones[*]} / ${shareds[*]}' if ${reps} > 1 else ''))"
 done
 echo
-echo "2. tokens/s of 2 and 4 ranks on ${cores} core(s) (total over the job; one thread per rank)"
+echo "2. tokens/s of 2 and 4 ranks on ${cores} core(s) (total over the job's training loop; one thread per rank)"
 for mode in sweep data_parallel hybrid; do
     if [ "${mode}" = hybrid ]; then
         # One SAE's latents in 2 shards, 1 then 2 replicas of the pair.
@@ -84,16 +102,26 @@ for mode in sweep data_parallel hybrid; do
     fi
     for waits in spin mine; do
         declare -n w=${waits}
-        t2=$(seconds "${w[@]}" mpirun --oversubscribe -np 2 "${bin}/saetrain" "${two}" --overwrite \
-             --threads 1 "${two_args[@]}")
-        t4=$(seconds "${w[@]}" mpirun --oversubscribe -np 4 "${bin}/saetrain" "${four}" --overwrite \
-             --threads 1 "${four_args[@]}")
+        # The medians of 3 runs each with saetrain's waits (the spinning ones, 2-7x apart, once).
+        reps=$([ "${waits}" = spin ] && echo 1 || echo 3)
+        t2s=() t4s=() w2s=() w4s=()
+        for _ in $(seq "${reps}"); do
+            w2s+=("$(seconds "${w[@]}" mpirun --oversubscribe -np 2 "${bin}/saetrain" "${two}" \
+                     --overwrite --threads 1 "${two_args[@]}")")
+            t2s+=("$(loop_seconds)")
+            w4s+=("$(seconds "${w[@]}" mpirun --oversubscribe -np 4 "${bin}/saetrain" "${four}" \
+                     --overwrite --threads 1 "${four_args[@]}")")
+            t4s+=("$(loop_seconds)")
+        done
+        t2=$(median "${t2s[@]}") t4=$(median "${t4s[@]}")
+        w2=$(median "${w2s[@]}") w4=$(median "${w4s[@]}")
         python3 -c "r2 = ${two_tokens} / ${t2}; r4 = ${four_tokens} / ${t4}
 print(f'   {\"${mode}\":14s}{\"spinning waits \" if \"${waits}\" == \"spin\" else \"saetrain waits  \"}'
       f'2 ranks {r2:9.0f} tok/s ({${t2}:.2f} s)   4 ranks {r4:9.0f} tok/s ({${t4}:.2f} s)   '
-      f'ratio {r4 / r2:4.2f}   (target >= 0.8)')"
+      f'ratio {r4 / r2:4.2f}   (target >= 0.8)   whole runs {${w2}:.2f} s / {${w4}:.2f} s')"
     done
 done
 echo
-echo "(wall time of whole runs, start-up included; the spinning waits are libgomp's and Open MPI's"
+echo "(1: wall time of whole runs, start-up included; 2: tokens/s over the training loop's time on"
+echo " rank 0, beside the whole runs' wall time; the spinning waits are libgomp's and Open MPI's"
 echo " defaults, which saetrain replaced)"

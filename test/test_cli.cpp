@@ -421,7 +421,7 @@ TEST_F(Cli, WaitsYieldTheCoresUnlessTheUserChoseOtherwise) {
     const std::string cmd = bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --overwrite";
     Result r = run("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY " + cmd);
     ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find(" CPU thread(s) each; idle threads spin 1000 times, then sleep "
+    EXPECT_NE(r.out.find("; idle threads spin 1000 times, then sleep "
                          "(GOMP_SPINCOUNT, saetrain's default)\n"),
               std::string::npos)
         << r.out;
@@ -458,6 +458,97 @@ TEST_F(Cli, SettingItsSpinsKeepsTheProcessName) {
     for (const std::string& line : lines_of(dir / "log")) log += line + "\n";
     EXPECT_NE(log.find("(GOMP_SPINCOUNT, saetrain's default)"), std::string::npos)
         << "the run set its spins itself: " << log;
+}
+
+// No result depends on the thread count (cpu_backend.cpp: reductions in fixed blocks, GEMMs in
+// fixed tiles), so a run is the same on any machine and its threads may follow the cores other
+// processes leave: every architecture of one rank trains the same bits at 1, 2 and 3 threads.
+// The GEMMs are wide enough to be split in several tiles (512 x 512 and 64 x 512).
+TEST_F(Cli, ResultsDoNotDependOnTheThreadCount) {
+    const Result d = run(bin("sae-synth") + " --out " + (dir / "wide").string() +
+                         " --d-model 64 --features 256 --rows 6144 --seed 5");
+    ASSERT_EQ(d.code, 0) << d.out;
+    for (const char* arch : {"topk", "batchtopk", "relu", "jumprelu", "gated", "switch"}) {
+        std::vector<fs::path> finals;
+        for (const int threads : {1, 2, 3}) {
+            const fs::path out = dir / fmt::format("{}-{}", arch, threads);
+            const Result r = run(
+                bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+                " --fixed-threads --threads " + std::to_string(threads) +
+                " --set data.path=" + (dir / "wide").string() +
+                " --set data.batch_size=512 --set sae.expansion=8 --set sae.k=8 --set sae.arch=" +
+                arch + " --set sae.n_experts=2 --set data.eval_rows=512 --set run.out_dir=" +
+                out.string());
+            ASSERT_EQ(r.code, 0) << r.out;
+            EXPECT_NE(r.out.find(fmt::format(" {} CPU thread(s) each; ", threads)),
+                      std::string::npos)
+                << r.out;
+            fs::path final_h5;
+            for (const auto& e : fs::directory_iterator(out / "sae"))
+                final_h5 = e.path() / "final.h5";
+            finals.push_back(final_h5);
+        }
+        for (size_t i = 1; i < finals.size(); ++i) {
+            const Result c = run(bin("sae-inspect") + " " + finals[0].string() + " --compare " +
+                                 finals[i].string());
+            EXPECT_EQ(c.code, 0) << arch << ": " << finals[0] << " against " << finals[i] << "\n"
+                                 << c.out;
+        }
+    }
+}
+
+// Beside a job that keeps every core busy, a rank's threads shrink to what the job leaves (one:
+// each busy loop takes half of its core while the rank's threads share them) and the run says
+// so; with --fixed-threads they stay as asked; the SAE is the same bits either way (test_e2e
+// LoopThreads checks every architecture). Needs 2 cores or more.
+TEST_F(Cli, ThreadsFollowTheCoresOtherProcessesLeave) {
+    const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 2) GTEST_SKIP() << "one core: a rank has no thread to give back";
+    const Result d = run(bin("sae-synth") + " --out " + (dir / "long").string() +
+                         " --d-model 64 --features 256 --rows 30000 --seed 6");
+    ASSERT_EQ(d.code, 0) << d.out;
+    const std::string cmd =
+        bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+        " --set data.path=" + (dir / "long").string() +
+        " --set data.batch_size=1024 --set data.epochs=20 --set sae.expansion=8 "
+        "--set log.every_steps=20 --set checkpoint.every_steps=100000 "
+        "--threads 2";
+    // One busy loop per core, for the run's time and no longer (killed by pid).
+    const auto beside_busy_loops = [&](const std::string& extra, const fs::path& out) {
+        return run("pids=; for i in $(seq " + std::to_string(cores) +
+                   "); do (while :; do :; done) & pids=\"$pids $!\"; done; " + cmd + " " + extra +
+                   " --set run.out_dir=" + out.string() + "; code=$?; kill $pids; exit $code");
+    };
+    const auto mean_threads = [&](const fs::path& out) {
+        std::vector<double> v;
+        for (const std::string& line : lines_of(out / "metrics.jsonl"))
+            v.push_back(nlohmann::json::parse(line).value("cpu_threads", 0.0));
+        return v;
+    };
+    Result r = beside_busy_loops("", dir / "adapts");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(" 2 CPU thread(s) each (fewer while other processes take their cores); "),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(" CPU threads on average, 1 at fewest, of the 2 asked: other processes "
+                         "took the rest of its cores\n"),
+              std::string::npos)
+        << r.out;
+    const std::vector<double> adapted = mean_threads(dir / "adapts");
+    ASSERT_FALSE(adapted.empty());
+    EXPECT_LT(*std::min_element(adapted.begin(), adapted.end()), 2.0) << r.out;
+    for (const double t : adapted) EXPECT_GE(t, 1.0);
+
+    r = beside_busy_loops("--fixed-threads", dir / "fixed");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(" 2 CPU thread(s) each; "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(" at fewest, of the "), std::string::npos) << r.out;
+    for (const double t : mean_threads(dir / "fixed")) EXPECT_EQ(t, 2.0);
+    // The same SAE either way.
+    const Result c =
+        run(bin("sae-inspect") + " " + (dir / "adapts/sae/topk-x8-k4/final.h5").string() +
+            " --compare " + (dir / "fixed/sae/topk-x8-k4/final.h5").string());
+    EXPECT_EQ(c.code, 0) << c.out;
 }
 
 // data.shuffle_buffer_bytes sizes the shuffle window in bytes: as many stored rows as fit, the
@@ -1179,7 +1270,7 @@ TEST_F(Cli, UsageErrorsExitTwoWithTheUsageLine) {
     const std::map<std::string, std::string> usage = {
         {"saetrain",
          "saetrain CONFIG.yaml [--set key=value ...] [--overwrite] [--allow-config-change] "
-         "[--threads N] [--dry-run [--ranks N]] | --list-keys"},
+         "[--threads N] [--fixed-threads] [--dry-run [--ranks N]] | --list-keys"},
         {"sae-synth",
          "sae-synth --out DIR [--d-model N] [--features M] [--rows N] [--shards N] "
          "[--dtype f32|f16|bf16] [--chunked] [--seed S] ..."},

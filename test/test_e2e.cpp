@@ -716,3 +716,71 @@ INSTANTIATE_TEST_SUITE_P(Experts, SwitchPlanted,
                              return "shape" + std::to_string(p.param.shape) + "_e" +
                                     std::to_string(p.param.experts);
                          });
+
+// A rank runs on the cores other processes leave it (cores.h, CoreShare), so its CPU thread
+// count may change between any two steps: it must change no bit. Each architecture trains twice
+// on a 3-thread CPU backend, once as it is and once with its threads set to 1, 2, 3, 1, ...
+// before each step. A pass or GEMM whose result depended on its thread count (a reduction split
+// by threads, a GEMM split by OpenBLAS's threading: its last bits change) fails here.
+class LoopThreads : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoopThreads, ChangingThemBetweenStepsChangesNoBit) {
+    static TempDir tmp;
+    static const bool written = [] {
+        SynthOptions so = planted_options(tmp.path);
+        so.rows = 6144;
+        so.target_dir = (tmp.path / "target").string();
+        synth_write(so);
+        return true;
+    }();
+    ASSERT_TRUE(written);
+    SaeConfig cfg;
+    cfg.arch = GetParam();
+    cfg.expansion = 8;  // 384 latents: two of the backend's 256-column reduction blocks
+    cfg.k = 6;
+    cfg.l1_coeff = 0.3, cfg.l0_coeff = 0.1, cfg.lr = 3e-3, cfg.warmup_steps = 4;
+    // AuxK on the latents silent for 2,048 tokens, so that its pass runs too.
+    cfg.set("train.auxk_coeff", 1.0 / 32).set("train.dead_tokens", 2048);
+    cfg.set("sae.n_experts", 4).set("sae.matryoshka_prefixes", IntList{96});
+    const bool transcodes = arch_get(cfg.arch).rows().target;
+    const auto train = [&](bool vary) {
+        std::vector<DatasetInfo> parts = {dataset_open(tmp.path.string())};
+        if (transcodes) parts.push_back(dataset_open((tmp.path / "target").string()));
+        LoaderOptions lo;
+        lo.epochs = 2;
+        lo.shuffle_rows = 4096;
+        lo.seed = 1;
+        ShardBatchSource source(parts, {0, parts[0].total_rows}, lo);
+        auto be = make_cpu_backend(3);
+        auto self = make_self_comm();
+        SaeTrainer tr(cfg, parts[0].d_model, total_steps_for(source.total_rows(), 512), 0, *be,
+                      *self);
+        LoopOptions opt;
+        opt.batch_size = 512;
+        opt.threads = 3;
+        int step = 0;
+        if (vary)
+            opt.cpu_threads = [&] {
+                const int t = 1 + step++ % 3;
+                be->set_host_threads(t);
+                return t;
+            };
+        const LoopResult res = train_loop(tr, source, opt);
+        EXPECT_EQ(res.min_threads, vary ? 1 : 3) << cfg.arch;
+        return trainer_weights(tr);
+    };
+    const SaeWeights fixed = train(false), varied = train(true);
+    ASSERT_EQ(fixed.tensors.size(), varied.tensors.size());
+    for (size_t i = 0; i < fixed.tensors.size(); ++i) {
+        const std::vector<float>& a = fixed.tensors[i].data;
+        const std::vector<float>& b = varied.tensors[i].data;
+        ASSERT_EQ(a.size(), b.size()) << fixed.tensors[i].name;
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+            << cfg.arch << ": " << fixed.tensors[i].name << " differs";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, LoopThreads,
+                         ::testing::Values("relu", "topk", "batchtopk", "jumprelu", "gated",
+                                           "switch", "matryoshka_batchtopk", "transcoder",
+                                           "skip_transcoder"));

@@ -80,8 +80,8 @@ same() {  # reference-run candidate-run label: compare every final.h5
     done
     echo "$3: $n SAE(s) bitwise equal"
 }
-# metrics.jsonl without the fields that measure time or memory
-losses() { sed -E 's/"[A-Za-z_]*(per_s|MBps|tflops|mfu|wait_fraction|elapsed_s|_GB)":[^,}]*,?//g' "$1/metrics.jsonl"; }
+# metrics.jsonl without the fields that measure time, memory or the threads the cores left
+losses() { sed -E 's/"[A-Za-z_]*(per_s|MBps|tflops|mfu|wait_fraction|elapsed_s|_GB|cpu_threads)":[^,}]*,?//g' "$1/metrics.jsonl"; }
 
 fail=0
 for c in "${cases[@]}"; do

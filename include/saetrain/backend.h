@@ -116,6 +116,10 @@ public:
     virtual void copy_block(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
                             int64_t row_bytes, int64_t rows) = 0;
     virtual void synchronize() = 0;
+    // The CPU threads the backend's host-side passes use from the next call on (1 to the count
+    // it was made with): the cores other processes leave this rank (cores.h, CoreShare). No
+    // result depends on it. The default has no host-side passes to size.
+    virtual void set_host_threads(int /*threads*/) {}
     // True when alloc_bytes returns ordinary host memory (the CPU backend): then the trainer
     // may place parameters in node memory that the other ranks of the node map too.
     virtual bool host_memory() const { return false; }

@@ -4,7 +4,9 @@
 // by the run's start-up line, which says what was chosen.
 #pragma once
 
+#include <chrono>
 #include <string>
+#include <vector>
 
 namespace saetrain {
 
@@ -23,5 +25,56 @@ std::string wait_policy_text();
 std::string mpi_wait_text();
 // Cores this process may run on, shared fairly among the `local_size` ranks of its node.
 int cpu_threads_for_rank(int local_size);
+
+// ---- other processes on the rank's cores -------------------------------------------------------
+// A step splits each pass over a batch evenly over its threads and waits for the last: with
+// another job on the cores, whichever thread was descheduled holds up every pass (beside one
+// busy loop per core a 2-thread run took 2.3-2.9x its time alone, a 1-thread run 2.0x). So the
+// rank measures what other processes take of its cores and runs its next steps on what they
+// leave (Backend::set_host_threads). That changes no result: the CPU backend sums reductions in
+// fixed blocks and computes GEMMs in tiles fixed by their shape (cpu_backend.cpp; test_e2e
+// LoopThreads, test_cli ResultsDoNotDependOnTheThreadCount).
+
+struct CpuSeconds {
+    double busy = 0, total = 0;
+};
+// The seconds the CPUs `cpus` were busy and in all, from /proc/stat's text, whose unit is
+// `ticks_per_s` (USER_HZ): user, nice, system, irq, softirq and steal (the hypervisor ran
+// another machine) are busy, idle and iowait are not. A CPU the text lacks adds nothing.
+CpuSeconds cpu_seconds_of(const std::string& proc_stat, const std::vector<int>& cpus,
+                          double ticks_per_s);
+
+// The threads for a rank's next steps (1 to `most`) when, over the last window, processes other
+// than this one kept `others` of the `cores` it runs on busy, cores its node's `sharing` ranks
+// share (1: its own). The job's other ranks are taken at their fair share, cores / sharing:
+// what others take beyond it is another job's, and each rank leaves its part of that.
+int threads_for_share(int most, int cores, int sharing, double others);
+
+class CoreShare {
+public:
+    // `most`: the threads asked for; `sharing`: the ranks that share this rank's cores;
+    // `adapt` false: `most` for every step (--fixed-threads). Adapts only where /proc/stat and
+    // the affinity mask can be read.
+    CoreShare(int most, int sharing, bool adapt);
+    // Before each step: at most every kWindow, what others took of the cores since the last
+    // look, and the threads for the steps until the next look.
+    int threads();
+    bool adapts() const { return adapt_; }
+    int most() const { return most_; }
+
+    static constexpr std::chrono::milliseconds kWindow{250};
+
+private:
+    bool sample(CpuSeconds& cores, double& self_s) const;
+
+    const int most_, sharing_;
+    bool adapt_;
+    std::vector<int> cpus_;
+    double ticks_per_s_ = 100;
+    int threads_;
+    std::chrono::steady_clock::time_point t_last_;
+    CpuSeconds last_;
+    double self_last_ = 0;
+};
 
 }  // namespace saetrain

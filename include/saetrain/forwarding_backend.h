@@ -42,6 +42,7 @@ public:
     void copy_block(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
                     int64_t row_bytes, int64_t rows) override;
     void synchronize() override { be_.synchronize(); }
+    void set_host_threads(int threads) override { be_.set_host_threads(threads); }
     bool host_memory() const override { return be_.host_memory(); }
     bool supports(BackendOp op, const OpShape& shape, std::string* why) const override {
         return be_.supports(op, shape, why);

@@ -31,6 +31,7 @@ struct MetricsRow {
     double mfu = -1;              // fraction of peak; < 0: no peak known, not reported
     double gpu_mem_peak_GB = 0;   // device memory high-water mark, 1e9 bytes; 0: not on a GPU
     double host_mem_peak_GB = 0;  // peak RSS of the process, 1e9 bytes; 0: unknown
+    double cpu_threads = 0;       // CPU threads of the rank's steps, mean over the interval
     // The SAE on the held-out rows at this step (SaeTrainer::evaluate); eval_rows 0: not
     // evaluated at this step. fvu above is the training batches' (each against its own mean).
     int64_t eval_rows = 0;

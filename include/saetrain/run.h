@@ -27,6 +27,9 @@ struct RunRequest {
     bool overwrite = false;         // start over instead of resuming
     bool allow_config_change = false;
     int threads = 0;  // CPU threads per rank (0: the rank's cores / ranks on its node)
+    // Every step on `threads`, even while other processes take the rank's cores (by default a
+    // rank runs on the cores they leave it: cores.h, CoreShare).
+    bool fixed_threads = false;
 };
 
 // Trains the run on every rank of `world` (MPI started, stop signals installed) and returns the

@@ -31,6 +31,9 @@ struct LoopResult {
     // steps (upload, compute, gradient exchange), and the rest (agreement, logging,
     // checkpoints).
     double data_s = 0, check_s = 0, init_s = 0, step_s = 0;
+    // The CPU threads its steps used (LoopOptions::cpu_threads): the fewest, and on average.
+    int min_threads = 0;
+    double mean_threads = 0;
     // The held-out evaluation at the end (LoopOptions::evaluate); rows 0: none. Its seconds are
     // in none of the rates above.
     EvalResult eval;
@@ -70,6 +73,9 @@ struct LoopOptions {
     HostAllocator batch_allocator;
     // CPU threads for the loop's own passes over a batch (the NaN/Inf check).
     int threads = 1;
+    // Before each iteration: the CPU threads its step uses (CoreShare::threads, which sets them),
+    // reported as metrics' cpu_threads. Empty: `threads` every step.
+    std::function<int()> cpu_threads;
     // Fetch (and check) the next batch while the device computes the current step
     // (SaeTrainer::step_begin / step_end), so the host's share of an iteration hides behind
     // the GPU's. The batches and the results are the same either way; a step followed by a

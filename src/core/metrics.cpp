@@ -80,6 +80,7 @@ const std::vector<MetricsField>& metrics_fields() {
         field("mfu", &R::mfu, S::when_known),  // absent, never a guess, when no peak is known
         field("gpu_mem_peak_GB", &R::gpu_mem_peak_GB, S::when_positive),
         field("host_mem_peak_GB", &R::host_mem_peak_GB, S::when_positive),
+        field("cpu_threads", &R::cpu_threads, S::when_positive),
         field("eval_rows", &R::eval_rows, S::when_evaluated),
         field("eval_fvu", &R::eval_fvu, S::when_evaluated),
         field("eval_l0", &R::eval_l0, S::when_evaluated),

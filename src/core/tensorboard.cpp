@@ -303,8 +303,8 @@ std::string tensorboard_tag(const std::string& key) {
     if (k.rfind("eval_", 0) == 0) return "held_out/" + k.substr(5);
     // Throughput and memory: how fast and how big, apart from what the SAE learns.
     static const char* const kPerf[] = {
-        "tokens_per_s", "read_MBps", "wait_frac",       "elapsed_s",
-        "tflops",       "mfu",       "gpu_mem_peak_GB", "host_mem_peak_GB",
+        "tokens_per_s", "read_MBps",       "wait_frac",        "elapsed_s",   "tflops",
+        "mfu",          "gpu_mem_peak_GB", "host_mem_peak_GB", "cpu_threads",
     };
     for (const char* p : kPerf)
         if (k == p) return "perf/" + k;

@@ -22,8 +22,9 @@ double seconds_since(Clock::time_point t0) {
 struct Interval {
     int64_t steps = 0, rows = 0;
     double loss = 0, sse = 0, sst = 0, sum_sq_x = 0, l1 = 0, l0 = 0, grad_norm = 0, lr = 0;
-    void add(const StepResult& r) {
-        ++steps, rows += r.rows;
+    double threads = 0;  // summed over the steps
+    void add(const StepResult& r, int step_threads) {
+        ++steps, rows += r.rows, threads += step_threads;
         loss += r.loss, sse += r.sse, sst += r.sst, sum_sq_x += r.sum_sq_x, l1 += r.l1, l0 += r.l0;
         grad_norm += r.grad_norm, lr = r.lr;
     }
@@ -66,6 +67,7 @@ public:
           dtype_(source.dtype()),
           batch_(opt.batch_allocator, opt.batch_size * source.row_width() * dtype_size(dtype_)),
           threads_(std::max(1, opt.threads)),
+          step_threads_(threads_),
           // Model FLOPs per token (the architecture's count): what TFLOP/s and MFU count. TopK
           // runs sparse kernels on every backend, so its count is 2*d*n + 8*k*d.
           flops_per_token_(
@@ -104,6 +106,9 @@ private:
     const DType dtype_;  // of the source's rows, and so of batch_
     BatchBuffer batch_;
     const int threads_;
+    int step_threads_;  // CPU threads of the coming step (LoopOptions::cpu_threads)
+    int64_t thread_steps_ = 0;
+    double thread_sum_ = 0;
     const double flops_per_token_;
     const int64_t tokens_at_start_;
     const int64_t steps_at_start_;  // > 0 when resuming: steps this process did not take
@@ -127,6 +132,7 @@ private:
 void TrainLoop::run() {
     for (;; ++iter_) {
         if (opt_.on_iteration) opt_.on_iteration(iter_);
+        if (opt_.cpu_threads) step_threads_ = opt_.cpu_threads();
         if (!next_batch()) break;                         // the ranks agree: stop, or no data
         const int64_t use = usable_rows();                // 0 for a batch holding NaN or Inf
         if (!initialized_ && !initialize(use)) continue;  // no rank has a usable batch yet
@@ -206,7 +212,10 @@ void TrainLoop::train(int64_t use) {
         opt_.checkpoint && opt_.checkpoint_every > 0 && (iter_ + 1) % opt_.checkpoint_every == 0;
     const StepResult r = step(use, opt_.overlap && !stopping_ && !checkpoint_after);
     res_.skipped_steps += r.skipped ? 1 : 0;
-    if (r.rows > 0 && !r.skipped) iv_.add(r);
+    if (r.rows > 0 && !r.skipped) iv_.add(r, step_threads_);
+    res_.min_threads =
+        thread_steps_ == 0 ? step_threads_ : std::min(res_.min_threads, step_threads_);
+    ++thread_steps_, thread_sum_ += step_threads_;
     if (opt_.log_every > 0 && (iter_ + 1) % opt_.log_every == 0) {
         const bool eval_now =
             opt_.evaluate && opt_.eval_every > 0 && (iter_ + 1) % opt_.eval_every == 0;
@@ -269,6 +278,7 @@ MetricsRow TrainLoop::metrics_row(const EvalResult* e) {
     m.tflops = flops_per_token_ * m.tokens_per_s / 1e12;
     m.gpu_mem_peak_GB = static_cast<double>(trainer_.backend().device_memory_peak_bytes()) / 1e9;
     m.host_mem_peak_GB = static_cast<double>(host_peak_rss_bytes()) / 1e9;
+    m.cpu_threads = iv_.threads / steps;
     if (e) attach_eval(m, *e);
     // The ETA from this process's own pace: after a resume, the steps before it took no time
     // here (counting them made the ETA of a run resumed at 90% read ten times too short).
@@ -329,6 +339,7 @@ LoopResult TrainLoop::summarize() {
         res.seconds > 0 ? static_cast<double>(res.tokens - tokens_at_start_) / res.seconds : 0.0;
     res.tflops = flops_per_token_ * res.tokens_per_s / 1e12;
     res.wait_fraction = res.seconds > 0 ? source_.wait_seconds() / res.seconds : 0.0;
+    res.mean_threads = thread_steps_ > 0 ? thread_sum_ / static_cast<double>(thread_steps_) : 0.0;
     return res;
 }
 

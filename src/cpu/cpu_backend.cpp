@@ -2,9 +2,10 @@
 // ops (arch_ops.h) run its CPU reference, beside the architecture in src/core/arch/: the
 // default of Backend::arch_ops for a backend whose memory is the host's.
 //
-// Reductions are split into fixed column blocks and summed in block order, so results do not
-// depend on the thread count or scheduling (exact resume and replica equality rely on it; the
-// CPU references split theirs the same way, src/core/arch/reference.h).
+// Reductions are split into fixed column blocks and summed in block order, and GEMMs into tiles
+// fixed by their shape, so results do not depend on the thread count or scheduling (exact resume
+// and replica equality rely on it, and a rank's threads follow the cores other processes leave
+// it, cores.h; the CPU references split theirs the same way, src/core/arch/reference.h).
 #include <cblas.h>
 #include <omp.h>
 
@@ -29,6 +30,39 @@ namespace {
 constexpr int64_t kColBlock = 256;  // columns per reduction block: 1 KiB of floats per row
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The tiles of a GEMM's C [m, n] with inner dimension k (CpuBackend::gemm): powers of two of at
+// most 1024 x 1024, the longer side halved (down to 64) while the GEMM has fewer than 16 tiles
+// and a tile keeps 2^20 multiply-adds or more, then grown while a tile has fewer. Large tiles
+// because each tile packs its own panels of A and B (OpenBLAS's threads share theirs): at
+// 256 x 256 the encoder's GEMM of bench_step (4096 x 6144 x 768) ran 1.16x OpenBLAS's on 2
+// threads, at 1024 x 1024 1.0-1.1x; at least 16 so that threads that come free take the rest.
+// A function of the shape alone: the tiles, and so the GEMM's bits, never depend on how many
+// threads compute them.
+struct GemmTiles {
+    int64_t rows, cols;
+};
+GemmTiles gemm_tiles(int64_t m, int64_t n, int64_t k) {
+    constexpr int64_t kMaxSide = 1024, kMinSide = 64, kMinMacs = int64_t{1} << 20;
+    constexpr int64_t kFewTiles = 16;
+    const auto pow2_at_least = [](int64_t v) {
+        int64_t p = 1;
+        while (p < v) p *= 2;
+        return p;
+    };
+    int64_t tm = std::min(pow2_at_least(std::max<int64_t>(m, 1)), kMaxSide);
+    int64_t tn = std::min(pow2_at_least(std::max<int64_t>(n, 1)), kMaxSide);
+    const auto tiles = [&] { return ceil_div(m, tm) * ceil_div(n, tn); };
+    const int64_t kk = std::max<int64_t>(k, 1);
+    while (tiles() < kFewTiles) {
+        const bool cols = tn >= tm;  // the longer side; columns on a tie
+        int64_t& side = cols ? tn : tm;
+        if (side / 2 < kMinSide || side / 2 * (cols ? tm : tn) * kk < kMinMacs) break;
+        side /= 2;
+    }
+    while (tm * tn * kk < kMinMacs && (tm < m || tn < n)) (tn < n ? tn : tm) *= 2;
+    return {tm, tn};
+}
 
 // Keeps the k largest of a row (ties: the lower index wins) in a min-heap whose top is the
 // current worst kept element. After the heap fills, most elements fail one comparison against
@@ -142,6 +176,11 @@ public:
         openblas_set_num_threads(threads_);
     }
     std::string name() const override { return fmt::format("cpu ({} threads)", threads_); }
+    // The count is the calling thread's: the trainer's, which issues every pass. No result
+    // depends on it: reductions are summed in fixed blocks and GEMMs in fixed tiles.
+    void set_host_threads(int threads) override {
+        omp_set_num_threads(std::clamp(threads, 1, threads_));
+    }
     bool host_memory() const override { return true; }
 
     void* alloc_bytes(int64_t bytes) override {
@@ -197,21 +236,40 @@ public:
     }
     void synchronize() override {}
 
+    // A GEMM in tiles of C that depend on its shape alone, each one OpenBLAS call on one thread,
+    // taken by the threads as they come free. OpenBLAS's own threading splits a GEMM by the
+    // thread count, and the split changes its last bits (every GEMM shape of a step differed
+    // between 1, 2 and 3 threads here); fixed tiles make a GEMM's result, like every pass's,
+    // the same at any thread count, so the count may follow the cores other processes leave
+    // (set_host_threads). And a thread that was descheduled holds up its tile, not the GEMM.
     void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc) override {
-        if (m == 1) {  // a vector-matrix product: sgemm's packing costs more than the math
-            // c[1,n] = alpha * a[1,k] op(B) + beta * c  ==  op(B)^T a as a GEMV on B.
-            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans,
-                        static_cast<blasint>(tb ? n : k), static_cast<blasint>(tb ? k : n), alpha,
-                        b, static_cast<blasint>(ldb), a, ta ? static_cast<blasint>(lda) : 1, beta,
-                        c, 1);
-            return;
+        const GemmTiles t = gemm_tiles(m, n, k);
+        const int64_t rows = ceil_div(m, t.rows), cols = ceil_div(n, t.cols);
+        // Always a parallel region, even for one tile: inside one OpenBLAS runs on the calling
+        // thread alone (outside it would take every thread, and split the tile by their count).
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t tile = 0; tile < rows * cols; ++tile) {
+            const int64_t i = tile / cols * t.rows, j = tile % cols * t.cols;
+            const int64_t mm = std::min(t.rows, m - i), nn = std::min(t.cols, n - j);
+            const float* ai = ta ? a + i : a + i * lda;  // op(A)'s rows i.., A [k, m] or [m, k]
+            const float* bj = tb ? b + j * ldb : b + j;  // op(B)'s columns j..
+            float* cij = c + i * ldc + j;
+            if (m == 1) {  // a vector-matrix product: sgemm's packing costs more than the math
+                // c[1,nn] = alpha * a[1,k] op(B) + beta * c  ==  op(B)^T a as a GEMV on B.
+                cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans,
+                            static_cast<blasint>(tb ? nn : k), static_cast<blasint>(tb ? k : nn),
+                            alpha, bj, static_cast<blasint>(ldb), a,
+                            ta ? static_cast<blasint>(lda) : 1, beta, cij, 1);
+                continue;
+            }
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                        tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(mm),
+                        static_cast<blasint>(nn), static_cast<blasint>(k), alpha, ai,
+                        static_cast<blasint>(lda), bj, static_cast<blasint>(ldb), beta, cij,
+                        static_cast<blasint>(ldc));
         }
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k),
-                    alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-                    static_cast<blasint>(ldc));
     }
 
     double sum_squares(const float* x, int64_t n) override {

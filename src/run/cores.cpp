@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace saetrain {
 
@@ -83,6 +87,102 @@ int cpu_threads_for_rank(int local_size) {
     int cores = 1;
     if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
     return std::max(1, cores / std::max(1, local_size));
+}
+
+// ---- other processes on the rank's cores -------------------------------------------------------
+CpuSeconds cpu_seconds_of(const std::string& proc_stat, const std::vector<int>& cpus,
+                          double ticks_per_s) {
+    CpuSeconds out;
+    std::istringstream in(proc_stat);
+    std::string line;
+    while (std::getline(in, line)) {
+        // "cpuN user nice system idle iowait irq softirq steal guest guest_nice"; "cpu " is the
+        // machine's sum, other lines are no CPU's.
+        if (line.size() < 4 || line.compare(0, 3, "cpu") != 0 || line[3] < '0' || line[3] > '9')
+            continue;
+        std::istringstream fields(line.substr(3));
+        int cpu = -1;
+        fields >> cpu;
+        if (std::find(cpus.begin(), cpus.end(), cpu) == cpus.end()) continue;
+        double v[8] = {};
+        for (double& x : v) fields >> x;  // a field the kernel lacks stays 0
+        const double busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+        out.busy += busy / ticks_per_s;
+        out.total += (busy + v[3] + v[4]) / ticks_per_s;
+    }
+    return out;
+}
+
+int threads_for_share(int most, int cores, int sharing, double others) {
+    if (most <= 1 || cores <= 0) return std::max(1, most);
+    const int ranks = std::max(1, sharing);
+    const double peers = static_cast<double>(ranks - 1) * cores / ranks;
+    const double foreign = std::max(0.0, others - peers);
+    const double left = (cores - foreign) / ranks;
+    // A quarter of a core's slack: the system's own work (daemons, a VM's steal) takes a few
+    // hundredths and must not cost a thread; a job on half a core leaves too little for a
+    // thread that every loop would wait for.
+    return std::clamp(static_cast<int>(std::floor(left + 0.25)), 1, most);
+}
+
+namespace {
+
+bool read_text(const char* path, std::string& out) {
+    std::ifstream f(path);
+    if (!f) return false;
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    out = ss.str();
+    return !out.empty();
+}
+
+double process_cpu_seconds() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+}  // namespace
+
+CoreShare::CoreShare(int most, int sharing, bool adapt)
+    : most_(std::max(1, most)),
+      sharing_(std::max(1, sharing)),
+      adapt_(adapt && most > 1),
+      threads_(std::max(1, most)) {
+    if (!adapt_) return;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+            if (CPU_ISSET(c, &set)) cpus_.push_back(c);
+    if (const long hz = ::sysconf(_SC_CLK_TCK); hz > 0) ticks_per_s_ = static_cast<double>(hz);
+    t_last_ = std::chrono::steady_clock::now();
+    adapt_ = !cpus_.empty() && sample(last_, self_last_);
+}
+
+bool CoreShare::sample(CpuSeconds& cores, double& self_s) const {
+    std::string text;
+    if (!read_text("/proc/stat", text)) return false;
+    cores = cpu_seconds_of(text, cpus_, ticks_per_s_);
+    self_s = process_cpu_seconds();
+    return cores.total > 0;
+}
+
+int CoreShare::threads() {
+    if (!adapt_) return threads_;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - t_last_ < kWindow) return threads_;
+    CpuSeconds cores;
+    double self_s = 0;
+    if (!sample(cores, self_s)) return threads_;
+    const double busy = cores.busy - last_.busy, total = cores.total - last_.total;
+    const double window_s = total / static_cast<double>(cpus_.size());  // the cores' own clock
+    if (window_s > 0) {
+        const double others = std::max(0.0, busy - (self_s - self_last_)) / window_s;
+        threads_ = threads_for_share(most_, static_cast<int>(cpus_.size()), sharing_, others);
+    }
+    t_last_ = now, last_ = cores, self_last_ = self_s;
+    return threads_;
 }
 
 }  // namespace saetrain

@@ -15,6 +15,7 @@
 #include "run_parts.h"
 #include "saetrain/checkpoint_parts.h"
 #include "saetrain/checkpointer.h"  // defines: Checkpointer (committed checkpoints, resume)
+#include "saetrain/cores.h"         // defines: CoreShare (the threads other processes leave)
 #include "saetrain/error.h"         // defines: saetrain::Error, SAE_ENFORCE, printable
 #include "saetrain/perfmodel.h"     // defines: mfu_peak (the peak MFU is measured against)
 #include "saetrain/report.h"        // defines: RunReporter (rank 0 gathers metrics)
@@ -167,7 +168,9 @@ int run_training(const RunRequest& args, Communicator& world,
         prepare_out_dir(s);
         print_banner(s, world.size(), conn.steps);
     }
-    const int hosts = print_placement(world, place, s.threads);
+    // The CPU backend's threads compute the steps; a GPU rank's host threads only feed it.
+    CoreShare cores(s.threads, place.local_size, !args.fixed_threads && s.backend->host_memory());
+    const int hosts = print_placement(world, place, s.threads, cores.adapts());
     world.barrier();  // out_dir exists before anyone writes into it
 
     SaeTrainer trainer(s.sae(), s.model_d(), conn.steps, s.cfg.run.seed, *s.backend, conn.grads(),
@@ -196,8 +199,19 @@ int run_training(const RunRequest& args, Communicator& world,
     reporter.write_config_text(config_to_yaml(s.cfg), names, rows,
                                std::max<int64_t>(resumed_step, 0));
     set_loop_hooks(opt, s, world, reporter, checkpoints, fault, writer);
+    if (cores.adapts())
+        opt.cpu_threads = [&cores, &s, in_use = s.threads]() mutable {
+            const int t = cores.threads();
+            if (t != in_use) s.backend->set_host_threads(t), in_use = t;
+            return t;
+        };
     const LoopResult res = train_loop(trainer, *conn.source, opt);
     print_loop_end(res, reporter, world);
+    if (root && res.min_threads > 0 && res.min_threads < cores.most())
+        fmt::print(
+            "rank 0 ran its steps on {:.2f} CPU threads on average, {} at fewest, of the {} "
+            "asked: other processes took the rest of its cores\n",
+            res.mean_threads, res.min_threads, cores.most());
     if (res.stopped && trainer.step_count() == 0) {
         // Stopped before the first step (a signal during start-up): no SAE to save yet.
         if (root)

@@ -117,8 +117,9 @@ std::optional<Setup> start_up(const RunRequest& request, Communicator& world,
 // from, and the run's length. Nothing when a group could not agree (the lowest failing rank said
 // why).
 std::optional<Connections> connect(Setup& s, Communicator& world, const NodePlacement& place);
-// One line per node: ranks, cores, threads. Returns the number of nodes (on rank 0).
-int print_placement(Communicator& world, const NodePlacement& place, int threads);
+// One line per node: ranks, cores, threads (`adapts`: fewer while other processes take the
+// cores, CoreShare). Returns the number of nodes (on rank 0).
+int print_placement(Communicator& world, const NodePlacement& place, int threads, bool adapts);
 // What `--overwrite` would delete in `out`, for the refusals that offer it: "--overwrite would
 // delete its N committed checkpoint(s) (the newest at step S), its final weights and its metrics
 // to start over".

@@ -221,21 +221,23 @@ bool agree_on_startup(Communicator& world, const std::string& error) {
 
 }  // namespace
 
-int print_placement(Communicator& world, const NodePlacement& place, int threads) {
+int print_placement(Communicator& world, const NodePlacement& place, int threads, bool adapts) {
     struct Rec {
         char host[64];
-        int32_t local_rank, local_size, threads;
+        int32_t local_rank, local_size, threads, adapts;
     } mine{};
     std::snprintf(mine.host, sizeof(mine.host), "%s", place.host.c_str());
     mine.local_rank = place.local_rank, mine.local_size = place.local_size, mine.threads = threads;
+    mine.adapts = adapts ? 1 : 0;
     std::vector<Rec> all(static_cast<size_t>(world.size()));
     world.allgather(&mine, all.data(), sizeof(Rec));
     int nodes = 0;
     if (world.rank() != 0) return nodes;
     for (const Rec& r : all)
         if (r.local_rank == 0) {
-            fmt::print("node {}: {} rank(s), {} CPU thread(s) each; {}{}\n", r.host, r.local_size,
-                       r.threads, wait_policy_text(), mpi_wait_text());
+            fmt::print("node {}: {} rank(s), {} CPU thread(s) each{}; {}{}\n", r.host, r.local_size,
+                       r.threads, r.adapts ? " (fewer while other processes take their cores)" : "",
+                       wait_policy_text(), mpi_wait_text());
             ++nodes;
         }
     return nodes;

@@ -124,7 +124,7 @@ def _summary(out):
 # --- TensorBoard -------------------------------------------------------------------------------
 
 PERF = {"tokens_per_s", "read_MBps", "wait_frac", "elapsed_s", "tflops", "mfu",
-        "gpu_mem_peak_GB", "host_mem_peak_GB"}
+        "gpu_mem_peak_GB", "host_mem_peak_GB", "cpu_threads"}
 
 
 def _tag(key):
