@@ -246,11 +246,9 @@ public:
               int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc) override {
         const GemmTiles t = gemm_tiles(m, n, k);
-        const int64_t rows = ceil_div(m, t.rows), cols = ceil_div(n, t.cols);
-        // Always a parallel region, even for one tile: inside one OpenBLAS runs on the calling
-        // thread alone (outside it would take every thread, and split the tile by their count).
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int64_t tile = 0; tile < rows * cols; ++tile) {
+        const int64_t tiles = ceil_div(m, t.rows) * ceil_div(n, t.cols);
+        const int64_t cols = ceil_div(n, t.cols);
+        const auto one_tile = [&](int64_t tile) {
             const int64_t i = tile / cols * t.rows, j = tile % cols * t.cols;
             const int64_t mm = std::min(t.rows, m - i), nn = std::min(t.cols, n - j);
             const float* ai = ta ? a + i : a + i * lda;  // op(A)'s rows i.., A [k, m] or [m, k]
@@ -262,14 +260,26 @@ public:
                             static_cast<blasint>(tb ? nn : k), static_cast<blasint>(tb ? k : nn),
                             alpha, bj, static_cast<blasint>(ldb), a,
                             ta ? static_cast<blasint>(lda) : 1, beta, cij, 1);
-                continue;
+                return;
             }
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                         tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(mm),
                         static_cast<blasint>(nn), static_cast<blasint>(k), alpha, ai,
                         static_cast<blasint>(lda), bj, static_cast<blasint>(ldb), beta, cij,
                         static_cast<blasint>(ldc));
+        };
+        // One thread: OpenBLAS called directly takes omp_get_max_threads(), one, and no parallel
+        // region is opened. More: an active region (two threads at least) even for one tile,
+        // inside which OpenBLAS runs on the calling thread alone; outside one, or in a region of
+        // one thread, it would take every thread and split the tile by their count.
+        const int team =
+            static_cast<int>(std::max<int64_t>(2, std::min<int64_t>(tiles, omp_get_max_threads())));
+        if (omp_get_max_threads() <= 1) {
+            for (int64_t tile = 0; tile < tiles; ++tile) one_tile(tile);
+            return;
         }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+        for (int64_t tile = 0; tile < tiles; ++tile) one_tile(tile);
     }
 
     double sum_squares(const float* x, int64_t n) override {
