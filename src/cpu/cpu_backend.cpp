@@ -246,8 +246,7 @@ public:
               int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc) override {
         const GemmTiles t = gemm_tiles(m, n, k);
-        const int64_t tiles = ceil_div(m, t.rows) * ceil_div(n, t.cols);
-        const int64_t cols = ceil_div(n, t.cols);
+        const int64_t cols = ceil_div(n, t.cols), tiles = ceil_div(m, t.rows) * cols;
         const auto one_tile = [&](int64_t tile) {
             const int64_t i = tile / cols * t.rows, j = tile % cols * t.cols;
             const int64_t mm = std::min(t.rows, m - i), nn = std::min(t.cols, n - j);
@@ -272,12 +271,12 @@ public:
         // region is opened. More: an active region (two threads at least) even for one tile,
         // inside which OpenBLAS runs on the calling thread alone; outside one, or in a region of
         // one thread, it would take every thread and split the tile by their count.
-        const int team =
-            static_cast<int>(std::max<int64_t>(2, std::min<int64_t>(tiles, omp_get_max_threads())));
-        if (omp_get_max_threads() <= 1) {
+        const int threads = omp_get_max_threads();
+        if (threads <= 1) {
             for (int64_t tile = 0; tile < tiles; ++tile) one_tile(tile);
             return;
         }
+        const int team = static_cast<int>(std::max<int64_t>(2, std::min<int64_t>(tiles, threads)));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team)
         for (int64_t tile = 0; tile < tiles; ++tile) one_tile(tile);
     }
