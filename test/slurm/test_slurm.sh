@@ -234,14 +234,41 @@ limit=$((srun_s + 35))
 grep -E "task 2|error" killed.log | head -n 3
 
 # --- 5. the scaling study's table on the CPU backend ----------------------------------------
+# 4 tasks on the 2 cores, one thread each: data parallel on 1, 2 and 4 ranks, and the hybrid
+# grid at 1 and 2 latent shards with 1, 2 and 4 replicas (8 ranks are skipped). Each run trains
+# 240,000 rows, long enough for its tokens/s to measure the steps and not the start-up; the
+# ratios of 4 ranks to 2 on the 2 cores are printed (no timing is asserted).
+"${apps}/sae-synth" --out study-data --d-model 64 --features 512 --rows 60000 --shards 4 \
+    --seed 5 >/dev/null
+cat >study.yaml <<EOF
+data: {path: ${work}/study-data, batch_size: 1024, shuffle_buffer_rows: 8192, epochs: 8}
+sae: {arch: topk, expansion: 8, k: 8}
+train: {lr: 0.004, warmup_steps: 4}
+log: {every_steps: 50}
+parallel: {timeout_s: 20}
+EOF
 cp "${repo}/slurm/scaling-study.sbatch" slurm/
 mkdir -p tools && cp "${repo}/tools/scaling_table.py" tools/
-job=$(SAETRAIN="${apps}/saetrain" GPU_COUNTS=1 NODES=1 SHARDS="1 2" BATCHES=128 sbatch \
-    --parsable --gpus-per-node=0 --nodes=1 --ntasks-per-node=4 --cpus-per-task=1 \
-    --output=scaling-%j.out slurm/scaling-study.sbatch one.yaml --threads 1 --set data.epochs=1)
+job=$(SAETRAIN="${apps}/saetrain" GPU_COUNTS=1 NODES=1 SHARDS="1 2" REPLICAS="1 2 4" \
+    BATCHES=1024 sbatch --parsable --gpus-per-node=0 --nodes=1 --ntasks-per-node=4 \
+    --cpus-per-task=1 --output=scaling-%j.out slurm/scaling-study.sbatch study.yaml --threads 1)
 wait_for "${job}" COMPLETED $((300 + patience)) || bad "the scaling study did not complete: $(job_state "${job}")"
 sed -n '/^===/d; /tokens\/s/,$p' "scaling-${job}.out"
 grep -q "tokens/s" "scaling-${job}.out" || bad "no table in scaling-${job}.out"
+# tokens_per_s DIR: the first SAE's whole-run tokens/s in DIR/summary.csv (0 when absent).
+tokens_per_s() {
+    python3 -c 'import csv, sys; print(next(csv.DictReader(open(sys.argv[1])))["tokens_per_s"])' \
+        "$1/summary.csv" 2>/dev/null || echo 0
+}
+for pair in "data parallel:gpus-2:gpus-4" "hybrid, 1 latent shard:n1-s1-r2-b1024:n1-s1-r4-b1024" \
+    "hybrid, 2 latent shards:n1-s2-r1-b1024:n1-s2-r2-b1024"; do
+    IFS=: read -r what two four <<<"${pair}"
+    a=$(tokens_per_s "runs/scaling-${job}/${two}")
+    b=$(tokens_per_s "runs/scaling-${job}/${four}")
+    [ "${a}" != 0 ] && [ "${b}" != 0 ] || bad "no tokens/s for ${what} (${two}, ${four})"
+    say "$(printf '%-24s 2 ranks %8.0f tok/s, 4 ranks %8.0f tok/s on the 2 cores: ratio %.2f' \
+        "${what}" "${a}" "${b}" "$(echo "${b} / (${a} + 0.001)" | bc -l)")"
+done
 
 if [ "${fail}" -ne 0 ]; then
     for f in *.out *.log; do
