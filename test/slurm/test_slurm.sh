@@ -236,8 +236,8 @@ grep -E "task 2|error" killed.log | head -n 3
 # --- 5. the scaling study's table on the CPU backend ----------------------------------------
 # 4 tasks on the 2 cores, one thread each: data parallel on 1, 2 and 4 ranks, and the hybrid
 # grid at 1 and 2 latent shards with 1, 2 and 4 replicas (8 ranks are skipped). Each run trains
-# 240,000 rows, long enough for its tokens/s to measure the steps and not the start-up; the
-# ratios of 4 ranks to 2 on the 2 cores are printed (no timing is asserted).
+# 480,000 rows (about 2 s), long enough for its tokens/s to measure the steps and not the
+# start-up; the ratios of 4 ranks to 2 on the 2 cores are printed (no timing is asserted).
 "${apps}/sae-synth" --out study-data --d-model 64 --features 512 --rows 60000 --shards 4 \
     --seed 5 >/dev/null
 cat >study.yaml <<EOF
