@@ -654,6 +654,13 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
                         c.set("train.pre_act_loss_coeff", 0.01);
                     },
                     "clt, jumprelu with the tanh penalty and the pre-activation loss"});
+    runs.push_back({"clt", 2.0,
+                    [](SaeConfig& c) {
+                        c.layers = 3;
+                        c.set("sae.transcoder_activation", "jumprelu");
+                        c.set("sae.k_scope", "layer");
+                    },
+                    "clt, jumprelu with each layer's L0 at the target (a shift a layer)"});
     for (const auto& [arch, target, more, label] : runs) {
         SCOPED_TRACE(label);
         SaeConfig cfg;

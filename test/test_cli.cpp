@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "saetrain/build_commit.h"  // defines: SAETRAIN_GIT_COMMIT
 #include "saetrain/build_config.h"  // defines: SAETRAIN_VERSION, SAETRAIN_CUDA, SAETRAIN_NCCL, ...
 #include "saetrain/checkpoint.h"
+#include "saetrain/safetensors.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -765,6 +767,75 @@ TEST_F(Cli, CltTrainsOnEveryLayersPairsAndRefusesMisalignedLayers) {
         EXPECT_EQ(r.code, 1) << args << ": " << r.out;
         EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
     }
+}
+
+// A JumpReLU CLT with sae.target_l0: on two layers of unlike density (0.5 and 8 planted features
+// active a row), the token scope holds the L0 over both layers at twice the target and lets the
+// layers drift apart; sae.k_scope: layer holds each layer's at the target with a threshold shift
+// a layer (checkpointed, folded into the exported thresholds). Without sae.target_l0 the layer
+// scope is refused in one line.
+TEST_F(Cli, JumpReluCltHoldsEachLayersL0AtTheTarget) {
+    const char* active[] = {"0.5", "8 --max-scale 6"};
+    for (int l = 0; l < 2; ++l) {
+        const Result synth = run(fmt::format(
+            "{} --out {} --target {} --d-model 8 --features 16 --active {} --rows 6000 --shards 2 "
+            "--seed {}",
+            bin("sae-synth"), (dir / fmt::format("in{}", l)).string(),
+            (dir / fmt::format("out{}", l)).string(), active[l], 10 + l));
+        ASSERT_EQ(synth.code, 0) << synth.out;
+    }
+    const std::string sets =
+        fmt::format(" --set 'data.path=[{},{}]' --set 'data.target_path=[{},{}]'",
+                    (dir / "in0").string(), (dir / "in1").string(), (dir / "out0").string(),
+                    (dir / "out1").string()) +
+        " --set sae.arch=clt --set sae.transcoder_activation=jumprelu --set data.batch_size=128"
+        " --set data.epochs=6 --set data.eval_rows=2000 --set train.lr=0.004"
+        " --set checkpoint.every_steps=100 --set log.every_steps=50";
+    Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() + sets +
+                   " --threads 1 --set sae.target_l0=3 --set 'sae.k_scope=[token, layer]'");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto rows = csv_rows(dir / "run/summary.csv");
+    ASSERT_EQ(rows.size(), 2u);
+    for (const auto& row : rows) {
+        SCOPED_TRACE(row.at("sae"));
+        const double l0_0 = std::stod(row.at("eval_l0_layer0"));
+        const double l0_1 = std::stod(row.at("eval_l0_layer1"));
+        // Both hold the L0 over the layers (6) within 10%.
+        EXPECT_NEAR(l0_0 + l0_1, 6.0, 0.6);
+        const double worst = std::max(std::abs(l0_0 / 3 - 1), std::abs(l0_1 / 3 - 1));
+        if (row.at("k_scope") == "layer") {
+            EXPECT_EQ(row.at("sae"), "clt-x2-jumprelu-target_l0_3-layer");
+            EXPECT_LT(worst, 0.1) << l0_0 << " " << l0_1;  // 3.08 and 3.13 when written
+            EXPECT_NE(row.at("log_threshold_shift_layer0_final"),
+                      row.at("log_threshold_shift_layer1_final"));
+        } else {
+            // The data tells the scopes apart: 2.34 and 3.59 when written.
+            EXPECT_GT(worst, 0.15) << l0_0 << " " << l0_1;
+        }
+    }
+    // The shifts travel with the SAE: final.h5 holds one a layer, and the export's thresholds
+    // are exp(log_threshold + its layer's shift).
+    const saetrain::SaeWeights w = saetrain::sae_read_h5(
+        (dir / "run/sae/clt-x2-jumprelu-target_l0_3-layer/final.h5").string());
+    ASSERT_TRUE(w.has("log_threshold_shift"));
+    const std::vector<float>& shift = w.at("log_threshold_shift");
+    ASSERT_EQ(shift.size(), 2u);
+    r = run(bin("sae-export") + " " +
+            (dir / "run/sae/clt-x2-jumprelu-target_l0_3-layer/final.h5").string() +
+            " --format circuit_tracer --out " + (dir / "ct").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto th1 = saetrain::safetensors_read((dir / "ct/W_enc_1.safetensors").string());
+    const std::vector<float>& t1 = th1.at("threshold_1").data;
+    ASSERT_EQ(t1.size(), 16u);  // 16 features a layer
+    for (size_t f = 0; f < 16; ++f)
+        EXPECT_FLOAT_EQ(t1[f], std::exp(w.at("log_threshold")[16 + f] + shift[1])) << f;
+
+    r = train("--overwrite" + sets + " --set sae.k_scope=layer");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("sae.k_scope: layer with a JumpReLU CLT holds each layer's L0 at "
+                         "sae.target_l0, which is not set"),
+              std::string::npos)
+        << r.out;
 }
 
 TEST_F(Cli, MpiDataParallelTrainsOneSaeOnAllSlices) {

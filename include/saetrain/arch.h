@@ -166,6 +166,9 @@ struct StepTotals {
     int64_t step = 0, total_steps = 0;  // the step just taken (0-based) of the run's
     int64_t rows = 0;                   // rows of all replicas
     double l0 = 0;                      // non-zero latent activations summed over those rows
+    // Each latent's non-zero activations over those rows ([n], this latent shard's latents;
+    // null where the caller has none).
+    const std::vector<int32_t>* fires = nullptr;
 };
 
 class ArchPass {

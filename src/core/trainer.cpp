@@ -548,7 +548,7 @@ void SaeTrainer::rest() { opt_->rest(); }
 
 void SaeTrainer::finish_step(const StepResult& r, const std::vector<double>& arch_sums) {
     pass_->after_step(arch_sums);
-    pass_->after_update({step_, total_steps_, r.rows, r.l0});
+    pass_->after_update({step_, total_steps_, r.rows, r.l0, &fires_host_});
     window_.add(step_, r.rows, r.sse, r.sst, r.sum_sq_x, r.l0, fires_host_, arch_sums);
     n_dead_ = 0;
     for (int64_t i = 0; i < n_; ++i) {

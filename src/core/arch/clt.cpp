@@ -13,7 +13,9 @@
 // activation is sae.transcoder_activation's: JumpReLU per latent, or TopK / BatchTopK with
 // sae.k per token and layer: with sae.k_scope token, on average (k L per token, or k L B per
 // batch, over every layer's latents together); with layer, exactly per layer (each layer's k
-// largest a token, or its k B largest a batch). Not yet: latent shards and a skip path.
+// largest a token, or its k B largest a batch). JumpReLU with sae.target_l0 holds the L0 over
+// every layer at L times the target, or with sae.k_scope layer each layer's at the target (a
+// threshold shift a layer). Not yet: latent shards and a skip path.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -28,9 +30,10 @@ namespace {
 const ArchKey<std::string>& k_scope_key() {
     static const ArchKey<std::string> key{
         "sae", "k_scope", "token",
-        "a CLT's TopK / BatchTopK selection: token (the k L largest of a token over every "
-        "layer's latents; BatchTopK k L B a batch) | layer (each layer's k largest a token; "
-        "BatchTopK k B a batch per layer)",
+        "a CLT's sparsity per token or per layer: token (TopK: the k L largest of a token over "
+        "every layer's latents; BatchTopK k L B a batch; JumpReLU: sae.target_l0 L times over "
+        "all layers) | layer (each layer's k largest a token; BatchTopK k B a batch per layer; "
+        "JumpReLU: each layer's L0 held at sae.target_l0, which it needs)",
         key_one_of({"token", "layer"})};
     return key;
 }
@@ -39,6 +42,11 @@ const ArchKey<std::string>& k_scope_key() {
 // (JumpReLU has no k, and ignores the key as it ignores sae.k).
 bool per_layer_selection(const SaeConfig& cfg) {
     return k_scope_key()(cfg) == "layer" && &transcoder_activation_arch(cfg) != &jumprelu_arch();
+}
+
+// Whether `cfg` holds each layer's L0 at sae.target_l0: a JumpReLU CLT with sae.k_scope layer.
+bool per_layer_l0(const SaeConfig& cfg) {
+    return k_scope_key()(cfg) == "layer" && &transcoder_activation_arch(cfg) == &jumprelu_arch();
 }
 
 // A per-layer selection's pieces: one layer's block of the pre-activations [B, n] copied out
@@ -265,12 +273,17 @@ public:
                     "{}sae.n_latents = {} is not a multiple of the CLT's {} layers (each layer has "
                     "n_latents / layers latents)",
                     where, latents, cfg.layers);
+        SAE_ENFORCE(!per_layer_l0(cfg) || target_l0_key()(cfg) > 0,
+                    "{}sae.k_scope: layer with a JumpReLU CLT holds each layer's L0 at "
+                    "sae.target_l0, which is not set (set it, or sae.k_scope: token)",
+                    where);
         transcoder_activation_arch(cfg).validate(activation_config(cfg), n, where);
     }
     // The transcoder's ("k4", "batchtopk-k4", "jumprelu-l0_0.01"), "-layer" added for a
-    // per-layer selection.
+    // per-layer selection or L0.
     std::string id_suffix(const SaeConfig& cfg) const override {
-        return transcoder_arch().id_suffix(cfg) + (per_layer_selection(cfg) ? "-layer" : "");
+        const bool layer = per_layer_selection(cfg) || per_layer_l0(cfg);
+        return transcoder_arch().id_suffix(cfg) + (layer ? "-layer" : "");
     }
     std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
         return transcoder_activation_arch(cfg).tensors(activation_config(cfg), n, d);
@@ -385,7 +398,9 @@ public:
         const SaeConfig act = activation_config(cfg);
         const Architecture& a = transcoder_activation_arch(cfg);
         std::unique_ptr<ArchPass> inner;
-        if (!per_layer_selection(cfg))
+        if (per_layer_l0(cfg))
+            inner = make_layered_jumprelu_pass(act, d, n, be, cfg.layers);
+        else if (!per_layer_selection(cfg))
             inner = a.make_pass(act, d, n, be);
         else if (&a == &batchtopk_arch())
             inner = std::make_unique<LayerBatchTopkPass>(act, d, n, be, cfg.layers);

@@ -319,6 +319,10 @@ const Architecture& relu_arch();
 const Architecture& topk_arch();
 const Architecture& batchtopk_arch();
 const Architecture& jumprelu_arch();
+// A JumpReLU pass over `layers` equal blocks of latents (a CLT's layers): with sae.target_l0 (the
+// L0 over every block), each block's threshold shift holds that block's L0 at target / layers.
+std::unique_ptr<ArchPass> make_layered_jumprelu_pass(const SaeConfig& cfg, int64_t d, int64_t n,
+                                                     Backend& be, int64_t layers);
 const Architecture& gated_arch();
 const Architecture& switch_arch();
 // A pass that runs another architecture's pass and adds to it (a transcoder's skip path, a

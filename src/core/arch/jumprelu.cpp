@@ -7,6 +7,8 @@
 // backward, with their CPU reference here.
 #include "saetrain/arch/jumprelu.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -201,14 +203,21 @@ const JumpReluKeys& keys() {
 
 class JumpReluPass final : public PenalizedPass {
 public:
-    JumpReluPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be)
+    // `layers` > 1 (make_layered_jumprelu_pass): the latents are `layers` blocks of n / layers,
+    // and with sae.target_l0 each block's threshold shift follows that block's own L0.
+    JumpReluPass(const SaeConfig& cfg, int64_t d, int64_t n, Backend& be, int64_t layers = 1)
         : PenalizedPass(cfg, cfg.l0_coeff, "l0_coeff"),
           cfg_(cfg),
           n_(n),
+          layers_(layers),
           be_(be),
           ops_(arch_ops<JumpReluOps>(be, jumprelu_op_set())),
           decorr_(cfg),
-          auxk_(cfg, d, n, be) {}
+          auxk_(cfg, d, n, be),
+          shift_(static_cast<size_t>(layers), 0.0f) {
+        SAE_ENFORCE(layers >= 1 && n % layers == 0,
+                    "a JumpReLU of {} latents cannot hold {} equal blocks", n, layers);
+    }
     void reserve(int64_t rows) override {
         ensure(z_, be_, rows * n_);
         ensure(dz_, be_, rows * n_);
@@ -264,25 +273,48 @@ public:
 
     // sae.target_l0: the L0 coefficient adapts as for ReLU and Gated, and the shift follows the
     // L0 at once (after every step, by kShiftGain * log(L0 / target_t), frozen with the
-    // coefficient for the last steps).
+    // coefficient for the last steps). With blocks, the coefficient follows the L0 over all of
+    // them and each block's shift its own L0 against target_t / blocks.
     void after_update(const StepTotals& t) override {
         const double err = coeff_.after_update(t);
-        if (shifts_) shift_ = static_cast<float>(shift_ + kShiftGain * err);
+        if (!shifts_ || err == 0.0) return;  // 0: the coefficient did not move (frozen, no rows)
+        if (layers_ == 1) {
+            shift_[0] = static_cast<float>(shift_[0] + kShiftGain * err);
+            return;
+        }
+        SAE_ENFORCE(t.fires && static_cast<int64_t>(t.fires->size()) == n_,
+                    "a JumpReLU with an L0 target a layer needs the step's firing counts of its {} "
+                    "latents",
+                    n_);
+        const int64_t F = n_ / layers_;
+        const double target = coeff_.target_at(t.step, t.total_steps) / double(layers_);
+        for (int64_t l = 0; l < layers_; ++l) {
+            double fired = 0;
+            for (int64_t i = l * F; i < (l + 1) * F; ++i) fired += (*t.fires)[i];
+            const double l0 = fired / static_cast<double>(t.rows);
+            const double e = std::log(std::max(l0, 0.01 * target)) - std::log(target);
+            shift_[l] = static_cast<float>(shift_[l] + kShiftGain * e);
+        }
     }
     std::vector<NamedTensor> buffers() const override {
         std::vector<NamedTensor> b = PenalizedPass::buffers();
-        if (shifts_) b.emplace_back(kShiftBuffer, std::vector<float>{shift_});
+        if (shifts_) b.emplace_back(kShiftBuffer, shift_);
         return b;
     }
     void set_buffer(const std::string& name, const std::vector<float>& v) override {
         if (!(shifts_ && name == kShiftBuffer)) return PenalizedPass::set_buffer(name, v);
-        SAE_ENFORCE(v.size() == 1, "the SAE's '{}' buffer holds one value, not {}", name, v.size());
-        shift_ = v[0];
+        SAE_ENFORCE(v.size() == shift_.size(), "the SAE's '{}' buffer holds {} value(s), not {}",
+                    name, shift_.size(), v.size());
+        shift_ = v;
     }
     std::vector<std::pair<std::string, double>> summarize(
         const std::vector<double>& a, const std::vector<double>& b) const override {
         auto s = PenalizedPass::summarize(a, b);
-        if (shifts_) s.emplace_back(std::string(kShiftBuffer) + "_final", shift_);
+        if (shifts_ && layers_ == 1)
+            s.emplace_back(std::string(kShiftBuffer) + "_final", shift_[0]);
+        if (shifts_ && layers_ > 1)
+            for (int64_t l = 0; l < layers_; ++l)
+                s.emplace_back(fmt::format("{}_layer{}_final", kShiftBuffer, l), shift_[l]);
         return s;
     }
 
@@ -292,13 +324,14 @@ private:
     const float* log_thresholds(PassContext& c) {
         if (!shifts_) return c.seg("log_threshold");
         ensure(shifted_, be_, c.n);
-        be_.fill(shifted_.data(), c.n, shift_);
+        const int64_t F = c.n / layers_;
+        for (int64_t l = 0; l < layers_; ++l) be_.fill(shifted_.data() + l * F, F, shift_[l]);
         be_.axpby(shifted_.data(), c.seg("log_threshold"), 1.0f, 1.0f, c.n);
         return shifted_.data();
     }
 
     SaeConfig cfg_;
-    int64_t n_;
+    int64_t n_, layers_;
     Backend& be_;
     JumpReluOps& ops_;
     Decorrelation decorr_;
@@ -310,7 +343,7 @@ private:
     bool pre_act_on_ = false;  // this step's backward applied the pre-activation loss
     double l0_ = 0;
     bool shifts_ = target_l0_key()(cfg_) > 0;
-    float shift_ = 0;  // a float: a checkpoint holds it exactly
+    std::vector<float> shift_;  // a block's (floats: a checkpoint holds them exactly)
 };
 
 class JumpRelu final : public Architecture {
@@ -396,11 +429,16 @@ public:
         ArchExport e;
         e.saelens_architecture = "jumprelu";
         e.saelens_tensors = saelens_base(w);
+        // The shift buffer holds one value, or one a block of latents (a CLT's layers).
         std::vector<float> t = extra_tensor(w, "log_threshold");
-        float shift = 0;
-        if (const WeightTensor* s = w.find(kShiftBuffer); s && s->data.size() == 1)
-            shift = s->data[0];
-        for (float& v : t) v = std::exp(v + shift);
+        std::vector<float> shift{0.0f};
+        if (const WeightTensor* s = w.find(kShiftBuffer); s && !s->data.empty()) shift = s->data;
+        const auto blocks = static_cast<int64_t>(shift.size());
+        SAE_ENFORCE(w.n_latents % blocks == 0,
+                    "the SAE's '{}' holds {} values, which do not split its {} latents evenly",
+                    kShiftBuffer, blocks, w.n_latents);
+        for (int64_t i = 0; i < w.n_latents; ++i)
+            t[i] = std::exp(t[i] + shift[static_cast<size_t>(i / (w.n_latents / blocks))]);
         e.saelens_tensors.push_back({"threshold", {w.n_latents}, std::move(t)});
         e.sparsify_refusal = "sparsify has no JumpReLU activation";
         return e;
@@ -416,6 +454,11 @@ public:
 const Architecture& jumprelu_arch() {
     static const JumpRelu a;
     return a;
+}
+
+std::unique_ptr<ArchPass> make_layered_jumprelu_pass(const SaeConfig& cfg, int64_t d, int64_t n,
+                                                     Backend& be, int64_t layers) {
+    return std::make_unique<JumpReluPass>(cfg, d, n, be, layers);
 }
 
 }  // namespace saetrain::arch
