@@ -17,13 +17,13 @@
 #include <memory>
 #include <string>
 
-#include "app_cli.h"                // defines: cli_parse (--version, usage errors: exit 2)
-#include "saetrain/config.h"        // defines: config_keys
-#include "saetrain/cores.h"         // defines: exec_with_short_spins, yield_mpi_waits_when_crowded
-#include "saetrain/error.h"         // defines: printable
-#include "saetrain/mpi_world.h"     // defines: MpiScope, make_mpi_world, world_abort
-#include "saetrain/run.h"           // defines: run_training, run_dry, kExitStopped
-#include "saetrain/s3.h"            // defines: s3_set_stop_check
+#include "app_cli.h"             // defines: cli_parse (--version, usage errors: exit 2)
+#include "saetrain/config.h"     // defines: config_keys
+#include "saetrain/cores.h"      // defines: exec_with_run_environment, yield_mpi_waits_when_crowded
+#include "saetrain/error.h"      // defines: printable
+#include "saetrain/mpi_world.h"  // defines: MpiScope, make_mpi_world, world_abort
+#include "saetrain/run.h"        // defines: run_training, run_dry, kExitStopped
+#include "saetrain/s3.h"         // defines: s3_set_stop_check
 #include "saetrain/stop_signals.h"  // defines: stop_signals_install (SIGTERM, SIGUSR1, Ctrl-C)
 
 using namespace saetrain;
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "saetrain: error: %s\n", low.c_str());
         return 1;
     }
-    exec_with_short_spins(argv);
+    exec_with_run_environment(argv);
     if (yield_mpi_waits_when_crowded(args.threads)) ::setenv("SAETRAIN_YIELD_SET", "1", 1);
     // From here on a stop signal is a request: honoured at the first iteration if it arrives
     // during start-up, MPI's included (the default action would end the rank with the signal's

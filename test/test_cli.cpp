@@ -26,6 +26,7 @@
 #include "saetrain/build_commit.h"  // defines: SAETRAIN_GIT_COMMIT
 #include "saetrain/build_config.h"  // defines: SAETRAIN_VERSION, SAETRAIN_CUDA, SAETRAIN_NCCL, ...
 #include "saetrain/checkpoint.h"
+#include "saetrain/cores.h"
 #include "saetrain/safetensors.h"
 #include "test_util.h"
 
@@ -421,26 +422,37 @@ TEST_F(Cli, MpiSweepTrainsOneSaePerRank) {
 // cores; the start-up line says which.
 TEST_F(Cli, WaitsYieldTheCoresUnlessTheUserChoseOtherwise) {
     const std::string cmd = bin("saetrain") + " " + (dir / "cfg.yaml").string() + " --overwrite";
-    Result r = run("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY " + cmd);
+    // OpenBLAS's kernels likewise: saetrain's choice for this CPU unless the user named them.
+    const char* core = saetrain::blas_core_for_this_cpu();
+    const std::string kernels =
+        core ? fmt::format(
+                   "; OpenBLAS kernels {} (OPENBLAS_CORETYPE, saetrain's choice for this "
+                   "CPU)\n",
+                   core)
+             : "\n";
+    Result r = run("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u OPENBLAS_CORETYPE " + cmd);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("; idle threads spin 1000 times, then sleep "
-                         "(GOMP_SPINCOUNT, saetrain's default)\n"),
+                         "(GOMP_SPINCOUNT, saetrain's default)" +
+                         kernels),
               std::string::npos)
         << r.out;
-    r = run("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5 " + cmd);
-    EXPECT_NE(r.out.find("; idle threads spin 5 times, then sleep (GOMP_SPINCOUNT)\n"),
+    r = run("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5 OPENBLAS_CORETYPE=PRESCOTT " + cmd);
+    EXPECT_NE(r.out.find("; idle threads spin 5 times, then sleep (GOMP_SPINCOUNT); OpenBLAS "
+                         "kernels PRESCOTT (OPENBLAS_CORETYPE)\n"),
               std::string::npos)
         << r.out;
-    r = run("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active " + cmd);
-    EXPECT_NE(r.out.find("; OMP_WAIT_POLICY=active\n"), std::string::npos) << r.out;
+    r = run("env -u GOMP_SPINCOUNT -u OPENBLAS_CORETYPE OMP_WAIT_POLICY=active " + cmd);
+    EXPECT_NE(r.out.find("; OMP_WAIT_POLICY=active" + kernels), std::string::npos) << r.out;
     // 2 ranks of 1 + cores threads each outnumber the cores: MPI's waits yield.
     const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-    r = run("env -u OMPI_MCA_mpi_yield_when_idle " + mpirun(2) + bin("saetrain") + " " +
-            (dir / "cfg.yaml").string() + " --overwrite --set 'sae.k=[2,4]' --threads " +
-            std::to_string(cores));
+    r = run("env -u OMPI_MCA_mpi_yield_when_idle -u OPENBLAS_CORETYPE " + mpirun(2) +
+            bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+            " --overwrite --set 'sae.k=[2,4]' --threads " + std::to_string(cores));
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("; MPI waits yield the core (mpi_yield_when_idle, set as ranks outnumber "
-                         "cores)\n"),
+                         "cores)" +
+                         kernels),
               std::string::npos)
         << r.out;
 }

@@ -2,6 +2,11 @@
 // rank's CPUs, and the threads the cores others leave make.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
 #include "saetrain/cores.h"
 
 namespace saetrain {
@@ -16,6 +21,42 @@ constexpr const char* kStat =
     "intr 12345 0 0\n"
     "ctxt 999\n"
     "cpufreq 7 7 7\n";
+
+// OpenBLAS's kernels by the instructions a CPU has: AVX-512's five subsets, else AVX2 with FMA,
+// else OpenBLAS's own detection; and on this machine, what /proc/cpuinfo's flags say.
+TEST(BlasCore, FromTheCpusInstructions) {
+    auto with = [](std::set<std::string> flags) {
+        return [flags](const char* f) { return flags.count(f) > 0; };
+    };
+    const std::set<std::string> avx2 = {"sse4_2", "avx", "avx2", "fma"};
+    std::set<std::string> avx512 = avx2;
+    avx512.insert({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"});
+    EXPECT_STREQ(blas_core_for(with(avx512)), "SKYLAKEX");
+    EXPECT_STREQ(blas_core_for(with(avx2)), "HASWELL");
+    std::set<std::string> knl = avx2;  // Knights Landing's AVX-512 lacks BW, DQ and VL
+    knl.insert({"avx512f", "avx512cd"});
+    EXPECT_STREQ(blas_core_for(with(knl)), "HASWELL");
+    EXPECT_EQ(blas_core_for(with({"sse4_2", "avx", "avx2"})), nullptr);  // no FMA
+    EXPECT_EQ(blas_core_for(with({})), nullptr);
+
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    std::set<std::string> flags;
+    while (flags.empty() && std::getline(cpuinfo, line)) {
+        if (line.rfind("flags", 0) != 0) continue;
+        std::istringstream words(line.substr(line.find(':') + 1));
+        for (std::string w; words >> w;) flags.insert(w);
+    }
+    if (flags.empty()) {
+        GTEST_SKIP() << "no flags line in /proc/cpuinfo";
+    }
+    const char* mine = blas_core_for_this_cpu();
+    const char* expected = blas_core_for(with(flags));
+    EXPECT_EQ(mine == nullptr, expected == nullptr);
+    if (mine && expected) {
+        EXPECT_STREQ(mine, expected);
+    }
+}
 
 TEST(CpuSeconds, BusyIsEverythingButIdleAndIowait) {
     // cpu0: busy 100 + 0 + 100 + 0 + 5 + 10 = 215 ticks, all 215 + 500 + 20 = 735.

@@ -5,15 +5,26 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace saetrain {
 
 // Unless the user chose an OpenMP wait policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT), sets a short
-// spin count and executes this program again with `argv`, once, before MPI starts (libgomp reads
-// it when it loads). Returns only when nothing was to be done or the exec failed.
-void exec_with_short_spins(char** argv);
+// spin count, and unless the user named OpenBLAS's kernels (OPENBLAS_CORETYPE), names them from
+// the CPU's instructions (blas_core_for_this_cpu); then executes this program again with `argv`,
+// once, before MPI starts (libgomp and OpenBLAS read them when they load). Returns only when
+// nothing was to be done or the exec failed.
+void exec_with_run_environment(char** argv);
+// OpenBLAS's kernels for a CPU that `has` the instructions named as /proc/cpuinfo's flags name
+// them: "SKYLAKEX" with AVX-512 (avx512f, avx512cd, avx512bw, avx512dq, avx512vl), "HASWELL"
+// with avx2 and fma, else null (OpenBLAS's own detection).
+const char* blas_core_for(const std::function<bool(const char*)>& has);
+// blas_core_for this CPU (the instructions it reports through CPUID).
+const char* blas_core_for_this_cpu();
+// "; OpenBLAS kernels X (...)" for the start-up line, "" when OPENBLAS_CORETYPE is not set.
+std::string blas_kernel_text();
 // The ranks of this node, as the launcher says before MPI starts (0: not said).
 int launcher_local_ranks();
 // Sets Open MPI's mpi_yield_when_idle when the node's ranks times `threads_asked` outnumber its

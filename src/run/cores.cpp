@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <vector>
 
 namespace saetrain {
 
@@ -19,15 +21,60 @@ namespace saetrain {
 // spinning threads take the time slices the working ones need, and a run beside one busy job
 // took 19.6x its time alone. So saetrain waits briefly (GOMP_SPINCOUNT=kSpinCount, about a
 // microsecond or two) and then sleeps, unless the user chose a policy (OMP_WAIT_POLICY or
-// GOMP_SPINCOUNT). libgomp reads them when it loads, before main: the process sets the variable
-// and executes itself again, once, before MPI starts (the same pid, so launchers see no change).
+// GOMP_SPINCOUNT).
 constexpr const char* kSpinCount = "1000";
 
-void exec_with_short_spins(char** argv) {
-    if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr)
-        return;
-    ::setenv("GOMP_SPINCOUNT", kSpinCount, 1);
-    ::setenv("SAETRAIN_SPIN_SET", "1", 1);  // the start-up line says it was saetrain's choice
+// OpenBLAS built for every x86 core (Debian's DYNAMIC_ARCH) picks its kernels from the CPU's
+// family and model. Where a hypervisor hides them (a VM's "Intel(R) Xeon(R) Processor"), 0.3.21
+// falls back to Prescott's SSE3 kernels on a CPU with AVX-512: the 4-SAE sweep of docs/config.md
+// ran at 22.8K tokens/s where SkylakeX's kernels gave 59-61K. And each kernel sums in its own
+// order, so one SAE trained on two machines differed in its last bits by what the detection
+// said. Unless the user named one (OPENBLAS_CORETYPE), saetrain names the kernels from the
+// instructions the CPU reports: SkylakeX's for AVX-512 (F, CD, BW, DQ, VL), Haswell's for AVX2
+// with FMA, else OpenBLAS's own choice.
+const char* blas_core_for(const std::function<bool(const char*)>& has) {
+    if (has("avx512f") && has("avx512cd") && has("avx512bw") && has("avx512dq") && has("avx512vl"))
+        return "SKYLAKEX";
+    if (has("avx2") && has("fma")) return "HASWELL";
+    return nullptr;
+}
+
+const char* blas_core_for_this_cpu() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return blas_core_for([](const char* f) {
+        const std::string n(f);  // __builtin_cpu_supports takes string literals only
+        if (n == "avx512f") return __builtin_cpu_supports("avx512f") != 0;
+        if (n == "avx512cd") return __builtin_cpu_supports("avx512cd") != 0;
+        if (n == "avx512bw") return __builtin_cpu_supports("avx512bw") != 0;
+        if (n == "avx512dq") return __builtin_cpu_supports("avx512dq") != 0;
+        if (n == "avx512vl") return __builtin_cpu_supports("avx512vl") != 0;
+        if (n == "avx2") return __builtin_cpu_supports("avx2") != 0;
+        if (n == "fma") return __builtin_cpu_supports("fma") != 0;
+        return false;
+    });
+#else
+    return nullptr;
+#endif
+}
+
+// libgomp and OpenBLAS read their variables when they load, before main: the process sets them
+// and executes itself again, once, before MPI starts (the same pid, so launchers see no change).
+void exec_with_run_environment(char** argv) {
+    // What this sets, with the variable that tells the start-up line it was saetrain's choice.
+    std::vector<const char*> set;
+    if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
+        ::setenv("GOMP_SPINCOUNT", kSpinCount, 1);
+        ::setenv("SAETRAIN_SPIN_SET", "1", 1);
+        set.insert(set.end(), {"GOMP_SPINCOUNT", "SAETRAIN_SPIN_SET"});
+    }
+    if (std::getenv("OPENBLAS_CORETYPE") == nullptr)
+        if (const char* core = blas_core_for_this_cpu()) {
+            ::setenv("OPENBLAS_CORETYPE", core, 1);
+            ::setenv("SAETRAIN_BLAS_SET", "1", 1);
+            set.insert(set.end(), {"OPENBLAS_CORETYPE", "SAETRAIN_BLAS_SET"});
+        }
+    if (set.empty()) return;
     // The binary's own path, so that the process keeps its name (the kernel names it after the
     // file executed: /proc/self/exe would make it "exe" to ps, pgrep and pkill).
     char self[4096];
@@ -37,9 +84,8 @@ void exec_with_short_spins(char** argv) {
         ::execv(self, argv);  // fails when the file was removed since: then the link itself
     }
     ::execv("/proc/self/exe", argv);
-    // Not possible here (no /proc): go on with the library's default.
-    ::unsetenv("GOMP_SPINCOUNT");
-    ::unsetenv("SAETRAIN_SPIN_SET");
+    // Not possible here (no /proc): go on with the libraries' defaults.
+    for (const char* v : set) ::unsetenv(v);
 }
 
 int launcher_local_ranks() {
@@ -73,6 +119,13 @@ std::string wait_policy_text() {
         return fmt::format("idle threads spin {} times, then sleep (GOMP_SPINCOUNT{})", n,
                            std::getenv("SAETRAIN_SPIN_SET") ? ", saetrain's default" : "");
     return "idle threads spin (libgomp's default)";
+}
+
+std::string blas_kernel_text() {
+    const char* core = std::getenv("OPENBLAS_CORETYPE");
+    if (core == nullptr) return "";
+    return fmt::format("; OpenBLAS kernels {} (OPENBLAS_CORETYPE{})", core,
+                       std::getenv("SAETRAIN_BLAS_SET") ? ", saetrain's choice for this CPU" : "");
 }
 
 std::string mpi_wait_text() {

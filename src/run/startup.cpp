@@ -12,11 +12,11 @@
 #include "saetrain/backend_registry.h"  // defines: make_backend (cpu, cuda, auto)
 #include "saetrain/checkpointer.h"      // defines: Checkpointer::committed_steps
 #include "saetrain/comm_choice.h"       // defines: comm_job_warnings (GPUs that ranks share)
-#include "saetrain/cores.h"             // defines: cpu_threads_for_rank, wait_policy_text
-#include "saetrain/error.h"             // defines: saetrain::Error, SAE_ENFORCE
-#include "saetrain/host_alloc.h"        // defines: machine_memory_bytes
-#include "saetrain/s3.h"                // defines: s3_settings_from (s3:// data.path)
-#include "saetrain/schedule.h"          // defines: total_steps_for
+#include "saetrain/cores.h"  // defines: cpu_threads_for_rank, wait_policy_text, blas_kernel_text
+#include "saetrain/error.h"  // defines: saetrain::Error, SAE_ENFORCE
+#include "saetrain/host_alloc.h"  // defines: machine_memory_bytes
+#include "saetrain/s3.h"          // defines: s3_settings_from (s3:// data.path)
+#include "saetrain/schedule.h"    // defines: total_steps_for
 
 namespace saetrain::run_parts {
 
@@ -235,9 +235,10 @@ int print_placement(Communicator& world, const NodePlacement& place, int threads
     if (world.rank() != 0) return nodes;
     for (const Rec& r : all)
         if (r.local_rank == 0) {
-            fmt::print("node {}: {} rank(s), {} CPU thread(s) each{}; {}{}\n", r.host, r.local_size,
-                       r.threads, r.adapts ? " (fewer while other processes take their cores)" : "",
-                       wait_policy_text(), mpi_wait_text());
+            fmt::print("node {}: {} rank(s), {} CPU thread(s) each{}; {}{}{}\n", r.host,
+                       r.local_size, r.threads,
+                       r.adapts ? " (fewer while other processes take their cores)" : "",
+                       wait_policy_text(), mpi_wait_text(), blas_kernel_text());
             ++nodes;
         }
     return nodes;
