@@ -87,36 +87,92 @@ private:
     DeviceArray<float> val_;
 };
 
-// TopK per layer: each layer's k largest of a token (ReLU'd), k L a token in all.
+// Each layer's inference threshold: the running mean (over steps and replicas, as BatchTopK's)
+// of the batch threshold at which the layer's k B largest pre-activations of the batch lie
+// above it. Per-layer BatchTopK selects with it at inference; per-layer TopK trains and infers
+// with its top-k and keeps it for the circuit-tracer export, whose CLTs are JumpReLU: each
+// feature gets its layer's threshold, which holds the layer's L0 near k.
+class LayerThresholds {
+public:
+    explicit LayerThresholds(int64_t layers)
+        : layers_(layers),
+          threshold_(static_cast<size_t>(layers), 0.0f),
+          batch_t_(static_cast<size_t>(layers), 0.0) {}
+    float operator[](int64_t l) const { return threshold_[static_cast<size_t>(l)]; }
+    void set_batch(int64_t l, double t) { batch_t_[static_cast<size_t>(l)] = t; }
+    std::vector<double> step_sums() const {
+        std::vector<double> s(batch_t_);
+        s.push_back(1.0);
+        return s;
+    }
+    void after_step(const std::vector<double>& sums) {
+        if (static_cast<int64_t>(sums.size()) != layers_ + 1 || !(sums.back() > 0)) return;
+        for (int64_t l = 0; l < layers_; ++l) {
+            const double t = sums[l] / sums.back();
+            float& th = threshold_[static_cast<size_t>(l)];
+            th = static_cast<float>(th > 0 ? (1 - kThresholdRate) * th + kThresholdRate * t : t);
+        }
+    }
+    std::vector<NamedTensor> buffers() const { return {{"threshold", threshold_}}; }
+    void set_buffer(const std::string& name, const std::vector<float>& v, const char* activation) {
+        SAE_ENFORCE(name == "threshold" && static_cast<int64_t>(v.size()) == layers_,
+                    "a CLT with per-layer {} keeps a 'threshold' of {} values (one a layer), not "
+                    "'{}' of {} values",
+                    activation, layers_, name, v.size());
+        threshold_ = v;
+    }
+
+private:
+    int64_t layers_;
+    std::vector<float> threshold_;  // each layer's inference threshold (0: not estimated yet)
+    std::vector<double> batch_t_;   // this step's batch thresholds
+};
+
+// TopK per layer: each layer's k largest of a token (ReLU'd), k L a token in all, and each
+// layer's threshold for the export (LayerThresholds).
 class LayerTopkPass final : public SelectionPass {
 public:
     // `act`: the activation's config (k L a token, the selection's width).
     LayerTopkPass(const SaeConfig& act, int64_t d, int64_t n, Backend& be, int64_t layers)
         : SelectionPass(act, d, n, be),
+          ops_(arch_ops<BatchTopkOps>(be, batchtopk_op_set())),
           layers_(layers),
           k_(act.k / layers),
           latents_per_layer_(n / layers),
-          blocks_(be, layers) {}
+          blocks_(be, layers),
+          thresholds_(layers) {}
     void reserve(int64_t rows) override {
         reserve_selection(rows);
         blocks_.reserve(rows, latents_per_layer_, k_);
     }
-    void forward(PassContext& c, bool) override {
+    void forward(PassContext& c, bool training) override {
         encode(c);
         const int64_t F = c.n / layers_;
         blocks_.reserve(c.B, F, k_);
         for (int64_t l = 0; l < layers_; ++l) {
             const float* pre = blocks_.block(c.pre, c.B, F, l);
-            c.be.topk_forward(pre, c.seg("b_enc") + l * F, c.B, F, k_, blocks_.idx(), blocks_.val(),
-                              true);
+            const float* b_enc = c.seg("b_enc") + l * F;
+            if (training)
+                thresholds_.set_batch(l, ops_.batch_threshold(pre, b_enc, c.B, F, k_ * c.B));
+            c.be.topk_forward(pre, b_enc, c.B, F, k_, blocks_.idx(), blocks_.val(), true);
             blocks_.place(c.B, k_, F, l, idx_.data(), val_.data());
         }
         decode_selection(c);
     }
+    std::vector<double> step_sums() const override { return thresholds_.step_sums(); }
+    void after_step(const std::vector<double>& sums) override { thresholds_.after_step(sums); }
+    std::vector<NamedTensor> buffers() const override { return thresholds_.buffers(); }
+    void set_buffer(const std::string& name, const std::vector<float>& v) override {
+        thresholds_.set_buffer(name, v, "TopK");
+    }
+    // A checkpoint or SAE file from before the thresholds has none: estimated from there on.
+    bool buffer_optional(const std::string& name) const override { return name == "threshold"; }
 
 private:
+    BatchTopkOps& ops_;
     int64_t layers_, k_, latents_per_layer_;
     LayerBlocks blocks_;
+    LayerThresholds thresholds_;
 };
 
 // BatchTopK per layer: each layer's k B largest of the batch in training, and at inference
@@ -130,8 +186,7 @@ public:
           k_(act.k / layers),
           lw_(act.k / layers),
           blocks_(be, layers),
-          threshold_(static_cast<size_t>(layers), 0.0f),
-          batch_t_(static_cast<size_t>(layers), 0.0),
+          thresholds_(layers),
           t_(static_cast<size_t>(layers), 0.0f) {}
     void reserve(int64_t rows) override {
         rows_cap_ = std::max(rows_cap_, rows);
@@ -155,8 +210,8 @@ public:
                 const float* pre = blocks_.block(c.pre, c.B, F, l);
                 if (l == thresholds) {
                     t_[l] = training ? ops_.batch_threshold(pre, b_enc + l * F, c.B, F, k_ * c.B)
-                                     : threshold_[l];
-                    if (training) batch_t_[l] = t_[l];
+                                     : thresholds_[l];
+                    if (training) thresholds_.set_batch(l, t_[l]);
                     ++thresholds;
                 }
                 const int64_t widest = ops_.select_above(pre, b_enc + l * F, t_[l], c.B, F, lw_,
@@ -171,26 +226,11 @@ public:
         }
         decode_selection(c);
     }
-    std::vector<double> step_sums() const override {
-        std::vector<double> s(batch_t_);
-        s.push_back(1.0);
-        return s;
-    }
-    void after_step(const std::vector<double>& sums) override {
-        if (static_cast<int64_t>(sums.size()) != layers_ + 1 || !(sums.back() > 0)) return;
-        for (int64_t l = 0; l < layers_; ++l) {
-            const double t = sums[l] / sums.back();
-            float& th = threshold_[static_cast<size_t>(l)];
-            th = static_cast<float>(th > 0 ? (1 - kThresholdRate) * th + kThresholdRate * t : t);
-        }
-    }
-    std::vector<NamedTensor> buffers() const override { return {{"threshold", threshold_}}; }
+    std::vector<double> step_sums() const override { return thresholds_.step_sums(); }
+    void after_step(const std::vector<double>& sums) override { thresholds_.after_step(sums); }
+    std::vector<NamedTensor> buffers() const override { return thresholds_.buffers(); }
     void set_buffer(const std::string& name, const std::vector<float>& v) override {
-        SAE_ENFORCE(name == "threshold" && static_cast<int64_t>(v.size()) == layers_,
-                    "a CLT with per-layer BatchTopK keeps a 'threshold' of {} values (one a "
-                    "layer), not '{}' of {} values",
-                    layers_, name, v.size());
-        threshold_ = v;
+        thresholds_.set_buffer(name, v, "BatchTopK");
     }
 
 private:
@@ -198,9 +238,8 @@ private:
     int64_t layers_, k_, lw_;
     int64_t rows_cap_ = 0;
     LayerBlocks blocks_;
-    std::vector<float> threshold_;  // each layer's inference threshold (0: not estimated yet)
-    std::vector<double> batch_t_;   // this step's batch thresholds
-    std::vector<float> t_;          // the thresholds of the forward pass
+    LayerThresholds thresholds_;
+    std::vector<float> t_;  // the thresholds of the forward pass
 };
 
 // The activation's config: a CLT's k is per token and layer, its activation's per token.
@@ -343,8 +382,9 @@ public:
     bool sparse() const override { return true; }
     // circuit-tracer's CLT layout (ArchExport::clt_layers): each layer's diagonal encoder
     // block, its decoder blocks to itself and every later layer, and the activation's threshold
-    // per feature (BatchTopK's one inference threshold for every feature, JumpReLU's own); a
-    // per-token TopK has no threshold and is refused.
+    // per feature (BatchTopK's one inference threshold for every feature, JumpReLU's own, and
+    // with sae.k_scope layer each layer's threshold for its features, BatchTopK's or TopK's); a
+    // TopK over every layer's latents has none and is refused.
     ArchExport export_fields(const SaeWeights& w, const SaeConfig& cfg) const override {
         ArchExport e;
         e.transcode = true;
@@ -353,19 +393,28 @@ public:
             "saetrain does not write sparsify's cross-layer transcoder layout; export it with "
             "--format circuit_tracer";
         const Architecture& a = transcoder_activation_arch(cfg);
-        if (&a == &topk_arch()) {
+        if (&a == &topk_arch() && !per_layer_selection(cfg)) {
             e.circuit_tracer_refusal =
-                "circuit-tracer's CLTs are ReLU or JumpReLU, which a per-token top-k is not; "
-                "train with sae.transcoder_activation: batchtopk or jumprelu";
+                "circuit-tracer's CLTs are ReLU or JumpReLU, which a per-token top-k over every "
+                "layer is not; train with sae.k_scope: layer (exported through each layer's "
+                "threshold) or sae.transcoder_activation: batchtopk or jumprelu";
             return e;
         }
         std::vector<float> threshold;  // [n], as SAELens's JumpReLU export holds it
         const int64_t L = cfg.layers, d = w.d_model, n = w.n_latents, F = n / L, dl = d / L;
-        if (per_layer_selection(cfg)) {  // each layer's BatchTopK threshold for its features
+        if (per_layer_selection(cfg)) {  // each layer's threshold for its features
+            SAE_ENFORCE(w.has("threshold"),
+                        "this per-layer TopK CLT was trained before saetrain kept each layer's "
+                        "threshold, which circuit-tracer's JumpReLU needs; train it again");
             const std::vector<float>& t = extra_tensor(w, "threshold");
             SAE_ENFORCE(static_cast<int64_t>(t.size()) == L,
-                        "a CLT with per-layer BatchTopK has a threshold of {} values, expected {}",
-                        t.size(), L);
+                        "a CLT with per-layer {} has a threshold of {} values, expected {}",
+                        a.name(), t.size(), L);
+            for (int64_t l = 0; l < L; ++l)
+                SAE_ENFORCE(t[l] > 0,
+                            "layer {}'s threshold is {}: the CLT has not trained long enough to "
+                            "estimate it",
+                            l, t[l]);
             for (int64_t l = 0; l < L; ++l) threshold.insert(threshold.end(), F, t[l]);
         } else {
             for (const ExportTensor& t : a.export_fields(w, activation_config(cfg)).saelens_tensors)
