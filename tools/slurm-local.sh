@@ -41,8 +41,54 @@ done
 pid_of() { if [ -s "$1" ]; then cat "$1" 2>/dev/null || true; fi; }
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
 
+# steps_of_this_cluster: the pids of the slurmstepd processes of this cluster's jobs, found by
+# the SLURM_CONF in their environment (slurmd starts them detached, so their parent is init).
+steps_of_this_cluster() {
+    local p
+    for p in $(pgrep -x slurmstepd 2>/dev/null); do
+        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "SLURM_CONF=$dir/slurm.conf" &&
+            echo "$p"
+    done
+    return 0
+}
+
+# tree PID...: the pids and every descendant of each.
+tree() {
+    local p
+    for p in "$@"; do
+        echo "$p"
+        # shellcheck disable=SC2046  # one pid a word
+        tree $(pgrep -P "$p" 2>/dev/null)
+    done
+}
+
+# end_jobs: cancel every job of the cluster and wait about KillWait + 5 s for its steps to end;
+# any step still there (or orphaned by a slurmd that died) is then killed with its tasks, so no
+# training process outlives the cluster and no PMIx directory is left to the next one.
+end_jobs() {
+    local left
+    [ -z "$(steps_of_this_cluster)" ] && return 0
+    if alive "$(pid_of "$dir/slurmctld.pid")" && alive "$(pid_of "$dir/slurmd.pid")"; then
+        # shellcheck disable=SC2046  # one job id a word
+        SLURM_CONF="$dir/slurm.conf" scancel --full --quiet \
+            $(SLURM_CONF="$dir/slurm.conf" squeue -h -o %A 2>/dev/null) 2>/dev/null || true
+        for _ in $(seq 1 75); do
+            [ -z "$(steps_of_this_cluster)" ] && return 0
+            sleep 0.2
+        done
+    fi
+    # shellcheck disable=SC2046
+    left=$(tree $(steps_of_this_cluster))
+    if [ -n "$left" ]; then
+        # shellcheck disable=SC2086  # one pid a word
+        kill -KILL $left 2>/dev/null || true
+        echo "slurm-local: killed $(echo "$left" | wc -w) process(es) of jobs that did not end"
+    fi
+}
+
 stop() {
     local pids=() p
+    end_jobs
     for f in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
         p=$(pid_of "$f")
         if alive "$p"; then
@@ -98,6 +144,11 @@ AccountingStorageType=accounting_storage/none
 NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    # PMIx's per-step directories under DIR, not /tmp/spmix_appdir_<uid>_<job>.<step>: each new
+    # cluster numbers its jobs from 1, and a step directory another cluster left behind in /tmp
+    # fails the launch ("Cannot create client cli tmpdir ... File exists").
+    mkdir -p "$dir/pmix"
+    echo "PMIxCliTmpDirBase=$dir/pmix" >"$dir/mpi.conf"
 }
 
 start() {

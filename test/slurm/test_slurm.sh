@@ -29,8 +29,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/saetrain-slurm-test.XXXXXX")
 cluster=${work}/cluster
 fail=0
 cleanup() {
+    local rc=$?  # a command that failed under set -e ends the script with its status
     bash "${repo}/tools/slurm-local.sh" stop "${cluster}" >/dev/null 2>&1 || true
-    if [ "${fail}" -eq 0 ]; then rm -rf "${work}"; else echo "test_slurm: kept ${work}"; fi
+    if [ "${fail}" -eq 0 ] && [ "${rc}" -eq 0 ]; then
+        rm -rf "${work}"
+    else
+        echo "test_slurm: kept ${work} (exit ${rc})"
+    fi
 }
 trap cleanup EXIT
 say() { echo "test_slurm: $*"; }
@@ -236,12 +241,12 @@ grep -E "task 2|error" killed.log | head -n 3
 # --- 5. the scaling study's table on the CPU backend ----------------------------------------
 # 4 tasks on the 2 cores, one thread each: data parallel on 1, 2 and 4 ranks, and the hybrid
 # grid at 1 and 2 latent shards with 1, 2 and 4 replicas (8 ranks are skipped). Each run trains
-# 480,000 rows (about 2 s), long enough for its tokens/s to measure the steps and not the
+# 1,440,000 rows (about 2 s), long enough for its tokens/s to measure the steps and not the
 # start-up; the ratios of 4 ranks to 2 on the 2 cores are printed (no timing is asserted).
 "${apps}/sae-synth" --out study-data --d-model 64 --features 512 --rows 60000 --shards 4 \
     --seed 5 >/dev/null
 cat >study.yaml <<EOF
-data: {path: ${work}/study-data, batch_size: 1024, shuffle_buffer_rows: 8192, epochs: 8}
+data: {path: ${work}/study-data, batch_size: 1024, shuffle_buffer_rows: 8192, epochs: 24}
 sae: {arch: topk, expansion: 8, k: 8}
 train: {lr: 0.004, warmup_steps: 4}
 log: {every_steps: 50}
