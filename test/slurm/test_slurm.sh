@@ -28,12 +28,22 @@ done
 work=$(mktemp -d "${TMPDIR:-/tmp}/saetrain-slurm-test.XXXXXX")
 cluster=${work}/cluster
 fail=0
+# show_outputs: the last lines of every job's output and every run's log (on a failure).
+show_outputs() {
+    local f
+    for f in "${work}"/*.out "${work}"/*.log; do
+        [ -f "${f}" ] || continue
+        echo "--- ${f##*/}"
+        tail -n 20 "${f}"
+    done
+}
 cleanup() {
     local rc=$?  # a command that failed under set -e ends the script with its status
     bash "${repo}/tools/slurm-local.sh" stop "${cluster}" >/dev/null 2>&1 || true
     if [ "${fail}" -eq 0 ] && [ "${rc}" -eq 0 ]; then
         rm -rf "${work}"
     else
+        show_outputs
         echo "test_slurm: kept ${work} (exit ${rc})"
     fi
 }
@@ -42,6 +52,11 @@ say() { echo "test_slurm: $*"; }
 bad() {
     echo "test_slurm: FAIL: $*"
     fail=1
+}
+# die MESSAGE: a failure the rest of the test cannot go on from.
+die() {
+    bad "$@"
+    exit 1
 }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
     OPENBLAS_NUM_THREADS=1 HDF5_USE_FILE_LOCKING=FALSE
@@ -67,7 +82,9 @@ EOF
 }
 write_config sweep4.yaml "[2, 4, 6, 8]" 2 2
 write_config one.yaml 4 2 2
-write_config sweep8.yaml "[2, 4, 6, 8]" "[2, 4]" 10
+# 30 epochs (1,404 steps): a stop signal sent once training is seen to progress lands well
+# before the end of the run.
+write_config sweep8.yaml "[2, 4, 6, 8]" "[2, 4]" 30
 
 # bitwise A B: every SAE's final.h5 under run A equals run B's.
 bitwise() {
@@ -158,16 +175,25 @@ t0=$(date +%s)
 job=$(SAETRAIN="${apps}/saetrain" sbatch --parsable --gpus-per-node=0 --output=sweep-%j.out \
     slurm/sweep-1node.sbatch sweep8.yaml --threads 1 --set run.out_dir=slurm-sweep8 --overwrite)
 say "sbatch slurm/sweep-1node.sbatch: job ${job}"
+# stop JOB SIGNAL: send SIGNAL to the job's steps (a job that has ended already is a failure).
+stop() {
+    scancel --signal="$2" "$1" 2>&1 || die "job $1 ended before its SIG$2 came: $(job_state "$1")"
+}
 # First stop: the time-limit signal (USR1 to every task of the step, as --signal=USR1@T sends it).
-wait_steps slurm-sweep8 20 || bad "job ${job} did not start training"
-scancel --signal=USR1 "${job}"
+wait_steps slurm-sweep8 0 || die "job ${job} did not start training: $(job_state "${job}")"
+stop "${job}" USR1
+poll 60 grep -q "stopped by a signal after" "sweep-${job}.out" ||
+    die "job ${job} did not stop on SIGUSR1: $(job_state "${job}")"
+stopped_at=$(grep -o 'stopped by a signal after [0-9]* steps' "sweep-${job}.out" |
+    head -n 1 | grep -o '[0-9]\+')
 release "${job}"
-# Second stop: preemption (SIGTERM to the steps).
-wait_for "${job}" RUNNING 60 || bad "job ${job} was not started again after its requeue"
-wait_steps slurm-sweep8 150 || bad "job ${job} did not train after its first requeue"
-scancel --signal=TERM "${job}"
+# Second stop: preemption (SIGTERM to the steps), once the requeued run has trained 40 steps
+# past the first stop (its checkpoint; the resumed run drops the metrics lines after it).
+wait_for "${job}" RUNNING 60 || die "job ${job} was not started again after its requeue"
+wait_steps slurm-sweep8 $((stopped_at + 40)) || die "job ${job} did not train after its first requeue"
+stop "${job}" TERM
 release "${job}"
-wait_for "${job}" RUNNING 60 || bad "job ${job} was not started again after its second requeue"
+wait_for "${job}" RUNNING 60 || die "job ${job} was not started again after its second requeue"
 wait_for "${job}" COMPLETED $((300 + patience)) || bad "job ${job} did not complete: $(job_state "${job}")"
 job_s=$(($(date +%s) - t0))
 say "job ${job}: $(job_state "${job}") after ${job_s} s"
@@ -270,16 +296,10 @@ for pair in "data parallel:gpus-2:gpus-4" "hybrid, 1 latent shard:n1-s1-r2-b1024
     IFS=: read -r what two four <<<"${pair}"
     a=$(tokens_per_s "runs/scaling-${job}/${two}")
     b=$(tokens_per_s "runs/scaling-${job}/${four}")
-    [ "${a}" != 0 ] && [ "${b}" != 0 ] || bad "no tokens/s for ${what} (${two}, ${four})"
+    if [ "${a}" = 0 ] || [ "${b}" = 0 ]; then bad "no tokens/s for ${what} (${two}, ${four})"; fi
     say "$(printf '%-24s 2 ranks %8.0f tok/s, 4 ranks %8.0f tok/s on the 2 cores: ratio %.2f' \
         "${what}" "${a}" "${b}" "$(echo "${b} / (${a} + 0.001)" | bc -l)")"
 done
 
-if [ "${fail}" -ne 0 ]; then
-    for f in *.out *.log; do
-        echo "--- ${f}"
-        tail -n 20 "${f}"
-    done
-    exit 1
-fi
+[ "${fail}" -eq 0 ] || exit 1
 say "PASS"
