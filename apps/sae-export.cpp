@@ -88,8 +88,8 @@ void export_one(const Input& in, ExportFormat format, const std::string& out,
     try {                      // the training data's description, when it is still there
         const Config cfg = config_parse(meta.config_yaml, {}, in.path);
         src.dataset_path = cfg.data.path.front();
-        const DatasetInfo data =
-            dataset_open(cfg.data.path.front(), cfg.data.dataset, s3_settings_from(cfg.data));
+        const DatasetInfo data = dataset_open(
+            cfg.data.path.front(), input_dataset_names(cfg).front(), s3_settings_from(cfg.data));
         src.model_name = data.model, src.hook_name = data.hook;
     } catch (const Error&) {
     }

@@ -120,8 +120,12 @@ void print_dataset(const std::string& path, const std::string& name) {
         fmt::print("{:<{}}  {:>12}  {:>12}\n", saetrain::printable(s.path), w, s.rows, s.first_row);
     double gb = static_cast<double>(info.total_rows) * static_cast<double>(info.d_model) *
                 saetrain::dtype_size(info.dtype) / 1e9;
-    fmt::print("total: {} shards, {} rows, d_model {}, {}, {:.3f} GB\n", info.shards.size(),
-               info.total_rows, info.d_model, saetrain::dtype_name(info.dtype), gb);
+    // A multi-layer paired set's `inputs` or `targets`: [rows, L, d].
+    const std::string width = info.layers > 0 ? fmt::format("{} layers x d_model {}", info.layers,
+                                                            info.d_model / info.layers)
+                                              : fmt::format("d_model {}", info.d_model);
+    fmt::print("total: {} shards, {} rows, {}, {}, {:.3f} GB\n", info.shards.size(),
+               info.total_rows, width, saetrain::dtype_name(info.dtype), gb);
     fmt::print("model: {}  hook: {}\n", info.model.empty() ? "-" : saetrain::printable(info.model),
                info.hook.empty() ? "-" : saetrain::printable(info.hook));
 }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "saetrain/error.h"
 
@@ -56,12 +58,16 @@ void read_piece(const DatasetInfo& info, const ShardInfo& s, int64_t row, int64_
     const Id dset(H5Dopen2(file.id, info.dataset.c_str(), H5P_DEFAULT), H5Dclose);
     SAE_ENFORCE(dset.id >= 0, "oracle: shard {} has no dataset '{}'", s.path, info.dataset);
     const Id fspace(H5Dget_space(dset.id), H5Sclose);
-    const hsize_t start[2] = {static_cast<hsize_t>(row), 0};
-    const hsize_t count[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(info.d_model)};
+    // [rows, d_model], or [rows, L, d] for a 3-D dataset (DatasetInfo::layers).
+    const int nd = info.layers > 0 ? 3 : 2;
+    const hsize_t start[3] = {static_cast<hsize_t>(row), 0, 0};
+    const hsize_t count[3] = {static_cast<hsize_t>(n),
+                              static_cast<hsize_t>(nd == 3 ? info.layers : info.d_model),
+                              static_cast<hsize_t>(nd == 3 ? info.d_model / info.layers : 0)};
     SAE_ENFORCE(fspace.id >= 0 && H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr,
                                                       count, nullptr) >= 0,
                 "oracle: shard {}: cannot select rows [{}, {})", s.path, row, row + n);
-    const Id mspace(H5Screate_simple(2, count, nullptr), H5Sclose);
+    const Id mspace(H5Screate_simple(nd, count, nullptr), H5Sclose);
     const size_t elems = static_cast<size_t>(n * info.d_model);
     // Zeros first: H5Dread leaves the rows of unstored chunks untouched when the dataset has no
     // fill value, and the pipeline delivers zeros for them.
@@ -120,6 +126,91 @@ std::vector<float> oracle_rows(const DatasetInfo& info, RowRange range) {
     std::vector<float> out(static_cast<size_t>(range.size() * info.d_model));
     SAE_ENFORCE(r.read(out.data(), range.size()) == range.size(), "oracle: short read");
     return out;
+}
+
+namespace {
+
+// Shard s of `info`'s dataset as stored: its element type (copied) and its bytes, [rows, d].
+std::vector<char> stored_bytes(const DatasetInfo& info, const ShardInfo& s, hid_t* type_out) {
+    const Id file(H5Fopen(s.path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    SAE_ENFORCE(file.id >= 0, "write_layer_pairs: cannot open shard {}", s.path);
+    const Id dset(H5Dopen2(file.id, info.dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    SAE_ENFORCE(dset.id >= 0, "write_layer_pairs: shard {} has no dataset '{}'", s.path,
+                info.dataset);
+    const Id ftype(H5Dget_type(dset.id), H5Tclose);
+    *type_out = H5Tcopy(ftype.id);
+    std::vector<char> bytes(static_cast<size_t>(s.rows * info.d_model * dtype_size(info.dtype)));
+    SAE_ENFORCE(H5Dread(dset.id, *type_out, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) >= 0,
+                "write_layer_pairs: reading shard {} failed", s.path);
+    return bytes;
+}
+
+// Shard i of every set of `sets`, interleaved into [rows, L, d] as `name` in `out`.
+void write_side(hid_t out, const char* name, const std::vector<DatasetInfo>& sets, size_t i,
+                int64_t chunk_rows) {
+    const auto L = static_cast<int64_t>(sets.size());
+    const int64_t rows = sets[0].shards[i].rows, d = sets[0].d_model;
+    const int64_t elem = dtype_size(sets[0].dtype);
+    std::vector<char> all(static_cast<size_t>(rows * L * d * elem));
+    hid_t type = -1;
+    for (int64_t l = 0; l < L; ++l) {
+        const DatasetInfo& set = sets[static_cast<size_t>(l)];
+        SAE_ENFORCE(set.d_model == d && set.dtype == sets[0].dtype &&
+                        set.shards.size() == sets[0].shards.size() && set.shards[i].rows == rows,
+                    "write_layer_pairs: {} does not match {} shard for shard", set.source,
+                    sets[0].source);
+        if (type >= 0) H5Tclose(type);
+        const std::vector<char> b = stored_bytes(set, set.shards[i], &type);
+        for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(all.data() + (r * L + l) * d * elem, b.data() + r * d * elem,
+                        static_cast<size_t>(d * elem));
+    }
+    const Id ftype(type, H5Tclose);
+    const hsize_t dims[3] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(L),
+                             static_cast<hsize_t>(d)};
+    const Id space(H5Screate_simple(3, dims, nullptr), H5Sclose);
+    const Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    if (chunk_rows != 0) {  // < 0: chunks of one layer's values, which span no whole row
+        const hsize_t chunk[3] = {static_cast<hsize_t>(std::min(std::abs(chunk_rows), rows)),
+                                  chunk_rows > 0 ? dims[1] : 1, dims[2]};
+        SAE_ENFORCE(H5Pset_chunk(dcpl.id, 3, chunk) >= 0, "write_layer_pairs: bad chunk shape");
+    }
+    const Id ds(H5Dcreate2(out, name, ftype.id, space.id, H5P_DEFAULT, dcpl.id, H5P_DEFAULT),
+                H5Dclose);
+    SAE_ENFORCE(
+        ds.id >= 0 && H5Dwrite(ds.id, ftype.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()) >= 0,
+        "write_layer_pairs: cannot write '{}'", name);
+    if (sets[0].dtype == DType::bf16) {
+        const Id st(H5Tcopy(H5T_C_S1), H5Tclose);
+        H5Tset_size(st.id, 8);
+        const Id sp(H5Screate(H5S_SCALAR), H5Sclose);
+        const Id a(H5Acreate2(ds.id, "dtype", st.id, sp.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+        SAE_ENFORCE(a.id >= 0 && H5Awrite(a.id, st.id, "bfloat16") >= 0,
+                    "write_layer_pairs: cannot write the dtype attribute");
+    }
+}
+
+}  // namespace
+
+void write_layer_pairs(const std::string& dir, const std::vector<DatasetInfo>& inputs,
+                       const std::vector<DatasetInfo>& targets, int64_t chunk_rows) {
+    SAE_ENFORCE(!inputs.empty() && inputs.size() == targets.size(),
+                "write_layer_pairs: {} input and {} target sets", inputs.size(), targets.size());
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    for (size_t i = 0; i < inputs[0].shards.size(); ++i) {
+        const ShardInfo& first = inputs[0].shards[i];
+        const std::string name = first.path.substr(first.path.find_last_of('/') + 1);
+        const std::string path = dir + "/" + name;
+        const Id out(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+        SAE_ENFORCE(out.id >= 0, "write_layer_pairs: cannot create {}", path);
+        write_side(out.id, "inputs", inputs, i, chunk_rows);
+        write_side(out.id, "targets", targets, i, chunk_rows);
+        const Id in(H5Fopen(first.path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+        if (in.id >= 0 && H5Lexists(in.id, "token_ids", H5P_DEFAULT) > 0)
+            SAE_ENFORCE(
+                H5Ocopy(in.id, "token_ids", out.id, "token_ids", H5P_DEFAULT, H5P_DEFAULT) >= 0,
+                "write_layer_pairs: cannot copy token_ids from {}", first.path);
+    }
 }
 
 }  // namespace saetrain::testing

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "saetrain/shards.h"
@@ -39,5 +40,14 @@ private:
 
 // Every row of `range`: [range.size(), d_model].
 std::vector<float> oracle_rows(const DatasetInfo& info, RowRange range);
+
+// Writes `inputs` and `targets` (one set a layer, row for row, as dataset_open found them) into
+// `dir` as a multi-layer paired set: per shard of inputs[0], a file of the same name holding
+// `inputs` and `targets` [rows, L, d], each element its set's stored bits (float32 or 16-bit
+// words; a bfloat16 set's dtype attribute kept), and the first input's token_ids when it has
+// them. `chunk_rows` > 0: chunked by that many rows (whole rows); < 0: by -chunk_rows rows of
+// one layer (no chunk holds a whole row: read by H5Dread); 0: contiguous.
+void write_layer_pairs(const std::string& dir, const std::vector<DatasetInfo>& inputs,
+                       const std::vector<DatasetInfo>& targets, int64_t chunk_rows = 0);
 
 }  // namespace saetrain::testing

@@ -28,6 +28,8 @@
 #include "saetrain/checkpoint.h"
 #include "saetrain/cores.h"
 #include "saetrain/safetensors.h"
+#include "saetrain/shards.h"
+#include "shard_oracle.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -689,6 +691,79 @@ TEST_F(Cli, MpiLatentShardedTranscoderTrainsAsOneProcess) {
 // it trains with two replicas, its final.h5 keeps the encoder's off-diagonal blocks and the
 // decoder to the earlier layer at exactly zero, and layers that disagree are refused in one line
 // naming the layer's key.
+// A CLT on a multi-layer paired set (one data.path whose shards hold `inputs` and `targets`
+// [rows, L, d]) trains the same SAE as on its layers' sets listed one by one: in disk order the
+// rows, the held-out split and every step are the same, so the weights are equal bit for bit
+// (two replicas: every rank reads the layers from rank 0's dataset description). The run
+// records the layers it found (config.yaml's data.layers), and sae-export reads the CLT back.
+TEST_F(Cli, CltOnAMultiLayerPairedSetEqualsTheCltOnItsLayersSets) {
+    std::vector<saetrain::DatasetInfo> ins, outs;
+    for (int l = 0; l < 2; ++l) {
+        const fs::path in = dir / fmt::format("in{}", l), out = dir / fmt::format("out{}", l);
+        const Result synth = run(fmt::format(
+            "{} --out {} --target {} --d-model 8 --features 16 --rows 3000 --shards 2 --seed {} "
+            "--dtype f16",
+            bin("sae-synth"), in.string(), out.string(), 10 + l));
+        ASSERT_EQ(synth.code, 0) << synth.out;
+        ins.push_back(saetrain::dataset_open(in.string()));
+        outs.push_back(saetrain::dataset_open(out.string()));
+    }
+    fs::create_directories(dir / "pairs");
+    saetrain::testing::write_layer_pairs((dir / "pairs").string(), ins, outs);
+    const std::string common =
+        " --set sae.arch=clt --set sae.k=2 --set data.eval_rows=500 --set data.epochs=3 "
+        "--set data.shuffle_buffer_rows=0 --set parallel.mode=data_parallel --set run.out_dir=";
+    const std::string lists =
+        fmt::format(" --set 'data.path=[{},{}]' --set 'data.target_path=[{},{}]'", ins[0].source,
+                    ins[1].source, outs[0].source, outs[1].source);
+    Result r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() + lists +
+                   common + (dir / "lists").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+            " --set data.path=" + (dir / "pairs").string() + common + (dir / "pairs_run").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(", 2 layers x d_model 8, float16 |"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("its shards' 'targets', row for row beside 'inputs'"), std::string::npos)
+        << r.out;
+    const saetrain::SaeWeights a =
+        saetrain::sae_read_h5((dir / "lists/sae/clt-x2-k2/final.h5").string());
+    const saetrain::SaeWeights b =
+        saetrain::sae_read_h5((dir / "pairs_run/sae/clt-x2-k2/final.h5").string());
+    ASSERT_EQ(b.d_model, 16);
+    ASSERT_EQ(b.n_latents, 32);
+    for (const char* t : {"W_enc", "W_dec", "b_enc", "b_dec"}) EXPECT_EQ(a.at(t), b.at(t)) << t;
+    std::ifstream yaml(dir / "pairs_run/config.yaml");
+    std::stringstream ys;
+    ys << yaml.rdbuf();
+    EXPECT_NE(ys.str().find("  layers: 2\n"), std::string::npos) << ys.str();
+    r = run(mpirun(2) + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+            " --set data.path=" + (dir / "pairs").string() + common + (dir / "pairs_run").string() +
+            " --overwrite --set sae.transcoder_activation=batchtopk");
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run(bin("sae-export") + " " + (dir / "pairs_run/sae/clt-x2-batchtopk-k2").string() +
+            " --format circuit_tracer --out " + (dir / "ct").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(fs::exists(dir / "ct/W_dec_1.safetensors")) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "ct/W_dec_2.safetensors")) << r.out;
+
+    // What reads no multi-layer set, and a layer count the data does not have.
+    const std::string pairs = " --set data.path=" + (dir / "pairs").string();
+    for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+             {pairs + " --set data.dataset=inputs",
+              "data.path " + (dir / "pairs").string() +
+                  ": dataset 'inputs' is [rows, 2, 8], a multi-layer paired set's; only sae.arch "
+                  "clt reads it"},
+             {pairs + " --set sae.arch=clt --set data.layers=3",
+              "data.layers is 3, but data.path " + (dir / "pairs").string() + " holds 2 layers"},
+             {" --set data.path=" + ins[0].source + " --set sae.arch=clt", "no dataset 'inputs'"},
+             {pairs + " --set data.layers=2",
+              "data.layers is 2, but sae.arch topk reads no layers"}}) {
+        r = train("--overwrite" + args);
+        EXPECT_EQ(r.code, 1) << args << ": " << r.out;
+        EXPECT_NE(r.out.find(needle), std::string::npos) << args << ": " << r.out;
+    }
+}
+
 TEST_F(Cli, CltTrainsOnEveryLayersPairsAndRefusesMisalignedLayers) {
     for (int l = 0; l < 2; ++l) {
         const Result synth = run(fmt::format(

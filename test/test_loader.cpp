@@ -6,6 +6,7 @@
 // Rows are identified by content: synthetic rows are random, so a hash of a row's bits maps it
 // back to its global row in the oracle's read of the whole dataset, and a match
 // also proves the values are bit-identical.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
@@ -727,6 +728,77 @@ TEST(Loader, PairedSetsAreReadRowForRowInOneShuffle) {
                                xs.begin() + (5 + r) * d));
         EXPECT_TRUE(std::equal(both.begin() + r * 2 * d + d, both.begin() + (r + 1) * 2 * d,
                                ys.begin() + (5 + r) * d));
+    }
+}
+
+// A multi-layer paired set (a CLT's `inputs` and `targets` [rows, L, d] in one file) is its
+// layers' sets side by side: the same rows in the same stream, bit for bit, contiguous, chunked
+// by whole rows (pread) and chunked by layer (H5Dread), and through read_rows and the oracle.
+TEST(Loader, MultiLayerPairedSetsAreTheirLayersSetsSideBySide) {
+    TempDir tmp;
+    std::vector<DatasetInfo> ins, outs;
+    for (int l = 0; l < 3; ++l) {
+        SynthOptions so;
+        so.out_dir = tmp / fmt::format("in{}", l);
+        so.target_dir = tmp / fmt::format("out{}", l);
+        so.d_model = 8, so.n_features = 16, so.rows = 1501, so.shards = 3, so.seed = 20 + l;
+        so.dtype = DType::f16;
+        synth_write(so);
+        ins.push_back(dataset_open(so.out_dir));
+        outs.push_back(dataset_open(so.target_dir));
+    }
+    std::vector<DatasetInfo> sets = ins;
+    sets.insert(sets.end(), outs.begin(), outs.end());
+    const RowRange all{0, ins[0].total_rows};
+    const std::vector<float> want = read_rows(sets, all);
+    LoaderOptions o;
+    o.epochs = 2, o.shuffle_rows = 300, o.read_bytes = 2048, o.seed = 5, o.widen = false;
+    const RowRange range = partition_rows(all.size(), 1, 2);
+    // In disk order the two streams are one; shuffled, the reads (and so the windows) are cut
+    // by the widest part's row, L times wider here, so each epoch holds the same rows in
+    // another order.
+    const auto stream = [&](const std::vector<DatasetInfo>& parts) {
+        ShardBatchSource src(parts, range, o);
+        std::vector<uint16_t> words(static_cast<size_t>(2 * range.size() * src.row_width()));
+        EXPECT_EQ(src.next(words.data(), 2 * range.size()), 2 * range.size());
+        return words;
+    };
+    o.shuffle_rows = 0;
+    const std::vector<uint16_t> by_layer = stream(sets);
+    o.shuffle_rows = 300;
+    const std::vector<uint16_t> by_layer_shuffled = stream(sets);
+    // Each epoch's rows as a sorted list of rows (48 words each).
+    const auto epochs = [&](const std::vector<uint16_t>& w) {
+        std::vector<std::vector<std::vector<uint16_t>>> out(2);
+        for (int64_t r = 0; r < 2 * range.size(); ++r)
+            out[static_cast<size_t>(r / range.size())].emplace_back(w.begin() + r * 48,
+                                                                    w.begin() + (r + 1) * 48);
+        for (auto& e : out) std::sort(e.begin(), e.end());
+        return out;
+    };
+    for (const int64_t chunk : {int64_t{0}, int64_t{100}, int64_t{-100}}) {
+        SCOPED_TRACE(fmt::format("chunk_rows {}", chunk));
+        const fs::path dir = tmp / fmt::format("pairs{}", chunk);
+        fs::create_directories(dir);
+        saetrain::testing::write_layer_pairs(dir, ins, outs, chunk);
+        const DatasetInfo in = dataset_open(dir, "inputs"), out = dataset_open(dir, "targets");
+        EXPECT_EQ(in.layers, 3);
+        EXPECT_EQ(in.d_model, 24);
+        EXPECT_EQ(in.total_rows, all.size());
+        EXPECT_TRUE(dataset_check_paired(in, out, "inputs", "targets"));
+        EXPECT_EQ(dataset_info_unpack(dataset_info_pack(in)).layers, 3);
+        io::RawRowReader rr(in, all);
+        EXPECT_EQ(rr.raw_shards(), chunk < 0 ? 0 : 3) << rr.layout(0).why;
+        EXPECT_EQ(read_rows(std::vector<DatasetInfo>{in, out}, all), want);
+        const std::vector<float> oracle = saetrain::testing::oracle_rows(in, all);
+        for (int64_t r = 0; r < all.size(); r += 97)
+            ASSERT_TRUE(std::equal(oracle.begin() + r * 24, oracle.begin() + (r + 1) * 24,
+                                   want.begin() + r * 48));
+        const std::vector<uint16_t> shuffled = stream({in, out});
+        EXPECT_EQ(epochs(shuffled), epochs(by_layer_shuffled));
+        o.shuffle_rows = 0;
+        EXPECT_EQ(stream({in, out}), by_layer);
+        o.shuffle_rows = 300;
     }
 }
 

@@ -6,7 +6,7 @@
         [--max-tokens N] [--dtype float16|bfloat16|float32] [--special exclude|keep]
         [--shard-contexts 1024] [--split paragraph|file|line] [--text-field text]
         [--prepend-bos] [--rank R --world W] [--threads N] [--device auto|cpu|cuda[:N]]
-        [--model-dtype float32|float16|bfloat16] [--list-hooks]
+        [--model-dtype float32|float16|bfloat16] [--layer-pairs] [--list-hooks]
 
     # block 3 of the packaged all-MiniLM-L6-v2, 4 ranks in parallel:
     srun -n 4 .venv/bin/python tools/extract_activations.py --text corpus/ \\
@@ -53,6 +53,14 @@ contents do not depend on the number of ranks. Each shard file holds, as saetrai
   token_ids    [rows] int32, the input token of each row
   positions    [rows] int16 (int32 for contexts over 32767), the row's position in its context
   special      [rows] uint8, 1 for special rows (only with --special keep)
+With `--layer-pairs` the hooks are each layer's MLP input and output in layer order (in_0 out_0
+in_1 out_1 ...: 2 L hooks of one width d), and one multi-layer paired set is written instead of
+a set per hook, DIR/layer-pairs/shard-00000.h5, ..., each shard holding
+  inputs       [rows, L, d], inputs[:, l] the rows of hook in_l (attributes as activations',
+               hooks the input hooks in order, layers L, d_model d)
+  targets      [rows, L, d], targets[:, l] those of out_l (hooks the output hooks)
+and token_ids, positions and special as above: a cross-layer transcoder trained on it (one
+data.path, no data.target_path) reads every layer of a row block in one request a side.
 A shard is written as shard-NNNNN.h5.tmp and renamed when complete. A run skips the shards that
 already exist (after checking that they were made from the same settings and tokens), so
 rerunning a killed run redoes only the missing shards, with the same contents.
@@ -153,6 +161,9 @@ def parse_args(argv):
     p.add_argument("--hook", action="append", default=[], metavar="NAME",
                    help="module name as in model.named_modules() (repeatable)")
     p.add_argument("--list-hooks", action="store_true", help="print the module names and exit")
+    p.add_argument("--layer-pairs", action="store_true",
+                   help="the hooks are each layer's MLP input and output in layer order; write "
+                   "one multi-layer paired set (DIR/layer-pairs: inputs and targets [rows, L, d])")
     p.add_argument("--out", help="output directory; one sub-directory of shards per hook")
     p.add_argument("--context", type=int, default=128, help="tokens per context (default 128)")
     p.add_argument("--batch-size", type=int, default=32, help="contexts per forward (default 32)")
@@ -192,6 +203,14 @@ def parse_args(argv):
     a.world = env_world if a.world is None else a.world
     if a.world < 1 or not 0 <= a.rank < a.world:
         raise Fail(f"rank {a.rank} of world {a.world}: need 0 <= rank < world")
+    if a.layer_pairs:
+        if len(set(a.hook)) != len(a.hook):
+            dup = next(h for h in a.hook if a.hook.count(h) > 1)
+            raise Fail(f"--layer-pairs: --hook {dup} is given twice; each layer's input and "
+                       "output are hooks of their own")
+        if len(a.hook) % 2:
+            raise Fail(f"--layer-pairs: {len(a.hook)} hooks; give each layer's MLP input and "
+                       "output, in layer order (in_0 out_0 in_1 out_1 ...)")
     a.hook = list(dict.fromkeys(a.hook))  # drop repeats, keep order
     return a
 
@@ -414,14 +433,14 @@ def partition(n, rank, world):
     return lo, lo + q + (1 if rank < r else 0)
 
 
-def check_existing(path, want):
+def check_existing(path, want, dataset="activations"):
     """True when a complete shard made with the same settings exists; Fail when it differs."""
     if not os.path.exists(path):
         return False
     import h5py
     try:
         with h5py.File(path, "r") as f:
-            attrs = dict(f["activations"].attrs)
+            attrs = dict(f[dataset].attrs)
     except (OSError, KeyError) as e:
         raise Fail(f"{path}: existing shard is unreadable ({e}); remove it and rerun") from None
     for k, v in want.items():
@@ -433,13 +452,15 @@ def check_existing(path, want):
     return True
 
 
-def write_shard(path, acts, token_ids, positions, special, attrs):
+def write_shard(path, datasets, token_ids, positions, special):
+    """`datasets`: name -> (array, attributes), written first; then the token columns."""
     import h5py
     tmp = path + ".tmp"
     with h5py.File(tmp, "w") as f:
-        d = f.create_dataset("activations", data=acts)
-        for k, v in attrs.items():
-            d.attrs[k] = v
+        for name, (arr, attrs) in datasets.items():
+            d = f.create_dataset(name, data=arr)
+            for k, v in attrs.items():
+                d.attrs[k] = v
         f.create_dataset("token_ids", data=token_ids)
         f.create_dataset("positions", data=positions)
         if special is not None:
@@ -590,11 +611,14 @@ def run(a):
     keep = a.special == "keep"
     pos_dtype = np.int16 if a.context <= 32767 else np.int32
 
-    dirs = {h: os.path.join(a.out, hook_dir_name(h)) for h in a.hook}
-    for d in dirs.values():
+    # One set per hook, or with --layer-pairs one set for them all.
+    pairs_dir = os.path.join(a.out, "layer-pairs")
+    dirs = ({h: pairs_dir for h in a.hook} if a.layer_pairs
+            else {h: os.path.join(a.out, hook_dir_name(h)) for h in a.hook})
+    for d in set(dirs.values()):
         os.makedirs(d, exist_ok=True)
     if a.rank == 0:  # shards from an earlier run over more text would join the data set
-        for h, d in dirs.items():
+        for d in sorted(set(dirs.values())):
             for n in sorted(os.listdir(d)):
                 m = re.fullmatch(r"shard-(\d+)\.h5", n)
                 if m and int(m.group(1)) >= n_shards:
@@ -610,17 +634,33 @@ def run(a):
         want = {"model": model_name, "dtype": a.dtype, "context": a.context,
                 "shard_contexts": S, "first_context": c0, "special": a.special,
                 "contexts_sha256": digest}
-        missing = [h for h in a.hook
-                   if not check_existing(os.path.join(dirs[h], shard_name(i, n_shards)), want)]
+        if a.layer_pairs:  # the shard holds every hook, or it is missing
+            done = check_existing(os.path.join(pairs_dir, shard_name(i, n_shards)), want,
+                                  "inputs")
+            missing = [] if done else list(a.hook)
+        else:
+            missing = [h for h in a.hook if not check_existing(
+                os.path.join(dirs[h], shard_name(i, n_shards)), want)]
         if missing:
             todo.append((i, c0, c1, missing, want))
+
+    forward = HookedForward(model, modules)
+    if a.layer_pairs and todo:  # one width for every hook, known before any shard is written
+        ids, mask, _ = pack.block(todo[0][1], todo[0][1] + 1)
+        with torch.inference_mode():
+            got = forward(torch.from_numpy(ids.astype(np.int64)).to(device),
+                          torch.from_numpy(mask.astype(np.int64)).to(device), a.hook)
+        widths = {h: got[h].shape[-1] for h in a.hook}
+        if len(set(widths.values())) != 1:
+            raise Fail("--layer-pairs: the hooks' widths differ ("
+                       + ", ".join(f"{h} {w}" for h, w in widths.items())
+                       + "); a multi-layer set holds one width")
 
     from tqdm import tqdm
     total_in = sum(pack.n_tokens(c0, c1) for _, c0, c1, _, _ in todo)
     bar = tqdm(total=total_in, unit="tok", unit_scale=True, disable=a.rank != 0,
                mininterval=0.5 if sys.stderr.isatty() else 30, file=sys.stderr,
                desc=f"{PROG} {len(todo)} shards")
-    forward = HookedForward(model, modules)
     rows_written, warned = 0, False
     t0 = time.time()
     for i, c0, c1, missing, want in todo:
@@ -653,13 +693,25 @@ def run(a):
         token_ids = ids_all[keep_rows].astype(np.int32)
         positions = np.nonzero(keep_rows)[1].astype(pos_dtype)
         special = special_all[keep_rows].astype(np.uint8) if keep else None
-        for h in missing:
-            acts = np.concatenate(chunks[h])
+        def attrs_of(width, **more):
             attrs = dict(want)
-            attrs.update(hook=h, d_model=np.int64(acts.shape[1]), context=np.int64(a.context),
-                         shard_contexts=np.int64(S), first_context=np.int64(c0))
-            write_shard(os.path.join(dirs[h], shard_name(i, n_shards)), acts, token_ids,
-                        positions, special, attrs)
+            attrs.update(d_model=np.int64(width), context=np.int64(a.context),
+                         shard_contexts=np.int64(S), first_context=np.int64(c0), **more)
+            return attrs
+        if a.layer_pairs:
+            arrs = {h: np.concatenate(chunks[h]) for h in a.hook}
+            width = arrs[a.hook[0]].shape[1]
+            sides = {name: (np.stack([arrs[h] for h in hooks], axis=1),
+                            attrs_of(width, hook=",".join(hooks), hooks=json.dumps(hooks),
+                                     layers=np.int64(len(hooks))))
+                     for name, hooks in (("inputs", a.hook[0::2]), ("targets", a.hook[1::2]))}
+            write_shard(os.path.join(pairs_dir, shard_name(i, n_shards)), sides, token_ids,
+                        positions, special)
+        for h in [] if a.layer_pairs else missing:
+            acts = np.concatenate(chunks[h])
+            write_shard(os.path.join(dirs[h], shard_name(i, n_shards)),
+                        {"activations": (acts, attrs_of(acts.shape[1], hook=h))}, token_ids,
+                        positions, special)
         rows_written += len(token_ids)
     bar.close()
     secs = time.time() - t0

@@ -41,6 +41,10 @@ struct DataConfig {
     // output where data.path holds its input; the same shards, rows and token order as
     // data.path (a CLT: one per layer, as data.path).
     StringList target_path;
+    // A cross-layer transcoder's layers (SaeConfig::layers): 0 counts them from the data (the
+    // sets data.path lists, or the L of a multi-layer paired set's [rows, L, d]); the run
+    // writes the count it found to config.yaml.
+    int64_t layers = 0;
     int64_t batch_size = 4096;  // rows per rank per step
     int64_t epochs = 1;
     int64_t max_tokens = 0;                // when > 0, replaces epochs
@@ -315,6 +319,13 @@ Config config_parse(const std::string& yaml_text, const std::vector<std::string>
 std::string config_to_yaml(const Config& cfg);
 // Checks that need d_model (k <= n_latents, ...); throws Error naming the key.
 void config_validate_for_data(const Config& cfg, int64_t d_model);
+// Whether `cfg` trains a cross-layer transcoder (sae.arch: clt) on a multi-layer paired set:
+// one data.path and no data.target_path, whose shards hold `inputs` and `targets` [rows, L, d]
+// (tools/extract_activations.py --layer-pairs), so one read covers every layer of a row block.
+bool multi_layer_paired(const Config& cfg);
+// The datasets data.path's shards are read by: {"inputs", "targets"} for a multi-layer paired
+// set, else {data.dataset} (a transcoder's data.target_path is read by the same name).
+std::vector<std::string> input_dataset_names(const Config& cfg);
 // One id per sweep point (cfg.sweep, or cfg.sae when the sweep is empty), in sweep order:
 // SaeConfig::id, plus "-<key><value>" for the keys that tell apart points sharing an id
 // (e.g. "topk-x8-k32-lr0.001"). The ids are unique; they name sae/<id>/ in out_dir.

@@ -3,9 +3,10 @@
 // A dataset is a directory (or glob) of .h5 shards ordered by name, or the same of objects in
 // S3-compatible storage (s3://bucket/prefix/, s3.h), ordered by key; each holds a 2-D dataset
 // `activations` [rows, d_model] of float32 or float16 (bfloat16: 16-bit words with attribute
-// dtype="bfloat16"), contiguous or chunked. The rows of all shards, in name order, form one
-// global row space; each rank owns one contiguous range of it (ranges may cross shards).
-// Everything is validated on open, and a bad shard is named in the error.
+// dtype="bfloat16"), contiguous or chunked, or a 3-D one [rows, L, d] read as [rows, L d] (a
+// multi-layer paired set's `inputs` and `targets`, DatasetInfo::layers). The rows of all shards, in
+// name order, form one global row space; each rank owns one contiguous range of it (ranges may
+// cross shards). Everything is validated on open, and a bad shard is named in the error.
 #pragma once
 
 #include <cstddef>
@@ -33,13 +34,17 @@ struct DatasetInfo {
     std::string dataset;  // dataset name inside each shard
     std::vector<ShardInfo> shards;
     int64_t d_model = 0;
+    // 0: every shard's dataset is [rows, d_model]. L > 0: it is [rows, L, d] (a multi-layer
+    // paired set's `inputs` or `targets`: L layers' values of one token), read as rows of
+    // d_model = L d values, the layers in turn.
+    int64_t layers = 0;
     int64_t total_rows = 0;
     DType dtype = DType::f32;
     std::string model, hook;  // from attributes when present (first shard), else empty
     S3Settings s3;            // how objects are read (s3:// sources)
 };
 
-// Lists and validates the shards (same d_model and dtype, 2-D, readable, non-empty). Throws
+// Lists and validates the shards (same shape and dtype, 2-D or 3-D, readable, non-empty). Throws
 // Error naming the offending shard or the path when nothing matches. `s3`: how s3:// paths are
 // read (the data.s3_* keys; unused for files).
 DatasetInfo dataset_open(const std::string& path_or_glob,

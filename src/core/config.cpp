@@ -408,7 +408,9 @@ private:
                 rest /= values.size();
             }
             point.normalize = cfg.data.normalize;
-            point.layers = std::max<int64_t>(1, static_cast<int64_t>(cfg.data.path.size()));
+            point.layers = cfg.data.layers > 0
+                               ? cfg.data.layers
+                               : std::max<int64_t>(1, static_cast<int64_t>(cfg.data.path.size()));
             cfg.sweep.push_back(point);
         }
         cfg.sae = cfg.sweep.front();
@@ -431,7 +433,10 @@ private:
             // A transcoder reads paired rows, an SAE single ones: one stream cannot feed both.
             const RowSpec rows = arch_get(s.arch).rows();
             const bool transcodes = rows.target;
-            SAE_ENFORCE(!transcodes || !c.data.target_path.empty(),
+            // A CLT's one data.path with no data.target_path: a multi-layer paired set, whose
+            // shards hold both sides (`inputs` and `targets` [rows, L, d]).
+            const bool layer_pairs = multi_layer_paired(c);
+            SAE_ENFORCE(!transcodes || layer_pairs || !c.data.target_path.empty(),
                         "{}sae.arch: {} reads an MLP's input (data.path) and its output; set "
                         "data.target_path to the output's shards, row for row with data.path",
                         loc("sae.arch"), s.arch);
@@ -442,8 +447,12 @@ private:
             // A CLT reads one input and one target set per layer; everything else one of each.
             const auto sets = static_cast<int64_t>(c.data.path.size());
             if (rows.per_layer) {
+                SAE_ENFORCE(c.data.layers == 0 || layer_pairs || c.data.layers == sets,
+                            "{}data.layers is {}, but data.path lists {} dataset(s), one a layer; "
+                            "set it to {} or leave it 0 (counted from the data)",
+                            loc("data.layers"), c.data.layers, sets, sets);
                 SAE_ENFORCE(
-                    c.data.target_path.size() == c.data.path.size(),
+                    layer_pairs || c.data.target_path.size() == c.data.path.size(),
                     "{}data.target_path lists {} dataset(s), but data.path lists {}: sae.arch "
                     "{} reads one input and one target set per layer, in layer order",
                     loc("data.target_path"), c.data.target_path.size(), sets, s.arch);
@@ -473,6 +482,10 @@ private:
                             "last rows of data.path with data.eval_rows instead",
                             loc("data.eval_path"), s.arch);
             } else {
+                SAE_ENFORCE(c.data.layers == 0,
+                            "{}data.layers is {}, but sae.arch {} reads no layers; only sae.arch "
+                            "clt does (leave data.layers 0)",
+                            loc("data.layers"), c.data.layers, s.arch);
                 SAE_ENFORCE(
                     sets == 1,
                     "{}data.path lists {} datasets, but sae.arch {} reads one; only sae.arch "
@@ -673,6 +686,16 @@ std::string config_to_yaml(const Config& cfg) {
     if (!open.empty()) out << YAML::EndMap;
     out << YAML::EndMap;
     return std::string(out.c_str()) + "\n";
+}
+
+bool multi_layer_paired(const Config& cfg) {
+    const Architecture* a = arch_find(cfg.sae.arch);
+    return a && a->rows().per_layer && cfg.data.path.size() == 1 && cfg.data.target_path.empty();
+}
+
+std::vector<std::string> input_dataset_names(const Config& cfg) {
+    if (multi_layer_paired(cfg)) return {"inputs", "targets"};
+    return {cfg.data.dataset};
 }
 
 void config_validate_for_data(const Config& cfg, int64_t d_model) {

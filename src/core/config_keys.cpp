@@ -222,6 +222,10 @@ std::vector<Field> make_fields() {
                 "transcoders: the target set (an MLP's output), row for row with data.path (clt: "
                 "a list, one per layer)",
                 kAny, no_empty_path()),
+        CFG_KEY(data, layers,
+                "clt: its layers (0: counted from the data, data.path's sets or a multi-layer "
+                "paired set's [rows, L, d])",
+                kAny, within(int64_t{0}, int64_t{4096})),
         // The upper bounds keep every count made from these (rows x epochs, steps, buffer
         // bytes) far from int64's limit, each far above any real run.
         CFG_KEY(data, batch_size, "rows (tokens) per rank per optimizer step", kAny,

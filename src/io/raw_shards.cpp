@@ -71,8 +71,14 @@ bool chunk_extents(hid_t f, hid_t d, hid_t dcpl, const ShardInfo& shard, const D
         out->why = "chunks are filtered (compressed)";
         return false;
     }
-    hsize_t cdims[2] = {0, 0};
-    if (H5Pget_chunk(dcpl, 2, cdims) != 2 || static_cast<int64_t>(cdims[1]) != info.d_model) {
+    // A row is [d_model] of a 2-D dataset, [L, d] of a 3-D one: a chunk must hold whole ones.
+    const int nd = info.layers > 0 ? 3 : 2;
+    hsize_t cdims[3] = {0, 0, 0};
+    const bool whole = H5Pget_chunk(dcpl, nd, cdims) == nd &&
+                       (nd == 2 ? static_cast<int64_t>(cdims[1]) == info.d_model
+                                : static_cast<int64_t>(cdims[1]) == info.layers &&
+                                      static_cast<int64_t>(cdims[1] * cdims[2]) == info.d_model);
+    if (!whole) {
         out->why = "chunks do not span whole rows";
         return false;
     }
@@ -80,7 +86,7 @@ bool chunk_extents(hid_t f, hid_t d, hid_t dcpl, const ShardInfo& shard, const D
     const int64_t cr = static_cast<int64_t>(cdims[0]);
     const std::vector<h5::MetaExtent> meta = h5::metadata_extents(f);
     for (int64_t r = 0; r < shard.rows; r += cr) {
-        hsize_t coord[2] = {static_cast<hsize_t>(r), 0};
+        hsize_t coord[3] = {static_cast<hsize_t>(r), 0, 0};
         unsigned mask = 0;
         haddr_t a = HADDR_UNDEF;
         hsize_t size = 0;
@@ -177,8 +183,11 @@ void stat_extents(const ShardInfo& shard, int64_t row_bytes, ShardExtents* out) 
 // Throws naming the shard when dataset d is not the [rows, d_model] that dataset_open saw.
 void check_shape(hid_t d, const ShardInfo& shard, const DatasetInfo& info) {
     const std::vector<hsize_t> dims = h5::dataset_dims(d);
-    SAE_ENFORCE(dims.size() == 2 && static_cast<int64_t>(dims[0]) == shard.rows &&
-                    static_cast<int64_t>(dims[1]) == info.d_model,
+    const bool same = info.layers > 0
+                          ? dims.size() == 3 && static_cast<int64_t>(dims[1]) == info.layers &&
+                                static_cast<int64_t>(dims[1] * dims[2]) == info.d_model
+                          : dims.size() == 2 && static_cast<int64_t>(dims[1]) == info.d_model;
+    SAE_ENFORCE(same && static_cast<int64_t>(dims[0]) == shard.rows,
                 "shard {}: its shape changed since the dataset was opened; do not modify shards "
                 "during a run",
                 shard.path);
@@ -365,11 +374,16 @@ struct RawRowReader::Impl {
     void h5_read(size_t i, int64_t shard_row, int64_t rows, char* out) {
         auto guard = h5::lock();
         h5_open(i);
-        hsize_t start[2] = {static_cast<hsize_t>(shard_row), 0};
-        hsize_t count[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(info.d_model)};
+        // Whole rows: [rows, d_model], or [rows, L, d] of a 3-D dataset.
+        const int nd = info.layers > 0 ? 3 : 2;
+        hsize_t start[3] = {static_cast<hsize_t>(shard_row), 0, 0};
+        hsize_t count[3] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(info.d_model), 0};
+        if (nd == 3)
+            count[1] = static_cast<hsize_t>(info.layers),
+            count[2] = static_cast<hsize_t>(info.d_model / info.layers);
         SAE_H5_CHECK(
             H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr));
-        h5::Space mspace(SAE_H5_CHECK(H5Screate_simple(2, count, nullptr)));
+        h5::Space mspace(SAE_H5_CHECK(H5Screate_simple(nd, count, nullptr)));
         // The window buffers are not initialised: without a fill value, rows of unstored chunks
         // would otherwise be whatever the buffer held (found by fuzzing).
         if (zero_fill) std::memset(out, 0, static_cast<size_t>(rows * row_bytes));

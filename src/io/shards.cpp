@@ -100,6 +100,7 @@ std::vector<std::string> list_shards(const std::string& source) {
 // What one shard holds, as read from its metadata.
 struct ShardMeta {
     int64_t rows = 0, d_model = 0;
+    int64_t layers = 0;  // a 3-D dataset's [rows, L, d]: L (d_model = L d); 0: 2-D
     DType dtype = DType::f32;
     std::string model, hook;
 };
@@ -218,16 +219,23 @@ void check_storage(hid_t f, hid_t d, const std::string& path, const std::string&
                         path, name, user_block + a, user_block + m.addr);
         }
     } else if (layout == H5D_CHUNKED) {
-        hsize_t chunk[2] = {0, 0};
-        SAE_ENFORCE(H5Pget_chunk(dcpl.get(), 2, chunk) == 2 && chunk[0] > 0 && chunk[1] > 0,
+        // Every dimension's chunks multiplied: a 3-D [rows, L, d] dataset's as well.
+        h5::Space dspace(SAE_H5_CHECK(H5Dget_space(d)));
+        const int nd = SAE_H5_CHECK(H5Sget_simple_extent_ndims(dspace.get()));
+        hsize_t dims[3] = {0, 0, 0}, chunk[3] = {0, 0, 0};
+        SAE_ENFORCE(nd >= 2 && nd <= 3 && H5Pget_chunk(dcpl.get(), nd, chunk) == nd,
                     "shard {}: dataset '{}' has an unreadable chunk shape; re-write the shard",
                     path, name);
-        const auto per_dim = [](int64_t n, hsize_t c) {
-            return (static_cast<uint64_t>(n) + c - 1) / c;
-        };
-        uint64_t want = 0;
-        const bool fits =
-            !__builtin_mul_overflow(per_dim(rows, chunk[0]), per_dim(d_model, chunk[1]), &want);
+        SAE_H5_CHECK(H5Sget_simple_extent_dims(dspace.get(), dims, nullptr));
+        uint64_t want = 1;
+        bool fits = true;
+        for (int i = 0; i < nd; ++i) {
+            SAE_ENFORCE(chunk[i] > 0,
+                        "shard {}: dataset '{}' has an unreadable chunk shape; re-write the shard",
+                        path, name);
+            const uint64_t per_dim = (static_cast<uint64_t>(dims[i]) + chunk[i] - 1) / chunk[i];
+            fits = fits && !__builtin_mul_overflow(want, per_dim, &want);
+        }
         h5::Space space(SAE_H5_CHECK(H5Dget_space(d)));
         hsize_t have = 0;
         SAE_H5_CHECK(H5Dget_num_chunks(d, space.get(), &have));
@@ -264,25 +272,40 @@ ShardMeta inspect_shard(const DatasetInfo& info, const ShardInfo& shard, const s
     }
     h5::Dataset d = h5::open_dataset(f.get(), name, path);
     std::vector<hsize_t> dims = h5::dataset_dims(d.get());
-    SAE_ENFORCE(dims.size() == 2,
-                "shard {}: dataset '{}' has {} dimensions; expected 2, [rows, d_model]", path, name,
-                dims.size());
+    SAE_ENFORCE(dims.size() == 2 || dims.size() == 3,
+                "shard {}: dataset '{}' has {} dimensions; expected 2, [rows, d_model] (or 3, "
+                "[rows, layers, d_model], for a multi-layer paired set)",
+                path, name, dims.size());
+    const auto shape = [&](const hsize_t* v) {
+        std::string t;
+        for (size_t i = 0; i < dims.size(); ++i) t += fmt::format("{}{}", i ? ", " : "", v[i]);
+        return "[" + t + "]";
+    };
     {
         // A shape beyond the dataset's maximum shape is a damaged header (HDF5 1.14 refuses to
         // open it; 1.10 does not, and then reads such a dataset inconsistently: found by
         // fuzzing, docs/fuzzing.md).
         h5::Space s(SAE_H5_CHECK(H5Dget_space(d.get())));
-        hsize_t cur[2] = {0, 0}, max[2] = {0, 0};
+        hsize_t cur[3] = {0, 0, 0}, max[3] = {0, 0, 0};
         SAE_H5_CHECK(H5Sget_simple_extent_dims(s.get(), cur, max));
-        for (int i = 0; i < 2; ++i)
+        for (size_t i = 0; i < dims.size(); ++i)
             SAE_ENFORCE(max[i] == H5S_UNLIMITED || cur[i] <= max[i],
-                        "shard {}: dataset '{}' is [{}, {}] but its maximum shape is [{}, {}]; "
-                        "the file's header is damaged, re-write or re-copy it",
-                        path, name, cur[0], cur[1], max[0], max[1]);
+                        "shard {}: dataset '{}' is {} but its maximum shape is {}; the file's "
+                        "header is damaged, re-write or re-copy it",
+                        path, name, shape(cur), shape(max));
     }
     ShardMeta m;
     m.rows = static_cast<int64_t>(dims[0]);
     m.d_model = static_cast<int64_t>(dims[1]);
+    if (dims.size() == 3) {
+        m.layers = static_cast<int64_t>(dims[1]);
+        SAE_ENFORCE(
+            m.layers > 0 && dims[2] > 0 &&
+                !__builtin_mul_overflow(m.layers, static_cast<int64_t>(dims[2]), &m.d_model),
+            "shard {}: dataset '{}' is {}; expected [rows, layers, d_model], none of them "
+            "0",
+            path, name, shape(dims.data()));
+    }
     SAE_ENFORCE(m.rows > 0, "shard {}: dataset '{}' has 0 rows; remove the empty shard", path,
                 name);
     SAE_ENFORCE(m.d_model > 0, "shard {}: dataset '{}' has 0 columns; expected [rows, d_model]",
@@ -291,10 +314,12 @@ ShardMeta inspect_shard(const DatasetInfo& info, const ShardInfo& shard, const s
     check_storage(f.get(), d.get(), path, name, m.rows, m.d_model, dtype_size(m.dtype),
                   shard_bytes(shard));
     if (auto a = h5::read_attr_int64(d.get(), "d_model")) {
-        SAE_ENFORCE(*a == m.d_model,
+        // A 3-D dataset's d_model is one layer's width.
+        const int64_t width = m.layers > 0 ? m.d_model / m.layers : m.d_model;
+        SAE_ENFORCE(*a == width,
                     "shard {}: attribute d_model={} disagrees with the dataset's {} columns; fix "
                     "the attribute or re-write the shard",
-                    path, *a, m.d_model);
+                    path, *a, width);
     }
     m.model = attr_on(d.get(), f.get(), "model");
     m.hook = attr_on(d.get(), f.get(), "hook");
@@ -339,6 +364,7 @@ DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dat
         ShardMeta m = inspect(info, listed[i], dataset);
         if (i == 0) {
             info.d_model = m.d_model;
+            info.layers = m.layers;
             info.dtype = m.dtype;
             info.model = m.model;
             info.hook = m.hook;
@@ -347,6 +373,10 @@ DatasetInfo dataset_open(const std::string& path_or_glob, const std::string& dat
                         "shard {}: d_model {} differs from {} in {}; all shards of a dataset must "
                         "come from the same hook",
                         paths[i], m.d_model, info.d_model, paths[0]);
+            SAE_ENFORCE(m.layers == info.layers,
+                        "shard {}: dataset '{}' holds {} layer(s) a row, but {} holds {}; all "
+                        "shards of a dataset must have one shape",
+                        paths[i], dataset, m.layers, paths[0], info.layers);
             SAE_ENFORCE(m.dtype == info.dtype,
                         "shard {}: dtype {} differs from {} in {}; convert the shards to one dtype",
                         paths[i], dtype_name(m.dtype), dtype_name(info.dtype), paths[0]);
@@ -398,6 +428,9 @@ bool dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
                 "{} {} has d_model {}, but {} {} has {}: a transcoder here maps d_model values "
                 "to as many (an MLP's input to its output)",
                 target_key, target.source, target.d_model, input_key, input.source, input.d_model);
+    SAE_ENFORCE(input.layers == target.layers,
+                "{} {} holds {} layer(s) a row, but {} {} holds {}{}", target_key, target.source,
+                target.layers, input_key, input.source, input.layers, hint);
     SAE_ENFORCE(input.dtype == target.dtype,
                 "{} {} stores {}, but {} {} stores {}; write both sets with one --dtype",
                 target_key, target.source, dtype_name(target.dtype), input_key, input.source,
@@ -483,7 +516,7 @@ private:
     size_t pos = 0;
 };
 
-constexpr int64_t kPackMagic = 0x5341454453493032;  // "SAEDSI02"
+constexpr int64_t kPackMagic = 0x5341454453493033;  // "SAEDSI03"
 
 }  // namespace
 
@@ -491,7 +524,8 @@ std::string dataset_info_pack(const DatasetInfo& info) {
     Packer p;
     p.i64(kPackMagic);
     p.str(info.source), p.str(info.dataset), p.str(info.model), p.str(info.hook);
-    p.i64(info.d_model), p.i64(info.total_rows), p.i64(static_cast<int64_t>(info.dtype));
+    p.i64(info.d_model), p.i64(info.layers), p.i64(info.total_rows);
+    p.i64(static_cast<int64_t>(info.dtype));
     p.str(info.s3.endpoint), p.str(info.s3.region), p.str(info.s3.addressing);
     p.i64(info.s3.anonymous ? 1 : 0), p.i64(info.s3.connections), p.i64(info.s3.request_bytes);
     p.i64(info.s3.retries), p.i64(static_cast<int64_t>(info.s3.timeout_s * 1000));
@@ -506,7 +540,10 @@ DatasetInfo dataset_info_unpack(const std::string& bytes) {
     SAE_ENFORCE(u.i64() == kPackMagic, "not a packed dataset description");
     DatasetInfo info;
     info.source = u.str(), info.dataset = u.str(), info.model = u.str(), info.hook = u.str();
-    info.d_model = u.i64(), info.total_rows = u.i64();
+    info.d_model = u.i64(), info.layers = u.i64(), info.total_rows = u.i64();
+    SAE_ENFORCE(info.layers >= 0 && (info.layers == 0 || info.d_model % info.layers == 0),
+                "dataset description is damaged ({} layers of d_model {})", info.layers,
+                info.d_model);
     const int64_t t = u.i64();
     SAE_ENFORCE(t >= 0 && t <= static_cast<int64_t>(DType::bf16),
                 "dataset description is damaged (dtype {})", t);

@@ -59,14 +59,23 @@ void print_banner(const Setup& s, int world_size, int64_t steps) {
     fmt::print("saetrain {} | {} rank(s): {} | backend {}{}\n", SAETRAIN_VERSION, world_size,
                s.coords.describe(), s.backend->name(),
                s.backend_note.empty() ? "" : " | " + s.backend_note);
+    const std::string width =
+        s.data.layers > 0
+            ? fmt::format("{} layers x d_model {}", s.data.layers, s.data.d_model / s.data.layers)
+            : fmt::format("d_model {}", s.data.d_model);
     fmt::print(
-        "data {} | {} shard(s), {} rows, d_model {}, {} | {:.1f} MB\n", printable(s.data.source),
-        s.data.shards.size(), s.data.total_rows, s.data.d_model, dtype_name(s.data.dtype),
+        "data {} | {} shard(s), {} rows, {}, {} | {:.1f} MB\n", printable(s.data.source),
+        s.data.shards.size(), s.data.total_rows, width, dtype_name(s.data.dtype),
         static_cast<double>(s.data.total_rows * s.data.d_model * dtype_size(s.data.dtype)) / 1e6);
     for (const DatasetInfo& more : s.more_inputs)
         fmt::print("data {} | the next layer's input, row for row beside it (CLT)\n",
                    printable(more.source));
-    if (!s.target.shards.empty())
+    if (s.data.layers > 0)
+        fmt::print(
+            "target {} | its shards' 'targets', row for row beside 'inputs' (a "
+            "multi-layer paired set: every layer's input, then every layer's target)\n",
+            printable(s.target.source));
+    else if (!s.target.shards.empty())
         fmt::print("target {} | {} shard(s), read row for row beside it (transcoder)\n",
                    printable(s.target.source), s.target.shards.size());
     for (const DatasetInfo& more : s.more_targets)
@@ -133,9 +142,8 @@ SaeSummary summarize(const Setup& s, const LoopResult& res, SaeTrainer& trainer)
 void write_sae(const Setup& s, SaeTrainer& trainer, SaeSummary& mine) {
     const fs::path sae_dir = s.out() / "sae" / s.id();
     const std::string final_h5 = (sae_dir / "final.h5").string();
-    const fs::path truth = fs::path(s.target.shards.empty() ? s.cfg.data.path.front()
-                                                            : s.cfg.data.target_path.front()) /
-                           "ground_truth.h5";
+    const fs::path truth =
+        fs::path(s.target.shards.empty() ? s.data.source : s.target.source) / "ground_truth.h5";
     SaeWeights w;
     if (trainer.latent_sharded()) {
         // Streamed from every latent shard to the first, which writes it (no whole copy).

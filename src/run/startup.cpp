@@ -186,6 +186,13 @@ Setup set_up(const RunRequest& args, Config cfg, Datasets found, int rank, int w
     s.more_inputs = std::move(found.more_inputs);
     s.more_targets = std::move(found.more_targets);
     const DatasetInfo* eval_data = found.eval.empty() ? nullptr : &found.eval.front();
+    // A multi-layer paired set's layers, from its shape; config.yaml records them (data.layers),
+    // so sae-export and a resume read the CLT as trained.
+    if (s.data.layers > 0) {
+        s.cfg.data.layers = s.data.layers;
+        for (SaeConfig& c : s.cfg.sweep) c.layers = s.data.layers;
+        s.cfg.sae.layers = s.data.layers;
+    }
     config_validate_for_data(s.cfg, s.model_d());
     // train.optimizer: auto and train.lr: 0 as trained, so config.yaml and summary.csv say so.
     for (SaeConfig& c : s.cfg.sweep) c = c.with_optimizer_defaults(s.model_d());
@@ -269,31 +276,84 @@ void check_paired(const DatasetInfo& input, const DatasetInfo& target, const std
                    input_key, printable(input.source), target_key, printable(target.source));
 }
 
+// Throws naming the key unless `set` is [rows, d_model]: a multi-layer paired set's [rows, L,
+// d] is read only as one (open_layer_pairs).
+void require_2d(const DatasetInfo& set, const std::string& key) {
+    SAE_ENFORCE(set.layers == 0,
+                "{} {}: dataset '{}' is [rows, {}, {}], a multi-layer paired set's; only sae.arch "
+                "clt reads it, with that one data.path and no data.target_path",
+                key, printable(set.source), set.dataset, set.layers,
+                set.layers > 0 ? set.d_model / set.layers : 0);
+}
+
+// A CLT's multi-layer paired set (multi_layer_paired): its shards' `inputs` and `targets`, each
+// [rows, L, d], as the CLT's input and target parts.
+void open_layer_pairs(const Config& cfg, const S3Settings& s3, DataFound& found) {
+    const std::string& path = cfg.data.path.front();
+    const auto open = [&](const char* name) {
+        try {
+            return dataset_open(path, name, s3);
+        } catch (const Error& e) {
+            throw Error(fmt::format(
+                "data.path {}: {} (a CLT given one data.path and no data.target_path reads a "
+                "multi-layer paired set, whose shards hold 'inputs' and 'targets' [rows, layers, "
+                "d_model]: tools/extract_activations.py --layer-pairs; else list each layer's "
+                "sets in data.path and data.target_path)",
+                printable(path), e.what()));
+        }
+    };
+    const DatasetInfo in = open("inputs");
+    SAE_ENFORCE(in.layers > 0,
+                "data.path {}: dataset 'inputs' is [rows, {}]; a multi-layer paired set's "
+                "'inputs' and 'targets' are [rows, layers, d_model] (tools/extract_activations.py "
+                "--layer-pairs), else list each layer's sets in data.path and data.target_path",
+                printable(path), in.d_model);
+    SAE_ENFORCE(cfg.data.layers == 0 || cfg.data.layers == in.layers,
+                "data.layers is {}, but data.path {} holds {} layers a row ('inputs' [rows, {}, "
+                "{}]); set it to {} or leave it 0",
+                cfg.data.layers, printable(path), in.layers, in.layers, in.d_model / in.layers,
+                in.layers);
+    const DatasetInfo target = open("targets");
+    check_paired(in, target, "data.path's 'inputs'", "data.path's 'targets'");
+    found.packed_inputs.push_back(dataset_info_pack(in));
+    found.packed_targets.push_back(dataset_info_pack(target));
+}
+
 DataFound open_datasets(const Config& cfg) {
     DataFound found;
     const size_t layers = cfg.data.path.size();
     const S3Settings s3 = s3_settings_from(cfg.data);  // s3:// paths: the data.s3_* keys
-    const DatasetInfo data = dataset_open(cfg.data.path.front(), cfg.data.dataset, s3);
-    for (size_t l = 0; l < layers; ++l) {
-        const DatasetInfo in = l == 0 ? data : dataset_open(cfg.data.path[l], cfg.data.dataset, s3);
-        // Every layer's rows are the first layer's tokens (one extraction).
-        if (l > 0) {
-            SAE_ENFORCE(in.d_model == data.d_model,
-                        "{} {}: d_model {} differs from data.path[0]'s {}; a CLT's layers must "
-                        "have one width",
-                        layer_key("data.path", l, layers), in.source, in.d_model, data.d_model);
-            check_paired(data, in, "data.path[0]", layer_key("data.path", l, layers));
-        }
-        found.packed_inputs.push_back(dataset_info_pack(in));
-        if (l < cfg.data.target_path.size()) {
-            const DatasetInfo target = dataset_open(cfg.data.target_path[l], cfg.data.dataset, s3);
-            check_paired(in, target, layer_key("data.path", l, layers),
-                         layer_key("data.target_path", l, layers));
-            found.packed_targets.push_back(dataset_info_pack(target));
+    if (multi_layer_paired(cfg)) {
+        open_layer_pairs(cfg, s3, found);
+    } else {
+        const DatasetInfo data = dataset_open(cfg.data.path.front(), cfg.data.dataset, s3);
+        for (size_t l = 0; l < layers; ++l) {
+            const DatasetInfo in =
+                l == 0 ? data : dataset_open(cfg.data.path[l], cfg.data.dataset, s3);
+            require_2d(in, layer_key("data.path", l, layers));
+            // Every layer's rows are the first layer's tokens (one extraction).
+            if (l > 0) {
+                SAE_ENFORCE(in.d_model == data.d_model,
+                            "{} {}: d_model {} differs from data.path[0]'s {}; a CLT's layers "
+                            "must have one width",
+                            layer_key("data.path", l, layers), in.source, in.d_model, data.d_model);
+                check_paired(data, in, "data.path[0]", layer_key("data.path", l, layers));
+            }
+            found.packed_inputs.push_back(dataset_info_pack(in));
+            if (l < cfg.data.target_path.size()) {
+                const DatasetInfo target =
+                    dataset_open(cfg.data.target_path[l], cfg.data.dataset, s3);
+                require_2d(target, layer_key("data.target_path", l, layers));
+                check_paired(in, target, layer_key("data.path", l, layers),
+                             layer_key("data.target_path", l, layers));
+                found.packed_targets.push_back(dataset_info_pack(target));
+            }
         }
     }
+    const DatasetInfo data = dataset_info_unpack(found.packed_inputs.front());
     if (!cfg.data.eval_path.empty()) {
         const DatasetInfo ev = dataset_open(cfg.data.eval_path, cfg.data.dataset, s3);
+        require_2d(ev, "data.eval_path");
         SAE_ENFORCE(ev.d_model == data.d_model,
                     "data.eval_path {}: d_model {} differs from the training data's {} ({}); "
                     "held-out rows must come from the same hook",
@@ -301,6 +361,7 @@ DataFound open_datasets(const Config& cfg) {
         found.packed_eval = dataset_info_pack(ev);
         if (!cfg.data.eval_target_path.empty()) {
             const DatasetInfo et = dataset_open(cfg.data.eval_target_path, cfg.data.dataset, s3);
+            require_2d(et, "data.eval_target_path");
             check_paired(ev, et, "data.eval_path", "data.eval_target_path");
             found.packed_eval_target = dataset_info_pack(et);
         }

@@ -339,6 +339,44 @@ def test_forward_stops_after_the_last_hook():
     assert calls["encoder.layer.3"] > 0 and calls["encoder.layer.4"] == 0
 
 
+LAYER_HOOKS = ["encoder.layer.0.attention.output", "encoder.layer.0.output.dense",
+               "encoder.layer.1.attention.output", "encoder.layer.1.output.dense"]
+
+
+def test_layer_pairs_stack_each_layers_input_and_output():
+    hooks = [x for h in LAYER_HOOKS for x in ("--hook", h)]
+    per_hook = extract("per_hook", "--text", PROSE, *hooks)
+    paired = extract("paired", "--text", PROSE, *hooks, "--layer-pairs")
+    assert os.listdir(paired) == ["layer-pairs"]
+    import h5py
+    names = sorted(os.listdir(os.path.join(paired, "layer-pairs")))
+    assert names == sorted(os.listdir(os.path.join(per_hook, LAYER_HOOKS[0])))
+    for n in names:
+        with h5py.File(os.path.join(paired, "layer-pairs", n), "r") as f:
+            ins, outs = f["inputs"][()], f["targets"][()]
+            assert ins.dtype == np.float16 and ins.shape[1:] == (2, 384) == outs.shape[1:]
+            assert int(f["inputs"].attrs["layers"]) == 2
+            assert int(f["inputs"].attrs["d_model"]) == 384
+            assert json.loads(f["inputs"].attrs["hooks"]) == LAYER_HOOKS[0::2]
+            assert json.loads(f["targets"].attrs["hooks"]) == LAYER_HOOKS[1::2]
+            token_ids = f["token_ids"][()]
+        for i, h in enumerate(LAYER_HOOKS):
+            with h5py.File(os.path.join(per_hook, ea.hook_dir_name(h), n), "r") as f:
+                side = ins if i % 2 == 0 else outs
+                assert np.array_equal(side[:, i // 2], f["activations"][()]), (n, h)
+                assert np.array_equal(token_ids, f["token_ids"][()])
+    # A rerun finds every shard done; an odd number of hooks is one line.
+    rc, _, se = run_tool(["--out", paired, *COMMON, "--text", PROSE, *hooks, "--layer-pairs"])
+    assert rc == 0, se
+    line = one_error_line(["--out", paired, *COMMON, "--text", PROSE, *hooks[:6],
+                           "--layer-pairs"])
+    assert "--layer-pairs: 3 hooks; give each layer's MLP input and output" in line, line
+    line = one_error_line(["--out", os.path.join(_tmp, "widths"), *COMMON, "--text", PROSE,
+                           "--hook", "encoder.layer.0.intermediate.dense", "--hook",
+                           "encoder.layer.0.output.dense", "--layer-pairs"])
+    assert "the hooks' widths differ (encoder.layer.0.intermediate.dense 1536" in line, line
+
+
 def one_error_line(args):
     rc, so, se = run_tool(args)
     lines = se.strip().splitlines()
