@@ -9,7 +9,9 @@ one group, with its metrics, its config and, at the end, its summary and quality
     .venv/bin/python tools/wandb_sync.py runs/sweep --follow &   # beside a running job
 
 Offline by default: nothing leaves the machine, and wandb writes the runs under DIR/wandb
-(DIR: --wandb-dir, default RUN_DIR), for `wandb sync DIR/wandb/offline-run-*` to upload later. `--online` logs
+(DIR: --wandb-dir, default the directory holding RUN_DIR: runs/wandb for runs/minilm; never
+inside RUN_DIR, which holds saetrain's files only), for `wandb sync DIR/wandb/offline-run-*`
+to upload later. `--online` logs
 straight to the W&B server the environment names (WANDB_API_KEY, WANDB_BASE_URL, as wandb
 reads them).
 
@@ -54,7 +56,8 @@ def parse_args(argv):
     p.add_argument("--project", default="saetrain", help="W&B project (default saetrain)")
     p.add_argument("--group", help="W&B group (default: the run directory's name and start)")
     p.add_argument("--online", action="store_true", help="log to the W&B server (default offline)")
-    p.add_argument("--wandb-dir", help="wandb writes under DIR/wandb (default DIR: RUN_DIR)")
+    p.add_argument("--wandb-dir", help="wandb writes under DIR/wandb (default DIR: RUN_DIR's "
+                   "parent directory)")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between reads with --follow")
     return p.parse_args(argv)
 
@@ -181,7 +184,9 @@ class Mirror:
         self.run_json = read_json(os.path.join(self.run_dir, "run.json")) or {}
         self.group = args.group or default_group(self.run_dir, self.run_json)
         self.config = read_config(self.run_dir)
-        self.dir = args.wandb_dir or self.run_dir
+        # Beside the run, not in it: saetrain refuses a run directory holding links it did
+        # not write, which wandb's own files include.
+        self.dir = args.wandb_dir or os.path.dirname(os.path.abspath(self.run_dir))
         os.makedirs(self.dir, exist_ok=True)
 
     def run_for(self, sae):

@@ -135,7 +135,8 @@ def test_a_sweep_is_one_group_of_runs_holding_every_logged_value(tmp_path):
     r = _run(sys.executable, TOOL, out)
     assert "2 SAE(s) of" in r.stdout and "offline" in r.stdout, r.stdout
 
-    runs = runs_under(out)
+    runs = runs_under(tmp_path)
+    assert not (out / "wandb").exists(), "wandb wrote inside the run directory"
     ids = sorted(runs)
     assert ids == ["batchtopk-x2-k4", "topk-x2-k4"], ids
     groups = {r["group"] for r in runs.values()}
@@ -198,7 +199,7 @@ def test_follow_mirrors_each_step_once_across_a_resume_and_ends_with_the_run(tmp
         if p.poll() is None:
             p.kill()
     assert p.returncode == 0, se
-    run = runs_under(run_dir)["a"]
+    run = runs_under(tmp_path)["a"]
     assert run["steps"] == [10, 20, 30, 40], run["steps"]
     assert run["history"][40]["fvu"] == 0.6
     assert run["summary"]["run_state"] == "complete"
