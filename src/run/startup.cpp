@@ -290,7 +290,8 @@ void require_2d(const DatasetInfo& set, const std::string& key) {
 // [rows, L, d], as the CLT's input and target parts.
 void open_layer_pairs(const Config& cfg, const S3Settings& s3, DataFound& found) {
     const std::string& path = cfg.data.path.front();
-    const auto open = [&](const char* name) {
+    const std::vector<std::string> names = input_dataset_names(cfg);  // inputs, targets
+    const auto open = [&](const std::string& name) {
         try {
             return dataset_open(path, name, s3);
         } catch (const Error& e) {
@@ -302,7 +303,7 @@ void open_layer_pairs(const Config& cfg, const S3Settings& s3, DataFound& found)
                 printable(path), e.what()));
         }
     };
-    const DatasetInfo in = open("inputs");
+    const DatasetInfo in = open(names.at(0));
     SAE_ENFORCE(in.layers > 0,
                 "data.path {}: dataset 'inputs' is [rows, {}]; a multi-layer paired set's "
                 "'inputs' and 'targets' are [rows, layers, d_model] (tools/extract_activations.py "
@@ -313,7 +314,7 @@ void open_layer_pairs(const Config& cfg, const S3Settings& s3, DataFound& found)
                 "{}]); set it to {} or leave it 0",
                 cfg.data.layers, printable(path), in.layers, in.layers, in.d_model / in.layers,
                 in.layers);
-    const DatasetInfo target = open("targets");
+    const DatasetInfo target = open(names.at(1));
     check_paired(in, target, "data.path's 'inputs'", "data.path's 'targets'");
     found.packed_inputs.push_back(dataset_info_pack(in));
     found.packed_targets.push_back(dataset_info_pack(target));
