@@ -90,4 +90,11 @@ std::vector<float> read_rows(const DatasetInfo& info, RowRange range);
 // row the parts' rows in turn (a transcoder's held-out input and target).
 std::vector<float> read_rows(const std::vector<DatasetInfo>& parts, RowRange range);
 
+// The per-row integers `name` (a 1-D integer dataset beside the activations in every shard:
+// token_ids, positions) of global rows `range`, as int32. Empty, with the reason in *why, when
+// a shard of the range lacks it or holds it in another shape, or the shards are objects
+// (s3://); throws Error naming the shard when a read fails.
+std::vector<int32_t> read_row_ints(const DatasetInfo& info, const std::string& name, RowRange range,
+                                   std::string* why);
+
 }  // namespace saetrain

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +109,11 @@ public:
     // replica's rows only, not collective; changes nothing. For checking exports against
     // saetrain's own forward (test/sae_forward.cpp).
     void reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows, float* x_hat_host);
+    // The same inference pass's activations of x (rows of row_width() values; a transcoder's
+    // target half is not read), batch by batch: sink(first row, rows, activations) for each
+    // batch of at most `batch_rows`. Not collective; changes nothing (sae-features).
+    void activations(BatchView x_host, int64_t rows, int64_t batch_rows,
+                     const std::function<void(int64_t, int64_t, const HostActivations&)>& sink);
 
     // Forward and backward only, for tests and the benchmark: gradients of
     // L * rows / norm_rows (norm_rows = rows: the mean loss L; 1: the summed loss) land in the

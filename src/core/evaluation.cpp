@@ -251,6 +251,20 @@ void SaeTrainer::reconstruct(BatchView x_host, int64_t rows, int64_t batch_rows,
         for (int64_t i = 0; i < rows * d_; ++i) x_hat_host[i] /= input_scale_;
 }
 
+void SaeTrainer::activations(
+    BatchView x_host, int64_t rows, int64_t batch_rows,
+    const std::function<void(int64_t, int64_t, const HostActivations&)>& sink) {
+    SAE_ENFORCE(state_ == StepState::idle, "SaeTrainer::activations during a step");
+    SAE_ENFORCE(batch_rows >= 1, "SaeTrainer::activations: batch_rows must be >= 1");
+    batch_rows = chunk_rows(batch_rows);
+    for (int64_t r0 = 0; r0 < rows; r0 += batch_rows) {
+        const int64_t B = std::min(batch_rows, rows - r0);
+        upload_batch(x_host.rows_from(r0, row_width()), B);
+        forward(x_.data(), B, false);
+        sink(r0, B, activations_download(be_, pass_->activations(), B, n_));
+    }
+}
+
 QualityGates SaeTrainer::training_quality() {
     QualityGates q = window_.gates(*store_);
     // The last step's activations, still in the architecture's buffers.

@@ -413,6 +413,44 @@ std::vector<int32_t> token_ids_at(hid_t file, const std::string& path, int64_t r
 
 }  // namespace
 
+std::vector<int32_t> read_row_ints(const DatasetInfo& info, const std::string& name, RowRange range,
+                                   std::string* why) {
+    std::vector<int32_t> out(static_cast<size_t>(std::max<int64_t>(range.size(), 0)));
+    for (const ShardInfo& s : info.shards) {
+        if (!shard_overlaps(s, range)) continue;
+        if (is_s3_url(s.path)) {
+            *why = fmt::format("{} is an object (s3://): its {} are not read", s.path, name);
+            return {};
+        }
+        h5::File f = h5::open_file(s.path);
+        if (!h5::link_exists(f.get(), name, s.path)) {
+            *why = fmt::format("{} has no '{}' dataset", s.path, name);
+            return {};
+        }
+        h5::Dataset ds = h5::open_dataset(f.get(), name, s.path);
+        const std::vector<hsize_t> dims = h5::dataset_dims(ds.get());
+        h5::Type t(SAE_H5_CHECK(H5Dget_type(ds.get())));
+        if (H5Tget_class(t.get()) != H5T_INTEGER || dims.size() != 1 ||
+            static_cast<int64_t>(dims[0]) != s.rows) {
+            *why = fmt::format("{}: '{}' is not one integer a row ({} rows)", s.path, name, s.rows);
+            return {};
+        }
+        const int64_t lo = std::max(range.begin, s.first_row);
+        const int64_t hi = std::min(range.end, s.first_row + s.rows);
+        h5::Space file_space(SAE_H5_CHECK(H5Dget_space(ds.get())));
+        const hsize_t start[1] = {static_cast<hsize_t>(lo - s.first_row)};
+        const hsize_t n[1] = {static_cast<hsize_t>(hi - lo)};
+        SAE_H5_CHECK(
+            H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, n, nullptr));
+        h5::Space mem(SAE_H5_CHECK(H5Screate_simple(1, n, nullptr)));
+        SAE_ENFORCE(H5Dread(ds.get(), H5T_NATIVE_INT32, mem.get(), file_space.get(), H5P_DEFAULT,
+                            out.data() + (lo - range.begin)) >= 0,
+                    "shard {}: reading '{}' rows [{}, {}) failed ({})", s.path, name, lo, hi,
+                    h5::last_error());
+    }
+    return out;
+}
+
 bool dataset_check_paired(const DatasetInfo& input, const DatasetInfo& target,
                           const std::string& input_key, const std::string& target_key) {
     const std::string hint =

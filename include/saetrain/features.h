@@ -1,0 +1,93 @@
+// features.h — what each latent of a trained SAE responds to, over a whole dataset in one pass
+// (sae-features): firing counts, mean and largest activation, a log-spaced histogram, the rows
+// of its largest activations, and its nearest latents by decoder direction.
+//
+// FeatureStats takes the inference pass's activations batch by batch (SaeTrainer::activations)
+// and keeps, per latent, a bounded heap of its `top` largest activations: memory is
+// O(latents x top) whatever the dataset's size, never the activation matrix. Each rank adds its
+// own rows (global row indices: the dataset's rows in shard order); merge() combines the ranks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "saetrain/evaluation.h"  // defines: HostActivations
+
+namespace saetrain {
+
+class Backend;
+class Communicator;
+
+// The histogram's bins: kHistPerDecade per power of ten from 10^kHistLowDecade up to
+// 10^kHistHighDecade. A non-zero activation below the first edge (and any negative one) counts in
+// the first bin, one at or above the last edge in the last bin.
+constexpr int kHistLowDecade = -4, kHistHighDecade = 4, kHistPerDecade = 10;
+constexpr int kHistBins = (kHistHighDecade - kHistLowDecade) * kHistPerDecade;
+// The kHistBins + 1 edges, increasing.
+std::vector<float> feature_hist_edges();
+// The bin of a non-zero activation v.
+int feature_hist_bin(float v);
+
+class FeatureStats {
+public:
+    // n latents, the `top` largest activations kept for each (>= 1).
+    FeatureStats(int64_t n, int64_t top);
+
+    // Rows [from, from + rows) of a batch's activations, the first of them global row
+    // `first_row`: every non-zero activation counts as a firing. `threads`: OpenMP threads over
+    // latents (<= 0: OpenMP's default).
+    void add(const HostActivations& a, int64_t from, int64_t rows, int64_t first_row,
+             int threads = 0);
+    // Combines every rank's figures (collective over `comm`; every rank passes its own and
+    // holds the totals afterwards).
+    void merge(Communicator& comm);
+
+    int64_t n() const { return n_; }
+    int64_t top() const { return top_; }
+    int64_t rows() const { return rows_; }  // rows added (after merge: every rank's)
+    const std::vector<int64_t>& fire_count() const { return fires_; }
+    const std::vector<double>& sum_act() const { return sum_; }
+    // The largest activation of each latent (0 for a latent that never fired).
+    std::vector<float> max_act() const;
+    const std::vector<int64_t>& hist() const { return hist_; }  // [n, kHistBins]
+    // [n, top]: each latent's rows in decreasing activation (ties: the lower row first), then
+    // -1 rows and 0 activations where it fired on fewer than `top` rows.
+    void sorted_top(std::vector<int64_t>* rows, std::vector<float>* acts) const;
+
+private:
+    struct Entry {
+        float act;
+        int64_t row;
+    };
+    // Whether a ranks before b: a larger activation, or the same one at a lower row.
+    static bool before(const Entry& a, const Entry& b) {
+        return a.act > b.act || (a.act == b.act && a.row < b.row);
+    }
+    void offer(int64_t latent, float v, int64_t row);
+
+    int64_t n_, top_, rows_ = 0;
+    std::vector<int64_t> fires_, hist_;
+    std::vector<double> sum_;
+    std::vector<float> max_;
+    std::vector<Entry> heaps_;       // [n, top]: a min-heap (by before) of each latent's best
+    std::vector<int32_t> heap_len_;  // [n]
+};
+
+// For each of the n latents, the `m` others whose decoder rows (W_dec [n, d], row-major, host
+// memory) have the largest cosine with its own, in decreasing cosine (ties: the lower latent
+// first): idx [n, m] and cos [n, m] (-1 and 0 beyond n - 1 others). A zero row has cosine 0 with
+// every row. The Gram matrix is computed on `be` in blocks of rows.
+void decoder_neighbours(Backend& be, const float* w_dec, int64_t n, int64_t d, int64_t m,
+                        std::vector<int32_t>* idx, std::vector<float>* cos);
+
+// Token windows around rows: for each row r of `rows` in [own_begin, own_end) (this rank's
+// rows), the token ids of rows r - w .. r + w that lie in r's context, -1 elsewhere, written to
+// out [rows.size(), 2 w + 1]; the entries of other rows (another rank's, or -1: none) are left
+// as they are. token_ids and positions hold the rows [first, first + token_ids.size()), which
+// must cover [own_begin - w, own_end + w) within the dataset; a row lies in another context
+// when positions do not increase somewhere between it and r.
+void fill_context_windows(const std::vector<int64_t>& rows, int64_t w, int64_t own_begin,
+                          int64_t own_end, int64_t first, const std::vector<int32_t>& token_ids,
+                          const std::vector<int32_t>& positions, std::vector<int32_t>* out);
+
+}  // namespace saetrain

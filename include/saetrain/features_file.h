@@ -1,0 +1,47 @@
+// features_file.h — DIR/features.h5, sae-features' machine-readable output.
+//
+// Datasets (n latents, N = top, W = context rows each side, M = neighbours):
+//   frequency [n] f64        rows the latent fired on / rows read
+//   fire_count [n] i64       rows it fired on (a non-zero activation)
+//   mean_act [n] f32         its mean activation over those rows (0: never fired)
+//   max_act [n] f32          its largest activation (0: never fired)
+//   hist [n, B] i64          its non-zero activations per log-spaced bin; hist_edges [B + 1] f32
+//   top_rows [n, N] i64      global row indices into the dataset (its rows in shard order) of
+//                            its N largest activations, largest first (ties: lower row first),
+//                            -1 past its firings; top_acts [n, N] f32 those activations (0 past)
+//   top_context_tokens [n, N, 2W + 1] i32  the token ids of each top row's window, the row at
+//                            index W, -1 outside its context or past its firings; only when
+//                            every shard carries token_ids and positions
+//   neighbours [n, M] i32, neighbour_cosine [n, M] f32  the latents whose decoder rows have the
+//                            largest cosine with its own, in decreasing cosine
+// Attributes: format ("saetrain-features 1"), sae, sae_id, arch, d_model, n_latents, rows,
+// ranks, data, dataset, top, context, contexts ("token_ids": the windows are there; else why
+// not).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "saetrain/features.h"  // defines: FeatureStats
+
+namespace saetrain {
+
+struct FeaturesFile {
+    std::string sae, sae_id, arch, data, dataset;
+    int64_t d_model = 0, ranks = 1, context = 0;
+    std::string contexts;  // "token_ids", or why there are no windows
+    const FeatureStats* stats = nullptr;
+    std::vector<int64_t> top_rows;
+    std::vector<float> top_acts;
+    std::vector<int32_t> context_tokens;  // empty: none
+    int64_t neighbours = 0;
+    std::vector<int32_t> neighbour_idx;
+    std::vector<float> neighbour_cos;
+};
+
+// Writes `f` to `path` atomically (readers see the old file or the whole new one). Throws Error
+// naming the file when it cannot be written.
+void features_write_h5(const std::string& path, const FeaturesFile& f);
+
+}  // namespace saetrain
