@@ -46,8 +46,8 @@ import subprocess
 import sys
 import tempfile
 
-OURS = {"saetrain", "sae-synth", "sae-inspect", "sae-export", "sae-iobench", "sae-perfmodel",
-        "sae-report", "sae-serve"}
+OURS = {"saetrain", "sae-synth", "sae-inspect", "sae-export", "sae-features", "sae-iobench",
+        "sae-perfmodel", "sae-report", "sae-serve"}
 LAUNCHERS = {"mpirun", "mpiexec", "srun"}
 SHELL = {"bash", "cmake", "ctest", "xdg-open", "python3", "sbatch", "export", "cd", "ls", "rm",
          "setsid", "kill", "timeout", "cp", "scancel", "git", "curl", "ssh", "echo"} | LAUNCHERS
