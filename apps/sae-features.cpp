@@ -30,7 +30,7 @@
 #include "saetrain/features.h"       // defines: FeatureStats, decoder_neighbours
 #include "saetrain/features_file.h"  // defines: features_write_h5
 #include "saetrain/mpi_world.h"      // defines: MpiScope, make_mpi_world, world_abort
-#include "saetrain/s3.h"             // defines: s3_settings_from
+#include "saetrain/s3.h"             // defines: s3_settings_from, is_s3_url
 #include "saetrain/shards.h"         // defines: dataset_open, read_rows, read_row_ints
 #include "saetrain/trainer.h"        // defines: SaeTrainer
 #include "saetrain/trainer_io.h"     // defines: trainer_restore
@@ -261,7 +261,9 @@ int features_main(const Args& a, Communicator& world) {
     decoder_neighbours(*be, s.sae.w.at("W_dec").data(), n, d, f.neighbours, &f.neighbour_idx,
                        &f.neighbour_cos);
     f.sae = s.sae.path, f.sae_id = s.sae.meta.id, f.arch = s.sae.sae.arch;
-    f.data = s.data.source, f.dataset = s.data.dataset, f.d_model = d, f.ranks = ranks;
+    // A directory or glob as an absolute path: where the page finds the vocabulary beside it.
+    f.data = is_s3_url(s.data.source) ? s.data.source : fs::absolute(s.data.source).string();
+    f.dataset = s.data.dataset, f.d_model = d, f.ranks = ranks;
     f.stats = &stats;
     const std::string file = (fs::path(s.out) / "features.h5").string();
     features_write_h5(file, f);

@@ -61,6 +61,9 @@ a set per hook, DIR/layer-pairs/shard-00000.h5, ..., each shard holding
   targets      [rows, L, d], targets[:, l] those of out_l (hooks the output hooks)
 and token_ids, positions and special as above: a cross-layer transcoder trained on it (one
 data.path, no data.target_path) reads every layer of a row block in one request a side.
+Beside the sets, DIR/vocab.json is the tokenizer's vocabulary, a JSON list whose entry i is
+token id i's string (convert_ids_to_tokens), for tools that show rows as text (sae-report's
+feature pages).
 A shard is written as shard-NNNNN.h5.tmp and renamed when complete. A run skips the shards that
 already exist (after checking that they were made from the same settings and tokens), so
 rerunning a killed run redoes only the missing shards, with the same contents.
@@ -624,6 +627,13 @@ def run(a):
                 if m and int(m.group(1)) >= n_shards:
                     raise Fail(f"{os.path.join(d, n)}: beyond the {n_shards} shards of this "
                                "run (left from other text?); use another --out or remove it")
+
+    if a.rank == 0:  # the vocabulary, for showing token ids as text
+        vocab = tok.convert_ids_to_tokens(list(range(len(tok))))
+        tmp = os.path.join(a.out, "vocab.json.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(vocab, f, ensure_ascii=False)
+        os.replace(tmp, os.path.join(a.out, "vocab.json"))
 
     # What each shard still needs: the hooks whose file is missing.
     todo = []

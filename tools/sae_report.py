@@ -20,6 +20,8 @@ Writes, as PNG and SVG, one colour per SAE on every plot:
             evaluated on held-out rows, else the last log interval's training figures
   density   log10 feature-density histograms, one per SAE (sae/<id>/feature_density.csv,
             written at the end of a run)
+and, for each RUN/features/<id>/features.h5 that sae-features wrote, a page to browse its
+latents in features/<id>/ (saereport/features.py; needs h5py), listed in features/index.html
 and index.html: the run's state (running, complete, stopped by a signal, failed, killed: from
 run.json, COMPLETE and the checkpoints), version, dates, hosts, data path, the resolved config,
 the summary table and the quality gates with each failure's reason. index.html links nothing
@@ -50,6 +52,8 @@ _TOOLS = os.path.dirname(os.path.realpath(__file__))
 if _TOOLS not in sys.path:
     sys.path.insert(0, _TOOLS)
 
+# defines: write_features (report/features/: the feature pages of sae-features' output)
+from saereport.features import write_features  # noqa: E402
 # defines: write_index (index.html), fmt and gate_verdict (its table cells)
 from saereport.page import fmt, gate_verdict, write_index  # noqa: E402
 # defines: OBJECTIVES, lr_at and lr_schedule, sae_colors and the plot_* functions, one per plot
@@ -107,8 +111,9 @@ def build_report(run_dir, out_dir=None):
         if os.path.isfile(src):
             with open_run_file(src, "rb") as f, out_dir.open(name, "wb") as g:
                 shutil.copyfileobj(f, g)
+    features = write_features(run_dir, out_dir)
     write_index(run_dir, out_dir, metrics, summary, manifest, info, config_text, state,
-                colors, archs)
+                colors, archs, features)
     with out_dir.open("manifest.json", "w", encoding="utf-8") as f:
         json.dump({"run_dir": os.path.abspath(run_dir), "state": state[0],
                    "state_text": state[1], "complete": state[0] == "complete",

@@ -15,8 +15,8 @@
 //   neighbours [n, M] i32, neighbour_cosine [n, M] f32  the latents whose decoder rows have the
 //                            largest cosine with its own, in decreasing cosine
 // Attributes: format ("saetrain-features 1"), sae, sae_id, arch, d_model, n_latents, rows,
-// ranks, data, dataset, top, context, contexts ("token_ids": the windows are there; else why
-// not).
+// ranks, data (the shards' directory or glob, absolute), dataset, top, context, contexts
+// ("token_ids": the windows are there; else why not).
 #pragma once
 
 #include <cstdint>

@@ -155,7 +155,11 @@ def split_contexts(arrays):
 
 def test_layout_and_attributes():
     out = keep_run()
-    assert sorted(os.listdir(out)) == ["embeddings", "encoder.layer.3"]
+    assert sorted(os.listdir(out)) == ["embeddings", "encoder.layer.3", "vocab.json"]
+    tok, _ = reference()
+    vocab = json.load(open(os.path.join(out, "vocab.json"), encoding="utf-8"))
+    assert len(vocab) == len(tok) and vocab[tok.cls_token_id] == "[CLS]"
+    assert vocab == tok.convert_ids_to_tokens(list(range(len(tok))))
     n_ctx = len(expected_contexts(prose_documents()))
     n_shards = -(-n_ctx // SHARD_CONTEXTS)
     assert n_shards >= 4
@@ -347,7 +351,7 @@ def test_layer_pairs_stack_each_layers_input_and_output():
     hooks = [x for h in LAYER_HOOKS for x in ("--hook", h)]
     per_hook = extract("per_hook", "--text", PROSE, *hooks)
     paired = extract("paired", "--text", PROSE, *hooks, "--layer-pairs")
-    assert os.listdir(paired) == ["layer-pairs"]
+    assert sorted(os.listdir(paired)) == ["layer-pairs", "vocab.json"]
     import h5py
     names = sorted(os.listdir(os.path.join(paired, "layer-pairs")))
     assert names == sorted(os.listdir(os.path.join(per_hook, LAYER_HOOKS[0])))

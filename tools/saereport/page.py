@@ -212,8 +212,20 @@ CAPTIONS = {
 }
 
 
+def features_html(features):
+    """The Features section: a link to each SAE's feature page (saereport/features.py)."""
+    if not features:
+        return ""
+    items = "".join(
+        f'<li><a href="features/{html.escape(i)}/index.html">{html.escape(i)}</a>: {n} latents '
+        f"over {rows} rows, {dead} dead, {dense} dense</li>" for i, n, rows, dead, dense in features)
+    return (f'<h2>Features</h2><p class="meta">What each latent responds to, from '
+            f'sae-features (<a href="features/index.html">all</a>):</p>'
+            f'<ul id="features">{items}</ul>')
+
+
 def write_index(run_dir, out_dir, metrics, summary, manifest, info, config_text, state,
-                colors, archs):
+                colors, archs, features=None):
     key, sentence = state
     if summary:
         main, gates = summary_tables(summary, colors)
@@ -269,6 +281,7 @@ def write_index(run_dir, out_dir, metrics, summary, manifest, info, config_text,
 a red cell fails its gate and the gates column says why, as the console did
 (docs/architectures.md).</p>
 {gates}
+{features_html(features)}
 <h2>Plots</h2>
 <p class="meta">One colour per SAE on every plot. The losses are each architecture's own
 objective:</p><ul class="meta">{objectives}</ul>
