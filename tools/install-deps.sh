@@ -10,7 +10,8 @@ pkgs=(cmake g++ make pkg-config clang-format
       slurm-wlm munge  # tools/slurm-local.sh: the one-node cluster of ctest -L slurm
       libboost-dev  # sae-serve: Boost.Beast and Asio (header-only)
       chromium  # test/serve: the live page loaded in headless Chromium
-      python3-matplotlib)  # tools/sae-report (its plots need nothing else: no .venv)
+      python3-matplotlib  # tools/sae-report (its plots need nothing else: no .venv)
+      python3-h5py)  # tools/sae-report: the feature pages read sae-features' features.h5
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -144,7 +144,7 @@ void Server::handle(Request&& req, beast::tcp_stream* stream,
                                               "/api/runs/ID/stream is a WebSocket: connect with "
                                               "a WebSocket client"));
         }
-        if (s[0] == "runs" && s.size() >= 3 && s.size() <= 4 && s[2] == "report") {
+        if (s[0] == "runs" && s.size() >= 3 && s.size() <= 6 && s[2] == "report") {
             if (!get) return method_not_allowed("GET");
             if (s.size() == 3 && !t.trailing_slash) {
                 // Relative links in the report resolve against the directory.
@@ -154,13 +154,25 @@ void Server::handle(Request&& req, beast::tcp_stream* stream,
                 r.prepare_payload();
                 return respond(std::move(r));
             }
-            const std::string file = s.size() == 4 ? s[3] : "index.html";
-            for (const std::string* name : {&s[1], &file}) {
-                const std::string bad =
-                    name == &s[1] ? run_id_check(*name) : file_name_check(*name);
-                if (!bad.empty())
+            // report/FILE, and the feature pages: report/features/FILE and
+            // report/features/SAE/FILE (a path ending in '/': its index.html).
+            std::vector<std::string> dirs(s.begin() + 3, s.end());
+            std::string file = "index.html";
+            if (!dirs.empty() && !t.trailing_slash) file = dirs.back(), dirs.pop_back();
+            if (const std::string bad = run_id_check(s[1]); !bad.empty())
+                return respond(error_response(req, http::status::bad_request, bad));
+            for (const std::string& name : dirs)
+                if (const std::string bad = file_name_check(name); !bad.empty())
                     return respond(error_response(req, http::status::bad_request, bad));
-            }
+            if (const std::string bad = file_name_check(file); !bad.empty())
+                return respond(error_response(req, http::status::bad_request, bad));
+            if (!dirs.empty() && (dirs.front() != "features" || dirs.size() > 2))
+                return respond(error_response(
+                    req, http::status::not_found,
+                    fmt::format("run '{}': report/{}/: the report has no such directory "
+                                "(only features/ and features/<sae>/)",
+                                s[1], fmt::join(dirs, "/"))));
+            if (!dirs.empty()) return respond(report_file(req, s[1], file, dirs));
             report(req, s[1], file, t.query.count("refresh") > 0, std::move(respond));
             return;
         }
@@ -452,17 +464,27 @@ Response Server::resume(const Request& req, const std::string& id, const Target&
 
 // ---- Server: the report ------------------------------------------------------------------------
 
-Response Server::report_file(const Request& req, const std::string& id, const std::string& file) {
+Response Server::report_file(const Request& req, const std::string& id, const std::string& file,
+                             const std::vector<std::string>& dirs) {
     std::string why;
     Fd run = root_.open_run(id, &why);
     if (!run.valid()) return error_response(req, http::status::not_found, why);
     Fd dir = open_beneath(run.get(), "report", true, &why);
     if (!dir.valid())
         return error_response(req, http::status::not_found, fmt::format("run '{}': {}", id, why));
+    std::string at = "report/";
+    for (const std::string& d : dirs) {
+        Fd sub = open_beneath(dir.get(), d, true, &why);
+        if (!sub.valid())
+            return error_response(req, http::status::not_found,
+                                  fmt::format("run '{}': {}{}", id, at, why));
+        dir = std::move(sub);
+        at += d + "/";
+    }
     Fd fd = open_beneath(dir.get(), file, false, &why);
     if (!fd.valid())
         return error_response(req, http::status::not_found,
-                              fmt::format("run '{}': report/{}", id, why));
+                              fmt::format("run '{}': {}{}", id, at, why));
     const std::optional<std::string> body = read_fd(fd.get(), kMaxReportFile, &why);
     if (!body)
         return error_response(req, http::status::internal_server_error,

@@ -101,6 +101,7 @@ std::string content_type_of(const std::string& name) {
     if (ext == "csv") return "text/csv; charset=utf-8";
     if (ext == "json") return "application/json";
     if (ext == "css") return "text/css";
+    if (ext == "js") return "text/javascript; charset=utf-8";  // the feature pages' data
     return "text/plain; charset=utf-8";
 }
 

@@ -192,7 +192,10 @@ private:
     Response resume(const Request& req, const std::string& id, const Target& t);
     void report(const Request& req, const std::string& id, const std::string& file, bool refresh,
                 std::function<void(Response)> respond);
-    Response report_file(const Request& req, const std::string& id, const std::string& file);
+    // report/<file>, or a file below report/ in `dirs` (report/features/<sae>/: the feature
+    // pages), each directory opened beneath the last without following links.
+    Response report_file(const Request& req, const std::string& id, const std::string& file,
+                         const std::vector<std::string>& dirs = {});
     // Launches `cfg` as run `id` with `ranks` ranks; the response to the POST.
     Response launch(const Request& req, const std::string& id, Config cfg, int ranks,
                     bool overwrite, http::status ok_status);

@@ -247,6 +247,15 @@ def test_paths_cannot_leave_the_runs_root(server, data, tmp):
     assert server.token not in r.text
     r = server.get("/runs/planted/report/..%2F..%2F.sae-serve%2Ftoken")
     assert r.status_code == 400 and server.token not in r.text
+    # The feature pages' directories below report/: a link planted as one is not followed,
+    # and no other directory is served.
+    os.symlink(os.path.join(server.root, ".sae-serve"), os.path.join(planted, "features"))
+    for path in ("features/token", "features/x/token", "features/"):
+        r = server.get(f"/runs/planted/report/{path}")
+        assert r.status_code == 404 and server.token not in r.text, path
+    r = server.get("/runs/planted/report/plots/a.svg")
+    assert r.status_code == 404 and "no such directory" in r.json()["error"]
+    assert server.get("/runs/planted/report/features/a/b/c").status_code == 404
     assert sorted(os.listdir(outside)) == ["report", "run.json"], "nothing written outside"
     assert os.listdir(os.path.join(outside, "report")) == ["index.html"]
 
@@ -654,3 +663,19 @@ def test_the_live_page_draws_the_curves_in_chromium(server, data, tmp):
     assert r.status_code == 200, r.text
     assert "page" in r.text and "<html" in r.text.lower()
     assert server.get("/runs/page/report/fvu.svg").status_code == 200
+    # With sae-features' output in the run, the report made again links the feature pages,
+    # which the server serves from report/features/<sae>/.
+    run_dir = os.path.join(server.root, "page")
+    subprocess.run([os.path.join(BIN, "sae-features"), os.path.join(run_dir, "sae", "topk-x4-k4")],
+                   check=True, capture_output=True, cwd=run_dir)
+    r = server.get("/runs/page/report/?refresh=1")
+    assert r.status_code == 200 and 'href="features/topk-x4-k4/index.html"' in r.text, r.text
+    r = server.get("/runs/page/report/features/topk-x4-k4/index.html")
+    assert r.status_code == 200 and "saeFeaturesSummary" in r.text
+    assert r.headers["content-type"].startswith("text/html")
+    r = server.get("/runs/page/report/features/topk-x4-k4/summary.js")
+    assert r.status_code == 200 and r.text.startswith("saeFeaturesSummary(")
+    assert r.headers["content-type"].startswith("text/javascript")
+    assert server.get("/runs/page/report/features/topk-x4-k4/").text == \
+        server.get("/runs/page/report/features/topk-x4-k4/index.html").text
+    assert "topk-x4-k4" in server.get("/runs/page/report/features/index.html").text
