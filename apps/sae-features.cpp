@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <future>
 #include <limits>
@@ -120,6 +121,10 @@ Setup set_up(const Args& a) {
     SAE_ENFORCE(s.data.d_model == s.sae.w.d_model,
                 "{}: the SAE reads d_model {} but dataset '{}' of {} holds rows of {} values",
                 s.sae.path, s.sae.w.d_model, dataset, path, s.data.d_model);
+    SAE_ENFORCE(a.context <= a.batch_rows,
+                "--context {} is more than --batch-rows {}: a window must fit in the batches "
+                "beside its row",
+                a.context, a.batch_rows);
     s.out = a.out.empty() ? default_out(s.sae) : a.out;
     SAE_ENFORCE(!s.out.empty(),
                 "{} is not in a run's sae/<id>/ directory: give --out DIR for features.h5",
@@ -167,24 +172,37 @@ int features_main(const Args& a, Communicator& world) {
         fmt::print("sae-features: {} ({}, {} latents) over {} rows of {} on {} rank(s), {}\n",
                    printable(s.sae.path), s.sae.meta.id, n, s.data.total_rows,
                    printable(s.data.source), ranks, be->name());
-    // The rows in chunks of whole batches, the next one read while this one is encoded. Chunks
-    // and batches start at multiples of their size in the dataset's rows, whatever the rank's
-    // range: a row is encoded in the same place of the same batch on any number of ranks.
-    const int64_t chunk =
-        std::max<int64_t>(1, (int64_t{32} << 20) / (d * 4) / a.batch_rows) * a.batch_rows;
-    const auto chunk_end = [&](int64_t begin) {
-        return std::min((begin / chunk + 1) * chunk, mine.end);
-    };
+    // The rows in chunks of whole batches, the next chunk read while this one is encoded. This
+    // rank encodes its own rows and the --context rows each side (their activations fill its
+    // top rows' windows), in the data set's batches [j B, (j + 1) B) (B = --batch-rows), the
+    // last one padded with zero rows: every row is encoded at the same place of a GEMM of the
+    // same shape on any number of ranks (OpenBLAS's kernels round a row by where it falls).
+    const int64_t B = a.batch_rows, W = a.context, total = s.data.total_rows;
+    const int64_t lo = mine.size() > 0 ? std::max<int64_t>(0, mine.begin - W) / B * B : 0;
+    const int64_t hi = mine.size() > 0 ? std::min(total, (mine.end + W + B - 1) / B * B) : 0;
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{32} << 20) / (d * 4) / B) * B;
+    const auto chunk_end = [&](int64_t begin) { return std::min((begin / chunk + 1) * chunk, hi); };
     auto read_chunk = [&](int64_t begin) { return read_rows(s.data, {begin, chunk_end(begin)}); };
-    FeatureStats stats(n, a.top);
+    FeatureStats stats(n, a.top, W);
+    // The batches encoded last (at most 3: a batch is counted once the next one is there, its
+    // rows' windows reaching into both neighbours).
+    std::deque<SparseRows> ring;
+    const ActivationAt at = [&](int64_t latent, int64_t row) {
+        for (const SparseRows& b : ring)
+            if (row >= b.first_row && row < b.first_row + b.rows()) return b.value(row, latent);
+        return 0.0f;  // outside the data set
+    };
+    const auto count = [&](const SparseRows& b) {
+        stats.add(b, mine.begin, mine.end, at, request.threads);
+    };
     std::vector<float> rows_wide, padded;
     std::future<std::vector<float>> next;
-    if (mine.size() > 0) next = std::async(std::launch::async, read_chunk, mine.begin);
+    if (lo < hi) next = std::async(std::launch::async, read_chunk, lo);
     auto last_print = Clock::now();
-    for (int64_t begin = mine.begin; begin < mine.end; begin = chunk_end(begin)) {
+    for (int64_t begin = lo; begin < hi; begin = chunk_end(begin)) {
         std::vector<float> x = next.get();
         const int64_t rows = chunk_end(begin) - begin;
-        if (chunk_end(begin) < mine.end)
+        if (chunk_end(begin) < hi)
             next = std::async(std::launch::async, read_chunk, chunk_end(begin));
         const float* feed = x.data();
         if (width != d) {
@@ -193,39 +211,35 @@ int features_main(const Args& a, Communicator& world) {
                 std::copy_n(x.data() + r * d, d, rows_wide.data() + r * width);
             feed = rows_wide.data();
         }
-        // The batches of the dataset's rows [j B, (j + 1) B) (B = batch_rows); one cut by the
-        // range's ends is padded with zero rows, its rows at their places, so that every row is
-        // encoded at the same place of a GEMM of the same shape on any number of ranks
-        // (OpenBLAS's kernels round a row by where it falls), and only its own rows count.
-        const int64_t B = a.batch_rows;
-        for (int64_t b0 = begin; b0 < begin + rows;) {
-            const int64_t b1 = std::min((b0 / B + 1) * B, begin + rows), at = b0 % B;
+        for (int64_t b0 = begin; b0 < begin + rows; b0 += B) {
+            const int64_t b = std::min(B, begin + rows - b0);
             const float* part = feed + (b0 - begin) * width;
-            if (b1 - b0 < B) {
+            if (b < B) {  // the data set's last batch
                 padded.assign(static_cast<size_t>(B * width), 0.0f);
-                std::copy_n(part, (b1 - b0) * width, padded.data() + at * width);
+                std::copy_n(part, b * width, padded.data());
                 part = padded.data();
             }
-            trainer.activations(BatchView(part), b1 - b0 < B ? B : b1 - b0, B,
+            trainer.activations(BatchView(part), B, B,
                                 [&](int64_t, int64_t, const HostActivations& act) {
-                                    stats.add(act, b1 - b0 < B ? at : 0, b1 - b0, b0,
-                                              request.threads);
+                                    ring.push_back(sparse_rows(act, 0, b, b0));
                                 });
-            b0 = b1;
+            if (ring.size() > 3) ring.pop_front();
+            if (ring.size() >= 2) count(ring[ring.size() - 2]);
         }
         if (rank == 0 && seconds_since(last_print) >= 5.0) {
             last_print = Clock::now();
-            const double done = static_cast<double>(begin + rows - mine.begin);
+            const double done = static_cast<double>(begin + rows - lo);
             fmt::print("sae-features: {:.0f}% of rank 0's rows ({} rows/s)\n",
-                       100.0 * done / static_cast<double>(mine.size()),
+                       100.0 * done / static_cast<double>(hi - lo),
                        short_count(done / seconds_since(t0)));
             std::fflush(stdout);
         }
     }
+    if (!ring.empty()) count(ring.back());
     const double pass_s = seconds_since(t0);
     stats.merge(world);
     FeaturesFile f;
-    stats.sorted_top(&f.top_rows, &f.top_acts);
+    stats.sorted_top(&f.top_rows, &f.top_acts, &f.top_window_acts);
     // Token windows: each rank fills those of its own top rows from its rows' token ids.
     f.context = a.context;
     std::string why;

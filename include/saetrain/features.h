@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "saetrain/evaluation.h"  // defines: HostActivations
@@ -28,15 +29,34 @@ std::vector<float> feature_hist_edges();
 // The bin of a non-zero activation v.
 int feature_hist_bin(float v);
 
+// A batch's non-zero activations row by row (compressed rows): row r's are idx/val
+// [start[r], start[r + 1]); its first row is global row first_row.
+struct SparseRows {
+    int64_t first_row = 0;
+    std::vector<int64_t> start = {0};
+    std::vector<int32_t> idx;
+    std::vector<float> val;
+    int64_t rows() const { return static_cast<int64_t>(start.size()) - 1; }
+    // Latent `latent`'s activation at global row `row` of this batch (0: it did not fire).
+    float value(int64_t row, int64_t latent) const;
+};
+// Rows [from, from + rows) of an inference pass's activations, the first global row first_row.
+SparseRows sparse_rows(const HostActivations& a, int64_t from, int64_t rows, int64_t first_row);
+
+// Latent `latent`'s activation at global row `row` (0 outside the data): what a top row's
+// window of activations is read from.
+using ActivationAt = std::function<float(int64_t latent, int64_t row)>;
+
 class FeatureStats {
 public:
-    // n latents, the `top` largest activations kept for each (>= 1).
-    FeatureStats(int64_t n, int64_t top);
+    // n latents, the `top` largest activations kept for each (>= 1), and with each its
+    // activations on the `window` rows before and after it (0: none kept).
+    FeatureStats(int64_t n, int64_t top, int64_t window = 0);
 
-    // Rows [from, from + rows) of a batch's activations, the first of them global row
-    // `first_row`: every non-zero activation counts as a firing. `threads`: OpenMP threads over
-    // latents (<= 0: OpenMP's default).
-    void add(const HostActivations& a, int64_t from, int64_t rows, int64_t first_row,
+    // Global rows [begin, end) of batch `b`: every non-zero activation counts as a firing.
+    // With a window, at(latent, row) must answer for every row within `window` rows of them.
+    // `threads`: OpenMP threads over latents (<= 0: OpenMP's default); `at` is called from them.
+    void add(const SparseRows& b, int64_t begin, int64_t end, const ActivationAt& at,
              int threads = 0);
     // Combines every rank's figures (collective over `comm`; every rank passes its own and
     // holds the totals afterwards).
@@ -50,22 +70,31 @@ public:
     // The largest activation of each latent (0 for a latent that never fired).
     std::vector<float> max_act() const;
     const std::vector<int64_t>& hist() const { return hist_; }  // [n, kHistBins]
+    int64_t window() const { return window_; }
     // [n, top]: each latent's rows in decreasing activation (ties: the lower row first), then
-    // -1 rows and 0 activations where it fired on fewer than `top` rows.
-    void sorted_top(std::vector<int64_t>* rows, std::vector<float>* acts) const;
+    // -1 rows and 0 activations where it fired on fewer than `top` rows; `windows` (may be
+    // null) [n, top, 2 window + 1]: the latent's activations on rows row - window .. row +
+    // window of each, 0 past its firings.
+    void sorted_top(std::vector<int64_t>* rows, std::vector<float>* acts,
+                    std::vector<float>* windows = nullptr) const;
 
 private:
     struct Entry {
         float act;
         int64_t row;
+        int32_t slot;  // where its window is in win_ (the latent's slots 0 .. top - 1)
     };
     // Whether a ranks before b: a larger activation, or the same one at a lower row.
     static bool before(const Entry& a, const Entry& b) {
         return a.act > b.act || (a.act == b.act && a.row < b.row);
     }
-    void offer(int64_t latent, float v, int64_t row);
+    // Counts v at row and keeps it when it ranks among the latent's best; its window from
+    // `at` (or `window`, when given: a merge's).
+    void offer(int64_t latent, float v, int64_t row, const ActivationAt* at,
+               const float* window = nullptr, bool count = true);
 
-    int64_t n_, top_, rows_ = 0;
+    int64_t n_, top_, window_, rows_ = 0;
+    std::vector<float> win_;  // [n, top, 2 window + 1] by slot
     std::vector<int64_t> fires_, hist_;
     std::vector<double> sum_;
     std::vector<float> max_;

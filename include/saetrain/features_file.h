@@ -12,6 +12,9 @@
 //   top_context_tokens [n, N, 2W + 1] i32  the token ids of each top row's window, the row at
 //                            index W, -1 outside its context or past its firings; only when
 //                            every shard carries token_ids and positions
+//   top_context_acts [n, N, 2W + 1] f32  the latent's activation on each row of the window (0
+//                            outside the data set or past its firings; rows of another context
+//                            are the rows the dataset holds there, as top_context_tokens marks)
 //   neighbours [n, M] i32, neighbour_cosine [n, M] f32  the latents whose decoder rows have the
 //                            largest cosine with its own, in decreasing cosine
 // Attributes: format ("saetrain-features 1"), sae, sae_id, arch, d_model, n_latents, rows,
@@ -35,6 +38,7 @@ struct FeaturesFile {
     std::vector<int64_t> top_rows;
     std::vector<float> top_acts;
     std::vector<int32_t> context_tokens;  // empty: none
+    std::vector<float> top_window_acts;   // [n, top, 2 context + 1]
     int64_t neighbours = 0;
     std::vector<int32_t> neighbour_idx;
     std::vector<float> neighbour_cos;

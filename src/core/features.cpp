@@ -29,60 +29,101 @@ int feature_hist_bin(float v) {
     return std::clamp(i, 0, kHistBins - 1);
 }
 
-FeatureStats::FeatureStats(int64_t n, int64_t top)
+float SparseRows::value(int64_t row, int64_t latent) const {
+    const int64_t r = row - first_row;
+    if (r < 0 || r >= rows()) return 0.0f;
+    for (int64_t j = start[static_cast<size_t>(r)]; j < start[static_cast<size_t>(r + 1)]; ++j)
+        if (idx[static_cast<size_t>(j)] == latent) return val[static_cast<size_t>(j)];
+    return 0.0f;
+}
+
+SparseRows sparse_rows(const HostActivations& a, int64_t from, int64_t rows, int64_t first_row) {
+    SparseRows b;
+    b.first_row = first_row;
+    b.start.reserve(static_cast<size_t>(rows + 1));
+    const int64_t per_row = a.per_row;
+    for (int64_t r = from; r < from + rows; ++r) {
+        const float* v = a.val.data() + r * per_row;
+        for (int64_t j = 0; j < per_row; ++j) {
+            if (v[j] == 0.0f) continue;
+            b.idx.push_back(a.dense ? static_cast<int32_t>(j)
+                                    : a.idx[static_cast<size_t>(r * per_row + j)]);
+            b.val.push_back(v[j]);
+        }
+        b.start.push_back(static_cast<int64_t>(b.idx.size()));
+    }
+    return b;
+}
+
+FeatureStats::FeatureStats(int64_t n, int64_t top, int64_t window)
     : n_(n),
       top_(top),
+      window_(window),
       fires_(static_cast<size_t>(n), 0),
       hist_(static_cast<size_t>(n * kHistBins), 0),
       sum_(static_cast<size_t>(n), 0.0),
       max_(static_cast<size_t>(n), -std::numeric_limits<float>::infinity()),
       heaps_(static_cast<size_t>(n * top)),
       heap_len_(static_cast<size_t>(n), 0) {
-    SAE_ENFORCE(n >= 1 && top >= 1, "FeatureStats: {} latents, top {}: both must be >= 1", n, top);
+    SAE_ENFORCE(n >= 1 && top >= 1 && window >= 0,
+                "FeatureStats: {} latents, top {}, window {}: need n, top >= 1, window >= 0", n,
+                top, window);
+    win_.assign(static_cast<size_t>(n * top * (2 * window + 1)), 0.0f);
 }
 
-void FeatureStats::offer(int64_t latent, float v, int64_t row) {
+void FeatureStats::offer(int64_t latent, float v, int64_t row, const ActivationAt* at,
+                         const float* window, bool count) {
     const auto i = static_cast<size_t>(latent);
-    ++fires_[i];
-    sum_[i] += v;
-    max_[i] = std::max(max_[i], v);
-    ++hist_[i * kHistBins + static_cast<size_t>(feature_hist_bin(v))];
+    if (count) {
+        ++fires_[i];
+        sum_[i] += v;
+        max_[i] = std::max(max_[i], v);
+        ++hist_[i * kHistBins + static_cast<size_t>(feature_hist_bin(v))];
+    }
     Entry* h = heaps_.data() + i * static_cast<size_t>(top_);
     int32_t& len = heap_len_[i];
     // A min-heap by `before`: its front is the worst kept entry.
     const auto worse_first = [](const Entry& a, const Entry& b) { return before(a, b); };
-    const Entry e{v, row};
+    Entry e{v, row, 0};
     if (len < top_) {
-        h[len++] = e;
-        std::push_heap(h, h + len, worse_first);
+        e.slot = len;
     } else if (before(e, h[0])) {
         std::pop_heap(h, h + len, worse_first);
-        h[len - 1] = e;
-        std::push_heap(h, h + len, worse_first);
+        e.slot = h[--len].slot;
+    } else {
+        return;
     }
+    const int64_t width = 2 * window_ + 1;
+    float* w = win_.data() + (static_cast<int64_t>(i) * top_ + e.slot) * width;
+    if (window != nullptr)
+        std::copy_n(window, width, w);
+    else if (window_ > 0)
+        for (int64_t o = -window_; o <= window_; ++o)
+            w[o + window_] = o == 0 ? v : (*at)(latent, row + o);
+    else
+        w[0] = v;
+    h[len++] = e;
+    std::push_heap(h, h + len, worse_first);
 }
 
-void FeatureStats::add(const HostActivations& a, int64_t from, int64_t rows, int64_t first_row,
+void FeatureStats::add(const SparseRows& b, int64_t begin, int64_t end, const ActivationAt& at,
                        int threads) {
-    rows_ += rows;
-    const int64_t per_row = a.per_row;
-    if (per_row == 0 || rows == 0) return;
+    begin = std::max(begin, b.first_row);
+    end = std::min(end, b.first_row + b.rows());
+    if (end <= begin) return;
+    rows_ += end - begin;
     const int t = threads > 0 ? threads : omp_get_max_threads();
     // Each thread owns a contiguous block of latents: no two write one latent's figures.
 #pragma omp parallel num_threads(t)
     {
         const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
         const int64_t lo = n_ * me / nt, hi = n_ * (me + 1) / nt;
-        for (int64_t r = 0; r < rows; ++r) {
-            const float* v = a.val.data() + (from + r) * per_row;
-            if (a.dense) {
-                for (int64_t j = lo; j < hi; ++j)
-                    if (v[j] != 0.0f) offer(j, v[j], first_row + r);
-            } else {
-                const int32_t* idx = a.idx.data() + (from + r) * per_row;
-                for (int64_t j = 0; j < per_row; ++j)
-                    if (v[j] != 0.0f && idx[j] >= lo && idx[j] < hi)
-                        offer(idx[j], v[j], first_row + r);
+        for (int64_t row = begin; row < end; ++row) {
+            const auto r = static_cast<size_t>(row - b.first_row);
+            for (int64_t j = b.start[r]; j < b.start[r + 1]; ++j) {
+                const int32_t latent = b.idx[static_cast<size_t>(j)];
+                if (latent >= lo && latent < hi)
+                    offer(latent, b.val[static_cast<size_t>(j)], row, &at);
             }
         }
     }
@@ -136,34 +177,26 @@ void FeatureStats::merge(Communicator& comm) {
         max_[static_cast<size_t>(i)] = from_ordered_bits(mx[static_cast<size_t>(i)]);
     // The top lists: every rank's, gathered, and each latent's best `top` of them kept.
     std::vector<int64_t> rows;
-    std::vector<float> acts;
-    sorted_top(&rows, &acts);
-    const size_t count = rows.size();
+    std::vector<float> acts, windows;
+    sorted_top(&rows, &acts, &windows);
+    const size_t count = rows.size(), width = static_cast<size_t>(2 * window_ + 1);
     std::vector<int64_t> all_rows(count * static_cast<size_t>(world));
     std::vector<float> all_acts(count * static_cast<size_t>(world));
+    std::vector<float> all_windows(count * width * static_cast<size_t>(world));
     comm.allgather(rows.data(), all_rows.data(), static_cast<int64_t>(count * sizeof(int64_t)));
     comm.allgather(acts.data(), all_acts.data(), static_cast<int64_t>(count * sizeof(float)));
+    comm.allgather(windows.data(), all_windows.data(),
+                   static_cast<int64_t>(count * width * sizeof(float)));
     std::fill(heap_len_.begin(), heap_len_.end(), 0);
-    const auto worse_first = [](const Entry& a, const Entry& b) { return before(a, b); };
-    for (int64_t i = 0; i < n_; ++i) {
-        Entry* h = heaps_.data() + i * top_;
-        int32_t& len = heap_len_[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < n_; ++i)
         for (int r = 0; r < world; ++r)
             for (int64_t j = 0; j < top_; ++j) {
                 const size_t at =
                     static_cast<size_t>(r) * count + static_cast<size_t>(i * top_ + j);
                 if (all_rows[at] < 0) break;
-                const Entry e{all_acts[at], all_rows[at]};
-                if (len < top_) {
-                    h[len++] = e;
-                    std::push_heap(h, h + len, worse_first);
-                } else if (before(e, h[0])) {
-                    std::pop_heap(h, h + len, worse_first);
-                    h[len - 1] = e;
-                    std::push_heap(h, h + len, worse_first);
-                }
+                offer(i, all_acts[at], all_rows[at], nullptr, all_windows.data() + at * width,
+                      false);
             }
-    }
 }
 
 std::vector<float> FeatureStats::max_act() const {
@@ -173,17 +206,24 @@ std::vector<float> FeatureStats::max_act() const {
     return out;
 }
 
-void FeatureStats::sorted_top(std::vector<int64_t>* rows, std::vector<float>* acts) const {
+void FeatureStats::sorted_top(std::vector<int64_t>* rows, std::vector<float>* acts,
+                              std::vector<float>* windows) const {
+    const int64_t width = 2 * window_ + 1;
     rows->assign(static_cast<size_t>(n_ * top_), -1);
     acts->assign(static_cast<size_t>(n_ * top_), 0.0f);
+    if (windows) windows->assign(static_cast<size_t>(n_ * top_ * width), 0.0f);
     std::vector<Entry> e;
     for (int64_t i = 0; i < n_; ++i) {
         const Entry* h = heaps_.data() + i * top_;
         e.assign(h, h + heap_len_[static_cast<size_t>(i)]);
         std::sort(e.begin(), e.end(), before);
         for (size_t j = 0; j < e.size(); ++j) {
-            (*rows)[static_cast<size_t>(i * top_) + j] = e[j].row;
-            (*acts)[static_cast<size_t>(i * top_) + j] = e[j].act;
+            const size_t at = static_cast<size_t>(i * top_) + j;
+            (*rows)[at] = e[j].row;
+            (*acts)[at] = e[j].act;
+            if (windows)
+                std::copy_n(win_.data() + (i * top_ + e[j].slot) * width, width,
+                            windows->data() + static_cast<int64_t>(at) * width);
         }
     }
 }

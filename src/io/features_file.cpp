@@ -47,6 +47,9 @@ void write_file(const std::string& path, const FeaturesFile& f) {
     if (!f.context_tokens.empty())
         write_typed(h, "top_context_tokens", H5T_STD_I32LE, H5T_NATIVE_INT32,
                     f.context_tokens.data(), {n, top, static_cast<hsize_t>(2 * f.context + 1)});
+    if (!f.top_window_acts.empty())
+        h5::write_f32(h, "top_context_acts", f.top_window_acts.data(),
+                      {n, top, static_cast<hsize_t>(2 * f.context + 1)});
     if (f.neighbours > 0) {
         const auto m = static_cast<hsize_t>(f.neighbours);
         write_typed(h, "neighbours", H5T_STD_I32LE, H5T_NATIVE_INT32, f.neighbour_idx.data(),

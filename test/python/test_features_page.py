@@ -5,8 +5,8 @@ writes RUN/features/<id>/features.h5, and sae-report writes report/features/. Th
 checks, in Chromium and against features.h5:
 - the run's report links the feature page, and the page lists every latent, sorted by frequency
   (and by max activation when asked), 100 a page;
-- a click on a latent shows its top rows, activations and token windows and its neighbours, as
-  the file holds them; #latent=ID opens one directly;
+- a click on a latent shows its top rows, activations and token windows (each token with the
+  latent's activation on it) and its neighbours, as the file holds them; #latent=ID opens one;
 - tokens shown as text from the vocab.json beside the shards; a search by latent id, by token
   id and by token text (latents whose top rows are that token) lists exactly the latents the
   file says; dead latents are listed;
@@ -73,6 +73,8 @@ DETAIL = """(() => {
           tokens: [...d.querySelectorAll('#top tr[data-row]')].map((tr) =>
             [...tr.querySelectorAll('.tok')].map((s) => s.textContent)),
           here: [...d.querySelectorAll('#top .tok.here')].map((s) => s.textContent),
+          shade: [...d.querySelectorAll('#top tr[data-row]')].map((tr) =>
+            [...tr.querySelectorAll('.tok')].map((s) => Number(s.dataset.act))),
           neighbours: [...d.querySelectorAll('#neighbours a.lat')].map((a) => Number(a.dataset.latent)),
           bars: [...d.querySelectorAll('#hist rect')].map((r) => Number(r.dataset.count)),
           no_text: d.querySelector('#no-text')?.textContent ?? null};
@@ -106,6 +108,7 @@ def test_the_page_lists_sorts_opens_and_searches_latents(tmp_path, browser):
     want = [["\u00b7" if t < 0 else f"w{t}" for t in w] for w in h["top_context_tokens"][latent][:k]]
     assert d["tokens"] == want
     assert d["here"] == [f"w{t}" for t in h["top_context_tokens"][latent][:k, 3]]
+    assert np.allclose(d["shade"], h["top_context_acts"][latent][:k], rtol=1e-3)
     assert d["neighbours"] == h["neighbours"][latent].tolist()
     assert d["bars"] == h["hist"][latent].tolist() and d["no_text"] is None
     # #latent=ID opens one directly; a neighbour's link opens the neighbour.

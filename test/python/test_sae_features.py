@@ -8,7 +8,8 @@ tie, and the reference's top rows, counts and histograms must be equal, not clos
 - a TopK SAE (sparse activations) and a ReLU SAE (dense) trained in one sweep, then read on 1,
   2 and 3 ranks: frequency, fire counts, mean and max activation, histogram, top rows and
   activations (ties: the lower row first), token windows bounded by their contexts (contexts
-  cross shard and rank boundaries), decoder neighbours; the ranks' files equal;
+  cross shard and rank boundaries) and the latent's activations on them, decoder neighbours;
+  the ranks' files equal;
 - shards without token_ids: every statistic and top row, no windows, the reason in the file;
 - refusals: an SAE whose d_model differs from the data's, an SAE outside a run without --out.
 
@@ -113,6 +114,15 @@ def reference(x, w, arch, tokens, positions, edges):
         top_rows[i, :len(order)] = r[order]
         top_acts[i, :len(order)] = z[r[order], i]
     ref["top_rows"], ref["top_acts"] = top_rows, top_acts
+    # The latent's activations on each top row's window (0 outside the data and past firings).
+    wacts = np.zeros((N, TOP, 2 * CONTEXT + 1), np.float32)
+    for i in range(N):
+        for j, r in enumerate(top_rows[i]):
+            if r >= 0:
+                for o in range(-CONTEXT, CONTEXT + 1):
+                    if 0 <= r + o < len(x):
+                        wacts[i, j, o + CONTEXT] = z[r + o, i]
+    ref["top_context_acts"] = wacts
     if tokens is not None:
         ctx = np.concatenate([[0], np.cumsum(positions[1:] <= positions[:-1])])
         win = np.full((N, TOP, 2 * CONTEXT + 1), -1, np.int32)
@@ -177,8 +187,10 @@ def test_features_equal_the_numpy_reference_on_1_2_and_3_ranks(trained, arch):
     edges = got["hist_edges"]
     assert np.allclose(edges, 10.0 ** (np.arange(81) / 10 - 4), rtol=1e-6)
     ref = reference(x, w, arch, tokens, positions, edges)
-    for key in ("fire_count", "max_act", "hist", "top_rows", "top_acts", "top_context_tokens"):
+    for key in ("fire_count", "max_act", "hist", "top_rows", "top_acts", "top_context_tokens",
+                "top_context_acts"):
         assert np.array_equal(got[key], ref[key]), key
+    assert np.array_equal(got["top_context_acts"][:, :, CONTEXT], got["top_acts"])
     assert np.allclose(got["frequency"], ref["frequency"], rtol=0, atol=1e-15)
     assert np.allclose(got["mean_act"], ref["mean_act"], rtol=1e-6)
     assert got["hist"].sum(1).tolist() == ref["fire_count"].tolist()
@@ -238,7 +250,7 @@ def test_shards_without_token_ids_get_every_statistic_and_no_windows(trained):
     assert "top_context_tokens" not in got
     assert attrs["contexts"].startswith("none: ") and "token_ids" in attrs["contexts"]
     ref = reference(x, w, "topk", None, None, got["hist_edges"])
-    for key in ("fire_count", "max_act", "hist", "top_rows", "top_acts"):
+    for key in ("fire_count", "max_act", "hist", "top_rows", "top_acts", "top_context_acts"):
         assert np.array_equal(got[key], ref[key]), key
 
 
@@ -252,6 +264,9 @@ def test_refusals_are_one_line(trained):
     assert r.returncode == 1
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("sae-features: error:")]
     assert len(lines) == 1 and "d_model 16" in lines[0] and "rows of 8 values" in lines[0], r.stderr
+    r = _run([os.path.join(BIN, "sae-features"), sae_dir, "--out", tmp / "x", "--context", 40,
+              "--batch-rows", 32], ok=False)
+    assert r.returncode == 1 and "--context 40 is more than --batch-rows 32" in r.stderr, r.stderr
     loose = tmp / "loose.h5"
     shutil.copy(sae_dir / "final.h5", loose)
     r = _run([os.path.join(BIN, "sae-features"), loose], ok=False)

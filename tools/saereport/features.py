@@ -79,6 +79,7 @@ def write_feature_set(h5py, sae_id, path, out):
         rows, acts = f["top_rows"][()], f["top_acts"][()]
         hist, edges = f["hist"][()], f["hist_edges"][()]
         ctx = f["top_context_tokens"][()] if "top_context_tokens" in f else None
+        cacts = f["top_context_acts"][()] if "top_context_acts" in f else None
         nb = f["neighbours"][()] if "neighbours" in f else None
         nbc = f["neighbour_cosine"][()] if "neighbour_cosine" in f else None
     context = int(a["context"])
@@ -101,6 +102,7 @@ def write_feature_set(h5py, sae_id, path, out):
                 "hist": hist[i].tolist(),
                 "rows": rows[i, :k].tolist(), "acts": _rounded(acts[i, :k]),
                 "ctx": ctx[i, :k].tolist() if ctx is not None else None,
+                "cacts": [_rounded(w, 4) for w in cacts[i, :k]] if cacts is not None else None,
                 "nb": nb[i].tolist() if nb is not None else [],
                 "nbc": _rounded(nbc[i], 4) if nbc is not None else []})
         with out.open(f"detail-{c0 // CHUNK:05d}.js", "w", encoding="utf-8") as f:
@@ -292,8 +294,8 @@ function drawDetail(i) {
     if (!L.ctx) d.append(el("p", {class: "meta", id: "no-text"}, "No token windows: " +
       S.contexts.replace(/^none: /, "") + "."));
     else d.append(el("p", {class: "meta"}, (S.vocab ? "Tokens" : "Token ids (no vocab.json " +
-      "beside the data)") + "; the row itself outlined and shaded by its activation over the " +
-      "latent's max."));
+      "beside the data)") + ", each shaded by the latent's activation on it over its largest; " +
+      "the top row's own token outlined."));
     const t = el("table", {id: "top"});
     t.append(el("tr", {}, ""));
     t.firstChild.append(el("th", {}, "row"), el("th", {}, "activation"),
@@ -304,9 +306,12 @@ function drawDetail(i) {
       const cell = el("td", {class: "ctx"});
       if (L.ctx) L.ctx[k].forEach((tok, o) => {
         const here = o === S.context;
+        const v = L.cacts ? L.cacts[k][o] : (here ? L.acts[k] : 0);
         const s = el("span", {class: "tok" + (here ? " here" : "") + (tok < 0 ? " gone" : ""),
-                              "data-token": tok}, tok < 0 ? "\u00b7" : tokText(tok));
-        if (here) s.style.background = "rgba(255,140,0," + (L.acts[k] / S.max[i]).toFixed(3) + ")";
+                              "data-token": tok, "data-act": v, title: "activation " + num(v)},
+                     tok < 0 ? "\u00b7" : tokText(tok));
+        if (tok >= 0 && v > 0)
+          s.style.background = "rgba(255,140,0," + Math.min(1, v / S.max[i]).toFixed(3) + ")";
         cell.append(s);
       });
       tr.append(cell); t.append(tr);
