@@ -43,7 +43,7 @@ namespace {
 
 struct Args {
     std::string sae, data, dataset, out, backend = "auto";
-    int64_t top = 20, context = 8, neighbours = 8, batch_rows = 4096;
+    int64_t top = 20, samples = 20, context = 8, neighbours = 8, batch_rows = 4096;
     int threads = 0;
 };
 
@@ -183,7 +183,7 @@ int features_main(const Args& a, Communicator& world) {
     const int64_t chunk = std::max<int64_t>(1, (int64_t{32} << 20) / (d * 4) / B) * B;
     const auto chunk_end = [&](int64_t begin) { return std::min((begin / chunk + 1) * chunk, hi); };
     auto read_chunk = [&](int64_t begin) { return read_rows(s.data, {begin, chunk_end(begin)}); };
-    FeatureStats stats(n, a.top, W);
+    FeatureStats stats(n, a.top, W, a.samples);
     // The batches encoded last (at most 3: a batch is counted once the next one is there, its
     // rows' windows reaching into both neighbours).
     std::deque<SparseRows> ring;
@@ -240,6 +240,7 @@ int features_main(const Args& a, Communicator& world) {
     stats.merge(world);
     FeaturesFile f;
     stats.sorted_top(&f.top_rows, &f.top_acts, &f.top_window_acts);
+    stats.sorted_sample(&f.sample_rows, &f.sample_acts, &f.sample_window_acts);
     // Token windows: each rank fills those of its own top rows from its rows' token ids.
     f.context = a.context;
     std::string why;
@@ -252,12 +253,15 @@ int features_main(const Args& a, Communicator& world) {
     std::vector<int64_t> lacks = {-have};      // -1 after the max: no rank lacks them
     world.allreduce_max(lacks.data(), 1);
     if (lacks[0] == -1) {
-        fill_context_windows(f.top_rows, a.context, mine.begin, mine.end, span.begin, tokens,
-                             positions, &f.context_tokens);
-        // Every rank's windows into rank 0's: -1 where a rank has none to give.
-        std::vector<int64_t> wide(f.context_tokens.begin(), f.context_tokens.end());
-        world.allreduce_max(wide.data(), static_cast<int64_t>(wide.size()));
-        f.context_tokens.assign(wide.begin(), wide.end());
+        for (auto [rows, out] : {std::pair{&f.top_rows, &f.context_tokens},
+                                 std::pair{&f.sample_rows, &f.sample_context_tokens}}) {
+            fill_context_windows(*rows, a.context, mine.begin, mine.end, span.begin, tokens,
+                                 positions, out);
+            // Every rank's windows into rank 0's: -1 where a rank has none to give.
+            std::vector<int64_t> wide(out->begin(), out->end());
+            world.allreduce_max(wide.data(), static_cast<int64_t>(wide.size()));
+            out->assign(wide.begin(), wide.end());
+        }
         f.contexts = "token_ids";
     } else {
         // Some rank's shards lack them: which, said by the lowest such rank to rank 0.
@@ -314,6 +318,9 @@ int main(int argc, char** argv) {
                    "directory for features.h5 (default: RUN/features/<id> for a run's SAE)");
     app.add_option("--top", a.top, "rows kept per latent, largest activations first")
         ->check(CLI::Range(int64_t{1}, int64_t{10000}));
+    app.add_option("--samples", a.samples,
+                   "rows kept per latent from a uniform sample of its firings (0: none)")
+        ->check(CLI::Range(int64_t{0}, int64_t{10000}));
     app.add_option("--context", a.context, "token window: rows each side of a top row")
         ->check(CLI::Range(int64_t{0}, int64_t{1000}));
     app.add_option("--neighbours", a.neighbours, "nearest latents by decoder cosine")

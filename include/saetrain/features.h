@@ -47,11 +47,55 @@ SparseRows sparse_rows(const HostActivations& a, int64_t from, int64_t rows, int
 // window of activations is read from.
 using ActivationAt = std::function<float(int64_t latent, int64_t row)>;
 
+// Per group (a latent), the `cap` rows of smallest key (ties: the lower row), each with its
+// activation and a window of 2 w + 1 values: FeatureStats' top rows (key: the activation,
+// largest first) and its sample (key: a hash of latent and row, so a uniform sample of the
+// latent's firings that any split of the rows over ranks keeps alike).
+class RowKeeper {
+public:
+    RowKeeper(int64_t groups, int64_t cap, int64_t window);
+    // Whether (key, row) would be kept now; then keep() it.
+    bool wants(int64_t g, uint64_t key, int64_t row) const;
+    void keep(int64_t g, uint64_t key, int64_t row, float act, const float* window);
+    // Another keeper's rows (every rank's, on merge) offered again.
+    void offer_all(const std::vector<uint64_t>& keys, const std::vector<int64_t>& rows,
+                   const std::vector<float>& acts, const std::vector<float>& windows);
+    // [groups, cap] each group's rows sorted by key (then -1 rows, 0 values), their keys,
+    // activations and windows [groups, cap, 2 w + 1].
+    void sorted(std::vector<uint64_t>* keys, std::vector<int64_t>* rows, std::vector<float>* acts,
+                std::vector<float>* windows) const;
+    // The same rows, reordered by decreasing activation (ties: the lower row first).
+    void by_activation(std::vector<int64_t>* rows, std::vector<float>* acts,
+                       std::vector<float>* windows) const;
+    int64_t cap() const { return cap_; }
+    int64_t width() const { return 2 * window_ + 1; }
+
+private:
+    struct Entry {
+        uint64_t key;
+        int64_t row;
+        float act;
+        int32_t slot;  // where its window is in win_ (the group's slots 0 .. cap - 1)
+    };
+    static bool before(const Entry& a, const Entry& b) {
+        return a.key < b.key || (a.key == b.key && a.row < b.row);
+    }
+    int64_t groups_, cap_, window_;
+    std::vector<Entry> heaps_;  // [groups, cap]: a max-heap (by before) of each group's
+    std::vector<int32_t> len_;  // [groups]
+    std::vector<float> win_;    // [groups, cap, 2 w + 1] by slot
+};
+
+// The sample's key of latent i at row r: splitmix64's finalizer of a mix of both, the same on
+// every rank (test/python/test_sae_features.py computes it too).
+uint64_t feature_sample_key(int64_t latent, int64_t row);
+
 class FeatureStats {
 public:
-    // n latents, the `top` largest activations kept for each (>= 1), and with each its
-    // activations on the `window` rows before and after it (0: none kept).
-    FeatureStats(int64_t n, int64_t top, int64_t window = 0);
+    // n latents; the `top` largest activations kept for each (>= 1) and a uniform sample of
+    // `samples` of its firings (>= 0), each with its activations on the `window` rows before
+    // and after it.
+    FeatureStats(int64_t n, int64_t top, int64_t window = 0, int64_t samples = 0);
 
     // Global rows [begin, end) of batch `b`: every non-zero activation counts as a firing.
     // With a window, at(latent, row) must answer for every row within `window` rows of them.
@@ -63,7 +107,8 @@ public:
     void merge(Communicator& comm);
 
     int64_t n() const { return n_; }
-    int64_t top() const { return top_; }
+    int64_t top() const { return top_.cap(); }
+    int64_t samples() const { return sample_.cap(); }
     int64_t rows() const { return rows_; }  // rows added (after merge: every rank's)
     const std::vector<int64_t>& fire_count() const { return fires_; }
     const std::vector<double>& sum_act() const { return sum_; }
@@ -77,29 +122,16 @@ public:
     // window of each, 0 past its firings.
     void sorted_top(std::vector<int64_t>* rows, std::vector<float>* acts,
                     std::vector<float>* windows = nullptr) const;
+    // The same of the sample [n, samples]: the sampled rows in decreasing activation.
+    void sorted_sample(std::vector<int64_t>* rows, std::vector<float>* acts,
+                       std::vector<float>* windows) const;
 
 private:
-    struct Entry {
-        float act;
-        int64_t row;
-        int32_t slot;  // where its window is in win_ (the latent's slots 0 .. top - 1)
-    };
-    // Whether a ranks before b: a larger activation, or the same one at a lower row.
-    static bool before(const Entry& a, const Entry& b) {
-        return a.act > b.act || (a.act == b.act && a.row < b.row);
-    }
-    // Counts v at row and keeps it when it ranks among the latent's best; its window from
-    // `at` (or `window`, when given: a merge's).
-    void offer(int64_t latent, float v, int64_t row, const ActivationAt* at,
-               const float* window = nullptr, bool count = true);
-
-    int64_t n_, top_, window_, rows_ = 0;
-    std::vector<float> win_;  // [n, top, 2 window + 1] by slot
+    int64_t n_, window_, rows_ = 0;
+    RowKeeper top_, sample_;
     std::vector<int64_t> fires_, hist_;
     std::vector<double> sum_;
     std::vector<float> max_;
-    std::vector<Entry> heaps_;       // [n, top]: a min-heap (by before) of each latent's best
-    std::vector<int32_t> heap_len_;  // [n]
 };
 
 // For each of the n latents, the `m` others whose decoder rows (W_dec [n, d], row-major, host

@@ -15,6 +15,10 @@
 //   top_context_acts [n, N, 2W + 1] f32  the latent's activation on each row of the window (0
 //                            outside the data set or past its firings; rows of another context
 //                            are the rows the dataset holds there, as top_context_tokens marks)
+//   sample_rows [n, S] i64, sample_acts [n, S] f32, sample_context_tokens [n, S, 2W + 1] i32,
+//   sample_context_acts [n, S, 2W + 1] f32  the same of a uniform sample of S of its firings
+//                            (the S of smallest feature_sample_key), in decreasing activation:
+//                            examples from across its activations, not only its largest
 //   neighbours [n, M] i32, neighbour_cosine [n, M] f32  the latents whose decoder rows have the
 //                            largest cosine with its own, in decreasing cosine
 // Attributes: format ("saetrain-features 1"), sae, sae_id, arch, d_model, n_latents, rows,
@@ -39,6 +43,10 @@ struct FeaturesFile {
     std::vector<float> top_acts;
     std::vector<int32_t> context_tokens;  // empty: none
     std::vector<float> top_window_acts;   // [n, top, 2 context + 1]
+    // The uniform sample of each latent's firings, in decreasing activation: as the top rows.
+    std::vector<int64_t> sample_rows;
+    std::vector<float> sample_acts, sample_window_acts;
+    std::vector<int32_t> sample_context_tokens;
     int64_t neighbours = 0;
     std::vector<int32_t> neighbour_idx;
     std::vector<float> neighbour_cos;

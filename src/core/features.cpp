@@ -55,55 +55,130 @@ SparseRows sparse_rows(const HostActivations& a, int64_t from, int64_t rows, int
     return b;
 }
 
-FeatureStats::FeatureStats(int64_t n, int64_t top, int64_t window)
-    : n_(n),
-      top_(top),
+RowKeeper::RowKeeper(int64_t groups, int64_t cap, int64_t window)
+    : groups_(groups),
+      cap_(cap),
       window_(window),
+      heaps_(static_cast<size_t>(groups * cap)),
+      len_(static_cast<size_t>(groups), 0),
+      win_(static_cast<size_t>(groups * cap * (2 * window + 1)), 0.0f) {}
+
+bool RowKeeper::wants(int64_t g, uint64_t key, int64_t row) const {
+    if (cap_ == 0) return false;
+    const int32_t len = len_[static_cast<size_t>(g)];
+    return len < cap_ || before(Entry{key, row, 0.0f, 0}, heaps_[static_cast<size_t>(g * cap_)]);
+}
+
+void RowKeeper::keep(int64_t g, uint64_t key, int64_t row, float act, const float* window) {
+    Entry* h = heaps_.data() + g * cap_;
+    int32_t& len = len_[static_cast<size_t>(g)];
+    // A max-heap by `before`: its front is the worst entry kept.
+    Entry e{key, row, act, len};
+    if (len == cap_) {
+        std::pop_heap(h, h + len, before);
+        e.slot = h[--len].slot;
+    }
+    std::copy_n(window, width(), win_.data() + (g * cap_ + e.slot) * width());
+    h[len++] = e;
+    std::push_heap(h, h + len, before);
+}
+
+void RowKeeper::sorted(std::vector<uint64_t>* keys, std::vector<int64_t>* rows,
+                       std::vector<float>* acts, std::vector<float>* windows) const {
+    const int64_t w = width();
+    keys->assign(static_cast<size_t>(groups_ * cap_), 0);
+    rows->assign(static_cast<size_t>(groups_ * cap_), -1);
+    acts->assign(static_cast<size_t>(groups_ * cap_), 0.0f);
+    windows->assign(static_cast<size_t>(groups_ * cap_ * w), 0.0f);
+    std::vector<Entry> e;
+    for (int64_t g = 0; g < groups_; ++g) {
+        const Entry* h = heaps_.data() + g * cap_;
+        e.assign(h, h + len_[static_cast<size_t>(g)]);
+        std::sort(e.begin(), e.end(), before);
+        for (size_t j = 0; j < e.size(); ++j) {
+            const auto at = static_cast<size_t>(g * cap_) + j;
+            (*keys)[at] = e[j].key, (*rows)[at] = e[j].row, (*acts)[at] = e[j].act;
+            std::copy_n(win_.data() + (g * cap_ + e[j].slot) * w, w,
+                        windows->data() + static_cast<int64_t>(at) * w);
+        }
+    }
+}
+
+void RowKeeper::by_activation(std::vector<int64_t>* rows, std::vector<float>* acts,
+                              std::vector<float>* windows) const {
+    std::vector<uint64_t> keys;
+    std::vector<int64_t> r;
+    std::vector<float> a, w;
+    sorted(&keys, &r, &a, &w);
+    const int64_t width = this->width();
+    rows->assign(r.size(), -1), acts->assign(a.size(), 0.0f), windows->assign(w.size(), 0.0f);
+    std::vector<int64_t> order;
+    for (int64_t g = 0; g < groups_; ++g) {
+        order.clear();
+        for (int64_t j = 0; j < cap_ && r[static_cast<size_t>(g * cap_ + j)] >= 0; ++j)
+            order.push_back(g * cap_ + j);
+        std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+            const float ax = a[static_cast<size_t>(x)], ay = a[static_cast<size_t>(y)];
+            return ax > ay || (ax == ay && r[static_cast<size_t>(x)] < r[static_cast<size_t>(y)]);
+        });
+        for (size_t j = 0; j < order.size(); ++j) {
+            const auto to = static_cast<size_t>(g * cap_) + j;
+            const auto from = static_cast<size_t>(order[j]);
+            (*rows)[to] = r[from], (*acts)[to] = a[from];
+            std::copy_n(w.data() + static_cast<int64_t>(from) * width, width,
+                        windows->data() + static_cast<int64_t>(to) * width);
+        }
+    }
+}
+
+void RowKeeper::offer_all(const std::vector<uint64_t>& keys, const std::vector<int64_t>& rows,
+                          const std::vector<float>& acts, const std::vector<float>& windows) {
+    const size_t per = static_cast<size_t>(groups_ * cap_);
+    for (size_t part = 0; part * per < rows.size(); ++part)
+        for (int64_t g = 0; g < groups_; ++g)
+            for (int64_t j = 0; j < cap_; ++j) {
+                const size_t at = part * per + static_cast<size_t>(g * cap_ + j);
+                if (rows[at] < 0) break;
+                if (wants(g, keys[at], rows[at]))
+                    keep(g, keys[at], rows[at], acts[at],
+                         windows.data() + static_cast<int64_t>(at) * width());
+            }
+}
+
+uint64_t feature_sample_key(int64_t latent, int64_t row) {
+    // splitmix64 of the pair: uniform over rows for each latent, independent across latents.
+    uint64_t z = static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull +
+                 static_cast<uint64_t>(latent) * 0xD1B54A32D192ED03ull + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+namespace {
+
+// The top rows' key: the larger the activation, the smaller the key (IEEE-754's order as
+// unsigned bits, inverted).
+uint64_t top_key(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof(b));
+    const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return static_cast<uint64_t>(0xFFFFFFFFu - ordered);
+}
+
+}  // namespace
+
+FeatureStats::FeatureStats(int64_t n, int64_t top, int64_t window, int64_t samples)
+    : n_(n),
+      window_(window),
+      top_(n, top, window),
+      sample_(n, samples, window),
       fires_(static_cast<size_t>(n), 0),
       hist_(static_cast<size_t>(n * kHistBins), 0),
       sum_(static_cast<size_t>(n), 0.0),
-      max_(static_cast<size_t>(n), -std::numeric_limits<float>::infinity()),
-      heaps_(static_cast<size_t>(n * top)),
-      heap_len_(static_cast<size_t>(n), 0) {
-    SAE_ENFORCE(n >= 1 && top >= 1 && window >= 0,
-                "FeatureStats: {} latents, top {}, window {}: need n, top >= 1, window >= 0", n,
-                top, window);
-    win_.assign(static_cast<size_t>(n * top * (2 * window + 1)), 0.0f);
-}
-
-void FeatureStats::offer(int64_t latent, float v, int64_t row, const ActivationAt* at,
-                         const float* window, bool count) {
-    const auto i = static_cast<size_t>(latent);
-    if (count) {
-        ++fires_[i];
-        sum_[i] += v;
-        max_[i] = std::max(max_[i], v);
-        ++hist_[i * kHistBins + static_cast<size_t>(feature_hist_bin(v))];
-    }
-    Entry* h = heaps_.data() + i * static_cast<size_t>(top_);
-    int32_t& len = heap_len_[i];
-    // A min-heap by `before`: its front is the worst kept entry.
-    const auto worse_first = [](const Entry& a, const Entry& b) { return before(a, b); };
-    Entry e{v, row, 0};
-    if (len < top_) {
-        e.slot = len;
-    } else if (before(e, h[0])) {
-        std::pop_heap(h, h + len, worse_first);
-        e.slot = h[--len].slot;
-    } else {
-        return;
-    }
-    const int64_t width = 2 * window_ + 1;
-    float* w = win_.data() + (static_cast<int64_t>(i) * top_ + e.slot) * width;
-    if (window != nullptr)
-        std::copy_n(window, width, w);
-    else if (window_ > 0)
-        for (int64_t o = -window_; o <= window_; ++o)
-            w[o + window_] = o == 0 ? v : (*at)(latent, row + o);
-    else
-        w[0] = v;
-    h[len++] = e;
-    std::push_heap(h, h + len, worse_first);
+      max_(static_cast<size_t>(n), -std::numeric_limits<float>::infinity()) {
+    SAE_ENFORCE(n >= 1 && top >= 1 && window >= 0 && samples >= 0,
+                "FeatureStats: {} latents, top {}, window {}, samples {}: need n, top >= 1", n, top,
+                window, samples);
 }
 
 void FeatureStats::add(const SparseRows& b, int64_t begin, int64_t end, const ActivationAt& at,
@@ -113,17 +188,34 @@ void FeatureStats::add(const SparseRows& b, int64_t begin, int64_t end, const Ac
     if (end <= begin) return;
     rows_ += end - begin;
     const int t = threads > 0 ? threads : omp_get_max_threads();
+    const int64_t width = 2 * window_ + 1;
     // Each thread owns a contiguous block of latents: no two write one latent's figures.
 #pragma omp parallel num_threads(t)
     {
         const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
         const int64_t lo = n_ * me / nt, hi = n_ * (me + 1) / nt;
+        std::vector<float> w(static_cast<size_t>(width));
+        const auto window_of = [&](int64_t latent, int64_t row, float v) {
+            for (int64_t o = -window_; o <= window_; ++o)
+                w[static_cast<size_t>(o + window_)] = o == 0 ? v : at(latent, row + o);
+            return w.data();
+        };
         for (int64_t row = begin; row < end; ++row) {
             const auto r = static_cast<size_t>(row - b.first_row);
             for (int64_t j = b.start[r]; j < b.start[r + 1]; ++j) {
                 const int32_t latent = b.idx[static_cast<size_t>(j)];
-                if (latent >= lo && latent < hi)
-                    offer(latent, b.val[static_cast<size_t>(j)], row, &at);
+                if (latent < lo || latent >= hi) continue;
+                const float v = b.val[static_cast<size_t>(j)];
+                const auto i = static_cast<size_t>(latent);
+                ++fires_[i];
+                sum_[i] += v;
+                max_[i] = std::max(max_[i], v);
+                ++hist_[i * kHistBins + static_cast<size_t>(feature_hist_bin(v))];
+                if (const uint64_t k = top_key(v); top_.wants(latent, k, row))
+                    top_.keep(latent, k, row, v, window_of(latent, row, v));
+                if (const uint64_t k = feature_sample_key(latent, row);
+                    sample_.wants(latent, k, row))
+                    sample_.keep(latent, k, row, v, window_of(latent, row, v));
             }
         }
     }
@@ -176,27 +268,25 @@ void FeatureStats::merge(Communicator& comm) {
     for (int64_t i = 0; i < n_; ++i)
         max_[static_cast<size_t>(i)] = from_ordered_bits(mx[static_cast<size_t>(i)]);
     // The top lists: every rank's, gathered, and each latent's best `top` of them kept.
-    std::vector<int64_t> rows;
-    std::vector<float> acts, windows;
-    sorted_top(&rows, &acts, &windows);
-    const size_t count = rows.size(), width = static_cast<size_t>(2 * window_ + 1);
-    std::vector<int64_t> all_rows(count * static_cast<size_t>(world));
-    std::vector<float> all_acts(count * static_cast<size_t>(world));
-    std::vector<float> all_windows(count * width * static_cast<size_t>(world));
-    comm.allgather(rows.data(), all_rows.data(), static_cast<int64_t>(count * sizeof(int64_t)));
-    comm.allgather(acts.data(), all_acts.data(), static_cast<int64_t>(count * sizeof(float)));
-    comm.allgather(windows.data(), all_windows.data(),
-                   static_cast<int64_t>(count * width * sizeof(float)));
-    std::fill(heap_len_.begin(), heap_len_.end(), 0);
-    for (int64_t i = 0; i < n_; ++i)
-        for (int r = 0; r < world; ++r)
-            for (int64_t j = 0; j < top_; ++j) {
-                const size_t at =
-                    static_cast<size_t>(r) * count + static_cast<size_t>(i * top_ + j);
-                if (all_rows[at] < 0) break;
-                offer(i, all_acts[at], all_rows[at], nullptr, all_windows.data() + at * width,
-                      false);
-            }
+    // The kept rows: every rank's, gathered, and each latent's best of them kept.
+    for (RowKeeper* k : {&top_, &sample_}) {
+        if (k->cap() == 0) continue;
+        std::vector<uint64_t> keys;
+        std::vector<int64_t> rows;
+        std::vector<float> acts, windows;
+        k->sorted(&keys, &rows, &acts, &windows);
+        const auto r = static_cast<size_t>(world);
+        std::vector<uint64_t> all_keys(keys.size() * r);
+        std::vector<int64_t> all_rows(rows.size() * r);
+        std::vector<float> all_acts(acts.size() * r), all_windows(windows.size() * r);
+        comm.allgather(keys.data(), all_keys.data(), static_cast<int64_t>(keys.size() * 8));
+        comm.allgather(rows.data(), all_rows.data(), static_cast<int64_t>(rows.size() * 8));
+        comm.allgather(acts.data(), all_acts.data(), static_cast<int64_t>(acts.size() * 4));
+        comm.allgather(windows.data(), all_windows.data(),
+                       static_cast<int64_t>(windows.size() * 4));
+        *k = RowKeeper(n_, k->cap(), window_);
+        k->offer_all(all_keys, all_rows, all_acts, all_windows);
+    }
 }
 
 std::vector<float> FeatureStats::max_act() const {
@@ -208,24 +298,13 @@ std::vector<float> FeatureStats::max_act() const {
 
 void FeatureStats::sorted_top(std::vector<int64_t>* rows, std::vector<float>* acts,
                               std::vector<float>* windows) const {
-    const int64_t width = 2 * window_ + 1;
-    rows->assign(static_cast<size_t>(n_ * top_), -1);
-    acts->assign(static_cast<size_t>(n_ * top_), 0.0f);
-    if (windows) windows->assign(static_cast<size_t>(n_ * top_ * width), 0.0f);
-    std::vector<Entry> e;
-    for (int64_t i = 0; i < n_; ++i) {
-        const Entry* h = heaps_.data() + i * top_;
-        e.assign(h, h + heap_len_[static_cast<size_t>(i)]);
-        std::sort(e.begin(), e.end(), before);
-        for (size_t j = 0; j < e.size(); ++j) {
-            const size_t at = static_cast<size_t>(i * top_) + j;
-            (*rows)[at] = e[j].row;
-            (*acts)[at] = e[j].act;
-            if (windows)
-                std::copy_n(win_.data() + (i * top_ + e[j].slot) * width, width,
-                            windows->data() + static_cast<int64_t>(at) * width);
-        }
-    }
+    std::vector<float> w;
+    top_.by_activation(rows, acts, windows ? windows : &w);
+}
+
+void FeatureStats::sorted_sample(std::vector<int64_t>* rows, std::vector<float>* acts,
+                                 std::vector<float>* windows) const {
+    sample_.by_activation(rows, acts, windows);
 }
 
 void decoder_neighbours(Backend& be, const float* w_dec, int64_t n, int64_t d, int64_t m,

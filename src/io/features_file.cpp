@@ -50,6 +50,17 @@ void write_file(const std::string& path, const FeaturesFile& f) {
     if (!f.top_window_acts.empty())
         h5::write_f32(h, "top_context_acts", f.top_window_acts.data(),
                       {n, top, static_cast<hsize_t>(2 * f.context + 1)});
+    if (st.samples() > 0) {
+        const auto m = static_cast<hsize_t>(st.samples());
+        const auto w = static_cast<hsize_t>(2 * f.context + 1);
+        write_typed(h, "sample_rows", H5T_STD_I64LE, H5T_NATIVE_INT64, f.sample_rows.data(),
+                    {n, m});
+        h5::write_f32(h, "sample_acts", f.sample_acts.data(), {n, m});
+        h5::write_f32(h, "sample_context_acts", f.sample_window_acts.data(), {n, m, w});
+        if (!f.sample_context_tokens.empty())
+            write_typed(h, "sample_context_tokens", H5T_STD_I32LE, H5T_NATIVE_INT32,
+                        f.sample_context_tokens.data(), {n, m, w});
+    }
     if (f.neighbours > 0) {
         const auto m = static_cast<hsize_t>(f.neighbours);
         write_typed(h, "neighbours", H5T_STD_I32LE, H5T_NATIVE_INT32, f.neighbour_idx.data(),
@@ -68,6 +79,7 @@ void write_file(const std::string& path, const FeaturesFile& f) {
     h5::write_attr_int64(h, "rows", st.rows());
     h5::write_attr_int64(h, "ranks", f.ranks);
     h5::write_attr_int64(h, "top", st.top());
+    h5::write_attr_int64(h, "samples", st.samples());
     h5::write_attr_int64(h, "context", f.context);
     SAE_ENFORCE(file.close() >= 0, "file {}: closing failed ({}); is the disk full?", path,
                 h5::last_error());

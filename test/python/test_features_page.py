@@ -6,7 +6,8 @@ checks, in Chromium and against features.h5:
 - the run's report links the feature page, and the page lists every latent, sorted by frequency
   (and by max activation when asked), 100 a page;
 - a click on a latent shows its top rows, activations and token windows (each token with the
-  latent's activation on it) and its neighbours, as the file holds them; #latent=ID opens one;
+  latent's activation on it), its sample of firings and its neighbours, as the file holds them;
+  #latent=ID opens one;
 - tokens shown as text from the vocab.json beside the shards; a search by latent id, by token
   id and by token text (latents whose top rows are that token) lists exactly the latents the
   file says; dead latents are listed;
@@ -77,6 +78,7 @@ DETAIL = """(() => {
             [...tr.querySelectorAll('.tok')].map((s) => Number(s.dataset.act))),
           neighbours: [...d.querySelectorAll('#neighbours a.lat')].map((a) => Number(a.dataset.latent)),
           bars: [...d.querySelectorAll('#hist rect')].map((r) => Number(r.dataset.count)),
+          sample: [...d.querySelectorAll('#sample tr[data-row]')].map((tr) => Number(tr.dataset.row)),
           no_text: d.querySelector('#no-text')?.textContent ?? null};
 })()"""
 
@@ -111,6 +113,8 @@ def test_the_page_lists_sorts_opens_and_searches_latents(tmp_path, browser):
     assert np.allclose(d["shade"], h["top_context_acts"][latent][:k], rtol=1e-3)
     assert d["neighbours"] == h["neighbours"][latent].tolist()
     assert d["bars"] == h["hist"][latent].tolist() and d["no_text"] is None
+    assert d["sample"] == h["sample_rows"][latent][h["sample_rows"][latent] >= 0].tolist()
+    assert len(d["sample"]) > 0
     # #latent=ID opens one directly; a neighbour's link opens the neighbour.
     other = int(h["neighbours"][latent][0])
     browser.eval(f"document.querySelector('#neighbours a.lat[data-latent=\"{other}\"]').click()")

@@ -7,9 +7,10 @@ tie, and the reference's top rows, counts and histograms must be equal, not clos
 
 - a TopK SAE (sparse activations) and a ReLU SAE (dense) trained in one sweep, then read on 1,
   2 and 3 ranks: frequency, fire counts, mean and max activation, histogram, top rows and
-  activations (ties: the lower row first), token windows bounded by their contexts (contexts
-  cross shard and rank boundaries) and the latent's activations on them, decoder neighbours;
-  the ranks' files equal;
+  activations (ties: the lower row first), a uniform sample of each latent's firings (the rows
+  of smallest hash key), token windows bounded by their contexts (contexts cross shard and
+  rank boundaries) and the latent's activations on them, decoder neighbours; the ranks' files
+  equal;
 - shards without token_ids: every statistic and top row, no windows, the reason in the file;
 - refusals: an SAE whose d_model differs from the data's, an SAE outside a run without --out.
 
@@ -34,7 +35,7 @@ if not (BIN and os.path.exists(os.path.join(BIN, "sae-features"))):
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-D, EXPANSION, K, TOP, CONTEXT, NEIGHBOURS = 16, 4, 4, 7, 3, 5
+D, EXPANSION, K, TOP, CONTEXT, NEIGHBOURS, SAMPLES = 16, 4, 4, 7, 3, 5, 6
 N = D * EXPANSION
 SHARD_ROWS = (700, 500, 800)
 
@@ -83,6 +84,37 @@ def set_weights(path, rng):
     return w
 
 
+def sample_key(latent, rows):
+    """feature_sample_key (src/core/features.cpp): splitmix64's finalizer of the pair."""
+    m = np.uint64(0xFFFFFFFFFFFFFFFF)
+    with np.errstate(over="ignore"):
+        z = (rows.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+             + np.uint64(latent) * np.uint64(0xD1B54A32D192ED03) + np.uint64(0x9E3779B97F4A7C15)) & m
+        z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & m
+        z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & m
+    return z ^ (z >> np.uint64(31))
+
+
+def windows_of(z, tokens, positions, rows_of, n_rows):
+    """Each kept row's window: the latent's activations (0 outside the data) and, with token
+    ids, the tokens of its context (-1 elsewhere)."""
+    ctx = (np.concatenate([[0], np.cumsum(positions[1:] <= positions[:-1])])
+           if tokens is not None else None)
+    acts = np.zeros(rows_of.shape + (2 * CONTEXT + 1,), np.float32)
+    toks = np.full(rows_of.shape + (2 * CONTEXT + 1,), -1, np.int32)
+    for i in range(rows_of.shape[0]):
+        for j, r in enumerate(rows_of[i]):
+            if r < 0:
+                continue
+            for o in range(-CONTEXT, CONTEXT + 1):
+                q = r + o
+                if 0 <= q < n_rows:
+                    acts[i, j, o + CONTEXT] = z[q, i]
+                    if ctx is not None and ctx[q] == ctx[r]:
+                        toks[i, j, o + CONTEXT] = tokens[q]
+    return acts, toks
+
+
 def reference(x, w, arch, tokens, positions, edges):
     pre = (x.astype(np.float64) - w["b_dec"]) @ w["W_enc"].astype(np.float64) + w["b_enc"]
     assert np.array_equal(pre.astype(np.float32).astype(np.float64), pre), "not exact"
@@ -114,27 +146,19 @@ def reference(x, w, arch, tokens, positions, edges):
         top_rows[i, :len(order)] = r[order]
         top_acts[i, :len(order)] = z[r[order], i]
     ref["top_rows"], ref["top_acts"] = top_rows, top_acts
-    # The latent's activations on each top row's window (0 outside the data and past firings).
-    wacts = np.zeros((N, TOP, 2 * CONTEXT + 1), np.float32)
+    # The uniform sample: the SAMPLES firings of smallest key, then by decreasing activation.
+    s_rows = np.full((N, SAMPLES), -1, np.int64)
+    s_acts = np.zeros((N, SAMPLES), np.float32)
     for i in range(N):
-        for j, r in enumerate(top_rows[i]):
-            if r >= 0:
-                for o in range(-CONTEXT, CONTEXT + 1):
-                    if 0 <= r + o < len(x):
-                        wacts[i, j, o + CONTEXT] = z[r + o, i]
-    ref["top_context_acts"] = wacts
+        r = np.nonzero(fired[:, i])[0]
+        r = r[np.lexsort((r, sample_key(i, r)))[:SAMPLES]]
+        r = r[np.lexsort((r, -z[r, i]))]
+        s_rows[i, :len(r)], s_acts[i, :len(r)] = r, z[r, i]
+    ref["sample_rows"], ref["sample_acts"] = s_rows, s_acts
+    ref["top_context_acts"], toks = windows_of(z, tokens, positions, top_rows, len(x))
+    ref["sample_context_acts"], s_toks = windows_of(z, tokens, positions, s_rows, len(x))
     if tokens is not None:
-        ctx = np.concatenate([[0], np.cumsum(positions[1:] <= positions[:-1])])
-        win = np.full((N, TOP, 2 * CONTEXT + 1), -1, np.int32)
-        for i in range(N):
-            for j, r in enumerate(top_rows[i]):
-                if r < 0:
-                    continue
-                for o in range(-CONTEXT, CONTEXT + 1):
-                    q = r + o
-                    if 0 <= q < len(x) and ctx[q] == ctx[r]:
-                        win[i, j, o + CONTEXT] = tokens[q]
-        ref["top_context_tokens"] = win
+        ref["top_context_tokens"], ref["sample_context_tokens"] = toks, s_toks
     u = w["W_dec"].astype(np.float64)
     u /= np.linalg.norm(u, axis=1, keepdims=True)
     cos = u @ u.T
@@ -178,7 +202,8 @@ def test_features_equal_the_numpy_reference_on_1_2_and_3_ranks(trained, arch):
     for ranks in (1, 2, 3):
         out = tmp / f"features-{arch}-{ranks}"
         r = _run(_mpirun(ranks, os.path.join(BIN, "sae-features"), sae_dir, "--out", out,
-                         "--top", TOP, "--context", CONTEXT, "--neighbours", NEIGHBOURS))
+                         "--top", TOP, "--context", CONTEXT, "--neighbours", NEIGHBOURS,
+                         "--samples", SAMPLES))
         assert f"wrote {out}/features.h5" in r.stdout, r.stdout
         outs.append(read(out / "features.h5"))
     got, attrs = outs[0]
@@ -188,8 +213,13 @@ def test_features_equal_the_numpy_reference_on_1_2_and_3_ranks(trained, arch):
     assert np.allclose(edges, 10.0 ** (np.arange(81) / 10 - 4), rtol=1e-6)
     ref = reference(x, w, arch, tokens, positions, edges)
     for key in ("fire_count", "max_act", "hist", "top_rows", "top_acts", "top_context_tokens",
-                "top_context_acts"):
+                "top_context_acts", "sample_rows", "sample_acts", "sample_context_tokens",
+                "sample_context_acts"):
         assert np.array_equal(got[key], ref[key]), key
+    # The sample reaches below the top rows: latents that fired on more rows than it keeps
+    # have sampled rows that are not among their top ones.
+    assert any(set(got["sample_rows"][i]) - set(got["top_rows"][i])
+               for i in range(N) if ref["fire_count"][i] > TOP + SAMPLES)
     assert np.array_equal(got["top_context_acts"][:, :, CONTEXT], got["top_acts"])
     assert np.allclose(got["frequency"], ref["frequency"], rtol=0, atol=1e-15)
     assert np.allclose(got["mean_act"], ref["mean_act"], rtol=1e-6)
@@ -244,14 +274,17 @@ def test_shards_without_token_ids_get_every_statistic_and_no_windows(trained):
     x, _, _ = write_data(str(data), np.random.default_rng(7), token_ids=False)
     out = tmp / "features-no-tokens"
     r = _run(_mpirun(2, os.path.join(BIN, "sae-features"), sae_dir, "--data", data, "--out", out,
-                     "--top", TOP, "--context", CONTEXT, "--neighbours", NEIGHBOURS))
+                     "--top", TOP, "--context", CONTEXT, "--neighbours", NEIGHBOURS,
+                         "--samples", SAMPLES))
     assert "has no 'token_ids' dataset" in r.stdout
     got, attrs = read(out / "features.h5")
     assert "top_context_tokens" not in got
     assert attrs["contexts"].startswith("none: ") and "token_ids" in attrs["contexts"]
     ref = reference(x, w, "topk", None, None, got["hist_edges"])
-    for key in ("fire_count", "max_act", "hist", "top_rows", "top_acts", "top_context_acts"):
+    for key in ("fire_count", "max_act", "hist", "top_rows", "top_acts", "top_context_acts",
+                "sample_rows", "sample_acts", "sample_context_acts"):
         assert np.array_equal(got[key], ref[key]), key
+    assert "sample_context_tokens" not in got
 
 
 def test_refusals_are_one_line(trained):

@@ -69,6 +69,16 @@ def _rounded(values, digits=5):
     return [float(f"{v:.{digits}g}") for v in values.tolist()]
 
 
+def _sample_of(i, rows, acts, ctx, cacts):
+    """Latent i's sampled rows for its detail record (empty without a sample)."""
+    if rows is None:
+        return {"srows": []}
+    k = int((rows[i] >= 0).sum())
+    return {"srows": rows[i, :k].tolist(), "sacts": _rounded(acts[i, :k]),
+            "sctx": ctx[i, :k].tolist() if ctx is not None else None,
+            "scacts": [_rounded(w, 4) for w in cacts[i, :k]]}
+
+
 def write_feature_set(h5py, sae_id, path, out):
     """Writes one SAE's viewer and data into `out` (a ReportDir). Returns its summary line."""
     with h5py.File(path, "r") as f:
@@ -80,6 +90,10 @@ def write_feature_set(h5py, sae_id, path, out):
         hist, edges = f["hist"][()], f["hist_edges"][()]
         ctx = f["top_context_tokens"][()] if "top_context_tokens" in f else None
         cacts = f["top_context_acts"][()] if "top_context_acts" in f else None
+        srows = f["sample_rows"][()] if "sample_rows" in f else None
+        sacts = f["sample_acts"][()] if srows is not None else None
+        sctx = f["sample_context_tokens"][()] if "sample_context_tokens" in f else None
+        scacts = f["sample_context_acts"][()] if srows is not None else None
         nb = f["neighbours"][()] if "neighbours" in f else None
         nbc = f["neighbour_cosine"][()] if "neighbour_cosine" in f else None
     context = int(a["context"])
@@ -103,6 +117,7 @@ def write_feature_set(h5py, sae_id, path, out):
                 "rows": rows[i, :k].tolist(), "acts": _rounded(acts[i, :k]),
                 "ctx": ctx[i, :k].tolist() if ctx is not None else None,
                 "cacts": [_rounded(w, 4) for w in cacts[i, :k]] if cacts is not None else None,
+                **_sample_of(i, srows, sacts, sctx, scacts),
                 "nb": nb[i].tolist() if nb is not None else [],
                 "nbc": _rounded(nbc[i], 4) if nbc is not None else []})
         with out.open(f"detail-{c0 // CHUNK:05d}.js", "w", encoding="utf-8") as f:
@@ -296,29 +311,38 @@ function drawDetail(i) {
     else d.append(el("p", {class: "meta"}, (S.vocab ? "Tokens" : "Token ids (no vocab.json " +
       "beside the data)") + ", each shaded by the latent's activation on it over its largest; " +
       "the top row's own token outlined."));
-    const t = el("table", {id: "top"});
-    t.append(el("tr", {}, ""));
-    t.firstChild.append(el("th", {}, "row"), el("th", {}, "activation"),
-                        el("th", {}, L.ctx ? "tokens" : ""));
-    L.rows.forEach((r, k) => {
-      const tr = el("tr", {"data-row": r});
-      tr.append(el("td", {}, String(r)), el("td", {}, num(L.acts[k])));
-      const cell = el("td", {class: "ctx"});
-      if (L.ctx) L.ctx[k].forEach((tok, o) => {
-        const here = o === S.context;
-        const v = L.cacts ? L.cacts[k][o] : (here ? L.acts[k] : 0);
-        const s = el("span", {class: "tok" + (here ? " here" : "") + (tok < 0 ? " gone" : ""),
-                              "data-token": tok, "data-act": v, title: "activation " + num(v)},
-                     tok < 0 ? "\u00b7" : tokText(tok));
-        if (tok >= 0 && v > 0)
-          s.style.background = "rgba(255,140,0," + Math.min(1, v / S.max[i]).toFixed(3) + ")";
-        cell.append(s);
-      });
-      tr.append(cell); t.append(tr);
-    });
-    d.append(t);
+    d.append(rowsTable("top", i, L.rows, L.acts, L.ctx, L.cacts));
+    if (L.srows && L.srows.length) {
+      d.append(el("h3", {}, "A uniform sample of its firings"),
+               el("p", {class: "meta"}, L.srows.length + " of its " + S.fires[i] +
+                  " firings drawn at random, largest first: what it does below its top rows."));
+      d.append(rowsTable("sample", i, L.srows, L.sacts, L.sctx, L.scacts));
+    }
     d.dataset.ready = "1";
   });
+}
+function rowsTable(id, i, rows, acts, ctx, cacts) {
+  const t = el("table", {id: id});
+  t.append(el("tr", {}, ""));
+  t.firstChild.append(el("th", {}, "row"), el("th", {}, "activation"),
+                      el("th", {}, ctx ? "tokens" : ""));
+  rows.forEach((r, k) => {
+    const tr = el("tr", {"data-row": r});
+    tr.append(el("td", {}, String(r)), el("td", {}, num(acts[k])));
+    const cell = el("td", {class: "ctx"});
+    if (ctx) ctx[k].forEach((tok, o) => {
+      const here = o === S.context;
+      const v = cacts ? cacts[k][o] : (here ? acts[k] : 0);
+      const s = el("span", {class: "tok" + (here ? " here" : "") + (tok < 0 ? " gone" : ""),
+                            "data-token": tok, "data-act": v, title: "activation " + num(v)},
+                   tok < 0 ? "\u00b7" : tokText(tok));
+      if (tok >= 0 && v > 0)
+        s.style.background = "rgba(255,140,0," + Math.min(1, v / S.max[i]).toFixed(3) + ")";
+      cell.append(s);
+    });
+    tr.append(cell); t.append(tr);
+  });
+  return t;
 }
 function route() {
   const m = location.hash.match(/latent=(\d+)/);
