@@ -211,11 +211,13 @@ void FeatureStats::add(const SparseRows& b, int64_t begin, int64_t end, const Ac
                 sum_[i] += v;
                 max_[i] = std::max(max_[i], v);
                 ++hist_[i * kHistBins + static_cast<size_t>(feature_hist_bin(v))];
-                if (const uint64_t k = top_key(v); top_.wants(latent, k, row))
-                    top_.keep(latent, k, row, v, window_of(latent, row, v));
-                if (const uint64_t k = feature_sample_key(latent, row);
-                    sample_.wants(latent, k, row))
-                    sample_.keep(latent, k, row, v, window_of(latent, row, v));
+                const uint64_t kt = top_key(v), ks = feature_sample_key(latent, row);
+                const bool to_top = top_.wants(latent, kt, row);
+                const bool to_sample = sample_.wants(latent, ks, row);
+                if (!to_top && !to_sample) continue;
+                const float* win = window_of(latent, row, v);  // read once for both lists
+                if (to_top) top_.keep(latent, kt, row, v, win);
+                if (to_sample) sample_.keep(latent, ks, row, v, win);
             }
         }
     }

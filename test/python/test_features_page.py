@@ -144,3 +144,15 @@ def test_without_token_ids_the_page_says_why(tmp_path, browser):
     assert "has no 'token_ids' dataset" in d["no_text"]
     listing = (run / "report" / "features" / "index.html").read_text()
     assert f'href="{sae}/index.html"' in listing
+
+
+def test_a_damaged_features_file_is_one_line(tmp_path):
+    run, sae = make_run(tmp_path, token_ids=False)
+    path = run / "features" / sae / "features.h5"
+    with h5py.File(path, "r+") as f:
+        del f["top_rows"]
+    r = _run([sys.executable, REPORT, run], ok=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "damaged features file" in lines[0] and str(path) in lines[0]
+

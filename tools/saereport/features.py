@@ -80,7 +80,20 @@ def _sample_of(i, rows, acts, ctx, cacts):
 
 
 def write_feature_set(h5py, sae_id, path, out):
-    """Writes one SAE's viewer and data into `out` (a ReportDir). Returns its summary line."""
+    """Writes one SAE's viewer and data into `out` (a ReportDir). Returns its summary line.
+    A file that is not sae-features' features.h5, or is damaged, is a ReportError naming it."""
+    from saereport.read import ReportError
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != "saetrain-features 1":
+                raise ReportError(f"{path}: not sae-features' features.h5 (format "
+                                  f"{f.attrs.get('format', 'missing')!r})")
+        return _write_feature_set(h5py, sae_id, path, out)
+    except (OSError, KeyError, ValueError, IndexError) as e:
+        raise ReportError(f"{path}: unreadable or damaged features file ({e})")
+
+
+def _write_feature_set(h5py, sae_id, path, out):
     with h5py.File(path, "r") as f:
         a = dict(f.attrs)
         n, top = int(a["n_latents"]), int(a["top"])
