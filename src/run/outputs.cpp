@@ -19,7 +19,7 @@ void prepare_out_dir(const Setup& s) {
     const fs::path out = s.out();
     if (!s.resume)
         for (const char* f : {"metrics.jsonl", "summary.csv", "COMPLETE", "run.json", "checkpoints",
-                              "sae", "tb", "report"})
+                              "sae", "tb", "report", "features"})
             fs::remove_all(out / f);
     fs::create_directories(out);
     remove_stale_files(out.string());
