@@ -661,6 +661,12 @@ TEST(ArchBehaviour, EveryArchitectureResumesBitwise) {
                         c.set("sae.k_scope", "layer");
                     },
                     "clt, jumprelu with each layer's L0 at the target (a shift a layer)"});
+    runs.push_back({"clt", 0.0,
+                    [](SaeConfig& c) {
+                        c.layers = 3;
+                        c.set("sae.skip", true);
+                    },
+                    "clt with a skip path a layer"});
     for (const auto& [arch, target, more, label] : runs) {
         SCOPED_TRACE(label);
         SaeConfig cfg;

@@ -834,6 +834,23 @@ TEST_F(Cli, CltTrainsOnEveryLayersPairsAndRefusesMisalignedLayers) {
     EXPECT_GT(th[1], 0.0f);
     EXPECT_NE(th[0], th[1]);
 
+    // sae.skip: a skip path a layer, W_skip [2, 8, 8] trained from zero; circuit-tracer's CLT
+    // format has none, so the export refuses it in one line and writes nothing.
+    r = train("--overwrite" + sets + " --set sae.k_scope=layer --set sae.skip=true");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const saetrain::SaeWeights sk =
+        saetrain::sae_read_h5((dir / "run/sae/clt-x2-k2-layer-skip/final.h5").string());
+    ASSERT_TRUE(sk.has("W_skip"));
+    EXPECT_EQ(sk.find("W_skip")->shape, (std::vector<int64_t>{2, 8, 8}));
+    double skip_sum = 0;
+    for (float v : sk.at("W_skip")) skip_sum += std::abs(v);
+    EXPECT_GT(skip_sum, 0.1);
+    r = run(bin("sae-export") + " " + (dir / "run/sae/clt-x2-k2-layer-skip").string() +
+            " --format circuit_tracer --out " + (dir / "ct_skip").string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("have no skip path"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "ct_skip/config.yaml")) << r.out;
+
     // A second layer of other rows; two inputs for a transcoder; one target too few.
     const Result small = run(bin("sae-synth") + " --out " + (dir / "small").string() +
                              " --d-model 8 --features 16 --rows 2000 --shards 2");

@@ -214,13 +214,15 @@ TEST(Gradients, JumpReluTranscodersMatchFiniteDifferences) {
 // with `per_layer` (sae.k_scope: layer) each layer's k largest of a token / k B of the batch.
 double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
                     const std::vector<float>& y, const Dims& s, int64_t L, const std::string& act,
-                    double l0, bool per_layer, double tanh_c = 0) {
+                    double l0, bool per_layer, double tanh_c = 0, bool skip = false) {
     const int64_t d = s.d, n = s.n, dl = d / L, nl = n / L, k = s.k * L;
     const double* w_enc = p.data();
     const double* w_dec = p.data() + n * d;
     const double* b_enc = p.data() + 2 * n * d;
     const double* b_dec = b_enc + n;
     const double* log_threshold = b_dec + d;
+    // sae.skip's W_skip [L, d_l (out), d_l (in)], after every other parameter.
+    const double* w_skip = log_threshold + (act == "jumprelu" ? n : 0);
     std::vector<double> pre(static_cast<size_t>(s.rows * n));
     for (int64_t t = 0; t < s.rows; ++t)
         for (int64_t i = 0; i < n; ++i) {
@@ -273,6 +275,8 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
                 double yh = b_dec[m * dl + c];
                 for (int64_t i = 0; i < (m + 1) * nl; ++i)  // latents of layers 0..m
                     yh += z[i] * w_dec[i * d + m * dl + c];
+                for (int64_t j = 0; skip && j < dl; ++j)
+                    yh += w_skip[(m * dl + c) * dl + j] * x[t * d + m * dl + j];
                 const double e = yh - y[t * d + m * dl + c];
                 loss += e * e;
             }
@@ -283,7 +287,8 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
 // A CLT of 3 layers of 4 values, 8 latents each: every live parameter's gradient against finite
 // differences of the reference, and exactly zero gradient for the blocks outside the structure
 // (the encoder's off-diagonal blocks, the decoders to earlier layers).
-void check_clt_gradients(const std::string& act, bool per_layer = false, bool tanh = false) {
+void check_clt_gradients(const std::string& act, bool per_layer = false, bool tanh = false,
+                         bool skip = false) {
     const int64_t L = 3;
     const Dims s{8, 12, 24, 2};
     const int64_t dl = s.d / L, nl = s.n / L;
@@ -294,6 +299,7 @@ void check_clt_gradients(const std::string& act, bool per_layer = false, bool ta
     cfg.set("sae.transcoder_activation", act);
     if (per_layer) cfg.set("sae.k_scope", "layer");
     if (tanh) cfg.set("sae.jumprelu_sparsity_loss_mode", "tanh");
+    if (skip) cfg.set("sae.skip", true);
     cfg.l0_coeff = jumprelu ? 0.1 : 0.0;
     cfg.n_latents = s.n;
     cfg.k = s.k;
@@ -305,7 +311,8 @@ void check_clt_gradients(const std::string& act, bool per_layer = false, bool ta
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(s.rows * s.d), y(x.size()),
-        p(static_cast<size_t>(2 * s.n * s.d + s.n + s.d + (jumprelu ? s.n : 0)));
+        p(static_cast<size_t>(2 * s.n * s.d + s.n + s.d + (jumprelu ? s.n : 0) +
+                              (skip ? L * dl * dl : 0)));
     ASSERT_EQ(p.size(), tr.params_host().size());
     for (float& v : x) v = normal(rng);
     for (float& v : y) v = normal(rng);
@@ -323,15 +330,18 @@ void check_clt_gradients(const std::string& act, bool per_layer = false, bool ta
         if (masked(i)) p[i] = 0.0f;
     tr.set_params_host(p);
     const auto thresholds_begin = static_cast<size_t>(2 * s.n * s.d + s.n + s.d);
+    const size_t thresholds_end = thresholds_begin + (jumprelu ? static_cast<size_t>(s.n) : 0);
     int zeros = 0;
     saetrain::testing::check_fd(
         tr, x, s.rows,
         [&](const std::vector<double>& q, const std::vector<double>&) {
-            return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff, per_layer, tanh ? 4.0 : 0.0);
+            return ref_clt_loss(q, x, y, s, L, act, cfg.l0_coeff, per_layer, tanh ? 4.0 : 0.0,
+                                skip);
         },
-        "clt/" + act + (per_layer ? "/layer" : "") + (tanh ? "/tanh" : ""),
+        "clt/" + act + (per_layer ? "/layer" : "") + (tanh ? "/tanh" : "") + (skip ? "/skip" : ""),
         // Outside the structure (checked for exact zeros below), or straight-through.
-        [&](size_t i) { return masked(i) || (jumprelu && i >= thresholds_begin); }, {}, &y);
+        [&](size_t i) { return masked(i) || (i >= thresholds_begin && i < thresholds_end); }, {},
+        &y);
     const std::vector<float> g = tr.grads_host();
     for (size_t i = 0; i < g.size(); ++i)
         if (masked(i)) {
@@ -352,6 +362,12 @@ TEST(Gradients, CltWithTheTanhPenaltyMatchesFiniteDifferences) {
 // sae.k_scope: layer, each layer's own k (TopK) or k B (BatchTopK).
 TEST(Gradients, PerLayerCltMatchesFiniteDifferences) {
     for (const char* act : {"topk", "batchtopk"}) check_clt_gradients(act, true);
+}
+// sae.skip: each layer's W_skip_l gets (dL/dy_hat_l)^T x_l, beside every activation's gradients.
+TEST(Gradients, SkipCltMatchesFiniteDifferences) {
+    for (const char* act : {"topk", "batchtopk", "jumprelu"})
+        check_clt_gradients(act, false, false, true);
+    check_clt_gradients("topk", true, false, true);
 }
 
 }  // namespace

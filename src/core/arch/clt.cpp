@@ -15,7 +15,9 @@
 // batch, over every layer's latents together); with layer, exactly per layer (each layer's k
 // largest a token, or its k B largest a batch). JumpReLU with sae.target_l0 holds the L0 over
 // every layer at L times the target, or with sae.k_scope layer each layer's at the target (a
-// threshold shift a layer). Not yet: latent shards and a skip path.
+// threshold shift a layer). With sae.skip each layer also has a linear skip path,
+// y_hat_l += x_l W_skip_l^T with W_skip [L, d_l, d_l] (from zero; a skip-transcoder's a layer).
+// Not yet: latent shards.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -35,6 +37,16 @@ const ArchKey<std::string>& k_scope_key() {
         "all layers) | layer (each layer's k largest a token; BatchTopK k B a batch per layer; "
         "JumpReLU: each layer's L0 held at sae.target_l0, which it needs)",
         key_one_of({"token", "layer"})};
+    return key;
+}
+
+constexpr const char* kWSkip = "W_skip";
+
+const ArchKey<bool>& skip_key() {
+    static const ArchKey<bool> key{
+        "sae", "skip", false,
+        "a CLT's linear skip path a layer: y_hat_l += x_l W_skip_l^T, W_skip [L, d_l, d_l] from "
+        "zero (as a skip-transcoder's; circuit-tracer's CLT format has none)"};
     return key;
 }
 
@@ -254,19 +266,32 @@ SaeConfig activation_config(const SaeConfig& cfg) {
 
 class CltPass final : public WrappedPass {
 public:
-    CltPass(std::unique_ptr<ArchPass> inner, int64_t layers)
-        : WrappedPass(std::move(inner)), layers_(layers) {}
+    CltPass(std::unique_ptr<ArchPass> inner, int64_t layers, bool skip)
+        : WrappedPass(std::move(inner)), layers_(layers), skip_(skip) {}
     void forward(PassContext& c, bool training) override {
         SAE_ENFORCE(c.encode_x, "a CLT's pass needs PassContext::encode_x");
         c.layers = layers_;
         inner_->forward(c, training);
+        // y_hat_l += x_l W_skip_l^T, layer by layer.
+        const int64_t dl = c.d / layers_;
+        if (skip_)
+            for (int64_t l = 0; l < layers_; ++l)
+                c.be.gemm(false, true, c.B, dl, dl, 1.0f, c.x + l * dl, c.d,
+                          c.seg(kWSkip) + l * dl * dl, dl, 1.0f, c.xhat + l * dl, c.d);
     }
     void backward(PassContext& c, int64_t step, int64_t total_steps) override {
         c.layers = layers_;
+        // G.W_skip_l = (dL/dy_hat_l)^T x_l, read before the activation's backward (which may
+        // reuse ctx.xhat, dL/dy_hat, as scratch).
+        const int64_t dl = c.d / layers_;
+        if (skip_)
+            for (int64_t l = 0; l < layers_; ++l)
+                c.be.gemm(true, false, dl, dl, c.B, 1.0f, c.xhat + l * dl, c.d, c.x + l * dl, c.d,
+                          0.0f, c.grad(kWSkip) + l * dl * dl, dl);
         inner_->backward(c, step, total_steps);
         // The blocks outside the structure get no gradient: the encoder's off-diagonal ones
         // and the decoder's to earlier layers.
-        const int64_t dl = c.d / layers_, nl = c.n / layers_;
+        const int64_t nl = c.n / layers_;
         float* g_enc = c.grad("W_enc");
         float* g_dec = c.grad("W_dec");
         for (int64_t l = 0; l < layers_; ++l) {
@@ -282,6 +307,7 @@ public:
 
 private:
     int64_t layers_;
+    bool skip_;
 };
 
 class Clt final : public Architecture {
@@ -292,11 +318,12 @@ public:
                "input and output; layer l's latents write to layers l..L; "
                "sae.transcoder_activation topk | batchtopk (sae.k per token and layer: on "
                "average over every layer's latents, or each layer's with sae.k_scope layer) | "
-               "jumprelu";
+               "jumprelu; sae.skip adds a linear skip path a layer";
     }
     std::vector<const ArchKeyDecl*> config_keys() const override {
         std::vector<const ArchKeyDecl*> k = transcoder_arch().config_keys();
         k.push_back(&k_scope_key());
+        k.push_back(&skip_key());
         return k;
     }
     std::vector<std::string> summary_keys() const override {
@@ -322,10 +349,19 @@ public:
     // per-layer selection or L0.
     std::string id_suffix(const SaeConfig& cfg) const override {
         const bool layer = per_layer_selection(cfg) || per_layer_l0(cfg);
-        return transcoder_arch().id_suffix(cfg) + (layer ? "-layer" : "");
+        return transcoder_arch().id_suffix(cfg) + (layer ? "-layer" : "") +
+               (skip_key()(cfg) ? "-skip" : "");
     }
     std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
-        return transcoder_activation_arch(cfg).tensors(activation_config(cfg), n, d);
+        std::vector<ParamSegment> s =
+            transcoder_activation_arch(cfg).tensors(activation_config(cfg), n, d);
+        if (skip_key()(cfg)) {  // from zero (the parameters are zero before init_extra)
+            const int64_t L = std::max<int64_t>(1, cfg.layers), dl = d / L;
+            ParamSegment w = whole_tensor(kWSkip, L * dl, dl, false);
+            w.dims = {L, dl, dl};
+            s.push_back(w);
+        }
+        return s;
     }
     // The trainer drew unit decoder rows over all d values and W_enc = W_dec with b_enc =
     // -W_enc mean(x). Here: each decoder row keeps its blocks from its layer on (unit norm
@@ -376,8 +412,9 @@ public:
         const double dl = static_cast<double>(d) / L, nn = static_cast<double>(n);
         const double reach = dl * (L + 1) / 2;
         const Architecture& a = transcoder_activation_arch(cfg);
-        if (&a == &jumprelu_arch()) return 4.0 * dl * nn + 6.0 * nn * reach;
-        return 2.0 * dl * nn + 8.0 * static_cast<double>(cfg.k) * L * reach;
+        const double skip = skip_key()(cfg) ? 4.0 * L * dl * dl : 0.0;  // forward and G.W_skip
+        if (&a == &jumprelu_arch()) return 4.0 * dl * nn + 6.0 * nn * reach + skip;
+        return 2.0 * dl * nn + 8.0 * static_cast<double>(cfg.k) * L * reach + skip;
     }
     bool sparse() const override { return true; }
     // circuit-tracer's CLT layout (ArchExport::clt_layers): each layer's diagonal encoder
@@ -393,6 +430,12 @@ public:
             "saetrain does not write sparsify's cross-layer transcoder layout; export it with "
             "--format circuit_tracer";
         const Architecture& a = transcoder_activation_arch(cfg);
+        if (skip_key()(cfg)) {
+            e.circuit_tracer_refusal =
+                "circuit-tracer's cross-layer transcoders have no skip path, which this CLT "
+                "(sae.skip) needs; train one without sae.skip to export it";
+            return e;
+        }
         if (&a == &topk_arch() && !per_layer_selection(cfg)) {
             e.circuit_tracer_refusal =
                 "circuit-tracer's CLTs are ReLU or JumpReLU, which a per-token top-k over every "
@@ -455,7 +498,7 @@ public:
             inner = std::make_unique<LayerBatchTopkPass>(act, d, n, be, cfg.layers);
         else
             inner = std::make_unique<LayerTopkPass>(act, d, n, be, cfg.layers);
-        return std::make_unique<CltPass>(std::move(inner), cfg.layers);
+        return std::make_unique<CltPass>(std::move(inner), cfg.layers, skip_key()(cfg));
     }
     RowSpec rows() const override { return {true, true}; }
     std::vector<OpUse> limited_ops(const SaeConfig& cfg, int64_t d, int64_t n) const override {
