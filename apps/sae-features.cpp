@@ -2,7 +2,8 @@
 // one pass, split across ranks like training (each rank its contiguous range of rows), merged
 // on rank 0 into DIR/features.h5 (features_file.h: per latent its firing frequency, mean and
 // largest activation, a log-spaced histogram, its top rows with their token windows, its
-// nearest latents by decoder cosine).
+// nearest latents by decoder cosine, and with an unembedding the tokens each promotes and
+// suppresses).
 //
 //   sae-features runs/x/sae/topk-x8-k32                        # the run's own data and dir
 //   mpirun -np 4 sae-features runs/x/sae/topk-x8-k32/final.h5 --data data/other --out feats
@@ -14,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <future>
@@ -42,8 +44,8 @@ using namespace saetrain;
 namespace {
 
 struct Args {
-    std::string sae, data, dataset, out, backend = "auto";
-    int64_t top = 20, samples = 20, context = 8, neighbours = 8, batch_rows = 4096;
+    std::string sae, data, dataset, out, backend = "auto", unembedding;
+    int64_t top = 20, samples = 20, context = 8, neighbours = 8, batch_rows = 4096, logits = 10;
     int threads = 0;
 };
 
@@ -102,7 +104,39 @@ struct Setup {
     LoadedSae sae;
     DatasetInfo data;
     std::string out;
+    Unembedding unembedding;  // vocab 0: none
+    std::string logits;       // its file, or "none: " and why (features.h5's logits attribute)
 };
+
+// The unembedding for the logit tables: --unembedding's file, or unembedding.h5 beside the data
+// (its directory, a glob's directory, or their parent, as the page finds vocab.json).
+void find_unembedding(const Args& a, const std::string& data, int64_t d, Setup* s) {
+    if (a.logits == 0 || a.unembedding == "none") {
+        s->logits = "none: not asked for";
+        return;
+    }
+    std::string path = a.unembedding;
+    if (path.empty()) {
+        if (is_s3_url(data)) {
+            s->logits = "none: the data is in a store; give --unembedding FILE";
+            return;
+        }
+        const fs::path base = fs::is_directory(data) ? fs::path(data) : fs::path(data).parent_path();
+        for (const fs::path& dir : {base, base.lexically_normal().parent_path()}) {
+            const fs::path f = dir / "unembedding.h5";
+            if (path.empty() && fs::is_regular_file(f) && !fs::is_symlink(f)) path = f.string();
+        }
+        if (path.empty()) {
+            s->logits =
+                "none: no unembedding.h5 beside the data (tools/extract_activations.py "
+                "--unembedding writes it; or give --unembedding FILE)";
+            return;
+        }
+    }
+    SAE_ENFORCE(fs::is_regular_file(path), "--unembedding {}: no such file", path);
+    s->unembedding = unembedding_read(path, d);
+    s->logits = fs::absolute(path).lexically_normal().string();
+}
 
 Setup set_up(const Args& a) {
     Setup s;
@@ -125,6 +159,7 @@ Setup set_up(const Args& a) {
                 "--context {} is more than --batch-rows {}: a window must fit in the batches "
                 "beside its row",
                 a.context, a.batch_rows);
+    find_unembedding(a, path, s.sae.w.d_model, &s);
     s.out = a.out.empty() ? default_out(s.sae) : a.out;
     SAE_ENFORCE(!s.out.empty(),
                 "{} is not in a run's sae/<id>/ directory: give --out DIR for features.h5",
@@ -274,6 +309,38 @@ int features_main(const Args& a, Communicator& world) {
                 f.contexts = std::string(all.data() + static_cast<size_t>(r) * msg.size());
         f.contexts = "none: " + f.contexts;
     }
+    // The logit tables, each rank those of its share of the latents, gathered bit for bit (an
+    // entry's bits from the rank that computed it, INT64_MIN from the others, then the max).
+    f.logits_source = s.logits;
+    if (s.unembedding.vocab > 0) {
+        const int64_t m = std::min(a.logits, s.unembedding.vocab);
+        f.logits = m;
+        for (auto* v : {&f.logit_pos_ids, &f.logit_neg_ids}) v->assign(n * m, -1);
+        for (auto* v : {&f.logit_pos_values, &f.logit_neg_values}) v->assign(n * m, 0.0f);
+        const RowRange own = partition_rows(n, rank, ranks);
+        decoder_logits(*be, s.sae.w.at("W_dec").data(), n, d, s.unembedding.w.data(),
+                       s.unembedding.vocab, m, own.begin, own.size(), &f.logit_pos_ids,
+                       &f.logit_pos_values, &f.logit_neg_ids, &f.logit_neg_values);
+        std::vector<int64_t> all(static_cast<size_t>(4 * n * m),
+                                 std::numeric_limits<int64_t>::min());
+        for (int64_t i = own.begin * m; i < own.end * m; ++i) {
+            const auto u = static_cast<size_t>(i);
+            uint32_t pv = 0, nv = 0;
+            std::memcpy(&pv, &f.logit_pos_values[u], 4);
+            std::memcpy(&nv, &f.logit_neg_values[u], 4);
+            all[u] = f.logit_pos_ids[u], all[u + n * m] = f.logit_neg_ids[u];
+            all[u + 2 * n * m] = pv, all[u + 3 * n * m] = nv;
+        }
+        world.allreduce_max(all.data(), static_cast<int64_t>(all.size()));
+        for (size_t u = 0; u < static_cast<size_t>(n * m); ++u) {
+            const auto pv = static_cast<uint32_t>(all[u + 2 * n * m]);
+            const auto nv = static_cast<uint32_t>(all[u + 3 * n * m]);
+            f.logit_pos_ids[u] = static_cast<int32_t>(all[u]);
+            f.logit_neg_ids[u] = static_cast<int32_t>(all[u + n * m]);
+            std::memcpy(&f.logit_pos_values[u], &pv, 4);
+            std::memcpy(&f.logit_neg_values[u], &nv, 4);
+        }
+    }
     if (rank != 0) return 0;
     f.neighbours = std::min<int64_t>(a.neighbours, n - 1);
     decoder_neighbours(*be, s.sae.w.at("W_dec").data(), n, d, f.neighbours, &f.neighbour_idx,
@@ -293,10 +360,12 @@ int features_main(const Args& a, Communicator& world) {
     }
     fmt::print(
         "sae-features: {} rows in {:.1f} s ({} rows/s, the pass {:.1f} s); {} of {} latents "
-        "dead, {} dense (> 10% of rows); {}\n",
+        "dead, {} dense (> 10% of rows); {}; {}\n",
         stats.rows(), seconds_since(t0),
         short_count(static_cast<double>(stats.rows()) / seconds_since(t0)), pass_s, dead, n, dense,
-        f.contexts == "token_ids" ? "token windows from token_ids" : f.contexts);
+        f.contexts == "token_ids" ? "token windows from token_ids" : f.contexts,
+        f.logits > 0 ? fmt::format("logit tables from {}", printable(f.logits_source))
+                     : "logit tables " + f.logits_source);
     fmt::print("wrote {}\n", printable(file));
     return 0;
 }
@@ -325,6 +394,13 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(int64_t{0}, int64_t{1000}));
     app.add_option("--neighbours", a.neighbours, "nearest latents by decoder cosine")
         ->check(CLI::Range(int64_t{0}, int64_t{1000}));
+    app.add_option("--logits", a.logits,
+                   "tokens each latent promotes and suppresses most, by its decoder row against "
+                   "the unembedding (0: none)")
+        ->check(CLI::Range(int64_t{0}, int64_t{1000}));
+    app.add_option("--unembedding", a.unembedding,
+                   "W_U [vocab, d] for the logit tables (default: unembedding.h5 beside the "
+                   "data when there is one; none: no tables)");
     app.add_option("--batch-rows", a.batch_rows, "rows per encoder batch")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     app.add_option("--backend", a.backend,

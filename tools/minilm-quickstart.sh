@@ -30,7 +30,7 @@ extract() {  # OUT TOKENS FILES...
     local out="$1" n="$2"
     shift 2
     .venv/bin/python tools/extract_activations.py --model minilm --hook encoder.layer.3 \
-        --context 128 --dtype float16 --max-tokens "$n" --out "$out" --text "$@"
+        --context 128 --dtype float16 --max-tokens "$n" --unembedding --out "$out" --text "$@"
 }
 extract data/minilm/train "$tokens" "${train[@]}"
 extract data/minilm/eval "$((tokens / 10))" "${held[@]}"

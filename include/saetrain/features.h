@@ -141,6 +141,18 @@ private:
 void decoder_neighbours(Backend& be, const float* w_dec, int64_t n, int64_t d, int64_t m,
                         std::vector<int32_t>* idx, std::vector<float>* cos);
 
+// The logit tables of latents [first, first + count): each decoder row (W_dec [n, d], host
+// memory) against every token's row of the unembedding W_U [vocab, d] (host memory), the
+// direct effect of the latent on the logits (no final norm, as SAEDashboard computes it). For
+// each latent its `m` largest dot products (the tokens it promotes, decreasing) and `m`
+// smallest (those it suppresses, increasing; ties: the lower token id first) into rows
+// [first, first + count) of pos_idx, pos_val, neg_idx, neg_val [n, m], which must hold n * m
+// entries; other rows are left as they are. Computed on `be` in blocks of latents.
+void decoder_logits(Backend& be, const float* w_dec, int64_t n, int64_t d, const float* w_u,
+                    int64_t vocab, int64_t m, int64_t first, int64_t count,
+                    std::vector<int32_t>* pos_idx, std::vector<float>* pos_val,
+                    std::vector<int32_t>* neg_idx, std::vector<float>* neg_val);
+
 // Token windows around rows: for each row r of `rows` in [own_begin, own_end) (this rank's
 // rows), the token ids of rows r - w .. r + w that lie in r's context, -1 elsewhere, written to
 // out [rows.size(), 2 w + 1]; the entries of other rows (another rank's, or -1: none) are left

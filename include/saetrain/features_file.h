@@ -21,9 +21,15 @@
 //                            examples from across its activations, not only its largest
 //   neighbours [n, M] i32, neighbour_cosine [n, M] f32  the latents whose decoder rows have the
 //                            largest cosine with its own, in decreasing cosine
+//   logit_pos_ids [n, T] i32, logit_pos_values [n, T] f32  the T tokens whose unembedding rows
+//                            have the largest dot product with its decoder row (the logits it
+//                            promotes), decreasing; logit_neg_ids, logit_neg_values the T
+//                            smallest (those it suppresses), increasing; only with an
+//                            unembedding (decoder_logits)
 // Attributes: format ("saetrain-features 1"), sae, sae_id, arch, d_model, n_latents, rows,
 // ranks, data (the shards' directory or glob, absolute), dataset, top, context, contexts
-// ("token_ids": the windows are there; else why not).
+// ("token_ids": the windows are there; else why not), logits (the unembedding file the logit
+// tables come from, or "none: " and why there are none).
 #pragma once
 
 #include <cstdint>
@@ -50,7 +56,21 @@ struct FeaturesFile {
     int64_t neighbours = 0;
     std::vector<int32_t> neighbour_idx;
     std::vector<float> neighbour_cos;
+    int64_t logits = 0;  // T; 0: no logit tables
+    std::string logits_source;
+    std::vector<int32_t> logit_pos_ids, logit_neg_ids;
+    std::vector<float> logit_pos_values, logit_neg_values;
 };
+
+// An unembedding matrix as tools/extract_activations.py --unembedding writes it: the file's
+// dataset W_U [vocab, d] (a token's row: its direction in the residual stream).
+struct Unembedding {
+    std::vector<float> w;  // [vocab, d]
+    int64_t vocab = 0;
+};
+// Reads `path`'s W_U, which must be [vocab, d] with vocab >= 1 and every value finite; throws
+// Error naming the file and what is wrong.
+Unembedding unembedding_read(const std::string& path, int64_t d);
 
 // Writes `f` to `path` atomically (readers see the old file or the whole new one). Throws Error
 // naming the file when it cannot be written.

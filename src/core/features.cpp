@@ -355,6 +355,55 @@ void decoder_neighbours(Backend& be, const float* w_dec, int64_t n, int64_t d, i
     }
 }
 
+void decoder_logits(Backend& be, const float* w_dec, int64_t n, int64_t d, const float* w_u,
+                    int64_t vocab, int64_t m, int64_t first, int64_t count,
+                    std::vector<int32_t>* pos_idx, std::vector<float>* pos_val,
+                    std::vector<int32_t>* neg_idx, std::vector<float>* neg_val) {
+    SAE_ENFORCE(first >= 0 && count >= 0 && first + count <= n && m <= vocab,
+                "decoder_logits: latents [{}, {}) of {}, {} of {} tokens", first, first + count, n,
+                m, vocab);
+    for (auto* v : {pos_idx, neg_idx})
+        SAE_ENFORCE(static_cast<int64_t>(v->size()) == n * m, "decoder_logits: {} ids for {} x {}",
+                    v->size(), n, m);
+    if (m <= 0 || count <= 0) return;
+    DeviceArray<float> u(be, vocab * d);
+    be.upload(u.data(), w_u, vocab * d * int64_t{sizeof(float)});
+    // Blocks of latents whose [block, vocab] logits take at most about 64 MiB.
+    const int64_t block = std::clamp<int64_t>((int64_t{16} << 20) / vocab, 1, count);
+    DeviceArray<float> rows(be, block * d), g(be, block * vocab);
+    std::vector<float> host(static_cast<size_t>(block * vocab));
+    for (int64_t i0 = first; i0 < first + count; i0 += block) {
+        const int64_t b = std::min(block, first + count - i0);
+        be.upload(rows.data(), w_dec + i0 * d, b * d * int64_t{sizeof(float)});
+        // G[b, vocab] = W_dec[i0 .. i0 + b) W_U^T
+        be.gemm(false, true, b, vocab, d, 1.0f, rows.data(), d, u.data(), d, 0.0f, g.data(), vocab);
+        be.download(host.data(), g.data(), b * vocab * int64_t{sizeof(float)});
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < b; ++r) {
+            const float* row = host.data() + r * vocab;
+            std::vector<int32_t> order(static_cast<size_t>(vocab));
+            for (int64_t t = 0; t < vocab; ++t) order[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+            const auto at = static_cast<size_t>((i0 + r) * m);
+            std::partial_sort(order.begin(), order.begin() + m, order.end(),
+                              [&](int32_t a, int32_t c) {
+                                  return row[a] > row[c] || (row[a] == row[c] && a < c);
+                              });
+            for (int64_t j = 0; j < m; ++j) {
+                (*pos_idx)[at + j] = order[static_cast<size_t>(j)];
+                (*pos_val)[at + j] = row[order[static_cast<size_t>(j)]];
+            }
+            std::partial_sort(order.begin(), order.begin() + m, order.end(),
+                              [&](int32_t a, int32_t c) {
+                                  return row[a] < row[c] || (row[a] == row[c] && a < c);
+                              });
+            for (int64_t j = 0; j < m; ++j) {
+                (*neg_idx)[at + j] = order[static_cast<size_t>(j)];
+                (*neg_val)[at + j] = row[order[static_cast<size_t>(j)]];
+            }
+        }
+    }
+}
+
 void fill_context_windows(const std::vector<int64_t>& rows, int64_t w, int64_t own_begin,
                           int64_t own_end, int64_t first, const std::vector<int32_t>& token_ids,
                           const std::vector<int32_t>& positions, std::vector<int32_t>* out) {

@@ -1,6 +1,9 @@
 #include "saetrain/features_file.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
 
 #include "atomic_file.h"
 #include "h5.h"
@@ -67,6 +70,16 @@ void write_file(const std::string& path, const FeaturesFile& f) {
                     {n, m});
         h5::write_f32(h, "neighbour_cosine", f.neighbour_cos.data(), {n, m});
     }
+    if (f.logits > 0) {
+        const auto m = static_cast<hsize_t>(f.logits);
+        write_typed(h, "logit_pos_ids", H5T_STD_I32LE, H5T_NATIVE_INT32, f.logit_pos_ids.data(),
+                    {n, m});
+        h5::write_f32(h, "logit_pos_values", f.logit_pos_values.data(), {n, m});
+        write_typed(h, "logit_neg_ids", H5T_STD_I32LE, H5T_NATIVE_INT32, f.logit_neg_ids.data(),
+                    {n, m});
+        h5::write_f32(h, "logit_neg_values", f.logit_neg_values.data(), {n, m});
+    }
+    h5::write_attr_string(h, "logits", f.logits_source);
     h5::write_attr_string(h, "format", "saetrain-features 1");
     h5::write_attr_string(h, "sae", f.sae);
     h5::write_attr_string(h, "sae_id", f.sae_id);
@@ -86,6 +99,30 @@ void write_file(const std::string& path, const FeaturesFile& f) {
 }
 
 }  // namespace
+
+Unembedding unembedding_read(const std::string& path, int64_t d) {
+    auto guard = h5::lock();
+    h5::File f = h5::open_file(path);
+    SAE_ENFORCE(h5::link_exists(f.get(), "W_U", path),
+                "{}: no dataset 'W_U' (an unembedding [vocab, d_model], as "
+                "tools/extract_activations.py --unembedding writes it)",
+                path);
+    std::vector<hsize_t> dims;
+    Unembedding u;
+    dims = h5::dataset_dims(h5::open_dataset(f.get(), "W_U", path).get());
+    SAE_ENFORCE(dims.size() == 2 && dims[0] >= 1 && dims[1] == static_cast<hsize_t>(d),
+                "{}: W_U is [{}]; expected [vocab, {}] (the SAE's d_model)", path,
+                fmt::join(dims, ", "), d);
+    constexpr hsize_t kMaxVocab = hsize_t{1} << 24;
+    SAE_ENFORCE(dims[0] <= kMaxVocab, "{}: W_U claims {} tokens, more than the {} a vocabulary "
+                "may hold here", path, dims[0], kMaxVocab);
+    u.w = h5::read_f32(f.get(), "W_U", path, &dims);
+    u.vocab = static_cast<int64_t>(dims[0]);
+    for (size_t i = 0; i < u.w.size(); ++i)
+        SAE_ENFORCE(std::isfinite(u.w[i]), "{}: W_U[{}, {}] is {}, not a finite number", path,
+                    i / static_cast<size_t>(d), i % static_cast<size_t>(d), u.w[i]);
+    return u;
+}
 
 void features_write_h5(const std::string& path, const FeaturesFile& f) {
     SAE_ENFORCE(f.stats != nullptr, "features_write_h5: no statistics");

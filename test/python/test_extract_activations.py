@@ -185,6 +185,23 @@ def test_layout_and_attributes():
                 assert int(f["activations"].attrs["first_context"]) == i * SHARD_CONTEXTS
 
 
+def test_unembedding_is_the_models_tied_embedding():
+    """--unembedding: DIR/unembedding.h5's W_U is MiniLM's word embedding (BERT ties its output
+    to it), float32 [vocab, 384], its source named; without the flag there is none."""
+    import h5py
+    out = extract("unembed", "--text", PROSE, "--hook", "encoder.layer.3", "--max-tokens", "200",
+                  "--unembedding")
+    assert sorted(os.listdir(out)) == ["encoder.layer.3", "unembedding.h5", "vocab.json"]
+    with h5py.File(os.path.join(out, "unembedding.h5"), "r") as f:
+        w_u, source = f["W_U"][()], f.attrs["source"]
+    _, model = reference()
+    want = model.get_input_embeddings().weight.detach().float().numpy()
+    assert w_u.dtype == np.float32 and w_u.shape == (model.config.vocab_size, 384)
+    assert np.array_equal(w_u, want)
+    assert "tied" in str(source)
+    assert "unembedding.h5" not in os.listdir(base_run())
+
+
 def test_token_ids_follow_the_documented_packing():
     arrays, _, _, _ = load(os.path.join(keep_run(), "encoder.layer.3"))
     tok, _ = reference()

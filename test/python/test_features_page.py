@@ -11,7 +11,9 @@ checks, in Chromium and against features.h5:
 - tokens shown as text from the vocab.json beside the shards; a search by latent id, by token
   id and by token text (latents whose top rows are that token) lists exactly the latents the
   file says; dead latents are listed;
-- shards without token ids: the page says why it shows no tokens.
+- the tokens each latent promotes and suppresses (an unembedding.h5 beside the shards), as text;
+- shards without token ids: the page says why it shows no tokens (nor logit tables: no
+  unembedding).
 
     SAETRAIN_BIN_DIR=build/cpu/apps .venv/bin/python -m pytest test/python/test_features_page.py
 """
@@ -36,8 +38,12 @@ REPORT = os.path.join(ROOT, "tools", "sae_report.py")
 def make_run(tmp, token_ids):
     data = tmp / "data"
     write_data(str(data), np.random.default_rng(11), token_ids=token_ids)
-    if token_ids:  # a vocabulary beside the shards, as tools/extract_activations.py writes
+    if token_ids:  # a vocabulary beside the shards and an unembedding in their parent, as
+        # tools/extract_activations.py --unembedding writes them
         (data / "vocab.json").write_text(json.dumps([f"w{i}" for i in range(1000)]))
+        with h5py.File(tmp / "unembedding.h5", "w") as f:  # the data's parent
+            f.create_dataset("W_U", data=np.random.default_rng(12).standard_normal(
+                (1000, 16)).astype(np.float32))
     run = tmp / "run"
     _run(_mpirun(1, os.path.join(BIN, "saetrain"), os.path.join(ROOT, "configs/quickstart.yaml"),
                  "--overwrite", "--set", f"run.out_dir={run}", "--set", f"data.path={data}",
@@ -79,6 +85,9 @@ DETAIL = """(() => {
           neighbours: [...d.querySelectorAll('#neighbours a.lat')].map((a) => Number(a.dataset.latent)),
           bars: [...d.querySelectorAll('#hist rect')].map((r) => Number(r.dataset.count)),
           sample: [...d.querySelectorAll('#sample tr[data-row]')].map((tr) => Number(tr.dataset.row)),
+          promotes: [...d.querySelectorAll('#logits .pos .tok')].map((s) => s.textContent),
+          suppresses: [...d.querySelectorAll('#logits .neg .tok')].map((s) => s.textContent),
+          no_logits: d.querySelector('#no-logits')?.textContent ?? null,
           no_text: d.querySelector('#no-text')?.textContent ?? null};
 })()"""
 
@@ -115,6 +124,10 @@ def test_the_page_lists_sorts_opens_and_searches_latents(tmp_path, browser):
     assert d["bars"] == h["hist"][latent].tolist() and d["no_text"] is None
     assert d["sample"] == h["sample_rows"][latent][h["sample_rows"][latent] >= 0].tolist()
     assert len(d["sample"]) > 0
+    # Its logit tables, as text: the tokens it promotes and suppresses most.
+    assert d["promotes"] == [f"w{t}" for t in h["logit_pos_ids"][latent]]
+    assert d["suppresses"] == [f"w{t}" for t in h["logit_neg_ids"][latent]]
+    assert len(d["promotes"]) == 10 and d["no_logits"] is None
     # #latent=ID opens one directly; a neighbour's link opens the neighbour.
     other = int(h["neighbours"][latent][0])
     browser.eval(f"document.querySelector('#neighbours a.lat[data-latent=\"{other}\"]').click()")
@@ -142,6 +155,7 @@ def test_without_token_ids_the_page_says_why(tmp_path, browser):
     d = wait_for(lambda: browser.eval(DETAIL), "latent 0's page")
     assert d["latent"] == 0 and d["tokens"] == [[] for _ in d["rows"]]
     assert "has no 'token_ids' dataset" in d["no_text"]
+    assert d["promotes"] == [] and "no unembedding.h5 beside the data" in d["no_logits"]
     listing = (run / "report" / "features" / "index.html").read_text()
     assert f'href="{sae}/index.html"' in listing
 

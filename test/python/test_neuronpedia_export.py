@@ -4,7 +4,8 @@ SAEDashboard's own classes (sae_dashboard.neuronpedia.neuronpedia_dashboard).
 - every batch file builds a NeuronpediaDashboardBatch (whose constructor takes no key it does
   not know) and its to_dict() gives the file back, so the layout is SAEDashboard's exactly;
 - every latent's fields hold features.h5's figures: frequency, histogram counts, neighbours,
-  and each top row's window as the vocabulary's text with the latent's activations;
+  the logit tables (pos_str / neg_str as text), each top row's window, and the sampled
+  firings as interval groups as the vocabulary's text with the latent's activations;
 - refusals in one line: shards without token ids, no vocabulary, an --out already used.
 
     SAETRAIN_BIN_DIR=build/cpu/apps .venv/bin/python -m pytest test/python/test_neuronpedia_export.py
@@ -62,8 +63,26 @@ def test_batches_load_with_saedashboard_and_hold_the_features(tmp_path):
             assert feat["correlated_features_indices"] == h["neighbours"][i].tolist()
             assert feat["n_prompts_total"] == rows and feat["n_tokens_in_prompt"] == 7
             k = int((h["top_rows"][i] >= 0).sum())
-            assert len(feat["activations"]) == k
-            for j, act in enumerate(feat["activations"]):
+            top = [x for x in feat["activations"] if x["bin_min"] == -1]
+            assert len(top) == k and feat["activations"][:k] == top
+            # The sample as interval groups: every sampled firing once, in the tenth of
+            # [0, max] its activation falls in, highest first; the shares sum to 1.
+            groups = feat["activations"][k:]
+            sampled = h["sample_acts"][i][h["sample_rows"][i] >= 0]
+            assert len(groups) == len(sampled)
+            mx = float(h["max_act"][i])
+            assert sorted(g["values"][g["qualifying_token_index"]] for g in groups) == \
+                sorted(round(float(v), 3) for v in sampled)
+            for g in groups:
+                v = g["values"][g["qualifying_token_index"]]
+                assert g["bin_min"] - 1e-3 <= v <= g["bin_max"] + 1e-3
+                assert np.isclose(g["bin_max"] - g["bin_min"], mx / 10, atol=2e-3)
+            assert [g["bin_min"] for g in groups] == sorted((g["bin_min"] for g in groups),
+                                                            reverse=True)
+            shares = {g["bin_min"]: g["bin_contains"] for g in groups}
+            if groups and min(shares) == 0:
+                assert np.isclose(sum(shares.values()), 1, atol=1e-5)
+            for j, act in enumerate(top):
                 toks = h["top_context_tokens"][i, j]
                 keep = toks >= 0
                 assert act["tokens"] == [vocab[t] for t in toks[keep]]
@@ -71,6 +90,12 @@ def test_batches_load_with_saedashboard_and_hold_the_features(tmp_path):
                 assert act["bin_min"] == -1 and act["bin_contains"] == -1
                 q = act["qualifying_token_index"]
                 assert act["values"][q] == round(float(h["top_acts"][i, j]), 3)
+            # The logit tables (an unembedding.h5 beside the shards), as the vocabulary's text.
+            assert feat["pos_str"] == [vocab[t] for t in h["logit_pos_ids"][i]]
+            assert feat["neg_str"] == [vocab[t] for t in h["logit_neg_ids"][i]]
+            assert np.allclose(feat["pos_values"], h["logit_pos_values"][i], atol=1e-3)
+            assert np.allclose(feat["neg_values"], h["logit_neg_values"][i], atol=1e-3)
+            assert feat["pos_values"][0] > 0 > feat["neg_values"][0]
     assert seen == list(range(n))
     # An --out used already is refused, not mixed with another export.
     r = export(path, "--out", out)

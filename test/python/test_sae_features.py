@@ -12,6 +12,9 @@ tie, and the reference's top rows, counts and histograms must be equal, not clos
   rank boundaries) and the latent's activations on them, decoder neighbours; the ranks' files
   equal;
 - shards without token_ids: every statistic and top row, no windows, the reason in the file;
+- the logit tables: with an unembedding.h5 beside the data (found) or given, each latent's
+  promoted and suppressed tokens against numpy's (dyadic W_dec and W_U: exact, ties to the lower
+  token id) on 1 and 3 ranks; without one, none and why; a W_U of the wrong width is one line;
 - refusals: an SAE whose d_model differs from the data's, an SAE outside a run without --out.
 
     SAETRAIN_BIN_DIR=build/cpu/apps .venv/bin/python -m pytest test/python/test_sae_features.py
@@ -305,3 +308,61 @@ def test_refusals_are_one_line(trained):
     r = _run([os.path.join(BIN, "sae-features"), loose], ok=False)
     assert r.returncode == 1 and "give --out DIR" in r.stderr, r.stderr
     assert not (tmp / "x").exists()
+
+
+def test_logit_tables_equal_the_numpy_reference(trained):
+    """W_dec and W_U in quarters: every dot product is exact in float32, so the tables must be
+    equal, ties (many among 1,000 tokens) broken to the lower token id as a stable sort does."""
+    tmp, data, _, _, _, saes = trained
+    sae_dir, _ = saes["topk"]
+    rng = np.random.default_rng(5)
+    sae = tmp / "logits-sae.h5"
+    shutil.copy(sae_dir / "final.h5", sae)
+    w_dec = rng.integers(-4, 5, size=(N, D)).astype(np.float32) / 4
+    with h5py.File(sae, "r+") as f:
+        f["W_dec"][...] = w_dec
+    vocab, T = 1000, 9
+    w_u = rng.integers(-8, 9, size=(vocab, D)).astype(np.float32) / 4
+    logits = w_dec.astype(np.float64) @ w_u.T.astype(np.float64)
+    pos = np.argsort(-logits, axis=1, kind="stable")[:, :T]
+    neg = np.argsort(logits, axis=1, kind="stable")[:, :T]
+    assert (np.diff(np.sort(logits, axis=1), axis=1) == 0).any()  # ties to break
+    # As tools/extract_activations.py lays them out: DIR/unembedding.h5 beside DIR/<hook>/.
+    beside = tmp / "logits-data"
+    shutil.copytree(data, beside / "hook")
+    with h5py.File(beside / "unembedding.h5", "w") as f:
+        f.create_dataset("W_U", data=w_u)
+    outs = []
+    for ranks, extra in ((1, []), (3, ["--unembedding", beside / "unembedding.h5",
+                                       "--data", data])):
+        out = tmp / f"features-logits-{ranks}"
+        args = extra or ["--data", beside / "hook"]
+        r = _run(_mpirun(ranks, os.path.join(BIN, "sae-features"), sae, *args, "--out", out,
+                         "--logits", T))
+        assert "logit tables from" in r.stdout, r.stdout
+        got, attrs = read(out / "features.h5")
+        assert attrs["logits"] == str((beside / "unembedding.h5").resolve()), attrs["logits"]
+        assert np.array_equal(got["logit_pos_ids"], pos)
+        assert np.array_equal(got["logit_neg_ids"], neg)
+        assert np.array_equal(got["logit_pos_values"], np.take_along_axis(logits, pos, 1))
+        assert np.array_equal(got["logit_neg_values"], np.take_along_axis(logits, neg, 1))
+        outs.append(got)
+    for key in outs[0]:
+        assert np.array_equal(outs[0][key], outs[1][key]), key
+    # Nothing beside the data: no tables, and the file says why.
+    out = tmp / "features-no-logits"
+    r = _run([os.path.join(BIN, "sae-features"), sae, "--data", data, "--out", out])
+    got, attrs = read(out / "features.h5")
+    assert "logit_pos_ids" not in got
+    assert attrs["logits"].startswith("none: no unembedding.h5 beside the data"), attrs["logits"]
+    # A W_U of another width: one line naming the file, nothing written.
+    bad = tmp / "bad-unembedding.h5"
+    with h5py.File(bad, "w") as f:
+        f.create_dataset("W_U", data=np.zeros((vocab, D + 1), np.float32))
+    r = _run(_mpirun(2, os.path.join(BIN, "sae-features"), sae, "--data", data, "--out",
+                     tmp / "y", "--unembedding", bad), ok=False)
+    assert r.returncode == 1
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("sae-features: error:")]
+    assert len(lines) == 1 and f"{bad}: W_U is [1000, 17]; expected [vocab, 16]" in lines[0], \
+        r.stderr
+    assert not (tmp / "y").exists()

@@ -109,6 +109,8 @@ def _write_feature_set(h5py, sae_id, path, out):
         scacts = f["sample_context_acts"][()] if srows is not None else None
         nb = f["neighbours"][()] if "neighbours" in f else None
         nbc = f["neighbour_cosine"][()] if "neighbour_cosine" in f else None
+        logits = {k: f[k][()] for k in ("logit_pos_ids", "logit_pos_values", "logit_neg_ids",
+                                        "logit_neg_values")} if "logit_pos_ids" in f else None
     context = int(a["context"])
     summary = {
         "id": sae_id, "arch": str(a["arch"]), "rows": int(a["rows"]), "n": n, "top": top,
@@ -117,7 +119,8 @@ def _write_feature_set(h5py, sae_id, path, out):
         "fires": fires.tolist(), "edges": _rounded(edges, 4),
         # The token of each top row (the row itself, the window's middle), for search by token.
         "top_token": ctx[:, :, context].tolist() if ctx is not None else None,
-        "vocab": read_vocab(str(a["data"])) if ctx is not None else None,
+        "vocab": read_vocab(str(a["data"])) if ctx is not None or logits else None,
+        "logits": str(a.get("logits", "none: computed before sae-features kept logit tables")),
     }
     with out.open("summary.js", "w", encoding="utf-8") as f:
         _js(f, "saeFeaturesSummary", summary)
@@ -132,7 +135,11 @@ def _write_feature_set(h5py, sae_id, path, out):
                 "cacts": [_rounded(w, 4) for w in cacts[i, :k]] if cacts is not None else None,
                 **_sample_of(i, srows, sacts, sctx, scacts),
                 "nb": nb[i].tolist() if nb is not None else [],
-                "nbc": _rounded(nbc[i], 4) if nbc is not None else []})
+                "nbc": _rounded(nbc[i], 4) if nbc is not None else [],
+                **({"lpos": logits["logit_pos_ids"][i].tolist(),
+                    "lposv": _rounded(logits["logit_pos_values"][i], 4),
+                    "lneg": logits["logit_neg_ids"][i].tolist(),
+                    "lnegv": _rounded(logits["logit_neg_values"][i], 4)} if logits else {})})
         with out.open(f"detail-{c0 // CHUNK:05d}.js", "w", encoding="utf-8") as f:
             _js(f, "saeFeaturesChunk", {"chunk": c0 // CHUNK, "latents": latents})
     with out.open("index.html", "w", encoding="utf-8") as f:
@@ -190,6 +197,9 @@ td,th{padding:1px 8px;text-align:right}
 .tok{padding:0 2px;margin:0 1px;border-radius:2px}
 .tok.here{font-weight:bold;outline:1px solid #c60}
 .gone{color:#bbb}
+.logit .tok{font-family:monospace}
+.logit.pos .tok{background:#dfe9f7}
+.logit.neg .tok{background:#f7dfdf}
 a.lat{color:#036;cursor:pointer;margin-right:.6em}
 </style></head><body>
 <h1>Features: <span id="sae"></span></h1>
@@ -318,7 +328,25 @@ function drawDetail(i) {
     nb.append(el("b", {}, "Nearest by decoder cosine: "));
     L.nb.forEach((j, k) => { if (j >= 0) { nb.append(latentLink(j), el("span", {class: "meta"},
       "(" + L.nbc[k].toFixed(3) + ") ")); } });
-    d.append(nb, el("h3", {}, "Top rows"));
+    d.append(nb);
+    if (L.lpos) {
+      const lg = el("div", {id: "logits"});
+      for (const [label, ids, vals, cls] of [["Promotes", L.lpos, L.lposv, "pos"],
+                                             ["Suppresses", L.lneg, L.lnegv, "neg"]]) {
+        const p = el("p", {class: "logit " + cls});
+        p.append(el("b", {}, label + ": "));
+        ids.forEach((t, k) => p.append(el("span", {class: "tok", "data-token": t,
+          title: "logit " + (vals[k] >= 0 ? "+" : "") + num(vals[k])}, tokText(t)), " "));
+        lg.append(p);
+      }
+      d.append(el("h3", {}, "Logits"), el("p", {class: "meta"}, "The tokens whose unembedding " +
+        "rows its decoder row raises and lowers most (" + S.logits + "; hover for the value)."),
+        lg);
+    } else {
+      d.append(el("p", {class: "meta", id: "no-logits"}, "No logit tables: " +
+        S.logits.replace(/^none: /, "") + "."));
+    }
+    d.append(el("h3", {}, "Top rows"));
     if (!L.ctx) d.append(el("p", {class: "meta", id: "no-text"}, "No token windows: " +
       S.contexts.replace(/^none: /, "") + "."));
     else d.append(el("p", {class: "meta"}, (S.vocab ? "Tokens" : "Token ids (no vocab.json " +
