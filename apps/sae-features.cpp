@@ -121,7 +121,8 @@ void find_unembedding(const Args& a, const std::string& data, int64_t d, Setup* 
             s->logits = "none: the data is in a store; give --unembedding FILE";
             return;
         }
-        const fs::path base = fs::is_directory(data) ? fs::path(data) : fs::path(data).parent_path();
+        const fs::path base =
+            fs::is_directory(data) ? fs::path(data) : fs::path(data).parent_path();
         for (const fs::path& dir : {base, base.lexically_normal().parent_path()}) {
             const fs::path f = dir / "unembedding.h5";
             if (path.empty() && fs::is_regular_file(f) && !fs::is_symlink(f)) path = f.string();

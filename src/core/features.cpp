@@ -382,7 +382,8 @@ void decoder_logits(Backend& be, const float* w_dec, int64_t n, int64_t d, const
         for (int64_t r = 0; r < b; ++r) {
             const float* row = host.data() + r * vocab;
             std::vector<int32_t> order(static_cast<size_t>(vocab));
-            for (int64_t t = 0; t < vocab; ++t) order[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+            for (int64_t t = 0; t < vocab; ++t)
+                order[static_cast<size_t>(t)] = static_cast<int32_t>(t);
             const auto at = static_cast<size_t>((i0 + r) * m);
             std::partial_sort(order.begin(), order.begin() + m, order.end(),
                               [&](int32_t a, int32_t c) {

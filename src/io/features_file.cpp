@@ -114,8 +114,10 @@ Unembedding unembedding_read(const std::string& path, int64_t d) {
                 "{}: W_U is [{}]; expected [vocab, {}] (the SAE's d_model)", path,
                 fmt::join(dims, ", "), d);
     constexpr hsize_t kMaxVocab = hsize_t{1} << 24;
-    SAE_ENFORCE(dims[0] <= kMaxVocab, "{}: W_U claims {} tokens, more than the {} a vocabulary "
-                "may hold here", path, dims[0], kMaxVocab);
+    SAE_ENFORCE(dims[0] <= kMaxVocab,
+                "{}: W_U claims {} tokens, more than the {} a vocabulary "
+                "may hold here",
+                path, dims[0], kMaxVocab);
     u.w = h5::read_f32(f.get(), "W_U", path, &dims);
     u.vocab = static_cast<int64_t>(dims[0]);
     for (size_t i = 0; i < u.w.size(); ++i)
