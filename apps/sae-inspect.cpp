@@ -103,12 +103,29 @@ std::string weights_difference(const std::string& a_path, const std::string& b_p
         const std::vector<float>&x = a.tensors[t].data, &y = b.tensors[t].data;
         if (a.tensors[t].shape != b.tensors[t].shape || x.size() != y.size())
             return fmt::format("{}: sizes differ", name);
-        // Bits, not values: -0 vs 0 or two NaNs count as different.
-        for (size_t i = 0; i < x.size(); ++i)
-            if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0)
-                return fmt::format("{}[{}]: {:.9g} vs {:.9g}", name, i, x[i], y[i]);
     }
-    return "";
+    // Bits, not values: -0 vs 0 or two NaNs count as different. The first difference, and how
+    // far apart the two are: the largest |a - b| over each tensor's largest |a|.
+    std::string first;
+    double worst = 0;
+    std::string worst_name;
+    for (size_t t = 0; t < a.tensors.size(); ++t) {
+        const std::vector<float>&x = a.tensors[t].data, &y = b.tensors[t].data;
+        double top = 0, gap = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+            if (std::memcmp(&x[i], &y[i], sizeof(float)) == 0) continue;
+            if (first.empty())
+                first = fmt::format("{}[{}]: {:.9g} vs {:.9g}", a.tensors[t].name, i, x[i], y[i]);
+            gap = std::max(gap, std::fabs(static_cast<double>(x[i]) - y[i]));
+        }
+        if (first.empty() || gap == 0) continue;
+        for (float v : x) top = std::max(top, std::fabs(static_cast<double>(v)));
+        const double rel = top > 0 ? gap / top : INFINITY;
+        if (!(rel <= worst)) worst = rel, worst_name = a.tensors[t].name;
+    }
+    if (first.empty()) return "";
+    return fmt::format("{}; max relative difference {:.3g} ({}: largest |a - b| over largest |a|)",
+                       first, worst, worst_name);
 }
 
 void print_dataset(const std::string& path, const std::string& name) {

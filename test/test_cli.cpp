@@ -567,6 +567,30 @@ TEST_F(Cli, ThreadsFollowTheCoresOtherProcessesLeave) {
     EXPECT_EQ(c.code, 0) << c.out;
 }
 
+// sae-inspect --compare: two SAEs that differ exit 1 with the first differing value and the
+// largest difference relative to its tensor's largest value (the multinode test reads it).
+TEST_F(Cli, InspectCompareNamesTheFirstAndLargestDifference) {
+    Result r = train("--set run.out_dir=" + (dir / "a").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = train("--set run.out_dir=" + (dir / "b").string() + " --set train.lr=0.00501");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string a = (dir / "a/sae/topk-x2-k4/final.h5").string(),
+                      b = (dir / "b/sae/topk-x2-k4/final.h5").string();
+    const Result same = run(bin("sae-inspect") + " " + a + " --compare " + a);
+    EXPECT_EQ(same.code, 0) << same.out;
+    EXPECT_NE(same.out.find("weights bitwise identical"), std::string::npos) << same.out;
+    const Result c = run(bin("sae-inspect") + " " + a + " --compare " + b);
+    EXPECT_EQ(c.code, 1) << c.out;
+    const size_t at = c.out.find("; max relative difference ");
+    ASSERT_NE(at, std::string::npos) << c.out;
+    EXPECT_NE(c.out.find(" differ: W_enc["), std::string::npos) << c.out;
+    // A 0.2% change of the learning rate over 12 steps moves the weights by far less than their
+    // size, but not by nothing.
+    const double rel = std::stod(c.out.substr(at + 26));
+    EXPECT_GT(rel, 1e-6) << c.out;
+    EXPECT_LT(rel, 0.5) << c.out;
+}
+
 // data.shuffle_buffer_bytes sizes the shuffle window in bytes: as many stored rows as fit, the
 // same shuffle as that many rows given as data.shuffle_buffer_rows; with both set it is refused.
 TEST_F(Cli, ShuffleBufferInBytesIsTheRowsThatFit) {

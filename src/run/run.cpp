@@ -175,6 +175,15 @@ int run_training(const RunRequest& args, Communicator& world,
 
     SaeTrainer trainer(s.sae(), s.model_d(), conn.steps, s.cfg.run.seed, *s.backend, conn.grads(),
                        &conn.latent_shard);
+    if (root && trainer.store().replicas() > 1)
+        fmt::print(
+            "replicas: {} of each SAE; {}\n", trainer.store().replicas(),
+            trainer.splits_update()
+                ? "one copy of its parameters and optimizer state in node memory, the update "
+                  "split among them"
+                : "a copy each, their gradients summed by all-reduce messages (node memory "
+                  "serves only CPU replicas all on one node, with room, and SAETRAIN_NO_SHM "
+                  "unset)");
     // Replicas are identical: replica 0 writes (its latent shards gather the SAE to latent shard
     // 0).
     const bool writer = s.coords.replica == 0;

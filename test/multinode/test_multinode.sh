@@ -1,0 +1,290 @@
+#!/usr/bin/env bash
+# test_multinode.sh BUILD_DIR — saetrain across a real node boundary: two hosts built from
+# network, UTS, mount and IPC namespaces (tools/cluster-local.sh), each with its own network
+# stack, host name, /tmp and /dev/shm, joined by a veth pair. mpirun runs in host 0 and starts
+# host 1's ranks through the cluster's rsh agent; MPI between the hosts is TCP over the link.
+# Every job is 2 hosts x 2 ranks beside the same job on one host (4 ranks in host 0):
+#
+#   sweep            bitwise equal: the ranks never exchange a gradient
+#   data parallel    across hosts the replicas sum their gradients by all-reduce messages; on one
+#                    host they split the optimizer over node memory, which sums in rank order.
+#                    Bitwise equal to one host with SAETRAIN_NO_SHM=1 (the same messages), and
+#                    within float32 rounding of the node split
+#   hybrid           2 configs x 2 replicas: each config's replicas share a host, so each host
+#                    uses the node split for its own: bitwise equal to one host
+#   latent shards    2 shards x 2 replicas: each replica's shards share a host, the replicas
+#                    span them (messages): bitwise equal to one host
+#   staging          data.stage_dir in /tmp: each host stages the shards its own ranks read,
+#                    into its own /tmp, once; bitwise equal to reading them in place
+#   a host lost      host 1's processes all SIGKILLed mid-run: the job ends on host 0 within
+#                    parallel.timeout_s + 5 s, the last committed checkpoint intact; the same
+#                    command on one host resumes from it to the uninterrupted job's bits
+#   the link cut     the same with both hosts alive but the link down: nothing hangs up, the
+#                    timeouts end the job (every process of it, on both hosts) within that bound
+#
+# ctest label `multinode`; exit 77 (skipped) where the kernel refuses the namespaces or the
+# tools are missing.
+set -euo pipefail
+
+build=$(cd "${1:?usage: test_multinode.sh BUILD_DIR}" && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+apps=${build}/apps
+cl="${repo}/tools/cluster-local.sh"
+for exe in unshare nsenter ip mpirun; do
+    if ! command -v "${exe}" >/dev/null 2>&1; then
+        echo "test_multinode: ${exe} not found: skipped"
+        exit 77
+    fi
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/saetrain-multinode.XXXXXX")
+export CLUSTER_LOCAL_DIR=${work}/cluster
+fail=0
+show_logs() {
+    local f
+    for f in "${work}"/*.log; do
+        [ -f "${f}" ] || continue
+        echo "--- ${f##*/}"
+        tail -n 15 "${f}"
+    done
+}
+cleanup() {
+    local rc=$?
+    bash "${cl}" stop >/dev/null 2>&1 || true
+    if [ "${fail}" -eq 0 ] && [ "${rc}" -eq 0 ]; then
+        rm -rf "${work}"
+    else
+        show_logs
+        echo "test_multinode: kept ${work} (exit ${rc})"
+    fi
+}
+trap cleanup EXIT
+say() { echo "test_multinode: $*"; }
+bad() {
+    echo "test_multinode: FAIL: $*"
+    fail=1
+}
+die() {
+    bad "$@"
+    exit 1
+}
+
+# --- the two hosts -----------------------------------------------------------------------------
+t0=$(date +%s.%N)
+rc=0
+CLUSTER_LOCAL_SHARE="${work}:${build}:${repo}" bash "${cl}" start >"${work}/cluster-start.log" 2>&1 ||
+    rc=$?
+if [ "${rc}" -eq 3 ]; then
+    say "skipped: $(cat "${work}/cluster-start.log")"
+    exit 77
+fi
+[ "${rc}" -eq 0 ] || die "tools/cluster-local.sh start exited ${rc}: $(cat "${work}/cluster-start.log")"
+say "$(cat "${work}/cluster-start.log") in $(echo "$(date +%s.%N) - ${t0}" | bc) s"
+eval "$(bash "${cl}" env)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+    OPENBLAS_NUM_THREADS=1 HDF5_USE_FILE_LOCKING=FALSE
+for i in 0 1; do
+    [ "$(bash "${cl}" exec "${i}" hostname)" = "saetrain-h${i}" ] || die "host ${i} has another name"
+done
+# Each host's /tmp is its own: a file written in one is not in the other, nor on this machine.
+bash "${cl}" exec 1 sh -c 'echo h1 >/tmp/only-on-h1'
+if bash "${cl}" exec 0 test -e /tmp/only-on-h1 || [ -e /tmp/only-on-h1 ]; then
+    bad "host 1's /tmp is visible outside it"
+fi
+
+cd "${work}"
+"${apps}/sae-synth" --out data --d-model 16 --features 32 --rows 6000 --shards 4 --seed 3 \
+    >/dev/null
+# write_config FILE K_LIST EPOCHS [EXTRA]
+write_config() {
+    cat >"$1" <<EOF
+data: {path: ${work}/data, batch_size: 128, shuffle_buffer_rows: 1024, epochs: $3}
+sae: {arch: topk, expansion: 2, k: $2}
+train: {lr: 0.004, warmup_steps: 4}
+log: {every_steps: 20}
+checkpoint: {every_steps: 25, keep: 2}
+parallel: {timeout_s: 10}
+EOF
+}
+write_config sweep.yaml "[2, 4, 6, 8]" 2
+write_config one.yaml 4 2
+write_config two.yaml "[2, 4]" 2
+write_config long.yaml 4 40
+
+# run_on HOSTS NAME CONFIG [--set ...]: the job in 4 ranks, on 2 hosts (2 a host) or 1 (4 in
+# host 0); its output in NAME.log, its run directory NAME.
+run_on() {
+    local hosts=$1 name=$2 cfg=$3 spread=saetrain-h0:4
+    shift 3
+    [ "${hosts}" = 2 ] && spread=saetrain-h0:2,saetrain-h1:2
+    bash "${cl}" exec 0 timeout 300 mpirun --host "${spread}" -n 4 "${apps}/saetrain" "${cfg}" \
+        --threads 1 --set run.out_dir="${work}/${name}" "$@" >"${name}.log" 2>&1
+}
+
+# bitwise A B: every SAE's final.h5 under run A equals run B's.
+bitwise() {
+    local a=$1 b=$2 n=0 f id
+    for f in "${a}"/sae/*/final.h5; do
+        [ -f "${f}" ] || continue
+        id=$(basename "$(dirname "${f}")")
+        if ! "${apps}/sae-inspect" "${f}" --compare "${b}/sae/${id}/final.h5" |
+            grep -q "weights bitwise identical"; then
+            bad "${a} and ${b} differ for ${id}"
+            return
+        fi
+        n=$((n + 1))
+    done
+    [ "${n}" -gt 0 ] || bad "${a} has no final.h5"
+    say "${a} = ${b}: ${n} SAE(s) bitwise identical"
+}
+# nodes_in LOG N: the run's placement lines name N nodes.
+nodes_in() {
+    local n
+    n=$(grep -c '^node saetrain-h[01]: ' "$1" || true)
+    [ "${n}" = "$2" ] || bad "$1 names ${n} node(s), not $2"
+}
+# path_in LOG node|messages: which path the replicas' gradients took.
+path_in() {
+    local want="in node memory, the update split"
+    [ "$2" = messages ] && want="summed by all-reduce messages"
+    grep -q "^replicas: .*${want}" "$1" || bad "$1 does not say its replicas' gradients went $2"
+}
+
+# --- sweep ---------------------------------------------------------------------------------------
+run_on 2 sweep-2h sweep.yaml || bad "the sweep on 2 hosts exited $?"
+nodes_in sweep-2h.log 2
+run_on 1 sweep-1h sweep.yaml || bad "the sweep on 1 host exited $?"
+nodes_in sweep-1h.log 1
+bitwise sweep-2h sweep-1h
+
+# --- data parallel ---------------------------------------------------------------------------
+run_on 2 dp-2h one.yaml --set parallel.mode=data_parallel || bad "data parallel on 2 hosts exited $?"
+path_in dp-2h.log messages
+SAETRAIN_NO_SHM=1 run_on 1 dp-1h-msg one.yaml --set parallel.mode=data_parallel ||
+    bad "data parallel on 1 host (SAETRAIN_NO_SHM=1) exited $?"
+path_in dp-1h-msg.log messages
+bitwise dp-2h dp-1h-msg
+run_on 1 dp-1h one.yaml --set parallel.mode=data_parallel || bad "data parallel on 1 host exited $?"
+path_in dp-1h.log node
+# The node split sums the four gradients in rank order, the all-reduce in its own tree: the same
+# math rounded differently, so the weights agree to float32 rounding grown over 94 steps (1.2e-7
+# here).
+cmp_out=$("${apps}/sae-inspect" dp-2h/sae/*/final.h5 --compare dp-1h/sae/*/final.h5 || true)
+rel=$(echo "${cmp_out}" | grep -o 'max relative difference [0-9.e+-]*' | head -n 1 | awk '{print $4}')
+if [ -z "${rel}" ]; then
+    bad "sae-inspect --compare printed no relative difference: ${cmp_out}"
+elif awk -v r="${rel}" 'BEGIN { exit !(r <= 1e-5) }'; then
+    say "dp-2h ~ dp-1h (node split): max relative difference ${rel} <= 1e-5"
+else
+    bad "dp-2h and dp-1h (node split) differ by ${rel} (> 1e-5)"
+fi
+
+# --- hybrid: each config's replicas on one host ----------------------------------------------------
+run_on 2 hy-2h two.yaml --set parallel.mode=hybrid --set parallel.replicas=2 ||
+    bad "hybrid on 2 hosts exited $?"
+path_in hy-2h.log node
+run_on 1 hy-1h two.yaml --set parallel.mode=hybrid --set parallel.replicas=2 ||
+    bad "hybrid on 1 host exited $?"
+bitwise hy-2h hy-1h
+
+# --- latent shards: each replica's shards on one host, the replicas across them -----------------
+run_on 2 ls-2h one.yaml --set parallel.mode=hybrid --set parallel.replicas=2 \
+    --set parallel.latent_shards=2 || bad "latent shards on 2 hosts exited $?"
+run_on 1 ls-1h one.yaml --set parallel.mode=hybrid --set parallel.replicas=2 \
+    --set parallel.latent_shards=2 || bad "latent shards on 1 host exited $?"
+bitwise ls-2h ls-1h
+
+# --- staging to each host's own /tmp ---------------------------------------------------------------
+run_on 2 stage-2h one.yaml --set parallel.mode=data_parallel --set data.stage_dir=/tmp/stage ||
+    bad "the staged run on 2 hosts exited $?"
+bitwise stage-2h dp-2h
+for i in 0 1; do
+    staged=$(bash "${cl}" exec "${i}" sh -c 'ls /tmp/stage/data 2>/dev/null' | tr '\n' ' ')
+    # 4 shards, 4 ranks: ranks 2i and 2i+1 (host i) read shards 2i and 2i+1.
+    want="shard_$(printf '%05d' $((2 * i))).h5 shard_$(printf '%05d' $((2 * i + 1))).h5 "
+    [ "${staged}" = "${want}" ] || bad "host ${i} staged '${staged}', not '${want}'"
+done
+[ -e /tmp/stage/data ] && bad "staging wrote to this machine's /tmp, not the hosts' own"
+say "each host staged its own ranks' 2 shards into its own /tmp"
+
+# --- a host lost mid-run -------------------------------------------------------------------------
+# The uninterrupted job, then the same job with host 1 killed once two checkpoints are committed.
+SAETRAIN_NO_SHM=1 run_on 1 lost-ref long.yaml --set parallel.mode=data_parallel ||
+    bad "the reference long run exited $?"
+past_step() {
+    [ -f "$1/metrics.jsonl" ] &&
+        [ "$(grep -o '"step": *[0-9]*' "$1/metrics.jsonl" | tail -n 1 | grep -o '[0-9]*$')" \
+            -gt "$2" ] 2>/dev/null
+}
+run_on 2 lost long.yaml --set parallel.mode=data_parallel &
+job=$!
+for _ in $(seq 1 600); do
+    past_step lost 60 && break
+    kill -0 "${job}" 2>/dev/null || break
+    sleep 0.1
+done
+past_step lost 60 || die "the run on 2 hosts did not get past step 60"
+t_kill=$(date +%s.%N)
+bash "${cl}" kill 1
+rc=0
+wait "${job}" || rc=$?
+ended=$(echo "$(date +%s.%N) - ${t_kill}" | bc)
+[ "${rc}" -ne 0 ] || bad "the run lost a host and exited 0"
+say "host 1 killed: the job ended on host 0 in ${ended} s (exit ${rc}; bound: timeout_s 10 + 5)"
+awk -v e="${ended}" 'BEGIN { exit !(e <= 15) }' || bad "the job took ${ended} s to end (> 15)"
+grep -q "saetrain-h1" lost.log || bad "lost.log does not name the host lost (saetrain-h1)"
+# resume_on_h0 NAME: host 1 is gone; the same command on host 0 alone resumes the run from its
+# last committed checkpoint, to the bits of the run that lost nothing.
+resume_on_h0() {
+    SAETRAIN_NO_SHM=1 bash "${cl}" exec 0 timeout 300 mpirun --host saetrain-h0:4 -n 4 \
+        "${apps}/saetrain" long.yaml --threads 1 --set run.out_dir="${work}/$1" \
+        --set parallel.mode=data_parallel >"$1-resume.log" 2>&1 || bad "the resumed $1 exited $?"
+    grep -q "^resumed from the checkpoint at step" "$1-resume.log" ||
+        bad "the run on one host did not resume ($1-resume.log)"
+    bitwise "$1" lost-ref
+}
+resume_on_h0 lost
+
+# --- the link cut mid-run ----------------------------------------------------------------------
+# Both hosts live on, but nothing crosses the link (host 1's end taken down): no peer hangs up, so
+# only timeouts can end the job. The cluster's TCP keepalive for mpirun's daemons (oob_tcp_*,
+# from `env`) finds the dead link in about 4 s; saetrain's watchdog (parallel.timeout_s) ends a
+# rank left waiting in a collective in any case.
+bash "${cl}" stop
+CLUSTER_LOCAL_SHARE="${work}:${build}:${repo}" bash "${cl}" start >/dev/null
+run_on 2 cut long.yaml --set parallel.mode=data_parallel &
+job=$!
+for _ in $(seq 1 600); do
+    past_step cut 60 && break
+    kill -0 "${job}" 2>/dev/null || break
+    sleep 0.1
+done
+past_step cut 60 || die "the run on 2 hosts did not get past step 60"
+t_cut=$(date +%s.%N)
+bash "${cl}" exec 1 ip link set eth0 down
+rc=0
+wait "${job}" || rc=$?
+ended=$(echo "$(date +%s.%N) - ${t_cut}" | bc)
+[ "${rc}" -ne 0 ] || bad "the run behind a cut link exited 0"
+say "link cut: the job ended in ${ended} s (exit ${rc}; bound: timeout_s 10 + 5)"
+awk -v e="${ended}" 'BEGIN { exit !(e <= 15) }' || bad "the job took ${ended} s to end (> 15)"
+# Host 1's own processes end too (its daemon lost mpirun): none of saetrain is left on it.
+left=""
+for _ in $(seq 1 150); do
+    left=$(bash "${cl}" exec 1 sh -c 'pgrep -x saetrain || pgrep -x orted || true')
+    [ -z "${left}" ] && break
+    sleep 0.1
+done
+[ -z "${left}" ] || bad "host 1 still runs $(echo "${left}" | wc -l) process(es) of the job"
+resume_on_h0 cut
+
+# --- stopped, nothing left ------------------------------------------------------------------------
+t_stop=$(date +%s.%N)
+bash "${cl}" stop
+say "the cluster stopped in $(echo "$(date +%s.%N) - ${t_stop}" | bc) s"
+[ -z "$(pgrep -f "${CLUSTER_LOCAL_DIR}" || true)" ] || bad "processes of the cluster outlived stop"
+grep -q " ${work}" /proc/self/mountinfo && bad "a mount under ${work} outlived stop"
+ls "${CLUSTER_LOCAL_DIR}"/h*.pid >/dev/null 2>&1 && bad "stop left a host's pid file"
+
+[ "${fail}" -eq 0 ] || exit 1
+say "all passed"
