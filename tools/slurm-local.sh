@@ -11,6 +11,12 @@
 # DIR defaults to $SLURM_LOCAL_DIR, else /tmp/saetrain-slurm-$UID. Clients (srun, sbatch, squeue,
 # scontrol, scancel) find the cluster through SLURM_CONF=DIR/slurm.conf.
 #
+# Two nodes: with SLURM_LOCAL_CLUSTER=CDIR, the two hosts tools/cluster-local.sh started in CDIR
+# (DIR must be visible in them: under /tmp, inside CDIR or CLUSTER_LOCAL_SHARE) are the nodes,
+# saetrain-h0 and saetrain-h1 at their link addresses: slurmctld and a slurmd run in host 0,
+# another slurmd in host 1 (munged stays outside: its socket is a file both reach). Clients then
+# run inside host 0 (tools/cluster-local.sh exec 0 sbatch ...), where the controller is.
+#
 # The node offers SLURM_LOCAL_CPUS CPUs (default 8, more than a small machine has:
 # SlurmdParameters=config_overrides), MpiDefault=pmix, requeue allowed, no cgroups (proctrack/
 # linuxproc, task/none: works in containers). Ports SLURM_LOCAL_PORT and the next one (default
@@ -27,11 +33,30 @@ cpus=${SLURM_LOCAL_CPUS:-8}
 port=${SLURM_LOCAL_PORT:-16817}
 host=$(hostname -s)
 user=$(id -un)
+cluster=${SLURM_LOCAL_CLUSTER:-}
+nodes=("$host")
+if [ -n "$cluster" ]; then
+    cluster=$(cd "$cluster" && pwd) || exit 1
+    nodes=(saetrain-h0 saetrain-h1)
+fi
 
 die() {
     echo "slurm-local: error: $*" >&2
     exit 1
 }
+
+# on NODE CMD...: CMD on that node (inside its host with SLURM_LOCAL_CLUSTER, else here).
+on() {
+    local n=$1
+    shift
+    if [ -n "$cluster" ]; then
+        CLUSTER_LOCAL_DIR=$cluster bash "$(dirname "$0")/cluster-local.sh" exec "${n#saetrain-h}" "$@"
+    else
+        "$@"
+    fi
+}
+# A daemon's pid file: slurmd's is one a node.
+slurmd_pid() { echo "$dir/slurmd-$1.pid"; }
 
 for exe in munged slurmctld slurmd sinfo; do
     command -v "$exe" >/dev/null 2>&1 ||
@@ -68,10 +93,11 @@ tree() {
 end_jobs() {
     local left
     [ -z "$(steps_of_this_cluster)" ] && return 0
-    if alive "$(pid_of "$dir/slurmctld.pid")" && alive "$(pid_of "$dir/slurmd.pid")"; then
+    if alive "$(pid_of "$dir/slurmctld.pid")" && alive "$(pid_of "$(slurmd_pid "${nodes[0]}")")"; then
         # shellcheck disable=SC2046  # one job id a word
-        SLURM_CONF="$dir/slurm.conf" scancel --full --quiet \
-            $(SLURM_CONF="$dir/slurm.conf" squeue -h -o %A 2>/dev/null) 2>/dev/null || true
+        on "${nodes[0]}" env SLURM_CONF="$dir/slurm.conf" scancel --full --quiet \
+            $(on "${nodes[0]}" env SLURM_CONF="$dir/slurm.conf" squeue -h -o %A 2>/dev/null) \
+            2>/dev/null || true
         for _ in $(seq 1 75); do
             [ -z "$(steps_of_this_cluster)" ] && return 0
             sleep 0.2
@@ -89,7 +115,9 @@ end_jobs() {
 stop() {
     local pids=() p
     end_jobs
-    for f in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
+    local files=()
+    for n in "${nodes[@]}"; do files+=("$(slurmd_pid "$n")"); done
+    for f in "${files[@]}" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
         p=$(pid_of "$f")
         if alive "$p"; then
             kill -TERM "$p" 2>/dev/null || true
@@ -114,7 +142,7 @@ write_conf() {
     cat >"$dir/slurm.conf" <<EOF
 # Written by tools/slurm-local.sh: a one-node test cluster, everything under $dir.
 ClusterName=saetrain-local
-SlurmctldHost=$host
+SlurmctldHost=${nodes[0]}
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 SlurmUser=$user
@@ -134,25 +162,34 @@ JobRequeue=1
 KillWait=10
 MinJobAge=600
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/slurmctld.log
-SlurmdLogFile=$dir/slurmd.log
+SlurmdLogFile=$dir/slurmd-%n.log
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
-PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    if [ -n "$cluster" ]; then
+        while read -r name addr; do
+            echo "NodeName=$name NodeAddr=$addr CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+        done < <(bash "$(dirname "$0")/cluster-local.sh" hosts "$cluster") >>"$dir/slurm.conf"
+    else
+        echo "NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN" >>"$dir/slurm.conf"
+    fi
+    echo "PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >>"$dir/slurm.conf"
     # PMIx's per-step directories under DIR, not /tmp/spmix_appdir_<uid>_<job>.<step>: each new
     # cluster numbers its jobs from 1, and a step directory another cluster left behind in /tmp
     # fails the launch ("Cannot create client cli tmpdir ... File exists").
-    mkdir -p "$dir/pmix"
-    echo "PMIxCliTmpDirBase=$dir/pmix" >"$dir/mpi.conf"
+    # On two hosts each node's /tmp is its own and new: PMIx's default is kept there.
+    if [ -z "$cluster" ]; then
+        mkdir -p "$dir/pmix"
+        echo "PMIxCliTmpDirBase=$dir/pmix" >"$dir/mpi.conf"
+    fi
 }
 
 start() {
-    for f in "$dir/slurmctld.pid" "$dir/slurmd.pid"; do
+    for f in "$dir/slurmctld.pid" "$(slurmd_pid "${nodes[0]}")"; do
         alive "$(pid_of "$f")" && die "a cluster is already running in $dir; stop it first"
     done
     rm -rf "$dir"
@@ -166,17 +203,22 @@ start() {
         die "munged did not start (see $dir/munge/munged.log)"
     write_conf
     export SLURM_CONF="$dir/slurm.conf"
-    slurmctld -f "$SLURM_CONF" -i || die "slurmctld did not start (see $dir/slurmctld.log)"
-    slurmd -f "$SLURM_CONF" || die "slurmd did not start (see $dir/slurmd.log)"
+    on "${nodes[0]}" slurmctld -f "$SLURM_CONF" -i ||
+        die "slurmctld did not start (see $dir/slurmctld.log)"
+    for n in "${nodes[@]}"; do
+        mkdir -p "$dir/spool/$n"
+        on "$n" slurmd -f "$SLURM_CONF" -N "$n" || die "slurmd did not start (see $dir/slurmd-$n.log)"
+    done
     for _ in $(seq 1 300); do
-        if [ "$(sinfo -h -N -o %T 2>/dev/null | head -n 1)" = "idle" ]; then
-            echo "slurm-local: node $host idle ($cpus CPUs, partition local); export SLURM_CONF=$SLURM_CONF"
+        if [ "$(on "${nodes[0]}" sinfo -h -N -o %T 2>/dev/null | grep -c '^idle$')" = "${#nodes[@]}" ]; then
+            echo "slurm-local: node(s) ${nodes[*]} idle ($cpus CPUs each, partition local);" \
+                "export SLURM_CONF=$SLURM_CONF"
             return 0
         fi
         sleep 0.1
     done
     stop >/dev/null
-    die "the node did not become idle in 30 s (see $dir/slurmctld.log and $dir/slurmd.log)"
+    die "the node(s) did not become idle in 30 s (see $dir/slurmctld.log and $dir/slurmd-*.log)"
 }
 
 case "$cmd" in

@@ -16,6 +16,7 @@
 #                    span them (messages): bitwise equal to one host
 #   staging          data.stage_dir in /tmp: each host stages the shards its own ranks read,
 #                    into its own /tmp, once; bitwise equal to reading them in place
+#   S3               a store (moto, in host 0) read by the ranks of both hosts: the files' bits
 #   a host lost      host 1's processes all SIGKILLed mid-run: the job ends on host 0 within
 #                    parallel.timeout_s + 5 s, the last committed checkpoint intact; the same
 #                    command on one host resumes from it to the uninterrupted job's bits
@@ -42,7 +43,7 @@ export CLUSTER_LOCAL_DIR=${work}/cluster
 fail=0
 show_logs() {
     local f
-    for f in "${work}"/*.log; do
+    for f in "${work}"/*.log "${work}"/*.out; do
         [ -f "${f}" ] || continue
         echo "--- ${f##*/}"
         tail -n 15 "${f}"
@@ -50,6 +51,10 @@ show_logs() {
 }
 cleanup() {
     local rc=$?
+    if [ -d "${work}/slurm" ]; then
+        SLURM_LOCAL_CLUSTER="${CLUSTER_LOCAL_DIR}" bash "${repo}/tools/slurm-local.sh" stop \
+            "${work}/slurm" >/dev/null 2>&1 || true
+    fi
     bash "${cl}" stop >/dev/null 2>&1 || true
     if [ "${fail}" -eq 0 ] && [ "${rc}" -eq 0 ]; then
         rm -rf "${work}"
@@ -207,6 +212,36 @@ done
 [ -e /tmp/stage/data ] && bad "staging wrote to this machine's /tmp, not the hosts' own"
 say "each host staged its own ranks' 2 shards into its own /tmp"
 
+# --- an S3-compatible store read from both hosts -----------------------------------------------------
+# moto's server (.venv) in host 0 on the link's address: host 1's ranks read their shards' bytes
+# across the link, host 0's locally; the same bits as the files.
+moto=${repo}/.venv/bin/moto_server
+if [ -x "${moto}" ]; then
+    export AWS_ACCESS_KEY_ID=multinode AWS_SECRET_ACCESS_KEY=multinode-secret
+    store=http://10.250.0.1:5000
+    bash "${cl}" exec 0 setsid "${moto}" -H 10.250.0.1 -p 5000 </dev/null >moto.log 2>&1 &
+    bash "${cl}" exec 0 "${repo}/.venv/bin/python" - "${store}" "${work}/data" <<'PY' ||
+import boto3, glob, os, socket, sys, time
+url, data = sys.argv[1], sys.argv[2]
+for _ in range(300):
+    try:
+        socket.create_connection(("10.250.0.1", 5000), timeout=0.2).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+s3.create_bucket(Bucket="acts")
+for f in sorted(glob.glob(os.path.join(data, "shard_*.h5"))):
+    s3.upload_file(f, "acts", "data/" + os.path.basename(f))
+PY
+        die "could not fill the store in host 0 (moto.log)"
+    run_on 2 s3-2h one.yaml --set parallel.mode=data_parallel --set data.path=s3://acts/data/ \
+        --set data.s3_endpoint="${store}" || bad "the run from the store on 2 hosts exited $?"
+    bitwise s3-2h dp-2h
+else
+    say "no .venv (bash tools/setup-venv.sh): the S3 case skipped"
+fi
+
 # --- a host lost mid-run -------------------------------------------------------------------------
 # The uninterrupted job, then the same job with host 1 killed once two checkpoints are committed.
 SAETRAIN_NO_SHM=1 run_on 1 lost-ref long.yaml --set parallel.mode=data_parallel ||
@@ -277,6 +312,65 @@ for _ in $(seq 1 150); do
 done
 [ -z "${left}" ] || bad "host 1 still runs $(echo "${left}" | wc -l) process(es) of the job"
 resume_on_h0 cut
+
+# --- Slurm across the two hosts ----------------------------------------------------------------
+# A slurmd in each host, slurmctld in host 0 (tools/slurm-local.sh with SLURM_LOCAL_CLUSTER):
+# slurm/dp-multinode.sbatch as users submit it, on 2 nodes x 2 tasks (PMIx), stopped by the
+# time-limit signal (USR1 to every task, as --signal=USR1@180 sends it; from scancel --signal here,
+# for time), requeued by the script and resumed to the bits of the run that was never stopped.
+slurm_case() {
+    local sl="${work}/slurm" job out
+    if ! command -v sbatch >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1; then
+        say "Slurm not installed (Debian's slurm-wlm, munge): its case skipped"
+        return
+    fi
+    SLURM_LOCAL_CLUSTER="${CLUSTER_LOCAL_DIR}" SLURM_LOCAL_PORT=$((17000 + ($$ % 4000) * 2)) \
+        bash "${repo}/tools/slurm-local.sh" start "${sl}" >slurm-start.log 2>&1 ||
+        die "tools/slurm-local.sh start on the two hosts failed: $(tail -n 1 slurm-start.log)"
+    export SLURM_CONF=${sl}/slurm.conf
+    h0() { bash "${cl}" exec 0 "$@"; }
+    job_state() { h0 scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+    poll() {
+        local i n=$(($1 * 10))
+        shift
+        for ((i = 0; i < n; i++)); do
+            "$@" && return 0
+            sleep 0.1
+        done
+        return 1
+    }
+    in_state() { [ "$(job_state "$1")" = "$2" ]; }
+    idle_again() {
+        in_state "$1" PENDING && [ "$(h0 sinfo -h -N -o %T 2>/dev/null | grep -c '^idle$')" = 2 ]
+    }
+    mkdir -p slurm && cp "${repo}/slurm/dp-multinode.sbatch" "${repo}/slurm/common.sh" slurm/
+    job=$(SAETRAIN="${apps}/saetrain" h0 sbatch --parsable --gpus-per-node=0 --nodes=2 \
+        --ntasks-per-node=2 --cpus-per-task=1 --output="${work}/dp-%j.out" \
+        slurm/dp-multinode.sbatch long.yaml --threads 1 --set run.out_dir="${work}/slurm-dp")
+    out="${work}/dp-${job}.out"
+    say "sbatch --nodes=2 slurm/dp-multinode.sbatch: job ${job}"
+    poll 120 past_step slurm-dp 60 || die "job ${job} did not train past step 60: $(job_state "${job}")"
+    h0 scancel --signal=USR1 "${job}" || die "job ${job} ended before its SIGUSR1"
+    poll 60 grep -q "requeueing job ${job}" "${out}" ||
+        die "job ${job} did not stop and requeue itself on SIGUSR1: $(job_state "${job}")"
+    # A requeued job is held 120 s (BeginTime): start it now, once the nodes are idle, and 2 s
+    # later (slurmd refuses a credential from the second the old step ended).
+    poll 60 idle_again "${job}" || true
+    sleep 2
+    h0 scontrol update jobid="${job}" StartTime=now
+    poll 120 in_state "${job}" COMPLETED || bad "job ${job} did not complete: $(job_state "${job}")"
+    grep -q "^job ${job}: 4 ranks on 2 node(s)" "${out}" || bad "job ${job} did not run on 2 nodes"
+    [ "$(grep -c "^node saetrain-h[01]: 2 rank(s)" "${out}")" -ge 4 ] ||
+        bad "the job's runs did not place 2 ranks on each host ($(basename "${out}"))"
+    grep -q "^resumed from the checkpoint at step" "${out}" || bad "job ${job} did not resume"
+    bitwise slurm-dp lost-ref
+    SLURM_LOCAL_CLUSTER="${CLUSTER_LOCAL_DIR}" bash "${repo}/tools/slurm-local.sh" stop "${sl}" \
+        >/dev/null
+    unset SLURM_CONF
+}
+bash "${cl}" stop
+CLUSTER_LOCAL_SHARE="${work}:${build}:${repo}" bash "${cl}" start >/dev/null
+slurm_case
 
 # --- stopped, nothing left ------------------------------------------------------------------------
 t_stop=$(date +%s.%N)
