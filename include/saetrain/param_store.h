@@ -17,7 +17,11 @@
 //                  (their rows of every per-latent segment; the last one also b_dec and the
 //                  segments of no latent), sums its owned range of every replica's gradient (in
 //                  rank order) and updates it alone. Nothing is copied back: every replica reads
-//                  the same parameters.
+//                  the same parameters. Across nodes with the same number (2 or more) of
+//                  replicas each, every node keeps such a copy and its replicas split the update;
+//                  a replica's owned range is summed over its node's replicas in node memory,
+//                  then over the nodes by an all-reduce of that range alone (1/L of the gradient
+//                  per rank crosses the network, L replicas a node).
 //   latent shards  parallel.latent_shards = S: each rank holds n / S latents of every per-latent
 //                  segment (b_dec and the segments of no latent whole on each) as an own copy;
 //                  the sums over latents (the gradient's norm, L0, dead latents, x_hat) are
@@ -72,8 +76,10 @@ public:
     float* opt_m() const { return m_; }
     float* opt_v() const { return v_; }
     int replicas() const { return replicas_.size(); }
-    // Parameters and moments are in node memory, the update split over the replicas.
+    // Parameters and moments are in node memory, the update split over the replicas (of each
+    // node: across nodes() nodes, each with a copy, the owned ranges' sums all-reduced).
     virtual bool splits_update() const { return false; }
+    virtual int nodes() const { return 1; }
 
     // --- the step -------------------------------------------------------------------------
     // A pass is about to write this replica's own gradient into grads() (host copies of the
@@ -160,8 +166,8 @@ protected:
 // The placement for one rank of an SAE (cfg; layouts of this rank's latents and of the whole
 // SAE): latent shards when `latent shard` has more than one, else the node split when the replicas
 // have more than one rank, the backend allocates host memory and the node has room
-// (Communicator::share_node_memory; collective over the replicas), else an own copy. The
-// buffers start zeroed.
+// (Communicator::share_node_memory; collective over the replicas) or, across nodes, each node
+// has as many replicas (2 or more) and room, else an own copy. The buffers start zeroed.
 std::unique_ptr<ParamStore> make_param_store(const SaeConfig& cfg, const ParamLayout& layout,
                                              const ParamLayout& whole,
                                              const LatentShard& latent_shard, Backend& be,

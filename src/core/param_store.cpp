@@ -1,7 +1,13 @@
 // param_store.cpp — the three placements of an SAE's parameters (see param_store.h).
 #include "saetrain/param_store.h"
 
+#include <unistd.h>  // gethostname
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "saetrain/comm.h"
 #include "saetrain/error.h"
@@ -200,19 +206,29 @@ public:
 };
 
 // --- node split: one copy per node in node memory, the update split over the replicas ---------
+//
+// On one node `node` is the replicas' own group and `cross` is null. Across nodes (the same
+// number of replicas on each) `node` is this node's replicas and `cross` the replicas of the
+// other nodes that own the same range: a replica sums its range over its node's replicas in
+// node memory, then over the nodes by an all-reduce of that range alone, and every node updates
+// its own copy with the same sums.
 
 class NodeSplit final : public ParamStore {
 public:
-    NodeSplit(std::unique_ptr<NodeMemory> mem, const ParamLayout& layout, const ParamLayout& whole,
-              const LatentShard& latent_shard, Backend& be, Communicator& replicas,
-              bool normalize_decoder)
+    NodeSplit(std::unique_ptr<NodeMemory> mem, std::unique_ptr<Communicator> node,
+              std::unique_ptr<Communicator> cross, const ParamLayout& layout,
+              const ParamLayout& whole, const LatentShard& latent_shard, Backend& be,
+              Communicator& replicas, bool normalize_decoder)
         : ParamStore(layout, whole, latent_shard, be, replicas, normalize_decoder),
-          mem_(std::move(mem)) {
+          mem_(std::move(mem)),
+          node_owned_(std::move(node)),
+          cross_(std::move(cross)),
+          node_(node_owned_ ? *node_owned_ : replicas) {
         p_ = mem_->common();
         m_ = p_ + size();
         v_ = m_ + size();
-        g_ = mem_->segment(replicas_.rank());
-        const int64_t r = replicas_.rank(), R = replicas_.size(), n = latent_shard_.n_local();
+        g_ = mem_->segment(node_.rank());
+        const int64_t r = node_.rank(), R = node_.size(), n = latent_shard_.n_local();
         owned_lo_ = n * r / R, owned_hi_ = n * (r + 1) / R;
         owns_non_latent_ = r == R - 1;
         // Each replica zeroes (first-touches) the ranges it will update.
@@ -223,17 +239,23 @@ public:
     }
 
     bool splits_update() const override { return true; }
+    int nodes() const override { return cross_ ? cross_->size() : 1; }
 
     // A reduce-scatter in node memory: this replica's owned ranges summed over the replicas
-    // (and the decoder rows' gradient projected), their squared norm sent with `sums`.
+    // (across nodes: over its node's, then over the nodes), the decoder rows' gradient
+    // projected, their squared norm sent with `sums` (by one node's replicas: each range once).
     void reduce(std::vector<double>& sums, size_t own_at) override {
         mem_->fence();  // every replica's gradient is complete
         const std::vector<AdamRange> mine = owned_ranges();
         for (const AdamRange& g : mine) mem_->sum_segments(g.offset, g.count);
+        if (cross_)
+            for (const AdamRange& g : mine)
+                if (g.count > 0) cross_->allreduce_sum(g_ + g.offset, g.count);
         const UnitRows u = unit_rows();
         if (u.any()) be_.project_out_parallel(p_ + u.offset, g_ + u.offset, u.rows, u.cols);
         double partial = 0;
-        for (const AdamRange& g : mine) partial += be_.sum_squares(g_ + g.offset, g.count);
+        if (!cross_ || cross_->rank() == 0)
+            for (const AdamRange& g : mine) partial += be_.sum_squares(g_ + g.offset, g.count);
         reduced_ = true;
         sums.insert(sums.begin() + static_cast<std::ptrdiff_t>(own_at), partial);
         replicas_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
@@ -255,7 +277,7 @@ public:
         // meanwhile.
         std::vector<float> g(static_cast<size_t>(size()));
         mem_->fence();
-        for (int64_t q = 0; q < replicas_.size(); ++q) {
+        for (int64_t q = 0; q < node_.size(); ++q) {
             const float* seg = mem_->segment(static_cast<int>(q));
             for (const AdamRange& r : ranges_of(q))
                 std::copy(seg + r.offset, seg + r.offset + r.count, g.begin() + r.offset);
@@ -282,15 +304,64 @@ public:
     }
 
 private:
-    // The ranges replica q owns (the last one also b_dec).
+    // The ranges the node's replica q owns (the last one also b_dec).
     std::vector<AdamRange> ranges_of(int64_t q) const {
-        const int64_t R = replicas_.size(), n = latent_shard_.n_local();
+        const int64_t R = node_.size(), n = latent_shard_.n_local();
         return ranges(n * q / R, n * (q + 1) / R, q == R - 1);
     }
 
     std::unique_ptr<NodeMemory> mem_;
+    std::unique_ptr<Communicator> node_owned_, cross_;  // across nodes only
+    Communicator& node_;                                // the replicas that share mem_
     double sum_sq_ = 0;  // of the reduced gradient's owned ranges, summed over the replicas
 };
+
+// The node split across nodes: `replicas` grouped by host name, when there are several hosts with
+// the same number (2 or more) of replicas each and every node gives its group node memory;
+// else nothing (on every rank: each step agrees). Collective over `replicas`.
+std::unique_ptr<ParamStore> split_across_nodes(const SaeConfig& cfg, const ParamLayout& layout,
+                                               const ParamLayout& whole,
+                                               const LatentShard& latent_shard, Backend& be,
+                                               Communicator& replicas) {
+    const int R = replicas.size();
+    struct Host {
+        char name[256];
+    } mine{};
+    // SAETRAIN_TEST_NODES=N: ranks in N equal blocks count as N hosts (the node split across
+    // nodes tested on one machine, test_mpi).
+    const char* test_nodes = std::getenv("SAETRAIN_TEST_NODES");
+    if (test_nodes && std::atoi(test_nodes) > 0)
+        std::snprintf(mine.name, sizeof(mine.name), "test-node-%d",
+                      replicas.rank() * std::atoi(test_nodes) / R);
+    else
+        gethostname(mine.name, sizeof(mine.name) - 1);
+    std::vector<Host> all(static_cast<size_t>(R));
+    replicas.allgather(&mine, all.data(), sizeof(Host));
+    // Each rank's host index (in order of first appearance) and its place among its host's ranks.
+    std::vector<int> host_of(static_cast<size_t>(R)), per_host;
+    std::vector<std::string> names;
+    for (int q = 0; q < R; ++q) {
+        const std::string name(all[q].name, strnlen(all[q].name, sizeof(all[q].name)));
+        const auto at = std::find(names.begin(), names.end(), name);
+        host_of[q] = static_cast<int>(at - names.begin());
+        if (at == names.end()) names.push_back(name), per_host.push_back(0);
+        ++per_host[host_of[q]];
+    }
+    const int hosts = static_cast<int>(names.size());
+    if (hosts < 2 || per_host[0] < 2 ||
+        std::any_of(per_host.begin(), per_host.end(), [&](int c) { return c != per_host[0]; }))
+        return nullptr;  // the same answer on every rank: all saw the same names
+    const int me = replicas.rank();
+    auto node = replicas.split(host_of[me], me);
+    const int64_t n = layout.total();
+    auto mem = node->share_node_memory(3 * n, n, true);
+    int64_t missing = mem ? 0 : 1;
+    replicas.allreduce_max(&missing, 1);
+    if (missing) return nullptr;
+    auto cross = replicas.split(node->rank(), host_of[me]);
+    return std::make_unique<NodeSplit>(std::move(mem), std::move(node), std::move(cross), layout,
+                                       whole, latent_shard, be, replicas, cfg.normalize_decoder);
+}
 
 }  // namespace
 
@@ -313,9 +384,13 @@ std::unique_ptr<ParamStore> make_param_store(const SaeConfig& cfg, const ParamLa
                                               cfg.normalize_decoder);
     if (replicas.size() > 1) {
         const int64_t n = layout.total();
-        if (auto mem = replicas.share_node_memory(3 * n, n, be.host_memory()))
-            return std::make_unique<NodeSplit>(std::move(mem), layout, whole, latent_shard, be,
-                                               replicas, cfg.normalize_decoder);
+        const bool test_nodes = std::getenv("SAETRAIN_TEST_NODES") != nullptr;  // same on all
+        if (auto mem = replicas.share_node_memory(3 * n, n, be.host_memory() && !test_nodes))
+            return std::make_unique<NodeSplit>(std::move(mem), nullptr, nullptr, layout, whole,
+                                               latent_shard, be, replicas, cfg.normalize_decoder);
+        if (be.host_memory())
+            if (auto split = split_across_nodes(cfg, layout, whole, latent_shard, be, replicas))
+                return split;
     }
     return std::make_unique<OwnCopy>(layout, whole, latent_shard, be, replicas,
                                      cfg.normalize_decoder);

@@ -178,12 +178,17 @@ int run_training(const RunRequest& args, Communicator& world,
     if (root && trainer.store().replicas() > 1)
         fmt::print(
             "replicas: {} of each SAE; {}\n", trainer.store().replicas(),
-            trainer.splits_update()
-                ? "one copy of its parameters and optimizer state in node memory, the update "
-                  "split among them"
-                : "a copy each, their gradients summed by all-reduce messages (node memory "
-                  "serves only CPU replicas all on one node, with room, and SAETRAIN_NO_SHM "
-                  "unset)");
+            !trainer.splits_update()
+                ? std::string("a copy each, their gradients summed by all-reduce messages (node "
+                              "memory serves CPU replicas only, as many on each node, with room "
+                              "and SAETRAIN_NO_SHM unset)")
+            : trainer.store().nodes() == 1
+                ? std::string("one copy of its parameters and optimizer state in node memory, "
+                              "the update split among them")
+                : fmt::format("one copy of its parameters and optimizer state in each of {} "
+                              "nodes' memory, the update split among a node's replicas and "
+                              "their ranges' sums all-reduced across the nodes",
+                              trainer.store().nodes()));
     // Replicas are identical: replica 0 writes (its latent shards gather the SAE to latent shard
     // 0).
     const bool writer = s.coords.replica == 0;

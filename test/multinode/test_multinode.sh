@@ -6,10 +6,12 @@
 # Every job is 2 hosts x 2 ranks beside the same job on one host (4 ranks in host 0):
 #
 #   sweep            bitwise equal: the ranks never exchange a gradient
-#   data parallel    across hosts the replicas sum their gradients by all-reduce messages; on one
-#                    host they split the optimizer over node memory, which sums in rank order.
-#                    Bitwise equal to one host with SAETRAIN_NO_SHM=1 (the same messages), and
-#                    within float32 rounding of the node split
+#   data parallel    each host keeps one copy in node memory and its 2 replicas split the
+#                    update; a replica's range is summed over its host's replicas, then over the
+#                    hosts by an all-reduce of that range. Bitwise equal to one host that groups
+#                    its ranks as two nodes (SAETRAIN_TEST_NODES=2: the same sums), within float32
+#                    rounding of one host's node split (all four in rank order); with
+#                    SAETRAIN_NO_SHM=1 all-reduce messages, bitwise equal to one host's
 #   hybrid           2 configs x 2 replicas: each config's replicas share a host, so each host
 #                    uses the node split for its own: bitwise equal to one host
 #   latent shards    2 shards x 2 replicas: each replica's shards share a host, the replicas
@@ -19,7 +21,8 @@
 #   S3               a store (moto, in host 0) read by the ranks of both hosts: the files' bits
 #   a host lost      host 1's processes all SIGKILLed mid-run: the job ends on host 0 within
 #                    parallel.timeout_s + 5 s, the last committed checkpoint intact; the same
-#                    command on one host resumes from it to the uninterrupted job's bits
+#                    command on one host resumes from it to the uninterrupted job's bits (both
+#                    with SAETRAIN_NO_SHM=1, so that one host and two sum alike)
 #   the link cut     the same with both hosts alive but the link down: nothing hangs up, the
 #                    timeouts end the job (every process of it, on both hosts) within that bound
 #
@@ -148,9 +151,10 @@ nodes_in() {
     n=$(grep -c '^node saetrain-h[01]: ' "$1" || true)
     [ "${n}" = "$2" ] || bad "$1 names ${n} node(s), not $2"
 }
-# path_in LOG node|messages: which path the replicas' gradients took.
+# path_in LOG node|nodes|messages: which path the replicas' gradients took.
 path_in() {
-    local want="in node memory, the update split"
+    local want="optimizer state in node memory, the update split"
+    [ "$2" = nodes ] && want="optimizer state in each of 2 nodes' memory, the update split among a node's replicas"
     [ "$2" = messages ] && want="summed by all-reduce messages"
     grep -q "^replicas: .*${want}" "$1" || bad "$1 does not say its replicas' gradients went $2"
 }
@@ -163,26 +167,40 @@ nodes_in sweep-1h.log 1
 bitwise sweep-2h sweep-1h
 
 # --- data parallel ---------------------------------------------------------------------------
+# near A B: A's weights within float32 rounding of B's (the same sums in another order, grown
+# over 94 steps: 1.2e-7 of each tensor's largest value here).
+near() {
+    local cmp_out rel
+    cmp_out=$("${apps}/sae-inspect" "$1"/sae/*/final.h5 --compare "$2"/sae/*/final.h5 || true)
+    if echo "${cmp_out}" | grep -q "weights bitwise identical"; then
+        say "$1 = $2: bitwise identical (within 1e-5 a fortiori)"
+        return
+    fi
+    rel=$(echo "${cmp_out}" | grep -o 'max relative difference [0-9.e+-]*' | awk '{print $4}')
+    if [ -z "${rel}" ]; then
+        bad "sae-inspect --compare printed no relative difference: ${cmp_out}"
+    elif awk -v r="${rel}" 'BEGIN { exit !(r <= 1e-5) }'; then
+        say "$1 ~ $2: max relative difference ${rel} <= 1e-5"
+    else
+        bad "$1 and $2 differ by ${rel} (> 1e-5)"
+    fi
+}
 run_on 2 dp-2h one.yaml --set parallel.mode=data_parallel || bad "data parallel on 2 hosts exited $?"
-path_in dp-2h.log messages
-SAETRAIN_NO_SHM=1 run_on 1 dp-1h-msg one.yaml --set parallel.mode=data_parallel ||
-    bad "data parallel on 1 host (SAETRAIN_NO_SHM=1) exited $?"
-path_in dp-1h-msg.log messages
-bitwise dp-2h dp-1h-msg
+path_in dp-2h.log nodes
+SAETRAIN_TEST_NODES=2 run_on 1 dp-1h-as2 one.yaml --set parallel.mode=data_parallel ||
+    bad "data parallel on 1 host as 2 nodes exited $?"
+path_in dp-1h-as2.log nodes
+bitwise dp-2h dp-1h-as2
 run_on 1 dp-1h one.yaml --set parallel.mode=data_parallel || bad "data parallel on 1 host exited $?"
 path_in dp-1h.log node
-# The node split sums the four gradients in rank order, the all-reduce in its own tree: the same
-# math rounded differently, so the weights agree to float32 rounding grown over 94 steps (1.2e-7
-# here).
-cmp_out=$("${apps}/sae-inspect" dp-2h/sae/*/final.h5 --compare dp-1h/sae/*/final.h5 || true)
-rel=$(echo "${cmp_out}" | grep -o 'max relative difference [0-9.e+-]*' | head -n 1 | awk '{print $4}')
-if [ -z "${rel}" ]; then
-    bad "sae-inspect --compare printed no relative difference: ${cmp_out}"
-elif awk -v r="${rel}" 'BEGIN { exit !(r <= 1e-5) }'; then
-    say "dp-2h ~ dp-1h (node split): max relative difference ${rel} <= 1e-5"
-else
-    bad "dp-2h and dp-1h (node split) differ by ${rel} (> 1e-5)"
-fi
+near dp-2h dp-1h
+SAETRAIN_NO_SHM=1 run_on 2 dp-2h-msg one.yaml --set parallel.mode=data_parallel ||
+    bad "data parallel on 2 hosts (SAETRAIN_NO_SHM=1) exited $?"
+path_in dp-2h-msg.log messages
+SAETRAIN_NO_SHM=1 run_on 1 dp-1h-msg one.yaml --set parallel.mode=data_parallel ||
+    bad "data parallel on 1 host (SAETRAIN_NO_SHM=1) exited $?"
+bitwise dp-2h-msg dp-1h-msg
+near dp-2h-msg dp-2h
 
 # --- hybrid: each config's replicas on one host ----------------------------------------------------
 run_on 2 hy-2h two.yaml --set parallel.mode=hybrid --set parallel.replicas=2 ||
@@ -251,7 +269,7 @@ past_step() {
         [ "$(grep -o '"step": *[0-9]*' "$1/metrics.jsonl" | tail -n 1 | grep -o '[0-9]*$')" \
             -gt "$2" ] 2>/dev/null
 }
-run_on 2 lost long.yaml --set parallel.mode=data_parallel &
+SAETRAIN_NO_SHM=1 run_on 2 lost long.yaml --set parallel.mode=data_parallel &
 job=$!
 for _ in $(seq 1 600); do
     past_step lost 60 && break
@@ -287,7 +305,7 @@ resume_on_h0 lost
 # rank left waiting in a collective in any case.
 bash "${cl}" stop
 CLUSTER_LOCAL_SHARE="${work}:${build}:${repo}" bash "${cl}" start >/dev/null
-run_on 2 cut long.yaml --set parallel.mode=data_parallel &
+SAETRAIN_NO_SHM=1 run_on 2 cut long.yaml --set parallel.mode=data_parallel &
 job=$!
 for _ in $(seq 1 600); do
     past_step cut 60 && break
@@ -317,7 +335,8 @@ resume_on_h0 cut
 # A slurmd in each host, slurmctld in host 0 (tools/slurm-local.sh with SLURM_LOCAL_CLUSTER):
 # slurm/dp-multinode.sbatch as users submit it, on 2 nodes x 2 tasks (PMIx), stopped by the
 # time-limit signal (USR1 to every task, as --signal=USR1@180 sends it; from scancel --signal here,
-# for time), requeued by the script and resumed to the bits of the run that was never stopped.
+# for time), requeued by the script and resumed on both nodes to the bits of the same job under
+# mpirun that was never stopped (both take the node split across the two nodes).
 slurm_case() {
     local sl="${work}/slurm" job out
     if ! command -v sbatch >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1; then
@@ -343,6 +362,8 @@ slurm_case() {
     idle_again() {
         in_state "$1" PENDING && [ "$(h0 sinfo -h -N -o %T 2>/dev/null | grep -c '^idle$')" = 2 ]
     }
+    run_on 2 long-2h long.yaml --set parallel.mode=data_parallel ||
+        bad "the long run on 2 hosts exited $?"
     mkdir -p slurm && cp "${repo}/slurm/dp-multinode.sbatch" "${repo}/slurm/common.sh" slurm/
     job=$(SAETRAIN="${apps}/saetrain" h0 sbatch --parsable --gpus-per-node=0 --nodes=2 \
         --ntasks-per-node=2 --cpus-per-task=1 --output="${work}/dp-%j.out" \
@@ -363,7 +384,8 @@ slurm_case() {
     [ "$(grep -c "^node saetrain-h[01]: 2 rank(s)" "${out}")" -ge 4 ] ||
         bad "the job's runs did not place 2 ranks on each host ($(basename "${out}"))"
     grep -q "^resumed from the checkpoint at step" "${out}" || bad "job ${job} did not resume"
-    bitwise slurm-dp lost-ref
+    grep -q "each of 2 nodes' memory" "${out}" || bad "job ${job} did not split its update per node"
+    bitwise slurm-dp long-2h
     SLURM_LOCAL_CLUSTER="${CLUSTER_LOCAL_DIR}" bash "${repo}/tools/slurm-local.sh" stop "${sl}" \
         >/dev/null
     unset SLURM_CONF
