@@ -19,6 +19,12 @@
 # path in CLUSTER_LOCAL_SHARE (colon-separated) that lies under /tmp stay visible there, bound
 # from this machine's; everything outside /tmp is the machine's own file system, shared.
 #
+# Cores: the CPUs this script may use are split between the hosts, half each (CLUSTER_LOCAL_CPUS=
+# all shares them all; one CPU is always shared), and every process a host runs (exec, the rsh
+# agent's) is bound to its half, as a real node's processes have cores of their own: a rank's
+# count of the cores beside it (thread counts, MPI's yielding when ranks outnumber cores) is then
+# its host's.
+#
 # MPI: run mpirun inside host 0 (exec 0) with the variables `env` prints: OpenMPI's rsh launcher
 # reaches host 1 through DIR/rsh-agent (nsenter, no ssh), TCP is kept to the link, and a dead
 # link is found by keepalive. Example:
@@ -142,6 +148,34 @@ exec sleep infinity
 EOF
 }
 
+# expand LIST: a CPU list (0-3,6) one CPU a word.
+expand() {
+    local part a b c parts
+    IFS=, read -ra parts <<<"$1"
+    for part in "${parts[@]}"; do
+        if [[ "$part" == *-* ]]; then
+            a=${part%-*} b=${part#*-}
+            for ((c = a; c <= b; c++)); do echo "$c"; done
+        else
+            echo "$part"
+        fi
+    done
+}
+
+# write_cpus DIR: DIR/hI.cpus, host I's CPU list.
+write_cpus() {
+    local all n i
+    mapfile -t all < <(expand "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)")
+    n=${#all[@]}
+    for i in $(seq 0 $((hosts - 1))); do
+        if [ "${CLUSTER_LOCAL_CPUS:-split}" = all ] || [ "$n" -lt "$hosts" ]; then
+            echo "${all[*]}" | tr ' ' ,
+        else
+            echo "${all[@]:$((i * n / hosts)):$(((i + 1) * n / hosts - i * n / hosts))}" | tr ' ' ,
+        fi >"$1/h$i.cpus"
+    done
+}
+
 start() {
     local d=$1 i p0 p1 shares
     for i in $(seq 0 $((hosts - 1))); do
@@ -163,6 +197,7 @@ start() {
     } >"$d/etc-hosts"
     for i in $(seq 0 $((hosts - 1))); do echo "saetrain-h$i"; done >"$d/hostfile"
     host_init >"$d/host-init.sh"
+    write_cpus "$d"
     # OpenMPI's rsh launcher calls this as `rsh-agent [options] HOST COMMAND...`: COMMAND is
     # run by a shell inside HOST's namespaces, with the caller's environment.
     cat >"$d/rsh-agent" <<EOF
@@ -176,13 +211,15 @@ $net.[0-9]*) i=\$((\${host##*.} - 1)) ;;
 *) echo "rsh-agent: unknown host \$host (this cluster has saetrain-h0 and saetrain-h1)" >&2; exit 1 ;;
 esac
 pid=\$(cat "$d/h\$i.pid" 2>/dev/null) || { echo "rsh-agent: host \$host is not running" >&2; exit 1; }
-exec nsenter -t "\$pid" --net --uts --ipc --mount --wd="\$PWD" -- /bin/sh -c "\$*"
+exec taskset -c "\$(cat "$d/h\$i.cpus")" nsenter -t "\$pid" --net --uts --ipc --mount --wd="\$PWD" \
+    -- /bin/sh -c "\$*"
 EOF
     chmod +x "$d/rsh-agent"
     shares="$d:${CLUSTER_LOCAL_SHARE:-}"
     for i in $(seq 0 $((hosts - 1))); do
         rm -f "$d/h$i.pid"
-        setsid unshare --net --uts --mount --ipc --propagation private --fork \
+        setsid taskset -c "$(cat "$d/h$i.cpus")" \
+            unshare --net --uts --mount --ipc --propagation private --fork \
             sh "$d/host-init.sh" "$i" "$d" "$shares" </dev/null >>"$d/host$i.log" 2>&1 &
     done
     for _ in $(seq 1 100); do
@@ -214,7 +251,8 @@ EOF
             stop "$d"
             die "the link between the hosts did not come up"
         }
-    echo "cluster-local: saetrain-h0 ($net.1) and saetrain-h1 ($net.2) up in $d"
+    echo "cluster-local: saetrain-h0 ($net.1, CPUs $(cat "$d/h0.cpus")) and saetrain-h1" \
+        "($net.2, CPUs $(cat "$d/h1.cpus")) up in $d"
 }
 
 case "$cmd" in
@@ -246,7 +284,8 @@ exec | kill)
     else
         shift 2
         [ $# -ge 1 ] || usage
-        exec nsenter -t "$p" --net --uts --ipc --mount --wd="$PWD" -- "$@"
+        exec taskset -c "$(cat "$d/h$i.cpus")" nsenter -t "$p" --net --uts --ipc --mount \
+            --wd="$PWD" -- "$@"
     fi
     ;;
 *) usage ;;

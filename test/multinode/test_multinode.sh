@@ -386,9 +386,54 @@ slurm_case() {
     grep -q "^resumed from the checkpoint at step" "${out}" || bad "job ${job} did not resume"
     grep -q "each of 2 nodes' memory" "${out}" || bad "job ${job} did not split its update per node"
     bitwise slurm-dp long-2h
+    scaling_study
     SLURM_LOCAL_CLUSTER="${CLUSTER_LOCAL_DIR}" bash "${repo}/tools/slurm-local.sh" stop "${sl}" \
         >/dev/null
     unset SLURM_CONF
+}
+# The scaling study on the two nodes (slurm/scaling-study.sbatch), one task a node as each host
+# has one of the machine's 2 cores: data parallel on 1 and 2 GPUs (ranks) and the grid's 1 and 2
+# nodes, beside sae-perfmodel's prediction from this machine's measured figures: the link's
+# all-reduce bus bandwidth (bench_allreduce), one thread's GEMM rate (bench_step) and its memory
+# copy rate. No timing is asserted; the table is printed, and each point must have run.
+scaling_study() {
+    local link gemm mem job out predict
+    link=$(h0 mpirun --host saetrain-h0:1,saetrain-h1:1 -n 2 "${build}/bench/bench_allreduce" |
+        sed -n 's/^RESULT bus_GBps=\([0-9.]*\).*/\1/p')
+    gemm=$("${build}/bench/bench_step" --d-model 64 --latents 512 --k 8 --batch 1024 --threads 1 \
+        --arch topk --json | tail -n 1 |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["gemm_GFLOPs"])')
+    mem=$(python3 -c 'import time
+b = bytearray(200_000_000)
+t = time.perf_counter(); c = bytes(b); t = time.perf_counter() - t
+print(f"{2 * len(b) / t / 1e9:.2f}")')
+    say "measured: all-reduce bus bandwidth ${link} GB/s over the link; GEMM ${gemm} GFLOP/s a" \
+        "thread; memory copy ${mem} GB/s"
+    "${apps}/sae-synth" --out study-data --d-model 64 --features 512 --rows 60000 --shards 4 \
+        --seed 5 >/dev/null
+    cat >study.yaml <<EOF
+data: {path: ${work}/study-data, batch_size: 1024, shuffle_buffer_rows: 8192, epochs: 12}
+sae: {arch: topk, expansion: 8, k: 8}
+train: {lr: 0.004, warmup_steps: 4}
+log: {every_steps: 50}
+parallel: {timeout_s: 20}
+EOF
+    cp "${repo}/slurm/scaling-study.sbatch" slurm/
+    mkdir -p tools && cp "${repo}/tools/scaling_table.py" tools/
+    predict="${apps}/sae-perfmodel --arch topk --d-model 64 --n-latents 512 --k 8"
+    predict+=" --bytes-per-element 4 --tflops $(echo "${gemm} / 1000" | bc -l) --efficiency 1"
+    predict+=" --hbm-gbps ${mem} --pcie-gbps 1000 --disk-gbps 10 --nic-gbps ${link}"
+    job=$(SAETRAIN="${apps}/saetrain" NODES="1 2" SHARDS=1 BATCHES=1024 PREDICT="${predict}" \
+        h0 sbatch --parsable --gpus-per-node=0 --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 \
+        --output="${work}/scaling-%j.out" slurm/scaling-study.sbatch study.yaml --threads 1)
+    out="${work}/scaling-${job}.out"
+    poll 300 in_state "${job}" COMPLETED ||
+        bad "the scaling study did not complete: $(job_state "${job}")"
+    sed -n '/^ *ranks /,$p' "${out}"
+    for point in gpus-1 gpus-2 n1-s1-r1-b1024 n2-s1-r2-b1024; do
+        [ -f "runs/scaling-${job}/${point}/summary.csv" ] || bad "the study's ${point} did not run"
+    done
+    grep -q "pred tok/s/GPU" "${out}" || bad "no prediction beside the study's table"
 }
 bash "${cl}" stop
 CLUSTER_LOCAL_SHARE="${work}:${build}:${repo}" bash "${cl}" start >/dev/null
