@@ -20,10 +20,10 @@
 # from this machine's; everything outside /tmp is the machine's own file system, shared.
 #
 # Cores: the CPUs this script may use are split between the hosts, half each (CLUSTER_LOCAL_CPUS=
-# all shares them all; one CPU is always shared), and every process a host runs (exec, the rsh
-# agent's) is bound to its half, as a real node's processes have cores of their own: a rank's
-# count of the cores beside it (thread counts, MPI's yielding when ranks outnumber cores) is then
-# its host's.
+# all shares them all; one CPU is always shared), and what a host starts (exec, the rsh agent,
+# so mpirun's daemons and a slurmd's tasks) is bound to its half, as a real node's processes
+# have cores of their own. mpirun's ranks are not: Open MPI binds them by its own view of the
+# machine (hwloc), which sees every core.
 #
 # MPI: run mpirun inside host 0 (exec 0) with the variables `env` prints: OpenMPI's rsh launcher
 # reaches host 1 through DIR/rsh-agent (nsenter, no ssh), TCP is kept to the link, and a dead
