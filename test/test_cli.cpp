@@ -457,6 +457,17 @@ TEST_F(Cli, WaitsYieldTheCoresUnlessTheUserChoseOtherwise) {
                          kernels),
               std::string::npos)
         << r.out;
+    // 2 ranks of 1 thread confined to one CPU (taskset, and mpirun binding nothing: the cpuset a
+    // container or Slurm's cgroup gives a job) outnumber its cores too, however many the machine
+    // has.
+    r = run("env -u OMPI_MCA_mpi_yield_when_idle -u OPENBLAS_CORETYPE taskset -c 0 env " +
+            mpirun(2) + "--bind-to none " + bin("saetrain") + " " + (dir / "cfg.yaml").string() +
+            " --overwrite --set 'sae.k=[2,4]' --threads 1");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("; MPI waits yield the core (mpi_yield_when_idle, set as ranks outnumber "
+                         "cores)"),
+              std::string::npos)
+        << r.out;
 }
 
 // saetrain executes itself again to set its OpenMP spin count (cores.h): the process keeps its

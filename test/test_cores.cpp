@@ -58,6 +58,23 @@ TEST(BlasCore, FromTheCpusInstructions) {
     }
 }
 
+// MPI's waits yield when the node's ranks outnumber their cores: the node's, or those of a
+// cpuset the ranks share (taskset, a container's, Slurm's cgroup); a rank bound to cores of its
+// own is crowded only by its own threads.
+TEST(YieldWhenCrowded, RanksAgainstTheCoresTheyShare) {
+    // ranks, threads, node cores, allowed cores, bound each
+    EXPECT_FALSE(ranks_crowd_cores(1, 8, 2, 2, false));  // one rank never waits on a peer
+    EXPECT_TRUE(ranks_crowd_cores(4, 1, 2, 2, false));   // 4 ranks on a 2-core node
+    EXPECT_FALSE(ranks_crowd_cores(2, 1, 2, 2, false));
+    EXPECT_TRUE(ranks_crowd_cores(2, 2, 2, 2, false));   // 2 x 2 threads on 2 cores
+    EXPECT_TRUE(ranks_crowd_cores(2, 1, 16, 1, false));  // a 1-CPU cpuset on a 16-core node
+    EXPECT_FALSE(ranks_crowd_cores(2, 1, 16, 2, false));
+    EXPECT_FALSE(ranks_crowd_cores(2, 1, 16, 1, true));  // each bound to a core of its own
+    EXPECT_TRUE(ranks_crowd_cores(2, 2, 16, 1, true));   // ... with 2 threads on it
+    EXPECT_TRUE(ranks_crowd_cores(4, 1, 2, 2, true));    // the node's count decides first
+    EXPECT_FALSE(ranks_crowd_cores(2, 1, 0, 0, false));  // nothing known: no change
+}
+
 TEST(CpuSeconds, BusyIsEverythingButIdleAndIowait) {
     // cpu0: busy 100 + 0 + 100 + 0 + 5 + 10 = 215 ticks, all 215 + 500 + 20 = 735.
     const CpuSeconds one = cpu_seconds_of(kStat, {0}, 100);

@@ -27,8 +27,14 @@ const char* blas_core_for_this_cpu();
 std::string blas_kernel_text();
 // The ranks of this node, as the launcher says before MPI starts (0: not said).
 int launcher_local_ranks();
-// Sets Open MPI's mpi_yield_when_idle when the node's ranks times `threads_asked` outnumber its
-// cores (unless the user set it). Returns whether it was set.
+// Whether a node's `ranks` of `threads` each outnumber the cores they run on: the node's
+// `node_cores`, or the `allowed_cores` of this process's affinity, which the node's ranks share
+// unless the launcher bound each rank to cores of its own (`bound_each`).
+bool ranks_crowd_cores(int ranks, long threads, long node_cores, long allowed_cores,
+                       bool bound_each);
+// Sets Open MPI's mpi_yield_when_idle when the node's ranks times `threads_asked` outnumber
+// their cores (ranks_crowd_cores: the node's, or a cpuset's such as Slurm's cgroup, a
+// container's or taskset's; unless the user set it). Returns whether it was set.
 bool yield_mpi_waits_when_crowded(int threads_asked);
 // How this process's OpenMP threads wait, for the start-up line.
 std::string wait_policy_text();

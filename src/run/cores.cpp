@@ -102,13 +102,31 @@ int launcher_local_ranks() {
 // Open MPI yields the core between polls when mpi_yield_when_idle is set, which mpirun does
 // only when told of oversubscription; srun never does. Set here, before MPI starts, when the
 // node's ranks outnumber its cores.
+bool ranks_crowd_cores(int ranks, long threads, long node_cores, long allowed_cores,
+                       bool bound_each) {
+    if (ranks <= 1) return false;
+    threads = std::max(1L, threads);
+    const long all = static_cast<long>(ranks) * threads;
+    if (node_cores > 0 && all > node_cores) return true;
+    if (allowed_cores <= 0) return false;
+    // Each rank on cores of its own (the launcher bound it): crowded when its own threads
+    // outnumber them. Else the node's ranks share this process's cores (a job's cpuset: Slurm's
+    // cgroup, a container's --cpuset-cpus, taskset).
+    return bound_each ? threads > allowed_cores : all > allowed_cores;
+}
+
 bool yield_mpi_waits_when_crowded(int threads_asked) {
     if (std::getenv("OMPI_MCA_mpi_yield_when_idle") != nullptr) return false;
-    const int ranks = launcher_local_ranks();
-    const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-    if (ranks <= 1 || cores <= 0) return false;
-    const long threads = threads_asked > 0 ? threads_asked : 1;
-    if (static_cast<long>(ranks) * threads <= cores) return false;
+    cpu_set_t set;
+    const long allowed = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    const char* ompi_bound = std::getenv("OMPI_MCA_orte_bound_at_launch");
+    const char* slurm_bind = std::getenv("SLURM_CPU_BIND_TYPE");
+    const bool bound_each = (ompi_bound && std::string(ompi_bound) == "1") ||
+                            (slurm_bind && *slurm_bind && std::string(slurm_bind) != "none" &&
+                             std::string(slurm_bind).rfind("none", 0) != 0);
+    if (!ranks_crowd_cores(launcher_local_ranks(), threads_asked > 0 ? threads_asked : 1,
+                           ::sysconf(_SC_NPROCESSORS_ONLN), allowed, bound_each))
+        return false;
     ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
     return true;
 }
