@@ -8,6 +8,7 @@ pkgs=(cmake g++ make pkg-config clang-format
       libcurl4-openssl-dev libxml2-dev  # s3:// data: HTTP + SigV4 signing, S3's XML
       bc util-linux  # bc, setpriv: tools/fault-matrix.sh and tools/soak.sh
       slurm-wlm munge  # tools/slurm-local.sh: the one-node cluster of ctest -L slurm
+      iproute2 procps  # tools/cluster-local.sh: the two hosts of ctest -L multinode (ip, pgrep)
       libboost-dev  # sae-serve: Boost.Beast and Asio (header-only)
       chromium  # test/serve: the live page loaded in headless Chromium
       python3-matplotlib  # tools/sae-report (its plots need nothing else: no .venv)
