@@ -78,6 +78,18 @@ die() {
 }
 
 # --- the two hosts -----------------------------------------------------------------------------
+# Without the privilege to make namespaces (a user's, here nobody's), start is one line and exit 3,
+# the code this test skips on.
+if command -v setpriv >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+    mkdir -p "${work}/nobody" && chmod 711 "${work}" && chmod 777 "${work}/nobody"
+    rc=0
+    refusal=$(setpriv --reuid=65534 --regid=65534 --clear-groups \
+        bash "${cl}" start "${work}/nobody/cluster" 2>&1) || rc=$?
+    [ "${rc}" -eq 3 ] && [ "$(echo "${refusal}" | wc -l)" -eq 1 ] &&
+        echo "${refusal}" | grep -q "refuses new network, UTS, mount and IPC namespaces" ||
+        bad "start without the privilege exited ${rc}, not 3 with one line: ${refusal}"
+    chmod 700 "${work}"
+fi
 t0=$(date +%s.%N)
 rc=0
 CLUSTER_LOCAL_SHARE="${work}:${build}:${repo}" bash "${cl}" start >"${work}/cluster-start.log" 2>&1 ||
