@@ -446,6 +446,10 @@ TEST_F(Cli, WaitsYieldTheCoresUnlessTheUserChoseOtherwise) {
         << r.out;
     r = run("env -u GOMP_SPINCOUNT -u OPENBLAS_CORETYPE OMP_WAIT_POLICY=active " + cmd);
     EXPECT_NE(r.out.find("; OMP_WAIT_POLICY=active" + kernels), std::string::npos) << r.out;
+    // An empty OPENBLAS_CORETYPE names no kernels: saetrain names them as if it were unset.
+    r = run("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY OPENBLAS_CORETYPE= " + cmd);
+    EXPECT_NE(r.out.find("(GOMP_SPINCOUNT, saetrain's default)" + kernels), std::string::npos)
+        << r.out;
     // 2 ranks of 1 + cores threads each outnumber the cores: MPI's waits yield.
     const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
     r = run("env -u OMPI_MCA_mpi_yield_when_idle -u OPENBLAS_CORETYPE " + mpirun(2) +

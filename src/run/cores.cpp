@@ -68,7 +68,9 @@ void exec_with_run_environment(char** argv) {
         ::setenv("SAETRAIN_SPIN_SET", "1", 1);
         set.insert(set.end(), {"GOMP_SPINCOUNT", "SAETRAIN_SPIN_SET"});
     }
-    if (std::getenv("OPENBLAS_CORETYPE") == nullptr)
+    // An empty OPENBLAS_CORETYPE names no kernels (OpenBLAS detects its own): saetrain names them.
+    const char* user_core = std::getenv("OPENBLAS_CORETYPE");
+    if (user_core == nullptr || *user_core == '\0')
         if (const char* core = blas_core_for_this_cpu()) {
             ::setenv("OPENBLAS_CORETYPE", core, 1);
             ::setenv("SAETRAIN_BLAS_SET", "1", 1);
@@ -141,7 +143,7 @@ std::string wait_policy_text() {
 
 std::string blas_kernel_text() {
     const char* core = std::getenv("OPENBLAS_CORETYPE");
-    if (core == nullptr) return "";
+    if (core == nullptr || *core == '\0') return "";
     return fmt::format("; OpenBLAS kernels {} (OPENBLAS_CORETYPE{})", core,
                        std::getenv("SAETRAIN_BLAS_SET") ? ", saetrain's choice for this CPU" : "");
 }
