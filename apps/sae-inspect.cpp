@@ -147,6 +147,29 @@ void print_dataset(const std::string& path, const std::string& name) {
                info.hook.empty() ? "-" : saetrain::printable(info.hook));
 }
 
+// Without --dataset: the shards' 'activations', or, where they hold none but 'inputs' and
+// 'targets' (a multi-layer paired set, tools/extract_activations.py --layer-pairs), both of
+// those. Any other failure is the one 'activations' gave.
+void print_default_dataset(const std::string& path) {
+    try {
+        print_dataset(path, "activations");
+    } catch (const saetrain::Error& first) {
+        saetrain::DatasetInfo inputs;
+        try {
+            inputs = saetrain::dataset_open(path, "inputs");
+            saetrain::dataset_open(path, "targets");
+        } catch (const std::exception&) {
+            throw first;
+        }
+        fmt::print("{}: a paired set: its shards hold 'inputs' and 'targets', not 'activations'\n",
+                   saetrain::printable(path));
+        for (const char* name : {"inputs", "targets"}) {
+            fmt::print("\n{}:\n", name);
+            print_dataset(path, name);
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,7 +178,9 @@ int main(int argc, char** argv) {
     app.add_option("PATH", path,
                    "dataset directory, glob, shard, SAE .h5 file, or checkpoint manifest")
         ->required();
-    app.add_option("--dataset", dataset, "dataset name inside each shard")->capture_default_str();
+    auto* dataset_opt = app.add_option("--dataset", dataset,
+                                       "dataset name inside each shard (default: activations, "
+                                       "or a paired set's inputs and targets)");
     std::string compare;
     app.add_option("--compare", compare,
                    "another SAE file: exit 0 when its tensors are bitwise equal to PATH's, else 1");
@@ -181,8 +206,10 @@ int main(int argc, char** argv) {
             print_parts(path);
         else if (saetrain::sae_is_checkpoint(path))
             print_sae(path);
-        else
+        else if (dataset_opt->count() > 0)
             print_dataset(path, dataset);
+        else
+            print_default_dataset(path);
     } catch (const std::exception& e) {
         fmt::print(stderr, "sae-inspect: error: {}\n", saetrain::printable(e.what()));
         return 1;

@@ -386,6 +386,14 @@ def test_layer_pairs_stack_each_layers_input_and_output():
                 side = ins if i % 2 == 0 else outs
                 assert np.array_equal(side[:, i // 2], f["activations"][()]), (n, h)
                 assert np.array_equal(token_ids, f["token_ids"][()])
+    # sae-inspect without --dataset describes both sides of the paired set.
+    bin_dir = os.environ.get("SAETRAIN_BIN_DIR", "")
+    if os.path.exists(os.path.join(bin_dir, "sae-inspect")):
+        p = subprocess.run([os.path.join(bin_dir, "sae-inspect"),
+                            os.path.join(paired, "layer-pairs")], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert "a paired set: its shards hold 'inputs' and 'targets'" in p.stdout, p.stdout
+        assert p.stdout.count("2 layers x d_model 384, float16") == 2, p.stdout
     # A rerun finds every shard done; an odd number of hooks is one line.
     rc, _, se = run_tool(["--out", paired, *COMMON, "--text", PROSE, *hooks, "--layer-pairs"])
     assert rc == 0, se
