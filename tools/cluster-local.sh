@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # cluster-local.sh — two hosts on one machine for tests: each a network, UTS, mount and IPC
-# namespace of its own (its own network stack, host name, /tmp, /dev/shm and System V IPC),
-# joined by a veth pair on a private link, so MPI between them crosses a real (if virtual) node
-# boundary: TCP over the link, not shared memory. No traffic leaves them: the link is their only
-# interface besides their own loopback.
+# namespace of its own (its own network stack, host name, /tmp, /dev/shm and System V IPC), its
+# eth0 a veth pair's end whose other end is a port of a bridge in a third network namespace (the
+# switch), so MPI between them crosses a real (if virtual) node boundary: TCP over the link, not
+# shared memory; and a host lost takes only its own cable, the other keeps its interface. No
+# traffic leaves them: the link is their only interface besides their own loopback.
 #
 #   tools/cluster-local.sh start [DIR]     build the two hosts; wait until both answer on the link
 #   tools/cluster-local.sh stop [DIR]      kill every process inside them (by namespace) and wait
 #   tools/cluster-local.sh env [DIR]       print the export line mpirun inside host 0 needs
 #   tools/cluster-local.sh exec I CMD...   run CMD inside host I (0 or 1), in this directory
 #   tools/cluster-local.sh kill I          SIGKILL every process of host I: the host lost at once
+#                                          (its cable with it; the other host's link stays up)
 #                                          (exec and kill find the cluster in $CLUSTER_LOCAL_DIR)
 #   tools/cluster-local.sh hosts [DIR]     print the hosts' names and addresses, one a line
 #
@@ -99,19 +101,19 @@ kill_host() {
 
 stop() {
     local d=$1 i any
-    for i in $(seq 0 $((hosts - 1))); do kill_host "$d" "$i" TERM; done
+    for i in $(seq 0 $((hosts - 1))) sw; do kill_host "$d" "$i" TERM; done
     # Two seconds to end on their own (mpirun ends its ranks, saetrain writes nothing half),
     # then SIGKILL what is left.
     for _ in $(seq 1 40); do
         any=0
-        for i in $(seq 0 $((hosts - 1))); do
+        for i in $(seq 0 $((hosts - 1))) sw; do
             p=$(holder "$d" "$i")
             [ -n "$p" ] && [ -n "$(others "$p" "$(members "$p")")" ] && any=1
         done
         [ "$any" = 0 ] && break
         sleep 0.05
     done
-    for i in $(seq 0 $((hosts - 1))); do kill_host "$d" "$i" KILL; done
+    for i in $(seq 0 $((hosts - 1))) sw; do kill_host "$d" "$i" KILL; done
 }
 
 # The script a host's first process runs, inside its new namespaces: its name, an empty /tmp
@@ -177,7 +179,7 @@ write_cpus() {
 }
 
 start() {
-    local d=$1 i p0 p1 shares
+    local d=$1 i p p0 p1 psw shares
     for i in $(seq 0 $((hosts - 1))); do
         [ -n "$(holder "$d" "$i")" ] && die "a cluster is already running in $d (stop it first)"
     done
@@ -222,35 +224,52 @@ EOF
             unshare --net --uts --mount --ipc --propagation private --fork \
             sh "$d/host-init.sh" "$i" "$d" "$shares" </dev/null >>"$d/host$i.log" 2>&1 &
     done
+    # The switch: a network namespace holding only a bridge.
+    rm -f "$d/hsw.pid"
+    setsid unshare --net --fork sh -c \
+        'ip link set lo up && echo $$ >"$1/hsw.pid.new" && mv "$1/hsw.pid.new" "$1/hsw.pid" &&
+         exec sleep infinity' sh "$d" </dev/null >>"$d/switch.log" 2>&1 &
     for _ in $(seq 1 100); do
-        [ -s "$d/h0.pid" ] && [ -s "$d/h1.pid" ] && break
+        [ -s "$d/h0.pid" ] && [ -s "$d/h1.pid" ] && [ -s "$d/hsw.pid" ] && break
         sleep 0.05
     done
-    p0=$(holder "$d" 0) p1=$(holder "$d" 1)
-    if [ -z "$p0" ] || [ -z "$p1" ]; then
+    p0=$(holder "$d" 0) p1=$(holder "$d" 1) psw=$(holder "$d" sw)
+    if [ -z "$p0" ] || [ -z "$p1" ] || [ -z "$psw" ]; then
         stop "$d"
-        die "the hosts did not start: $(tail -n 1 "$d"/host*.log 2>/dev/null | tr '\n' ' ')"
+        die "the hosts did not start: $(tail -n 1 "$d"/host*.log "$d"/switch.log 2>/dev/null |
+            tr '\n' ' ')"
     fi
-    ip link add eth0 netns "$p0" type veth peer name eth0 netns "$p1" ||
+    { nsenter -t "$psw" --net ip link add br0 type bridge &&
+        nsenter -t "$psw" --net ip link set br0 up; } ||
         {
             stop "$d"
-            die "cannot add the veth pair between the hosts"
+            die "cannot make the switch's bridge"
         }
     for i in 0 1; do
         p=$(holder "$d" "$i")
-        nsenter -t "$p" --net ip addr add "$net.$((i + 1))/24" dev eth0
-        nsenter -t "$p" --net ip link set eth0 up
+        { ip link add eth0 netns "$p" type veth peer name "h$i" netns "$psw" &&
+            nsenter -t "$psw" --net ip link set "h$i" master br0 &&
+            nsenter -t "$psw" --net ip link set "h$i" up &&
+            nsenter -t "$p" --net ip addr add "$net.$((i + 1))/24" dev eth0 &&
+            nsenter -t "$p" --net ip link set eth0 up; } ||
+            {
+                stop "$d"
+                die "cannot cable host $i to the switch"
+            }
     done
-    # Up when both ends are: the carrier (LOWER_UP) on host 0's end says the link works.
-    for _ in $(seq 1 100); do
-        nsenter -t "$p0" --net ip -br link show dev eth0 | grep -q LOWER_UP && break
-        sleep 0.05
+    # Up when both ends are: the carrier (LOWER_UP) on each host's end says its cable works.
+    for i in 0 1; do
+        p=$(holder "$d" "$i")
+        for _ in $(seq 1 100); do
+            nsenter -t "$p" --net ip -br link show dev eth0 | grep -q LOWER_UP && break
+            sleep 0.05
+        done
+        nsenter -t "$p" --net ip -br link show dev eth0 | grep -q LOWER_UP ||
+            {
+                stop "$d"
+                die "host $i's link did not come up"
+            }
     done
-    nsenter -t "$p0" --net ip -br link show dev eth0 | grep -q LOWER_UP ||
-        {
-            stop "$d"
-            die "the link between the hosts did not come up"
-        }
     echo "cluster-local: saetrain-h0 ($net.1, CPUs $(cat "$d/h0.cpus")) and saetrain-h1" \
         "($net.2, CPUs $(cat "$d/h1.cpus")) up in $d"
 }

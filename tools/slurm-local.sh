@@ -17,6 +17,9 @@
 # another slurmd in host 1 (munged stays outside: its socket is a file both reach). Clients then
 # run inside host 0 (tools/cluster-local.sh exec 0 sbatch ...), where the controller is.
 #
+# SLURM_LOCAL_SLURMD_TIMEOUT (default 300, Slurm's): seconds before slurmctld sets a node that
+# stopped answering DOWN and ends its jobs.
+#
 # The node offers SLURM_LOCAL_CPUS CPUs (default 8, more than a small machine has:
 # SlurmdParameters=config_overrides), MpiDefault=pmix, requeue allowed, no cgroups (proctrack/
 # linuxproc, task/none: works in containers). Ports SLURM_LOCAL_PORT and the next one (default
@@ -160,6 +163,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 JobRequeue=1
 KillWait=10
+SlurmdTimeout=${SLURM_LOCAL_SLURMD_TIMEOUT:-300}
 MinJobAge=600
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_multinode.sh BUILD_DIR — saetrain across a real node boundary: two hosts built from
 # network, UTS, mount and IPC namespaces (tools/cluster-local.sh), each with its own network
-# stack, host name, /tmp and /dev/shm, joined by a veth pair. mpirun runs in host 0 and starts
-# host 1's ranks through the cluster's rsh agent; MPI between the hosts is TCP over the link.
+# stack, host name, /tmp and /dev/shm, cabled to a switch of their own. mpirun runs in host 0
+# and starts host 1's ranks through the cluster's rsh agent; MPI between the hosts is TCP over
+# the link.
 # Every job is 2 hosts x 2 ranks beside the same job on one host (4 ranks in host 0):
 #
 #   sweep            bitwise equal: the ranks never exchange a gradient
@@ -25,6 +26,10 @@
 #                    with SAETRAIN_NO_SHM=1, so that one host and two sum alike)
 #   the link cut     the same with both hosts alive but the link down: nothing hangs up, the
 #                    timeouts end the job (every process of it, on both hosts) within that bound
+#   Slurm            slurm/dp-multinode.sbatch on 2 nodes, stopped by the time-limit signal,
+#                    requeued and resumed to the bits of the job never stopped; the scaling study
+#                    beside sae-perfmodel; a node lost under srun: the step ends within
+#                    parallel.timeout_s + Slurm's KillWait + 5 s, and one host resumes it
 #
 # ctest label `multinode`; exit 77 (skipped) where the kernel refuses the namespaces or the
 # tools are missing.
@@ -399,6 +404,7 @@ slurm_case() {
     grep -q "each of 2 nodes' memory" "${out}" || bad "job ${job} did not split its update per node"
     bitwise slurm-dp long-2h
     scaling_study
+    node_lost_under_srun
     SLURM_LOCAL_CLUSTER="${CLUSTER_LOCAL_DIR}" bash "${repo}/tools/slurm-local.sh" stop "${sl}" \
         >/dev/null
     unset SLURM_CONF
@@ -446,6 +452,31 @@ EOF
         [ -f "runs/scaling-${job}/${point}/summary.csv" ] || bad "the study's ${point} did not run"
     done
     grep -q "pred tok/s/GPU" "${out}" || bad "no prediction beside the study's table"
+}
+# A node lost under srun (the last Slurm case: host 1 stays lost): host 0's ranks wait in a
+# collective until saetrain's watchdog ends them (parallel.timeout_s), then srun waits Slurm's
+# KillWait (10 s here) for host 1's tasks before it gives the step up. The same job on host 0
+# alone (mpirun) resumes from the last committed checkpoint to the bits of the run that lost
+# nothing (both with SAETRAIN_NO_SHM=1, so one host and two sum alike).
+node_lost_under_srun() {
+    local job_pid rc t_kill ended
+    SAETRAIN_NO_SHM=1 h0 timeout 300 srun -N 2 --ntasks-per-node=2 --mpi=pmix "${apps}/saetrain" \
+        long.yaml --threads 1 --set run.out_dir="${work}/srun-lost" \
+        --set parallel.mode=data_parallel >srun-lost.log 2>&1 &
+    job_pid=$!
+    poll 120 past_step srun-lost 60 || die "the srun job did not get past step 60"
+    t_kill=$(date +%s.%N)
+    bash "${cl}" kill 1
+    rc=0
+    wait "${job_pid}" || rc=$?
+    ended=$(echo "$(date +%s.%N) - ${t_kill}" | bc)
+    [ "${rc}" -ne 0 ] || bad "srun lost a node and exited 0"
+    say "node saetrain-h1 lost under srun: the step ended in ${ended} s (exit ${rc}; bound:" \
+        "timeout_s 10 + KillWait 10 + 5)"
+    awk -v e="${ended}" 'BEGIN { exit !(e <= 25) }' || bad "srun took ${ended} s to end (> 25)"
+    grep -q "saetrain: error: rank [0-9] (saetrain-h0): .* has waited" srun-lost.log ||
+        bad "no rank on saetrain-h0 said what it waited for (srun-lost.log)"
+    resume_on_h0 srun-lost
 }
 bash "${cl}" stop
 CLUSTER_LOCAL_SHARE="${work}:${build}:${repo}" bash "${cl}" start >/dev/null
