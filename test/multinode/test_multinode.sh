@@ -86,10 +86,12 @@ die() {
 # Without the privilege to make namespaces (a user's, here nobody's), start is one line and exit 3,
 # the code this test skips on.
 if command -v setpriv >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+    # A copy nobody can read: the checkout itself may be in a directory only its owner enters.
     mkdir -p "${work}/nobody" && chmod 711 "${work}" && chmod 777 "${work}/nobody"
+    cp "${cl}" "${work}/nobody/cluster-local.sh" && chmod 755 "${work}/nobody/cluster-local.sh"
     rc=0
-    refusal=$(setpriv --reuid=65534 --regid=65534 --clear-groups \
-        bash "${cl}" start "${work}/nobody/cluster" 2>&1) || rc=$?
+    refusal=$(cd "${work}/nobody" && setpriv --reuid=65534 --regid=65534 --clear-groups \
+        bash "${work}/nobody/cluster-local.sh" start "${work}/nobody/cluster" 2>&1) || rc=$?
     [ "${rc}" -eq 3 ] && [ "$(echo "${refusal}" | wc -l)" -eq 1 ] &&
         echo "${refusal}" | grep -q "refuses new network, UTS, mount and IPC namespaces" ||
         bad "start without the privilege exited ${rc}, not 3 with one line: ${refusal}"
