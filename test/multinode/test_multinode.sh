@@ -72,15 +72,9 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-say() { echo "test_multinode: $*"; }
-bad() {
-    echo "test_multinode: FAIL: $*"
-    fail=1
-}
-die() {
-    bad "$@"
-    exit 1
-}
+test_name=test_multinode
+# say, bad, die, bitwise, poll, past_step
+source "${repo}/test/shell/common.sh"
 
 # --- the two hosts -----------------------------------------------------------------------------
 # Without the privilege to make namespaces (a user's, here nobody's), start is one line and exit 3,
@@ -148,22 +142,6 @@ run_on() {
         --threads 1 --set run.out_dir="${work}/${name}" "$@" >"${name}.log" 2>&1
 }
 
-# bitwise A B: every SAE's final.h5 under run A equals run B's.
-bitwise() {
-    local a=$1 b=$2 n=0 f id
-    for f in "${a}"/sae/*/final.h5; do
-        [ -f "${f}" ] || continue
-        id=$(basename "$(dirname "${f}")")
-        if ! "${apps}/sae-inspect" "${f}" --compare "${b}/sae/${id}/final.h5" |
-            grep -q "weights bitwise identical"; then
-            bad "${a} and ${b} differ for ${id}"
-            return
-        fi
-        n=$((n + 1))
-    done
-    [ "${n}" -gt 0 ] || bad "${a} has no final.h5"
-    say "${a} = ${b}: ${n} SAE(s) bitwise identical"
-}
 # nodes_in LOG N: the run's placement lines name N nodes.
 nodes_in() {
     local n
@@ -283,27 +261,25 @@ fi
 # The uninterrupted job, then the same job with host 1 killed once two checkpoints are committed.
 SAETRAIN_NO_SHM=1 run_on 1 lost-ref long.yaml --set parallel.mode=data_parallel ||
     bad "the reference long run exited $?"
-past_step() {
-    [ -f "$1/metrics.jsonl" ] &&
-        [ "$(grep -o '"step": *[0-9]*' "$1/metrics.jsonl" | tail -n 1 | grep -o '[0-9]*$')" \
-            -gt "$2" ] 2>/dev/null
+# fault_mid_run NAME PID BOUND WHAT COMMAND...: once the job PID (run directory NAME) is past
+# step 60, COMMAND (the fault); the job must then end with a non-zero status within BOUND
+# seconds. Sets `ended`, the seconds it took.
+fault_mid_run() {
+    local name=$1 pid=$2 bound=$3 what=$4 t rc=0
+    shift 4
+    poll 60 past_step "${name}" 60 || die "${name} did not get past step 60"
+    t=$(date +%s.%N)
+    "$@"
+    wait "${pid}" || rc=$?
+    ended=$(echo "$(date +%s.%N) - ${t}" | bc)
+    [ "${rc}" -ne 0 ] || bad "${name} exited 0 after ${what}"
+    say "${what}: ${name} ended in ${ended} s (exit ${rc}; bound ${bound} s)"
+    awk -v e="${ended}" -v b="${bound}" 'BEGIN { exit !(e <= b) }' ||
+        bad "${name} took ${ended} s to end after ${what} (> ${bound})"
 }
 SAETRAIN_NO_SHM=1 run_on 2 lost long.yaml --set parallel.mode=data_parallel &
-job=$!
-for _ in $(seq 1 600); do
-    past_step lost 60 && break
-    kill -0 "${job}" 2>/dev/null || break
-    sleep 0.1
-done
-past_step lost 60 || die "the run on 2 hosts did not get past step 60"
-t_kill=$(date +%s.%N)
-bash "${cl}" kill 1
-rc=0
-wait "${job}" || rc=$?
-ended=$(echo "$(date +%s.%N) - ${t_kill}" | bc)
-[ "${rc}" -ne 0 ] || bad "the run lost a host and exited 0"
-say "host 1 killed: the job ended on host 0 in ${ended} s (exit ${rc}; bound: timeout_s 10 + 5)"
-awk -v e="${ended}" 'BEGIN { exit !(e <= 15) }' || bad "the job took ${ended} s to end (> 15)"
+# Bound: parallel.timeout_s 10 + 5.
+fault_mid_run lost $! 15 "host 1 killed" bash "${cl}" kill 1
 grep -q "saetrain-h1" lost.log || bad "lost.log does not name the host lost (saetrain-h1)"
 # resume_on_h0 NAME: host 1 is gone; the same command on host 0 alone resumes the run from its
 # last committed checkpoint, to the bits of the run that lost nothing.
@@ -325,21 +301,7 @@ resume_on_h0 lost
 bash "${cl}" stop
 CLUSTER_LOCAL_SHARE="${work}:${build}:${repo}" bash "${cl}" start >/dev/null
 SAETRAIN_NO_SHM=1 run_on 2 cut long.yaml --set parallel.mode=data_parallel &
-job=$!
-for _ in $(seq 1 600); do
-    past_step cut 60 && break
-    kill -0 "${job}" 2>/dev/null || break
-    sleep 0.1
-done
-past_step cut 60 || die "the run on 2 hosts did not get past step 60"
-t_cut=$(date +%s.%N)
-bash "${cl}" exec 1 ip link set eth0 down
-rc=0
-wait "${job}" || rc=$?
-ended=$(echo "$(date +%s.%N) - ${t_cut}" | bc)
-[ "${rc}" -ne 0 ] || bad "the run behind a cut link exited 0"
-say "link cut: the job ended in ${ended} s (exit ${rc}; bound: timeout_s 10 + 5)"
-awk -v e="${ended}" 'BEGIN { exit !(e <= 15) }' || bad "the job took ${ended} s to end (> 15)"
+fault_mid_run cut $! 15 "the link cut" bash "${cl}" exec 1 ip link set eth0 down
 # Host 1's own processes end too (its daemon lost mpirun): none of saetrain is left on it.
 left=""
 for _ in $(seq 1 150); do
@@ -368,15 +330,6 @@ slurm_case() {
     export SLURM_CONF=${sl}/slurm.conf
     h0() { bash "${cl}" exec 0 "$@"; }
     job_state() { h0 scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-    poll() {
-        local i n=$(($1 * 10))
-        shift
-        for ((i = 0; i < n; i++)); do
-            "$@" && return 0
-            sleep 0.1
-        done
-        return 1
-    }
     in_state() { [ "$(job_state "$1")" = "$2" ]; }
     idle_again() {
         in_state "$1" PENDING && [ "$(h0 sinfo -h -N -o %T 2>/dev/null | grep -c '^idle$')" = 2 ]
@@ -461,21 +414,11 @@ EOF
 # alone (mpirun) resumes from the last committed checkpoint to the bits of the run that lost
 # nothing (both with SAETRAIN_NO_SHM=1, so one host and two sum alike).
 node_lost_under_srun() {
-    local job_pid rc t_kill ended
     SAETRAIN_NO_SHM=1 h0 timeout 300 srun -N 2 --ntasks-per-node=2 --mpi=pmix "${apps}/saetrain" \
         long.yaml --threads 1 --set run.out_dir="${work}/srun-lost" \
         --set parallel.mode=data_parallel >srun-lost.log 2>&1 &
-    job_pid=$!
-    poll 120 past_step srun-lost 60 || die "the srun job did not get past step 60"
-    t_kill=$(date +%s.%N)
-    bash "${cl}" kill 1
-    rc=0
-    wait "${job_pid}" || rc=$?
-    ended=$(echo "$(date +%s.%N) - ${t_kill}" | bc)
-    [ "${rc}" -ne 0 ] || bad "srun lost a node and exited 0"
-    say "node saetrain-h1 lost under srun: the step ended in ${ended} s (exit ${rc}; bound:" \
-        "timeout_s 10 + KillWait 10 + 5)"
-    awk -v e="${ended}" 'BEGIN { exit !(e <= 25) }' || bad "srun took ${ended} s to end (> 25)"
+    # Bound: parallel.timeout_s 10 + KillWait 10 + 5.
+    fault_mid_run srun-lost $! 25 "node saetrain-h1 lost under srun" bash "${cl}" kill 1
     grep -q "saetrain: error: rank [0-9] (saetrain-h0): .* has waited" srun-lost.log ||
         bad "no rank on saetrain-h0 said what it waited for (srun-lost.log)"
     resume_on_h0 srun-lost

@@ -48,16 +48,9 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-say() { echo "test_slurm: $*"; }
-bad() {
-    echo "test_slurm: FAIL: $*"
-    fail=1
-}
-# die MESSAGE: a failure the rest of the test cannot go on from.
-die() {
-    bad "$@"
-    exit 1
-}
+test_name=test_slurm
+# say, bad, die, bitwise, poll, past_step
+source "${repo}/test/shell/common.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
     OPENBLAS_NUM_THREADS=1 HDF5_USE_FILE_LOCKING=FALSE
 # 64 CPUs on the node (more than the machine has), so that the sweep script's 8 tasks x 8 CPUs
@@ -86,22 +79,6 @@ write_config one.yaml 4 2 2
 # before the end of the run.
 write_config sweep8.yaml "[2, 4, 6, 8]" "[2, 4]" 30
 
-# bitwise A B: every SAE's final.h5 under run A equals run B's.
-bitwise() {
-    local a=$1 b=$2 n=0 f
-    for f in "${a}"/sae/*/final.h5; do
-        local id
-        id=$(basename "$(dirname "${f}")")
-        if ! "${apps}/sae-inspect" "${f}" --compare "${b}/sae/${id}/final.h5" |
-            grep -q "weights bitwise identical"; then
-            bad "${a} and ${b} differ for ${id}"
-            return
-        fi
-        n=$((n + 1))
-    done
-    [ "${n}" -gt 0 ] || bad "${a} has no final.h5"
-    say "${a} = ${b}: ${n} SAE(s) bitwise identical"
-}
 
 # --- 1. srun against mpirun ------------------------------------------------------------------
 srun_s=0
@@ -121,16 +98,6 @@ done
 
 # --- 2. the sweep script: stopped twice, requeued, COMPLETE ----------------------------------
 job_state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-# poll SECONDS COMMAND...: until COMMAND succeeds (tried every 0.1 s); false after SECONDS.
-poll() {
-    local i n=$(($1 * 10))
-    shift
-    for ((i = 0; i < n; i++)); do
-        "$@" && return 0
-        sleep 0.1
-    done
-    return 1
-}
 in_state() { [ "$(job_state "$1")" = "$2" ]; }
 # ended JOB: the job is no longer running (requeued, or over).
 ended() {
@@ -138,12 +105,6 @@ ended() {
     PENDING | COMPLETED | FAILED | TIMEOUT | CANCELLED) ;;
     *) false ;;
     esac
-}
-# past_step DIR N: DIR/metrics.jsonl has a line past step N (training is under way).
-past_step() {
-    [ -f "$1/metrics.jsonl" ] &&
-        [ "$(grep -o '"step": *[0-9]*' "$1/metrics.jsonl" | tail -n 1 | grep -o '[0-9]*$')" \
-            -gt "$2" ] 2>/dev/null
 }
 requeued_and_node_idle() {
     in_state "$1" PENDING && [ "$(sinfo -h -N -o %T 2>/dev/null | head -n 1)" = idle ]
