@@ -124,6 +124,44 @@ TEST(Checkpoint, ExtraTensorsKeepTheirShapesAndOrder) {
     EXPECT_FALSE(fs::exists(tmp / "bad.h5"));
 }
 
+// A cross-layer transcoder's encoder is compact, [n, d_l]: written and read back for arch
+// "clt" (d 12 = 3 layers of 4, n 24), refused in one line naming W_enc for any other
+// architecture, and a CLT file whose W_enc is a dense [d, n] is refused on reading.
+TEST(Checkpoint, ACltsCompactEncoderIsItsOwnShape) {
+    TempDir tmp;
+    SaeWeights w = random_weights(12, 24, 3);
+    w.set("W_enc", {24, 4}, std::vector<float>(96, 0.5f));
+    SaeMeta meta;
+    meta.arch = "clt";
+    sae_write_h5(tmp / "clt.h5", w, meta);
+    SaeMeta got_meta;
+    const SaeWeights got = sae_read_h5(tmp / "clt.h5", &got_meta);
+    EXPECT_TRUE(got == w);
+    EXPECT_EQ(got_meta.arch, "clt");
+    meta.arch = "topk";
+    try {
+        sae_write_h5(tmp / "topk.h5", w, meta);
+        ADD_FAILURE() << "a topk SAE with a [n, d_l] encoder was written";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("W_enc"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(tmp / "topk.h5"));
+    // A dense CLT encoder, written as a topk file and relabelled.
+    const SaeWeights dense = random_weights(12, 24, 4);
+    sae_write_h5(tmp / "dense.h5", dense, meta);
+    {
+        auto guard = h5::lock();
+        const std::string dense_path = tmp / "dense.h5";
+        h5::File f(H5Fopen(dense_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+        ASSERT_TRUE(f.valid());
+        H5Adelete(f.get(), "arch");
+        h5::write_attr_string(f.get(), "arch", "clt");
+    }
+    const std::string why = error_of(tmp / "dense.h5");
+    EXPECT_NE(why.find("W_enc [12, 24]"), std::string::npos) << why;
+    EXPECT_NE(why.find("d_model / layers"), std::string::npos) << why;
+}
+
 TEST(Checkpoint, NoTempFileLeftAndOverwriteReplaces) {
     TempDir tmp;
     std::string path = tmp / "final.h5";

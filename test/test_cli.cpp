@@ -824,17 +824,21 @@ TEST_F(Cli, CltTrainsOnEveryLayersPairsAndRefusesMisalignedLayers) {
         saetrain::sae_read_h5((dir / "run/sae/clt-x2-k2/final.h5").string());
     ASSERT_EQ(w.d_model, 16);
     ASSERT_EQ(w.n_latents, 32);
-    double off = 0, live = 0;
+    // The compact encoder: [n, d_l], each latent's weights on its own layer's 8 values.
+    const saetrain::WeightTensor* enc = w.find("W_enc");
+    ASSERT_NE(enc, nullptr);
+    EXPECT_EQ(enc->shape, (std::vector<int64_t>{32, 8}));
+    double off = 0, live = 0, enc_live = 0;
+    for (float e : enc->data) enc_live += std::abs(e);
     for (int64_t i = 0; i < 32; ++i)
         for (int64_t c = 0; c < 16; ++c) {
             const int64_t layer = i / 16, block = c / 8;
-            const float e = w.at("W_enc")[static_cast<size_t>(c * 32 + i)];  // [d, n] in the file
             const float dec = w.at("W_dec")[static_cast<size_t>(i * 16 + c)];
-            (block != layer ? off : live) += std::abs(e);
             (block < layer ? off : live) += std::abs(dec);
         }
     EXPECT_EQ(off, 0.0);
     EXPECT_GT(live, 1.0);
+    EXPECT_GT(enc_live, 1.0);
     // It learns: the training FVU falls from the first logged interval to the last.
     const auto metrics = lines_of(dir / "run/metrics.jsonl");
     ASSERT_GE(metrics.size(), 3u);

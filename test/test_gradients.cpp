@@ -216,9 +216,9 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
                     const std::vector<float>& y, const Dims& s, int64_t L, const std::string& act,
                     double l0, bool per_layer, double tanh_c = 0, bool skip = false) {
     const int64_t d = s.d, n = s.n, dl = d / L, nl = n / L, k = s.k * L;
-    const double* w_enc = p.data();
-    const double* w_dec = p.data() + n * d;
-    const double* b_enc = p.data() + 2 * n * d;
+    const double* w_enc = p.data();  // [n, d_l]: latent i's weights on its layer's values
+    const double* w_dec = p.data() + n * dl;
+    const double* b_enc = w_dec + n * d;
     const double* b_dec = b_enc + n;
     const double* log_threshold = b_dec + d;
     // sae.skip's W_skip [L, d_l (out), d_l (in)], after every other parameter.
@@ -228,8 +228,7 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
         for (int64_t i = 0; i < n; ++i) {
             const int64_t l = i / nl;
             double a = b_enc[i];
-            for (int64_t c = 0; c < dl; ++c)
-                a += double(x[t * d + l * dl + c]) * w_enc[i * d + l * dl + c];
+            for (int64_t c = 0; c < dl; ++c) a += double(x[t * d + l * dl + c]) * w_enc[i * dl + c];
             pre[t * n + i] = a;
         }
     // The batch threshold of each group of latents (all of them, or each layer's).
@@ -286,7 +285,7 @@ double ref_clt_loss(const std::vector<double>& p, const std::vector<float>& x,
 
 // A CLT of 3 layers of 4 values, 8 latents each: every live parameter's gradient against finite
 // differences of the reference, and exactly zero gradient for the blocks outside the structure
-// (the encoder's off-diagonal blocks, the decoders to earlier layers).
+// (the decoders to earlier layers; the compact encoder [n, d_l] has none).
 void check_clt_gradients(const std::string& act, bool per_layer = false, bool tanh = false,
                          bool skip = false) {
     const int64_t L = 3;
@@ -311,7 +310,7 @@ void check_clt_gradients(const std::string& act, bool per_layer = false, bool ta
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(s.rows * s.d), y(x.size()),
-        p(static_cast<size_t>(2 * s.n * s.d + s.n + s.d + (jumprelu ? s.n : 0) +
+        p(static_cast<size_t>(s.n * dl + s.n * s.d + s.n + s.d + (jumprelu ? s.n : 0) +
                               (skip ? L * dl * dl : 0)));
     ASSERT_EQ(p.size(), tr.params_host().size());
     for (float& v : x) v = normal(rng);
@@ -319,17 +318,14 @@ void check_clt_gradients(const std::string& act, bool per_layer = false, bool ta
     for (float& v : p) v = 0.4f * normal(rng);
     // Whether parameter index i lies in a block the structure holds at zero.
     auto masked = [&](size_t i) {
-        const auto j = static_cast<int64_t>(i);
-        if (j >= 2 * s.n * s.d) return false;
-        const bool enc = j < s.n * s.d;
-        const int64_t r = (enc ? j : j - s.n * s.d) / s.d, c = j % s.d;
-        const int64_t l = r / nl, m = c / dl;
-        return enc ? m != l : m < l;
+        const int64_t j = static_cast<int64_t>(i) - s.n * dl;  // into W_dec [n, d]
+        if (j < 0 || j >= s.n * s.d) return false;
+        return (j % s.d) / dl < (j / s.d) / nl;  // a block to a layer before the latent's
     };
     for (size_t i = 0; i < p.size(); ++i)
         if (masked(i)) p[i] = 0.0f;
     tr.set_params_host(p);
-    const auto thresholds_begin = static_cast<size_t>(2 * s.n * s.d + s.n + s.d);
+    const auto thresholds_begin = static_cast<size_t>(s.n * dl + s.n * s.d + s.n + s.d);
     const size_t thresholds_end = thresholds_begin + (jumprelu ? static_cast<size_t>(s.n) : 0);
     int zeros = 0;
     saetrain::testing::check_fd(
@@ -348,7 +344,7 @@ void check_clt_gradients(const std::string& act, bool per_layer = false, bool ta
             EXPECT_EQ(g[i], 0.0f) << act << ": parameter " << i << " outside the structure";
             ++zeros;
         }
-    EXPECT_EQ(zeros, static_cast<int>(s.n * s.d * (L - 1) / L + s.n * s.d * (L - 1) / (2 * L)));
+    EXPECT_EQ(zeros, static_cast<int>(s.n * s.d * (L - 1) / (2 * L)));
 }
 
 TEST(Gradients, CltMatchesFiniteDifferences) {

@@ -56,13 +56,12 @@ normal (never zeros), seeded; two batches alternate.
 Against saetrain: compare tokens/s with saetrain's `tok/s` for `sae.arch: clt` at the same L,
 d, F (`sae.expansion` = F / d), k (`sae.k`), batch (`data.batch_size`) and
 `sae.transcoder_activation`, on the same device and threads. The two do not hold the same tensors,
-and the comparison's notes must say so: saetrain's CLT today trains a block-structured dense
-form, a transcoder of L d values in and out with L F latents, W_enc [L F, L d] block-diagonal
-and W_dec [L F, L d] block upper-triangular, the blocks outside the structure held at zero (their
-gradient zeroed every step). Its encoder runs one GEMM per layer on the diagonal blocks (the same
-FLOPs as here), but its W_enc and Adam moments are L times this script's, its W_dec holds
-(L - 1) / 2L zeros and its sparse decoder kernels read whole L d rows, zeros included, where
-this script's sparse variant reads only the (L - l) d values a layer-l feature writes.
+and the comparison's notes must say so: saetrain's CLT holds this script's compact encoder
+(W_enc [L F, d], one GEMM a layer) but its decoder is still the block upper-triangular
+W_dec [L F, L d] of a transcoder of L d values in and out, the blocks to earlier layers held at
+zero (their gradient zeroed every step): it and its Adam moments hold (L - 1) / 2L zeros, and its
+sparse decoder kernels read whole L d rows, zeros included, where this script's sparse variant
+reads only the (L - l) d values a layer-l feature writes.
 topk-layer is saetrain's `sae.k_scope: layer`.
 
 --check (3 layers, d 8, F 16, k 2, 6 tokens, float64; the variants on --device, the reference

@@ -38,7 +38,7 @@ struct SparseBackward {
     const float* val = nullptr;    // [rows, k] activations (0: absent)
     const float* w_dec = nullptr;  // [n, d]
     int64_t rows = 0, n = 0, k = 0, d = 0;
-    float* dw_enc = nullptr;   // [n, d] latent-major
+    float* dw_enc = nullptr;   // [n, d] latent-major ([n, d / enc_layers]: see enc_layers)
     float* dw_dec = nullptr;   // [n, d]
     float* db_enc = nullptr;   // [n]
     int32_t* fires = nullptr;  // [n] non-zero activations per latent
@@ -48,6 +48,10 @@ struct SparseBackward {
     bool accumulate = false;
     // [rows, k] or null: added to dval of the entries with val != 0 (a penalty's gradient).
     const float* dval_extra = nullptr;
+    // A layered encoder (a cross-layer transcoder's W_enc [n, d_l]): latent i, of layer
+    // l = i / (n / enc_layers), reads only x's block l of d_l = d / enc_layers values, and
+    // dw_enc is [n, d_l]. 1: every latent reads all d.
+    int64_t enc_layers = 1;
 };
 
 // The optimizer's view of the flat parameter buffer (OptimizerOps::apply, optimizer.h).

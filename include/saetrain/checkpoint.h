@@ -1,7 +1,8 @@
 // checkpoint.h — an SAE's weights on disk (sae/<id>/final.h5 and checkpoints).
 //
-// Layout of the brief (SaeWeights, sae_tensors.h): datasets W_enc [d_model, n], W_dec [n, d_model],
-// b_enc [n], b_dec [d_model], and the architecture's own (SaeWeights::extra); attributes arch, id,
+// Layout of the brief (SaeWeights, sae_tensors.h): datasets W_enc [d_model, n] (a cross-layer
+// transcoder's compact [n, d_model / layers]), W_dec [n, d_model], b_enc [n], b_dec [d_model],
+// and the architecture's own (SaeWeights::extra); attributes arch, id,
 // k, d_model, n_latents, step, tokens, config (YAML), extra (the extra datasets' names, comma
 // separated; absent when there are none).
 // Files are written atomically: a temp file in the same directory, fsync, rename, fsync of the

@@ -230,8 +230,11 @@ void SaeTrainer::init(BatchView x_host, int64_t rows, int threads) {
     // shard draws its own rows of the whole SAE's start.
     float* w_dec = p.data() + off("W_dec");
     random_unit_rows(seed_, store_->latent_shard().first(), n_, d_, w_dec, threads);
-    std::copy(w_dec, w_dec + n_ * d_, p.data() + off("W_enc"));  // latent-major: W_dec^T
-    const float* y = transcodes_ ? target.data() : x;            // what x_hat approximates
+    // W_enc = W_dec^T (latent-major) where the two have one shape; a layered model's compact
+    // encoder (a CLT's [n, d_l]) is its architecture's to start (init_extra).
+    const bool square_encoder = store_->layout().segment("W_enc").size() == n_ * d_;
+    if (square_encoder) std::copy(w_dec, w_dec + n_ * d_, p.data() + off("W_enc"));
+    const float* y = transcodes_ ? target.data() : x;  // what x_hat approximates
     const std::vector<float> b_dec = initial_b_dec(y, rows);
     InitInputs in;
     in.seed = seed_;
@@ -243,9 +246,10 @@ void SaeTrainer::init(BatchView x_host, int64_t rows, int threads) {
         const std::vector<double> mean = mean_over_replicas(x, rows, "transcoder");
         in.input_mean = mean;
         float* b_enc = p.data() + off("b_enc");
-        for (int64_t l = 0; l < n_; ++l) {
+        const float* w_enc = p.data() + off("W_enc");
+        for (int64_t l = 0; square_encoder && l < n_; ++l) {
             double a = 0;
-            for (int64_t c = 0; c < d_; ++c) a += double(p[l * d_ + c]) * mean[c];
+            for (int64_t c = 0; c < d_; ++c) a += double(w_enc[l * d_ + c]) * mean[c];
             b_enc[l] = static_cast<float>(-a);
         }
     }
@@ -324,8 +328,9 @@ void SaeTrainer::fit_encoder_scale(const float* x, int64_t rows, std::vector<flo
     comm_.allreduce_sum(uv, 2);
     if (!(uv[0] > 0 && uv[1] > 0)) return;  // nothing fired, or pointing away: keep c = 1
     const auto scale = static_cast<float>(uv[0] / uv[1]);
-    float* w_enc = p.data() + off("W_enc");
-    for (int64_t i = 0; i < n_ * d_; ++i) w_enc[i] *= scale;
+    const ParamSegment& enc = store_->layout().segment("W_enc");
+    float* w_enc = p.data() + enc.offset;
+    for (int64_t i = 0; i < enc.size(); ++i) w_enc[i] *= scale;
     if (with_bias)
         for (int64_t i = 0; i < n_; ++i) p[off("b_enc") + i] *= scale;
     set_params_host(p);

@@ -371,7 +371,9 @@ public:
 
     void topk_backward(const SparseBackward& args) override {
         const auto& [x, derr, idx, val, w_dec, rows, n, k, d, dw_enc, dw_dec, db_enc, fires, stats,
-                     accumulate, dval_extra] = args;
+                     accumulate, dval_extra, enc_layers] = args;
+        // A layered encoder's rows are d_l = d / enc_layers wide, on their layer's block of x.
+        const int64_t de = d / enc_layers, per_layer = n / enc_layers;
         // Counting sort of the active (row, slot) pairs by latent: each latent's gradient rows
         // are then written by one thread, in row order (deterministic, no atomics).
         start_.assign(static_cast<size_t>(n) + 1, 0);
@@ -386,17 +388,18 @@ public:
 #pragma omp parallel for schedule(dynamic, 64)
         for (int64_t l = 0; l < n; ++l) {
             float* gd = dw_dec + l * d;
-            float* ge = dw_enc + l * d;
+            float* ge = dw_enc + l * de;
             const float* w = w_dec + l * d;
+            const int64_t x0 = enc_layers > 1 ? (l / per_layer) * de : 0;  // its block of x
             if (!accumulate) {
                 std::memset(gd, 0, d * sizeof(float));
-                std::memset(ge, 0, d * sizeof(float));
+                std::memset(ge, 0, de * sizeof(float));
             }
             float gb = accumulate ? db_enc[l] : 0.0f;
             for (int64_t p = start_[l]; p < start_[l + 1]; ++p) {
                 const int64_t e = entries_[p], r = e / k;
                 const float* er = derr + r * d;
-                const float* xr = x + r * d;
+                const float* xr = x + r * d + x0;
                 const float a = val[e];
                 float dv = 0.0f;
 #pragma omp simd reduction(+ : dv)
@@ -405,7 +408,7 @@ public:
                     gd[c] += a * er[c];
                 }
                 if (dval_extra) dv += dval_extra[e];
-                for (int64_t c = 0; c < d; ++c) ge[c] += dv * xr[c];
+                for (int64_t c = 0; c < de; ++c) ge[c] += dv * xr[c];
                 gb += dv;
             }
             db_enc[l] = gb;

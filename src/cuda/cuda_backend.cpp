@@ -213,7 +213,20 @@ public:
         cuda::sparse_decode(stream(), idx, val, w_dec, rows, k, d, x_hat);
     }
     void topk_backward(const SparseBackward& a) override {
-        cuda::topk_backward(stream(), ws_, opt_.deterministic, a);
+        if (a.enc_layers <= 1) return cuda::topk_backward(stream(), ws_, opt_.deterministic, a);
+        // A layered encoder (a CLT's W_enc [n, d_l]): the kernels write whole [n, d] rows, so
+        // they write a dense gradient (stream-ordered, freed on return) and each layer's latents
+        // keep their block of it; with `accumulate` the blocks are placed there first.
+        const int64_t L = a.enc_layers, de = a.d / L, nl = a.n / L, f = sizeof(float);
+        DeviceArray<float> dense(*this, a.n * a.d);
+        auto block = [&](int64_t l) { return dense.data() + l * nl * a.d + l * de; };
+        for (int64_t l = 0; a.accumulate && l < L; ++l)
+            copy_block(block(l), a.d * f, a.dw_enc + l * nl * de, de * f, de * f, nl);
+        SparseBackward whole = a;
+        whole.dw_enc = dense.data(), whole.enc_layers = 1;
+        cuda::topk_backward(stream(), ws_, opt_.deterministic, whole);
+        for (int64_t l = 0; l < L; ++l)
+            copy_block(a.dw_enc + l * nl * de, de * f, block(l), a.d * f, de * f, nl);
     }
     // The CPU backend's algorithm (cpu_backend.cpp) on the device: U standardized per column,
     // C = U^T U and dU = U G through this->gemm (so gpu.gemm's precision applies; G's scalar

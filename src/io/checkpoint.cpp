@@ -2,6 +2,8 @@
 #include "saetrain/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +37,14 @@ void write_file(const std::string& path, const SaeWeights& w, const SaeMeta& met
 
 }  // namespace
 
+bool sae_encoder_shape(const std::string& arch, const std::vector<int64_t>& shape, int64_t d,
+                       int64_t n) {
+    if (arch != "clt") return shape == std::vector<int64_t>{d, n};
+    // [n, d_l]: L layers of d_l values (d = L d_l) and n / L latents each.
+    return shape.size() == 2 && shape[0] == n && shape[1] > 0 && d % shape[1] == 0 &&
+           n % (d / shape[1]) == 0;
+}
+
 bool sae_file_base_tensor(const std::string& name) {
     return name == "W_enc" || name == "W_dec" || name == "b_enc" || name == "b_dec";
 }
@@ -57,8 +67,12 @@ void sae_write_h5(const std::string& path, const SaeWeights& w, const SaeMeta& m
                 "checkpoint {}: d_model={} and n_latents={} must be > 0", path, w.d_model,
                 w.n_latents);
     const int64_t d = w.d_model, n = w.n_latents;
+    const WeightTensor* enc = w.find("W_enc");
+    SAE_ENFORCE(enc && sae_encoder_shape(meta.arch, enc->shape, d, n),
+                "checkpoint {}: W_enc is {} of a {} SAE of d_model={} n_latents={}", path,
+                enc ? "not the shape" : "missing", meta.arch, d, n);
     const std::pair<const char*, std::vector<int64_t>> base[] = {
-        {"W_enc", {d, n}}, {"W_dec", {n, d}}, {"b_enc", {n}}, {"b_dec", {d}}};
+        {"W_dec", {n, d}}, {"b_enc", {n}}, {"b_dec", {d}}};
     for (const auto& [name, shape] : base) {
         const WeightTensor* t = w.find(name);
         SAE_ENFORCE(t && t->shape == shape, "checkpoint {}: {} is {} of d_model={} n_latents={}",
@@ -112,9 +126,12 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
     read("b_enc", dbe);
     read("b_dec", dbd);
     const hsize_t d = dd[1], n = dd[0];
-    SAE_ENFORCE(de == std::vector<hsize_t>({d, n}),
-                "file {}: W_enc shape does not match W_dec [{}, {}]; expected [{}, {}]", path, n, d,
-                d, n);
+    const std::string arch = h5::read_attr_string(f.get(), "arch").value_or("");
+    SAE_ENFORCE(
+        sae_encoder_shape(arch, std::vector<int64_t>(de.begin(), de.end()), w.d_model, w.n_latents),
+        "file {}: W_enc [{}] does not match W_dec [{}, {}]; expected [{}]", path,
+        fmt::join(de, ", "), n, d,
+        arch == "clt" ? fmt::format("{}, d_model / layers", n) : fmt::format("{}, {}", d, n));
     SAE_ENFORCE(dbe == std::vector<hsize_t>({n}), "file {}: b_enc shape is not [n_latents={}]",
                 path, n);
     SAE_ENFORCE(dbd == std::vector<hsize_t>({d}), "file {}: b_dec shape is not [d_model={}]", path,

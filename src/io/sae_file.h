@@ -19,6 +19,11 @@ namespace saetrain {
 // with their names (the format's rule, whatever an architecture declares).
 bool sae_file_base_tensor(const std::string& name);
 
+// Whether `shape` is W_enc's in a file of an `arch` SAE of d_model d and n latents: [d, n], or a
+// cross-layer transcoder's compact [n, d_l] (its L layers of d_l values each, d = L d_l).
+bool sae_encoder_shape(const std::string& arch, const std::vector<int64_t>& shape, int64_t d,
+                       int64_t n);
+
 // The attributes of an SAE file of d_model d x n latents; `extra_names`: the extra datasets'
 // names, comma separated ("" writes no `extra` attribute).
 void write_sae_attributes(hid_t file, const SaeMeta& meta, int64_t d, int64_t n,

@@ -4,12 +4,12 @@
 //   y_hat_m = sum_{l <= m} act(x_l W_enc_l^T + b_enc_l) W_dec_{l->m} + b_dec_m.
 // Rows are [x_1 .. x_L | y_1 .. y_L] (data.path and data.target_path list one set per layer), so
 // the trainer sees a transcoder of d = L d_l values in and out with n = L F latents, layer-major
-// (latent i belongs to layer i / F). Its parameters are the SAE's four, block-structured:
-// W_enc [n, d] is block-diagonal (latent i reads only its layer's block) and W_dec [n, d] is
-// block upper-triangular (no latent writes to an earlier layer); the other blocks start at zero
-// and stay there (their gradient is zeroed every step, so Adam and weight decay never move them).
-// SAE files, checkpoints, replicas and the evaluation therefore treat a CLT as the transcoder it
-// is. The encoder runs one GEMM per layer on its diagonal blocks (PassContext::layers); the
+// (latent i belongs to layer i / F). Its encoder is compact: W_enc [n, d_l], latent i's row
+// reads only its layer's d_l values (files: [n, d_l], layer l's F rows circuit-tracer's W_enc_l),
+// and the encoder runs one GEMM per layer (PassContext::layers). W_dec [n, d] is still the
+// transcoder's, block upper-triangular (no latent writes to an earlier layer): its lower blocks
+// start at zero and stay there (their gradient is zeroed every step, so Adam and weight decay
+// never move them). Checkpoints, replicas and the evaluation read the declaration; the
 // activation is sae.transcoder_activation's: JumpReLU per latent, or TopK / BatchTopK with
 // sae.k per token and layer: with sae.k_scope token, on average (k L per token, or k L B per
 // batch, over every layer's latents together); with layer, exactly per layer (each layer's k
@@ -17,7 +17,7 @@
 // every layer at L times the target, or with sae.k_scope layer each layer's at the target (a
 // threshold shift a layer). With sae.skip each layer also has a linear skip path,
 // y_hat_l += x_l W_skip_l^T with W_skip [L, d_l, d_l] (from zero; a skip-transcoder's a layer).
-// Not yet: latent shards.
+// Not yet: latent shards and a compact decoder.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -289,20 +289,11 @@ public:
                 c.be.gemm(true, false, dl, dl, c.B, 1.0f, c.xhat + l * dl, c.d, c.x + l * dl, c.d,
                           0.0f, c.grad(kWSkip) + l * dl * dl, dl);
         inner_->backward(c, step, total_steps);
-        // The blocks outside the structure get no gradient: the encoder's off-diagonal ones
-        // and the decoder's to earlier layers.
+        // The decoder's blocks to earlier layers get no gradient (the encoder has none).
         const int64_t nl = c.n / layers_;
-        float* g_enc = c.grad("W_enc");
         float* g_dec = c.grad("W_dec");
-        for (int64_t l = 0; l < layers_; ++l) {
-            float* enc = g_enc + l * nl * c.d;
-            float* dec = g_dec + l * nl * c.d;
-            if (l > 0) {
-                c.be.zero_block(enc, nl, l * dl, c.d);
-                c.be.zero_block(dec, nl, l * dl, c.d);
-            }
-            if (l + 1 < layers_) c.be.zero_block(enc + (l + 1) * dl, nl, c.d - (l + 1) * dl, c.d);
-        }
+        for (int64_t l = 1; l < layers_; ++l)
+            c.be.zero_block(g_dec + l * nl * c.d, nl, l * dl, c.d);
     }
 
 private:
@@ -355,29 +346,40 @@ public:
     std::vector<ParamSegment> tensors(const SaeConfig& cfg, int64_t n, int64_t d) const override {
         std::vector<ParamSegment> s =
             transcoder_activation_arch(cfg).tensors(activation_config(cfg), n, d);
+        const int64_t L = std::max<int64_t>(1, cfg.layers), dl = d / L;
+        for (ParamSegment& t : s)
+            if (t.name == "W_enc") {  // [n, d_l]: each latent reads its own layer's values
+                SAE_ENFORCE(t.rows == n && t.cols == d && t.transposed,
+                            "the CLT's activation declares W_enc [{}, {}], not the transcoder's",
+                            t.rows, t.cols);
+                t.cols = dl, t.transposed = false;
+            }
         if (skip_key()(cfg)) {  // from zero (the parameters are zero before init_extra)
-            const int64_t L = std::max<int64_t>(1, cfg.layers), dl = d / L;
             ParamSegment w = whole_tensor(kWSkip, L * dl, dl, false);
             w.dims = {L, dl, dl};
             s.push_back(w);
         }
         return s;
     }
-    // The trainer drew unit decoder rows over all d values and W_enc = W_dec with b_enc =
-    // -W_enc mean(x). Here: each decoder row keeps its blocks from its layer on (unit norm
-    // again), each encoder row its own layer's block of that (unit norm), and b_enc follows.
+    // The trainer drew unit decoder rows over all d values (and leaves the encoder, of another
+    // shape than the decoder, to the architecture). Here: each decoder row keeps its blocks from
+    // its layer on (unit norm again), each encoder row is its decoder row's own layer's block
+    // (unit norm), and b_enc = -W_enc mean(x_l).
     void init_extra(const SaeConfig& cfg, const ParamLayout& layout, std::vector<float>& p,
                     const InitInputs& in) const override {
         const int64_t L = cfg.layers;
+        const ParamSegment& dec_seg = layout.segment("W_dec");
+        const int64_t n = dec_seg.rows, d = dec_seg.cols, dl = d / L, nl = n / L;
         const ParamSegment& enc = layout.segment("W_enc");
-        const int64_t n = enc.rows, d = enc.cols, dl = d / L, nl = n / L;
+        SAE_ENFORCE(enc.rows == n && enc.cols == dl, "a CLT's W_enc is [{}, {}], expected [{}, {}]",
+                    enc.rows, enc.cols, n, dl);
         float* w_enc = p.data() + enc.offset;
-        float* w_dec = p.data() + layout.offset("W_dec");
+        float* w_dec = p.data() + dec_seg.offset;
         float* b_enc = p.data() + layout.offset("b_enc");
         for (int64_t i = 0; i < n; ++i) {
             const int64_t l = i / nl;
             float* dec = w_dec + i * d;
-            float* e = w_enc + i * d;
+            float* e = w_enc + i * dl;
             std::fill(dec, dec + l * dl, 0.0f);
             double s = 0, se = 0;
             for (int64_t c = l * dl; c < d; ++c) s += double(dec[c]) * dec[c];
@@ -385,11 +387,10 @@ public:
             const double inv = s > 0 ? 1.0 / std::sqrt(s) : 0.0;
             for (int64_t c = l * dl; c < d; ++c) dec[c] = static_cast<float>(dec[c] * inv);
             const double inv_e = se > 0 ? 1.0 / std::sqrt(se * inv * inv) : 0.0;
-            std::fill(e, e + d, 0.0f);
             double a = 0;
-            for (int64_t c = l * dl; c < (l + 1) * dl; ++c) {
-                e[c] = static_cast<float>(dec[c] * inv_e);
-                if (!in.input_mean.empty()) a += double(e[c]) * in.input_mean[c];
+            for (int64_t c = 0; c < dl; ++c) {
+                e[c] = static_cast<float>(dec[l * dl + c] * inv_e);
+                if (!in.input_mean.empty()) a += double(e[c]) * in.input_mean[l * dl + c];
             }
             b_enc[i] = static_cast<float>(-a);
         }
@@ -405,7 +406,7 @@ public:
         transcoder_activation_arch(cfg).init_from_preactivations(
             activation_config(cfg), layout, p, v, rows, n, replicas, over_latent_shards);
     }
-    // Model FLOPs: the encoder's diagonal blocks (n d_l each way), and decoders that reach
+    // Model FLOPs: the encoder (n d_l each way), and decoders that reach
     // (L + 1) / 2 layers on average.
     double flops_per_token(const SaeConfig& cfg, int64_t d, int64_t n) const override {
         const double L = static_cast<double>(cfg.layers);
@@ -417,8 +418,8 @@ public:
         return 2.0 * dl * nn + 8.0 * static_cast<double>(cfg.k) * L * reach + skip;
     }
     bool sparse() const override { return true; }
-    // circuit-tracer's CLT layout (ArchExport::clt_layers): each layer's diagonal encoder
-    // block, its decoder blocks to itself and every later layer, and the activation's threshold
+    // circuit-tracer's CLT layout (ArchExport::clt_layers): each layer's rows of the encoder,
+    // its decoder blocks to itself and every later layer, and the activation's threshold
     // per feature (BatchTopK's one inference threshold for every feature, JumpReLU's own, and
     // with sae.k_scope layer each layer's threshold for its features, BatchTopK's or TopK's); a
     // TopK over every layer's latents has none and is refused.
@@ -465,7 +466,9 @@ public:
         }
         SAE_ENFORCE(threshold.size() == static_cast<size_t>(w.n_latents),
                     "the {} export has no threshold per latent", a.name());
-        const std::vector<float>&w_enc = w.at("W_enc"), &w_dec = w.at("W_dec");  // [d, n], [n, d]
+        const std::vector<float>&w_enc = w.at("W_enc"), &w_dec = w.at("W_dec");  // [n, dl], [n, d]
+        SAE_ENFORCE(static_cast<int64_t>(w_enc.size()) == n * dl,
+                    "the CLT's W_enc holds {} values, not [{}, {}]", w_enc.size(), n, dl);
         const std::vector<float>&b_enc = w.at("b_enc"), &b_dec = w.at("b_dec");
         e.clt_features = F, e.clt_width = dl;
         for (int64_t l = 0; l < L; ++l) {
@@ -474,7 +477,7 @@ public:
             c.w_dec.resize(static_cast<size_t>(F * (L - l) * dl));
             for (int64_t f = 0; f < F; ++f) {
                 const int64_t i = l * F + f;  // the latent
-                for (int64_t v = 0; v < dl; ++v) c.w_enc[f * dl + v] = w_enc[(l * dl + v) * n + i];
+                std::copy_n(w_enc.begin() + i * dl, dl, c.w_enc.begin() + f * dl);
                 std::copy_n(w_dec.begin() + i * d + l * dl, (L - l) * dl,
                             c.w_dec.begin() + f * (L - l) * dl);
             }

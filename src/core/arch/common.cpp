@@ -17,11 +17,11 @@ void encode(PassContext& c) {
     else
         c.be.sub_rows(c.xc, c.x, c.seg("b_dec"), c.B, c.d);
     if (c.layers > 1) {
-        // pre[:, layer l's latents] = x_l W_enc[l's latents, l's block]^T, layer by layer.
+        // pre[:, layer l's latents] = x_l W_enc[l's latents]^T, layer by layer (W_enc [n, d_l]).
         const int64_t dl = c.d / c.layers, nl = c.n / c.layers;
         for (int64_t l = 0; l < c.layers; ++l)
             c.be.gemm(false, true, c.B, nl, dl, 1.0f, c.xc + l * dl, c.d,
-                      c.seg("W_enc") + l * nl * c.d + l * dl, c.d, 0.0f, c.pre + l * nl, c.n);
+                      c.seg("W_enc") + l * nl * dl, dl, 0.0f, c.pre + l * nl, c.n);
     } else {
         c.be.gemm(false, true, c.B, c.n, c.d, 1.0f, c.xc, c.d, c.seg("W_enc"), c.d, 0.0f, c.pre,
                   c.n);
@@ -70,11 +70,11 @@ void decoder_backward_dense(PassContext& c, const float* z, float* dz) {
 
 void encoder_weight_grad(PassContext& c, const float* dpre) {
     if (c.layers > 1) {
-        // The diagonal blocks only; the layered pass keeps the others' gradient at zero.
+        // G.W_enc[l's latents] = dpre_l^T x_l (W_enc [n, d_l]).
         const int64_t dl = c.d / c.layers, nl = c.n / c.layers;
         for (int64_t l = 0; l < c.layers; ++l)
             c.be.gemm(true, false, nl, dl, c.B, 1.0f, dpre + l * nl, c.n, c.xc + l * dl, c.d, 0.0f,
-                      c.grad("W_enc") + l * nl * c.d + l * dl, c.d);
+                      c.grad("W_enc") + l * nl * dl, dl);
         return;
     }
     c.be.gemm(true, false, c.n, c.d, c.B, 1.0f, dpre, c.n, c.xc, c.d, 0.0f, c.grad("W_enc"), c.d);
@@ -296,6 +296,7 @@ SparseBackward sparse_backward(const PassContext& c, const float* x, const float
     a.rows = rows, a.n = c.n, a.k = k, a.d = c.d;
     a.dw_enc = c.grad("W_enc"), a.dw_dec = c.grad("W_dec");
     a.db_enc = c.grad("b_enc");
+    a.enc_layers = c.layers;  // a CLT's compact W_enc [n, d_l]
     a.fires = c.fires, a.stats = c.stats;
     return a;
 }
