@@ -735,6 +735,91 @@ TEST_F(Cli, MpiLatentShardedTranscoderTrainsAsOneProcess) {
 // rows, the held-out split and every step are the same, so the weights are equal bit for bit
 // (two replicas: every rank reads the layers from rank 0's dataset description). The run
 // records the layers it found (config.yaml's data.layers), and sae-export reads the CLT back.
+// A CLT's data.eval_path: one multi-layer paired set. Trained on shard 0 of two layers' sets
+// and held out on shard 1 as a set of its own (per-layer lists, or a multi-layer paired set),
+// it is the CLT trained on both shards with shard 1 held out by data.eval_rows: the same
+// weights bit for bit and the same held-out figures, per layer too. A held-out set of other
+// layers, and data.eval_target_path, are refused in one line each.
+TEST_F(Cli, CltHoldsOutAMultiLayerPairedSetOfItsOwn) {
+    std::vector<saetrain::DatasetInfo> ins, outs;
+    for (int l = 0; l < 2; ++l) {
+        const fs::path in = dir / fmt::format("in{}", l), out = dir / fmt::format("out{}", l);
+        const Result synth = run(fmt::format(
+            "{} --out {} --target {} --d-model 8 --features 16 --rows 3000 --shards 2 --seed {}",
+            bin("sae-synth"), in.string(), out.string(), 20 + l));
+        ASSERT_EQ(synth.code, 0) << synth.out;
+        ins.push_back(saetrain::dataset_open(in.string()));
+        outs.push_back(saetrain::dataset_open(out.string()));
+    }
+    ASSERT_EQ(ins[0].shards.size(), 2u);
+    ASSERT_EQ(ins[0].shards[1].rows, 1500);
+    auto shard = [](std::vector<saetrain::DatasetInfo> sets, size_t i) {
+        for (auto& s : sets) s.shards = {s.shards[i]};
+        return sets;
+    };
+    for (const char* name : {"pairs_all", "pairs_head", "pairs_tail"})
+        fs::create_directories(dir / name);
+    saetrain::testing::write_layer_pairs((dir / "pairs_all").string(), ins, outs);
+    saetrain::testing::write_layer_pairs((dir / "pairs_head").string(), shard(ins, 0),
+                                         shard(outs, 0));
+    saetrain::testing::write_layer_pairs((dir / "pairs_tail").string(), shard(ins, 1),
+                                         shard(outs, 1));
+    const std::string common =
+        " --set sae.arch=clt --set sae.k=2 --set sae.k_scope=layer --set data.epochs=2 "
+        "--set data.shuffle_buffer_rows=0 --set run.out_dir=";
+    auto train = [&](const std::string& sets, const std::string& out) {
+        return run(bin("saetrain") + " " + (dir / "cfg.yaml").string() + sets + common +
+                   (dir / out).string());
+    };
+    Result r =
+        train(" --set data.path=" + (dir / "pairs_all").string() + " --set data.eval_rows=1500",
+              "held_by_rows");
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = train(" --set data.path=" + (dir / "pairs_head").string() +
+                  " --set data.eval_path=" + (dir / "pairs_tail").string(),
+              "held_by_path");
+    ASSERT_EQ(r.code, 0) << r.out;
+    // Per-layer lists of shard 0 (each layer's set as its one shard file) beside the same
+    // held-out set.
+    const std::string lists = fmt::format(
+        " --set 'data.path=[{},{}]' --set 'data.target_path=[{},{}]'", ins[0].shards[0].path,
+        ins[1].shards[0].path, outs[0].shards[0].path, outs[1].shards[0].path);
+    r = train(lists + " --set data.eval_path=" + (dir / "pairs_tail").string(), "lists_by_path");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto want = csv_rows(dir / "held_by_rows/summary.csv");
+    ASSERT_EQ(want.size(), 1u);
+    EXPECT_EQ(want[0].at("eval_rows"), "1500");
+    const saetrain::SaeWeights a =
+        saetrain::sae_read_h5((dir / "held_by_rows/sae/clt-x2-k2-layer/final.h5").string());
+    for (const char* run_dir : {"held_by_path", "lists_by_path"}) {
+        SCOPED_TRACE(run_dir);
+        const auto got = csv_rows(dir / run_dir / "summary.csv");
+        ASSERT_EQ(got.size(), 1u);
+        for (const char* col : {"eval_rows", "eval_fvu", "eval_l0", "eval_dead_fraction",
+                                "eval_fvu_layer0", "eval_fvu_layer1", "eval_l0_layer0",
+                                "eval_l0_layer1", "eval_dead_layer0", "eval_dead_layer1"})
+            EXPECT_EQ(got[0].at(col), want[0].at(col)) << col;
+        const saetrain::SaeWeights b =
+            saetrain::sae_read_h5((dir / run_dir / "sae/clt-x2-k2-layer/final.h5").string());
+        for (const char* t : {"W_enc", "W_dec", "b_enc", "b_dec"}) EXPECT_EQ(a.at(t), b.at(t)) << t;
+    }
+    // Held-out rows of one layer are not the CLT's two.
+    r = train(lists + " --set data.eval_path=" + (dir / "pairs_tail").string() +
+                  " --set data.eval_target_path=" + ins[0].source,
+              "refused");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("data.eval_target_path is set, but sae.arch clt"), std::string::npos)
+        << r.out;
+    fs::create_directories(dir / "one_layer");
+    saetrain::testing::write_layer_pairs((dir / "one_layer").string(), shard({ins[0]}, 1),
+                                         shard({outs[0]}, 1));
+    r = train(lists + " --set data.eval_path=" + (dir / "one_layer").string(), "refused");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("'inputs' is [rows, 1, 8], but the CLT trains on 2 layers of d_model 8"),
+              std::string::npos)
+        << r.out;
+}
+
 TEST_F(Cli, CltOnAMultiLayerPairedSetEqualsTheCltOnItsLayersSets) {
     std::vector<saetrain::DatasetInfo> ins, outs;
     for (int l = 0; l < 2; ++l) {

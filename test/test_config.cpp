@@ -258,7 +258,13 @@ TEST(ConfigErrors, CltListsOneInputAndTargetSetPerLayer) {
                "data.path is required: a directory or glob of .h5 shards");
     EXPECT_HAS(parse_error("data: {path: [a, b], target_path: [c, d], eval_path: e, "
                            "eval_target_path: f}\nsae: {arch: clt}\n"),
-               "data.eval_path is not supported for sae.arch clt yet");
+               "data.eval_target_path is set, but sae.arch clt reads its held-out targets from "
+               "data.eval_path, one multi-layer paired set");
+    // data.eval_path alone is a CLT's held-out set (its layers are checked at start-up).
+    EXPECT_EQ(config_parse("data: {path: [a, b], target_path: [c, d], eval_path: e}\n"
+                           "sae: {arch: clt}\n")
+                  .data.eval_path,
+              "e");
     EXPECT_HAS(parse_error("data: {path: [a, b], target_path: [c, d]}\n"
                            "sae: {arch: clt, n_latents: 9}\n"),
                "sae.n_latents = 9 is not a multiple of the CLT's 2 layers");

@@ -477,10 +477,14 @@ private:
                                     loc(key), key, p, it->second, i, s.arch);
                     }
                 }
-                SAE_ENFORCE(c.data.eval_path.empty(),
-                            "{}data.eval_path is not supported for sae.arch {} yet; hold out the "
-                            "last rows of data.path with data.eval_rows instead",
-                            loc("data.eval_path"), s.arch);
+                // Held-out shards of their own: one multi-layer paired set ('inputs' and
+                // 'targets' [rows, L, d]; start-up checks its layers and width).
+                SAE_ENFORCE(c.data.eval_target_path.empty(),
+                            "{}data.eval_target_path is set, but sae.arch {} reads its held-out "
+                            "targets from data.eval_path, one multi-layer paired set ('inputs' "
+                            "and 'targets' [rows, layers, d_model]: tools/extract_activations.py "
+                            "--layer-pairs); remove data.eval_target_path",
+                            loc("data.eval_target_path"), s.arch);
             } else {
                 SAE_ENFORCE(c.data.layers == 0,
                             "{}data.layers is {}, but sae.arch {} reads no layers; only sae.arch "
@@ -497,7 +501,7 @@ private:
             }
         }
         SAE_ENFORCE(c.data.eval_path.empty() || c.data.target_path.empty() ||
-                        !c.data.eval_target_path.empty(),
+                        !c.data.eval_target_path.empty() || arch_get(c.sae.arch).rows().per_layer,
                     "{}data.eval_path is set for a transcoder: set data.eval_target_path to the "
                     "held-out targets, row for row with it",
                     loc("data.eval_path"));

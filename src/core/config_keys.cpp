@@ -256,7 +256,10 @@ std::vector<Field> make_fields() {
                              kAny, at_least(1 << 20))),
         CFG_KEY(data, nonfinite, "a batch holding NaN/Inf: skip (and count) or stop",
                 kNonfiniteChoices),
-        same_results(CFG_KEY(data, eval_path, "held-out shards of their own (same d_model)", kAny)),
+        same_results(CFG_KEY(
+            data, eval_path,
+            "held-out shards of their own (same d_model; a CLT: one multi-layer paired set)",
+            kAny)),
         same_results(CFG_KEY(data, eval_target_path,
                              "transcoders: the held-out target set, row for row with eval_path",
                              kAny)),

@@ -320,6 +320,38 @@ void open_layer_pairs(const Config& cfg, const S3Settings& s3, DataFound& found)
     found.packed_targets.push_back(dataset_info_pack(target));
 }
 
+// A CLT's data.eval_path: a multi-layer paired set ('inputs' and 'targets' [rows, L, d]) of the
+// training data's layers and width, read as the held-out rows' input and target parts (a row
+// [x_1 .. x_L | y_1 .. y_L], as the training rows are, from per-layer lists or one such set).
+void open_eval_layer_pairs(const Config& cfg, const S3Settings& s3, const DatasetInfo& data,
+                           DataFound& found) {
+    const std::string& path = cfg.data.eval_path;
+    const int64_t layers =
+        data.layers > 0 ? data.layers : static_cast<int64_t>(cfg.data.path.size());
+    const int64_t width = data.layers > 0 ? data.d_model / data.layers : data.d_model;
+    const auto open = [&](const char* name) {
+        try {
+            return dataset_open(path, name, s3);
+        } catch (const Error& e) {
+            throw Error(fmt::format(
+                "data.eval_path {}: {} (a CLT's held-out set is a multi-layer paired set, whose "
+                "shards hold 'inputs' and 'targets' [rows, layers, d_model]: "
+                "tools/extract_activations.py --layer-pairs)",
+                printable(path), e.what()));
+        }
+    };
+    const DatasetInfo in = open("inputs");
+    SAE_ENFORCE(in.layers == layers && in.d_model == layers * width,
+                "data.eval_path {}: 'inputs' is [rows, {}, {}], but the CLT trains on {} layers "
+                "of d_model {}; held-out rows must come from the same hooks",
+                printable(path), in.layers, in.layers > 0 ? in.d_model / in.layers : in.d_model,
+                layers, width);
+    const DatasetInfo target = open("targets");
+    check_paired(in, target, "data.eval_path's 'inputs'", "data.eval_path's 'targets'");
+    found.packed_eval = dataset_info_pack(in);
+    found.packed_eval_target = dataset_info_pack(target);
+}
+
 DataFound open_datasets(const Config& cfg) {
     DataFound found;
     const size_t layers = cfg.data.path.size();
@@ -352,7 +384,10 @@ DataFound open_datasets(const Config& cfg) {
         }
     }
     const DatasetInfo data = dataset_info_unpack(found.packed_inputs.front());
-    if (!cfg.data.eval_path.empty()) {
+    const Architecture* arch = arch_find(cfg.sae.arch);
+    if (!cfg.data.eval_path.empty() && arch && arch->rows().per_layer) {
+        open_eval_layer_pairs(cfg, s3, data, found);
+    } else if (!cfg.data.eval_path.empty()) {
         const DatasetInfo ev = dataset_open(cfg.data.eval_path, cfg.data.dataset, s3);
         require_2d(ev, "data.eval_path");
         SAE_ENFORCE(ev.d_model == data.d_model,
