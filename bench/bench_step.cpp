@@ -58,10 +58,23 @@ public:
 
 // The SaeConfig timed for `arch`. A key with no default gets the bench's choice: Matryoshka's
 // prefixes are a sixteenth and a quarter of the latents (the frontier's [384, 1536] of 6,144).
+// A CLT's shape and activation (--layers, --k-scope, --activation; a transcoder's activation too).
+struct LayeredOptions {
+    int64_t layers = 6;
+    std::string k_scope = "token", activation = "topk";
+};
+
 SaeConfig bench_config(const std::string& arch, int64_t n, int64_t k, int64_t experts,
-                       double l1_coeff, const std::string& optimizer, int64_t dead_tokens) {
+                       double l1_coeff, const std::string& optimizer, int64_t dead_tokens,
+                       const LayeredOptions& lay = {}) {
     SaeConfig cfg;
     cfg.arch = arch;
+    if (arch == "clt") {
+        cfg.layers = lay.layers;
+        cfg.set("sae.k_scope", lay.k_scope);
+    }
+    if (arch == "clt" || arch == "transcoder" || arch == "skip_transcoder")
+        cfg.set("sae.transcoder_activation", lay.activation);
     cfg.n_latents = n;
     cfg.k = k;
     cfg.l1_coeff = l1_coeff;
@@ -177,6 +190,18 @@ int run(int argc, char** argv) {
         ->check(CLI::IsMember({"adam", "signum", "auto"}));
     app.add_flag("!--pageable", pinned,
                  "CUDA: upload the batch from pageable memory (default: pinned, as saetrain)");
+    LayeredOptions lay;
+    app.add_option("--layers", lay.layers,
+                   "clt: its layers, each of --d-model values (the trainer's d_model is layers x "
+                   "d-model) and --latents / layers features (default 6)")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--k-scope", lay.k_scope,
+                   "clt: sae.k_scope, token (default) | layer (--k a layer)")
+        ->check(CLI::IsMember({"token", "layer"}));
+    app.add_option("--activation", lay.activation,
+                   "clt and transcoders: sae.transcoder_activation, topk (default) | batchtopk | "
+                   "jumprelu")
+        ->check(CLI::IsMember({"topk", "batchtopk", "jumprelu"}));
     CLI11_PARSE(app, argc, argv);
     // TopK first: the others' "x topk" ratios need its time.
     std::stable_partition(archs.begin(), archs.end(),
@@ -200,7 +225,9 @@ int run(int argc, char** argv) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     // Twice a batch's floats: a transcoder's rows are its input and its target side by side,
     // [batch, 2 d]; an SAE reads the first batch x d.
-    std::vector<float> x_heap(static_cast<size_t>(2 * batch * d));
+    // A CLT's rows are its layers' pairs side by side: [batch, 2 layers d].
+    const bool clt = std::find(archs.begin(), archs.end(), "clt") != archs.end();
+    std::vector<float> x_heap(static_cast<size_t>(2 * batch * d * (clt ? lay.layers : 1)));
     for (float& v : x_heap) v = normal(rng);
     // The batch as saetrain holds it: pinned host memory on a CUDA rank (the upload is a DMA).
     float* x = x_heap.data();
@@ -239,9 +266,15 @@ int run(int argc, char** argv) {
                "tok/s", "%", "time", "topk");
     double topk_s = 0, topk_flops = 0;
     for (const std::string& arch : archs) {
-        SaeConfig cfg = bench_config(arch, n, k, experts, 1.0, optimizer, dead_tokens);
+        SaeConfig cfg = bench_config(arch, n, k, experts, 1.0, optimizer, dead_tokens, lay);
         cfg.warmup_steps = 0;
-        SaeTrainer tr(cfg, d, 1000, 0, *be, *self);
+        const int64_t dt = arch == "clt" ? lay.layers * d : d;  // the trainer's d_model
+        if (arch == "clt")
+            fmt::print("clt        {} layers of d_model {}, {} features a layer, k {} a {}, {}\n",
+                       lay.layers, d, n / lay.layers, k,
+                       lay.k_scope == "layer" ? "layer" : "token and layer on average",
+                       lay.activation);
+        SaeTrainer tr(cfg, dt, 1000, 0, *be, *self);
         tr.init(x, batch);
         const double step_s = bench::time_calls(
                                   2, reps, [&] { be->synchronize(); }, [&] { tr.step(x, batch); })
@@ -252,13 +285,13 @@ int run(int argc, char** argv) {
             bench::time_span(
                 0, reps, [&] { be->synchronize(); }, [&] { tr.step(x, batch); }) /
             reps;
-        const double flops_per_token = tr.arch().flops_per_token(cfg, d, n);
+        const double flops_per_token = tr.arch().flops_per_token(cfg, dt, n);
         if (arch == "topk") topk_s = step_s, topk_flops = flops_per_token;
         const double bound = rate / flops_per_token;
         const double tps = static_cast<double>(batch) / step_s;
         if (breakdown) {
             TimedBackend timed(*be);
-            SaeTrainer tt(cfg, d, 1000, 0, timed, *self);
+            SaeTrainer tt(cfg, dt, 1000, 0, timed, *self);
             tt.init(x, batch);
             tt.step(x, batch);  // warm-up
             timed.seconds.clear();
