@@ -726,15 +726,6 @@ TEST_F(Cli, MpiLatentShardedTranscoderTrainsAsOneProcess) {
     EXPECT_NEAR(eval_fvu(), one, 1e-4 * one) << r.out;
 }
 
-// A cross-layer transcoder on two layers' pairs (data.path and data.target_path as lists):
-// it trains with two replicas, its final.h5 keeps the encoder's off-diagonal blocks and the
-// decoder to the earlier layer at exactly zero, and layers that disagree are refused in one line
-// naming the layer's key.
-// A CLT on a multi-layer paired set (one data.path whose shards hold `inputs` and `targets`
-// [rows, L, d]) trains the same SAE as on its layers' sets listed one by one: in disk order the
-// rows, the held-out split and every step are the same, so the weights are equal bit for bit
-// (two replicas: every rank reads the layers from rank 0's dataset description). The run
-// records the layers it found (config.yaml's data.layers), and sae-export reads the CLT back.
 // A CLT's data.eval_path: one multi-layer paired set. Trained on shard 0 of two layers' sets
 // and held out on shard 1 as a set of its own (per-layer lists, or a multi-layer paired set),
 // it is the CLT trained on both shards with shard 1 held out by data.eval_rows: the same
@@ -820,6 +811,11 @@ TEST_F(Cli, CltHoldsOutAMultiLayerPairedSetOfItsOwn) {
         << r.out;
 }
 
+// A CLT on a multi-layer paired set (one data.path whose shards hold `inputs` and `targets`
+// [rows, L, d]) trains the same SAE as on its layers' sets listed one by one: in disk order the
+// rows, the held-out split and every step are the same, so the weights are equal bit for bit
+// (two replicas: every rank reads the layers from rank 0's dataset description). The run
+// records the layers it found (config.yaml's data.layers), and sae-export reads the CLT back.
 TEST_F(Cli, CltOnAMultiLayerPairedSetEqualsTheCltOnItsLayersSets) {
     std::vector<saetrain::DatasetInfo> ins, outs;
     for (int l = 0; l < 2; ++l) {
@@ -888,6 +884,10 @@ TEST_F(Cli, CltOnAMultiLayerPairedSetEqualsTheCltOnItsLayersSets) {
     }
 }
 
+// A cross-layer transcoder on two layers' pairs (data.path and data.target_path as lists):
+// it trains with two replicas, its final.h5 holds the compact encoder [n, d_l] and keeps the
+// decoder to the earlier layer at exactly zero, and layers that disagree are refused in one line
+// naming the layer's key.
 TEST_F(Cli, CltTrainsOnEveryLayersPairsAndRefusesMisalignedLayers) {
     for (int l = 0; l < 2; ++l) {
         const Result synth = run(fmt::format(

@@ -61,7 +61,8 @@ and the comparison's notes must say so: saetrain's CLT holds this script's compa
 W_dec [L F, L d] of a transcoder of L d values in and out, the blocks to earlier layers held at
 zero (their gradient zeroed every step): it and its Adam moments hold (L - 1) / 2L zeros, and its
 sparse decoder kernels read whole L d rows, zeros included, where this script's sparse variant
-reads only the (L - l) d values a layer-l feature writes.
+reads only the (L - l) d values a layer-l feature writes (and on a GPU its sparse backward
+writes the encoder's gradient through a transient dense [L F, L d] buffer).
 topk-layer is saetrain's `sae.k_scope: layer`.
 
 --check (3 layers, d 8, F 16, k 2, 6 tokens, float64; the variants on --device, the reference

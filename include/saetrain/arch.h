@@ -137,9 +137,9 @@ struct PassContext {
     // (encoder_input_grad adds nothing).
     bool encode_x = false;
     // A cross-layer transcoder's pass (RowSpec::per_layer): x and y hold `layers` blocks of
-    // d / layers values, latent l belongs to layer l / (n / layers), and encode() and
-    // encoder_weight_grad() run one GEMM per layer on the encoder's diagonal blocks (the others
-    // are zero).
+    // d / layers values, latent l belongs to layer l / (n / layers), W_enc is [n, d / layers]
+    // (each latent's weights on its own layer's values), and encode() and encoder_weight_grad()
+    // run one GEMM per layer on it.
     int64_t layers = 1;
     // Latents dead before this step (host: 1 = dead) and their count, for AuxK.
     const std::vector<uint8_t>* dead = nullptr;

@@ -202,7 +202,9 @@ public:
     //   dw_dec[l] = sum_{(r,j): idx=l} val[r,j] * derr[r]
     //   dw_enc[l] = sum dval[r,j] * x[r],  db_enc[l] = sum dval[r,j],
     // where dval[r,j] = (val != 0) * derr[r] . w_dec[l]; untouched latents get zeros. w_enc and
-    // w_dec gradients are [n, d] (latent-major). fires[l] counts non-zero activations; adds L0.
+    // w_dec gradients are [n, d] (latent-major; a layered encoder's [n, d / enc_layers] on its
+    // layer's block of x: SparseBackward::enc_layers). fires[l] counts non-zero activations;
+    // adds L0.
     virtual void topk_backward(const SparseBackward& a) = 0;
 
     // The decorrelation penalty (train.decorr_coeff): R = the RMS over pairs of distinct latents

@@ -83,7 +83,8 @@ public:
     // target (the loss, FVU and b_dec's mean are the target's).
 
     // Initializes the parameters: decoder rows random unit vectors (random_unit_rows), W_enc as
-    // W_dec transposed (times the fitted scale, train.encoder_init), b_enc = 0, b_dec = the
+    // W_dec transposed (times the fitted scale, train.encoder_init; a CLT's compact encoder is
+    // its architecture's to start, Architecture::init_extra), b_enc = 0, b_dec = the
     // mean of x [rows, d] over all replicas.
     // `threads`: host threads for the random start (<= 0: OpenMP's default).
     void init(BatchView x_host, int64_t rows, int threads = 0);

@@ -127,6 +127,11 @@ SaeWeights sae_read_h5(const std::string& path, SaeMeta* meta) {
     read("b_dec", dbd);
     const hsize_t d = dd[1], n = dd[0];
     const std::string arch = h5::read_attr_string(f.get(), "arch").value_or("");
+    SAE_ENFORCE(arch != "clt" || de != std::vector<hsize_t>({d, n}) || d == n,
+                "file {}: a CLT with the dense encoder W_enc [{}, {}] of an earlier saetrain; this "
+                "one holds a CLT's encoder compact, [{}, d_model / layers], and cannot read it: "
+                "train it again",
+                path, d, n, n);
     SAE_ENFORCE(
         sae_encoder_shape(arch, std::vector<int64_t>(de.begin(), de.end()), w.d_model, w.n_latents),
         "file {}: W_enc [{}] does not match W_dec [{}, {}]; expected [{}]", path,

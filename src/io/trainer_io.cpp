@@ -233,6 +233,12 @@ CheckpointPart trainer_read_part(const SaeTrainer& t, const TensorSource& src) {
         const ParamSegment& s = segs[i];
         const std::vector<int64_t> shape = wsegs[i].file_shape();
         const auto file = src.shape(s.name);
+        SAE_ENFORCE(
+            !(s.name == "W_enc" && s.cols != d && file && *file == std::vector<int64_t>{d, n}),
+            "checkpoint of a {} SAE holds the dense encoder W_enc [{}, {}] of an earlier "
+            "saetrain; this one holds it compact, [{}], and cannot resume it: start the "
+            "run again (--overwrite)",
+            t.config().arch, d, n, shape_text(shape));
         SAE_ENFORCE(file && (*file == shape || (shape.size() == 1 && size_of(s.name) == shape[0])),
                     "checkpoint of a {} SAE has no '{}' tensor of shape [{}]", t.config().arch,
                     s.name, shape_text(shape));

@@ -342,9 +342,12 @@ void open_eval_layer_pairs(const Config& cfg, const S3Settings& s3, const Datase
     };
     const DatasetInfo in = open("inputs");
     SAE_ENFORCE(in.layers == layers && in.d_model == layers * width,
-                "data.eval_path {}: 'inputs' is [rows, {}, {}], but the CLT trains on {} layers "
-                "of d_model {}; held-out rows must come from the same hooks",
-                printable(path), in.layers, in.layers > 0 ? in.d_model / in.layers : in.d_model,
+                "data.eval_path {}: 'inputs' is {}, but the CLT trains on {} layers of d_model {}; "
+                "held-out rows must come from the same hooks",
+                printable(path),
+                in.layers > 0
+                    ? fmt::format("[rows, {}, {}]", in.layers, in.d_model / in.layers)
+                    : fmt::format("[rows, {}] (not a multi-layer paired set)", in.d_model),
                 layers, width);
     const DatasetInfo target = open("targets");
     check_paired(in, target, "data.eval_path's 'inputs'", "data.eval_path's 'targets'");

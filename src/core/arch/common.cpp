@@ -55,6 +55,7 @@ void sum_over_latent_shards(PassContext& c, float* data, int64_t count) {
 
 void encoder_input_grad(PassContext& c, const float* dpre_col_sum) {
     if (c.encode_x) return;
+    SAE_ENFORCE(c.layers == 1, "encoder_input_grad: a layered encoder reads x as it is (encode_x)");
     c.be.gemm(false, false, 1, c.d, c.n, -1.0f, dpre_col_sum, c.n, c.seg("W_enc"), c.d, 1.0f,
               c.grad("b_dec"), c.d);
 }
