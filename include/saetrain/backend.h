@@ -48,9 +48,11 @@ struct SparseBackward {
     bool accumulate = false;
     // [rows, k] or null: added to dval of the entries with val != 0 (a penalty's gradient).
     const float* dval_extra = nullptr;
-    // A layered encoder (a cross-layer transcoder's W_enc [n, d_l]): latent i, of layer
-    // l = i / (n / enc_layers), reads only x's block l of d_l = d / enc_layers values, and
-    // dw_enc is [n, d_l]. 1: every latent reads all d.
+    // A layered model (a cross-layer transcoder): latent i, of layer l = i / (n / enc_layers),
+    // reads only x's block l of d_l = d / enc_layers values (W_enc and dw_enc are [n, d_l]), and
+    // its decoder row holds zeros in columns [0, l d_l) (sparse_decode_layered): a backend may
+    // skip them, and dw_dec's values there are then unspecified (the caller zeroes them).
+    // 1: every latent reads and writes all d.
     int64_t enc_layers = 1;
 };
 
@@ -198,6 +200,16 @@ public:
     // x_hat[r] += sum_j val[r,j] * w_dec[idx[r,j]] (x_hat holds b_dec already).
     virtual void sparse_decode(const int32_t* idx, const float* val, const float* w_dec,
                                int64_t rows, int64_t k, int64_t d, float* x_hat) = 0;
+    // The same for a layered decoder (a cross-layer transcoder's W_dec [n, d], block
+    // upper-triangular): latent i, of layer l = i / (n / layers), holds zeros in its row's
+    // columns [0, l d / layers), which a backend may skip. Default: sparse_decode (the zeros
+    // add nothing).
+    virtual void sparse_decode_layered(const int32_t* idx, const float* val, const float* w_dec,
+                                       int64_t rows, int64_t k, int64_t d, int64_t n,
+                                       int64_t layers, float* x_hat) {
+        (void)n, (void)layers;
+        sparse_decode(idx, val, w_dec, rows, k, d, x_hat);
+    }
     // Sparse backward: with derr [rows, d] and the selection, writes every row of
     //   dw_dec[l] = sum_{(r,j): idx=l} val[r,j] * derr[r]
     //   dw_enc[l] = sum dval[r,j] * x[r],  db_enc[l] = sum dval[r,j],

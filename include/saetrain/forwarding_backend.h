@@ -71,6 +71,9 @@ public:
                               float* val, bool relu, float* scratch) override;
     void sparse_decode(const int32_t* idx, const float* val, const float* w_dec, int64_t rows,
                        int64_t k, int64_t d, float* x_hat) override;
+    void sparse_decode_layered(const int32_t* idx, const float* val, const float* w_dec,
+                               int64_t rows, int64_t k, int64_t d, int64_t n, int64_t layers,
+                               float* x_hat) override;
     void topk_backward(const SparseBackward& a) override;
     void decorr_grad(const float* z, const int32_t* idx, int64_t width, int64_t rows, int64_t n,
                      float scale, float* dz, float* stats) override;

@@ -68,6 +68,12 @@ void ForwardingBackend::sparse_decode(const int32_t* idx, const float* val, cons
                                       int64_t rows, int64_t k, int64_t d, float* x_hat) {
     around("sparse_decode", [&] { be_.sparse_decode(idx, val, w_dec, rows, k, d, x_hat); });
 }
+void ForwardingBackend::sparse_decode_layered(const int32_t* idx, const float* val,
+                                              const float* w_dec, int64_t rows, int64_t k,
+                                              int64_t d, int64_t n, int64_t layers, float* x_hat) {
+    around("sparse_decode",
+           [&] { be_.sparse_decode_layered(idx, val, w_dec, rows, k, d, n, layers, x_hat); });
+}
 void ForwardingBackend::topk_backward(const SparseBackward& a) {
     around("topk_backward", [&] { be_.topk_backward(a); });
 }

@@ -368,6 +368,23 @@ public:
             }
         }
     }
+    // Each row from its layer's block on: the columns before it are the structure's zeros.
+    void sparse_decode_layered(const int32_t* idx, const float* val, const float* w_dec,
+                               int64_t rows, int64_t k, int64_t d, int64_t n, int64_t layers,
+                               float* x_hat) override {
+        const int64_t per_layer = n / layers, dl = d / layers;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            float* out = x_hat + r * d;
+            for (int64_t j = 0; j < k; ++j) {
+                const float a = val[r * k + j];
+                if (a == 0.0f) continue;
+                const int64_t i = idx[r * k + j], c0 = (i / per_layer) * dl;
+                const float* w = w_dec + i * d;
+                for (int64_t c = c0; c < d; ++c) out[c] += a * w[c];
+            }
+        }
+    }
 
     void topk_backward(const SparseBackward& args) override {
         const auto& [x, derr, idx, val, w_dec, rows, n, k, d, dw_enc, dw_dec, db_enc, fires, stats,
@@ -390,7 +407,9 @@ public:
             float* gd = dw_dec + l * d;
             float* ge = dw_enc + l * de;
             const float* w = w_dec + l * d;
-            const int64_t x0 = enc_layers > 1 ? (l / per_layer) * de : 0;  // its block of x
+            // Its block of x, and where its decoder row's live columns start (a layered model's
+            // row is zero before its layer's block).
+            const int64_t x0 = enc_layers > 1 ? (l / per_layer) * de : 0;
             if (!accumulate) {
                 std::memset(gd, 0, d * sizeof(float));
                 std::memset(ge, 0, de * sizeof(float));
@@ -403,7 +422,7 @@ public:
                 const float a = val[e];
                 float dv = 0.0f;
 #pragma omp simd reduction(+ : dv)
-                for (int64_t c = 0; c < d; ++c) {
+                for (int64_t c = x0; c < d; ++c) {
                     dv += er[c] * w[c];
                     gd[c] += a * er[c];
                 }

@@ -60,6 +60,14 @@ void encoder_input_grad(PassContext& c, const float* dpre_col_sum) {
               c.grad("b_dec"), c.d);
 }
 
+void decode_sparse(PassContext& c, const int32_t* idx, const float* val, int64_t rows,
+                   int64_t width, float* out) {
+    if (c.layers > 1)
+        c.be.sparse_decode_layered(idx, val, c.seg("W_dec"), rows, width, c.d, c.n, c.layers, out);
+    else
+        c.be.sparse_decode(idx, val, c.seg("W_dec"), rows, width, c.d, out);
+}
+
 void decode_dense(PassContext& c, const float* z) {
     c.be.gemm(false, false, c.B, c.d, c.n, 1.0f, z, c.n, c.seg("W_dec"), c.d, 1.0f, c.xhat, c.d);
 }
@@ -355,7 +363,7 @@ void AuxK::backward(PassContext& c, const float* pre, bool pre_has_b_enc) {
                                 val_.data(), false, bias_.data());
     }
     be.fill(ehat_.data(), B * d, 0.0f);
-    be.sparse_decode(idx_.data(), val_.data(), c.seg("W_dec"), B, k, d, ehat_.data());
+    decode_sparse(c, idx_.data(), val_.data(), B, k, ehat_.data());
     sum_over_latent_shards(c, ehat_.data(), B * d);  // the latent shards' partial e_hat
     // e = x - x_hat = -(dL/dx_hat) / grad_scale; then e_hat - e in place, scaled to its gradient.
     be.axpby(target_.data(), c.xhat, -1.0f / c.grad_scale, 0.0f, B * d);

@@ -36,6 +36,10 @@ void sum_over_latent_shards(PassContext& ctx, float* data, int64_t count);
 // with dpre_col_sum [n] the column sums of dL/dpre. Nothing when ctx.encode_x.
 void encoder_input_grad(PassContext& ctx, const float* dpre_col_sum);
 
+// The sparse decoder: out [rows, d] += each row's (idx, val) [rows, width] rows of W_dec; a
+// layered model's (ctx.layers > 1) through sparse_decode_layered.
+void decode_sparse(PassContext& ctx, const int32_t* idx, const float* val, int64_t rows,
+                   int64_t width, float* out);
 // The dense decoder: ctx.xhat += z W_dec (z [B, n]).
 void decode_dense(PassContext& ctx, const float* z);
 // Its backward, with ctx.xhat holding dL/dx_hat: G.W_dec = z^T dL/dx_hat, dz = dL/dx_hat W_dec^T.
@@ -303,7 +307,7 @@ protected:
     }
     // ctx.xhat += the selection's rows of W_dec, weighted by their values.
     void decode_selection(PassContext& c) {
-        c.be.sparse_decode(idx_.data(), val_.data(), c.seg("W_dec"), c.B, width_, c.d, c.xhat);
+        decode_sparse(c, idx_.data(), val_.data(), c.B, width_, c.xhat);
     }
 
     Backend& be_;
