@@ -60,7 +60,7 @@ public:
 // prefixes are a sixteenth and a quarter of the latents (the frontier's [384, 1536] of 6,144).
 // A CLT's shape and activation (--layers, --k-scope, --activation; a transcoder's activation too).
 struct LayeredOptions {
-    int64_t layers = 6;
+    int64_t layers = 1;
     std::string k_scope = "token", activation = "topk";
 };
 
@@ -193,7 +193,7 @@ int run(int argc, char** argv) {
     LayeredOptions lay;
     app.add_option("--layers", lay.layers,
                    "clt: its layers, each of --d-model values (the trainer's d_model is layers x "
-                   "d-model) and --latents / layers features (default 6)")
+                   "d-model) and --latents / layers features (default 1)")
         ->check(CLI::PositiveNumber);
     app.add_option("--k-scope", lay.k_scope,
                    "clt: sae.k_scope, token (default) | layer (--k a layer)")
